@@ -1,0 +1,2 @@
+//! The `ferrite` binary.
+fn main() {}

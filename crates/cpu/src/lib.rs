@@ -1,0 +1,1 @@
+//! ferrite-cpu (work in progress).

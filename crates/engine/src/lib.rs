@@ -1,0 +1,1 @@
+//! ferrite-engine (work in progress).

@@ -1,0 +1,1 @@
+//! ferrite-model (work in progress).

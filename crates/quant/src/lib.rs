@@ -1,0 +1,1 @@
+//! ferrite-quant (work in progress).

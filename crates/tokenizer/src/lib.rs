@@ -1,0 +1,1 @@
+//! ferrite-tokenizer (work in progress).
