@@ -1,2 +1,57 @@
-//! The `ferrite` binary.
-fn main() {}
+//! The `ferrite` binary: command-line front end over the ferrite crates.
+//!
+//! Each subcommand lives in its own module with its own `clap::Args` struct. This file only
+//! dispatches and turns errors into a one-line message and exit code 1; nothing here may panic
+//! on user input.
+
+mod inspect;
+mod models;
+mod pull;
+mod run;
+mod score;
+mod tokenize;
+
+use clap::{Parser, Subcommand};
+
+/// Local LLM inference engine.
+#[derive(Parser)]
+#[command(name = "ferrite", version, about, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate text from a prompt (or chat interactively).
+    Run(run::RunArgs),
+    /// Download and verify a known model; prints the model's path last.
+    Pull(pull::PullArgs),
+    /// Show a model file's metadata, tensors and architecture summary.
+    Inspect(inspect::InspectArgs),
+    /// Tokenize text with a model's tokenizer.
+    Tokenize(tokenize::TokenizeArgs),
+    /// Check tokenizer or chat-template output against a reference fixture.
+    Gate(tokenize::GateArgs),
+    /// Measure quality against reference logits or perplexity text.
+    Score(score::ScoreArgs),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run(args) => run::run(args),
+        Command::Pull(args) => pull::run(args),
+        Command::Inspect(args) => inspect::run(args),
+        Command::Tokenize(args) => tokenize::run_tokenize(args),
+        Command::Gate(args) => tokenize::run_gate(args),
+        Command::Score(args) => score::run(args),
+    };
+    match result {
+        Ok(code) => std::process::exit(code),
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            std::process::exit(1);
+        }
+    }
+}
