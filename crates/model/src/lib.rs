@@ -1,1 +1,12 @@
-//! ferrite-model (work in progress).
+//! ferrite-model: model configurations read from GGUF metadata, the CPU forward pass and a
+//! naive f64 reference forward pass.
+//!
+//! Work in progress: this stage holds the f32 ops, the KV cache and attention.
+
+#![deny(missing_docs)]
+
+pub mod attention;
+pub mod kv;
+pub mod ops;
+
+pub use kv::{KvCache, KvType};
