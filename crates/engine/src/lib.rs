@@ -13,8 +13,13 @@
 
 pub mod rng;
 pub mod sampler;
+pub mod score;
 
 pub use sampler::{
     SampleError, Sampled, Sampler, SamplerConfig, StopReason, find_stop_string, log_sum_exp,
     partial_stop_len, raw_logprobs,
+};
+pub use score::{
+    CaseScore, LogitsCase, LogitsSource, Perplexity, ScoreError, ScoreMode, ScoreSummary,
+    parse_logits_fixture, perplexity, score_case, summarize,
 };
