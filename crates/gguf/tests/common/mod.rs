@@ -186,7 +186,7 @@ impl Raw {
 
     /// Zero bytes up to the next multiple of `align`.
     pub fn pad(&mut self, align: u64) -> &mut Self {
-        while self.offset() % align != 0 {
+        while !self.offset().is_multiple_of(align) {
             self.0.push(0);
         }
         self
