@@ -36,14 +36,18 @@
 mod bytelevel;
 mod decode;
 mod error;
+mod json;
 mod pretok;
 mod spec;
 mod special;
 mod spm;
+mod template;
+mod time;
 
 pub use decode::StreamDecoder;
 pub use error::{Result, TokenizerError};
 pub use spec::{TokenType, TokenizerSpec};
+pub use template::{ChatRequest, ChatTemplate};
 
 use bytelevel::ByteLevelBpe;
 use decode::TokenBytes;
@@ -245,7 +249,18 @@ impl Tokenizer {
         self.add_bos
     }
 
-    /// The jinja2 chat template, if the model has one.
+    /// The chat template, parsed, with this vocabulary's BOS/EOS texts; a clear error for a
+    /// model without one (a base model).
+    pub fn chat_template_renderer(&self) -> Result<ChatTemplate> {
+        let source = self
+            .chat_template
+            .as_deref()
+            .ok_or(TokenizerError::NoChatTemplate)?;
+        let text = |id: Option<u32>| id.and_then(|i| self.piece(i)).unwrap_or_default();
+        ChatTemplate::new(source, text(self.bos_id), text(self.eos_id))
+    }
+
+    /// The jinja2 chat template source, if the model has one.
     pub fn chat_template(&self) -> Option<&str> {
         self.chat_template.as_deref()
     }
