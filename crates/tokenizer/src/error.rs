@@ -62,6 +62,9 @@ pub enum TokenizerError {
         /// The renderer's message (includes `raise_exception` text).
         message: String,
     },
+    /// The GGUF metadata could not be read (missing key, wrong type, ...).
+    #[error(transparent)]
+    Gguf(#[from] ferrite_gguf::GgufError),
 }
 
 /// Result alias for this crate.

@@ -36,6 +36,7 @@
 mod bytelevel;
 mod decode;
 mod error;
+mod gguf;
 mod json;
 mod pretok;
 mod spec;
@@ -173,6 +174,11 @@ impl Tokenizer {
             types,
             bytes,
         })
+    }
+
+    /// Build the tokenizer described by a GGUF file's metadata.
+    pub fn from_gguf(gguf: &ferrite_gguf::Gguf) -> Result<Self> {
+        Self::from_spec(TokenizerSpec::from_gguf(gguf)?)
     }
 
     /// Encode `text`. `add_special` adds BOS/EOS as the metadata asks; `parse_special` lets
