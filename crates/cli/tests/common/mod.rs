@@ -32,7 +32,10 @@ pub fn pull(name: &str) -> PathBuf {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let last = stdout.lines().last().expect("pull printed nothing");
     let path = PathBuf::from(last.trim());
-    assert!(path.is_absolute() && path.is_file(), "bad pull path {path:?}");
+    assert!(
+        path.is_absolute() && path.is_file(),
+        "bad pull path {path:?}"
+    );
     path
 }
 
@@ -41,7 +44,11 @@ pub fn fixtures_dir() -> PathBuf {
     match std::env::var_os("FERRITE_FIXTURES") {
         Some(dir) => {
             let dir = PathBuf::from(dir);
-            assert!(dir.is_dir(), "FERRITE_FIXTURES={} is not a directory", dir.display());
+            assert!(
+                dir.is_dir(),
+                "FERRITE_FIXTURES={} is not a directory",
+                dir.display()
+            );
             dir
         }
         None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/reference"),
