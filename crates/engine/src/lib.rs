@@ -2,7 +2,6 @@
 //!
 //! The sampler works on one logits row at a time and owns its random stream, so a seed and a
 //! configuration always produce the same tokens whatever the forward pass's thread count.
-//! Staged: the `score` module is enabled once the model's forward pass builds on main.
 //!
 //! ```
 //! use ferrite_engine::{Sampler, SamplerConfig};
@@ -14,8 +13,13 @@
 
 pub mod rng;
 pub mod sampler;
+pub mod score;
 
 pub use sampler::{
     SampleError, Sampled, Sampler, SamplerConfig, StopReason, find_stop_string, log_sum_exp,
     partial_stop_len, raw_logprobs,
+};
+pub use score::{
+    CaseScore, LogitsCase, LogitsSource, Perplexity, ScoreError, ScoreMode, ScoreSummary,
+    parse_logits_fixture, perplexity, score_case, summarize,
 };

@@ -99,7 +99,12 @@ pub fn parse_logits_fixture(text: &str) -> Result<Vec<LogitsCase>, ScoreError> {
     text.lines()
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())
-        .map(|(i, l)| serde_json::from_str(l).map_err(|source| ScoreError::Fixture { line: i + 1, source }))
+        .map(|(i, l)| {
+            serde_json::from_str(l).map_err(|source| ScoreError::Fixture {
+                line: i + 1,
+                source,
+            })
+        })
         .collect()
 }
 
@@ -184,7 +189,10 @@ pub fn score_case<S: LogitsSource + ?Sized>(
             seq.extend_from_slice(&case.generated_ids[..ns - 1]);
             let out = src.eval(&seq, np - 1)?;
             if out.len() < ns * nv {
-                return Err(ScoreError::ShortLogits { got: out.len(), expected: ns * nv });
+                return Err(ScoreError::ShortLogits {
+                    got: out.len(),
+                    expected: ns * nv,
+                });
             }
             rows.copy_from_slice(&out[..ns * nv]);
         }
@@ -196,7 +204,10 @@ pub fn score_case<S: LogitsSource + ?Sized>(
                     src.eval(&case.generated_ids[i - 1..i], 0)?
                 };
                 if out.len() < nv {
-                    return Err(ScoreError::ShortLogits { got: out.len(), expected: nv });
+                    return Err(ScoreError::ShortLogits {
+                        got: out.len(),
+                        expected: nv,
+                    });
                 }
                 rows[i * nv..(i + 1) * nv].copy_from_slice(&out[..nv]);
             }
@@ -218,7 +229,10 @@ pub fn score_case<S: LogitsSource + ?Sized>(
     for (i, step) in case.steps.iter().enumerate() {
         let row = &rows[i * nv..(i + 1) * nv];
         let lse = log_sum_exp(row);
-        let lp = |id: u32| row.get(id as usize).map_or(f64::NEG_INFINITY, |&l| f64::from(l) - lse);
+        let lp = |id: u32| {
+            row.get(id as usize)
+                .map_or(f64::NEG_INFINITY, |&l| f64::from(l) - lse)
+        };
         let ours = argmax(row);
         if i == 0 {
             sc.first_token_match = ours == case.generated_ids[0];
@@ -242,7 +256,11 @@ pub fn score_case<S: LogitsSource + ?Sized>(
             sc.sum_abs_dlogprob += d;
             sc.n_dlogprob += 1;
             // NaN must not hide: treat it as the worst possible difference.
-            sc.max_abs_dlogprob = if d.is_nan() { f64::INFINITY } else { sc.max_abs_dlogprob.max(d) };
+            sc.max_abs_dlogprob = if d.is_nan() {
+                f64::INFINITY
+            } else {
+                sc.max_abs_dlogprob.max(d)
+            };
         }
         sc.nll -= lp(case.generated_ids[i]);
         sc.ref_nll -= step.logprob;
@@ -283,7 +301,10 @@ pub fn summarize(scores: &[CaseScore]) -> ScoreSummary {
         greedy_prefix_mean: div(scores.iter().map(|s| s.greedy_prefix as f64).sum(), cases),
         top1_agreement: div(scores.iter().map(|s| s.top1_agree as f64).sum(), steps),
         mean_abs_dlogprob: div(scores.iter().map(|s| s.sum_abs_dlogprob).sum(), terms),
-        max_abs_dlogprob: scores.iter().map(|s| s.max_abs_dlogprob).fold(0.0, f64::max),
+        max_abs_dlogprob: scores
+            .iter()
+            .map(|s| s.max_abs_dlogprob)
+            .fold(0.0, f64::max),
         nll: div(scores.iter().map(|s| s.nll).sum(), steps),
         ref_nll: div(scores.iter().map(|s| s.ref_nll).sum(), steps),
     }
@@ -357,19 +378,34 @@ pub fn perplexity<S: LogitsSource + ?Sized>(
             let out = src.eval(piece, 0)?;
             let need = piece.len() * nv;
             if out.len() < need {
-                return Err(ScoreError::ShortLogits { got: out.len(), expected: need });
+                return Err(ScoreError::ShortLogits {
+                    got: out.len(),
+                    expected: need,
+                });
             }
             for (r, row) in out[..need].chunks_exact(nv).enumerate() {
                 let target = w[at + r + 1];
-                let l = row.get(target as usize).copied().unwrap_or(f32::NEG_INFINITY);
+                let l = row
+                    .get(target as usize)
+                    .copied()
+                    .unwrap_or(f32::NEG_INFINITY);
                 sum += log_sum_exp(row) - f64::from(l);
                 tokens += 1;
             }
             at += piece.len();
         }
     }
-    let nll = if tokens == 0 { 0.0 } else { sum / tokens as f64 };
-    Ok(Perplexity { windows, tokens, nll, ppl: nll.exp() })
+    let nll = if tokens == 0 {
+        0.0
+    } else {
+        sum / tokens as f64
+    };
+    Ok(Perplexity {
+        windows,
+        tokens,
+        nll,
+        ppl: nll.exp(),
+    })
 }
 
 #[cfg(test)]
@@ -388,9 +424,18 @@ mod tests {
     impl Table {
         fn new(nv: usize) -> Table {
             let table = (0..nv)
-                .map(|t| (0..nv).map(|i| ((i * 3 + t * 5) % nv) as f32 * 0.5).collect())
+                .map(|t| {
+                    (0..nv)
+                        .map(|i| ((i * 3 + t * 5) % nv) as f32 * 0.5)
+                        .collect()
+                })
                 .collect();
-            Table { table, last: None, out: Vec::new(), calls: 0 }
+            Table {
+                table,
+                last: None,
+                out: Vec::new(),
+                calls: 0,
+            }
         }
     }
 
@@ -423,15 +468,25 @@ mod tests {
         let (mut generated, mut steps) = (Vec::new(), Vec::new());
         for _ in 0..n {
             let lp = log_softmax(&src.table[prev as usize]);
-            let mut top: Vec<(u32, f64)> = lp.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
+            let mut top: Vec<(u32, f64)> =
+                lp.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
             top.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
             top.truncate(4);
             let token = top[0].0;
-            steps.push(Step { token, logprob: top[0].1, top });
+            steps.push(Step {
+                token,
+                logprob: top[0].1,
+                top,
+            });
             generated.push(token);
             prev = token;
         }
-        LogitsCase { id: "c".into(), prompt_ids: prompt, generated_ids: generated, steps }
+        LogitsCase {
+            id: "c".into(),
+            prompt_ids: prompt,
+            generated_ids: generated,
+            steps,
+        }
     }
 
     #[test]
@@ -442,7 +497,11 @@ mod tests {
             let s = score_case(&mut src, &case, mode).unwrap();
             assert!(s.first_token_match);
             assert_eq!((s.greedy_prefix, s.top1_agree, s.steps), (5, 5, 5));
-            assert!(s.max_abs_dlogprob < 1e-12, "{mode:?}: {}", s.max_abs_dlogprob);
+            assert!(
+                s.max_abs_dlogprob < 1e-12,
+                "{mode:?}: {}",
+                s.max_abs_dlogprob
+            );
             assert!((s.nll - s.ref_nll).abs() < 1e-12);
             assert_eq!(s.n_dlogprob, 20);
         }
@@ -521,7 +580,10 @@ mod tests {
         let p = perplexity(&mut Uniform(Vec::new()), &ids, 512).unwrap();
         assert_eq!((p.windows, p.tokens), (3, 1100 - 3));
         assert!((p.ppl - 8.0).abs() < 1e-9);
-        assert!(p.to_string().starts_with("perplexity: windows=3 tokens=1097 nll=2.07944154"));
+        assert!(
+            p.to_string()
+                .starts_with("perplexity: windows=3 tokens=1097 nll=2.07944154")
+        );
     }
 
     #[test]

@@ -118,7 +118,10 @@ impl ModelConfig {
         let a = arch_name;
         let k = |s: &str| format!("{a}.{s}");
         let n_layer = positive(&k("block_count"), usize_key(g, &k("block_count"))?)?;
-        let d_model = positive(&k("embedding_length"), usize_key(g, &k("embedding_length"))?)?;
+        let d_model = positive(
+            &k("embedding_length"),
+            usize_key(g, &k("embedding_length"))?,
+        )?;
         let n_head = positive(
             &k("attention.head_count"),
             usize_key(g, &k("attention.head_count"))?,
@@ -158,10 +161,7 @@ impl ModelConfig {
         if let Some(_v) = g.get(&k("attention.value_length"))
             && usize_key(g, &k("attention.value_length"))? != head_dim
         {
-            return Err(bad(
-                &k("attention.value_length"),
-                "must equal key_length",
-            ));
+            return Err(bad(&k("attention.value_length"), "must equal key_length"));
         }
         if let Some(_r) = g.get(&k("rope.dimension_count"))
             && usize_key(g, &k("rope.dimension_count"))? != head_dim
@@ -263,5 +263,78 @@ impl ModelConfig {
     /// Width of one token's queries: `n_head × head_dim`.
     pub fn q_dim(&self) -> usize {
         self.n_head * self.head_dim
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::tiny_gguf;
+    use ferrite_gguf::GgmlType;
+
+    fn cfg(arch: &str, skip_key: &str) -> Result<ModelConfig, ModelError> {
+        let g = Gguf::from_bytes(tiny_gguf(arch, GgmlType::F32, skip_key, "")).unwrap();
+        ModelConfig::from_gguf(&g)
+    }
+
+    #[test]
+    fn llama_config_from_metadata() {
+        let c = cfg("llama", "").unwrap();
+        assert_eq!(c.arch, Arch::Llama);
+        assert_eq!((c.n_layer, c.d_model, c.n_head, c.n_kv_head), (2, 64, 4, 2));
+        assert_eq!((c.head_dim, c.d_ff, c.n_vocab), (16, 128, 97));
+        assert_eq!(c.rope_style, RopeStyle::Interleaved);
+        assert_eq!(c.attn_scale, 0.25);
+        assert_eq!(c.embed_scale, 1.0);
+        assert!(!c.qk_norm && !c.post_norms);
+        assert!(
+            c.layers
+                .iter()
+                .all(|l| l.window.is_none() && l.rope_base == 1e4)
+        );
+    }
+
+    #[test]
+    fn gemma3_config_alternates_sliding_and_global_layers() {
+        let c = cfg("gemma3", "").unwrap();
+        assert_eq!(c.arch, Arch::Gemma3);
+        assert_eq!((c.head_dim, c.n_kv_head), (32, 1));
+        assert_eq!(c.rope_style, RopeStyle::HalfSplit);
+        assert_eq!(c.embed_scale, 8.0);
+        assert_eq!(c.attn_scale, 1.0 / 32f32.sqrt());
+        assert_eq!(c.activation, Activation::GeluTanh);
+        for (i, l) in c.layers.iter().enumerate() {
+            if i == 5 {
+                assert_eq!((l.window, l.rope_base), (None, 1e6));
+            } else {
+                assert_eq!((l.window, l.rope_base), (Some(4), 1e4));
+            }
+        }
+    }
+
+    #[test]
+    fn unknown_architecture_is_named() {
+        let err = cfg("mamba", "").unwrap_err();
+        assert!(
+            matches!(err, ModelError::UnknownArchitecture(ref a) if a == "mamba"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn missing_key_is_named() {
+        for key in [
+            "llama.attention.head_count_kv",
+            "llama.rope.freq_base",
+            "llama.attention.layer_norm_rms_epsilon",
+        ] {
+            let err = cfg("llama", key).unwrap_err();
+            assert!(err.to_string().contains(key), "{key}: {err}");
+        }
+        let err = cfg("gemma3", "gemma3.attention.sliding_window").unwrap_err();
+        assert!(
+            err.to_string().contains("gemma3.attention.sliding_window"),
+            "{err}"
+        );
     }
 }

@@ -19,16 +19,25 @@ const SMOLLM2: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 const GEMMA3: &str = "gemma-3-270m-q4_k_m.gguf";
 
 fn model_path(file: &str) -> Option<PathBuf> {
-    let home = std::env::var_os("FERRITE_HOME").map(PathBuf::from).or_else(|| {
-        std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("ferrite"))
-    });
+    let home = std::env::var_os("FERRITE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("ferrite"))
+        });
     let path = home?.join("models").join(file);
     if path.is_file() {
         return Some(path);
     }
     let required = std::env::var("FERRITE_TEST_MODELS").is_ok_and(|v| v == "1");
-    assert!(!required, "FERRITE_TEST_MODELS=1 but {} is missing", path.display());
-    println!("skipped: {} not found (set FERRITE_HOME or run `ferrite pull`)", path.display());
+    assert!(
+        !required,
+        "FERRITE_TEST_MODELS=1 but {} is missing",
+        path.display()
+    );
+    println!(
+        "skipped: {} not found (set FERRITE_HOME or run `ferrite pull`)",
+        path.display()
+    );
     None
 }
 
@@ -71,10 +80,16 @@ fn cases(tag: &str) -> Vec<Case> {
         })
         .collect();
     files.sort();
-    let file = files.first().unwrap_or_else(|| panic!("no {prefix}*.jsonl in {}", dir.display()));
+    let file = files
+        .first()
+        .unwrap_or_else(|| panic!("no {prefix}*.jsonl in {}", dir.display()));
     let text = std::fs::read_to_string(file).expect("fixture readable");
     let ids = |v: &Value| -> Vec<u32> {
-        v.as_array().expect("id array").iter().map(|x| x.as_u64().expect("id") as u32).collect()
+        v.as_array()
+            .expect("id array")
+            .iter()
+            .map(|x| x.as_u64().expect("id") as u32)
+            .collect()
     };
     let out: Vec<Case> = text
         .lines()
@@ -94,7 +109,12 @@ fn cases(tag: &str) -> Vec<Case> {
                             .as_array()
                             .expect("top")
                             .iter()
-                            .map(|p| (p[0].as_u64().expect("id") as u32, p[1].as_f64().expect("lp")))
+                            .map(|p| {
+                                (
+                                    p[0].as_u64().expect("id") as u32,
+                                    p[1].as_f64().expect("lp"),
+                                )
+                            })
                             .collect()
                     })
                     .collect(),
@@ -136,13 +156,19 @@ fn compare(s: &mut Session<'_>, case: &Case) -> Cmp {
     s.reset();
     let mut seq = case.prompt.clone();
     seq.extend_from_slice(&case.generated[..case.generated.len() - 1]);
-    let logits = s.eval(&seq, Outputs::From(case.prompt.len() - 1)).expect("eval");
+    let logits = s
+        .eval(&seq, Outputs::From(case.prompt.len() - 1))
+        .expect("eval");
     let mut c = Cmp::default();
     for (i, top) in case.top.iter().enumerate() {
         let row = logits.row(i).expect("row");
         let mx = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         let lse = f64::from(mx)
-            + row.iter().map(|&l| (f64::from(l) - f64::from(mx)).exp()).sum::<f64>().ln();
+            + row
+                .iter()
+                .map(|&l| (f64::from(l) - f64::from(mx)).exp())
+                .sum::<f64>()
+                .ln();
         let mut best = 0;
         for (j, &v) in row.iter().enumerate() {
             if v > row[best] {
@@ -151,12 +177,18 @@ fn compare(s: &mut Session<'_>, case: &Case) -> Cmp {
         }
         for &(id, lp) in top {
             let d = (f64::from(row[id as usize]) - lse - lp).abs();
-            c.max_abs = if d.is_nan() { f64::INFINITY } else { c.max_abs.max(d) };
+            c.max_abs = if d.is_nan() {
+                f64::INFINITY
+            } else {
+                c.max_abs.max(d)
+            };
             c.sum_abs += d;
             c.n += 1;
         }
         c.top1_steps += 1;
-        let tied = top.iter().any(|&(id, lp)| id as usize == best && top[0].1 - lp < 1e-4);
+        let tied = top
+            .iter()
+            .any(|&(id, lp)| id as usize == best && top[0].1 - lp < 1e-4);
         if tied {
             c.top1_agree += 1;
         }
@@ -166,14 +198,25 @@ fn compare(s: &mut Session<'_>, case: &Case) -> Cmp {
 
 /// Short cases (prompt ≤ 40 tokens), at most `n`, plus the longest case when `long`.
 fn pick(all: &[Case], n: usize, long: bool) -> Vec<&Case> {
-    let mut v: Vec<&Case> = all.iter().filter(|c| c.prompt.len() <= 40).take(n).collect();
+    let mut v: Vec<&Case> = all
+        .iter()
+        .filter(|c| c.prompt.len() <= 40)
+        .take(n)
+        .collect();
     if long && let Some(c) = all.iter().max_by_key(|c| c.prompt.len()) {
         v.push(c);
     }
     v
 }
 
-fn fixture_check(file: &'static str, tag: &str, precision: Precision, kv: KvType, n: usize, long: bool) -> Option<Cmp> {
+fn fixture_check(
+    file: &'static str,
+    tag: &str,
+    precision: Precision,
+    kv: KvType,
+    n: usize,
+    long: bool,
+) -> Option<Cmp> {
     let m = model(file, precision)?;
     let pool = ThreadPool::new(2).expect("pool");
     let all = cases(tag);
@@ -183,7 +226,12 @@ fn fixture_check(file: &'static str, tag: &str, precision: Precision, kv: KvType
         let c = compare(&mut s, case);
         println!(
             "{tag} {precision:?} {kv:?} {}: prompt {} max {:.2e} mean {:.2e} top1 {}/{}",
-            case.id, case.prompt.len(), c.max_abs, c.mean(), c.top1_agree, c.top1_steps
+            case.id,
+            case.prompt.len(),
+            c.max_abs,
+            c.mean(),
+            c.top1_agree,
+            c.top1_steps
         );
         total.add(c);
     }
@@ -208,7 +256,14 @@ fn f32_weights_match_fixtures_gemma3_including_sliding_window() {
 
 #[test]
 fn default_precision_within_bounds_smollm2() {
-    let Some(c) = fixture_check(SMOLLM2, "smollm2", Precision::Default, KvType::F16, 6, false) else {
+    let Some(c) = fixture_check(
+        SMOLLM2,
+        "smollm2",
+        Precision::Default,
+        KvType::F16,
+        6,
+        false,
+    ) else {
         return;
     };
     assert!(c.mean() <= 0.08 && c.top1() >= 0.97, "{c:?}");
@@ -220,4 +275,107 @@ fn default_precision_within_bounds_gemma3() {
         return;
     };
     assert!(c.mean() <= 0.08 && c.top1() >= 0.97, "{c:?}");
+}
+
+/// Worst relative error and cosine gap of the optimized path against the naive reference on
+/// a short prompt, layer by layer; prints the error tuple of each layer.
+fn naive_check(file: &'static str, tag: &str) -> Option<f64> {
+    let m = model(file, Precision::Default)?;
+    let pool = ThreadPool::new(2).expect("pool");
+    let case = &cases(tag)[0];
+    let toks = &case.prompt[..case.prompt.len().min(6)];
+    let want = reference::forward(m, toks).expect("reference");
+    let mut s = Session::new(m, &pool, 64, KvType::F32).expect("session");
+    let (logits, hidden) = s.eval_hidden(toks).expect("eval");
+    let mut worst = 0.0f64;
+    let mut report = |what: String, got: &[f32], want: &[f64]| {
+        let (finite, abs, rel, cos) = crate::session::tests::err_tuple(got, want);
+        println!("{tag} {what}: finite {finite} max_abs {abs:.3e} max_rel {rel:.3e} cos {cos:.9}");
+        assert!(finite, "{what}");
+        worst = worst.max(rel).max(1.0 - cos);
+    };
+    for (l, (h, w)) in hidden.iter().zip(&want.hidden).enumerate() {
+        report(format!("layer {l}"), h, w);
+    }
+    report("logits".into(), logits.data, &want.logits);
+    Some(worst)
+}
+
+#[test]
+fn naive_reference_matches_per_layer_smollm2() {
+    if let Some(w) = naive_check(SMOLLM2, "smollm2") {
+        assert!(w < 1e-4, "{w:e}");
+    }
+}
+
+#[test]
+fn naive_reference_matches_per_layer_gemma3() {
+    if let Some(w) = naive_check(GEMMA3, "gemma3") {
+        assert!(w < 1e-4, "{w:e}");
+    }
+}
+
+#[test]
+fn prefill_decode_and_threads_agree_on_real_models() {
+    for (file, tag) in [(SMOLLM2, "smollm2"), (GEMMA3, "gemma3")] {
+        let Some(m) = model(file, Precision::Default) else {
+            continue;
+        };
+        let case = &cases(tag)[1];
+        let mut seq = case.prompt.clone();
+        seq.extend_from_slice(&case.generated[..8]);
+        let np = case.prompt.len();
+        let p1 = ThreadPool::new(1).expect("pool");
+        let p2 = ThreadPool::new(2).expect("pool");
+        let prefill = |pool: &ThreadPool| {
+            let mut s = Session::new(m, pool, 64, KvType::F16).expect("session");
+            s.eval(&seq, Outputs::From(np - 1))
+                .expect("eval")
+                .data
+                .to_vec()
+        };
+        let a = prefill(&p1);
+        let b = prefill(&p2);
+        assert!(a == b, "{tag}: 1 and 2 threads differ");
+        let mut s = Session::new(m, &p2, 64, KvType::F16).expect("session");
+        let mut decode = s
+            .eval(&seq[..np], Outputs::Last)
+            .expect("eval")
+            .data
+            .to_vec();
+        for &t in &seq[np..] {
+            decode.extend_from_slice(s.eval(&[t], Outputs::Last).expect("eval").data);
+        }
+        let max = a
+            .iter()
+            .zip(&decode)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f32::max);
+        println!("{tag}: prefill vs decode max |Δ logit| {max:.3e}; threads 1/2 identical");
+        assert!(max < 1e-3, "{tag}: prefill vs decode {max}");
+    }
+}
+
+#[test]
+fn fixture_check_catches_mutations() {
+    // Test of the test: keys rotated one position too far, or one layer's attention residual
+    // dropped, must fail the F32 fixture bound (max |Δ logprob| ≤ 2e-3) by a wide margin.
+    let Some(m) = model(SMOLLM2, Precision::F32) else {
+        return;
+    };
+    let pool = ThreadPool::new(2).expect("pool");
+    let all = cases("smollm2");
+    let mut s = Session::new(m, &pool, 256, KvType::F32).expect("session");
+    for mutation in [Mutation::RopeKeysOffByOne, Mutation::SkipAttnResidual(3)] {
+        s.mutation = Some(mutation);
+        let c = compare(&mut s, &all[0]);
+        println!(
+            "mutation {mutation:?}: max {:.3e} mean {:.3e} top1 {}/{}",
+            c.max_abs,
+            c.mean(),
+            c.top1_agree,
+            c.top1_steps
+        );
+        assert!(c.max_abs > 2e-2, "{mutation:?} not caught: {c:?}");
+    }
 }

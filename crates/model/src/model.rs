@@ -260,3 +260,44 @@ impl Model {
 fn f32_bytes(v: &[f32]) -> &[u8] {
     bytemuck::cast_slice(v)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::tiny_gguf;
+
+    #[test]
+    fn missing_tensor_is_named() {
+        let g =
+            Gguf::from_bytes(tiny_gguf("llama", GgmlType::F32, "", "blk.1.ffn_up.weight")).unwrap();
+        let err = Model::from_gguf(g, LoadOptions::default()).unwrap_err();
+        assert!(matches!(err, ModelError::MissingTensor(ref n) if n == "blk.1.ffn_up.weight"));
+    }
+
+    #[test]
+    fn missing_output_means_tied_embedding_and_gemma_norms_are_loaded() {
+        let m = crate::testutil::tiny_model("gemma3", GgmlType::Q8_0, Precision::Default);
+        assert!(m.output.is_none());
+        assert!(std::ptr::eq(m.output_weight(), &m.embed));
+        assert!(
+            m.layers
+                .iter()
+                .all(|l| l.q_norm.is_some() && l.post_ffn_norm.is_some())
+        );
+        let f = crate::testutil::tiny_model("gemma3", GgmlType::Q8_0, Precision::F32);
+        assert_eq!(f.matrix(&f.embed).ty, GgmlType::F32);
+        assert_eq!(m.matrix(&m.embed).ty, GgmlType::Q8_0);
+        // The F32 copy is the exact dequantization of the stored row.
+        let (mut a, mut b) = (vec![0.0; 64], vec![0.0; 64]);
+        m.embed_row(5, &mut a).unwrap();
+        f.embed_row(5, &mut b).unwrap();
+        assert_eq!(a, b);
+        assert!(matches!(
+            m.embed_row(97, &mut a),
+            Err(ModelError::TokenOutOfRange {
+                token: 97,
+                n_vocab: 97
+            })
+        ));
+    }
+}

@@ -101,11 +101,15 @@ pub fn forward(model: &Model, tokens: &[u32]) -> Result<RefOutput, ModelError> {
                 n_vocab: c.n_vocab,
             });
         }
-        ferrite_quant::dequantize(embd.ty, &embd_data[t * row_bytes..(t + 1) * row_bytes], &mut row)
-            .map_err(|source| ModelError::Quant {
-                name: embd.name.clone(),
-                source,
-            })?;
+        ferrite_quant::dequantize(
+            embd.ty,
+            &embd_data[t * row_bytes..(t + 1) * row_bytes],
+            &mut row,
+        )
+        .map_err(|source| ModelError::Quant {
+            name: embd.name.clone(),
+            source,
+        })?;
         x.extend(row.iter().map(|&v| f64::from(v) * f64::from(c.embed_scale)));
     }
 
@@ -140,8 +144,7 @@ pub fn forward(model: &Model, tokens: &[u32]) -> Result<RefOutput, ModelError> {
                     .iter()
                     .map(|&j| {
                         let kv = &k[j * kd + kvh * hd..j * kd + (kvh + 1) * hd];
-                        qv.iter().zip(kv).map(|(a, b)| a * b).sum::<f64>()
-                            * f64::from(c.attn_scale)
+                        qv.iter().zip(kv).map(|(a, b)| a * b).sum::<f64>() * f64::from(c.attn_scale)
                     })
                     .collect();
                 let mx = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);

@@ -92,8 +92,9 @@ pub struct Session<'m> {
 pub(crate) enum Mutation {
     /// Drop the attention residual of this layer.
     SkipAttnResidual(usize),
-    /// Rotate queries and keys one position too far.
-    RopeOffByOne,
+    /// Rotate keys one position too far (shifting queries and keys together would be
+    /// invisible: rope attention depends only on relative positions).
+    RopeKeysOffByOne,
 }
 
 impl<'m> Session<'m> {
@@ -217,7 +218,8 @@ impl<'m> Session<'m> {
         while done < n {
             let len = self.chunk.min(n - done);
             let chunk = &tokens[done..done + len];
-            let res = self.forward_chunk(chunk, first.saturating_sub(done), done, first, &mut hidden);
+            let res =
+                self.forward_chunk(chunk, first.saturating_sub(done), done, first, &mut hidden);
             if let Err(e) = res {
                 // Leave the session as it was: the partly written cache rows are unreachable.
                 self.n_past = start_past;
@@ -251,7 +253,7 @@ impl<'m> Session<'m> {
         let s = &mut self.s;
         let pool = self.pool;
         #[cfg(test)]
-        let rope_shift = usize::from(self.mutation == Some(Mutation::RopeOffByOne));
+        let rope_shift = usize::from(self.mutation == Some(Mutation::RopeKeysOffByOne));
         #[cfg(not(test))]
         let rope_shift = 0;
 
@@ -284,11 +286,11 @@ impl<'m> Session<'m> {
                 rms_norm(k, kn, c.rms_eps);
             }
             for t in 0..n {
-                let pos = pos0 + t + rope_shift;
+                let pos = pos0 + t;
                 let qr = &mut q[t * c.q_dim()..(t + 1) * c.q_dim()];
                 rope(qr, c.head_dim, pos, lc.rope_base, c.rope_style);
                 let kr = &mut k[t * c.kv_dim()..(t + 1) * c.kv_dim()];
-                rope(kr, c.head_dim, pos, lc.rope_base, c.rope_style);
+                rope(kr, c.head_dim, pos + rope_shift, lc.rope_base, c.rope_style);
             }
             self.kv.store(l, pos0, k, v);
             let shape = AttnShape {
@@ -345,5 +347,228 @@ impl<'m> Session<'m> {
             matmul(pool, m.matrix(m.output_weight()), xn, rows, y)?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::reference;
+    use crate::testutil::{VOCAB, tiny_model};
+    use crate::{Model, Precision};
+    use ferrite_gguf::GgmlType;
+
+    /// Error tuple of `got` against `want`: (all finite, max abs, max abs / max |want|,
+    /// cosine).
+    pub(crate) fn err_tuple(got: &[f32], want: &[f64]) -> (bool, f64, f64, f64) {
+        let finite = got.iter().all(|v| v.is_finite());
+        let (mut max_abs, mut max_ref, mut dot, mut ng, mut nw) = (0.0f64, 0.0f64, 0.0, 0.0, 0.0);
+        for (&g, &w) in got.iter().zip(want) {
+            let g = f64::from(g);
+            max_abs = max_abs.max((g - w).abs());
+            max_ref = max_ref.max(w.abs());
+            dot += g * w;
+            ng += g * g;
+            nw += w * w;
+        }
+        (
+            finite,
+            max_abs,
+            max_abs / max_ref.max(1e-30),
+            dot / (ng.sqrt() * nw.sqrt()),
+        )
+    }
+
+    fn tokens(n: usize) -> Vec<u32> {
+        (0..n).map(|i| ((i * 37 + 11) % VOCAB) as u32).collect()
+    }
+
+    /// Compares every layer and the logits with the naive reference; returns the worst
+    /// relative error.
+    fn worst_vs_naive(m: &Model, s: &mut Session<'_>, toks: &[u32]) -> f64 {
+        let want = reference::forward(m, toks).unwrap();
+        s.reset();
+        let (logits, hidden) = s.eval_hidden(toks).unwrap();
+        let mut worst = 0.0f64;
+        let (finite, _, rel, cos) = err_tuple(logits.data, &want.logits);
+        assert!(finite);
+        worst = worst.max(rel).max(1.0 - cos);
+        for (l, (h, w)) in hidden.iter().zip(&want.hidden).enumerate() {
+            let (finite, _, rel, cos) = err_tuple(h, w);
+            assert!(finite, "layer {l}");
+            worst = worst.max(rel).max(1.0 - cos);
+        }
+        worst
+    }
+
+    #[test]
+    fn optimized_matches_naive_reference_per_layer() {
+        let pool = ThreadPool::new(2).unwrap();
+        for arch in ["llama", "gemma3"] {
+            for (wty, p) in [
+                (GgmlType::F32, Precision::Default),
+                (GgmlType::Q8_0, Precision::Default),
+                (GgmlType::Q8_0, Precision::F32),
+            ] {
+                let m = tiny_model(arch, wty, p);
+                let mut s = Session::new(&m, &pool, 64, KvType::F32).unwrap();
+                // 11 tokens: more than gemma's window of 4, so the sliding mask matters.
+                let worst = worst_vs_naive(&m, &mut s, &tokens(11));
+                assert!(worst < 1e-5, "{arch} {wty} {p:?}: {worst:e}");
+            }
+        }
+    }
+
+    #[test]
+    fn mutations_fail_the_naive_comparison() {
+        // Test of the test: each deliberate defect must push the comparison far past its
+        // bound (1e-5).
+        let pool = ThreadPool::new(1).unwrap();
+        for arch in ["llama", "gemma3"] {
+            let m = tiny_model(arch, GgmlType::F32, Precision::Default);
+            let mut s = Session::new(&m, &pool, 64, KvType::F32).unwrap();
+            for mutation in [Mutation::RopeKeysOffByOne, Mutation::SkipAttnResidual(1)] {
+                s.mutation = Some(mutation);
+                let worst = worst_vs_naive(&m, &mut s, &tokens(8));
+                assert!(worst > 1e-3, "{arch} {mutation:?} not caught: {worst:e}");
+            }
+        }
+    }
+
+    /// Logits of every position, evaluated in pieces of the given sizes.
+    fn logits_in_pieces(s: &mut Session<'_>, toks: &[u32], pieces: &[usize]) -> Vec<f32> {
+        s.reset();
+        let mut out = Vec::new();
+        let mut at = 0;
+        for &p in pieces {
+            let l = s.eval(&toks[at..at + p], Outputs::All).unwrap();
+            assert_eq!((l.first, l.n_rows()), (0, p));
+            out.extend_from_slice(l.data);
+            at += p;
+        }
+        assert_eq!(at, toks.len());
+        out
+    }
+
+    #[test]
+    fn prefill_chunks_and_decode_agree() {
+        let pool = ThreadPool::new(2).unwrap();
+        for arch in ["llama", "gemma3"] {
+            let m = tiny_model(arch, GgmlType::Q8_0, Precision::Default);
+            let n = PREFILL_CHUNK + 44;
+            let toks = tokens(n);
+            let mut s = Session::new(&m, &pool, 512, KvType::F32).unwrap();
+            let whole = logits_in_pieces(&mut s, &toks, &[n]);
+            assert_eq!(s.n_past(), n);
+            let split = logits_in_pieces(&mut s, &toks, &[7, 250, n - 257]);
+            let decode = logits_in_pieces(&mut s, &toks, &vec![1; n]);
+            for (name, other) in [("split", &split), ("decode", &decode)] {
+                let max = whole
+                    .iter()
+                    .zip(other.iter())
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0.0f32, f32::max);
+                assert!(max < 1e-4, "{arch} {name}: {max}");
+            }
+        }
+    }
+
+    #[test]
+    fn outputs_select_rows() {
+        let pool = ThreadPool::new(1).unwrap();
+        let m = tiny_model("llama", GgmlType::F32, Precision::Default);
+        let mut s = Session::new(&m, &pool, 64, KvType::F16).unwrap();
+        let toks = tokens(9);
+        let all = s.eval(&toks, Outputs::All).unwrap().data.to_vec();
+        s.reset();
+        let from = s.eval(&toks, Outputs::From(6)).unwrap();
+        assert_eq!((from.first, from.n_rows()), (6, 3));
+        assert_eq!(from.data, &all[6 * VOCAB..]);
+        s.reset();
+        let last = s.eval(&toks, Outputs::Last).unwrap();
+        assert_eq!(last.last().unwrap(), &all[8 * VOCAB..]);
+        s.reset();
+        assert!(matches!(
+            s.eval(&toks, Outputs::From(9)),
+            Err(ModelError::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            s.eval(&[], Outputs::Last),
+            Err(ModelError::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            s.eval(&[1, VOCAB as u32], Outputs::Last),
+            Err(ModelError::TokenOutOfRange { .. })
+        ));
+        assert_eq!(s.n_past(), 0, "failed calls must not advance the session");
+    }
+
+    #[test]
+    fn context_full_is_an_error_and_leaves_the_session_usable() {
+        let pool = ThreadPool::new(1).unwrap();
+        let m = tiny_model("gemma3", GgmlType::F32, Precision::Default);
+        let mut s = Session::new(&m, &pool, 8, KvType::F16).unwrap();
+        s.eval(&tokens(6), Outputs::Last).unwrap();
+        let err = s.eval(&tokens(3), Outputs::Last).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ModelError::ContextFull {
+                    n_past: 6,
+                    n_new: 3,
+                    ctx: 8
+                }
+            ),
+            "{err}"
+        );
+        assert_eq!(s.n_past(), 6);
+        s.eval(&tokens(2), Outputs::Last).unwrap();
+        assert_eq!(s.n_past(), 8);
+        assert!(Session::new(&m, &pool, 0, KvType::F16).is_err());
+    }
+
+    #[test]
+    fn truncate_then_eval_matches_a_fresh_session() {
+        let pool = ThreadPool::new(2).unwrap();
+        let m = tiny_model("llama", GgmlType::F32, Precision::Default);
+        let mut s = Session::new(&m, &pool, 32, KvType::F32).unwrap();
+        let toks = tokens(10);
+        s.eval(&toks, Outputs::Last).unwrap();
+        s.truncate(4);
+        assert_eq!(s.n_past(), 4);
+        let resumed = s.eval(&[5, 6, 7], Outputs::Last).unwrap().data.to_vec();
+        let mut fresh_seq = toks[..4].to_vec();
+        fresh_seq.extend([5, 6, 7]);
+        s.reset();
+        let fresh = s.eval(&fresh_seq, Outputs::Last).unwrap().data.to_vec();
+        let max = resumed
+            .iter()
+            .zip(&fresh)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f32::max);
+        assert!(max < 1e-5, "{max}");
+    }
+
+    #[test]
+    fn thread_count_does_not_change_logits() {
+        let p1 = ThreadPool::new(1).unwrap();
+        let p2 = ThreadPool::new(2).unwrap();
+        for arch in ["llama", "gemma3"] {
+            let m = tiny_model(arch, GgmlType::Q8_0, Precision::Default);
+            let toks = tokens(20);
+            let a = Session::new(&m, &p1, 32, KvType::F16)
+                .unwrap()
+                .eval(&toks, Outputs::All)
+                .unwrap()
+                .data
+                .to_vec();
+            let b = Session::new(&m, &p2, 32, KvType::F16)
+                .unwrap()
+                .eval(&toks, Outputs::All)
+                .unwrap()
+                .data
+                .to_vec();
+            assert_eq!(a, b, "{arch}");
+        }
     }
 }
