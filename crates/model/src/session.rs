@@ -120,7 +120,7 @@ impl<'m> Session<'m> {
             o: vec![0.0; chunk * c.d_model],
             gate: vec![0.0; chunk * c.d_ff],
             up: vec![0.0; chunk * c.d_ff],
-            attn: AttnScratch::new(ctx, c.head_dim),
+            attn: AttnScratch::new(ctx, c.kv_dim(), chunk * c.q_dim()),
         };
         Ok(Session {
             model,
@@ -301,7 +301,7 @@ impl<'m> Session<'m> {
                 window: lc.window,
             };
             let att = &mut s.att[..n * c.q_dim()];
-            attend(&shape, &self.kv, l, pos0, q, att, &mut s.attn);
+            attend(pool, &shape, &self.kv, l, pos0, q, att, &mut s.attn);
             let o = &mut s.o[..n * d];
             mm(&lw.wo, att, o)?;
             if let Some(w) = &lw.post_attn_norm {
