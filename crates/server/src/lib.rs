@@ -19,6 +19,7 @@
 mod anthropic;
 mod backend;
 mod chat;
+pub mod engine;
 mod error;
 mod generate;
 #[cfg(test)]
