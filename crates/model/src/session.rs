@@ -583,6 +583,15 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn model_is_shareable_and_sessions_can_move_between_threads() {
+        // The server shares one Model between sessions on different threads.
+        fn shareable<T: Send + Sync>() {}
+        fn movable<T: Send>() {}
+        shareable::<Model>();
+        movable::<Session<'static>>();
+    }
+
+    #[test]
     fn sync_reuses_the_common_prefix() {
         let pool = ThreadPool::new(1).unwrap();
         let m = tiny_model("llama", GgmlType::F32, Precision::Default);
