@@ -242,6 +242,16 @@ impl<'m> Session<'m> {
         };
         let need = (n - first) * n_vocab;
         if self.logits.len() < need {
+            // Asking for all logits of a long input on a large vocabulary can need gigabytes:
+            // report it instead of aborting.
+            self.logits
+                .try_reserve_exact(need - self.logits.len())
+                .map_err(|_| {
+                    ModelError::InvalidArgument(format!(
+                        "cannot allocate logits for {} positions; request fewer",
+                        n - first
+                    ))
+                })?;
             self.logits.resize(need, 0.0);
         }
         let start_past = self.n_past;
