@@ -37,6 +37,7 @@ mod bytelevel;
 mod decode;
 mod error;
 mod gguf;
+mod hash;
 mod json;
 mod pretok;
 mod spec;
