@@ -333,6 +333,14 @@ mod tests {
         );
     }
 
+    /// The server shares one tokenizer and template across request threads.
+    #[test]
+    fn tokenizer_and_template_are_send_and_sync() {
+        fn check<T: Send + Sync>() {}
+        check::<Tokenizer>();
+        check::<ChatTemplate>();
+    }
+
     #[test]
     fn unknown_model_is_an_error() {
         let err = Tokenizer::from_spec(TokenizerSpec {
