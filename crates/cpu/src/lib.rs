@@ -1,1 +1,46 @@
-//! ferrite-cpu (work in progress).
+//! ferrite-cpu: the CPU backend's thread pool and quantized matrix products.
+//!
+//! Key design choice: one path for decode and prefill. Weights are dequantized exactly
+//! (bit-for-bit what gguf-py produces) a tile of rows at a time into per-thread scratch and
+//! multiplied against f32 activations with register-blocked SIMD kernels. Each output has
+//! one owner thread and a fixed accumulation order, so results are bit-identical for any
+//! thread count and any batch composition.
+//!
+//! ```
+//! use ferrite_cpu::{Matrix, ThreadPool, matmul};
+//! use ferrite_gguf::GgmlType;
+//! let pool = ThreadPool::new(2).unwrap();
+//! let w: Vec<u8> = [1.0f32, 2.0, 3.0, 4.0].iter().flat_map(|v| v.to_le_bytes()).collect();
+//! let m = Matrix { ty: GgmlType::F32, rows: 2, cols: 2, data: &w };
+//! let mut y = [0f32; 2];
+//! matmul(&pool, m, &[1.0, 1.0], 1, &mut y).unwrap();
+//! assert_eq!(y, [3.0, 7.0]);
+//! ```
+#![deny(missing_docs)]
+
+mod matmul;
+mod pool;
+
+pub use matmul::{Matrix, matmul, matmul_with};
+pub use pool::{ThreadPool, default_threads};
+
+/// Errors of the CPU backend.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CpuError {
+    /// A thread pool needs at least one thread.
+    #[error("a thread pool needs at least one thread")]
+    ZeroThreads,
+    /// The OS refused to start a worker thread.
+    #[error("cannot spawn a worker thread: {0}")]
+    Spawn(String),
+    /// Operand sizes do not agree.
+    #[error("shape mismatch: {what}")]
+    Shape {
+        /// Which check failed.
+        what: &'static str,
+    },
+    /// The quantization layer refused (unsupported type, unavailable SIMD level).
+    #[error(transparent)]
+    Quant(#[from] ferrite_quant::QuantError),
+}

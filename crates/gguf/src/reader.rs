@@ -256,3 +256,74 @@ fn wrong_type(key: &str, expected: &'static str, actual: &Value) -> GgufError {
         actual: actual.type_name(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{GgmlType, GgufWriter};
+
+    fn sample() -> GgufWriter<'static> {
+        let mut w = GgufWriter::new();
+        w.add_metadata("general.architecture", Value::String("test".into()))
+            .unwrap()
+            .add_metadata("tokens", Value::Array(vec![Value::String("a".into())]))
+            .unwrap();
+        w.add_tensor("t", GgmlType::F32, &[4], vec![7u8; 16])
+            .unwrap();
+        w
+    }
+
+    #[test]
+    fn open_maps_the_same_file_from_bytes_reads() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.gguf");
+        let w = sample();
+        let written = w.write_file(&path).unwrap();
+        let mapped = Gguf::open(&path).unwrap();
+        let owned = Gguf::from_bytes(w.to_bytes().unwrap()).unwrap();
+        assert_eq!(mapped.file_size(), written);
+        assert_eq!(mapped.bytes(), owned.bytes());
+        assert_eq!(mapped.metadata(), owned.metadata());
+        assert_eq!(mapped.tensors(), owned.tensors());
+        let t = mapped.tensor("t").unwrap();
+        assert_eq!(mapped.tensor_data(t), &[7u8; 16][..]);
+    }
+
+    #[test]
+    fn open_reports_io_errors_and_empty_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("missing.gguf");
+        let e = Gguf::open(&missing).unwrap_err();
+        assert!(
+            matches!(&e, GgufError::Io { path, .. } if path.ends_with("missing.gguf")),
+            "{e}"
+        );
+        let empty = dir.path().join("empty.gguf");
+        std::fs::write(&empty, b"").unwrap();
+        assert!(Gguf::open(&empty).is_err());
+    }
+
+    #[test]
+    fn tensor_data_of_a_foreign_info_is_empty_not_a_panic() {
+        let g = Gguf::from_bytes(sample().to_bytes().unwrap()).unwrap();
+        let mut t = g.tensor("t").unwrap().clone();
+        t.offset = u64::MAX;
+        assert!(g.tensor_data(&t).is_empty());
+        t.offset = 0;
+        t.n_bytes = 1 << 40;
+        assert!(g.tensor_data(&t).is_empty());
+    }
+
+    #[test]
+    fn files_without_tensors_need_no_trailing_padding() {
+        let mut w = GgufWriter::new();
+        w.add_metadata("k", Value::U8(1)).unwrap();
+        let mut bytes = w.to_bytes().unwrap();
+        let unpadded = 24 + 8 + 1 + 4 + 1;
+        assert!(bytes[unpadded..].iter().all(|&b| b == 0));
+        bytes.truncate(unpadded);
+        let g = Gguf::from_bytes(bytes).unwrap();
+        assert_eq!(g.data_offset(), g.file_size());
+        assert!(g.tensors().is_empty());
+    }
+}

@@ -24,7 +24,7 @@ pub const WRITE_VERSION: u32 = 3;
 ///
 /// The alignment of tensor data is 32 unless a `general.alignment` entry is added, in which
 /// case that value (a nonzero power of two) is used.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct GgufWriter<'a> {
     metadata: Vec<(String, Value)>,
     keys: HashSet<String>,
@@ -32,6 +32,17 @@ pub struct GgufWriter<'a> {
     tensors: Vec<(TensorInfo, Cow<'a, [u8]>)>,
     names: HashSet<String>,
     alignment: Option<u64>,
+}
+
+impl std::fmt::Debug for GgufWriter<'_> {
+    // Tensor bytes can be gigabytes; show the table, not the data.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GgufWriter")
+            .field("alignment", &self.alignment())
+            .field("metadata", &self.metadata)
+            .field("tensors", &self.tensor_infos())
+            .finish()
+    }
 }
 
 impl<'a> GgufWriter<'a> {

@@ -1,0 +1,173 @@
+//! Quantized weight x f32 activation matrix products.
+//!
+//! One code path serves decode and prefill: each thread owns a contiguous range of output
+//! rows; it dequantizes a tile of weight rows (bit-exact, SIMD where available) into its
+//! reusable f32 scratch and multiplies that tile against all tokens with the register-
+//! blocked f32 kernel ([`ferrite_quant::kernels::dot_tile`]). The weight tile is read from
+//! memory once per call whatever the token count, so prefill is compute-bound; for decode
+//! the tile stays in L1 and the weights stream through once.
+//!
+//! Determinism: every output is computed by exactly one thread in the canonical order of
+//! the SIMD level, which does not depend on tile position or shape. Results are therefore
+//! identical for any thread count, and a token's outputs do not depend on the other tokens
+//! in the batch.
+
+use ferrite_gguf::GgmlType;
+use ferrite_quant::kernels::{MAX_TILE, dequant_fn, dot_tile};
+use ferrite_quant::{SimdLevel, simd_level};
+
+use crate::{CpuError, ThreadPool};
+
+/// A weight matrix in GGUF layout: `rows` rows of `cols` values each (GGUF dims =
+/// `[cols, rows]`), row-major blocks.
+#[derive(Debug, Clone, Copy)]
+pub struct Matrix<'a> {
+    /// Element type of the stored rows.
+    pub ty: GgmlType,
+    /// Number of rows (output features).
+    pub rows: usize,
+    /// Values per row (input features).
+    pub cols: usize,
+    /// The raw rows, `rows * ty.row_bytes(cols)` bytes.
+    pub data: &'a [u8],
+}
+
+impl Matrix<'_> {
+    /// Bytes of one row, after checking the whole matrix is consistent.
+    fn row_bytes(&self) -> Result<usize, CpuError> {
+        let rb = self.ty.row_bytes(self.cols as u64).ok_or(CpuError::Shape {
+            what: "cols is not a whole number of blocks",
+        })?;
+        let total = rb.checked_mul(self.rows as u64).ok_or(CpuError::Shape {
+            what: "matrix size overflows",
+        })?;
+        if total != self.data.len() as u64 {
+            return Err(CpuError::Shape {
+                what: "data length does not match rows x cols",
+            });
+        }
+        usize::try_from(rb).map_err(|_| CpuError::Shape {
+            what: "row too large",
+        })
+    }
+}
+
+/// `y[t*rows + r] = sum_k W[r,k] * x[t*cols + k]` for `t in 0..n_tokens`, with the kernels
+/// of [`simd_level`]. Activations stay f32; weights are dequantized exactly.
+pub fn matmul(
+    pool: &ThreadPool,
+    w: Matrix<'_>,
+    x: &[f32],
+    n_tokens: usize,
+    y: &mut [f32],
+) -> Result<(), CpuError> {
+    matmul_with(pool, simd_level(), w, x, n_tokens, y)
+}
+
+/// [`matmul`] with the kernels of an explicit SIMD level.
+pub fn matmul_with(
+    pool: &ThreadPool,
+    level: SimdLevel,
+    w: Matrix<'_>,
+    x: &[f32],
+    n_tokens: usize,
+    y: &mut [f32],
+) -> Result<(), CpuError> {
+    let rb = w.row_bytes()?;
+    let deq = dequant_fn(level, w.ty)?;
+    if Some(x.len()) != n_tokens.checked_mul(w.cols) {
+        return Err(CpuError::Shape {
+            what: "x length is not n_tokens x cols",
+        });
+    }
+    if Some(y.len()) != n_tokens.checked_mul(w.rows) {
+        return Err(CpuError::Shape {
+            what: "y length is not n_tokens x rows",
+        });
+    }
+    if n_tokens == 0 || w.rows == 0 {
+        return Ok(());
+    }
+    let tile_rows = tile_rows(w.cols, n_tokens);
+    let n_threads = pool.n_threads();
+    let out = OutPtr(y.as_mut_ptr());
+    let (rows, cols) = (w.rows, w.cols);
+    pool.run(|index, scratch| {
+        let start = rows * index / n_threads;
+        let end = rows * (index + 1) / n_threads;
+        if start == end {
+            return;
+        }
+        if scratch.len() < tile_rows * cols {
+            scratch.resize(tile_rows * cols, 0.0);
+        }
+        let mut r0 = start;
+        while r0 < end {
+            let nr = tile_rows.min(end - r0);
+            let tile = &mut scratch[..nr * cols];
+            deq(&w.data[r0 * rb..(r0 + nr) * rb], tile);
+            let tile = &*tile;
+            let mut t0 = 0;
+            while t0 < n_tokens {
+                let nt = MAX_TILE.min(n_tokens - t0);
+                let mut xs: [&[f32]; MAX_TILE] = [&[]; MAX_TILE];
+                for (j, xr) in xs.iter_mut().take(nt).enumerate() {
+                    *xr = &x[(t0 + j) * cols..(t0 + j + 1) * cols];
+                }
+                let mut i0 = 0;
+                while i0 < nr {
+                    let ni = MAX_TILE.min(nr - i0);
+                    let mut ws: [&[f32]; MAX_TILE] = [&[]; MAX_TILE];
+                    for (i, wr) in ws.iter_mut().take(ni).enumerate() {
+                        *wr = &tile[(i0 + i) * cols..(i0 + i + 1) * cols];
+                    }
+                    let mut part = [0f32; MAX_TILE * MAX_TILE];
+                    if dot_tile(level, &ws[..ni], &xs[..nt], cols, &mut part).is_ok() {
+                        for i in 0..ni {
+                            for j in 0..nt {
+                                let idx = (t0 + j) * rows + r0 + i0 + i;
+                                // SAFETY: idx < n_tokens * rows == y.len() (checked above),
+                                // and row r0 + i0 + i lies in this thread's [start, end)
+                                // range, which no other thread writes; `y` is borrowed
+                                // mutably for the whole call, which outlives `run`.
+                                unsafe { out.write(idx, part[i * nt + j]) };
+                            }
+                        }
+                    }
+                    i0 += ni;
+                }
+                t0 += nt;
+            }
+            r0 += nr;
+        }
+    });
+    Ok(())
+}
+
+/// Weight rows dequantized per tile: small enough to stay in L1 for decode (32 KiB) and in
+/// L2 for prefill (256 KiB), a multiple of the kernel tile.
+fn tile_rows(cols: usize, n_tokens: usize) -> usize {
+    let budget = if n_tokens <= 2 { 8 * 1024 } else { 64 * 1024 };
+    let rows = (budget / cols.max(1)).clamp(MAX_TILE, 256);
+    rows - rows % MAX_TILE
+}
+
+/// The output pointer shared by the workers; each writes a disjoint set of elements.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+
+impl OutPtr {
+    /// Writes element `idx`.
+    ///
+    /// # Safety
+    /// `idx` is in bounds of the borrowed output and no other thread accesses it meanwhile.
+    unsafe fn write(&self, idx: usize, v: f32) {
+        // SAFETY: forwarded caller contract.
+        unsafe { self.0.add(idx).write(v) }
+    }
+}
+// SAFETY: workers only write through the pointer to disjoint elements (one row range each)
+// while `matmul_with` holds the exclusive borrow of `y` and waits for them in `run`.
+unsafe impl Sync for OutPtr {}
+// SAFETY: as above.
+unsafe impl Send for OutPtr {}

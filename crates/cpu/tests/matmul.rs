@@ -1,0 +1,187 @@
+//! matmul against a naive f64 reference, and determinism across thread counts and levels.
+//!
+//! Oracle: weights dequantized by the scalar reference path (itself pinned to the gguf-py
+//! fixtures), then plain f64 loops. Bound: |y - ref| <= 1e-5 * sum_k |w_k x_k| + 1e-30,
+//! about 80 f32 ulps of the absolute sum; f32 accumulation over <= 1536 terms stays well
+//! inside it (observed errors are printed).
+
+use ferrite_cpu::{Matrix, ThreadPool, matmul_with};
+use ferrite_gguf::GgmlType;
+use ferrite_quant::{SimdLevel, dequantize_ref, quantize};
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    /// Uniform in [-1, 1).
+    fn f32(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+}
+
+const TYPES: [GgmlType; 11] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+];
+
+fn random_matrix(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
+    let vals: Vec<f32> = (0..rows * cols).map(|_| rng.f32()).collect();
+    let mut data = vec![0u8; rows * ty.row_bytes(cols as u64).expect("whole blocks") as usize];
+    quantize(ty, &vals, &mut data).expect("quantize");
+    data
+}
+
+/// (rows, cols in blocks of 256 or 32, tokens): 1 x K, K = 32 * odd, rows not divisible by
+/// the thread counts, 1/3/17 tokens.
+fn shapes(ty: GgmlType) -> Vec<(usize, usize, usize)> {
+    let b = ty.block_size().max(32) as usize;
+    vec![
+        (1, b, 1),
+        (7, 3 * b, 3),
+        (13, 5 * b, 17),
+        (5, b, 1),
+        (33, 2 * b, 3),
+        (11, 3 * b, 17),
+    ]
+}
+
+#[test]
+fn matmul_matches_f64_reference_at_every_level() {
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let pool = ThreadPool::new(3).expect("pool");
+    for level in SimdLevel::ALL {
+        if !level.is_available() {
+            println!("skipped: level {level} not available on this CPU");
+            continue;
+        }
+        for ty in TYPES {
+            let mut worst = 0f64;
+            for (rows, cols, nt) in shapes(ty) {
+                let data = random_matrix(&mut rng, ty, rows, cols);
+                let x: Vec<f32> = (0..nt * cols).map(|_| rng.f32()).collect();
+                let mut wf = vec![0f32; rows * cols];
+                dequantize_ref(ty, &data, &mut wf).expect("dequantize");
+                let m = Matrix {
+                    ty,
+                    rows,
+                    cols,
+                    data: &data,
+                };
+                let mut y = vec![f32::NAN; rows * nt];
+                matmul_with(&pool, level, m, &x, nt, &mut y).expect("matmul");
+                for t in 0..nt {
+                    for r in 0..rows {
+                        let (mut s, mut a) = (0f64, 0f64);
+                        for k in 0..cols {
+                            let p = f64::from(wf[r * cols + k]) * f64::from(x[t * cols + k]);
+                            s += p;
+                            a += p.abs();
+                        }
+                        let got = f64::from(y[t * rows + r]);
+                        assert!(got.is_finite(), "{ty} {level}: non-finite output");
+                        let err = (got - s).abs();
+                        assert!(
+                            err <= 1e-5 * a + 1e-30,
+                            "{ty} {level} {rows}x{cols} t={t} r={r}: {got} vs {s} (sum|wx| {a})"
+                        );
+                        worst = worst.max(err / a.max(1e-30));
+                    }
+                }
+            }
+            println!("matmul {ty} [{level}]: max |err| / sum|wx| = {worst:.2e}");
+        }
+    }
+}
+
+#[test]
+fn thread_counts_give_identical_bits() {
+    let mut rng = Rng(42);
+    let pools: Vec<ThreadPool> = (1..=3).map(|n| ThreadPool::new(n).expect("pool")).collect();
+    for level in SimdLevel::ALL.into_iter().filter(|l| l.is_available()) {
+        for ty in [
+            GgmlType::Q4_1,
+            GgmlType::Q4_K,
+            GgmlType::F32,
+            GgmlType::Q8_0,
+        ] {
+            let b = ty.block_size().max(32) as usize;
+            for (rows, cols, nt) in [(37, 3 * b, 1), (37, 3 * b, 17), (2, b, 3)] {
+                let data = random_matrix(&mut rng, ty, rows, cols);
+                let x: Vec<f32> = (0..nt * cols).map(|_| rng.f32()).collect();
+                let m = Matrix {
+                    ty,
+                    rows,
+                    cols,
+                    data: &data,
+                };
+                let outs: Vec<Vec<u32>> = pools
+                    .iter()
+                    .map(|p| {
+                        let mut y = vec![0f32; rows * nt];
+                        matmul_with(p, level, m, &x, nt, &mut y).expect("matmul");
+                        y.iter().map(|v| v.to_bits()).collect()
+                    })
+                    .collect();
+                assert_eq!(outs[0], outs[1], "{ty} {level} 1 vs 2 threads");
+                assert_eq!(outs[0], outs[2], "{ty} {level} 1 vs 3 threads");
+                // A token's outputs do not depend on the rest of the batch.
+                if nt > 1 {
+                    let mut y1 = vec![0f32; rows];
+                    matmul_with(&pools[1], level, m, &x[cols..2 * cols], 1, &mut y1)
+                        .expect("matmul");
+                    let row1: Vec<u32> = y1.iter().map(|v| v.to_bits()).collect();
+                    assert_eq!(&outs[0][rows..2 * rows], &row1[..], "{ty} {level} batch");
+                }
+            }
+        }
+        println!("deterministic across 1/2/3 threads and batch sizes [{level}]");
+    }
+}
+
+#[test]
+fn shape_errors_are_reported_not_panicked() {
+    let pool = ThreadPool::new(2).expect("pool");
+    let data = vec![0u8; 18];
+    let m = Matrix {
+        ty: GgmlType::Q4_0,
+        rows: 1,
+        cols: 32,
+        data: &data,
+    };
+    let mut y = [0f32; 1];
+    assert!(matmul_with(&pool, SimdLevel::Scalar, m, &[0.0; 31], 1, &mut y).is_err());
+    let bad = Matrix {
+        ty: GgmlType::Q4_0,
+        rows: 2,
+        cols: 32,
+        data: &data,
+    };
+    assert!(matmul_with(&pool, SimdLevel::Scalar, bad, &[0.0; 32], 1, &mut [0.0; 2]).is_err());
+    let partial = Matrix {
+        ty: GgmlType::Q4_0,
+        rows: 1,
+        cols: 31,
+        data: &data,
+    };
+    assert!(matmul_with(&pool, SimdLevel::Scalar, partial, &[0.0; 31], 1, &mut y).is_err());
+    let iq = Matrix {
+        ty: GgmlType::IQ2_XXS,
+        rows: 1,
+        cols: 256,
+        data: &[0u8; 66],
+    };
+    assert!(matmul_with(&pool, SimdLevel::Scalar, iq, &[0.0; 256], 1, &mut y).is_err());
+}

@@ -1,0 +1,158 @@
+//! AVX2 + FMA + F16C kernels (256-bit, 8 f32 lanes).
+//!
+//! Canonical order at this level: one `__m256` accumulator per output, `acc = fma(w, x, acc)`
+//! over consecutive 8-value chunks, reduced by [`hsum`], then the `k % 8` tail products
+//! added one at a time.
+
+use std::arch::x86_64::*;
+
+use super::DequantFn;
+use ferrite_gguf::GgmlType;
+
+/// The fixed horizontal reduction: halves, then pairs, then the last two lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn hsum(v: __m256) -> f32 {
+    let lo = _mm256_castps256_ps128(v);
+    let hi = _mm256_extractf128_ps::<1>(v);
+    let s = _mm_add_ps(lo, hi);
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_shuffle_ps::<1>(s, s));
+    _mm_cvtss_f32(s)
+}
+
+/// Adds the products of the first `k` values, in the canonical tail order, to `acc`.
+#[inline]
+fn tail(acc: f32, w: &[f32], x: &[f32], from: usize, k: usize) -> f32 {
+    let mut s = acc;
+    for i in from..k {
+        s += w[i] * x[i];
+    }
+    s
+}
+
+/// Dot product of the first `k` values.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C, and `k <= w.len().min(x.len())`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot(w: &[f32], x: &[f32], k: usize) -> f32 {
+    let n8 = k / 8;
+    let mut acc = _mm256_setzero_ps();
+    for c in 0..n8 {
+        // SAFETY: 8 * c + 8 <= k <= len of both slices (caller contract).
+        unsafe {
+            let a = _mm256_loadu_ps(w.as_ptr().add(8 * c));
+            let b = _mm256_loadu_ps(x.as_ptr().add(8 * c));
+            acc = _mm256_fmadd_ps(a, b, acc);
+        }
+    }
+    tail(hsum(acc), w, x, 8 * n8, k)
+}
+
+/// Register-blocked `R x T` products (see [`tile`]).
+///
+/// # Safety
+/// AVX2/FMA/F16C available; `w.len() == R`, `x.len() == T`, every row has `k` values and
+/// `out` has `R * T` slots.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn micro<const R: usize, const T: usize>(
+    w: &[&[f32]],
+    x: &[&[f32]],
+    k: usize,
+    out: &mut [f32],
+) {
+    let n8 = k / 8;
+    let mut acc = [[_mm256_setzero_ps(); T]; R];
+    for c in 0..n8 {
+        let mut xv = [_mm256_setzero_ps(); T];
+        for t in 0..T {
+            // SAFETY: 8 * c + 8 <= k <= x[t].len() (caller contract).
+            xv[t] = unsafe { _mm256_loadu_ps(x[t].as_ptr().add(8 * c)) };
+        }
+        for r in 0..R {
+            // SAFETY: 8 * c + 8 <= k <= w[r].len() (caller contract).
+            let wv = unsafe { _mm256_loadu_ps(w[r].as_ptr().add(8 * c)) };
+            for t in 0..T {
+                acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);
+            }
+        }
+    }
+    for r in 0..R {
+        for t in 0..T {
+            out[r * T + t] = tail(hsum(acc[r][t]), w[r], x[t], 8 * n8, k);
+        }
+    }
+}
+
+/// `out[i * x.len() + j] = dot(w[i], x[j])` for up to 4 x 4 rows.
+///
+/// # Safety
+/// AVX2/FMA/F16C available; 1..=4 rows each side, all with at least `k` values; `out` has
+/// `w.len() * x.len()` slots.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn tile(w: &[&[f32]], x: &[&[f32]], k: usize, out: &mut [f32]) {
+    // 16 ymm registers: 4 rows x 2 tokens of accumulators plus loads fit, 4 x 4 would spill.
+    let mut t0 = 0;
+    while t0 < x.len() {
+        let nt = (x.len() - t0).min(2);
+        let xs = &x[t0..t0 + nt];
+        let mut part = [0f32; 8];
+        // SAFETY: forwarded caller contract; R and T match the slice lengths.
+        unsafe {
+            match (w.len(), nt) {
+                (1, 1) => micro::<1, 1>(w, xs, k, &mut part),
+                (2, 1) => micro::<2, 1>(w, xs, k, &mut part),
+                (3, 1) => micro::<3, 1>(w, xs, k, &mut part),
+                (4, 1) => micro::<4, 1>(w, xs, k, &mut part),
+                (1, 2) => micro::<1, 2>(w, xs, k, &mut part),
+                (2, 2) => micro::<2, 2>(w, xs, k, &mut part),
+                (3, 2) => micro::<3, 2>(w, xs, k, &mut part),
+                (4, 2) => micro::<4, 2>(w, xs, k, &mut part),
+                _ => return,
+            }
+        }
+        for r in 0..w.len() {
+            for t in 0..nt {
+                out[r * x.len() + t0 + t] = part[r * nt + t];
+            }
+        }
+        t0 += nt;
+    }
+}
+
+/// Adds `w * x` (equal lengths, a multiple of 8) into 8 stored accumulator lanes.
+///
+/// # Safety
+/// AVX2/FMA/F16C available; `w.len() == x.len()`, a multiple of 8.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn acc_lanes(lanes: &mut [f32; 16], w: &[f32], x: &[f32]) {
+    // SAFETY: lanes has 16 >= 8 values; chunk bounds follow from the caller contract.
+    unsafe {
+        let mut acc = _mm256_loadu_ps(lanes.as_ptr());
+        for c in 0..w.len() / 8 {
+            let a = _mm256_loadu_ps(w.as_ptr().add(8 * c));
+            let b = _mm256_loadu_ps(x.as_ptr().add(8 * c));
+            acc = _mm256_fmadd_ps(a, b, acc);
+        }
+        _mm256_storeu_ps(lanes.as_mut_ptr(), acc);
+    }
+}
+
+/// [`hsum`] of 8 stored lanes.
+///
+/// # Safety
+/// AVX2/FMA/F16C available.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn reduce_lanes(lanes: &[f32; 16]) -> f32 {
+    // SAFETY: lanes has 16 >= 8 values.
+    hsum(unsafe { _mm256_loadu_ps(lanes.as_ptr()) })
+}
+
+/// The AVX2 dequantizer of `ty`, if there is one.
+///
+/// The returned safe wrappers execute AVX2 instructions: [`super::dequant_simd`] hands them
+/// out only after checking the CPU has this level, and nothing else may call them.
+pub(crate) fn dequant_fn(ty: GgmlType) -> Option<DequantFn> {
+    super::avx2_dequant::lookup(ty)
+}

@@ -1,0 +1,146 @@
+//! AVX-512 kernels (512-bit, 16 f32 lanes; F/BW/VL plus AVX2/FMA/F16C).
+//!
+//! Canonical order at this level: one `__m512` accumulator per output, `acc = fma(w, x, acc)`
+//! over consecutive 16-value chunks, reduced by [`hsum`], then the `k % 16` tail products
+//! added one at a time.
+
+use std::arch::x86_64::*;
+
+use super::DequantFn;
+use ferrite_gguf::GgmlType;
+
+/// The fixed horizontal reduction: 512 -> 256 -> 128 bits by halves, then pairs, then the
+/// last two lanes.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+pub(crate) fn hsum(v: __m512) -> f32 {
+    let lo = _mm512_castps512_ps256(v);
+    let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+    let s = _mm256_add_ps(lo, hi);
+    let lo = _mm256_castps256_ps128(s);
+    let hi = _mm256_extractf128_ps::<1>(s);
+    let s = _mm_add_ps(lo, hi);
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_shuffle_ps::<1>(s, s));
+    _mm_cvtss_f32(s)
+}
+
+/// Adds the products from `from` to `k`, one at a time, to `acc`.
+#[inline]
+fn tail(acc: f32, w: &[f32], x: &[f32], from: usize, k: usize) -> f32 {
+    let mut s = acc;
+    for i in from..k {
+        s += w[i] * x[i];
+    }
+    s
+}
+
+/// Dot product of the first `k` values.
+///
+/// # Safety
+/// The CPU must support the AVX-512 set above, and `k <= w.len().min(x.len())`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+pub(crate) unsafe fn dot(w: &[f32], x: &[f32], k: usize) -> f32 {
+    let n16 = k / 16;
+    let mut acc = _mm512_setzero_ps();
+    for c in 0..n16 {
+        // SAFETY: 16 * c + 16 <= k <= len of both slices (caller contract).
+        unsafe {
+            let a = _mm512_loadu_ps(w.as_ptr().add(16 * c));
+            let b = _mm512_loadu_ps(x.as_ptr().add(16 * c));
+            acc = _mm512_fmadd_ps(a, b, acc);
+        }
+    }
+    tail(hsum(acc), w, x, 16 * n16, k)
+}
+
+/// Register-blocked `R x T` products (see [`tile`]).
+///
+/// # Safety
+/// AVX-512 available; `w.len() == R`, `x.len() == T`, every row has `k` values and `out`
+/// has `R * T` slots.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn micro<const R: usize, const T: usize>(
+    w: &[&[f32]],
+    x: &[&[f32]],
+    k: usize,
+    out: &mut [f32],
+) {
+    let n16 = k / 16;
+    let mut acc = [[_mm512_setzero_ps(); T]; R];
+    for c in 0..n16 {
+        let mut xv = [_mm512_setzero_ps(); T];
+        for t in 0..T {
+            // SAFETY: 16 * c + 16 <= k <= x[t].len() (caller contract).
+            xv[t] = unsafe { _mm512_loadu_ps(x[t].as_ptr().add(16 * c)) };
+        }
+        for r in 0..R {
+            // SAFETY: 16 * c + 16 <= k <= w[r].len() (caller contract).
+            let wv = unsafe { _mm512_loadu_ps(w[r].as_ptr().add(16 * c)) };
+            for t in 0..T {
+                acc[r][t] = _mm512_fmadd_ps(wv, xv[t], acc[r][t]);
+            }
+        }
+    }
+    for r in 0..R {
+        for t in 0..T {
+            out[r * T + t] = tail(hsum(acc[r][t]), w[r], x[t], 16 * n16, k);
+        }
+    }
+}
+
+/// `out[i * x.len() + j] = dot(w[i], x[j])` for up to 4 x 4 rows (32 zmm registers hold the
+/// 16 accumulators and the loads).
+///
+/// # Safety
+/// AVX-512 available; 1..=4 rows each side, all with at least `k` values; `out` has
+/// `w.len() * x.len()` slots.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+pub(crate) unsafe fn tile(w: &[&[f32]], x: &[&[f32]], k: usize, out: &mut [f32]) {
+    macro_rules! go {
+        ($($r:literal, $t:literal);*) => {
+            match (w.len(), x.len()) {
+                // SAFETY: forwarded caller contract; R and T match the slice lengths.
+                $(($r, $t) => unsafe { micro::<$r, $t>(w, x, k, out) },)*
+                _ => {}
+            }
+        };
+    }
+    go!(1,1; 1,2; 1,3; 1,4; 2,1; 2,2; 2,3; 2,4; 3,1; 3,2; 3,3; 3,4; 4,1; 4,2; 4,3; 4,4);
+}
+
+/// Adds `w * x` (equal lengths, a multiple of 16) into 16 stored accumulator lanes.
+///
+/// # Safety
+/// AVX-512 available; `w.len() == x.len()`, a multiple of 16.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+pub(crate) unsafe fn acc_lanes(lanes: &mut [f32; 16], w: &[f32], x: &[f32]) {
+    // SAFETY: lanes has 16 values; chunk bounds follow from the caller contract.
+    unsafe {
+        let mut acc = _mm512_loadu_ps(lanes.as_ptr());
+        for c in 0..w.len() / 16 {
+            let a = _mm512_loadu_ps(w.as_ptr().add(16 * c));
+            let b = _mm512_loadu_ps(x.as_ptr().add(16 * c));
+            acc = _mm512_fmadd_ps(a, b, acc);
+        }
+        _mm512_storeu_ps(lanes.as_mut_ptr(), acc);
+    }
+}
+
+/// [`hsum`] of 16 stored lanes.
+///
+/// # Safety
+/// AVX-512 available.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+pub(crate) unsafe fn reduce_lanes(lanes: &[f32; 16]) -> f32 {
+    // SAFETY: lanes has 16 values.
+    hsum(unsafe { _mm512_loadu_ps(lanes.as_ptr()) })
+}
+
+/// The AVX-512 dequantizer of `ty`, if there is one.
+///
+/// The returned safe wrappers execute AVX-512 instructions: [`super::dequant_simd`] hands
+/// them out only after checking the CPU has this level, and nothing else may call them.
+pub(crate) fn dequant_fn(ty: GgmlType) -> Option<DequantFn> {
+    super::avx512_dequant::lookup(ty)
+}

@@ -1,0 +1,252 @@
+//! Kernel dispatch by [`SimdLevel`]: f32 dot products and tiles, dequantization, and the
+//! dot product of a quantized row with f32 activations.
+//!
+//! Determinism contract: at a given level every output of [`dot_f32`], [`dot_tile`] and
+//! [`dot_row`] is computed in the same *canonical order*: one vector accumulator of the
+//! level's width per output, fused multiply-adds over consecutive vector-width chunks of
+//! `k`, a fixed horizontal reduction, then the remaining `k % width` products added one by
+//! one. Dequantization is bit-exact at every level. So, at one level, a matrix product gives
+//! the same bits whether it runs as a matvec, a tiled GEMM, on any thread, in any tile.
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx2_dequant;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod avx512_dequant;
+pub(crate) mod scalar;
+
+use crate::{QuantError, SimdLevel};
+use ferrite_gguf::GgmlType;
+
+/// Dequantizes whole blocks: `src` holds `dst.len() / block_size` blocks.
+pub type DequantFn = fn(&[u8], &mut [f32]);
+
+/// Largest tile [`dot_tile`] accepts in each direction.
+pub const MAX_TILE: usize = 4;
+
+/// Checks that `level` can run here.
+pub(crate) fn check_level(level: SimdLevel) -> Result<(), QuantError> {
+    if level.is_available() {
+        Ok(())
+    } else {
+        Err(QuantError::LevelUnavailable { level })
+    }
+}
+
+/// The scalar reference dequantizer of `ty`.
+pub(crate) fn dequant_ref(ty: GgmlType) -> Option<DequantFn> {
+    use crate::{float::*, kquants::*, legacy::*, nonlinear::*};
+    use GgmlType as T;
+    Some(match ty {
+        T::F32 => dequant_f32_ref,
+        T::F16 => dequant_f16_ref,
+        T::BF16 => dequant_bf16_ref,
+        T::Q4_0 => dequant_q4_0_ref,
+        T::Q4_1 => dequant_q4_1_ref,
+        T::Q5_0 => dequant_q5_0_ref,
+        T::Q5_1 => dequant_q5_1_ref,
+        T::Q8_0 => dequant_q8_0_ref,
+        T::Q2_K => dequant_q2k_ref,
+        T::Q3_K => dequant_q3k_ref,
+        T::Q4_K => dequant_q4k_ref,
+        T::Q5_K => dequant_q5k_ref,
+        T::Q6_K => dequant_q6k_ref,
+        T::Q8_K => dequant_q8k_ref,
+        T::IQ4_NL => dequant_iq4nl_ref,
+        T::IQ4_XS => dequant_iq4xs_ref,
+        T::MXFP4 => dequant_mxfp4_ref,
+        T::TQ1_0 => dequant_tq1_0_ref,
+        T::TQ2_0 => dequant_tq2_0_ref,
+        T::Q8_1
+        | T::IQ2_XXS
+        | T::IQ2_XS
+        | T::IQ3_XXS
+        | T::IQ1_S
+        | T::IQ3_S
+        | T::IQ2_S
+        | T::I8
+        | T::I16
+        | T::I32
+        | T::I64
+        | T::F64
+        | T::IQ1_M => return None,
+    })
+}
+
+/// The level's own (vectorized) dequantizer of `ty`, if it has one. Only returned when the
+/// CPU supports the level.
+pub(crate) fn dequant_simd(level: SimdLevel, ty: GgmlType) -> Option<DequantFn> {
+    if !level.is_available() {
+        return None;
+    }
+    match level {
+        SimdLevel::Scalar => None,
+        #[cfg(target_arch = "x86_64")]
+        SimdLevel::Avx2 => avx2::dequant_fn(ty),
+        #[cfg(target_arch = "x86_64")]
+        SimdLevel::Avx512 => avx512::dequant_fn(ty),
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => None,
+    }
+}
+
+/// Whether `level` has a vectorized dequantizer for `ty` (otherwise it uses the scalar one,
+/// which gives the same bits).
+pub fn has_simd_dequantize(level: SimdLevel, ty: GgmlType) -> bool {
+    dequant_simd(level, ty).is_some()
+}
+
+/// The dequantizer used at `level` for `ty`.
+pub fn dequant_fn(level: SimdLevel, ty: GgmlType) -> Result<DequantFn, QuantError> {
+    check_level(level)?;
+    dequant_simd(level, ty)
+        .or_else(|| dequant_ref(ty))
+        .ok_or(QuantError::Unsupported {
+            ty,
+            op: "dequantize",
+        })
+}
+
+/// Dot product of the first `min(w.len(), x.len())` values, in the level's canonical order.
+pub fn dot_f32(level: SimdLevel, w: &[f32], x: &[f32]) -> Result<f32, QuantError> {
+    check_level(level)?;
+    let k = w.len().min(x.len());
+    Ok(match level {
+        SimdLevel::Scalar => scalar::dot(w, x, k),
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: check_level proved the CPU has AVX2, FMA and F16C; k is within both slices.
+        SimdLevel::Avx2 => unsafe { avx2::dot(w, x, k) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: check_level proved the CPU has the AVX-512 set; k is within both slices.
+        SimdLevel::Avx512 => unsafe { avx512::dot(w, x, k) },
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => scalar::dot(w, x, k),
+    })
+}
+
+/// `out[i * x.len() + j] = dot(w[i], x[j])` over the first `k` values, for up to
+/// [`MAX_TILE`] weight rows and [`MAX_TILE`] activation rows, in the canonical order
+/// (bit-identical to [`dot_f32`] on the same rows).
+pub fn dot_tile(
+    level: SimdLevel,
+    w: &[&[f32]],
+    x: &[&[f32]],
+    k: usize,
+    out: &mut [f32],
+) -> Result<(), QuantError> {
+    check_level(level)?;
+    let short = w.iter().chain(x.iter()).any(|r| r.len() < k);
+    if w.len() > MAX_TILE || x.len() > MAX_TILE || out.len() < w.len() * x.len() || short {
+        return Err(QuantError::BadTile {
+            rows: w.len(),
+            cols: x.len(),
+            k,
+        });
+    }
+    match level {
+        SimdLevel::Scalar => scalar::tile(w, x, k, out),
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: level is available (checked); every row holds at least k values and out
+        // has room for every product (checked above).
+        SimdLevel::Avx2 => unsafe { avx2::tile(w, x, k, out) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above, for the AVX-512 set.
+        SimdLevel::Avx512 => unsafe { avx512::tile(w, x, k, out) },
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => scalar::tile(w, x, k, out),
+    }
+    Ok(())
+}
+
+/// Values dequantized per step of [`dot_row`] (a multiple of every block size).
+const ROW_CHUNK: usize = 512;
+
+/// Dot product of one quantized row (`row`, `x.len()` values of type `ty`) with f32
+/// activations, dequantizing in registers-sized chunks on the stack; bit-identical to
+/// dequantizing the row and calling [`dot_f32`].
+pub fn dot_row(level: SimdLevel, ty: GgmlType, row: &[u8], x: &[f32]) -> Result<f32, QuantError> {
+    let deq = dequant_fn(level, ty)?;
+    crate::check_row(ty, row.len(), x.len())?;
+    let bs = ty.block_size() as usize;
+    let ts = ty.type_size() as usize;
+    let mut buf = [0f32; ROW_CHUNK];
+    let n = x.len();
+    let full = match level {
+        SimdLevel::Scalar => 0,
+        SimdLevel::Avx2 => n - n % 8,
+        SimdLevel::Avx512 => n - n % 16,
+    };
+    let mut acc = RowAcc::new(level);
+    let mut tail = 0.0f32;
+    let mut start = 0;
+    while start < n {
+        let len = ROW_CHUNK.min(n - start);
+        let bytes = &row[start / bs * ts..(start + len) / bs * ts];
+        deq(bytes, &mut buf[..len]);
+        let xs = &x[start..start + len];
+        if level == SimdLevel::Scalar {
+            tail = scalar::dot_acc(tail, &buf[..len], xs);
+        } else {
+            let vec_len = full.saturating_sub(start).min(len);
+            acc.add(&buf[..vec_len], &xs[..vec_len]);
+            for (w, v) in buf[vec_len..len].iter().zip(&xs[vec_len..]) {
+                tail += w * v;
+            }
+        }
+        start += len;
+    }
+    Ok(if level == SimdLevel::Scalar {
+        tail
+    } else {
+        acc.finish() + tail
+    })
+}
+
+/// A running vector accumulator of the level's width, kept as plain lanes between chunks.
+struct RowAcc {
+    level: SimdLevel,
+    lanes: [f32; 16],
+}
+
+impl RowAcc {
+    fn new(level: SimdLevel) -> Self {
+        RowAcc {
+            level,
+            lanes: [0.0; 16],
+        }
+    }
+
+    /// Adds the products of `w` and `x` (length a multiple of the width) into the lanes.
+    fn add(&mut self, w: &[f32], x: &[f32]) {
+        match self.level {
+            SimdLevel::Scalar => {}
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: RowAcc is only built by dot_row after dequant_fn checked the level is
+            // available; w and x have equal lengths, a multiple of 8.
+            SimdLevel::Avx2 => unsafe { avx2::acc_lanes(&mut self.lanes, w, x) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as above, multiple of 16.
+            SimdLevel::Avx512 => unsafe { avx512::acc_lanes(&mut self.lanes, w, x) },
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => {}
+        }
+    }
+
+    /// The canonical horizontal reduction of the lanes.
+    fn finish(&self) -> f32 {
+        match self.level {
+            SimdLevel::Scalar => 0.0,
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the level was checked available when this accumulator was built.
+            SimdLevel::Avx2 => unsafe { avx2::reduce_lanes(&self.lanes) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as above.
+            SimdLevel::Avx512 => unsafe { avx512::reduce_lanes(&self.lanes) },
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => 0.0,
+        }
+    }
+}
