@@ -146,14 +146,13 @@ impl ByteLevelBpe {
         out.extend_from_slice(&scratch.ids);
     }
 
-    /// Rank of the merge of `left` and `right`, if any (used by tests and the gate's mutation
-    /// check).
+    /// Rank of the merge of `left` and `right`, if any.
     #[cfg(test)]
     pub(crate) fn merge_rank(&self, left: u32, right: u32) -> Option<u32> {
         self.merges.get(&(left, right)).map(|&(rank, _)| rank)
     }
 
-    /// Swap the ranks of two merges (test-only mutation to prove the oracle notices).
+    /// Swap the ranks of two merges (a mutation for tests to prove the comparison notices).
     #[cfg(test)]
     pub(crate) fn swap_ranks(&mut self, a: (u32, u32), b: (u32, u32)) {
         if let (Some(&ra), Some(&rb)) = (self.merges.get(&a), self.merges.get(&b)) {
