@@ -24,6 +24,9 @@ use ferrite_gguf::GgmlType;
 /// Dequantizes whole blocks: `src` holds `dst.len() / block_size` blocks.
 pub type DequantFn = fn(&[u8], &mut [f32]);
 
+/// A fused kernel: `out[r] = dot(row r, x)` for 1..=4 rows of whole blocks.
+pub(crate) type MatvecFn = fn(&[&[u8]], &[f32], &mut [f32]);
+
 /// Largest tile [`dot_tile`] accepts in each direction.
 pub const MAX_TILE: usize = 4;
 
@@ -159,6 +162,73 @@ pub fn dot_tile(
         _ => scalar::tile(w, x, k, out),
     }
     Ok(())
+}
+
+/// `y[r] = dot(row r of w, x)` for `r in 0..y.len()`, where `w` holds `y.len()` rows of
+/// `x.len()` values of type `ty`. Uses the level's fused kernel (weights dequantized in
+/// registers, never stored) when it has one; bit-identical to [`dot_row`] on each row.
+pub fn matvec(
+    level: SimdLevel,
+    ty: GgmlType,
+    w: &[u8],
+    x: &[f32],
+    y: &mut [f32],
+) -> Result<(), QuantError> {
+    check_level(level)?;
+    let rb = ty
+        .row_bytes(x.len() as u64)
+        .ok_or(QuantError::PartialBlock {
+            ty,
+            n: x.len(),
+            block: ty.block_size(),
+        })?;
+    let rb = rb as usize;
+    if Some(w.len()) != y.len().checked_mul(rb) {
+        return Err(QuantError::ByteLength {
+            ty,
+            n: x.len() * y.len(),
+            expected: (rb * y.len()) as u64,
+            got: w.len(),
+        });
+    }
+    if rb == 0 {
+        y.fill(0.0);
+        return Ok(());
+    }
+    match fused_matvec(level, ty, x.len()) {
+        Some(f) => {
+            for (rows, out) in w.chunks(MAX_TILE * rb).zip(y.chunks_mut(MAX_TILE)) {
+                let mut rs: [&[u8]; MAX_TILE] = [&[]; MAX_TILE];
+                for (r, chunk) in rs.iter_mut().zip(rows.chunks_exact(rb)) {
+                    *r = chunk;
+                }
+                f(&rs[..out.len()], x, out);
+            }
+        }
+        None => {
+            for (row, out) in w.chunks_exact(rb).zip(y.iter_mut()) {
+                *out = dot_row(level, ty, row, x)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The level's fused matvec for rows of `k` values of `ty`, if it has one that covers `k`
+/// without a partial vector (partial vectors take the generic path).
+fn fused_matvec(level: SimdLevel, ty: GgmlType, k: usize) -> Option<MatvecFn> {
+    match level {
+        #[cfg(target_arch = "x86_64")]
+        SimdLevel::Avx512 if k.is_multiple_of(16) && level.is_available() => {
+            avx512_dequant::lookup_matvec(ty)
+        }
+        _ => None,
+    }
+}
+
+/// Whether [`matvec`] has a fused kernel for `ty` at `level`.
+pub fn has_fused_matvec(level: SimdLevel, ty: GgmlType) -> bool {
+    fused_matvec(level, ty, 256).is_some()
 }
 
 /// Values dequantized per step of [`dot_row`] (a multiple of every block size).
