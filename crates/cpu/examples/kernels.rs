@@ -164,7 +164,6 @@ fn main() {
         );
     }
 
-    let (tokens, k, rows) = (512, 576, 1536);
     for ty in [
         GgmlType::F32,
         GgmlType::Q8_0,
@@ -172,6 +171,13 @@ fn main() {
         GgmlType::Q4_K,
         GgmlType::Q6_K,
     ] {
+        // 576 is not a whole number of 256-value k-quant blocks: those run the transposed
+        // shape (the 1536 -> 576 down projection), the same FLOP count.
+        let (tokens, k, rows) = if 576 % ty.block_size() as usize == 0 {
+            (512, 576, 1536)
+        } else {
+            (512, 1536, 576)
+        };
         let data = random_weights(&mut rng, ty, rows, k);
         let x: Vec<f32> = (0..tokens * k).map(|_| rng.f32()).collect();
         let mut y = vec![0f32; tokens * rows];
