@@ -221,6 +221,15 @@ fn load16(b: &[u8], at: usize) -> __m128i {
     unsafe { _mm_loadu_si128(s.as_ptr().cast()) }
 }
 
+/// Loads bytes `at..at + 64` of `b`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+fn load64(b: &[u8], at: usize) -> __m512i {
+    let s = &b[at..at + 64];
+    // SAFETY: s is exactly 64 readable bytes; the load is unaligned.
+    unsafe { _mm512_loadu_si512(s.as_ptr().cast()) }
+}
+
 /// Low and high nibbles of 16 bytes, each widened to 16 i32 lanes.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
@@ -416,20 +425,42 @@ macro_rules! dec_q6k {
         let b: &BlockQ6K = $b;
         let v: &mut [__m512; 16] = $v;
         let d = f16_le(b.d);
-        let mask4 = _mm512_set1_epi32(0x0f);
-        let mask2 = _mm512_set1_epi32(0x03);
-        let off = _mm512_set1_epi32(32);
-        for (g, vg) in v.iter_mut().enumerate() {
-            // Values 16g..16g+16 share one scale; r0 is their offset in the 128-value half.
-            let (c, r0) = (g / 8, (g % 8) * 16);
-            let ql = _mm512_cvtepu8_epi32(load16(&b.ql, 64 * c + r0 % 64));
-            let qh = _mm512_cvtepu8_epi32(load16(&b.qh, 32 * c + r0 % 32));
-            let shl = _mm512_set1_epi32(4 * (r0 / 64) as i32);
-            let shh = _mm512_set1_epi32(2 * (r0 / 32) as i32);
-            let lo = _mm512_and_si512(_mm512_srlv_epi32(ql, shl), mask4);
-            let hi = _mm512_and_si512(_mm512_srlv_epi32(qh, shh), mask2);
-            let q = _mm512_sub_epi32(_mm512_or_si512(lo, _mm512_slli_epi32::<4>(hi)), off);
-            *vg = scaled(q, d * f32::from(b.scales[g] as i8));
+        // Whole 64-value groups at byte width (AVX-512BW), widened only at the end: the
+        // shifts act on 16-bit words, and the masks drop the bits that cross bytes.
+        let m4 = _mm512_set1_epi8(0x0f);
+        let m2 = _mm512_set1_epi8(0x03);
+        let off = _mm512_set1_epi8(32);
+        for c in 0..2 {
+            let ql = load64(&b.ql, 64 * c);
+            // SAFETY: bytes 32c..32c+32 of the 64-byte qh are in bounds.
+            let qh = unsafe { _mm256_loadu_si256(b.qh.as_ptr().add(32 * c).cast()) };
+            let qh = _mm512_broadcast_i64x4(qh);
+            for half in 0..2 {
+                let lo = if half == 0 {
+                    ql
+                } else {
+                    _mm512_srli_epi16::<4>(ql)
+                };
+                let lo = _mm512_and_si512(lo, m4);
+                // Values 0..32 of this 64 take qh bits 4*half, values 32..64 bits 4*half+2.
+                let sh = _mm512_inserti64x4::<1>(
+                    _mm512_set1_epi16(4 * half as i16),
+                    _mm256_set1_epi16(4 * half as i16 + 2),
+                );
+                let hi = _mm512_and_si512(_mm512_srlv_epi16(qh, sh), m2);
+                let q = _mm512_sub_epi8(_mm512_or_si512(lo, _mm512_slli_epi16::<4>(hi)), off);
+                let g0 = 8 * c + 4 * half;
+                let parts = [
+                    _mm512_extracti32x4_epi32::<0>(q),
+                    _mm512_extracti32x4_epi32::<1>(q),
+                    _mm512_extracti32x4_epi32::<2>(q),
+                    _mm512_extracti32x4_epi32::<3>(q),
+                ];
+                for (i, part) in parts.into_iter().enumerate() {
+                    let dl = d * f32::from(b.scales[g0 + i] as i8);
+                    v[g0 + i] = scaled(_mm512_cvtepi8_epi32(part), dl);
+                }
+            }
         }
     }};
 }
