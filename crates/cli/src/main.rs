@@ -4,11 +4,14 @@
 //! dispatches and turns errors into a one-line message and exit code 1; nothing here may panic
 //! on user input.
 
+mod bench;
 mod inspect;
 mod models;
 mod pull;
 mod run;
 mod score;
+mod serve;
+mod synth;
 mod tokenize;
 
 use clap::{Parser, Subcommand};
@@ -35,6 +38,12 @@ enum Command {
     Gate(tokenize::GateArgs),
     /// Measure quality against reference logits or perplexity text.
     Score(score::ScoreArgs),
+    /// Serve OpenAI- and Anthropic-compatible HTTP APIs.
+    Serve(serve::ServeArgs),
+    /// Measure speed and write receipts.
+    Bench(bench::BenchArgs),
+    /// Write a random-weight model of a given shape.
+    Synth(synth::SynthArgs),
 }
 
 fn main() {
@@ -46,6 +55,9 @@ fn main() {
         Command::Tokenize(args) => tokenize::run_tokenize(args),
         Command::Gate(args) => tokenize::run_gate(args),
         Command::Score(args) => score::run(args),
+        Command::Serve(args) => serve::run(args),
+        Command::Bench(args) => bench::run(args),
+        Command::Synth(args) => synth::run(args),
     };
     match result {
         Ok(code) => std::process::exit(code),

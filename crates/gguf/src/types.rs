@@ -187,7 +187,7 @@ impl GgmlType {
     /// Bytes needed for a row of `n` values, or `None` when `n` is not a whole number of
     /// blocks or the size overflows.
     pub fn row_bytes(self, n: u64) -> Option<u64> {
-        if n % self.block_size() != 0 {
+        if !n.is_multiple_of(self.block_size()) {
             return None;
         }
         (n / self.block_size()).checked_mul(self.type_size())

@@ -1,4 +1,114 @@
 //! ferrite-server: the OpenAI- and Anthropic-compatible HTTP front end.
 //!
-//! Not implemented yet (issue 5). It will talk to `ferrite-engine` in tokens, sessions and
-//! sampling parameters only; it must never see tensors or backend types.
+//! Design: the HTTP layer never sees tensors or sessions. It talks to an engine through the
+//! narrow [`Backend`] trait (render and tokenize prompts, submit a [`GenRequest`], read
+//! [`GenEvent`]s from a channel whose drop cancels the work). [`router`] builds the whole
+//! API as an axum `Router` over an [`AppState`], separate from binding a socket, so tests
+//! drive it with `tower::ServiceExt::oneshot`. The real engine ([`engine::Engine`]) runs on
+//! a dedicated thread that owns the model and its slots.
+//!
+//! ```
+//! use ferrite_server::{AppState, ServerConfig, router};
+//! let state = AppState::new(ServerConfig::default());
+//! // No backend yet: /health answers 503 until `state.set_backend(...)` is called.
+//! let _app = router(state);
+//! ```
+
+#![deny(missing_docs)]
+
+mod anthropic;
+mod backend;
+mod chat;
+pub mod engine;
+mod error;
+mod generate;
+#[cfg(test)]
+mod http_tests;
+mod metrics;
+mod openai;
+mod parse;
+mod responses;
+mod routes;
+mod stops;
+#[cfg(test)]
+mod testing;
+mod tools;
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+pub use backend::{
+    Backend, BackendError, ChatPrompt, EngineStats, FinishReason, GenEvent, GenRequest,
+    SamplingParams, SubmitError, Timings, TokenLogprob, Usage,
+};
+pub use error::{ApiError, Flavor};
+pub use routes::router;
+pub use stops::{Scanned, StopScanner};
+
+use metrics::{Metrics, RequestIds};
+
+/// Settings of the HTTP layer.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// When set, every endpoint except `/health` requires `Authorization: Bearer KEY` or
+    /// `x-api-key: KEY`.
+    pub api_key: Option<String>,
+    /// Largest accepted request body; larger ones get 413.
+    pub max_body_bytes: usize,
+    /// Interval of SSE keep-alive comments while a stream has nothing to send (long prefill,
+    /// queue wait).
+    pub keepalive: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            api_key: None,
+            max_body_bytes: 8 << 20,
+            keepalive: Duration::from_secs(10),
+        }
+    }
+}
+
+struct Shared {
+    backend: OnceLock<Arc<dyn Backend>>,
+    config: ServerConfig,
+    metrics: Arc<Metrics>,
+    ids: RequestIds,
+}
+
+/// State shared by all handlers: the backend (set once loading finishes), settings and
+/// counters. Cheap to clone.
+#[derive(Clone)]
+pub struct AppState(Arc<Shared>);
+
+impl AppState {
+    /// State with no backend yet (the server reports 503 while loading).
+    pub fn new(config: ServerConfig) -> AppState {
+        AppState(Arc::new(Shared {
+            backend: OnceLock::new(),
+            config,
+            metrics: Arc::new(Metrics::default()),
+            ids: RequestIds::default(),
+        }))
+    }
+
+    /// Install the loaded backend; later calls are ignored (returns false).
+    pub fn set_backend(&self, backend: Arc<dyn Backend>) -> bool {
+        self.0.backend.set(backend).is_ok()
+    }
+
+    /// The backend, or 503 while the model is loading.
+    fn backend(&self) -> Result<&Arc<dyn Backend>, ApiError> {
+        self.0.backend.get().ok_or_else(|| {
+            ApiError::new(
+                axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                "the model is still loading",
+            )
+        })
+    }
+
+    fn config(&self) -> &ServerConfig {
+        &self.0.config
+    }
+}

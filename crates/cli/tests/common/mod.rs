@@ -1,0 +1,73 @@
+//! Shared helpers for the CLI integration tests: the built binary, model pulls and fixtures.
+//!
+//! Real models are fetched once with `ferrite pull` (the same command a user runs) into the
+//! normal model cache, so only the first test run downloads anything.
+
+#![allow(dead_code)] // each test binary uses a different subset of these helpers
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+/// The `ferrite` binary under test.
+pub fn ferrite() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_ferrite"))
+}
+
+/// Run `ferrite` with `args`, returning its output.
+pub fn run(args: &[&str]) -> Output {
+    ferrite()
+        .args(args)
+        .output()
+        .expect("spawning the ferrite binary")
+}
+
+/// Pull a known model with `ferrite pull NAME` and return the path it printed last.
+pub fn pull(name: &str) -> PathBuf {
+    let out = run(&["pull", name]);
+    assert!(
+        out.status.success(),
+        "ferrite pull {name} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let last = stdout.lines().last().expect("pull printed nothing");
+    let path = PathBuf::from(last.trim());
+    assert!(
+        path.is_absolute() && path.is_file(),
+        "bad pull path {path:?}"
+    );
+    path
+}
+
+/// The fixture directory: `FERRITE_FIXTURES` when set (must exist), else the in-repo copy.
+pub fn fixtures_dir() -> PathBuf {
+    match std::env::var_os("FERRITE_FIXTURES") {
+        Some(dir) => {
+            let dir = PathBuf::from(dir);
+            assert!(
+                dir.is_dir(),
+                "FERRITE_FIXTURES={} is not a directory",
+                dir.display()
+            );
+            dir
+        }
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/reference"),
+    }
+}
+
+/// A fixture file that must exist (a requested fixture that is missing is a failure).
+pub fn fixture(name: &str) -> PathBuf {
+    let path = fixtures_dir().join(name);
+    assert!(path.is_file(), "fixture {} is missing", path.display());
+    path
+}
+
+/// Stdout and stderr of an output as one string, for assertion messages.
+pub fn text(out: &Output) -> String {
+    format!(
+        "status={:?}\nstdout:\n{}\nstderr:\n{}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}

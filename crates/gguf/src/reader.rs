@@ -1,0 +1,329 @@
+//! [`Gguf`]: an opened, fully validated GGUF file and typed access to its metadata and
+//! tensor data.
+//!
+//! The file is either memory-mapped ([`Gguf::open`]) or held in a `Vec` ([`Gguf::from_bytes`],
+//! for tests and fuzzing). Validation happens once, when the file is opened, so every
+//! accessor afterwards is infallible except for asking for a missing key or the wrong type.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use crate::parse::{Parsed, parse};
+use crate::{GgufError, TensorInfo, Value};
+
+/// Where the file's bytes live.
+enum Storage {
+    Mmap(memmap2::Mmap),
+    Bytes(Vec<u8>),
+}
+
+/// A validated GGUF file: header, metadata (in file order), tensor table and the bytes.
+pub struct Gguf {
+    storage: Storage,
+    version: u32,
+    alignment: u64,
+    data_offset: u64,
+    metadata: Vec<(String, Value)>,
+    key_index: HashMap<String, usize>,
+    tensors: Vec<TensorInfo>,
+    tensor_index: HashMap<String, usize>,
+}
+
+impl std::fmt::Debug for Gguf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gguf")
+            .field("version", &self.version)
+            .field("file_size", &self.file_size())
+            .field("metadata", &self.metadata.len())
+            .field("tensors", &self.tensors.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Gguf {
+    /// Memory-maps and validates the file at `path`.
+    pub fn open(path: &Path) -> Result<Gguf, GgufError> {
+        let io = |source| GgufError::Io {
+            path: path.display().to_string(),
+            source,
+        };
+        let file = std::fs::File::open(path).map_err(io)?;
+        // SAFETY: the map is read-only and lives as long as `Gguf`. Undefined behaviour is
+        // only possible if another process truncates or rewrites the file while it is
+        // mapped; model files are treated as immutable while open, like every mmap-based
+        // loader does, and that cannot be prevented from inside this process.
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
+        Self::with_storage(Storage::Mmap(map))
+    }
+
+    /// Validates a file held in memory.
+    pub fn from_bytes(bytes: Vec<u8>) -> Result<Gguf, GgufError> {
+        Self::with_storage(Storage::Bytes(bytes))
+    }
+
+    fn with_storage(storage: Storage) -> Result<Gguf, GgufError> {
+        let buf: &[u8] = match &storage {
+            Storage::Mmap(m) => m,
+            Storage::Bytes(b) => b,
+        };
+        let Parsed {
+            version,
+            alignment,
+            data_offset,
+            metadata,
+            key_index,
+            tensors,
+            tensor_index,
+        } = parse(buf)?;
+        Ok(Gguf {
+            storage,
+            version,
+            alignment,
+            data_offset,
+            metadata,
+            key_index,
+            tensors,
+            tensor_index,
+        })
+    }
+
+    /// GGUF format version (2 or 3).
+    pub fn version(&self) -> u32 {
+        self.version
+    }
+
+    /// Alignment of tensor data: `general.alignment`, or 32 when absent.
+    pub fn alignment(&self) -> u64 {
+        self.alignment
+    }
+
+    /// Absolute file offset of the tensor data section. For a file without tensors whose
+    /// trailing padding is absent this is the file size.
+    pub fn data_offset(&self) -> u64 {
+        self.data_offset
+    }
+
+    /// Size of the whole file in bytes.
+    pub fn file_size(&self) -> u64 {
+        self.bytes().len() as u64
+    }
+
+    /// The whole file.
+    pub fn bytes(&self) -> &[u8] {
+        match &self.storage {
+            Storage::Mmap(m) => m,
+            Storage::Bytes(b) => b,
+        }
+    }
+
+    /// All metadata entries, in file order.
+    pub fn metadata(&self) -> &[(String, Value)] {
+        &self.metadata
+    }
+
+    /// The value of `key`, if present.
+    pub fn get(&self, key: &str) -> Option<&Value> {
+        self.key_index.get(key).map(|&i| &self.metadata[i].1)
+    }
+
+    fn require(&self, key: &str) -> Result<&Value, GgufError> {
+        self.get(key).ok_or_else(|| GgufError::MissingKey {
+            key: key.to_owned(),
+        })
+    }
+
+    fn integer<T: TryFrom<i128>>(&self, key: &str, expected: &'static str) -> Result<T, GgufError> {
+        let value = self.require(key)?;
+        let int = value
+            .as_integer()
+            .ok_or_else(|| wrong_type(key, expected, value))?;
+        T::try_from(int).map_err(|_| GgufError::OutOfRange {
+            key: key.to_owned(),
+            expected,
+            value: int.to_string(),
+        })
+    }
+
+    /// `key` as `u32`: any integer type whose value fits losslessly.
+    pub fn get_u32(&self, key: &str) -> Result<u32, GgufError> {
+        self.integer(key, "u32")
+    }
+
+    /// `key` as `u64`: any integer type whose value fits losslessly.
+    pub fn get_u64(&self, key: &str) -> Result<u64, GgufError> {
+        self.integer(key, "u64")
+    }
+
+    /// `key` as `f32`: f32, f64 (rounded to nearest) or any integer type.
+    pub fn get_f32(&self, key: &str) -> Result<f32, GgufError> {
+        let value = self.require(key)?;
+        value.as_f32().ok_or_else(|| wrong_type(key, "f32", value))
+    }
+
+    /// `key` as `bool`.
+    pub fn get_bool(&self, key: &str) -> Result<bool, GgufError> {
+        match self.require(key)? {
+            Value::Bool(b) => Ok(*b),
+            other => Err(wrong_type(key, "bool", other)),
+        }
+    }
+
+    /// `key` as a string.
+    pub fn get_str(&self, key: &str) -> Result<&str, GgufError> {
+        let value = self.require(key)?;
+        value
+            .as_str()
+            .ok_or_else(|| wrong_type(key, "string", value))
+    }
+
+    fn array(&self, key: &str, expected: &'static str) -> Result<&[Value], GgufError> {
+        let value = self.require(key)?;
+        value
+            .as_array()
+            .ok_or_else(|| wrong_type(key, expected, value))
+    }
+
+    /// `key` as an array of strings.
+    pub fn get_str_array(&self, key: &str) -> Result<Vec<&str>, GgufError> {
+        const EXPECTED: &str = "array of string";
+        let value = self.require(key)?;
+        let items = self.array(key, EXPECTED)?;
+        items
+            .iter()
+            .map(|v| v.as_str().ok_or_else(|| wrong_type(key, EXPECTED, value)))
+            .collect()
+    }
+
+    /// `key` as an array of `f32`: items may be f32, f64 or integers, as for
+    /// [`Gguf::get_f32`].
+    pub fn get_f32_array(&self, key: &str) -> Result<Vec<f32>, GgufError> {
+        const EXPECTED: &str = "array of f32";
+        let value = self.require(key)?;
+        let items = self.array(key, EXPECTED)?;
+        items
+            .iter()
+            .map(|v| v.as_f32().ok_or_else(|| wrong_type(key, EXPECTED, value)))
+            .collect()
+    }
+
+    /// `key` as an array of `i32`: items may be any integer type whose values fit.
+    pub fn get_i32_array(&self, key: &str) -> Result<Vec<i32>, GgufError> {
+        const EXPECTED: &str = "array of i32";
+        let value = self.require(key)?;
+        let items = self.array(key, EXPECTED)?;
+        items
+            .iter()
+            .map(|v| {
+                let int = v
+                    .as_integer()
+                    .ok_or_else(|| wrong_type(key, EXPECTED, value))?;
+                i32::try_from(int).map_err(|_| GgufError::OutOfRange {
+                    key: key.to_owned(),
+                    expected: "i32",
+                    value: int.to_string(),
+                })
+            })
+            .collect()
+    }
+
+    /// The tensor table, in file order.
+    pub fn tensors(&self) -> &[TensorInfo] {
+        &self.tensors
+    }
+
+    /// The tensor named `name`, if present.
+    pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
+        self.tensor_index.get(name).map(|&i| &self.tensors[i])
+    }
+
+    /// The data of tensor `t`: exactly `t.n_bytes` bytes for a `TensorInfo` taken from this
+    /// file (validation guaranteed they exist). A `TensorInfo` from elsewhere that does not
+    /// fit this file yields an empty slice rather than a panic.
+    pub fn tensor_data(&self, t: &TensorInfo) -> &[u8] {
+        let range = || {
+            let start = usize::try_from(self.data_offset.checked_add(t.offset)?).ok()?;
+            let len = usize::try_from(t.n_bytes).ok()?;
+            Some(start..start.checked_add(len)?)
+        };
+        range().and_then(|r| self.bytes().get(r)).unwrap_or(&[])
+    }
+}
+
+fn wrong_type(key: &str, expected: &'static str, actual: &Value) -> GgufError {
+    GgufError::WrongType {
+        key: key.to_owned(),
+        expected,
+        actual: actual.type_name(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{GgmlType, GgufWriter};
+
+    fn sample() -> GgufWriter<'static> {
+        let mut w = GgufWriter::new();
+        w.add_metadata("general.architecture", Value::String("test".into()))
+            .unwrap()
+            .add_metadata("tokens", Value::Array(vec![Value::String("a".into())]))
+            .unwrap();
+        w.add_tensor("t", GgmlType::F32, &[4], vec![7u8; 16])
+            .unwrap();
+        w
+    }
+
+    #[test]
+    fn open_maps_the_same_file_from_bytes_reads() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.gguf");
+        let w = sample();
+        let written = w.write_file(&path).unwrap();
+        let mapped = Gguf::open(&path).unwrap();
+        let owned = Gguf::from_bytes(w.to_bytes().unwrap()).unwrap();
+        assert_eq!(mapped.file_size(), written);
+        assert_eq!(mapped.bytes(), owned.bytes());
+        assert_eq!(mapped.metadata(), owned.metadata());
+        assert_eq!(mapped.tensors(), owned.tensors());
+        let t = mapped.tensor("t").unwrap();
+        assert_eq!(mapped.tensor_data(t), &[7u8; 16][..]);
+    }
+
+    #[test]
+    fn open_reports_io_errors_and_empty_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("missing.gguf");
+        let e = Gguf::open(&missing).unwrap_err();
+        assert!(
+            matches!(&e, GgufError::Io { path, .. } if path.ends_with("missing.gguf")),
+            "{e}"
+        );
+        let empty = dir.path().join("empty.gguf");
+        std::fs::write(&empty, b"").unwrap();
+        assert!(Gguf::open(&empty).is_err());
+    }
+
+    #[test]
+    fn tensor_data_of_a_foreign_info_is_empty_not_a_panic() {
+        let g = Gguf::from_bytes(sample().to_bytes().unwrap()).unwrap();
+        let mut t = g.tensor("t").unwrap().clone();
+        t.offset = u64::MAX;
+        assert!(g.tensor_data(&t).is_empty());
+        t.offset = 0;
+        t.n_bytes = 1 << 40;
+        assert!(g.tensor_data(&t).is_empty());
+    }
+
+    #[test]
+    fn files_without_tensors_need_no_trailing_padding() {
+        let mut w = GgufWriter::new();
+        w.add_metadata("k", Value::U8(1)).unwrap();
+        let mut bytes = w.to_bytes().unwrap();
+        let unpadded = 24 + 8 + 1 + 4 + 1;
+        assert!(bytes[unpadded..].iter().all(|&b| b == 0));
+        bytes.truncate(unpadded);
+        let g = Gguf::from_bytes(bytes).unwrap();
+        assert_eq!(g.data_offset(), g.file_size());
+        assert!(g.tensors().is_empty());
+    }
+}

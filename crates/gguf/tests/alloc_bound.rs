@@ -1,0 +1,121 @@
+//! Bounded memory: the reader must never allocate more than a small multiple of the input
+//! size, whatever the input claims. Oracle: a counting global allocator measures the peak
+//! heap growth of the parsing thread during `Gguf::from_bytes` (the input `Vec` is
+//! allocated before measuring starts).
+//!
+//! The argument for the bound: every count is checked against `remaining / min_item_size`
+//! before a collection is created, so each allocated item is backed by at least its minimal
+//! encoding. The worst ratio is a `u8` array: 1 encoded byte per 32-byte `Value`.
+
+mod common;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+
+use common::{Raw, Rng, mutate, sample_bytes};
+use ferrite_gguf::Gguf;
+
+struct Counting;
+
+thread_local! {
+    static CURRENT: Cell<usize> = const { Cell::new(0) };
+    static PEAK: Cell<usize> = const { Cell::new(0) };
+}
+
+// SAFETY: forwards every call to the system allocator unchanged; the bookkeeping only
+// touches const-initialised thread-locals without destructors, which never allocate.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let cur = CURRENT.get() + layout.size();
+        CURRENT.set(cur);
+        PEAK.set(PEAK.get().max(cur));
+        // SAFETY: same contract as our caller's.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        CURRENT.set(CURRENT.get().saturating_sub(layout.size()));
+        // SAFETY: same contract as our caller's.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static ALLOC: Counting = Counting;
+
+/// Worst-case heap bytes per input byte, plus a constant for small fixed structures.
+const MAX_RATIO: usize = 40;
+const SLACK: usize = 64 * 1024;
+
+/// Peak heap growth while parsing `bytes` (and dropping the result).
+fn peak_growth(bytes: Vec<u8>) -> usize {
+    let base = CURRENT.get();
+    PEAK.set(base);
+    drop(Gguf::from_bytes(bytes));
+    PEAK.get() - base
+}
+
+fn assert_bounded(bytes: Vec<u8>, what: &str) -> usize {
+    let len = bytes.len();
+    let peak = peak_growth(bytes);
+    assert!(
+        peak <= MAX_RATIO * len + SLACK,
+        "{what}: parsing {len} bytes allocated {peak} bytes"
+    );
+    peak
+}
+
+#[test]
+fn parsing_allocates_at_most_a_small_multiple_of_the_input() {
+    // Claims of 2^63 items in tiny files.
+    assert_bounded(Raw::header(3, 0, 1 << 63).build(), "2^63 keys");
+    assert_bounded(Raw::header(3, 1 << 63, 0).build(), "2^63 tensors");
+    let mut r = Raw::header(3, 0, 1);
+    r.str(b"a").u32(9).u32(8).u64(1 << 63);
+    assert_bounded(r.build(), "2^63 strings");
+    // A count 1000 times what the remaining bytes back: a relaxed check would allocate
+    // about 2 GB of `Value`s here before failing on the missing items.
+    let mut r = Raw::header(3, 0, 1);
+    r.str(b"a").u32(9).u32(10).u64(64_000_000).data(64_000);
+    assert_bounded(r.build(), "1000x u64 array");
+
+    // The worst legitimate ratio: a large u8 array.
+    let n = 200_000;
+    let mut r = Raw::header(3, 0, 1);
+    r.str(b"a").u32(9).u32(0).u64(n).data(n as usize);
+    let len = r.0.len();
+    let peak = assert_bounded(r.build(), "u8 array");
+    println!(
+        "u8 array: {len} bytes -> peak {peak} bytes ({:.1}x)",
+        peak as f64 / len as f64
+    );
+
+    // Many tiny keys.
+    let n = 20_000;
+    let mut r = Raw::header(3, 0, n);
+    for i in 0..n {
+        r.str(format!("{i:x}").as_bytes()).u32(0).bytes(&[0]);
+    }
+    let len = r.0.len();
+    let peak = assert_bounded(r.build(), "many keys");
+    println!(
+        "many keys: {len} bytes -> peak {peak} bytes ({:.1}x)",
+        peak as f64 / len as f64
+    );
+
+    // Random mutants of the sample, many of which corrupt counts and lengths.
+    let base = sample_bytes();
+    let mut rng = Rng::new(0xA110C);
+    let mut worst = 0usize;
+    for _ in 0..2000 {
+        let mut bytes = base.clone();
+        for _ in 0..1 + rng.below(4) {
+            mutate(&mut rng, &mut bytes);
+        }
+        worst = worst.max(assert_bounded(bytes, "mutant"));
+    }
+    println!(
+        "2000 mutants of a {}-byte file: worst peak {worst} bytes",
+        base.len()
+    );
+}

@@ -1,0 +1,199 @@
+//! The narrow contract between the HTTP layer and an inference engine.
+//!
+//! The HTTP layer speaks only in token ids, text and sampling parameters: it renders and
+//! tokenizes prompts through [`Backend`], submits a [`GenRequest`] and reads [`GenEvent`]s
+//! from the returned channel. Dropping that receiver is the cancellation signal: the engine
+//! notices the closed channel at its next step boundary and frees the slot.
+
+use std::time::Duration;
+
+use tokio::sync::mpsc::UnboundedReceiver;
+
+/// Sampling settings of one generation, already validated by the HTTP layer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SamplingParams {
+    /// Softmax temperature; 0 means greedy.
+    pub temperature: f32,
+    /// Keep only the k most likely tokens (0 = off).
+    pub top_k: usize,
+    /// Nucleus threshold (1 = off).
+    pub top_p: f32,
+    /// Drop tokens below `min_p` times the best probability (0 = off).
+    pub min_p: f32,
+    /// OpenAI-style frequency penalty.
+    pub frequency_penalty: f32,
+    /// OpenAI-style presence penalty.
+    pub presence_penalty: f32,
+    /// Random seed; a fixed seed and settings give the same tokens.
+    pub seed: u64,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
+            seed: 0,
+        }
+    }
+}
+
+/// One generation job: a tokenized prompt and how to continue it.
+#[derive(Clone, Debug)]
+pub struct GenRequest {
+    /// Prompt token ids (never empty).
+    pub prompt: Vec<u32>,
+    /// Sampling settings.
+    pub sampling: SamplingParams,
+    /// Most tokens to generate.
+    pub max_tokens: usize,
+    /// Stop strings: generation ends before the first occurrence, which is not emitted.
+    pub stop: Vec<String>,
+    /// Number of alternatives to report per token; `None` reports no logprobs at all.
+    pub logprobs: Option<usize>,
+}
+
+/// Log-probability of a generated token and its best alternatives.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprob {
+    /// Text of the token itself (lossy for partial UTF-8).
+    pub token: String,
+    /// Its log-probability.
+    pub logprob: f32,
+    /// Best alternatives, most likely first: (text, logprob).
+    pub top: Vec<(String, f32)>,
+}
+
+/// Why a generation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// End-of-generation token or a stop string.
+    Stop,
+    /// `max_tokens` reached or the context is full.
+    Length,
+}
+
+/// Token counts of a finished generation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Prompt length in tokens.
+    pub prompt_tokens: usize,
+    /// Prompt tokens whose KV was reused from an earlier request.
+    pub cached_tokens: usize,
+    /// Generated tokens.
+    pub completion_tokens: usize,
+}
+
+/// Wall-clock split of a finished generation.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Timings {
+    /// Time waiting for a free slot.
+    pub queue: Duration,
+    /// Time evaluating the uncached prompt suffix.
+    pub prefill: Duration,
+    /// Time generating tokens after the first.
+    pub decode: Duration,
+}
+
+/// What an engine reports about a running generation, in order.
+#[derive(Clone, Debug, PartialEq)]
+pub enum GenEvent {
+    /// The request got a slot; sent once, before any token.
+    Started {
+        /// Prompt tokens whose KV was reused.
+        cached_tokens: usize,
+    },
+    /// One generated token. `text` is the text released by this token; it may be empty while
+    /// a multi-byte character or a possible stop string is held back.
+    Token {
+        /// Token id.
+        id: u32,
+        /// Text safe to show now.
+        text: String,
+        /// Logprobs when requested.
+        logprob: Option<TokenLogprob>,
+    },
+    /// The generation ended; always the last event of a successful run.
+    Done {
+        /// Why it ended.
+        finish: FinishReason,
+        /// The stop string that ended it, if any.
+        stop_sequence: Option<String>,
+        /// Held-back text released at the end (never contains the stop string).
+        tail: String,
+        /// Token counts.
+        usage: Usage,
+        /// Timings.
+        timings: Timings,
+    },
+    /// The engine failed; the last event. The message is for logs, not for clients.
+    Failed(String),
+}
+
+/// Why a request could not be queued.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SubmitError {
+    /// The waiting queue is at its bound; the client should retry later.
+    #[error("the server is busy: {queued} requests already waiting")]
+    QueueFull {
+        /// Requests already waiting.
+        queued: usize,
+    },
+    /// The engine has stopped.
+    #[error("the engine is not running")]
+    Stopped,
+}
+
+/// A failure of a text operation of the backend (rendering or decoding).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct BackendError(pub String);
+
+/// Load and occupancy figures for `/metrics`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    /// Number of slots (parallel sequences).
+    pub slots_total: usize,
+    /// Slots running a request.
+    pub slots_active: usize,
+    /// Requests waiting for a slot.
+    pub queue_depth: usize,
+}
+
+/// A chat to render into prompt text with the model's template.
+#[derive(Clone, Debug, Default)]
+pub struct ChatPrompt {
+    /// Messages as `{"role": ..., "content": "..."}` objects (content already flattened to text
+    /// except for tool calls, which keep their structure).
+    pub messages: Vec<serde_json::Value>,
+    /// Tool definitions (OpenAI function format), passed to the template.
+    pub tools: Option<serde_json::Value>,
+}
+
+/// An inference engine as seen by the HTTP layer.
+pub trait Backend: Send + Sync + 'static {
+    /// The id clients use in `model` fields.
+    fn model_id(&self) -> &str;
+    /// Other names accepted in `model` fields (file name, path).
+    fn aliases(&self) -> Vec<String>;
+    /// Context length of one slot, in tokens.
+    fn n_ctx(&self) -> usize;
+    /// Number of token ids (valid ids are below this).
+    fn vocab_size(&self) -> usize;
+    /// Tokenize text; with `add_special`, add the model's BOS when it wants one and the text
+    /// does not already start with it.
+    fn tokenize(&self, text: &str, add_special: bool, parse_special: bool) -> Vec<u32>;
+    /// Decode token ids to text.
+    fn detokenize(&self, ids: &[u32]) -> Result<String, BackendError>;
+    /// Render a chat with the model's template, adding the assistant generation prompt.
+    fn render_chat(&self, chat: &ChatPrompt) -> Result<String, BackendError>;
+    /// Queue a generation; events arrive on the returned channel.
+    fn submit(&self, req: GenRequest) -> Result<UnboundedReceiver<GenEvent>, SubmitError>;
+    /// Current occupancy.
+    fn stats(&self) -> EngineStats;
+}

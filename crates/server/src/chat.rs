@@ -1,0 +1,322 @@
+//! Turning each API's message format into the plain `{"role","content"}` list the chat
+//! template renders: content-part arrays are flattened to text, unsupported parts (images,
+//! audio) are rejected with a 400 naming the message.
+
+use serde_json::{Map, Value, json};
+
+use crate::error::ApiError;
+
+/// Text of a content value: a string, or an array of text parts (`text`, `input_text`,
+/// `output_text`) joined by newlines. `None` for null.
+fn content_text(content: &Value, at: &str) -> Result<Option<String>, ApiError> {
+    match content {
+        Value::Null => Ok(None),
+        Value::String(s) => Ok(Some(s.clone())),
+        Value::Array(parts) => {
+            let mut texts = Vec::with_capacity(parts.len());
+            for (j, part) in parts.iter().enumerate() {
+                let kind = part.get("type").and_then(Value::as_str).unwrap_or("");
+                match (kind, part.get("text")) {
+                    ("text" | "input_text" | "output_text", Some(Value::String(t))) => {
+                        texts.push(t.as_str())
+                    }
+                    ("text" | "input_text" | "output_text", _) => {
+                        return Err(ApiError::invalid_param(
+                            &format!("{at}.content[{j}].text"),
+                            "a text part needs a string 'text'",
+                        ));
+                    }
+                    _ => {
+                        return Err(ApiError::invalid_param(
+                            &format!("{at}.content[{j}]"),
+                            format!("content part type '{kind}' is not supported (text only)"),
+                        ));
+                    }
+                }
+            }
+            Ok(Some(texts.join("\n")))
+        }
+        _ => Err(ApiError::invalid_param(
+            &format!("{at}.content"),
+            "'content' must be a string or an array of content parts",
+        )),
+    }
+}
+
+fn role_of<'a>(m: &'a Map<String, Value>, at: &str) -> Result<&'a str, ApiError> {
+    match m.get("role") {
+        Some(Value::String(r)) => Ok(r),
+        None | Some(Value::Null) => Err(ApiError::missing(&format!("{at}.role"))),
+        Some(_) => Err(ApiError::invalid_param(
+            &format!("{at}.role"),
+            "'role' must be a string",
+        )),
+    }
+}
+
+/// OpenAI chat messages → template messages.
+pub fn openai_messages(msgs: &[Value]) -> Result<Vec<Value>, ApiError> {
+    if msgs.is_empty() {
+        return Err(ApiError::invalid_param(
+            "messages",
+            "'messages' must not be empty",
+        ));
+    }
+    msgs.iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let at = format!("messages[{i}]");
+            let m = m
+                .as_object()
+                .ok_or_else(|| ApiError::invalid_param(&at, "each message must be an object"))?;
+            let role = match role_of(m, &at)? {
+                "developer" | "system" => "system",
+                r @ ("user" | "assistant" | "tool") => r,
+                other => {
+                    return Err(ApiError::invalid_param(
+                        &format!("{at}.role"),
+                        format!("unknown role '{other}'"),
+                    ));
+                }
+            };
+            let text = content_text(m.get("content").unwrap_or(&Value::Null), &at)?;
+            let tool_calls = m.get("tool_calls").filter(|v| !v.is_null());
+            if text.is_none() && !(role == "assistant" && tool_calls.is_some()) {
+                return Err(ApiError::missing(&format!("{at}.content")));
+            }
+            let mut out = Map::new();
+            out.insert("role".into(), json!(role));
+            out.insert("content".into(), json!(text.unwrap_or_default()));
+            if let Some(calls) = tool_calls {
+                out.insert("tool_calls".into(), template_tool_calls(calls));
+            }
+            for key in ["tool_call_id", "name"] {
+                if let Some(v) = m.get(key).filter(|v| v.is_string()) {
+                    out.insert(key.into(), v.clone());
+                }
+            }
+            Ok(Value::Object(out))
+        })
+        .collect()
+}
+
+/// Tool calls as templates expect them: `function.arguments` as an object when the client
+/// sent a JSON string.
+fn template_tool_calls(calls: &Value) -> Value {
+    let mut calls = calls.clone();
+    if let Some(items) = calls.as_array_mut() {
+        for call in items {
+            if let Some(args) = call.pointer_mut("/function/arguments")
+                && let Some(s) = args.as_str()
+                && let Ok(parsed) = serde_json::from_str::<Value>(s)
+            {
+                *args = parsed;
+            }
+        }
+    }
+    calls
+}
+
+/// Anthropic `system` + `messages` → template messages.
+pub fn anthropic_messages(system: Option<&Value>, msgs: &[Value]) -> Result<Vec<Value>, ApiError> {
+    if msgs.is_empty() {
+        return Err(ApiError::invalid_param(
+            "messages",
+            "'messages' must not be empty",
+        ));
+    }
+    let mut out = Vec::with_capacity(msgs.len() + 1);
+    if let Some(system) = system {
+        let text = content_text(system, "system")?
+            .ok_or_else(|| ApiError::invalid_param("system", "'system' must be text"))?;
+        out.push(json!({"role": "system", "content": text}));
+    }
+    for (i, m) in msgs.iter().enumerate() {
+        let at = format!("messages[{i}]");
+        let m = m
+            .as_object()
+            .ok_or_else(|| ApiError::invalid_param(&at, "each message must be an object"))?;
+        let role = match role_of(m, &at)? {
+            r @ ("user" | "assistant") => r,
+            other => {
+                return Err(ApiError::invalid_param(
+                    &format!("{at}.role"),
+                    format!("role must be 'user' or 'assistant', got '{other}'"),
+                ));
+            }
+        };
+        match m.get("content") {
+            Some(Value::Array(blocks)) => anthropic_blocks(role, blocks, &at, &mut out)?,
+            Some(c @ Value::String(_)) => {
+                out.push(json!({"role": role, "content": content_text(c, &at)?}))
+            }
+            None | Some(Value::Null) => return Err(ApiError::missing(&format!("{at}.content"))),
+            Some(_) => {
+                return Err(ApiError::invalid_param(
+                    &format!("{at}.content"),
+                    "'content' must be a string or an array of content blocks",
+                ));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Content blocks of one Anthropic message: text joins into one message, tool_use becomes
+/// assistant tool calls, tool_result becomes a `tool` message.
+fn anthropic_blocks(
+    role: &str,
+    blocks: &[Value],
+    at: &str,
+    out: &mut Vec<Value>,
+) -> Result<(), ApiError> {
+    let mut texts = Vec::new();
+    let mut calls = Vec::new();
+    let mut results = Vec::new();
+    for (j, b) in blocks.iter().enumerate() {
+        let bat = format!("{at}.content[{j}]");
+        let kind = b.get("type").and_then(Value::as_str).unwrap_or("");
+        match kind {
+            "text" => match b.get("text") {
+                Some(Value::String(t)) => texts.push(t.clone()),
+                _ => {
+                    return Err(ApiError::invalid_param(
+                        &bat,
+                        "a text block needs a string 'text'",
+                    ));
+                }
+            },
+            "tool_use" => calls.push(json!({
+                "id": b.get("id").cloned().unwrap_or(Value::Null),
+                "type": "function",
+                "function": {"name": b.get("name").cloned().unwrap_or(Value::Null),
+                             "arguments": b.get("input").cloned().unwrap_or(json!({}))},
+            })),
+            "tool_result" => {
+                let content = content_text(b.get("content").unwrap_or(&Value::Null), &bat)?;
+                results.push(json!({"role": "tool",
+                    "tool_call_id": b.get("tool_use_id").cloned().unwrap_or(Value::Null),
+                    "content": content.unwrap_or_default()}));
+            }
+            _ => {
+                return Err(ApiError::invalid_param(
+                    &bat,
+                    format!("content block type '{kind}' is not supported"),
+                ));
+            }
+        }
+    }
+    out.extend(results);
+    if !texts.is_empty() || !calls.is_empty() {
+        let mut msg = json!({"role": role, "content": texts.join("\n")});
+        if !calls.is_empty() {
+            msg["tool_calls"] = Value::Array(calls);
+        }
+        out.push(msg);
+    }
+    Ok(())
+}
+
+/// Responses API `instructions` + `input` → template messages.
+pub fn responses_input(instructions: Option<&str>, input: &Value) -> Result<Vec<Value>, ApiError> {
+    let mut out = Vec::new();
+    if let Some(s) = instructions {
+        out.push(json!({"role": "system", "content": s}));
+    }
+    match input {
+        Value::String(s) => out.push(json!({"role": "user", "content": s})),
+        Value::Array(items) => {
+            if items.is_empty() {
+                return Err(ApiError::invalid_param(
+                    "input",
+                    "'input' must not be empty",
+                ));
+            }
+            for (i, item) in items.iter().enumerate() {
+                let at = format!("input[{i}]");
+                let m = item.as_object().ok_or_else(|| {
+                    ApiError::invalid_param(&at, "each input item must be an object")
+                })?;
+                let kind = m.get("type").and_then(Value::as_str).unwrap_or("message");
+                if kind != "message" {
+                    return Err(ApiError::invalid_param(
+                        &at,
+                        format!("input item type '{kind}' is not supported"),
+                    ));
+                }
+                let role = match role_of(m, &at)? {
+                    "developer" | "system" => "system",
+                    r @ ("user" | "assistant") => r,
+                    other => {
+                        return Err(ApiError::invalid_param(
+                            &format!("{at}.role"),
+                            format!("unknown role '{other}'"),
+                        ));
+                    }
+                };
+                let text = content_text(m.get("content").unwrap_or(&Value::Null), &at)?
+                    .ok_or_else(|| ApiError::missing(&format!("{at}.content")))?;
+                out.push(json!({"role": role, "content": text}));
+            }
+        }
+        _ => {
+            return Err(ApiError::invalid_param(
+                "input",
+                "'input' must be a string or an array of input items",
+            ));
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn content_parts_flatten_and_images_are_rejected() {
+        let msgs = vec![json!({"role": "user", "content": [
+            {"type": "text", "text": "a"}, {"type": "text", "text": "b"}]})];
+        assert_eq!(openai_messages(&msgs).unwrap()[0]["content"], "a\nb");
+        let img =
+            vec![json!({"role": "user", "content": [{"type": "image_url", "image_url": {}}]})];
+        let e = openai_messages(&img).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("messages[0].content[0]"));
+    }
+
+    #[test]
+    fn roles_and_content_are_checked() {
+        assert!(openai_messages(&[]).is_err());
+        assert!(openai_messages(&[json!({"role": "wizard", "content": "x"})]).is_err());
+        assert!(openai_messages(&[json!({"content": "x"})]).is_err());
+        assert!(openai_messages(&[json!({"role": "user"})]).is_err());
+        assert!(openai_messages(&[json!("hi")]).is_err());
+        let dev = openai_messages(&[json!({"role": "developer", "content": "x"})]).unwrap();
+        assert_eq!(dev[0]["role"], "system");
+    }
+
+    #[test]
+    fn anthropic_system_blocks_and_tools() {
+        let msgs = vec![
+            json!({"role": "user", "content": [{"type": "text", "text": "hi"}]}),
+            json!({"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {"a": 1}}]}),
+            json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "42"}]}),
+        ];
+        let sys = json!([{"type": "text", "text": "be brief"}]);
+        let out = anthropic_messages(Some(&sys), &msgs).unwrap();
+        assert_eq!(out[0], json!({"role": "system", "content": "be brief"}));
+        assert_eq!(out[2]["tool_calls"][0]["function"]["name"], "f");
+        assert_eq!(out[3]["role"], "tool");
+        assert!(anthropic_messages(None, &[json!({"role": "system", "content": "x"})]).is_err());
+    }
+
+    #[test]
+    fn responses_input_forms() {
+        let out = responses_input(Some("sys"), &json!("hello")).unwrap();
+        assert_eq!(out.len(), 2);
+        let items = json!([{"role": "user", "content": [{"type": "input_text", "text": "x"}]}]);
+        assert_eq!(responses_input(None, &items).unwrap()[0]["content"], "x");
+        assert!(responses_input(None, &json!(5)).is_err());
+        assert!(responses_input(None, &json!([{"type": "function_call"}])).is_err());
+    }
+}

@@ -1,0 +1,694 @@
+//! The slot scheduler: up to N sequences (slots), a FIFO of waiting jobs, prefix reuse and
+//! chunked prefill, one token per active slot per step.
+//!
+//! It is generic over [`Sequence`] (one KV timeline) and [`Runtime`] (sampling, end-of-
+//! generation ids, decoding), so its state machine is tested here with a tiny deterministic
+//! model, and the same code drives real sessions.
+//!
+//! One step = admit waiting jobs into idle slots, then advance every active slot once: a
+//! prefilling slot evaluates at most `prefill_chunk` prompt tokens, a decoding slot one
+//! token. Slots are evaluated one after another (no fused batch across slots yet). A slot
+//! whose client has gone (closed channel) is released at the step boundary.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, TryRecvError};
+use std::time::Instant;
+
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::backend::{FinishReason, GenEvent, GenRequest, Timings, TokenLogprob, Usage};
+use crate::stops::StopScanner;
+
+/// One KV timeline.
+pub trait Sequence {
+    /// Drop everything after the first `n` positions.
+    fn truncate(&mut self, n: usize);
+    /// Append `tokens` and return the logits after the last one.
+    fn eval_last(&mut self, tokens: &[u32]) -> Result<&[f32], String>;
+}
+
+/// A sampled token.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Picked {
+    /// Token id.
+    pub token: u32,
+    /// Its log-probability.
+    pub logprob: f32,
+    /// Best alternatives (id, logprob), as many as requested.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// A per-request sampler.
+pub trait Picker {
+    /// Choose the next token.
+    fn pick(&mut self, logits: &[f32], history: &[u32]) -> Result<Picked, String>;
+}
+
+/// What the scheduler needs from the model besides the sequences.
+pub trait Runtime {
+    /// A sampler for a request.
+    fn picker(&self, req: &GenRequest) -> Result<Box<dyn Picker>, String>;
+    /// Whether a token ends generation.
+    fn is_eog(&self, token: u32) -> bool;
+    /// Lossy text of token ids (special tokens hidden).
+    fn decode(&self, ids: &[u32]) -> String;
+}
+
+/// A queued request.
+pub struct Job {
+    /// The request.
+    pub req: GenRequest,
+    /// Where its events go; closed means the client left.
+    pub tx: UnboundedSender<GenEvent>,
+    /// When it was submitted.
+    pub queued_at: Instant,
+}
+
+/// Occupancy counters shared with the submitting side.
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Submitted and not yet finished (waiting or running).
+    pub inflight: AtomicUsize,
+    /// Running in a slot.
+    pub active: AtomicUsize,
+}
+
+/// Scheduler limits.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Context length of each slot.
+    pub n_ctx: usize,
+    /// Most prompt tokens one slot evaluates per step.
+    pub prefill_chunk: usize,
+}
+
+/// Incremental detokenization: text is released once it no longer ends in an incomplete
+/// UTF-8 sequence, diffing two decodes so tokenizers that change leading spaces by context
+/// still stream the right text.
+#[derive(Debug, Default)]
+struct TextTail {
+    ids: Vec<u32>,
+    prefix: usize,
+    read: usize,
+}
+
+impl TextTail {
+    fn push(&mut self, id: u32, rt: &dyn Runtime) -> String {
+        self.ids.push(id);
+        let before = rt.decode(&self.ids[self.prefix..self.read]);
+        let after = rt.decode(&self.ids[self.prefix..]);
+        if after.len() > before.len() && !after.ends_with('\u{FFFD}') && after.starts_with(&before)
+        {
+            self.prefix = self.read;
+            self.read = self.ids.len();
+            after[before.len()..].to_string()
+        } else {
+            String::new()
+        }
+    }
+
+    fn finish(&mut self, rt: &dyn Runtime) -> String {
+        let before = rt.decode(&self.ids[self.prefix..self.read]);
+        let after = rt.decode(&self.ids[self.prefix..]);
+        after.get(before.len()..).unwrap_or("").to_string()
+    }
+}
+
+struct Active {
+    job: Job,
+    picker: Box<dyn Picker>,
+    scanner: StopScanner,
+    text: TextTail,
+    /// Prompt tokens already in the KV.
+    fed: usize,
+    cached: usize,
+    generated: Vec<u32>,
+    /// The sampled token not yet evaluated.
+    pending: Option<u32>,
+    admitted: Instant,
+    first_token: Option<Instant>,
+}
+
+struct Slot<S> {
+    seq: S,
+    /// Exactly the tokens whose KV the sequence holds.
+    tokens: Vec<u32>,
+    active: Option<Active>,
+}
+
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+/// The scheduler state; [`Scheduler::run`] loops until the job channel closes.
+pub struct Scheduler<'r, S> {
+    rt: &'r dyn Runtime,
+    slots: Vec<Slot<S>>,
+    waiting: VecDeque<Job>,
+    counters: Arc<Counters>,
+    limits: Limits,
+}
+
+impl<'r, S: Sequence> Scheduler<'r, S> {
+    /// A scheduler over these sequences.
+    pub fn new(rt: &'r dyn Runtime, seqs: Vec<S>, counters: Arc<Counters>, limits: Limits) -> Self {
+        Scheduler {
+            rt,
+            slots: seqs
+                .into_iter()
+                .map(|seq| Slot {
+                    seq,
+                    tokens: Vec::new(),
+                    active: None,
+                })
+                .collect(),
+            waiting: VecDeque::new(),
+            counters,
+            limits,
+        }
+    }
+
+    /// Serve jobs until the sending side is dropped and all work is done.
+    pub fn run(&mut self, jobs: &Receiver<Job>) {
+        loop {
+            if self.idle() {
+                match jobs.recv() {
+                    Ok(job) => self.waiting.push_back(job),
+                    Err(_) => return,
+                }
+            }
+            loop {
+                match jobs.try_recv() {
+                    Ok(job) => self.waiting.push_back(job),
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) if self.idle() => return,
+                    Err(TryRecvError::Disconnected) => break,
+                }
+            }
+            self.step();
+        }
+    }
+
+    fn idle(&self) -> bool {
+        self.waiting.is_empty() && self.slots.iter().all(|s| s.active.is_none())
+    }
+
+    fn end_job(&self) {
+        self.counters.inflight.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// Admit waiting jobs, then advance every active slot once.
+    pub fn step(&mut self) {
+        self.admit();
+        for i in 0..self.slots.len() {
+            self.advance(i);
+        }
+    }
+
+    /// FIFO admission into idle slots; each job takes the idle slot sharing the longest
+    /// prefix with its prompt.
+    fn admit(&mut self) {
+        while let Some(job) = self.waiting.pop_front() {
+            if job.tx.is_closed() {
+                self.end_job();
+                continue;
+            }
+            let best = self
+                .slots
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.active.is_none())
+                // Ties go to the slot holding the least (so other caches survive), then the
+                // lowest index.
+                .max_by_key(|(i, s)| {
+                    let shared = common_prefix(&s.tokens, &job.req.prompt);
+                    (shared, usize::MAX - s.tokens.len(), usize::MAX - i)
+                })
+                .map(|(i, _)| i);
+            let Some(i) = best else {
+                self.waiting.push_front(job);
+                return;
+            };
+            let picker = match self.rt.picker(&job.req) {
+                Ok(p) => p,
+                Err(e) => {
+                    let _ = job.tx.send(GenEvent::Failed(e));
+                    self.end_job();
+                    continue;
+                }
+            };
+            let slot = &mut self.slots[i];
+            // The last prompt token is always evaluated again: its logits pick the first token.
+            let cached = common_prefix(&slot.tokens, &job.req.prompt).min(job.req.prompt.len() - 1);
+            slot.seq.truncate(cached);
+            slot.tokens.truncate(cached);
+            if job
+                .tx
+                .send(GenEvent::Started {
+                    cached_tokens: cached,
+                })
+                .is_err()
+            {
+                self.end_job();
+                continue;
+            }
+            self.counters.active.fetch_add(1, Ordering::SeqCst);
+            slot.active = Some(Active {
+                scanner: StopScanner::new(&job.req.stop),
+                job,
+                picker,
+                text: TextTail::default(),
+                fed: cached,
+                cached,
+                generated: Vec::new(),
+                pending: None,
+                admitted: Instant::now(),
+                first_token: None,
+            });
+        }
+    }
+
+    fn release(&mut self, i: usize) {
+        if self.slots[i].active.take().is_some() {
+            self.counters.active.fetch_sub(1, Ordering::SeqCst);
+            self.end_job();
+        }
+    }
+
+    fn fail(&mut self, i: usize, msg: String) {
+        if let Some(a) = &self.slots[i].active {
+            let _ = a.job.tx.send(GenEvent::Failed(msg));
+        }
+        // The KV may be partly written; forget it rather than reuse it.
+        self.slots[i].seq.truncate(0);
+        self.slots[i].tokens.clear();
+        self.release(i);
+    }
+
+    fn advance(&mut self, i: usize) {
+        let limits = self.limits;
+        let slot = &mut self.slots[i];
+        let Some(a) = slot.active.as_mut() else {
+            return;
+        };
+        if a.job.tx.is_closed() {
+            self.release(i);
+            return;
+        }
+        let prompt_len = a.job.req.prompt.len();
+        let input: Vec<u32> = if a.fed < prompt_len {
+            let end = prompt_len.min(a.fed + limits.prefill_chunk.max(1));
+            a.job.req.prompt[a.fed..end].to_vec()
+        } else if let Some(t) = a.pending.take() {
+            vec![t]
+        } else {
+            return;
+        };
+        let logits = match slot.seq.eval_last(&input) {
+            Ok(l) => l,
+            Err(e) => return self.fail(i, e),
+        };
+        slot.tokens.extend_from_slice(&input);
+        let a = slot.active.as_mut().expect("checked above");
+        if a.fed < prompt_len {
+            a.fed += input.len();
+            if a.fed < prompt_len {
+                return;
+            }
+        }
+        let mut history = a.job.req.prompt.clone();
+        history.extend_from_slice(&a.generated);
+        let picked = match a.picker.pick(logits, &history) {
+            Ok(p) => p,
+            Err(e) => return self.fail(i, e),
+        };
+        let rt = self.rt;
+        let now = Instant::now();
+        a.first_token.get_or_insert(now);
+        let finish = if rt.is_eog(picked.token) {
+            Some((FinishReason::Stop, None))
+        } else {
+            a.generated.push(picked.token);
+            let piece = a.text.push(picked.token, rt);
+            let scanned = a.scanner.push(&piece);
+            let logprob = a.job.req.logprobs.map(|k| TokenLogprob {
+                token: rt.decode(&[picked.token]),
+                logprob: picked.logprob,
+                top: picked
+                    .top
+                    .iter()
+                    .take(k)
+                    .map(|&(id, lp)| (rt.decode(&[id]), lp))
+                    .collect(),
+            });
+            let _ = a.job.tx.send(GenEvent::Token {
+                id: picked.token,
+                text: scanned.text,
+                logprob,
+            });
+            if let Some(stop) = scanned.stop {
+                Some((FinishReason::Stop, Some(stop)))
+            } else if a.generated.len() >= a.job.req.max_tokens
+                || slot.tokens.len() + 1 >= limits.n_ctx
+            {
+                Some((FinishReason::Length, None))
+            } else {
+                a.pending = Some(picked.token);
+                None
+            }
+        };
+        if let Some((finish, stop_sequence)) = finish {
+            let tail = if stop_sequence.is_some() {
+                String::new()
+            } else {
+                let rest = a.text.finish(rt);
+                let mut tail = a.scanner.push(&rest).text;
+                tail.push_str(&a.scanner.finish());
+                tail
+            };
+            let first = a.first_token.unwrap_or(now);
+            let _ = a.job.tx.send(GenEvent::Done {
+                finish,
+                stop_sequence,
+                tail,
+                usage: Usage {
+                    prompt_tokens: prompt_len,
+                    cached_tokens: a.cached,
+                    completion_tokens: a.generated.len(),
+                },
+                timings: Timings {
+                    queue: a.admitted.duration_since(a.job.queued_at),
+                    prefill: first.duration_since(a.admitted),
+                    decode: now.duration_since(first),
+                },
+            });
+            self.release(i);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+    use std::rc::Rc;
+
+    use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
+
+    use super::*;
+    use crate::backend::SamplingParams;
+
+    const V: u32 = 16;
+    const EOG: u32 = 15;
+
+    /// Next token = last token + 1; records the size of every eval call.
+    struct Toy {
+        kv: Vec<u32>,
+        logits: Vec<f32>,
+        evals: Rc<RefCell<Vec<usize>>>,
+    }
+
+    impl Sequence for Toy {
+        fn truncate(&mut self, n: usize) {
+            self.kv.truncate(n);
+        }
+        fn eval_last(&mut self, tokens: &[u32]) -> Result<&[f32], String> {
+            self.evals.borrow_mut().push(tokens.len());
+            self.kv.extend_from_slice(tokens);
+            let next = (self.kv.last().copied().unwrap_or(0) + 1) % V;
+            self.logits = (0..V).map(|t| if t == next { 5.0 } else { 0.0 }).collect();
+            Ok(&self.logits)
+        }
+    }
+
+    struct Greedy;
+    impl Picker for Greedy {
+        fn pick(&mut self, logits: &[f32], _history: &[u32]) -> Result<Picked, String> {
+            let (i, _) = logits
+                .iter()
+                .enumerate()
+                .max_by(|a, b| a.1.total_cmp(b.1))
+                .ok_or("no logits")?;
+            Ok(Picked {
+                token: i as u32,
+                logprob: -0.1,
+                top: vec![(i as u32, -0.1)],
+            })
+        }
+    }
+
+    struct ToyRt;
+    impl Runtime for ToyRt {
+        fn picker(&self, _req: &GenRequest) -> Result<Box<dyn Picker>, String> {
+            Ok(Box::new(Greedy))
+        }
+        fn is_eog(&self, token: u32) -> bool {
+            token == EOG
+        }
+        fn decode(&self, ids: &[u32]) -> String {
+            ids.iter()
+                .filter(|&&t| t != EOG)
+                .map(|&t| (b'a' + t as u8) as char)
+                .collect()
+        }
+    }
+
+    fn toy_sched(
+        n: usize,
+        n_ctx: usize,
+        chunk: usize,
+    ) -> (
+        Scheduler<'static, Toy>,
+        Rc<RefCell<Vec<usize>>>,
+        Arc<Counters>,
+    ) {
+        let evals = Rc::new(RefCell::new(Vec::new()));
+        let seqs = (0..n)
+            .map(|_| Toy {
+                kv: Vec::new(),
+                logits: Vec::new(),
+                evals: evals.clone(),
+            })
+            .collect();
+        let counters = Arc::new(Counters::default());
+        let s = Scheduler::new(
+            &ToyRt,
+            seqs,
+            counters.clone(),
+            Limits {
+                n_ctx,
+                prefill_chunk: chunk,
+            },
+        );
+        (s, evals, counters)
+    }
+
+    fn job(
+        s: &mut Scheduler<'_, Toy>,
+        prompt: &[u32],
+        max_tokens: usize,
+        stop: &[&str],
+    ) -> UnboundedReceiver<GenEvent> {
+        let (tx, rx) = unbounded_channel();
+        s.counters.inflight.fetch_add(1, Ordering::SeqCst);
+        s.waiting.push_back(Job {
+            req: GenRequest {
+                prompt: prompt.to_vec(),
+                sampling: SamplingParams::default(),
+                max_tokens,
+                stop: stop.iter().map(|x| x.to_string()).collect(),
+                logprobs: Some(1),
+            },
+            tx,
+            queued_at: Instant::now(),
+        });
+        rx
+    }
+
+    /// Drain a receiver: (text, done event).
+    fn drain(rx: &mut UnboundedReceiver<GenEvent>) -> (String, Option<GenEvent>, usize) {
+        let mut text = String::new();
+        let mut cached = usize::MAX;
+        while let Ok(ev) = rx.try_recv() {
+            match ev {
+                GenEvent::Started { cached_tokens } => cached = cached_tokens,
+                GenEvent::Token { text: t, .. } => text.push_str(&t),
+                GenEvent::Done { ref tail, .. } => {
+                    text.push_str(tail);
+                    return (text, Some(ev), cached);
+                }
+                GenEvent::Failed(e) => panic!("failed: {e}"),
+            }
+        }
+        (text, None, cached)
+    }
+
+    fn run_all(s: &mut Scheduler<'_, Toy>) {
+        for _ in 0..100 {
+            if s.idle() {
+                return;
+            }
+            s.step();
+        }
+        panic!("scheduler did not finish");
+    }
+
+    fn finish_of(ev: &Option<GenEvent>) -> (FinishReason, Option<String>, Usage) {
+        match ev {
+            Some(GenEvent::Done {
+                finish,
+                stop_sequence,
+                usage,
+                ..
+            }) => (*finish, stop_sequence.clone(), *usage),
+            other => panic!("no Done: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn generates_until_end_of_generation() {
+        let (mut s, _, c) = toy_sched(1, 64, 8);
+        let mut rx = job(&mut s, &[1, 2, 3], 100, &[]);
+        run_all(&mut s);
+        let (text, done, cached) = drain(&mut rx);
+        assert_eq!(text, "efghijklmno");
+        let (finish, _, usage) = finish_of(&done);
+        assert_eq!(finish, FinishReason::Stop);
+        assert_eq!(usage.completion_tokens, 11);
+        assert_eq!(cached, 0);
+        assert_eq!(c.inflight.load(Ordering::SeqCst), 0);
+        assert_eq!(c.active.load(Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn max_tokens_context_and_stop_strings() {
+        let (mut s, _, _) = toy_sched(1, 64, 8);
+        let mut rx = job(&mut s, &[1, 2, 3], 3, &[]);
+        run_all(&mut s);
+        let (text, done, _) = drain(&mut rx);
+        assert_eq!(
+            (text.as_str(), finish_of(&done).0),
+            ("efg", FinishReason::Length)
+        );
+        let mut rx = job(&mut s, &[1, 2, 3], 100, &["gh"]);
+        run_all(&mut s);
+        let (text, done, _) = drain(&mut rx);
+        assert_eq!(text, "ef");
+        assert_eq!(finish_of(&done).1.as_deref(), Some("gh"));
+        // n_ctx 8 with a 5-token prompt: the KV fills at 7 evaluated tokens.
+        let (mut s, _, _) = toy_sched(1, 8, 8);
+        let mut rx = job(&mut s, &[0, 1, 2, 3, 4], 100, &[]);
+        run_all(&mut s);
+        let (text, done, _) = drain(&mut rx);
+        assert_eq!(finish_of(&done).0, FinishReason::Length);
+        assert_eq!(text, "fgh");
+    }
+
+    #[test]
+    fn reuses_the_longest_cached_prefix() {
+        let (mut s, evals, _) = toy_sched(2, 64, 64);
+        let mut a = job(&mut s, &[1, 2, 3, 4], 2, &[]);
+        run_all(&mut s);
+        drain(&mut a);
+        let mut b = job(&mut s, &[9, 9, 9], 2, &[]);
+        run_all(&mut s);
+        drain(&mut b);
+        evals.borrow_mut().clear();
+        // Slot 0 holds 1 2 3 4 5 (the 6 was sampled, never evaluated).
+        let mut c = job(&mut s, &[1, 2, 3, 4, 5, 6, 7], 1, &[]);
+        run_all(&mut s);
+        let (_, done, cached) = drain(&mut c);
+        assert_eq!(cached, 5);
+        assert_eq!(finish_of(&done).2.cached_tokens, 5);
+        assert_eq!(
+            evals.borrow()[0],
+            2,
+            "only the uncached suffix is evaluated"
+        );
+        // An identical prompt still re-evaluates its last token for fresh logits.
+        let mut d = job(&mut s, &[9, 9, 9], 1, &[]);
+        run_all(&mut s);
+        assert_eq!(drain(&mut d).2, 2);
+    }
+
+    #[test]
+    fn long_prefill_is_chunked_and_does_not_stall_decoding() {
+        let (mut s, evals, _) = toy_sched(2, 64, 4);
+        let mut short = job(&mut s, &[1], 100, &[]);
+        s.step();
+        let mut long = job(&mut s, &[0; 10], 100, &[]);
+        s.step();
+        // The short job decoded a token in the same step the long one prefilled 4 tokens.
+        assert_eq!(evals.borrow().as_slice(), &[1, 1, 4]);
+        s.step();
+        s.step();
+        assert_eq!(evals.borrow().as_slice(), &[1, 1, 4, 1, 4, 1, 2]);
+        run_all(&mut s);
+        assert_eq!(drain(&mut short).0, "cdefghijklmno");
+        assert_eq!(drain(&mut long).0, "bcdefghijklmno");
+    }
+
+    #[test]
+    fn dropped_client_frees_the_slot_at_the_next_step() {
+        let (mut s, _, c) = toy_sched(1, 64, 8);
+        let mut rx = job(&mut s, &[1], 100, &[]);
+        s.step();
+        s.step();
+        assert_eq!(c.active.load(Ordering::SeqCst), 1);
+        let (text, done, _) = drain(&mut rx);
+        assert_eq!((text.as_str(), done), ("cd", None));
+        drop(rx);
+        s.step();
+        assert_eq!(c.active.load(Ordering::SeqCst), 0);
+        assert_eq!(c.inflight.load(Ordering::SeqCst), 0);
+        assert!(s.idle());
+        // A waiting job whose client left is skipped without taking a slot.
+        let rx = job(&mut s, &[1], 100, &[]);
+        drop(rx);
+        s.step();
+        assert!(s.idle());
+        assert_eq!(c.inflight.load(Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn waiting_jobs_are_served_in_order() {
+        let (mut s, _, _) = toy_sched(1, 64, 8);
+        let mut a = job(&mut s, &[1], 2, &[]);
+        let mut b = job(&mut s, &[5], 2, &[]);
+        let mut c = job(&mut s, &[9], 2, &[]);
+        s.step();
+        assert!(
+            matches!(b.try_recv(), Err(_)),
+            "b must wait for a free slot"
+        );
+        run_all(&mut s);
+        assert_eq!(drain(&mut a).0, "cd");
+        assert_eq!(drain(&mut b).0, "gh");
+        assert_eq!(drain(&mut c).0, "kl");
+    }
+
+    #[test]
+    fn text_tail_holds_incomplete_utf8() {
+        struct Bytes;
+        impl Runtime for Bytes {
+            fn picker(&self, _req: &GenRequest) -> Result<Box<dyn Picker>, String> {
+                Ok(Box::new(Greedy))
+            }
+            fn is_eog(&self, _token: u32) -> bool {
+                false
+            }
+            fn decode(&self, ids: &[u32]) -> String {
+                String::from_utf8_lossy(&ids.iter().map(|&i| i as u8).collect::<Vec<_>>())
+                    .into_owned()
+            }
+        }
+        let mut t = TextTail::default();
+        let e = "é".as_bytes();
+        assert_eq!(t.push(b'a' as u32, &Bytes), "a");
+        assert_eq!(t.push(e[0] as u32, &Bytes), "");
+        assert_eq!(t.push(e[1] as u32, &Bytes), "é");
+        assert_eq!(t.push(e[0] as u32, &Bytes), "");
+        assert_eq!(t.finish(&Bytes), "\u{FFFD}");
+    }
+}

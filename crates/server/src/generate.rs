@@ -1,0 +1,259 @@
+//! Pieces every generation endpoint shares: model-name checks, prompt limits, sampling
+//! options read from the OpenAI-style fields, submission, and collecting a finished run.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::http::StatusCode;
+use serde_json::Value;
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use crate::backend::{
+    Backend, FinishReason, GenEvent, GenRequest, SamplingParams, SubmitError, Timings,
+    TokenLogprob, Usage,
+};
+use crate::error::ApiError;
+use crate::metrics::RequestLog;
+use crate::parse::{Obj, int_value, opt_f32, opt_seed, opt_u64};
+
+/// Whether `name` refers to the served model.
+pub fn model_matches(backend: &dyn Backend, name: &str) -> bool {
+    name == backend.model_id() || backend.aliases().iter().any(|a| a == name)
+}
+
+/// Check the request's `model` field; `required` follows the API's own rule.
+pub fn check_model(backend: &dyn Backend, obj: &Obj, required: bool) -> Result<String, ApiError> {
+    match crate::parse::opt_str(obj, "model")? {
+        None if required => Err(ApiError::missing("model")),
+        None => Ok(backend.model_id().to_string()),
+        Some(name) if model_matches(backend, name) => Ok(backend.model_id().to_string()),
+        Some(name) => Err(ApiError {
+            code: Some("model_not_found"),
+            ..ApiError::invalid_param(
+                "model",
+                format!(
+                    "model '{name}' is not served here; this server serves '{}'",
+                    backend.model_id()
+                ),
+            )
+        }),
+    }
+}
+
+/// Reject empty prompts and prompts that leave no room to generate.
+pub fn check_prompt(backend: &dyn Backend, prompt: &[u32]) -> Result<(), ApiError> {
+    let n_ctx = backend.n_ctx();
+    if prompt.is_empty() {
+        return Err(ApiError::bad_request("the prompt is empty"));
+    }
+    if prompt.len() >= n_ctx {
+        return Err(ApiError {
+            code: Some("context_length_exceeded"),
+            param: Some("messages".to_string()),
+            ..ApiError::bad_request(format!(
+                "this model's maximum context length is {n_ctx} tokens, but the prompt has {} tokens",
+                prompt.len()
+            ))
+        });
+    }
+    Ok(())
+}
+
+/// A token-id array, each id checked against the vocabulary.
+pub fn token_array(v: &Value, key: &str, backend: &dyn Backend) -> Result<Vec<u32>, ApiError> {
+    let items = v.as_array().ok_or_else(|| {
+        ApiError::invalid_param(key, format!("'{key}' must be an array of token ids"))
+    })?;
+    let max = backend.vocab_size().saturating_sub(1) as u64;
+    items
+        .iter()
+        .map(|t| int_value(t, key, 0, max).map(|x| x as u32))
+        .collect()
+}
+
+/// Seconds since the epoch, for `created` fields.
+pub fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// A fresh random-looking id with a prefix (`chatcmpl-…`); unique per process run.
+pub fn new_id(prefix: &str, seq: u64) -> String {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!("{prefix}{:08x}{:08x}", seq as u32, nanos)
+}
+
+/// Sampling fields shared by the OpenAI-style APIs.
+pub struct GenOptions {
+    /// Sampling settings (seed not yet offset per choice).
+    pub sampling: SamplingParams,
+    /// Most tokens to generate.
+    pub max_tokens: usize,
+    /// Stop strings.
+    pub stop: Vec<String>,
+    /// Logprob alternatives, when logprobs were requested.
+    pub logprobs: Option<usize>,
+}
+
+/// Read temperature, top_p, top_k, min_p, penalties and seed from an OpenAI-style body;
+/// `temp_max` differs between APIs (2 for OpenAI, 1 for Anthropic).
+pub fn sampling(obj: &Obj, temp_max: f64) -> Result<SamplingParams, ApiError> {
+    let d = SamplingParams::default();
+    Ok(SamplingParams {
+        temperature: opt_f32(obj, "temperature", 0.0, temp_max)?.unwrap_or(d.temperature),
+        top_k: opt_u64(obj, "top_k", 0, 1 << 20)?.map_or(d.top_k, |k| k as usize),
+        top_p: opt_f32(obj, "top_p", 0.0, 1.0)?.unwrap_or(d.top_p),
+        min_p: opt_f32(obj, "min_p", 0.0, 1.0)?.unwrap_or(d.min_p),
+        frequency_penalty: opt_f32(obj, "frequency_penalty", -2.0, 2.0)?
+            .unwrap_or(d.frequency_penalty),
+        presence_penalty: opt_f32(obj, "presence_penalty", -2.0, 2.0)?
+            .unwrap_or(d.presence_penalty),
+        seed: opt_seed(obj, "seed")?.unwrap_or_else(random_seed),
+    })
+}
+
+fn random_seed() -> u64 {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    nanos ^ 0x9e37_79b9_7f4a_7c15
+}
+
+/// Default and upper bound of `max_tokens`: the room left in the context.
+pub fn room(backend: &dyn Backend, prompt_len: usize) -> usize {
+    backend.n_ctx().saturating_sub(prompt_len)
+}
+
+/// Queue `n` generations of the same prompt (seed offset per choice so samples differ).
+pub fn submit_n(
+    backend: &dyn Backend,
+    prompt: &[u32],
+    opts: &GenOptions,
+    n: usize,
+) -> Result<Vec<UnboundedReceiver<GenEvent>>, ApiError> {
+    (0..n)
+        .map(|i| {
+            let mut sampling = opts.sampling.clone();
+            sampling.seed = sampling.seed.wrapping_add(i as u64);
+            backend
+                .submit(GenRequest {
+                    prompt: prompt.to_vec(),
+                    sampling,
+                    max_tokens: opts.max_tokens,
+                    stop: opts.stop.clone(),
+                    logprobs: opts.logprobs,
+                })
+                .map_err(submit_error)
+        })
+        .collect()
+}
+
+fn submit_error(e: SubmitError) -> ApiError {
+    match e {
+        SubmitError::QueueFull { .. } => {
+            ApiError::new(StatusCode::TOO_MANY_REQUESTS, e.to_string())
+        }
+        _ => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    }
+}
+
+/// A finished generation.
+#[derive(Debug, Default)]
+pub struct Finished {
+    /// All shown text.
+    pub text: String,
+    /// Per-token logprobs (when requested).
+    pub logprobs: Vec<TokenLogprob>,
+    /// Generated token ids.
+    pub tokens: Vec<u32>,
+    /// Why it ended.
+    pub finish: Option<FinishReason>,
+    /// The stop string that ended it.
+    pub stop_sequence: Option<String>,
+    /// Counts.
+    pub usage: Usage,
+    /// Timings.
+    pub timings: Timings,
+}
+
+impl Finished {
+    /// Fold one event in; returns the text it released (for streaming) and whether it was the
+    /// last event. A failure becomes a 500.
+    pub fn apply(&mut self, ev: GenEvent, log: &RequestLog) -> Result<(String, bool), ApiError> {
+        match ev {
+            GenEvent::Started { .. } => Ok((String::new(), false)),
+            GenEvent::Token { id, text, logprob } => {
+                log.first_token();
+                self.tokens.push(id);
+                self.text.push_str(&text);
+                self.logprobs.extend(logprob);
+                Ok((text, false))
+            }
+            GenEvent::Done {
+                finish,
+                stop_sequence,
+                tail,
+                usage,
+                timings,
+            } => {
+                self.text.push_str(&tail);
+                self.finish = Some(finish);
+                self.stop_sequence = stop_sequence;
+                self.usage = usage;
+                self.timings = timings;
+                log.add_usage(usage, timings);
+                Ok((tail, true))
+            }
+            GenEvent::Failed(msg) => Err(ApiError::internal(&msg)),
+        }
+    }
+}
+
+/// Read a generation to its end.
+pub async fn collect(
+    mut rx: UnboundedReceiver<GenEvent>,
+    log: &RequestLog,
+) -> Result<Finished, ApiError> {
+    let mut out = Finished::default();
+    while let Some(ev) = rx.recv().await {
+        if out.apply(ev, log)?.1 {
+            return Ok(out);
+        }
+    }
+    Err(ApiError::internal(
+        "the engine dropped a request without finishing it",
+    ))
+}
+
+/// Read several generations to their ends, concurrently.
+pub async fn collect_all(
+    rxs: Vec<UnboundedReceiver<GenEvent>>,
+    log: &RequestLog,
+) -> Result<Vec<Finished>, ApiError> {
+    let all = futures_util::future::join_all(rxs.into_iter().map(|rx| collect(rx, log))).await;
+    all.into_iter().collect()
+}
+
+/// Sum of usage over choices: prompt counted once, completions added.
+pub fn total_usage(items: &[Finished]) -> Usage {
+    let mut u = Usage::default();
+    for f in items {
+        u.prompt_tokens = f.usage.prompt_tokens;
+        u.cached_tokens = u.cached_tokens.max(f.usage.cached_tokens);
+        u.completion_tokens += f.usage.completion_tokens;
+    }
+    u
+}
+
+/// OpenAI's name of a finish reason.
+pub fn finish_name(f: Option<FinishReason>) -> &'static str {
+    match f {
+        Some(FinishReason::Length) => "length",
+        _ => "stop",
+    }
+}

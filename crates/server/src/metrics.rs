@@ -1,0 +1,280 @@
+//! Server counters and the one-line-per-request log.
+//!
+//! A [`RequestLog`] is created per request by the logging middleware; handlers fill in token
+//! counts and timings, and streaming bodies keep a clone alive until the stream ends. When the
+//! last clone drops, the line is written to stderr and the counters are updated, so a
+//! cancelled stream is logged and counted exactly once too.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use crate::backend::{EngineStats, Timings, Usage};
+
+/// Process-wide counters exposed at `/metrics`.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    requests: Mutex<BTreeMap<(String, u16), u64>>,
+    prompt_tokens: AtomicU64,
+    cached_tokens: AtomicU64,
+    generated_tokens: AtomicU64,
+    cache_hits: AtomicU64,
+    cancelled: AtomicU64,
+}
+
+impl Metrics {
+    fn requests(&self) -> MutexGuard<'_, BTreeMap<(String, u16), u64>> {
+        // A panic while holding this lock cannot leave the map inconsistent.
+        self.requests.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Prometheus text exposition of the counters plus the engine's gauges.
+    pub fn render(&self, engine: Option<EngineStats>) -> String {
+        let mut out = String::new();
+        out.push_str("# HELP ferrite_requests_total HTTP requests by endpoint and status.\n");
+        out.push_str("# TYPE ferrite_requests_total counter\n");
+        for ((endpoint, status), n) in self.requests().iter() {
+            let _ = writeln!(
+                out,
+                "ferrite_requests_total{{endpoint=\"{endpoint}\",status=\"{status}\"}} {n}"
+            );
+        }
+        let counters = [
+            (
+                "ferrite_prompt_tokens_total",
+                "Prompt tokens of generation requests.",
+                &self.prompt_tokens,
+            ),
+            (
+                "ferrite_cached_prompt_tokens_total",
+                "Prompt tokens reused from a slot's KV cache.",
+                &self.cached_tokens,
+            ),
+            (
+                "ferrite_generated_tokens_total",
+                "Generated tokens.",
+                &self.generated_tokens,
+            ),
+            (
+                "ferrite_cache_hits_total",
+                "Generation requests that reused cached prompt tokens.",
+                &self.cache_hits,
+            ),
+            (
+                "ferrite_cancelled_requests_total",
+                "Generation requests whose client went away.",
+                &self.cancelled,
+            ),
+        ];
+        for (name, help, value) in counters {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+            let _ = writeln!(out, "{name} {}", value.load(Ordering::Relaxed));
+        }
+        let stats = engine.unwrap_or_default();
+        let gauges = [
+            (
+                "ferrite_queue_depth",
+                "Requests waiting for a slot.",
+                stats.queue_depth,
+            ),
+            (
+                "ferrite_slots_active",
+                "Slots running a request.",
+                stats.slots_active,
+            ),
+            (
+                "ferrite_slots_total",
+                "Slots (parallel sequences).",
+                stats.slots_total,
+            ),
+        ];
+        for (name, help, value) in gauges {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}"
+            );
+        }
+        out
+    }
+}
+
+/// Fields of one request's log line.
+#[derive(Debug)]
+struct Entry {
+    id: u64,
+    method: String,
+    path: String,
+    status: u16,
+    start: Instant,
+    usage: Option<Usage>,
+    timings: Timings,
+    ttft: Option<Duration>,
+    finished: bool,
+    generation: bool,
+    metrics: Arc<Metrics>,
+}
+
+impl Drop for Entry {
+    fn drop(&mut self) {
+        let total = self.start.elapsed();
+        let mut line = format!(
+            "req {} {} {} {} total={}ms",
+            self.id,
+            self.method,
+            self.path,
+            self.status,
+            total.as_millis()
+        );
+        if let Some(u) = self.usage {
+            let t = &self.timings;
+            let _ = write!(
+                line,
+                " in={} cached={} out={} queue={}ms prefill={}ms decode={}ms",
+                u.prompt_tokens,
+                u.cached_tokens,
+                u.completion_tokens,
+                t.queue.as_millis(),
+                t.prefill.as_millis(),
+                t.decode.as_millis()
+            );
+            if let Some(ttft) = self.ttft {
+                let _ = write!(line, " ttft={}ms", ttft.as_millis());
+            }
+            let m = &self.metrics;
+            m.prompt_tokens
+                .fetch_add(u.prompt_tokens as u64, Ordering::Relaxed);
+            m.cached_tokens
+                .fetch_add(u.cached_tokens as u64, Ordering::Relaxed);
+            m.generated_tokens
+                .fetch_add(u.completion_tokens as u64, Ordering::Relaxed);
+            if u.cached_tokens > 0 {
+                m.cache_hits.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        if self.generation && !self.finished && self.status < 400 {
+            line.push_str(" cancelled");
+            self.metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+        }
+        eprintln!("{line}");
+        *self
+            .metrics
+            .requests()
+            .entry((self.path.clone(), self.status))
+            .or_default() += 1;
+    }
+}
+
+/// Shared handle on one request's log line; the line is written when the last clone drops.
+#[derive(Clone, Debug)]
+pub struct RequestLog(Arc<Mutex<Entry>>);
+
+impl RequestLog {
+    /// Start the log of a request.
+    pub fn new(id: u64, method: &str, path: &str, metrics: Arc<Metrics>) -> RequestLog {
+        RequestLog(Arc::new(Mutex::new(Entry {
+            id,
+            method: method.to_string(),
+            path: path.to_string(),
+            status: 0,
+            start: Instant::now(),
+            usage: None,
+            timings: Timings::default(),
+            ttft: None,
+            finished: false,
+            generation: false,
+            metrics,
+        })))
+    }
+
+    fn entry(&self) -> MutexGuard<'_, Entry> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The request's sequence number.
+    pub fn id(&self) -> u64 {
+        self.entry().id
+    }
+
+    /// Record the response status.
+    pub fn set_status(&self, status: u16) {
+        self.entry().status = status;
+    }
+
+    /// Mark this request as a generation (so an unfinished one is logged as cancelled).
+    pub fn start_generation(&self) {
+        self.entry().generation = true;
+    }
+
+    /// Record the first generated token's arrival.
+    pub fn first_token(&self) {
+        let mut e = self.entry();
+        if e.ttft.is_none() {
+            e.ttft = Some(e.start.elapsed());
+        }
+    }
+
+    /// Add one finished generation's counts (n > 1 adds several; prompt counted once).
+    pub fn add_usage(&self, usage: Usage, timings: Timings) {
+        let mut e = self.entry();
+        let u = e.usage.get_or_insert(Usage {
+            prompt_tokens: usage.prompt_tokens,
+            cached_tokens: 0,
+            completion_tokens: 0,
+        });
+        u.cached_tokens = u.cached_tokens.max(usage.cached_tokens);
+        u.completion_tokens += usage.completion_tokens;
+        e.timings.queue = e.timings.queue.max(timings.queue);
+        e.timings.prefill = e.timings.prefill.max(timings.prefill);
+        e.timings.decode = e.timings.decode.max(timings.decode);
+    }
+
+    /// All generations of this request ended normally.
+    pub fn finish(&self) {
+        self.entry().finished = true;
+    }
+}
+
+/// Source of request sequence numbers.
+#[derive(Debug, Default)]
+pub struct RequestIds(AtomicU64);
+
+impl RequestIds {
+    /// The next id (starting at 1).
+    pub fn next(&self) -> u64 {
+        self.0.fetch_add(1, Ordering::Relaxed) + 1
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_counts_once_when_last_clone_drops() {
+        let m = Arc::new(Metrics::default());
+        let log = RequestLog::new(1, "POST", "/v1/completions", m.clone());
+        log.set_status(200);
+        log.start_generation();
+        let held = log.clone();
+        log.add_usage(
+            Usage {
+                prompt_tokens: 5,
+                cached_tokens: 3,
+                completion_tokens: 2,
+            },
+            Timings::default(),
+        );
+        drop(log);
+        assert!(!m.render(None).contains("status=\"200\"} 1"));
+        drop(held);
+        let text = m.render(None);
+        assert!(
+            text.contains("ferrite_requests_total{endpoint=\"/v1/completions\",status=\"200\"} 1")
+        );
+        assert!(text.contains("ferrite_cached_prompt_tokens_total 3"));
+        assert!(text.contains("ferrite_cache_hits_total 1"));
+        assert!(text.contains("ferrite_cancelled_requests_total 1"));
+    }
+}

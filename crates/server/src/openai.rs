@@ -1,0 +1,468 @@
+//! OpenAI endpoints: `/v1/chat/completions` and `/v1/completions`, plain and streaming.
+
+use std::convert::Infallible;
+
+use axum::Extension;
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+use tokio::sync::mpsc::UnboundedReceiver;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tokio_stream::{Stream, StreamExt, StreamMap};
+
+use crate::backend::{ChatPrompt, GenEvent, TokenLogprob, Usage};
+use crate::error::{ApiError, Flavor};
+use crate::generate::{self, Finished, GenOptions};
+use crate::metrics::RequestLog;
+use crate::parse::{self, Obj, body_object, field, opt_bool, opt_object, opt_u64};
+use crate::{AppState, tools};
+
+/// Wrap an event stream as an SSE response with keep-alive comments.
+pub fn sse<S>(state: &AppState, events: S) -> Response
+where
+    S: Stream<Item = Event> + Send + 'static,
+{
+    Sse::new(events.map(Ok::<Event, Infallible>))
+        .keep_alive(KeepAlive::new().interval(state.config().keepalive))
+        .into_response()
+}
+
+/// `usage` object with cached-token details.
+pub fn usage_json(u: Usage) -> Value {
+    json!({
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.prompt_tokens + u.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+    })
+}
+
+fn chat_logprob_items(lps: &[TokenLogprob]) -> Vec<Value> {
+    lps.iter()
+        .map(|l| {
+            json!({
+                "token": l.token, "logprob": l.logprob, "bytes": l.token.as_bytes(),
+                "top_logprobs": l.top.iter()
+                    .map(|(t, p)| json!({"token": t, "logprob": p, "bytes": t.as_bytes()}))
+                    .collect::<Vec<_>>(),
+            })
+        })
+        .collect()
+}
+
+/// Identity fields shared by every object of one response.
+struct Meta {
+    id: String,
+    created: u64,
+    model: String,
+}
+
+/// Options common to both endpoints.
+fn options(
+    obj: &Obj,
+    max_tokens: Option<u64>,
+    room: usize,
+    logprobs: Option<usize>,
+) -> Result<GenOptions, ApiError> {
+    let stop = parse::opt_stops(obj, "stop")?;
+    if stop.len() > 16 {
+        return Err(ApiError::invalid_param(
+            "stop",
+            "at most 16 stop strings are supported",
+        ));
+    }
+    Ok(GenOptions {
+        sampling: generate::sampling(obj, 2.0)?,
+        max_tokens: max_tokens.map_or(room, |m| (m as usize).min(room)),
+        stop,
+        logprobs,
+    })
+}
+
+fn include_usage(obj: &Obj) -> Result<bool, ApiError> {
+    match opt_object(obj, "stream_options")? {
+        Some(o) => Ok(opt_bool(o, "include_usage")?.unwrap_or(false)),
+        None => Ok(false),
+    }
+}
+
+/// POST /v1/chat/completions
+pub async fn chat_completions(
+    State(state): State<AppState>,
+    Extension(log): Extension<RequestLog>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    chat(state, log, body)
+        .await
+        .unwrap_or_else(|e| e.into_response(Flavor::OpenAi))
+}
+
+async fn chat(
+    state: AppState,
+    log: RequestLog,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let obj = body_object(body)?;
+    let backend = state.backend()?.clone();
+    let model = generate::check_model(backend.as_ref(), &obj, true)?;
+    let messages =
+        parse::opt_array(&obj, "messages")?.ok_or_else(|| ApiError::missing("messages"))?;
+    let messages = crate::chat::openai_messages(messages)?;
+    let tools = match parse::opt_array(&obj, "tools")? {
+        Some(t) if !t.is_empty() => Some(Value::Array(t.clone())),
+        _ => None,
+    };
+    let with_tools = tools.is_some() && parse::opt_str(&obj, "tool_choice")? != Some("none");
+    let n = opt_u64(&obj, "n", 1, 16)?.unwrap_or(1) as usize;
+    let stream = opt_bool(&obj, "stream")?.unwrap_or(false);
+    let usage_chunk = include_usage(&obj)?;
+    let logprobs = opt_bool(&obj, "logprobs")?.unwrap_or(false);
+    let top = opt_u64(&obj, "top_logprobs", 0, 20)?;
+    if top.is_some() && !logprobs {
+        return Err(ApiError::invalid_param(
+            "top_logprobs",
+            "'top_logprobs' requires 'logprobs': true",
+        ));
+    }
+    let max_tokens = match opt_u64(&obj, "max_completion_tokens", 1, u32::MAX as u64)? {
+        Some(m) => Some(m),
+        None => opt_u64(&obj, "max_tokens", 1, u32::MAX as u64)?,
+    };
+    let rendered = backend
+        .render_chat(&ChatPrompt {
+            messages,
+            tools: tools.clone(),
+        })
+        .map_err(|e| ApiError::bad_request(format!("could not apply the chat template: {e}")))?;
+    let prompt = backend.tokenize(&rendered, true, true);
+    generate::check_prompt(backend.as_ref(), &prompt)?;
+    let room = generate::room(backend.as_ref(), prompt.len());
+    let opts = options(
+        &obj,
+        max_tokens,
+        room,
+        logprobs.then(|| top.unwrap_or(0) as usize),
+    )?;
+    let rxs = generate::submit_n(backend.as_ref(), &prompt, &opts, n)?;
+    log.start_generation();
+    let meta = Meta {
+        id: generate::new_id("chatcmpl-", log.id()),
+        created: generate::unix_now(),
+        model,
+    };
+    if stream {
+        return Ok(sse(
+            &state,
+            chat_events(log, rxs, meta, usage_chunk, with_tools),
+        ));
+    }
+    let done = generate::collect_all(rxs, &log).await?;
+    log.finish();
+    let choices: Vec<Value> = done
+        .iter()
+        .enumerate()
+        .map(|(i, f)| {
+            let mut message = json!({"role": "assistant", "content": f.text, "refusal": null});
+            let mut finish = generate::finish_name(f.finish);
+            if with_tools && let Some(parsed) = tools::parse_tool_calls(&f.text) {
+                message["content"] = parsed.content.map_or(Value::Null, Value::String);
+                message["tool_calls"] = Value::Array(parsed.calls);
+                finish = "tool_calls";
+            }
+            json!({
+                "index": i,
+                "message": message,
+                "logprobs": if logprobs { json!({"content": chat_logprob_items(&f.logprobs), "refusal": null}) } else { Value::Null },
+                "finish_reason": finish,
+            })
+        })
+        .collect();
+    Ok(Json(json!({
+        "id": meta.id, "object": "chat.completion", "created": meta.created, "model": meta.model,
+        "system_fingerprint": null,
+        "choices": choices,
+        "usage": usage_json(generate::total_usage(&done)),
+    }))
+    .into_response())
+}
+
+fn merged(
+    rxs: Vec<UnboundedReceiver<GenEvent>>,
+) -> StreamMap<usize, UnboundedReceiverStream<GenEvent>> {
+    let mut map = StreamMap::new();
+    for (i, rx) in rxs.into_iter().enumerate() {
+        map.insert(i, UnboundedReceiverStream::new(rx));
+    }
+    map
+}
+
+fn data(v: &Value) -> Event {
+    Event::default().data(v.to_string())
+}
+
+fn chat_events(
+    log: RequestLog,
+    rxs: Vec<UnboundedReceiver<GenEvent>>,
+    meta: Meta,
+    usage_chunk: bool,
+    with_tools: bool,
+) -> impl Stream<Item = Event> + Send + 'static {
+    let n = rxs.len();
+    async_stream::stream! {
+        let chunk = |choices: Value| {
+            let mut c = json!({"id": meta.id, "object": "chat.completion.chunk", "created": meta.created,
+                "model": meta.model, "system_fingerprint": null, "choices": choices});
+            if usage_chunk {
+                c["usage"] = Value::Null;
+            }
+            c
+        };
+        for i in 0..n {
+            yield data(&chunk(json!([{"index": i, "delta": {"role": "assistant", "content": ""},
+                "logprobs": null, "finish_reason": null}])));
+        }
+        let mut map = merged(rxs);
+        let mut states: Vec<Finished> = (0..n).map(|_| Finished::default()).collect();
+        let mut tool_buffers: Vec<tools::StreamSplitter> = (0..n).map(|_| tools::StreamSplitter::new(with_tools)).collect();
+        let mut done = 0;
+        while let Some((i, ev)) = map.next().await {
+            let lp = match &ev {
+                GenEvent::Token { logprob: Some(l), .. } => Some(chat_logprob_items(std::slice::from_ref(l))),
+                _ => None,
+            };
+            match states[i].apply(ev, &log) {
+                Err(e) => {
+                    yield data(&e.body(Flavor::OpenAi));
+                    return;
+                }
+                Ok((text, last)) => {
+                    let text = tool_buffers[i].push(&text, last);
+                    if !text.is_empty() || lp.is_some() {
+                        let logprobs = lp.map_or(Value::Null, |c| json!({"content": c, "refusal": null}));
+                        yield data(&chunk(json!([{"index": i, "delta": {"content": text},
+                            "logprobs": logprobs, "finish_reason": null}])));
+                    }
+                    if last {
+                        done += 1;
+                        let mut finish = generate::finish_name(states[i].finish);
+                        if let Some(calls) = tool_buffers[i].calls() {
+                            let indexed: Vec<Value> = calls.into_iter().enumerate().map(|(k, mut c)| {
+                                c["index"] = json!(k);
+                                c
+                            }).collect();
+                            yield data(&chunk(json!([{"index": i, "delta": {"tool_calls": indexed},
+                                "logprobs": null, "finish_reason": null}])));
+                            finish = "tool_calls";
+                        }
+                        yield data(&chunk(json!([{"index": i, "delta": {}, "logprobs": null,
+                            "finish_reason": finish}])));
+                    }
+                }
+            }
+        }
+        if done < n {
+            yield data(&ApiError::internal("the engine dropped a stream").body(Flavor::OpenAi));
+            return;
+        }
+        if usage_chunk {
+            let mut c = chunk(json!([]));
+            c["usage"] = usage_json(generate::total_usage(&states));
+            yield data(&c);
+        }
+        log.finish();
+        yield Event::default().data("[DONE]");
+    }
+}
+
+/// POST /v1/completions
+pub async fn completions(
+    State(state): State<AppState>,
+    Extension(log): Extension<RequestLog>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    completion(state, log, body)
+        .await
+        .unwrap_or_else(|e| e.into_response(Flavor::OpenAi))
+}
+
+/// The single prompt of a completions request: a string, a token array, or a one-element
+/// array of either.
+fn completion_prompt(obj: &Obj, backend: &dyn crate::Backend) -> Result<Vec<u32>, ApiError> {
+    let v = field(obj, "prompt").ok_or_else(|| ApiError::missing("prompt"))?;
+    let one = match v {
+        Value::Array(items) if items.len() == 1 && !items[0].is_number() => &items[0],
+        Value::Array(items) if items.iter().any(|i| !i.is_number()) => {
+            return Err(ApiError::invalid_param(
+                "prompt",
+                "only one prompt per request is supported (a string or an array of token ids)",
+            ));
+        }
+        other => other,
+    };
+    match one {
+        Value::String(s) => Ok(backend.tokenize(s, true, true)),
+        Value::Array(_) => generate::token_array(one, "prompt", backend),
+        _ => Err(ApiError::invalid_param(
+            "prompt",
+            "'prompt' must be a string or an array of token ids",
+        )),
+    }
+}
+
+fn completion_logprobs(f: &Finished, offset0: usize) -> Value {
+    let mut offset = offset0;
+    let mut offsets = Vec::with_capacity(f.logprobs.len());
+    for l in &f.logprobs {
+        offsets.push(offset);
+        offset += l.token.len();
+    }
+    json!({
+        "tokens": f.logprobs.iter().map(|l| l.token.clone()).collect::<Vec<_>>(),
+        "token_logprobs": f.logprobs.iter().map(|l| l.logprob).collect::<Vec<_>>(),
+        "top_logprobs": f.logprobs.iter().map(|l| {
+            let mut m = serde_json::Map::new();
+            for (t, p) in &l.top {
+                m.insert(t.clone(), json!(p));
+            }
+            Value::Object(m)
+        }).collect::<Vec<_>>(),
+        "text_offset": offsets,
+    })
+}
+
+async fn completion(
+    state: AppState,
+    log: RequestLog,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let obj = body_object(body)?;
+    let backend = state.backend()?.clone();
+    let model = generate::check_model(backend.as_ref(), &obj, true)?;
+    let prompt = completion_prompt(&obj, backend.as_ref())?;
+    generate::check_prompt(backend.as_ref(), &prompt)?;
+    let n = opt_u64(&obj, "n", 1, 16)?.unwrap_or(1) as usize;
+    let stream = opt_bool(&obj, "stream")?.unwrap_or(false);
+    let usage_chunk = include_usage(&obj)?;
+    let echo = opt_bool(&obj, "echo")?.unwrap_or(false);
+    let logprobs = opt_u64(&obj, "logprobs", 0, 5)?.map(|k| k as usize);
+    // The legacy API's default is 16 tokens.
+    let max_tokens = opt_u64(&obj, "max_tokens", 0, u32::MAX as u64)?.unwrap_or(16);
+    let room = generate::room(backend.as_ref(), prompt.len());
+    let opts = options(&obj, Some(max_tokens), room, logprobs)?;
+    let prefix = if echo {
+        backend
+            .detokenize(&prompt)
+            .map_err(|e| ApiError::invalid_param("prompt", e.to_string()))?
+    } else {
+        String::new()
+    };
+    let meta = Meta {
+        id: generate::new_id("cmpl-", log.id()),
+        created: generate::unix_now(),
+        model,
+    };
+    if opts.max_tokens == 0 {
+        // Nothing to generate (e.g. echo only): answer without touching the engine.
+        let usage = Usage {
+            prompt_tokens: prompt.len(),
+            ..Usage::default()
+        };
+        log.add_usage(usage, Default::default());
+        let choices: Vec<Value> = (0..n).map(|i| json!({"index": i, "text": prefix, "logprobs": null, "finish_reason": "length"})).collect();
+        return Ok(Json(
+            json!({"id": meta.id, "object": "text_completion", "created": meta.created,
+            "model": meta.model, "choices": choices, "usage": usage_json(usage)}),
+        )
+        .into_response());
+    }
+    let rxs = generate::submit_n(backend.as_ref(), &prompt, &opts, n)?;
+    log.start_generation();
+    if stream {
+        return Ok(sse(
+            &state,
+            completion_events(log, rxs, meta, usage_chunk, prefix, logprobs.is_some()),
+        ));
+    }
+    let done = generate::collect_all(rxs, &log).await?;
+    log.finish();
+    let choices: Vec<Value> = done
+        .iter()
+        .enumerate()
+        .map(|(i, f)| {
+            json!({
+                "index": i,
+                "text": format!("{prefix}{}", f.text),
+                "logprobs": if logprobs.is_some() { completion_logprobs(f, prefix.len()) } else { Value::Null },
+                "finish_reason": generate::finish_name(f.finish),
+            })
+        })
+        .collect();
+    Ok(Json(json!({
+        "id": meta.id, "object": "text_completion", "created": meta.created, "model": meta.model,
+        "choices": choices, "usage": usage_json(generate::total_usage(&done)),
+    }))
+    .into_response())
+}
+
+fn completion_events(
+    log: RequestLog,
+    rxs: Vec<UnboundedReceiver<GenEvent>>,
+    meta: Meta,
+    usage_chunk: bool,
+    prefix: String,
+    logprobs: bool,
+) -> impl Stream<Item = Event> + Send + 'static {
+    let n = rxs.len();
+    async_stream::stream! {
+        let chunk = |i: usize, text: &str, lp: Value, finish: Value| {
+            json!({"id": meta.id, "object": "text_completion", "created": meta.created, "model": meta.model,
+                "choices": [{"index": i, "text": text, "logprobs": lp, "finish_reason": finish}]})
+        };
+        if !prefix.is_empty() {
+            for i in 0..n {
+                yield data(&chunk(i, &prefix, Value::Null, Value::Null));
+            }
+        }
+        let mut map = merged(rxs);
+        let mut states: Vec<Finished> = (0..n).map(|_| Finished::default()).collect();
+        let mut done = 0;
+        while let Some((i, ev)) = map.next().await {
+            let before = states[i].logprobs.len();
+            match states[i].apply(ev, &log) {
+                Err(e) => {
+                    yield data(&e.body(Flavor::OpenAi));
+                    return;
+                }
+                Ok((text, last)) => {
+                    let lp = if logprobs && states[i].logprobs.len() > before {
+                        let one = Finished { logprobs: states[i].logprobs[before..].to_vec(), ..Finished::default() };
+                        completion_logprobs(&one, 0)
+                    } else {
+                        Value::Null
+                    };
+                    if !text.is_empty() || !lp.is_null() {
+                        yield data(&chunk(i, &text, lp, Value::Null));
+                    }
+                    if last {
+                        done += 1;
+                        yield data(&chunk(i, "", Value::Null, json!(generate::finish_name(states[i].finish))));
+                    }
+                }
+            }
+        }
+        if done < n {
+            yield data(&ApiError::internal("the engine dropped a stream").body(Flavor::OpenAi));
+            return;
+        }
+        if usage_chunk {
+            yield data(&json!({"id": meta.id, "object": "text_completion", "created": meta.created,
+                "model": meta.model, "choices": [], "usage": usage_json(generate::total_usage(&states))}));
+        }
+        log.finish();
+        yield Event::default().data("[DONE]");
+    }
+}

@@ -1,0 +1,180 @@
+//! The router, its middleware (request log, API key) and the small endpoints: health,
+//! models, metrics, tokenize and detokenize.
+
+use axum::Json;
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Path, Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::{Value, json};
+
+use crate::error::{ApiError, Flavor};
+use crate::metrics::RequestLog;
+use crate::parse::{body_object, field, opt_bool, opt_str};
+use crate::{AppState, anthropic, openai, responses};
+
+/// The whole HTTP API over `state`.
+pub fn router(state: AppState) -> Router {
+    let limit = state.config().max_body_bytes;
+    Router::new()
+        .route("/health", get(health))
+        .route("/v1/models", get(models))
+        .route("/v1/models/{*id}", get(model))
+        .route("/metrics", get(metrics))
+        .route("/v1/chat/completions", post(openai::chat_completions))
+        .route("/v1/completions", post(openai::completions))
+        .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
+        .route("/v1/responses", post(responses::responses))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(limit))
+        .layer(middleware::from_fn_with_state(state.clone(), auth))
+        .layer(middleware::from_fn_with_state(state.clone(), log_request))
+        .with_state(state)
+}
+
+/// Error shape by path: the Anthropic endpoints answer in Anthropic's shape.
+fn flavor_of(path: &str) -> Flavor {
+    if path.starts_with("/v1/messages") {
+        Flavor::Anthropic
+    } else {
+        Flavor::OpenAi
+    }
+}
+
+/// Outermost layer: one [`RequestLog`] per request, written when the response (or its
+/// stream) is done.
+async fn log_request(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
+    let id = state.0.ids.next();
+    let log = RequestLog::new(
+        id,
+        req.method().as_str(),
+        req.uri().path(),
+        state.0.metrics.clone(),
+    );
+    req.extensions_mut().insert(log.clone());
+    let response = next.run(req).await;
+    log.set_status(response.status().as_u16());
+    response
+}
+
+/// API-key check (when configured); `/health` stays open for probes.
+async fn auth(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let Some(key) = state.config().api_key.as_deref() else {
+        return next.run(req).await;
+    };
+    let path = req.uri().path();
+    if path == "/health" || key_matches(req.headers(), key) {
+        return next.run(req).await;
+    }
+    ApiError::new(StatusCode::UNAUTHORIZED, "invalid or missing API key")
+        .into_response(flavor_of(path))
+}
+
+fn key_matches(headers: &HeaderMap, key: &str) -> bool {
+    let bearer = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    let x_api_key = headers.get("x-api-key").and_then(|v| v.to_str().ok());
+    bearer == Some(key) || x_api_key == Some(key)
+}
+
+async fn not_found(req: Request) -> Response {
+    let path = req.uri().path().to_string();
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        format!("no route for {} {path}", req.method()),
+    )
+    .into_response(flavor_of(&path))
+}
+
+async fn health(State(state): State<AppState>) -> Response {
+    match state.backend() {
+        Ok(_) => Json(json!({"status": "ok"})).into_response(),
+        Err(_) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "loading", "error": {"message": "the model is still loading", "type": "service_unavailable_error", "param": null, "code": null}})),
+        )
+            .into_response(),
+    }
+}
+
+fn model_object(id: &str) -> Value {
+    json!({"id": id, "object": "model", "created": 0, "owned_by": "ferrite"})
+}
+
+async fn models(State(state): State<AppState>) -> Response {
+    match state.backend() {
+        Ok(b) => {
+            Json(json!({"object": "list", "data": [model_object(b.model_id())]})).into_response()
+        }
+        Err(e) => e.into_response(Flavor::OpenAi),
+    }
+}
+
+async fn model(State(state): State<AppState>, Path(id): Path<String>) -> Response {
+    let result = state.backend().and_then(|b| {
+        if crate::generate::model_matches(b.as_ref(), &id) {
+            Ok(Json(model_object(b.model_id())).into_response())
+        } else {
+            Err(ApiError {
+                code: Some("model_not_found"),
+                ..ApiError::new(
+                    StatusCode::NOT_FOUND,
+                    format!("model '{id}' does not exist"),
+                )
+            })
+        }
+    });
+    result.unwrap_or_else(|e| e.into_response(Flavor::OpenAi))
+}
+
+async fn metrics(State(state): State<AppState>) -> Response {
+    let stats = state.backend().ok().map(|b| b.stats());
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        state.0.metrics.render(stats),
+    )
+        .into_response()
+}
+
+async fn tokenize(State(state): State<AppState>, body: Result<Bytes, BytesRejection>) -> Response {
+    let result = (|| {
+        let obj = body_object(body)?;
+        let backend = state.backend()?;
+        let content = opt_str(&obj, "content")?.ok_or_else(|| ApiError::missing("content"))?;
+        let add_special = opt_bool(&obj, "add_special")?.unwrap_or(false);
+        let parse_special = opt_bool(&obj, "parse_special")?.unwrap_or(true);
+        let tokens = backend.tokenize(content, add_special, parse_special);
+        Ok::<_, ApiError>(Json(json!({"tokens": tokens})).into_response())
+    })();
+    result.unwrap_or_else(|e| e.into_response(Flavor::OpenAi))
+}
+
+async fn detokenize(
+    State(state): State<AppState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let result = (|| {
+        let obj = body_object(body)?;
+        let backend = state.backend()?;
+        let tokens = crate::generate::token_array(
+            field(&obj, "tokens").ok_or_else(|| ApiError::missing("tokens"))?,
+            "tokens",
+            backend.as_ref(),
+        )?;
+        let content = backend
+            .detokenize(&tokens)
+            .map_err(|e| ApiError::invalid_param("tokens", e.to_string()))?;
+        Ok::<_, ApiError>(Json(json!({"content": content})).into_response())
+    })();
+    result.unwrap_or_else(|e| e.into_response(Flavor::OpenAi))
+}
