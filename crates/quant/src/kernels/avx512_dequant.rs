@@ -135,10 +135,22 @@ macro_rules! format_kernels {
                         _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(fetched));
                         fetched += 64;
                     }
-                    a0 = step(&r0[bi], xs, a0);
-                    a1 = step(&r1[bi], xs, a1);
-                    a2 = step(&r2[bi], xs, a2);
-                    a3 = step(&r3[bi], xs, a3);
+                    // Decode the four rows' blocks first, then interleave the four FMA
+                    // chains chunk by chunk: one row's chain alone is latency-bound.
+                    let mut v = [[_mm512_setzero_ps(); $n]; 4];
+                    $dec!(&r0[bi], &mut v[0]);
+                    $dec!(&r1[bi], &mut v[1]);
+                    $dec!(&r2[bi], &mut v[2]);
+                    $dec!(&r3[bi], &mut v[3]);
+                    let xs = &xs[..16 * $n];
+                    for c in 0..$n {
+                        // SAFETY: xs holds 16 * $n values, so chunk c is in bounds.
+                        let xv = unsafe { _mm512_loadu_ps(xs.as_ptr().add(16 * c)) };
+                        a0 = _mm512_fmadd_ps(v[0][c], xv, a0);
+                        a1 = _mm512_fmadd_ps(v[1][c], xv, a1);
+                        a2 = _mm512_fmadd_ps(v[2][c], xv, a2);
+                        a3 = _mm512_fmadd_ps(v[3][c], xv, a3);
+                    }
                 }
                 use super::avx512::hsum;
                 [hsum(a0), hsum(a1), hsum(a2), hsum(a3)]
