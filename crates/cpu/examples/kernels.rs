@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use ferrite_cpu::{Matrix, ThreadPool, matmul};
 use ferrite_gguf::GgmlType;
+use ferrite_quant::kernels::has_fused_matvec;
 use ferrite_quant::simd_level;
 
 struct Rng(u64);
@@ -155,12 +156,49 @@ fn main() {
         let (med, lo, hi) = time(7, || matmul(&pool, m, &x, 1, &mut y).expect("matmul"));
         let gb = data.len() as f64 / 1e9;
         println!(
-            "matvec {:<6} {rows}x{cols}: {:.1} GB/s weights (median; min {:.1}, max {:.1}), {:.2} ms",
+            "matvec {:<6} {rows}x{cols} [{}]: {:.1} GB/s weights (median; min {:.1}, max {:.1}), {:.2} ms",
             ty.name(),
+            if has_fused_matvec(simd_level(), ty) {
+                "fused"
+            } else {
+                "dot_row"
+            },
             gb / med,
             gb / hi,
             gb / lo,
             med * 1e3
+        );
+    }
+
+    // Compute ceiling: the same kernels on a 1 MiB matrix that stays in cache.
+    for ty in [
+        GgmlType::F32,
+        GgmlType::Q8_0,
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+    ] {
+        let rb = ty.row_bytes(cols as u64).expect("whole blocks") as usize;
+        let rows = 1024 * 1024 / rb;
+        let data = random_weights(&mut rng, ty, rows, cols);
+        let x: Vec<f32> = (0..cols).map(|_| rng.f32()).collect();
+        let mut y = vec![0f32; rows];
+        let m = Matrix {
+            ty,
+            rows,
+            cols,
+            data: &data,
+        };
+        let (med, lo, hi) = time(501, || matmul(&pool, m, &x, 1, &mut y).expect("matmul"));
+        let gb = data.len() as f64 / 1e9;
+        println!(
+            "matvec in-cache {:<6} {rows}x{cols}: {:.1} GB/s (median; min {:.1}, max {:.1})",
+            ty.name(),
+            gb / med,
+            gb / hi,
+            gb / lo
         );
     }
 
