@@ -206,12 +206,93 @@ pub fn matvec(
             }
         }
         None => {
-            for (row, out) in w.chunks_exact(rb).zip(y.iter_mut()) {
+            let deq = dequant_fn(level, ty)?;
+            let groups = w
+                .chunks_exact(MAX_TILE * rb)
+                .zip(y.chunks_exact_mut(MAX_TILE));
+            for (rows, out) in groups {
+                let r: [&[u8]; 4] = std::array::from_fn(|i| &rows[i * rb..(i + 1) * rb]);
+                out.copy_from_slice(&matvec4_chunked(level, ty, deq, r, x));
+            }
+            let done = y.len() - y.len() % MAX_TILE;
+            for (row, out) in w[done * rb..].chunks_exact(rb).zip(y[done..].iter_mut()) {
                 *out = dot_row(level, ty, row, x)?;
             }
         }
     }
     Ok(())
+}
+
+/// Four rows of [`dot_row`] at once: each step dequantizes a chunk of every row into a
+/// stack buffer, then runs the four FMA chains interleaved. Per row, exactly the order of
+/// [`dot_row`]. Rows hold `x.len()` values of `ty` (checked by the caller).
+fn matvec4_chunked(
+    level: SimdLevel,
+    ty: GgmlType,
+    deq: DequantFn,
+    rows: [&[u8]; 4],
+    x: &[f32],
+) -> [f32; 4] {
+    let bs = ty.block_size() as usize;
+    let ts = ty.type_size() as usize;
+    let n = x.len();
+    let full = match level {
+        SimdLevel::Scalar => 0,
+        SimdLevel::Avx2 => n - n % 8,
+        SimdLevel::Avx512 => n - n % 16,
+    };
+    let mut buf = [[0f32; ROW_CHUNK]; 4];
+    let mut lanes = [[0f32; 16]; 4];
+    let mut tail = [0f32; 4];
+    let mut start = 0;
+    while start < n {
+        let len = ROW_CHUNK.min(n - start);
+        for (b, row) in buf.iter_mut().zip(rows) {
+            deq(
+                &row[start / bs * ts..(start + len) / bs * ts],
+                &mut b[..len],
+            );
+        }
+        let xs = &x[start..start + len];
+        let vec_len = full.saturating_sub(start).min(len);
+        match level {
+            SimdLevel::Scalar => {}
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: only called by `matvec` after `check_level`; all slices have vec_len
+            // values, a multiple of 8.
+            SimdLevel::Avx2 => unsafe {
+                avx2::acc_lanes4(
+                    &mut lanes,
+                    buf.each_ref().map(|b| &b[..vec_len]),
+                    &xs[..vec_len],
+                )
+            },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as above, a multiple of 16.
+            SimdLevel::Avx512 => unsafe {
+                avx512::acc_lanes4(
+                    &mut lanes,
+                    buf.each_ref().map(|b| &b[..vec_len]),
+                    &xs[..vec_len],
+                )
+            },
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => {}
+        }
+        for (t, b) in tail.iter_mut().zip(&buf) {
+            // Scalar: the whole chunk in order; SIMD levels: the final partial vector.
+            *t = scalar::dot_acc(*t, &b[vec_len..len], &xs[vec_len..]);
+        }
+        start += len;
+    }
+    if level == SimdLevel::Scalar {
+        return tail;
+    }
+    std::array::from_fn(|r| {
+        let mut acc = RowAcc::new(level);
+        acc.lanes = lanes[r];
+        acc.finish() + tail[r]
+    })
 }
 
 /// The level's fused matvec for rows of `k` values of `ty`, if it has one that covers `k`
