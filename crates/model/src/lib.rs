@@ -1,1 +1,41 @@
-//! ferrite-model (work in progress).
+//! ferrite-model: model configurations read from GGUF metadata, the CPU forward pass and a
+//! naive f64 reference forward pass.
+//!
+//! Design: [`Model`] owns the mapped file and validated weight views; a [`Session`] owns
+//! one timeline (KV cache, position, scratch allocated once). Architecture differences are
+//! resolved into plain flags by [`ModelConfig::from_gguf`], so one forward pass serves every
+//! supported architecture. [`reference::forward`] is an independent f64 implementation used
+//! by tests as an oracle, alongside the transformers fixtures.
+//!
+//! ```no_run
+//! use ferrite_model::{KvType, LoadOptions, Model, Outputs, Session};
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let model = Model::load("model.gguf".as_ref(), LoadOptions::default())?;
+//! let pool = ferrite_cpu::ThreadPool::new(2)?;
+//! let mut session = Session::new(&model, &pool, 2048, KvType::F16)?;
+//! let logits = session.eval(&[1, 2, 3], Outputs::Last)?;
+//! println!("{} logits", logits.n_vocab);
+//! # Ok(()) }
+//! ```
+
+#![deny(missing_docs)]
+
+pub mod attention;
+pub mod config;
+mod error;
+pub mod kv;
+mod model;
+pub mod ops;
+pub mod reference;
+mod session;
+
+#[cfg(test)]
+mod fixture_tests;
+#[cfg(test)]
+mod testutil;
+
+pub use config::{Activation, Arch, LayerConfig, ModelConfig};
+pub use error::ModelError;
+pub use kv::{KvCache, KvType};
+pub use model::{LoadOptions, Model, Precision};
+pub use session::{Logits, Outputs, PREFILL_CHUNK, Session};

@@ -271,3 +271,106 @@ impl Tokenizer {
         self.chat_template.as_deref()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// A byte-level vocabulary with the full byte alphabet, a few merges and two specials.
+    fn byte_level() -> Tokenizer {
+        let table = bytelevel::byte_to_char_table();
+        let mut tokens: Vec<String> = table.iter().map(|c| c.to_string()).collect();
+        tokens.extend(["Ġt", "he", "Ġthe", "<|s|>", "<u>"].map(String::from));
+        let mut types = vec![1; tokens.len()];
+        types[259] = 3;
+        types[260] = 4;
+        Tokenizer::from_spec(TokenizerSpec {
+            model: "gpt2".into(),
+            pre: Some("smollm".into()),
+            tokens,
+            token_types: Some(types),
+            merges: ["Ġ t", "h e", "Ġt he"].map(String::from).to_vec(),
+            ..TokenizerSpec::default()
+        })
+        .expect("synthetic byte-level tokenizer")
+    }
+
+    /// A SentencePiece-style vocabulary: a few pieces, all 256 byte pieces, one control token.
+    fn spm() -> Tokenizer {
+        let mut tokens: Vec<String> = ["<bos>", "▁", "t", "h", "e", "▁t", "he", "▁the", "  "]
+            .map(String::from)
+            .to_vec();
+        let mut types = vec![3, 1, 1, 1, 1, 1, 1, 1, 4];
+        let mut scores = vec![0.0, -1.0, -2.0, -3.0, -4.0, -5.0, -6.0, -7.0, 0.0];
+        for b in 0..=255u8 {
+            tokens.push(format!("<0x{b:02X}>"));
+            types.push(6);
+            scores.push(0.0);
+        }
+        Tokenizer::from_spec(TokenizerSpec {
+            model: "llama".into(),
+            tokens,
+            token_types: Some(types),
+            scores: Some(scores),
+            bos_id: Some(0),
+            add_space_prefix: Some(false),
+            ..TokenizerSpec::default()
+        })
+        .expect("synthetic spm tokenizer")
+    }
+
+    #[test]
+    fn synthetic_vocabularies_encode_as_expected() {
+        let bl = byte_level();
+        assert_eq!(bl.encode(" the<|s|>", false, true), vec![258, 259]);
+        let sp = spm();
+        // add_bos defaults to true for llama-style tokenizers.
+        assert_eq!(
+            sp.encode(" the  x", true, false),
+            vec![0, 7, 8, 9 + u32::from(b'x')]
+        );
+    }
+
+    #[test]
+    fn unknown_model_is_an_error() {
+        let err = Tokenizer::from_spec(TokenizerSpec {
+            model: "rwkv".into(),
+            ..TokenizerSpec::default()
+        });
+        assert!(matches!(err, Err(TokenizerError::UnsupportedModel(_))));
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig {
+            cases: 200,
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        })]
+
+        /// With a complete byte alphabet, byte-level BPE round-trips any Unicode text (the real
+        /// SmolLM2 vocabulary lacks 21 bytes; see tests/real_models.rs).
+        #[test]
+        fn round_trip_arbitrary_unicode(s in "(\\PC|\\s|<\\|s\\|>|<u>| the|[0-9])*", parse in any::<bool>()) {
+            for tok in [byte_level(), spm()] {
+                let ids = tok.encode(&s, false, parse);
+                prop_assert_eq!(tok.decode(&ids, true).expect("decode"), s.clone());
+            }
+        }
+
+        /// Streaming any id sequence equals the full decode.
+        #[test]
+        fn stream_matches_decode(ids in prop::collection::vec(0u32..264, 0..24)) {
+            let tok = spm();
+            for show in [true, false] {
+                let mut d = tok.stream_decoder(show);
+                let mut out = String::new();
+                for &id in &ids {
+                    out.push_str(&d.push(id).expect("id"));
+                }
+                out.push_str(&d.finish());
+                prop_assert_eq!(out, tok.decode(&ids, show).expect("decode"));
+            }
+        }
+    }
+}

@@ -1,0 +1,612 @@
+//! Token sampling: penalties, greedy, top-k, top-p, min-p, temperature, seeded draws, stop
+//! conditions and log-probabilities.
+//!
+//! The chain follows llama.cpp's default order: penalties, then top-k, top-p and min-p on the
+//! untempered distribution, then temperature, then one draw. Everything runs on one thread
+//! over the logits alone, so a seed gives the same tokens whatever the thread count of the
+//! forward pass. Log-probabilities are always those of the raw logits (before penalties and
+//! filters), like the reference fixtures.
+
+use crate::rng::Rng;
+
+/// Sampling errors.
+#[derive(Debug, thiserror::Error, PartialEq)]
+#[non_exhaustive]
+pub enum SampleError {
+    /// The logits slice was empty.
+    #[error("no logits to sample from")]
+    EmptyLogits,
+    /// A logit was NaN; sampling from it would be arbitrary.
+    #[error("logit {index} is NaN")]
+    NanLogit {
+        /// Token id of the NaN logit.
+        index: usize,
+    },
+    /// A setting is outside its valid range.
+    #[error("invalid sampler setting {name} = {value}")]
+    InvalidSetting {
+        /// Setting name as in [`SamplerConfig`].
+        name: &'static str,
+        /// The rejected value.
+        value: f64,
+    },
+}
+
+/// Sampler settings. [`SamplerConfig::default`] is greedy decoding with no stop token and no
+/// token limit; every filter is off at its neutral value.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplerConfig {
+    /// Softmax temperature; `<= 0` means greedy (argmax, ties to the lowest id).
+    pub temperature: f32,
+    /// Keep the `top_k` most likely tokens; 0 disables.
+    pub top_k: usize,
+    /// Keep the smallest set of most likely tokens whose probability reaches `top_p`;
+    /// 1 disables. Must be in (0, 1].
+    pub top_p: f32,
+    /// Drop tokens whose probability is below `min_p` times the best one's; 0 disables.
+    /// Must be in [0, 1].
+    pub min_p: f32,
+    /// Divides positive (multiplies negative) logits of tokens seen in the penalty window;
+    /// 1 disables. Must be > 0.
+    pub repeat_penalty: f32,
+    /// Subtracted from a token's logit once per occurrence in the penalty window; 0 disables.
+    pub frequency_penalty: f32,
+    /// Subtracted from a token's logit if it occurs in the penalty window; 0 disables.
+    pub presence_penalty: f32,
+    /// How many of the most recent history tokens the penalties look at; 0 = all of them.
+    pub penalty_last_n: usize,
+    /// Seed of the random stream.
+    pub seed: u64,
+    /// Generation stops after this many tokens; 0 = no limit.
+    pub max_tokens: usize,
+    /// Token ids that end generation (the stop token itself is reported, not emitted).
+    pub stop_ids: Vec<u32>,
+    /// Number of top alternatives (by raw log-probability) reported with each token.
+    pub n_logprobs: usize,
+}
+
+impl Default for SamplerConfig {
+    fn default() -> Self {
+        SamplerConfig {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            repeat_penalty: 1.0,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
+            penalty_last_n: 64,
+            seed: 0,
+            max_tokens: 0,
+            stop_ids: Vec::new(),
+            n_logprobs: 0,
+        }
+    }
+}
+
+/// One sampled token.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sampled {
+    /// The chosen token id.
+    pub token: u32,
+    /// Its log-probability under the raw logits.
+    pub logprob: f32,
+    /// The `n_logprobs` most likely tokens under the raw logits, descending (ties: lower id
+    /// first).
+    pub top: Vec<(u32, f32)>,
+}
+
+/// Why generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopReason {
+    /// A stop token id was sampled.
+    StopToken(u32),
+    /// `max_tokens` were generated.
+    MaxTokens,
+}
+
+/// A stateful sampler: settings, random stream and reusable scratch.
+#[derive(Debug)]
+pub struct Sampler {
+    cfg: SamplerConfig,
+    rng: Rng,
+    cand: Vec<(u32, f32)>,
+    window: Vec<u32>,
+}
+
+fn check(name: &'static str, value: f32, ok: bool) -> Result<(), SampleError> {
+    if ok && value.is_finite() {
+        Ok(())
+    } else {
+        Err(SampleError::InvalidSetting {
+            name,
+            value: f64::from(value),
+        })
+    }
+}
+
+/// Orders candidates by descending logit, then ascending id, so ties are deterministic.
+fn by_logit_desc(a: &(u32, f32), b: &(u32, f32)) -> std::cmp::Ordering {
+    b.1.total_cmp(&a.1).then(a.0.cmp(&b.0))
+}
+
+impl Sampler {
+    /// A sampler with validated settings.
+    pub fn new(cfg: SamplerConfig) -> Result<Sampler, SampleError> {
+        check("temperature", cfg.temperature, true)?;
+        check("top_p", cfg.top_p, cfg.top_p > 0.0 && cfg.top_p <= 1.0)?;
+        check("min_p", cfg.min_p, (0.0..=1.0).contains(&cfg.min_p))?;
+        check(
+            "repeat_penalty",
+            cfg.repeat_penalty,
+            cfg.repeat_penalty > 0.0,
+        )?;
+        check("frequency_penalty", cfg.frequency_penalty, true)?;
+        check("presence_penalty", cfg.presence_penalty, true)?;
+        let rng = Rng::new(cfg.seed);
+        Ok(Sampler {
+            cfg,
+            rng,
+            cand: Vec::new(),
+            window: Vec::new(),
+        })
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &SamplerConfig {
+        &self.cfg
+    }
+
+    /// Chooses the next token from `logits` (one per vocabulary id). `history` is the token
+    /// sequence so far (prompt and generated), used by the penalties.
+    pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> Result<Sampled, SampleError> {
+        if logits.is_empty() {
+            return Err(SampleError::EmptyLogits);
+        }
+        if let Some(index) = logits.iter().position(|v| v.is_nan()) {
+            return Err(SampleError::NanLogit { index });
+        }
+        self.cand.clear();
+        self.cand
+            .extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)));
+        self.apply_penalties(history);
+        let token = if self.cfg.temperature <= 0.0 {
+            self.cand
+                .iter()
+                .copied()
+                .min_by(by_logit_desc)
+                .map_or(0, |c| c.0)
+        } else {
+            self.draw()
+        };
+        let (logprob, top) = raw_logprobs(logits, token, self.cfg.n_logprobs);
+        Ok(Sampled {
+            token,
+            logprob,
+            top,
+        })
+    }
+
+    fn apply_penalties(&mut self, history: &[u32]) {
+        let c = &self.cfg;
+        if c.repeat_penalty == 1.0 && c.frequency_penalty == 0.0 && c.presence_penalty == 0.0 {
+            return;
+        }
+        let start = if c.penalty_last_n == 0 {
+            0
+        } else {
+            history.len().saturating_sub(c.penalty_last_n)
+        };
+        self.window.clear();
+        self.window.extend_from_slice(&history[start..]);
+        self.window.sort_unstable();
+        for run in self.window.chunk_by(|a, b| a == b) {
+            let id = run[0] as usize;
+            let Some(entry) = self.cand.get_mut(id) else {
+                continue;
+            };
+            let l = &mut entry.1;
+            *l = if *l > 0.0 {
+                *l / c.repeat_penalty
+            } else {
+                *l * c.repeat_penalty
+            };
+            *l -= run.len() as f32 * c.frequency_penalty + c.presence_penalty;
+        }
+    }
+
+    /// Filters the candidates and draws one token.
+    fn draw(&mut self) -> u32 {
+        let c = &self.cfg;
+        let cand = &mut self.cand;
+        if c.top_k > 0 && c.top_k < cand.len() {
+            cand.select_nth_unstable_by(c.top_k - 1, by_logit_desc);
+            cand.truncate(c.top_k);
+        }
+        cand.sort_unstable_by(by_logit_desc);
+        let max = cand[0].1;
+        // Untempered probabilities (unnormalised) for top-p and min-p.
+        let weights = |l: f32| (f64::from(l) - f64::from(max)).exp();
+        if c.top_p < 1.0 {
+            let total: f64 = cand.iter().map(|x| weights(x.1)).sum();
+            let mut acc = 0.0;
+            let mut keep = cand.len();
+            for (i, x) in cand.iter().enumerate() {
+                acc += weights(x.1) / total;
+                if acc >= f64::from(c.top_p) {
+                    keep = i + 1;
+                    break;
+                }
+            }
+            cand.truncate(keep);
+        }
+        if c.min_p > 0.0 {
+            let keep = cand
+                .iter()
+                .take_while(|x| weights(x.1) >= f64::from(c.min_p))
+                .count()
+                .max(1);
+            cand.truncate(keep);
+        }
+        let inv_t = 1.0 / f64::from(c.temperature);
+        let tw = |l: f32| ((f64::from(l) - f64::from(max)) * inv_t).exp();
+        let total: f64 = cand.iter().map(|x| tw(x.1)).sum();
+        let mut r = self.rng.next_f64() * total;
+        for x in cand.iter() {
+            r -= tw(x.1);
+            if r < 0.0 {
+                return x.0;
+            }
+        }
+        cand[cand.len() - 1].0
+    }
+
+    /// Whether generation ends after emitting `token` as the `n_generated`-th token
+    /// (counting it). A stop token wins over the limit.
+    pub fn stop_reason(&self, token: u32, n_generated: usize) -> Option<StopReason> {
+        if self.cfg.stop_ids.contains(&token) {
+            Some(StopReason::StopToken(token))
+        } else if self.cfg.max_tokens > 0 && n_generated >= self.cfg.max_tokens {
+            Some(StopReason::MaxTokens)
+        } else {
+            None
+        }
+    }
+}
+
+/// Log-softmax of `logits` evaluated at `token`, and the `n_top` largest log-probabilities
+/// (descending, ties to the lower id). Sums run in f64.
+pub fn raw_logprobs(logits: &[f32], token: u32, n_top: usize) -> (f32, Vec<(u32, f32)>) {
+    let lse = log_sum_exp(logits);
+    let lp = |l: f32| (f64::from(l) - lse) as f32;
+    let chosen = logits
+        .get(token as usize)
+        .map_or(f32::NEG_INFINITY, |&l| lp(l));
+    let mut top: Vec<(u32, f32)> = Vec::new();
+    if n_top > 0 {
+        top = logits
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| (i as u32, l))
+            .collect();
+        let n = n_top.min(top.len());
+        top.select_nth_unstable_by(n - 1, by_logit_desc);
+        top.truncate(n);
+        top.sort_unstable_by(by_logit_desc);
+        for x in &mut top {
+            x.1 = lp(x.1);
+        }
+    }
+    (chosen, top)
+}
+
+/// `log(Σ exp(l))` in f64, stable for large logits.
+pub fn log_sum_exp(logits: &[f32]) -> f64 {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let max = f64::from(max);
+    let s: f64 = logits.iter().map(|&l| (f64::from(l) - max).exp()).sum();
+    max + s.ln()
+}
+
+/// The earliest occurrence of any stop string in `text`: `(byte offset, index into stops)`.
+/// Empty stop strings are ignored. The caller cuts the text at the offset.
+pub fn find_stop_string(text: &str, stops: &[String]) -> Option<(usize, usize)> {
+    stops
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| !s.is_empty())
+        .filter_map(|(i, s)| text.find(s.as_str()).map(|at| (at, i)))
+        .min()
+}
+
+/// Length in bytes of the longest suffix of `text` that is a proper prefix of some stop
+/// string: a streaming caller holds these bytes back until it knows whether a stop string
+/// completes. Always ends on a char boundary.
+pub fn partial_stop_len(text: &str, stops: &[String]) -> usize {
+    let mut best = 0;
+    for s in stops {
+        for (n, _) in s.char_indices().skip(1) {
+            if n > best && text.ends_with(&s[..n]) {
+                best = n;
+            }
+        }
+    }
+    best
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg() -> SamplerConfig {
+        SamplerConfig::default()
+    }
+
+    fn counts(cfg: SamplerConfig, logits: &[f32], n: usize) -> Vec<usize> {
+        let mut s = Sampler::new(cfg).unwrap();
+        let mut c = vec![0; logits.len()];
+        for _ in 0..n {
+            c[s.sample(logits, &[]).unwrap().token as usize] += 1;
+        }
+        c
+    }
+
+    #[test]
+    fn greedy_picks_argmax_and_breaks_ties_to_lowest_id() {
+        let mut s = Sampler::new(cfg()).unwrap();
+        assert_eq!(s.sample(&[0.1, 2.0, -1.0, 1.9], &[]).unwrap().token, 1);
+        assert_eq!(s.sample(&[0.1, 2.0, -1.0, 2.0], &[]).unwrap().token, 1);
+        assert_eq!(s.sample(&[f32::NEG_INFINITY, -3.0], &[]).unwrap().token, 1);
+    }
+
+    #[test]
+    fn rejects_empty_nan_and_bad_settings() {
+        let mut s = Sampler::new(cfg()).unwrap();
+        assert_eq!(s.sample(&[], &[]), Err(SampleError::EmptyLogits));
+        assert_eq!(
+            s.sample(&[0.0, f32::NAN], &[]),
+            Err(SampleError::NanLogit { index: 1 })
+        );
+        for bad in [
+            SamplerConfig {
+                top_p: 0.0,
+                ..cfg()
+            },
+            SamplerConfig {
+                min_p: 1.5,
+                ..cfg()
+            },
+            SamplerConfig {
+                repeat_penalty: 0.0,
+                ..cfg()
+            },
+            SamplerConfig {
+                temperature: f32::NAN,
+                ..cfg()
+            },
+        ] {
+            assert!(matches!(
+                Sampler::new(bad),
+                Err(SampleError::InvalidSetting { .. })
+            ));
+        }
+    }
+
+    #[test]
+    fn temperature_sampling_follows_the_softmax() {
+        // p = softmax([ln 1, ln 2, ln 7]) = [0.1, 0.2, 0.7].
+        let logits = [0.0f32, 2f32.ln(), 7f32.ln()];
+        let c = counts(
+            SamplerConfig {
+                temperature: 1.0,
+                ..cfg()
+            },
+            &logits,
+            20_000,
+        );
+        for (i, p) in [0.1, 0.2, 0.7].iter().enumerate() {
+            let f = c[i] as f64 / 20_000.0;
+            assert!((f - p).abs() < 0.015, "token {i}: {f} vs {p}");
+        }
+        // A tiny temperature is effectively greedy; a huge one is near uniform.
+        let c = counts(
+            SamplerConfig {
+                temperature: 0.01,
+                ..cfg()
+            },
+            &logits,
+            500,
+        );
+        assert_eq!(c[2], 500);
+        let c = counts(
+            SamplerConfig {
+                temperature: 100.0,
+                ..cfg()
+            },
+            &logits,
+            9000,
+        );
+        assert!(c.iter().all(|&n| (2600..3400).contains(&n)), "{c:?}");
+    }
+
+    #[test]
+    fn top_k_keeps_only_the_k_best() {
+        let logits = [1.0f32, 3.0, 2.0, 0.5];
+        let c = counts(
+            SamplerConfig {
+                temperature: 5.0,
+                top_k: 2,
+                ..cfg()
+            },
+            &logits,
+            2000,
+        );
+        assert_eq!(c[0] + c[3], 0, "{c:?}");
+        assert!(c[1] > 0 && c[2] > 0);
+        let c = counts(
+            SamplerConfig {
+                temperature: 5.0,
+                top_k: 1,
+                ..cfg()
+            },
+            &logits,
+            200,
+        );
+        assert_eq!(c[1], 200);
+    }
+
+    #[test]
+    fn top_p_keeps_the_nucleus() {
+        // p = [0.5, 0.3, 0.15, 0.05]: top_p 0.75 keeps the first two, 0.85 the first three.
+        let logits: Vec<f32> = [0.5f32, 0.3, 0.15, 0.05].iter().map(|p| p.ln()).collect();
+        let c = counts(
+            SamplerConfig {
+                temperature: 1.0,
+                top_p: 0.75,
+                ..cfg()
+            },
+            &logits,
+            3000,
+        );
+        assert_eq!(c[2] + c[3], 0, "{c:?}");
+        let c = counts(
+            SamplerConfig {
+                temperature: 1.0,
+                top_p: 0.85,
+                ..cfg()
+            },
+            &logits,
+            3000,
+        );
+        assert_eq!(c[3], 0, "{c:?}");
+        assert!(c[2] > 0);
+    }
+
+    #[test]
+    fn min_p_drops_tokens_far_below_the_best() {
+        let logits: Vec<f32> = [0.6f32, 0.3, 0.05, 0.05].iter().map(|p| p.ln()).collect();
+        // 0.05 / 0.6 < 0.1 ≤ 0.3 / 0.6.
+        let c = counts(
+            SamplerConfig {
+                temperature: 1.0,
+                min_p: 0.1,
+                ..cfg()
+            },
+            &logits,
+            3000,
+        );
+        assert_eq!(c[2] + c[3], 0, "{c:?}");
+        assert!(c[1] > 0);
+    }
+
+    #[test]
+    fn repetition_penalty_divides_positive_and_multiplies_negative() {
+        let mut s = Sampler::new(SamplerConfig {
+            repeat_penalty: 2.0,
+            ..cfg()
+        })
+        .unwrap();
+        // Token 0 (3.0 → 1.5) loses to token 1 (2.0).
+        assert_eq!(s.sample(&[3.0, 2.0, -1.0], &[0]).unwrap().token, 1);
+        // Negative logits become more negative: token 1 (-1 → -2) loses to token 2 (-1.5).
+        assert_eq!(s.sample(&[-5.0, -1.0, -1.5], &[1]).unwrap().token, 2);
+        // Outside the window (last 1 token) the penalty does not apply.
+        let mut s = Sampler::new(SamplerConfig {
+            repeat_penalty: 2.0,
+            penalty_last_n: 1,
+            ..cfg()
+        })
+        .unwrap();
+        assert_eq!(s.sample(&[3.0, 2.0, -1.0], &[0, 2]).unwrap().token, 0);
+    }
+
+    #[test]
+    fn frequency_and_presence_penalties_subtract() {
+        let mut s = Sampler::new(SamplerConfig {
+            frequency_penalty: 0.4,
+            ..cfg()
+        })
+        .unwrap();
+        // Token 0 seen 3 times: 3.0 - 1.2 = 1.8 < 2.0.
+        assert_eq!(s.sample(&[3.0, 2.0], &[0, 0, 0]).unwrap().token, 1);
+        assert_eq!(s.sample(&[3.0, 2.0], &[0, 0]).unwrap().token, 0);
+        let mut s = Sampler::new(SamplerConfig {
+            presence_penalty: 1.5,
+            ..cfg()
+        })
+        .unwrap();
+        assert_eq!(s.sample(&[3.0, 2.0], &[0]).unwrap().token, 1);
+        // Ids outside the vocabulary in the history are ignored, not a panic.
+        assert_eq!(s.sample(&[3.0, 2.0], &[9]).unwrap().token, 0);
+    }
+
+    #[test]
+    fn stop_ids_and_max_tokens() {
+        let s = Sampler::new(SamplerConfig {
+            stop_ids: vec![2, 7],
+            max_tokens: 3,
+            ..cfg()
+        })
+        .unwrap();
+        assert_eq!(s.stop_reason(5, 1), None);
+        assert_eq!(s.stop_reason(7, 1), Some(StopReason::StopToken(7)));
+        assert_eq!(s.stop_reason(5, 3), Some(StopReason::MaxTokens));
+        assert_eq!(s.stop_reason(2, 3), Some(StopReason::StopToken(2)));
+        let unlimited = Sampler::new(cfg()).unwrap();
+        assert_eq!(unlimited.stop_reason(5, 1_000_000), None);
+    }
+
+    #[test]
+    fn same_seed_same_tokens_other_seed_differs() {
+        let logits: Vec<f32> = (0..50).map(|i| (i % 7) as f32 * 0.3).collect();
+        let run = |seed| {
+            let mut s = Sampler::new(SamplerConfig {
+                temperature: 1.0,
+                seed,
+                top_k: 30,
+                top_p: 0.95,
+                ..cfg()
+            })
+            .unwrap();
+            (0..40)
+                .map(|_| s.sample(&logits, &[]).unwrap().token)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(run(11), run(11));
+        assert_ne!(run(11), run(12));
+    }
+
+    #[test]
+    fn logprobs_are_log_softmax_of_raw_logits() {
+        let logits = [1.0f32, 3.0, 2.0, 3.0];
+        let mut s = Sampler::new(SamplerConfig {
+            n_logprobs: 3,
+            repeat_penalty: 10.0,
+            ..cfg()
+        })
+        .unwrap();
+        // The penalty changes the choice but not the reported log-probabilities.
+        let out = s.sample(&logits, &[1, 3]).unwrap();
+        let z: f64 = logits.iter().map(|&l| f64::from(l).exp()).sum();
+        let lp = |i: usize| (f64::from(logits[i]) - z.ln()) as f32;
+        assert_eq!(out.token, 2);
+        assert!((out.logprob - lp(2)).abs() < 1e-6);
+        let ids: Vec<u32> = out.top.iter().map(|x| x.0).collect();
+        assert_eq!(ids, [1, 3, 2]);
+        for &(i, l) in &out.top {
+            assert!((l - lp(i as usize)).abs() < 1e-6);
+        }
+    }
+
+    #[test]
+    fn stop_string_helpers() {
+        let stops = vec!["</s>".to_string(), "\n\n".to_string(), String::new()];
+        assert_eq!(find_stop_string("ab\n\ncd</s>", &stops), Some((2, 1)));
+        assert_eq!(find_stop_string("abc", &stops), None);
+        assert_eq!(partial_stop_len("hello </", &stops), 2);
+        assert_eq!(partial_stop_len("hello\n", &stops), 1);
+        assert_eq!(partial_stop_len("hello", &stops), 0);
+        let uni = vec!["é!".to_string()];
+        assert_eq!(partial_stop_len("café", &uni), 2);
+    }
+}

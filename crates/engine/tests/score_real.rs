@@ -1,0 +1,141 @@
+//! `score_case` / `summarize` on the two real development models against the transformers
+//! logits fixtures, through a real `Session` in both scoring modes, plus a test of the test:
+//! logits scaled by 1.5 (same argmax, wrong magnitude) must fail the bounds.
+//!
+//! Models come from `$FERRITE_HOME/models` (default `~/.cache/ferrite/models`); when absent
+//! the test prints `skipped: ...` and passes, unless `FERRITE_TEST_MODELS=1` requests them.
+//! Fixtures come from `FERRITE_FIXTURES` when set, else `fixtures/reference`.
+
+use std::path::PathBuf;
+
+use ferrite_cpu::ThreadPool;
+use ferrite_engine::{
+    LogitsCase, LogitsSource, ScoreError, ScoreMode, parse_logits_fixture, score_case, summarize,
+};
+use ferrite_model::{KvType, LoadOptions, Model, Session};
+
+fn model_path(file: &str) -> Option<PathBuf> {
+    let home = std::env::var_os("FERRITE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("ferrite"))
+        });
+    let path = home?.join("models").join(file);
+    if path.is_file() {
+        return Some(path);
+    }
+    let required = std::env::var("FERRITE_TEST_MODELS").is_ok_and(|v| v == "1");
+    assert!(
+        !required,
+        "FERRITE_TEST_MODELS=1 but {} is missing",
+        path.display()
+    );
+    println!(
+        "skipped: {} not found (set FERRITE_HOME or run `ferrite pull`)",
+        path.display()
+    );
+    None
+}
+
+fn fixture_cases(tag: &str) -> Vec<LogitsCase> {
+    let dir = match std::env::var_os("FERRITE_FIXTURES") {
+        Some(d) => PathBuf::from(d),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/reference"),
+    };
+    let prefix = format!("logits-{tag}-");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("fixture dir {}: {e}", dir.display()))
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(&prefix) && n.ends_with(".jsonl"))
+        })
+        .collect();
+    files.sort();
+    let file = files
+        .first()
+        .unwrap_or_else(|| panic!("no {prefix}*.jsonl in {}", dir.display()));
+    let cases = parse_logits_fixture(&std::fs::read_to_string(file).expect("readable"))
+        .expect("fixture parses");
+    assert!(!cases.is_empty(), "{} is empty", file.display());
+    cases
+}
+
+/// Multiplies every logit by a factor: the argmax survives, the distribution does not.
+struct Scaled<'a, 'm> {
+    inner: &'a mut Session<'m>,
+    factor: f32,
+    buf: Vec<f32>,
+}
+
+impl LogitsSource for Scaled<'_, '_> {
+    fn n_vocab(&self) -> usize {
+        self.inner.n_vocab()
+    }
+    fn reset(&mut self) {
+        LogitsSource::reset(self.inner);
+    }
+    fn eval(&mut self, tokens: &[u32], from: usize) -> Result<&[f32], ScoreError> {
+        let out = LogitsSource::eval(self.inner, tokens, from)?;
+        self.buf.clear();
+        self.buf.extend(out.iter().map(|v| v * self.factor));
+        Ok(&self.buf)
+    }
+}
+
+fn check(file: &str, tag: &str) {
+    let Some(path) = model_path(file) else {
+        return;
+    };
+    let model = Model::load(&path, LoadOptions::default()).expect("model loads");
+    let pool = ThreadPool::new(2).expect("pool");
+    let mut session = Session::new(&model, &pool, 1024, KvType::F16).expect("session");
+    let cases = fixture_cases(tag);
+    let short: Vec<&LogitsCase> = cases
+        .iter()
+        .filter(|c| c.prompt_ids.len() <= 40)
+        .take(3)
+        .collect();
+    let mut scores = Vec::new();
+    for (i, case) in short.iter().enumerate() {
+        let mode = if i == 0 {
+            ScoreMode::Decode
+        } else {
+            ScoreMode::Prefill
+        };
+        let s = score_case(&mut session, case, mode).expect("scores");
+        println!("{tag} {mode:?} {s:?}");
+        scores.push(s);
+    }
+    let sum = summarize(&scores);
+    println!("{tag} {sum}");
+    assert_eq!(sum.first_token_match, sum.cases, "{sum}");
+    assert!(
+        sum.mean_abs_dlogprob <= 0.08 && sum.top1_agreement >= 0.97,
+        "{sum}"
+    );
+    assert!((sum.nll - sum.ref_nll).abs() < 0.05, "{sum}");
+
+    let mut scaled = Scaled {
+        inner: &mut session,
+        factor: 1.5,
+        buf: Vec::new(),
+    };
+    let bad = summarize(&[score_case(&mut scaled, short[1], ScoreMode::Prefill).expect("scores")]);
+    println!("{tag} logits x1.5: {bad}");
+    assert!(
+        bad.mean_abs_dlogprob > 0.08,
+        "scaled logits not caught: {bad}"
+    );
+}
+
+#[test]
+fn scores_smollm2_fixture_cases() {
+    check("SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2");
+}
+
+#[test]
+fn scores_gemma3_fixture_cases() {
+    check("gemma-3-270m-q4_k_m.gguf", "gemma3");
+}

@@ -1,0 +1,340 @@
+//! Model hyper-parameters read from GGUF metadata, per architecture.
+//!
+//! Each architecture's quirks are resolved here into plain numbers and flags, so the forward
+//! passes (optimized and reference) never branch on the architecture name:
+//! - `llama` (SmolLM2): interleaved rope on GGUF weights (llama.cpp's converter permutes
+//!   the Q/K rows of Hugging Face's rotate-half layout), SiLU-gated FFN, tied output.
+//! - `gemma3`: half-split rope, embeddings scaled by `sqrt(d_model)`, per-head Q/K norms,
+//!   post-attention and post-FFN norms, GELU-tanh gated FFN, sliding-window attention on
+//!   5 of every 6 layers with rope base 10 000 (llama.cpp and transformers both hard-code
+//!   it; the GGUF stores only the global base), query scale `1/sqrt(key_length)`.
+//!   RMSNorm weights are used as stored: the converter already folded Gemma's `1 + w`.
+
+use ferrite_gguf::Gguf;
+
+use crate::ModelError;
+use crate::ops::RopeStyle;
+
+/// A supported architecture.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arch {
+    /// Llama family (SmolLM2).
+    Llama,
+    /// Gemma 3 text models.
+    Gemma3,
+}
+
+/// FFN gate activation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// `x·sigmoid(x)`.
+    Silu,
+    /// GELU, tanh approximation.
+    GeluTanh,
+}
+
+/// Per-layer attention settings.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LayerConfig {
+    /// Sliding-window length; `None` for full causal attention.
+    pub window: Option<usize>,
+    /// Rope frequency base of this layer.
+    pub rope_base: f32,
+}
+
+/// Hyper-parameters of a loaded model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelConfig {
+    /// Architecture.
+    pub arch: Arch,
+    /// Transformer blocks.
+    pub n_layer: usize,
+    /// Residual stream width.
+    pub d_model: usize,
+    /// Query heads.
+    pub n_head: usize,
+    /// Key/value heads.
+    pub n_kv_head: usize,
+    /// Values per head.
+    pub head_dim: usize,
+    /// FFN hidden width.
+    pub d_ff: usize,
+    /// Vocabulary size (rows of the embedding).
+    pub n_vocab: usize,
+    /// Context length the model was trained for (informational).
+    pub ctx_train: usize,
+    /// RMSNorm epsilon.
+    pub rms_eps: f32,
+    /// How rope pairs dimensions.
+    pub rope_style: RopeStyle,
+    /// Multiplier of `q·k`.
+    pub attn_scale: f32,
+    /// Multiplier applied to looked-up embeddings (Gemma: `sqrt(d_model)`), 1 otherwise.
+    pub embed_scale: f32,
+    /// FFN activation.
+    pub activation: Activation,
+    /// Q and K are RMS-normalised per head before rope.
+    pub qk_norm: bool,
+    /// Attention and FFN outputs are RMS-normalised before the residual add.
+    pub post_norms: bool,
+    /// One entry per layer.
+    pub layers: Vec<LayerConfig>,
+}
+
+fn usize_key(g: &Gguf, key: &str) -> Result<usize, ModelError> {
+    let v = g.get_u32(key)?;
+    usize::try_from(v).map_err(|_| bad(key, "does not fit in usize"))
+}
+
+fn bad(key: &str, reason: &str) -> ModelError {
+    ModelError::BadMetadata {
+        key: key.to_owned(),
+        reason: reason.to_owned(),
+    }
+}
+
+fn positive(key: &str, v: usize) -> Result<usize, ModelError> {
+    if v == 0 {
+        Err(bad(key, "must be positive"))
+    } else {
+        Ok(v)
+    }
+}
+
+/// Gemma 3's local (sliding-window) rope base; not stored in GGUF files.
+const GEMMA3_LOCAL_ROPE_BASE: f32 = 10_000.0;
+/// Gemma 3 alternates five sliding-window layers with one global layer.
+const GEMMA3_GLOBAL_EVERY: usize = 6;
+
+impl ModelConfig {
+    /// Reads the configuration of `g`. A missing key is reported by name.
+    pub fn from_gguf(g: &Gguf) -> Result<ModelConfig, ModelError> {
+        let arch_name = g.get_str("general.architecture")?;
+        let arch = match arch_name {
+            "llama" => Arch::Llama,
+            "gemma3" => Arch::Gemma3,
+            other => return Err(ModelError::UnknownArchitecture(other.to_owned())),
+        };
+        let a = arch_name;
+        let k = |s: &str| format!("{a}.{s}");
+        let n_layer = positive(&k("block_count"), usize_key(g, &k("block_count"))?)?;
+        let d_model = positive(
+            &k("embedding_length"),
+            usize_key(g, &k("embedding_length"))?,
+        )?;
+        let n_head = positive(
+            &k("attention.head_count"),
+            usize_key(g, &k("attention.head_count"))?,
+        )?;
+        let n_kv_head = positive(
+            &k("attention.head_count_kv"),
+            usize_key(g, &k("attention.head_count_kv"))?,
+        )?;
+        if n_head % n_kv_head != 0 {
+            return Err(bad(
+                &k("attention.head_count_kv"),
+                "must divide attention.head_count",
+            ));
+        }
+        let d_ff = positive(
+            &k("feed_forward_length"),
+            usize_key(g, &k("feed_forward_length"))?,
+        )?;
+        let ctx_train = usize_key(g, &k("context_length"))?;
+        let rms_eps = g.get_f32(&k("attention.layer_norm_rms_epsilon"))?;
+        let rope_base = g.get_f32(&k("rope.freq_base"))?;
+        let head_dim = match g.get(&k("attention.key_length")) {
+            Some(_) => positive(
+                &k("attention.key_length"),
+                usize_key(g, &k("attention.key_length"))?,
+            )?,
+            None => {
+                if d_model % n_head != 0 {
+                    return Err(bad(&k("embedding_length"), "not a multiple of head_count"));
+                }
+                d_model / n_head
+            }
+        };
+        if head_dim % 2 != 0 {
+            return Err(bad(&k("attention.key_length"), "head dim must be even"));
+        }
+        if let Some(_v) = g.get(&k("attention.value_length"))
+            && usize_key(g, &k("attention.value_length"))? != head_dim
+        {
+            return Err(bad(&k("attention.value_length"), "must equal key_length"));
+        }
+        if let Some(_r) = g.get(&k("rope.dimension_count"))
+            && usize_key(g, &k("rope.dimension_count"))? != head_dim
+        {
+            return Err(bad(
+                &k("rope.dimension_count"),
+                "partial rope is not supported",
+            ));
+        }
+        let embd = g
+            .tensor("token_embd.weight")
+            .ok_or_else(|| ModelError::MissingTensor("token_embd.weight".into()))?;
+        let n_vocab = match embd.dims.as_slice() {
+            [_, v] => usize::try_from(*v).map_err(|_| bad("token_embd.weight", "too large"))?,
+            _ => {
+                return Err(ModelError::TensorShape {
+                    name: embd.name.clone(),
+                    got: embd.dims.clone(),
+                    expected: vec![d_model as u64, 0],
+                });
+            }
+        };
+        let cfg = match arch {
+            Arch::Llama => ModelConfig {
+                arch,
+                n_layer,
+                d_model,
+                n_head,
+                n_kv_head,
+                head_dim,
+                d_ff,
+                n_vocab,
+                ctx_train,
+                rms_eps,
+                rope_style: RopeStyle::Interleaved,
+                attn_scale: 1.0 / (head_dim as f32).sqrt(),
+                embed_scale: 1.0,
+                activation: Activation::Silu,
+                qk_norm: false,
+                post_norms: false,
+                layers: vec![
+                    LayerConfig {
+                        window: None,
+                        rope_base,
+                    };
+                    n_layer
+                ],
+            },
+            Arch::Gemma3 => {
+                let window = positive(
+                    &k("attention.sliding_window"),
+                    usize_key(g, &k("attention.sliding_window"))?,
+                )?;
+                let layers = (0..n_layer)
+                    .map(|i| {
+                        if i % GEMMA3_GLOBAL_EVERY == GEMMA3_GLOBAL_EVERY - 1 {
+                            LayerConfig {
+                                window: None,
+                                rope_base,
+                            }
+                        } else {
+                            LayerConfig {
+                                window: Some(window),
+                                rope_base: GEMMA3_LOCAL_ROPE_BASE,
+                            }
+                        }
+                    })
+                    .collect();
+                ModelConfig {
+                    arch,
+                    n_layer,
+                    d_model,
+                    n_head,
+                    n_kv_head,
+                    head_dim,
+                    d_ff,
+                    n_vocab,
+                    ctx_train,
+                    rms_eps,
+                    rope_style: RopeStyle::HalfSplit,
+                    // query_pre_attn_scalar = key_length for every released Gemma 3 size.
+                    attn_scale: 1.0 / (head_dim as f32).sqrt(),
+                    embed_scale: (d_model as f32).sqrt(),
+                    activation: Activation::GeluTanh,
+                    qk_norm: true,
+                    post_norms: true,
+                    layers,
+                }
+            }
+        };
+        Ok(cfg)
+    }
+
+    /// Width of one token's keys (or values): `n_kv_head × head_dim`.
+    pub fn kv_dim(&self) -> usize {
+        self.n_kv_head * self.head_dim
+    }
+
+    /// Width of one token's queries: `n_head × head_dim`.
+    pub fn q_dim(&self) -> usize {
+        self.n_head * self.head_dim
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::tiny_gguf;
+    use ferrite_gguf::GgmlType;
+
+    fn cfg(arch: &str, skip_key: &str) -> Result<ModelConfig, ModelError> {
+        let g = Gguf::from_bytes(tiny_gguf(arch, GgmlType::F32, skip_key, "")).unwrap();
+        ModelConfig::from_gguf(&g)
+    }
+
+    #[test]
+    fn llama_config_from_metadata() {
+        let c = cfg("llama", "").unwrap();
+        assert_eq!(c.arch, Arch::Llama);
+        assert_eq!((c.n_layer, c.d_model, c.n_head, c.n_kv_head), (2, 64, 4, 2));
+        assert_eq!((c.head_dim, c.d_ff, c.n_vocab), (16, 128, 97));
+        assert_eq!(c.rope_style, RopeStyle::Interleaved);
+        assert_eq!(c.attn_scale, 0.25);
+        assert_eq!(c.embed_scale, 1.0);
+        assert!(!c.qk_norm && !c.post_norms);
+        assert!(
+            c.layers
+                .iter()
+                .all(|l| l.window.is_none() && l.rope_base == 1e4)
+        );
+    }
+
+    #[test]
+    fn gemma3_config_alternates_sliding_and_global_layers() {
+        let c = cfg("gemma3", "").unwrap();
+        assert_eq!(c.arch, Arch::Gemma3);
+        assert_eq!((c.head_dim, c.n_kv_head), (32, 1));
+        assert_eq!(c.rope_style, RopeStyle::HalfSplit);
+        assert_eq!(c.embed_scale, 8.0);
+        assert_eq!(c.attn_scale, 1.0 / 32f32.sqrt());
+        assert_eq!(c.activation, Activation::GeluTanh);
+        for (i, l) in c.layers.iter().enumerate() {
+            if i == 5 {
+                assert_eq!((l.window, l.rope_base), (None, 1e6));
+            } else {
+                assert_eq!((l.window, l.rope_base), (Some(4), 1e4));
+            }
+        }
+    }
+
+    #[test]
+    fn unknown_architecture_is_named() {
+        let err = cfg("mamba", "").unwrap_err();
+        assert!(
+            matches!(err, ModelError::UnknownArchitecture(ref a) if a == "mamba"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn missing_key_is_named() {
+        for key in [
+            "llama.attention.head_count_kv",
+            "llama.rope.freq_base",
+            "llama.attention.layer_norm_rms_epsilon",
+        ] {
+            let err = cfg("llama", key).unwrap_err();
+            assert!(err.to_string().contains(key), "{key}: {err}");
+        }
+        let err = cfg("gemma3", "gemma3.attention.sliding_window").unwrap_err();
+        assert!(
+            err.to_string().contains("gemma3.attention.sliding_window"),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,137 @@
+//! The key/value cache of one session: per layer, one key and one value row per position.
+//!
+//! Layout per layer: `ctx` key rows then `ctx` value rows, each row `n_kv_head × head_dim`
+//! values. f16 halves the memory and matches llama.cpp's default; f32 is there for exactness
+//! checks. Rows are widened to f32 into caller scratch before attention reads them, so the
+//! attention code is the same for both types.
+
+use half::f16;
+
+/// Element type of the KV cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KvType {
+    /// IEEE half precision (default).
+    #[default]
+    F16,
+    /// IEEE single precision.
+    F32,
+}
+
+#[derive(Debug)]
+enum Store {
+    F16(Vec<f16>),
+    F32(Vec<f32>),
+}
+
+/// Key/value rows for `n_layer` layers and `ctx` positions.
+#[derive(Debug)]
+pub struct KvCache {
+    store: Store,
+    ctx: usize,
+    row: usize,
+}
+
+impl KvCache {
+    /// A zeroed cache. `row` is `n_kv_head × head_dim`.
+    pub fn new(ty: KvType, n_layer: usize, ctx: usize, row: usize) -> KvCache {
+        let n = n_layer * 2 * ctx * row;
+        let store = match ty {
+            KvType::F16 => Store::F16(vec![f16::ZERO; n]),
+            KvType::F32 => Store::F32(vec![0.0; n]),
+        };
+        KvCache { store, ctx, row }
+    }
+
+    /// Number of positions the cache holds.
+    pub fn ctx(&self) -> usize {
+        self.ctx
+    }
+
+    /// Element type.
+    pub fn ty(&self) -> KvType {
+        match self.store {
+            Store::F16(_) => KvType::F16,
+            Store::F32(_) => KvType::F32,
+        }
+    }
+
+    fn offset(&self, layer: usize, value: bool, pos: usize) -> usize {
+        ((layer * 2 + usize::from(value)) * self.ctx + pos) * self.row
+    }
+
+    /// Writes the key and value rows of consecutive positions starting at `pos`
+    /// (`k` and `v` hold `n × row` values). The caller checks `pos + n <= ctx`.
+    pub fn store(&mut self, layer: usize, pos: usize, k: &[f32], v: &[f32]) {
+        for (value, src) in [(false, k), (true, v)] {
+            let o = self.offset(layer, value, pos);
+            match &mut self.store {
+                Store::F16(d) => {
+                    for (dst, &s) in d[o..o + src.len()].iter_mut().zip(src) {
+                        *dst = f16::from_f32(s);
+                    }
+                }
+                Store::F32(d) => d[o..o + src.len()].copy_from_slice(src),
+            }
+        }
+    }
+
+    /// Widens the `head_dim` columns of head `head` at positions `range` of the key
+    /// (`value == false`) or value rows of `layer` into `dst` (`range.len() × head_dim`).
+    pub fn load_head(
+        &self,
+        layer: usize,
+        value: bool,
+        head: usize,
+        head_dim: usize,
+        range: std::ops::Range<usize>,
+        dst: &mut [f32],
+    ) {
+        for (i, pos) in range.enumerate() {
+            let o = self.offset(layer, value, pos) + head * head_dim;
+            let out = &mut dst[i * head_dim..(i + 1) * head_dim];
+            match &self.store {
+                Store::F16(d) => {
+                    for (o, s) in out.iter_mut().zip(&d[o..o + head_dim]) {
+                        *o = s.to_f32();
+                    }
+                }
+                Store::F32(d) => out.copy_from_slice(&d[o..o + head_dim]),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_round_trip_per_layer_and_head() {
+        for ty in [KvType::F16, KvType::F32] {
+            let mut kv = KvCache::new(ty, 2, 4, 6);
+            let k: Vec<f32> = (0..12).map(|i| i as f32).collect();
+            let v: Vec<f32> = (0..12).map(|i| -(i as f32)).collect();
+            kv.store(1, 2, &k, &v);
+            let mut dst = vec![0.0; 6];
+            kv.load_head(1, false, 1, 3, 2..4, &mut dst);
+            assert_eq!(dst, [3.0, 4.0, 5.0, 9.0, 10.0, 11.0]);
+            kv.load_head(1, true, 0, 3, 3..4, &mut dst[..3]);
+            assert_eq!(&dst[..3], &[-6.0, -7.0, -8.0]);
+            // Layer 0 was never written.
+            kv.load_head(0, false, 0, 3, 2..3, &mut dst[..3]);
+            assert_eq!(&dst[..3], &[0.0, 0.0, 0.0]);
+            assert_eq!(kv.ty(), ty);
+        }
+    }
+
+    #[test]
+    fn f16_rounds_to_half_precision() {
+        let mut kv = KvCache::new(KvType::F16, 1, 1, 1);
+        kv.store(0, 0, &[1.0 + 1e-4], &[0.1]);
+        let mut d = [0.0];
+        kv.load_head(0, false, 0, 1, 0..1, &mut d);
+        assert_eq!(d[0], 1.0);
+        kv.load_head(0, true, 0, 1, 0..1, &mut d);
+        assert_eq!(d[0], f16::from_f32(0.1).to_f32());
+    }
+}

@@ -1,0 +1,303 @@
+//! A loaded model: the mapped GGUF file, its configuration and a view of every weight the
+//! forward pass needs, checked against the configuration once at load.
+//!
+//! Weights stay in the file's mapping and are handed to `ferrite_cpu::matmul` in their stored
+//! type ([`Precision::Default`]), or are dequantized once to f32 copies at load
+//! ([`Precision::F32`]) so that the forward pass sees exactly the weights the float32
+//! reference (transformers) sees. Norm weights are always small f32 vectors.
+
+use std::path::Path;
+
+use ferrite_cpu::Matrix;
+use ferrite_gguf::{GgmlType, Gguf};
+
+use crate::ModelError;
+use crate::config::ModelConfig;
+
+/// How weights are held for the matrix products.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Precision {
+    /// Stored (quantized) types, read straight from the mapping.
+    #[default]
+    Default,
+    /// Every matrix dequantized to f32 at load.
+    F32,
+}
+
+/// Options of [`Model::load`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LoadOptions {
+    /// Weight precision.
+    pub precision: Precision,
+}
+
+/// One weight matrix of `rows × cols` (GGUF dims `[cols, rows]`).
+#[derive(Debug)]
+pub(crate) struct Weight {
+    /// Index into the file's tensor table.
+    tensor: usize,
+    ty: GgmlType,
+    pub(crate) rows: usize,
+    pub(crate) cols: usize,
+    /// Dequantized copy under [`Precision::F32`].
+    f32_copy: Option<Vec<f32>>,
+}
+
+/// The weights of one transformer block.
+#[derive(Debug)]
+pub(crate) struct LayerWeights {
+    pub(crate) attn_norm: Vec<f32>,
+    pub(crate) wq: Weight,
+    pub(crate) wk: Weight,
+    pub(crate) wv: Weight,
+    pub(crate) wo: Weight,
+    pub(crate) q_norm: Option<Vec<f32>>,
+    pub(crate) k_norm: Option<Vec<f32>>,
+    pub(crate) post_attn_norm: Option<Vec<f32>>,
+    pub(crate) ffn_norm: Vec<f32>,
+    pub(crate) w_gate: Weight,
+    pub(crate) w_up: Weight,
+    pub(crate) w_down: Weight,
+    pub(crate) post_ffn_norm: Option<Vec<f32>>,
+}
+
+/// A model ready to run: owns the mapped file, the configuration and the weight views.
+#[derive(Debug)]
+pub struct Model {
+    gguf: Gguf,
+    config: ModelConfig,
+    precision: Precision,
+    pub(crate) embed: Weight,
+    /// `None` when the output projection is tied to the embedding.
+    pub(crate) output: Option<Weight>,
+    pub(crate) output_norm: Vec<f32>,
+    pub(crate) layers: Vec<LayerWeights>,
+}
+
+/// Dequantizes the whole of tensor `name` of `g` into a new f32 vector.
+pub(crate) fn dequantize_tensor(g: &Gguf, name: &str) -> Result<Vec<f32>, ModelError> {
+    let t = g
+        .tensor(name)
+        .ok_or_else(|| ModelError::MissingTensor(name.to_owned()))?;
+    let n = usize::try_from(t.n_elements())
+        .map_err(|_| ModelError::InvalidArgument(format!("{name} is too large")))?;
+    let mut out = vec![0.0f32; n];
+    ferrite_quant::dequantize(t.ty, g.tensor_data(t), &mut out).map_err(|source| {
+        ModelError::Quant {
+            name: name.to_owned(),
+            source,
+        }
+    })?;
+    Ok(out)
+}
+
+fn vector(g: &Gguf, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
+    let t = g
+        .tensor(name)
+        .ok_or_else(|| ModelError::MissingTensor(name.to_owned()))?;
+    if t.dims != [len as u64] {
+        return Err(ModelError::TensorShape {
+            name: name.to_owned(),
+            got: t.dims.clone(),
+            expected: vec![len as u64],
+        });
+    }
+    dequantize_tensor(g, name)
+}
+
+fn matrix(
+    g: &Gguf,
+    name: &str,
+    rows: usize,
+    cols: usize,
+    precision: Precision,
+) -> Result<Weight, ModelError> {
+    let tensor = g
+        .tensors()
+        .iter()
+        .position(|t| t.name == name)
+        .ok_or_else(|| ModelError::MissingTensor(name.to_owned()))?;
+    let t = &g.tensors()[tensor];
+    if t.dims != [cols as u64, rows as u64] {
+        return Err(ModelError::TensorShape {
+            name: name.to_owned(),
+            got: t.dims.clone(),
+            expected: vec![cols as u64, rows as u64],
+        });
+    }
+    let f32_copy = match precision {
+        Precision::Default => None,
+        Precision::F32 => Some(dequantize_tensor(g, name)?),
+    };
+    Ok(Weight {
+        tensor,
+        ty: t.ty,
+        rows,
+        cols,
+        f32_copy,
+    })
+}
+
+impl Model {
+    /// Maps the GGUF file at `path`, reads its configuration and checks every weight.
+    pub fn load(path: &Path, opts: LoadOptions) -> Result<Model, ModelError> {
+        Model::from_gguf(Gguf::open(path)?, opts)
+    }
+
+    /// Like [`Model::load`] for an already opened file.
+    pub fn from_gguf(gguf: Gguf, opts: LoadOptions) -> Result<Model, ModelError> {
+        let config = ModelConfig::from_gguf(&gguf)?;
+        let c = &config;
+        let p = opts.precision;
+        let g = &gguf;
+        let embed = matrix(g, "token_embd.weight", c.n_vocab, c.d_model, p)?;
+        let output = match g.tensor("output.weight") {
+            Some(_) => Some(matrix(g, "output.weight", c.n_vocab, c.d_model, p)?),
+            None => None,
+        };
+        let output_norm = vector(g, "output_norm.weight", c.d_model)?;
+        let mut layers = Vec::with_capacity(c.n_layer);
+        for i in 0..c.n_layer {
+            let n = |s: &str| format!("blk.{i}.{s}.weight");
+            let opt_vec = |s: &str, len: usize, wanted: bool| {
+                if wanted {
+                    vector(g, &n(s), len).map(Some)
+                } else {
+                    Ok(None)
+                }
+            };
+            layers.push(LayerWeights {
+                attn_norm: vector(g, &n("attn_norm"), c.d_model)?,
+                wq: matrix(g, &n("attn_q"), c.q_dim(), c.d_model, p)?,
+                wk: matrix(g, &n("attn_k"), c.kv_dim(), c.d_model, p)?,
+                wv: matrix(g, &n("attn_v"), c.kv_dim(), c.d_model, p)?,
+                wo: matrix(g, &n("attn_output"), c.d_model, c.q_dim(), p)?,
+                q_norm: opt_vec("attn_q_norm", c.head_dim, c.qk_norm)?,
+                k_norm: opt_vec("attn_k_norm", c.head_dim, c.qk_norm)?,
+                post_attn_norm: opt_vec("post_attention_norm", c.d_model, c.post_norms)?,
+                ffn_norm: vector(g, &n("ffn_norm"), c.d_model)?,
+                w_gate: matrix(g, &n("ffn_gate"), c.d_ff, c.d_model, p)?,
+                w_up: matrix(g, &n("ffn_up"), c.d_ff, c.d_model, p)?,
+                w_down: matrix(g, &n("ffn_down"), c.d_model, c.d_ff, p)?,
+                post_ffn_norm: opt_vec("post_ffw_norm", c.d_model, c.post_norms)?,
+            });
+        }
+        Ok(Model {
+            gguf,
+            config,
+            precision: p,
+            embed,
+            output,
+            output_norm,
+            layers,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// The underlying GGUF file (metadata for the tokenizer, raw tensors).
+    pub fn gguf(&self) -> &Gguf {
+        &self.gguf
+    }
+
+    /// The weight precision chosen at load.
+    pub fn precision(&self) -> Precision {
+        self.precision
+    }
+
+    /// The matrix view `ferrite_cpu::matmul` takes for weight `w`.
+    pub(crate) fn matrix<'a>(&'a self, w: &'a Weight) -> Matrix<'a> {
+        match &w.f32_copy {
+            Some(v) => Matrix {
+                ty: GgmlType::F32,
+                rows: w.rows,
+                cols: w.cols,
+                data: f32_bytes(v),
+            },
+            None => Matrix {
+                ty: w.ty,
+                rows: w.rows,
+                cols: w.cols,
+                data: self.gguf.tensor_data(&self.gguf.tensors()[w.tensor]),
+            },
+        }
+    }
+
+    /// The output projection (the embedding when tied).
+    pub(crate) fn output_weight(&self) -> &Weight {
+        self.output.as_ref().unwrap_or(&self.embed)
+    }
+
+    /// Writes embedding row `token` (unscaled) into `dst` (`d_model` values).
+    pub(crate) fn embed_row(&self, token: u32, dst: &mut [f32]) -> Result<(), ModelError> {
+        let n_vocab = self.config.n_vocab;
+        let r = token as usize;
+        if r >= n_vocab {
+            return Err(ModelError::TokenOutOfRange { token, n_vocab });
+        }
+        let d = self.config.d_model;
+        match &self.embed.f32_copy {
+            Some(v) => dst.copy_from_slice(&v[r * d..(r + 1) * d]),
+            None => {
+                let m = self.matrix(&self.embed);
+                let rb = m.data.len() / n_vocab;
+                ferrite_quant::dequantize(m.ty, &m.data[r * rb..(r + 1) * rb], dst).map_err(
+                    |source| ModelError::Quant {
+                        name: "token_embd.weight".into(),
+                        source,
+                    },
+                )?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Reinterprets f32 values as their little-endian bytes (the layout GGML F32 tensors use).
+fn f32_bytes(v: &[f32]) -> &[u8] {
+    bytemuck::cast_slice(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::tiny_gguf;
+
+    #[test]
+    fn missing_tensor_is_named() {
+        let g =
+            Gguf::from_bytes(tiny_gguf("llama", GgmlType::F32, "", "blk.1.ffn_up.weight")).unwrap();
+        let err = Model::from_gguf(g, LoadOptions::default()).unwrap_err();
+        assert!(matches!(err, ModelError::MissingTensor(ref n) if n == "blk.1.ffn_up.weight"));
+    }
+
+    #[test]
+    fn missing_output_means_tied_embedding_and_gemma_norms_are_loaded() {
+        let m = crate::testutil::tiny_model("gemma3", GgmlType::Q8_0, Precision::Default);
+        assert!(m.output.is_none());
+        assert!(std::ptr::eq(m.output_weight(), &m.embed));
+        assert!(
+            m.layers
+                .iter()
+                .all(|l| l.q_norm.is_some() && l.post_ffn_norm.is_some())
+        );
+        let f = crate::testutil::tiny_model("gemma3", GgmlType::Q8_0, Precision::F32);
+        assert_eq!(f.matrix(&f.embed).ty, GgmlType::F32);
+        assert_eq!(m.matrix(&m.embed).ty, GgmlType::Q8_0);
+        // The F32 copy is the exact dequantization of the stored row.
+        let (mut a, mut b) = (vec![0.0; 64], vec![0.0; 64]);
+        m.embed_row(5, &mut a).unwrap();
+        f.embed_row(5, &mut b).unwrap();
+        assert_eq!(a, b);
+        assert!(matches!(
+            m.embed_row(97, &mut a),
+            Err(ModelError::TokenOutOfRange {
+                token: 97,
+                n_vocab: 97
+            })
+        ));
+    }
+}

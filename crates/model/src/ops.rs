@@ -1,0 +1,173 @@
+//! Element-wise and row-wise f32 operations of the forward pass: RMS norm, rotary position
+//! embedding (both GGUF layouts), activations and softmax.
+//!
+//! Every op works in place on row-major f32 buffers and allocates nothing, so a decode step can
+//! run them on scratch memory owned by the session. Reductions accumulate in f64: the oracle
+//! (transformers in float32) is itself only float32-accurate, and the wider sum keeps our own
+//! error well below its noise.
+
+/// Applies RMS normalisation to each `w.len()`-wide row of `x`, scaling by `w`:
+/// `y = x / sqrt(mean(x²) + eps) * w`.
+///
+/// `x.len()` must be a multiple of `w.len()`; a trailing partial row is left untouched.
+pub fn rms_norm(x: &mut [f32], w: &[f32], eps: f32) {
+    let dim = w.len();
+    if dim == 0 {
+        return;
+    }
+    for row in x.chunks_exact_mut(dim) {
+        let ss: f64 = row.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+        let inv = (1.0 / (ss / dim as f64 + f64::from(eps)).sqrt()) as f32;
+        for (v, &g) in row.iter_mut().zip(w) {
+            *v = *v * inv * g;
+        }
+    }
+}
+
+/// How rotary embedding pairs the dimensions of one head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Adjacent pairs `(2i, 2i+1)`. llama.cpp stores llama Q/K rows permuted so that this
+    /// layout on GGUF weights equals Hugging Face's rotate-half on the original weights.
+    Interleaved,
+    /// Half-split pairs `(i, i + d/2)` (GPT-NeoX, Gemma).
+    HalfSplit,
+}
+
+/// Rotates every head of one token's row `x` (`n_head × head_dim` values) to position `pos`.
+///
+/// Pair `i` of a head turns by `pos · base^(-2i/head_dim)`. The angle is computed in f64 and
+/// reused across heads, so no scratch memory is needed.
+pub fn rope(x: &mut [f32], head_dim: usize, pos: usize, base: f32, style: RopeStyle) {
+    if head_dim < 2 {
+        return;
+    }
+    let half = head_dim / 2;
+    for i in 0..half {
+        let inv_freq = f64::from(base).powf(-((2 * i) as f64) / head_dim as f64);
+        let angle = pos as f64 * inv_freq;
+        let (sin, cos) = (angle.sin() as f32, angle.cos() as f32);
+        let (a, b) = match style {
+            RopeStyle::Interleaved => (2 * i, 2 * i + 1),
+            RopeStyle::HalfSplit => (i, i + half),
+        };
+        for head in x.chunks_exact_mut(head_dim) {
+            let (x0, x1) = (head[a], head[b]);
+            head[a] = x0 * cos - x1 * sin;
+            head[b] = x0 * sin + x1 * cos;
+        }
+    }
+}
+
+/// SiLU (swish): `x · sigmoid(x)`.
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+/// GELU, tanh approximation (Gemma's `gelu_pytorch_tanh`).
+pub fn gelu_tanh(x: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + 0.044_715 * x * x * x)).tanh())
+}
+
+/// Replaces `x` by its softmax. An empty slice is left alone.
+pub fn softmax(x: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0f64;
+    for v in x.iter_mut() {
+        *v = (*v - max).exp();
+        sum += f64::from(*v);
+    }
+    let inv = (1.0 / sum) as f32;
+    for v in x.iter_mut() {
+        *v *= inv;
+    }
+}
+
+/// `x += y`, element by element.
+pub fn add_assign(x: &mut [f32], y: &[f32]) {
+    for (a, &b) in x.iter_mut().zip(y) {
+        *a += b;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn close(a: f32, b: f64, tol: f64) -> bool {
+        (f64::from(a) - b).abs() <= tol * (1.0 + b.abs())
+    }
+
+    #[test]
+    fn rms_norm_matches_f64_formula() {
+        let mut x: Vec<f32> = (0..12).map(|i| (i as f32 - 5.5) * 0.37).collect();
+        let w: Vec<f32> = (0..6).map(|i| 0.5 + i as f32 * 0.25).collect();
+        let orig = x.clone();
+        rms_norm(&mut x, &w, 1e-5);
+        for r in 0..2 {
+            let row = &orig[r * 6..r * 6 + 6];
+            let ms: f64 = row.iter().map(|&v| f64::from(v).powi(2)).sum::<f64>() / 6.0;
+            for c in 0..6 {
+                let want = f64::from(row[c]) / (ms + 1e-5).sqrt() * f64::from(w[c]);
+                assert!(close(x[r * 6 + c], want, 1e-6), "{r},{c}");
+            }
+        }
+    }
+
+    #[test]
+    fn rope_rotates_the_documented_pairs() {
+        // Two heads of dim 4 at position 3, base 100: naive rotation of each pair.
+        let orig: Vec<f32> = (0..8).map(|i| i as f32 + 1.0).collect();
+        for style in [RopeStyle::Interleaved, RopeStyle::HalfSplit] {
+            let mut x = orig.clone();
+            rope(&mut x, 4, 3, 100.0, style);
+            for h in 0..2 {
+                for i in 0..2 {
+                    let th = 3.0 * 100f64.powf(-(2.0 * i as f64) / 4.0);
+                    let (a, b) = match style {
+                        RopeStyle::Interleaved => (2 * i, 2 * i + 1),
+                        RopeStyle::HalfSplit => (i, i + 2),
+                    };
+                    let (x0, x1) = (f64::from(orig[h * 4 + a]), f64::from(orig[h * 4 + b]));
+                    assert!(close(x[h * 4 + a], x0 * th.cos() - x1 * th.sin(), 1e-6));
+                    assert!(close(x[h * 4 + b], x0 * th.sin() + x1 * th.cos(), 1e-6));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn rope_at_position_zero_is_identity() {
+        let orig: Vec<f32> = (0..16).map(|i| i as f32 * 0.1).collect();
+        let mut x = orig.clone();
+        rope(&mut x, 8, 0, 10000.0, RopeStyle::HalfSplit);
+        assert_eq!(x, orig);
+    }
+
+    #[test]
+    fn activations_match_formulas() {
+        for &v in &[-6.0f32, -1.5, -0.1, 0.0, 0.3, 2.0, 7.0] {
+            let x = f64::from(v);
+            assert!(close(silu(v), x / (1.0 + (-x).exp()), 1e-6));
+            let g = 0.5
+                * x
+                * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x.powi(3))).tanh());
+            assert!(close(gelu_tanh(v), g, 1e-6));
+        }
+    }
+
+    #[test]
+    fn softmax_sums_to_one_and_survives_large_logits() {
+        let mut x = vec![1000.0f32, 1001.0, 999.0, f32::NEG_INFINITY];
+        softmax(&mut x);
+        assert!(x.iter().all(|v| v.is_finite()));
+        assert!((x.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+        assert_eq!(x[3], 0.0);
+        let e = [(-1.0f64).exp(), 1.0, (-2.0f64).exp()];
+        let s: f64 = e.iter().sum();
+        for i in 0..3 {
+            assert!(close(x[i], e[i] / s, 1e-6));
+        }
+    }
+}

@@ -1,0 +1,230 @@
+//! The naive reference forward pass: f64 activations, plain loops, no KV cache, no chunking
+//! and no `ferrite_cpu` code. It shares only the configuration and the dequantizer
+//! (`ferrite_quant::dequantize`, itself checked bit-exact against gguf-py) with the optimized
+//! path, so agreement between the two is evidence about the optimized kernels, ops, cache
+//! and attention. Meant for short sequences in tests: every weight is dequantized anew.
+
+use ferrite_gguf::Gguf;
+
+use crate::ModelError;
+use crate::config::{Activation, ModelConfig};
+use crate::model::Model;
+use crate::ops::RopeStyle;
+
+/// Output of [`forward`].
+#[derive(Debug, Clone)]
+pub struct RefOutput {
+    /// Residual stream after each layer: `hidden[l]` is `n × d_model`.
+    pub hidden: Vec<Vec<f64>>,
+    /// Logits of every position: `n × n_vocab`.
+    pub logits: Vec<f64>,
+}
+
+fn load(g: &Gguf, name: &str) -> Result<Vec<f64>, ModelError> {
+    let t = g
+        .tensor(name)
+        .ok_or_else(|| ModelError::MissingTensor(name.to_owned()))?;
+    let n = t.n_elements() as usize;
+    let mut out = vec![0.0f32; n];
+    ferrite_quant::dequantize(t.ty, g.tensor_data(t), &mut out).map_err(|source| {
+        ModelError::Quant {
+            name: name.to_owned(),
+            source,
+        }
+    })?;
+    Ok(out.into_iter().map(f64::from).collect())
+}
+
+/// `y[t][r] = Σ_c w[r][c] · x[t][c]` for a `rows × cols` matrix.
+fn linear(w: &[f64], x: &[f64], rows: usize, cols: usize) -> Vec<f64> {
+    let n = x.len() / cols;
+    let mut y = vec![0.0; n * rows];
+    for t in 0..n {
+        for r in 0..rows {
+            let mut acc = 0.0;
+            for c in 0..cols {
+                acc += w[r * cols + c] * x[t * cols + c];
+            }
+            y[t * rows + r] = acc;
+        }
+    }
+    y
+}
+
+fn norm(x: &[f64], w: &[f64], eps: f64) -> Vec<f64> {
+    let d = w.len();
+    let mut y = x.to_vec();
+    for row in y.chunks_mut(d) {
+        let ms = row.iter().map(|v| v * v).sum::<f64>() / d as f64;
+        let inv = 1.0 / (ms + eps).sqrt();
+        for (v, g) in row.iter_mut().zip(w) {
+            *v = *v * inv * g;
+        }
+    }
+    y
+}
+
+fn rotate(x: &mut [f64], head_dim: usize, pos: usize, base: f64, style: RopeStyle) {
+    let half = head_dim / 2;
+    for head in x.chunks_mut(head_dim) {
+        for i in 0..half {
+            let theta = pos as f64 / base.powf(2.0 * i as f64 / head_dim as f64);
+            let (a, b) = match style {
+                RopeStyle::Interleaved => (2 * i, 2 * i + 1),
+                RopeStyle::HalfSplit => (i, i + half),
+            };
+            let (x0, x1) = (head[a], head[b]);
+            head[a] = x0 * theta.cos() - x1 * theta.sin();
+            head[b] = x0 * theta.sin() + x1 * theta.cos();
+        }
+    }
+}
+
+/// Runs `tokens` from position 0 through the whole model.
+pub fn forward(model: &Model, tokens: &[u32]) -> Result<RefOutput, ModelError> {
+    let g = model.gguf();
+    let c: &ModelConfig = model.config();
+    let (n, d, hd) = (tokens.len(), c.d_model, c.head_dim);
+    let eps = f64::from(c.rms_eps);
+    let embd = g
+        .tensor("token_embd.weight")
+        .ok_or_else(|| ModelError::MissingTensor("token_embd.weight".into()))?;
+    let embd_data = g.tensor_data(embd);
+    let row_bytes = embd_data.len() / c.n_vocab;
+    let mut x = Vec::with_capacity(n * d);
+    let mut row = vec![0.0f32; d];
+    for &t in tokens {
+        let t = t as usize;
+        if t >= c.n_vocab {
+            return Err(ModelError::TokenOutOfRange {
+                token: t as u32,
+                n_vocab: c.n_vocab,
+            });
+        }
+        ferrite_quant::dequantize(
+            embd.ty,
+            &embd_data[t * row_bytes..(t + 1) * row_bytes],
+            &mut row,
+        )
+        .map_err(|source| ModelError::Quant {
+            name: embd.name.clone(),
+            source,
+        })?;
+        x.extend(row.iter().map(|&v| f64::from(v) * f64::from(c.embed_scale)));
+    }
+
+    let mut hidden = Vec::with_capacity(c.n_layer);
+    let (qd, kd) = (c.n_head * hd, c.n_kv_head * hd);
+    for l in 0..c.n_layer {
+        let w = |s: &str| load(g, &format!("blk.{l}.{s}.weight"));
+        let lc = c.layers[l];
+        let h = norm(&x, &w("attn_norm")?, eps);
+        let mut q = linear(&w("attn_q")?, &h, qd, d);
+        let mut k = linear(&w("attn_k")?, &h, kd, d);
+        let v = linear(&w("attn_v")?, &h, kd, d);
+        if c.qk_norm {
+            q = norm(&q, &w("attn_q_norm")?, eps);
+            k = norm(&k, &w("attn_k_norm")?, eps);
+        }
+        for t in 0..n {
+            let base = f64::from(lc.rope_base);
+            rotate(&mut q[t * qd..(t + 1) * qd], hd, t, base, c.rope_style);
+            rotate(&mut k[t * kd..(t + 1) * kd], hd, t, base, c.rope_style);
+        }
+        let mut att = vec![0.0; n * qd];
+        let group = c.n_head / c.n_kv_head;
+        for t in 0..n {
+            for hh in 0..c.n_head {
+                let kvh = hh / group;
+                let qv = &q[t * qd + hh * hd..t * qd + (hh + 1) * hd];
+                let visible: Vec<usize> = (0..=t)
+                    .filter(|&j| lc.window.is_none_or(|win| t - j < win))
+                    .collect();
+                let scores: Vec<f64> = visible
+                    .iter()
+                    .map(|&j| {
+                        let kv = &k[j * kd + kvh * hd..j * kd + (kvh + 1) * hd];
+                        qv.iter().zip(kv).map(|(a, b)| a * b).sum::<f64>() * f64::from(c.attn_scale)
+                    })
+                    .collect();
+                let mx = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let z: f64 = scores.iter().map(|s| (s - mx).exp()).sum();
+                for (s, &j) in scores.iter().zip(&visible) {
+                    let p = (s - mx).exp() / z;
+                    for i in 0..hd {
+                        att[t * qd + hh * hd + i] += p * v[j * kd + kvh * hd + i];
+                    }
+                }
+            }
+        }
+        let mut o = linear(&w("attn_output")?, &att, d, qd);
+        if c.post_norms {
+            o = norm(&o, &w("post_attention_norm")?, eps);
+        }
+        for (a, b) in x.iter_mut().zip(&o) {
+            *a += b;
+        }
+        let h = norm(&x, &w("ffn_norm")?, eps);
+        let gate = linear(&w("ffn_gate")?, &h, c.d_ff, d);
+        let up = linear(&w("ffn_up")?, &h, c.d_ff, d);
+        let act: Vec<f64> = gate
+            .iter()
+            .zip(&up)
+            .map(|(&gv, &u)| {
+                let a = match c.activation {
+                    Activation::Silu => gv / (1.0 + (-gv).exp()),
+                    Activation::GeluTanh => {
+                        let k0 = (2.0 / std::f64::consts::PI).sqrt();
+                        0.5 * gv * (1.0 + (k0 * (gv + 0.044715 * gv * gv * gv)).tanh())
+                    }
+                };
+                a * u
+            })
+            .collect();
+        let mut o = linear(&w("ffn_down")?, &act, d, c.d_ff);
+        if c.post_norms {
+            o = norm(&o, &w("post_ffw_norm")?, eps);
+        }
+        for (a, b) in x.iter_mut().zip(&o) {
+            *a += b;
+        }
+        hidden.push(x.clone());
+    }
+
+    let h = norm(&x, &load(g, "output_norm.weight")?, eps);
+    let out_name = if g.tensor("output.weight").is_some() {
+        "output.weight"
+    } else {
+        "token_embd.weight"
+    };
+    let out = g
+        .tensor(out_name)
+        .ok_or_else(|| ModelError::MissingTensor(out_name.into()))?;
+    let data = g.tensor_data(out);
+    let rb = data.len() / c.n_vocab;
+    // Stream the output matrix in blocks of rows: the full f64 copy would be gigabytes.
+    const BLOCK: usize = 1024;
+    let mut logits = vec![0.0; n * c.n_vocab];
+    let mut buf = vec![0.0f32; BLOCK * d];
+    let mut r0 = 0;
+    while r0 < c.n_vocab {
+        let rows = BLOCK.min(c.n_vocab - r0);
+        let dst = &mut buf[..rows * d];
+        ferrite_quant::dequantize(out.ty, &data[r0 * rb..(r0 + rows) * rb], dst).map_err(
+            |source| ModelError::Quant {
+                name: out_name.into(),
+                source,
+            },
+        )?;
+        for t in 0..n {
+            let hv = &h[t * d..(t + 1) * d];
+            for r in 0..rows {
+                let wr = &dst[r * d..(r + 1) * d];
+                logits[t * c.n_vocab + r0 + r] =
+                    wr.iter().zip(hv).map(|(&a, b)| f64::from(a) * b).sum();
+            }
+        }
+        r0 += rows;
+    }
+    Ok(RefOutput { hidden, logits })
+}

@@ -1,0 +1,574 @@
+//! One inference timeline over a [`Model`]: the KV cache, the position counter and all
+//! scratch buffers, allocated once in [`Session::new`] so that decode steps allocate nothing.
+//!
+//! [`Session::eval`] runs the forward pass over any number of new tokens, in chunks of at most
+//! [`PREFILL_CHUNK`] tokens (every weight product is one `ferrite_cpu::matmul` over the
+//! chunk), and returns the logits the caller asked for.
+
+use ferrite_cpu::{ThreadPool, matmul};
+
+use crate::ModelError;
+use crate::attention::{AttnScratch, AttnShape, attend};
+use crate::config::Activation;
+use crate::kv::{KvCache, KvType};
+use crate::model::{Model, Weight};
+use crate::ops::{add_assign, gelu_tanh, rms_norm, rope, silu};
+
+/// Most tokens one forward chunk processes; bounds the scratch memory of long prompts.
+pub const PREFILL_CHUNK: usize = 256;
+
+/// Which positions of an [`Session::eval`] call get logits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outputs {
+    /// Only the last token (generation).
+    Last,
+    /// Every token (scoring a whole sequence).
+    All,
+    /// Tokens `i..` of the call (teacher-forced scoring of a continuation).
+    From(usize),
+}
+
+/// Logits returned by [`Session::eval`]: `n_rows()` rows of `n_vocab` values, row `r`
+/// belonging to token `first + r` of the call.
+#[derive(Debug, Clone, Copy)]
+pub struct Logits<'a> {
+    /// Index (within the call's tokens) of the first row.
+    pub first: usize,
+    /// Values per row.
+    pub n_vocab: usize,
+    /// Row-major logits.
+    pub data: &'a [f32],
+}
+
+impl<'a> Logits<'a> {
+    /// Number of rows.
+    pub fn n_rows(&self) -> usize {
+        self.data.len() / self.n_vocab.max(1)
+    }
+
+    /// Row `r` (`None` past the end).
+    pub fn row(&self, r: usize) -> Option<&'a [f32]> {
+        self.data.get(r * self.n_vocab..(r + 1) * self.n_vocab)
+    }
+
+    /// The last row.
+    pub fn last(&self) -> Option<&'a [f32]> {
+        self.n_rows().checked_sub(1).and_then(|r| self.row(r))
+    }
+}
+
+/// Scratch activations for one chunk.
+#[derive(Debug)]
+struct Scratch {
+    x: Vec<f32>,
+    xn: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    att: Vec<f32>,
+    o: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    attn: AttnScratch,
+}
+
+/// A KV cache plus positions over one model: the state of one conversation.
+#[derive(Debug)]
+pub struct Session<'m> {
+    model: &'m Model,
+    pool: &'m ThreadPool,
+    kv: KvCache,
+    n_past: usize,
+    chunk: usize,
+    s: Scratch,
+    logits: Vec<f32>,
+    #[cfg(test)]
+    pub(crate) mutation: Option<crate::session::Mutation>,
+}
+
+/// Deliberate defects used by the tests to prove the fixture comparison catches them.
+#[cfg(test)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mutation {
+    /// Drop the attention residual of this layer.
+    SkipAttnResidual(usize),
+    /// Rotate keys one position too far (shifting queries and keys together would be
+    /// invisible: rope attention depends only on relative positions).
+    RopeKeysOffByOne,
+}
+
+impl<'m> Session<'m> {
+    /// A session of `ctx` positions with a KV cache of type `kv`.
+    pub fn new(
+        model: &'m Model,
+        pool: &'m ThreadPool,
+        ctx: usize,
+        kv: KvType,
+    ) -> Result<Session<'m>, ModelError> {
+        if ctx == 0 {
+            return Err(ModelError::InvalidArgument("context size 0".into()));
+        }
+        let c = model.config();
+        let chunk = PREFILL_CHUNK.min(ctx);
+        let s = Scratch {
+            x: vec![0.0; chunk * c.d_model],
+            xn: vec![0.0; chunk * c.d_model],
+            q: vec![0.0; chunk * c.q_dim()],
+            k: vec![0.0; chunk * c.kv_dim()],
+            v: vec![0.0; chunk * c.kv_dim()],
+            att: vec![0.0; chunk * c.q_dim()],
+            o: vec![0.0; chunk * c.d_model],
+            gate: vec![0.0; chunk * c.d_ff],
+            up: vec![0.0; chunk * c.d_ff],
+            attn: AttnScratch::new(ctx, c.head_dim),
+        };
+        Ok(Session {
+            model,
+            pool,
+            kv: KvCache::new(kv, c.n_layer, ctx, c.kv_dim()),
+            n_past: 0,
+            chunk,
+            s,
+            logits: vec![0.0; c.n_vocab],
+            #[cfg(test)]
+            mutation: None,
+        })
+    }
+
+    /// Tokens in the cache (the position of the next token).
+    pub fn n_past(&self) -> usize {
+        self.n_past
+    }
+
+    /// Context size.
+    pub fn ctx(&self) -> usize {
+        self.kv.ctx()
+    }
+
+    /// The model.
+    pub fn model(&self) -> &'m Model {
+        self.model
+    }
+
+    /// Forgets every cached token after the first `n` (no-op when `n >= n_past`). Entries
+    /// past `n` are overwritten by the next `eval`, so nothing needs clearing.
+    pub fn truncate(&mut self, n: usize) {
+        self.n_past = self.n_past.min(n);
+    }
+
+    /// Forgets all cached tokens.
+    pub fn reset(&mut self) {
+        self.n_past = 0;
+    }
+
+    /// Runs `tokens` at positions `n_past..n_past+len` and returns the requested logits.
+    pub fn eval(&mut self, tokens: &[u32], outputs: Outputs) -> Result<Logits<'_>, ModelError> {
+        self.eval_inner(tokens, outputs, None)
+    }
+
+    /// Like [`Session::eval`] with [`Outputs::All`], also returning the residual stream after
+    /// every layer: `hidden[l]` holds `tokens.len() × d_model` values after layer `l`. For
+    /// comparing layer by layer with [`crate::reference`].
+    pub fn eval_hidden(
+        &mut self,
+        tokens: &[u32],
+    ) -> Result<(Logits<'_>, Vec<Vec<f32>>), ModelError> {
+        let mut hidden = vec![Vec::new(); self.model.config().n_layer];
+        let logits = self.eval_inner(tokens, Outputs::All, Some(&mut hidden))?;
+        Ok((logits, hidden))
+    }
+
+    fn eval_inner(
+        &mut self,
+        tokens: &[u32],
+        outputs: Outputs,
+        mut hidden: Option<&mut Vec<Vec<f32>>>,
+    ) -> Result<Logits<'_>, ModelError> {
+        let n = tokens.len();
+        if n == 0 {
+            return Err(ModelError::InvalidArgument("no tokens to evaluate".into()));
+        }
+        if self.n_past + n > self.ctx() {
+            return Err(ModelError::ContextFull {
+                n_past: self.n_past,
+                n_new: n,
+                ctx: self.ctx(),
+            });
+        }
+        let n_vocab = self.model.config().n_vocab;
+        if let Some(&token) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
+            return Err(ModelError::TokenOutOfRange { token, n_vocab });
+        }
+        let first = match outputs {
+            Outputs::Last => n - 1,
+            Outputs::All => 0,
+            Outputs::From(i) if i < n => i,
+            Outputs::From(i) => {
+                return Err(ModelError::InvalidArgument(format!(
+                    "logits requested from token {i} of {n}"
+                )));
+            }
+        };
+        let need = (n - first) * n_vocab;
+        if self.logits.len() < need {
+            self.logits.resize(need, 0.0);
+        }
+        let start_past = self.n_past;
+        let mut done = 0;
+        while done < n {
+            let len = self.chunk.min(n - done);
+            let chunk = &tokens[done..done + len];
+            let res =
+                self.forward_chunk(chunk, first.saturating_sub(done), done, first, &mut hidden);
+            if let Err(e) = res {
+                // Leave the session as it was: the partly written cache rows are unreachable.
+                self.n_past = start_past;
+                return Err(e);
+            }
+            self.n_past += len;
+            done += len;
+        }
+        Ok(Logits {
+            first,
+            n_vocab,
+            data: &self.logits[..need],
+        })
+    }
+
+    /// One chunk at positions `n_past..n_past+len`. Logits are produced for chunk rows
+    /// `out_from..` and written at row `(done + r) - first` of the logits buffer.
+    fn forward_chunk(
+        &mut self,
+        tokens: &[u32],
+        out_from: usize,
+        done: usize,
+        first: usize,
+        hidden: &mut Option<&mut Vec<Vec<f32>>>,
+    ) -> Result<(), ModelError> {
+        let m = self.model;
+        let c = m.config();
+        let n = tokens.len();
+        let d = c.d_model;
+        let pos0 = self.n_past;
+        let s = &mut self.s;
+        let pool = self.pool;
+        #[cfg(test)]
+        let rope_shift = usize::from(self.mutation == Some(Mutation::RopeKeysOffByOne));
+        #[cfg(not(test))]
+        let rope_shift = 0;
+
+        for (t, &tok) in tokens.iter().enumerate() {
+            let row = &mut s.x[t * d..(t + 1) * d];
+            m.embed_row(tok, row)?;
+            if c.embed_scale != 1.0 {
+                row.iter_mut().for_each(|v| *v *= c.embed_scale);
+            }
+        }
+        let mm = |w: &Weight, x: &[f32], y: &mut [f32]| -> Result<(), ModelError> {
+            matmul(pool, m.matrix(w), x, n, y)?;
+            Ok(())
+        };
+        for (l, lw) in m.layers.iter().enumerate() {
+            let lc = &c.layers[l];
+            let (x, xn) = (&mut s.x[..n * d], &mut s.xn[..n * d]);
+            xn.copy_from_slice(x);
+            rms_norm(xn, &lw.attn_norm, c.rms_eps);
+            let (q, k, v) = (
+                &mut s.q[..n * c.q_dim()],
+                &mut s.k[..n * c.kv_dim()],
+                &mut s.v[..n * c.kv_dim()],
+            );
+            mm(&lw.wq, xn, q)?;
+            mm(&lw.wk, xn, k)?;
+            mm(&lw.wv, xn, v)?;
+            if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
+                rms_norm(q, qn, c.rms_eps);
+                rms_norm(k, kn, c.rms_eps);
+            }
+            for t in 0..n {
+                let pos = pos0 + t;
+                let qr = &mut q[t * c.q_dim()..(t + 1) * c.q_dim()];
+                rope(qr, c.head_dim, pos, lc.rope_base, c.rope_style);
+                let kr = &mut k[t * c.kv_dim()..(t + 1) * c.kv_dim()];
+                rope(kr, c.head_dim, pos + rope_shift, lc.rope_base, c.rope_style);
+            }
+            self.kv.store(l, pos0, k, v);
+            let shape = AttnShape {
+                n_head: c.n_head,
+                n_kv_head: c.n_kv_head,
+                head_dim: c.head_dim,
+                scale: c.attn_scale,
+                window: lc.window,
+            };
+            let att = &mut s.att[..n * c.q_dim()];
+            attend(&shape, &self.kv, l, pos0, q, att, &mut s.attn);
+            let o = &mut s.o[..n * d];
+            mm(&lw.wo, att, o)?;
+            if let Some(w) = &lw.post_attn_norm {
+                rms_norm(o, w, c.rms_eps);
+            }
+            #[cfg(test)]
+            let skip = self.mutation == Some(Mutation::SkipAttnResidual(l));
+            #[cfg(not(test))]
+            let skip = false;
+            if !skip {
+                add_assign(x, o);
+            }
+
+            xn.copy_from_slice(x);
+            rms_norm(xn, &lw.ffn_norm, c.rms_eps);
+            let (gate, up) = (&mut s.gate[..n * c.d_ff], &mut s.up[..n * c.d_ff]);
+            mm(&lw.w_gate, xn, gate)?;
+            mm(&lw.w_up, xn, up)?;
+            let act = match c.activation {
+                Activation::Silu => silu,
+                Activation::GeluTanh => gelu_tanh,
+            };
+            for (g, &u) in gate.iter_mut().zip(up.iter()) {
+                *g = act(*g) * u;
+            }
+            mm(&lw.w_down, gate, o)?;
+            if let Some(w) = &lw.post_ffn_norm {
+                rms_norm(o, w, c.rms_eps);
+            }
+            add_assign(x, o);
+            if let Some(h) = hidden.as_deref_mut() {
+                h[l].extend_from_slice(x);
+            }
+        }
+
+        if out_from < n {
+            let rows = n - out_from;
+            let xn = &mut s.xn[..rows * d];
+            xn.copy_from_slice(&s.x[out_from * d..n * d]);
+            rms_norm(xn, &m.output_norm, c.rms_eps);
+            let at = (done + out_from - first) * c.n_vocab;
+            let y = &mut self.logits[at..at + rows * c.n_vocab];
+            matmul(pool, m.matrix(m.output_weight()), xn, rows, y)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::reference;
+    use crate::testutil::{VOCAB, tiny_model};
+    use crate::{Model, Precision};
+    use ferrite_gguf::GgmlType;
+
+    /// Error tuple of `got` against `want`: (all finite, max abs, max abs / max |want|,
+    /// cosine).
+    pub(crate) fn err_tuple(got: &[f32], want: &[f64]) -> (bool, f64, f64, f64) {
+        let finite = got.iter().all(|v| v.is_finite());
+        let (mut max_abs, mut max_ref, mut dot, mut ng, mut nw) = (0.0f64, 0.0f64, 0.0, 0.0, 0.0);
+        for (&g, &w) in got.iter().zip(want) {
+            let g = f64::from(g);
+            max_abs = max_abs.max((g - w).abs());
+            max_ref = max_ref.max(w.abs());
+            dot += g * w;
+            ng += g * g;
+            nw += w * w;
+        }
+        (
+            finite,
+            max_abs,
+            max_abs / max_ref.max(1e-30),
+            dot / (ng.sqrt() * nw.sqrt()),
+        )
+    }
+
+    fn tokens(n: usize) -> Vec<u32> {
+        (0..n).map(|i| ((i * 37 + 11) % VOCAB) as u32).collect()
+    }
+
+    /// Compares every layer and the logits with the naive reference; returns the worst
+    /// relative error.
+    fn worst_vs_naive(m: &Model, s: &mut Session<'_>, toks: &[u32]) -> f64 {
+        let want = reference::forward(m, toks).unwrap();
+        s.reset();
+        let (logits, hidden) = s.eval_hidden(toks).unwrap();
+        let mut worst = 0.0f64;
+        let (finite, _, rel, cos) = err_tuple(logits.data, &want.logits);
+        assert!(finite);
+        worst = worst.max(rel).max(1.0 - cos);
+        for (l, (h, w)) in hidden.iter().zip(&want.hidden).enumerate() {
+            let (finite, _, rel, cos) = err_tuple(h, w);
+            assert!(finite, "layer {l}");
+            worst = worst.max(rel).max(1.0 - cos);
+        }
+        worst
+    }
+
+    #[test]
+    fn optimized_matches_naive_reference_per_layer() {
+        let pool = ThreadPool::new(2).unwrap();
+        for arch in ["llama", "gemma3"] {
+            for (wty, p) in [
+                (GgmlType::F32, Precision::Default),
+                (GgmlType::Q8_0, Precision::Default),
+                (GgmlType::Q8_0, Precision::F32),
+            ] {
+                let m = tiny_model(arch, wty, p);
+                let mut s = Session::new(&m, &pool, 64, KvType::F32).unwrap();
+                // 11 tokens: more than gemma's window of 4, so the sliding mask matters.
+                let worst = worst_vs_naive(&m, &mut s, &tokens(11));
+                assert!(worst < 1e-5, "{arch} {wty} {p:?}: {worst:e}");
+            }
+        }
+    }
+
+    #[test]
+    fn mutations_fail_the_naive_comparison() {
+        // Test of the test: each deliberate defect must push the comparison far past its
+        // bound (1e-5).
+        let pool = ThreadPool::new(1).unwrap();
+        for arch in ["llama", "gemma3"] {
+            let m = tiny_model(arch, GgmlType::F32, Precision::Default);
+            let mut s = Session::new(&m, &pool, 64, KvType::F32).unwrap();
+            for mutation in [Mutation::RopeKeysOffByOne, Mutation::SkipAttnResidual(1)] {
+                s.mutation = Some(mutation);
+                let worst = worst_vs_naive(&m, &mut s, &tokens(8));
+                assert!(worst > 1e-3, "{arch} {mutation:?} not caught: {worst:e}");
+            }
+        }
+    }
+
+    /// Logits of every position, evaluated in pieces of the given sizes.
+    fn logits_in_pieces(s: &mut Session<'_>, toks: &[u32], pieces: &[usize]) -> Vec<f32> {
+        s.reset();
+        let mut out = Vec::new();
+        let mut at = 0;
+        for &p in pieces {
+            let l = s.eval(&toks[at..at + p], Outputs::All).unwrap();
+            assert_eq!((l.first, l.n_rows()), (0, p));
+            out.extend_from_slice(l.data);
+            at += p;
+        }
+        assert_eq!(at, toks.len());
+        out
+    }
+
+    #[test]
+    fn prefill_chunks_and_decode_agree() {
+        let pool = ThreadPool::new(2).unwrap();
+        for arch in ["llama", "gemma3"] {
+            let m = tiny_model(arch, GgmlType::Q8_0, Precision::Default);
+            let n = PREFILL_CHUNK + 44;
+            let toks = tokens(n);
+            let mut s = Session::new(&m, &pool, 512, KvType::F32).unwrap();
+            let whole = logits_in_pieces(&mut s, &toks, &[n]);
+            assert_eq!(s.n_past(), n);
+            let split = logits_in_pieces(&mut s, &toks, &[7, 250, n - 257]);
+            let decode = logits_in_pieces(&mut s, &toks, &vec![1; n]);
+            for (name, other) in [("split", &split), ("decode", &decode)] {
+                let max = whole
+                    .iter()
+                    .zip(other.iter())
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0.0f32, f32::max);
+                assert!(max < 1e-4, "{arch} {name}: {max}");
+            }
+        }
+    }
+
+    #[test]
+    fn outputs_select_rows() {
+        let pool = ThreadPool::new(1).unwrap();
+        let m = tiny_model("llama", GgmlType::F32, Precision::Default);
+        let mut s = Session::new(&m, &pool, 64, KvType::F16).unwrap();
+        let toks = tokens(9);
+        let all = s.eval(&toks, Outputs::All).unwrap().data.to_vec();
+        s.reset();
+        let from = s.eval(&toks, Outputs::From(6)).unwrap();
+        assert_eq!((from.first, from.n_rows()), (6, 3));
+        assert_eq!(from.data, &all[6 * VOCAB..]);
+        s.reset();
+        let last = s.eval(&toks, Outputs::Last).unwrap();
+        assert_eq!(last.last().unwrap(), &all[8 * VOCAB..]);
+        s.reset();
+        assert!(matches!(
+            s.eval(&toks, Outputs::From(9)),
+            Err(ModelError::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            s.eval(&[], Outputs::Last),
+            Err(ModelError::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            s.eval(&[1, VOCAB as u32], Outputs::Last),
+            Err(ModelError::TokenOutOfRange { .. })
+        ));
+        assert_eq!(s.n_past(), 0, "failed calls must not advance the session");
+    }
+
+    #[test]
+    fn context_full_is_an_error_and_leaves_the_session_usable() {
+        let pool = ThreadPool::new(1).unwrap();
+        let m = tiny_model("gemma3", GgmlType::F32, Precision::Default);
+        let mut s = Session::new(&m, &pool, 8, KvType::F16).unwrap();
+        s.eval(&tokens(6), Outputs::Last).unwrap();
+        let err = s.eval(&tokens(3), Outputs::Last).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ModelError::ContextFull {
+                    n_past: 6,
+                    n_new: 3,
+                    ctx: 8
+                }
+            ),
+            "{err}"
+        );
+        assert_eq!(s.n_past(), 6);
+        s.eval(&tokens(2), Outputs::Last).unwrap();
+        assert_eq!(s.n_past(), 8);
+        assert!(Session::new(&m, &pool, 0, KvType::F16).is_err());
+    }
+
+    #[test]
+    fn truncate_then_eval_matches_a_fresh_session() {
+        let pool = ThreadPool::new(2).unwrap();
+        let m = tiny_model("llama", GgmlType::F32, Precision::Default);
+        let mut s = Session::new(&m, &pool, 32, KvType::F32).unwrap();
+        let toks = tokens(10);
+        s.eval(&toks, Outputs::Last).unwrap();
+        s.truncate(4);
+        assert_eq!(s.n_past(), 4);
+        let resumed = s.eval(&[5, 6, 7], Outputs::Last).unwrap().data.to_vec();
+        let mut fresh_seq = toks[..4].to_vec();
+        fresh_seq.extend([5, 6, 7]);
+        s.reset();
+        let fresh = s.eval(&fresh_seq, Outputs::Last).unwrap().data.to_vec();
+        let max = resumed
+            .iter()
+            .zip(&fresh)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f32::max);
+        assert!(max < 1e-5, "{max}");
+    }
+
+    #[test]
+    fn thread_count_does_not_change_logits() {
+        let p1 = ThreadPool::new(1).unwrap();
+        let p2 = ThreadPool::new(2).unwrap();
+        for arch in ["llama", "gemma3"] {
+            let m = tiny_model(arch, GgmlType::Q8_0, Precision::Default);
+            let toks = tokens(20);
+            let a = Session::new(&m, &p1, 32, KvType::F16)
+                .unwrap()
+                .eval(&toks, Outputs::All)
+                .unwrap()
+                .data
+                .to_vec();
+            let b = Session::new(&m, &p2, 32, KvType::F16)
+                .unwrap()
+                .eval(&toks, Outputs::All)
+                .unwrap()
+                .data
+                .to_vec();
+            assert_eq!(a, b, "{arch}");
+        }
+    }
+}

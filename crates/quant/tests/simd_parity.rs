@@ -1,0 +1,200 @@
+//! Every SIMD path against the scalar reference, each level pinned explicitly.
+//!
+//! Dequantization must be bit-exact. Dot products of a quantized row with f32 must agree
+//! with the scalar order within |a - b| <= 1e-5 * sum|w x| (different summation orders of
+//! the same f32 products), and must equal, bit for bit, the level's own f32 dot of the
+//! dequantized row (the canonical-order contract the matmul relies on).
+
+use ferrite_quant::kernels::{dot_f32, dot_row, has_simd_dequantize};
+use ferrite_quant::{GgmlType, SimdLevel, dequantize_with};
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn f32(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+}
+
+/// Types with a SIMD dequantizer at the AVX levels (checked below) plus the scalar-only
+/// ones, which must still route correctly at every level.
+const TYPES: [GgmlType; 17] = [
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+    GgmlType::IQ4_NL,
+    GgmlType::IQ4_XS,
+    GgmlType::MXFP4,
+    GgmlType::TQ1_0,
+    GgmlType::TQ2_0,
+];
+
+const HOT: [GgmlType; 8] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q8_0,
+    GgmlType::Q4_K,
+    GgmlType::Q6_K,
+    GgmlType::F16,
+    GgmlType::BF16,
+];
+
+/// Offsets of the IEEE-half scale fields in one block, so random blocks get sane scales.
+fn half_fields(ty: GgmlType) -> &'static [usize] {
+    use GgmlType as T;
+    match ty {
+        T::Q4_0 | T::Q5_0 | T::Q8_0 | T::IQ4_NL | T::IQ4_XS => &[0],
+        T::Q4_1 | T::Q5_1 | T::Q4_K | T::Q5_K => &[0, 2],
+        T::Q2_K => &[80, 82],
+        T::Q3_K => &[108],
+        T::Q6_K => &[208],
+        T::TQ1_0 => &[52],
+        T::TQ2_0 => &[64],
+        _ => &[],
+    }
+}
+
+/// `n_blocks` random blocks of `ty` with finite, moderate scales.
+fn random_blocks(rng: &mut Rng, ty: GgmlType, n_blocks: usize) -> Vec<u8> {
+    let ts = ty.type_size() as usize;
+    let mut v: Vec<u8> = (0..n_blocks * ts).map(|_| rng.next() as u8).collect();
+    for b in v.chunks_exact_mut(ts) {
+        match ty {
+            GgmlType::F16 => b.copy_from_slice(&half::f16::from_f32(rng.f32() * 4.0).to_le_bytes()),
+            GgmlType::BF16 => {
+                b.copy_from_slice(&half::bf16::from_f32(rng.f32() * 4.0).to_le_bytes())
+            }
+            GgmlType::MXFP4 => b[0] = 110 + (rng.next() % 30) as u8,
+            _ => {
+                for &o in half_fields(ty) {
+                    let h = half::f16::from_f32(rng.f32() * 0.05);
+                    b[o..o + 2].copy_from_slice(&h.to_le_bytes());
+                }
+            }
+        }
+    }
+    v
+}
+
+fn sizes(ty: GgmlType) -> [usize; 5] {
+    // Block counts: one, odd small, odd medium, large (about 1M values for 32-blocks).
+    let large = if ty.block_size() == 1 {
+        1 << 16
+    } else {
+        (1 << 20) / ty.block_size() as usize
+    };
+    [1, 3, 7, 33, large + 1]
+}
+
+#[test]
+fn hot_formats_have_simd_dequant_at_avx_levels() {
+    for level in [SimdLevel::Avx2, SimdLevel::Avx512] {
+        if !level.is_available() {
+            println!("skipped: {level} not available on this CPU");
+            continue;
+        }
+        for ty in HOT {
+            assert!(
+                has_simd_dequantize(level, ty),
+                "{ty} has no {level} dequantizer"
+            );
+        }
+    }
+}
+
+#[test]
+fn simd_dequant_is_bit_exact_and_dots_agree() {
+    let mut rng = Rng(0x1234_5678_9abc_def1);
+    for level in [SimdLevel::Avx2, SimdLevel::Avx512] {
+        if !level.is_available() {
+            println!("skipped: {level} not available on this CPU");
+            continue;
+        }
+        for ty in TYPES {
+            let mut worst = 0f64;
+            for nb in sizes(ty) {
+                let bytes = random_blocks(&mut rng, ty, nb);
+                let n = nb * ty.block_size() as usize;
+                let mut want = vec![0f32; n];
+                let mut got = vec![0f32; n];
+                dequantize_with(SimdLevel::Scalar, ty, &bytes, &mut want).expect("scalar");
+                dequantize_with(level, ty, &bytes, &mut got).expect("simd");
+                let bad = want
+                    .iter()
+                    .zip(&got)
+                    .position(|(a, b)| a.to_bits() != b.to_bits());
+                assert_eq!(bad, None, "{ty} {level} {nb} blocks: dequant differs");
+
+                let x: Vec<f32> = (0..n).map(|_| rng.f32()).collect();
+                let s = dot_row(SimdLevel::Scalar, ty, &bytes, &x).expect("scalar dot");
+                let v = dot_row(level, ty, &bytes, &x).expect("simd dot");
+                let canon = dot_f32(level, &got, &x).expect("f32 dot");
+                assert_eq!(
+                    v.to_bits(),
+                    canon.to_bits(),
+                    "{ty} {level}: dot_row not canonical"
+                );
+                let abs: f64 = want
+                    .iter()
+                    .zip(&x)
+                    .map(|(w, x)| f64::from(w * x).abs())
+                    .sum();
+                let err = f64::from((v - s).abs());
+                assert!(
+                    v.is_finite() && err <= 1e-5 * abs,
+                    "{ty} {level} {nb}: {v} vs {s}"
+                );
+                worst = worst.max(err / abs.max(1e-30));
+            }
+            println!(
+                "simd parity {ty} [{level}{}]: dequant bit-exact, dot max err/sum|wx| {worst:.1e}",
+                if has_simd_dequantize(level, ty) {
+                    " simd"
+                } else {
+                    " scalar-dequant"
+                }
+            );
+        }
+    }
+}
+
+#[test]
+fn f32_kernels_handle_tails_at_every_level() {
+    let mut rng = Rng(7);
+    for level in SimdLevel::ALL {
+        if !level.is_available() {
+            println!("skipped: {level} not available on this CPU");
+            continue;
+        }
+        for k in [1usize, 7, 8, 15, 16, 17, 100, 1000] {
+            let w: Vec<f32> = (0..k).map(|_| rng.f32()).collect();
+            let x: Vec<f32> = (0..k).map(|_| rng.f32()).collect();
+            let exact: f64 = w
+                .iter()
+                .zip(&x)
+                .map(|(a, b)| f64::from(*a) * f64::from(*b))
+                .sum();
+            let abs: f64 = w.iter().zip(&x).map(|(a, b)| f64::from(a * b).abs()).sum();
+            let got = dot_f32(level, &w, &x).expect("dot");
+            assert!(
+                (f64::from(got) - exact).abs() <= 1e-5 * abs + 1e-30,
+                "{level} k={k}"
+            );
+        }
+    }
+}
