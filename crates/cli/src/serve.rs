@@ -55,7 +55,11 @@ fn read_key(path: &Path) -> anyhow::Result<String> {
     let key = std::fs::read_to_string(path)
         .with_context(|| format!("reading the API key file {}", path.display()))?;
     let key = key.trim().to_string();
-    anyhow::ensure!(!key.is_empty(), "the API key file {} is empty", path.display());
+    anyhow::ensure!(
+        !key.is_empty(),
+        "the API key file {} is empty",
+        path.display()
+    );
     Ok(key)
 }
 
@@ -65,10 +69,22 @@ fn model_names(arg: &str, path: &Path) -> (String, Vec<String>) {
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_else(|| arg.to_string());
-    let id = if crate::models::known(arg).is_some() { arg.to_string() } else { stem.clone() };
+    let id = if crate::models::known(arg).is_some() {
+        arg.to_string()
+    } else {
+        stem.clone()
+    };
     let mut aliases = vec![arg.to_string(), stem, path.display().to_string()];
     if let Some(name) = path.file_name() {
-        aliases.push(name.to_string_lossy().into_owned());
+        let name = name.to_string_lossy().into_owned();
+        // A pulled file answers to its registry name too.
+        aliases.extend(
+            crate::models::KNOWN_MODELS
+                .iter()
+                .filter(|k| k.file == name)
+                .map(|k| k.name.to_string()),
+        );
+        aliases.push(name);
     }
     aliases.retain(|a| a != &id);
     aliases.dedup();
@@ -85,7 +101,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<i32> {
     };
     anyhow::ensure!(args.parallel >= 1, "--parallel must be at least 1");
     anyhow::ensure!(args.ctx >= 16, "--ctx must be at least 16");
-    anyhow::ensure!(args.prefill_chunk >= 1, "--prefill-chunk must be at least 1");
+    anyhow::ensure!(
+        args.prefill_chunk >= 1,
+        "--prefill-chunk must be at least 1"
+    );
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -110,7 +129,8 @@ async fn serve(args: ServeArgs, api_key: Option<String>) -> anyhow::Result<i32> 
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let model_arg = args.model.clone();
     let load_state = state.clone();
-    let (ctx, parallel, queue, prefill_chunk) = (args.ctx, args.parallel, args.queue, args.prefill_chunk);
+    let (ctx, parallel, queue, prefill_chunk) =
+        (args.ctx, args.parallel, args.queue, args.prefill_chunk);
     let loader = tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
         let path = crate::models::resolve(&model_arg)?;
         let (model_id, aliases) = model_names(&model_arg, &path);
@@ -184,8 +204,11 @@ mod tests {
         assert_eq!(id, "smollm2-135m-instruct");
         assert!(aliases.contains(&"SmolLM2-135M-Instruct.Q4_1.gguf".to_string()));
         assert!(aliases.contains(&"/m/SmolLM2-135M-Instruct.Q4_1.gguf".to_string()));
-        let (id, _) = model_names("/m/x.gguf", Path::new("/m/x.gguf"));
+        let (id, aliases) = model_names("/m/x.gguf", Path::new("/m/x.gguf"));
         assert_eq!(id, "x");
+        assert_eq!(aliases, ["/m/x.gguf", "x.gguf"]);
+        let (_, aliases) = model_names(path.to_str().unwrap(), path);
+        assert!(aliases.contains(&"smollm2-135m-instruct".to_string()));
     }
 
     #[test]

@@ -36,7 +36,14 @@ fn metric(server: &Server, name: &str) -> f64 {
 fn start() -> Server {
     let model = common::pull(MODEL);
     Server::start(&[
-        "-m", model.to_str().unwrap(), "--ctx", "512", "--parallel", "4", "--threads", "2",
+        "-m",
+        model.to_str().unwrap(),
+        "--ctx",
+        "512",
+        "--parallel",
+        "4",
+        "--threads",
+        "2",
     ])
 }
 
@@ -51,7 +58,10 @@ fn openai_chat_and_completions_plain_equals_stream() {
     let plain = server.post("/v1/chat/completions", &body);
     assert_eq!(plain.status, 200, "{}", plain.body);
     let v = plain.json();
-    let text = v["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    let text = v["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
     println!("chat answer: {text:?}");
     assert!(!text.trim().is_empty());
     let usage = &v["usage"];
@@ -64,8 +74,13 @@ fn openai_chat_and_completions_plain_equals_stream() {
         assert_eq!(completion, 12);
     }
     // Same request streamed: same text, usage chunk before [DONE].
-    let stream = server.post("/v1/chat/completions",
-        &with(body.clone(), json!({"stream": true, "stream_options": {"include_usage": true}})));
+    let stream = server.post(
+        "/v1/chat/completions",
+        &with(
+            body.clone(),
+            json!({"stream": true, "stream_options": {"include_usage": true}}),
+        ),
+    );
     assert_eq!(stream.status, 200);
     let (streamed, chunks) = chat_stream_text(&stream);
     assert_eq!(streamed, text);
@@ -75,31 +90,59 @@ fn openai_chat_and_completions_plain_equals_stream() {
     // The repeat reuses the cached prompt prefix and still gives the same answer.
     let cached = server.post("/v1/chat/completions", &body).json();
     assert_eq!(cached["choices"][0]["message"]["content"], text.as_str());
-    let hits = cached["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+    let hits = cached["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
     assert!(hits > 0, "no prefix reuse: {cached}");
     assert!(metric(&server, "ferrite_cache_hits_total") >= 1.0);
 
     let comp = json!({"model": id, "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0});
     let plain = server.post("/v1/completions", &comp);
     assert_eq!(plain.status, 200, "{}", plain.body);
-    let text = plain.json()["choices"][0]["text"].as_str().unwrap().to_string();
+    let text = plain.json()["choices"][0]["text"]
+        .as_str()
+        .unwrap()
+        .to_string();
     println!("completion: {text:?}");
-    let stream = server.post("/v1/completions", &with(comp.clone(), json!({"stream": true})));
+    let stream = server.post(
+        "/v1/completions",
+        &with(comp.clone(), json!({"stream": true})),
+    );
     let events = stream.events();
     assert_eq!(events.last().unwrap().1, "[DONE]");
-    let streamed: String = events[..events.len() - 1].iter()
-        .map(|(_, d)| serde_json::from_str::<Value>(d).unwrap()["choices"][0]["text"].as_str().unwrap().to_string())
+    let streamed: String = events[..events.len() - 1]
+        .iter()
+        .map(|(_, d)| {
+            serde_json::from_str::<Value>(d).unwrap()["choices"][0]["text"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
         .collect();
     assert_eq!(streamed, text);
-    let echo = server.post("/v1/completions", &with(comp, json!({"echo": true, "logprobs": 2}))).json();
+    let echo = server
+        .post(
+            "/v1/completions",
+            &with(comp, json!({"echo": true, "logprobs": 2})),
+        )
+        .json();
     let echoed = echo["choices"][0]["text"].as_str().unwrap();
     assert_eq!(echoed, format!("The capital of France is{text}"));
     let lp = &echo["choices"][0]["logprobs"];
-    assert_eq!(lp["tokens"].as_array().unwrap().len(), echo["usage"]["completion_tokens"].as_u64().unwrap() as usize);
+    assert_eq!(
+        lp["tokens"].as_array().unwrap().len(),
+        echo["usage"]["completion_tokens"].as_u64().unwrap() as usize
+    );
     assert!(lp["token_logprobs"][0].as_f64().unwrap() <= 0.0);
     // One log line per request, with token counts.
     let log = server.log();
-    assert!(log.lines().any(|l| l.contains("POST /v1/chat/completions 200") && l.contains(" in=") && l.contains(" out=")), "{log}");
+    assert!(
+        log.lines()
+            .any(|l| l.contains("POST /v1/chat/completions 200")
+                && l.contains(" in=")
+                && l.contains(" out=")),
+        "{log}"
+    );
 }
 
 #[test]
@@ -107,7 +150,12 @@ fn anthropic_messages_and_responses() {
     let server = start();
     let body = json!({"model": MODEL, "max_tokens": 10, "temperature": 0, "system": "You are terse.",
         "messages": [{"role": "user", "content": [{"type": "text", "text": "Name a color."}]}]});
-    let plain = server.request("POST", "/v1/messages", Some(&body.to_string()), &[("anthropic-version", "2023-06-01")]);
+    let plain = server.request(
+        "POST",
+        "/v1/messages",
+        Some(&body.to_string()),
+        &[("anthropic-version", "2023-06-01")],
+    );
     assert_eq!(plain.status, 200, "{}", plain.body);
     let v = plain.json();
     let text = v["content"][0]["text"].as_str().unwrap().to_string();
@@ -116,17 +164,42 @@ fn anthropic_messages_and_responses() {
     let stream = server.post("/v1/messages", &with(body.clone(), json!({"stream": true})));
     let events = stream.events();
     let names: Vec<&str> = events.iter().map(|(n, _)| n.as_deref().unwrap()).collect();
-    assert_eq!(&names[..3], ["message_start", "content_block_start", "ping"]);
-    assert_eq!(&names[names.len() - 3..], ["content_block_stop", "message_delta", "message_stop"]);
-    let streamed: String = events.iter().filter(|(n, _)| n.as_deref() == Some("content_block_delta"))
-        .map(|(_, d)| serde_json::from_str::<Value>(d).unwrap()["delta"]["text"].as_str().unwrap().to_string())
+    assert_eq!(
+        &names[..3],
+        ["message_start", "content_block_start", "ping"]
+    );
+    assert_eq!(
+        &names[names.len() - 3..],
+        ["content_block_stop", "message_delta", "message_stop"]
+    );
+    let streamed: String = events
+        .iter()
+        .filter(|(n, _)| n.as_deref() == Some("content_block_delta"))
+        .map(|(_, d)| {
+            serde_json::from_str::<Value>(d).unwrap()["delta"]["text"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
         .collect();
     assert_eq!(streamed, text);
-    let count = server.post("/v1/messages/count_tokens", &json!({"model": MODEL, "system": "You are terse.",
-        "messages": [{"role": "user", "content": "Name a color."}]})).json();
+    let count = server
+        .post(
+            "/v1/messages/count_tokens",
+            &json!({"model": MODEL, "system": "You are terse.",
+        "messages": [{"role": "user", "content": "Name a color."}]}),
+        )
+        .json();
     let n = count["input_tokens"].as_u64().unwrap();
-    assert_eq!(n, v["usage"]["input_tokens"].as_u64().unwrap() + v["usage"]["cache_read_input_tokens"].as_u64().unwrap());
-    let missing = server.post("/v1/messages", &json!({"model": MODEL, "messages": [{"role": "user", "content": "x"}]}));
+    assert_eq!(
+        n,
+        v["usage"]["input_tokens"].as_u64().unwrap()
+            + v["usage"]["cache_read_input_tokens"].as_u64().unwrap()
+    );
+    let missing = server.post(
+        "/v1/messages",
+        &json!({"model": MODEL, "messages": [{"role": "user", "content": "x"}]}),
+    );
     assert_eq!(missing.status, 400);
     assert_eq!(missing.json()["type"], "error");
 
@@ -135,17 +208,29 @@ fn anthropic_messages_and_responses() {
     let plain = server.post("/v1/responses", &resp);
     assert_eq!(plain.status, 200, "{}", plain.body);
     let v = plain.json();
-    let text = v["output"][0]["content"][0]["text"].as_str().unwrap().to_string();
+    let text = v["output"][0]["content"][0]["text"]
+        .as_str()
+        .unwrap()
+        .to_string();
     let stream = server.post("/v1/responses", &with(resp, json!({"stream": true})));
     let events = stream.events();
     assert_eq!(events[0].0.as_deref(), Some("response.created"));
     let last = events.last().unwrap().0.as_deref().unwrap();
     assert!(last == "response.completed" || last == "response.incomplete");
-    let streamed: String = events.iter().filter(|(n, _)| n.as_deref() == Some("response.output_text.delta"))
-        .map(|(_, d)| serde_json::from_str::<Value>(d).unwrap()["delta"].as_str().unwrap().to_string())
+    let streamed: String = events
+        .iter()
+        .filter(|(n, _)| n.as_deref() == Some("response.output_text.delta"))
+        .map(|(_, d)| {
+            serde_json::from_str::<Value>(d).unwrap()["delta"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
         .collect();
     assert_eq!(streamed, text);
-    let tok = server.post("/tokenize", &json!({"content": "Hello world"})).json();
+    let tok = server
+        .post("/tokenize", &json!({"content": "Hello world"}))
+        .json();
     let ids = tok["tokens"].clone();
     assert!(!ids.as_array().unwrap().is_empty());
     let back = server.post("/detokenize", &json!({"tokens": ids})).json();
@@ -157,41 +242,78 @@ fn anthropic_messages_and_responses() {
 #[test]
 fn concurrent_streams_match_sequential_and_disconnects_free_slots() {
     let server = start();
-    let prompts: Vec<String> = (0..8).map(|i| format!("Write one short sentence about the number {i}.")).collect();
-    let sequential: Vec<String> = prompts.iter().map(|p| {
-        let v = server.post("/v1/chat/completions", &chat(p, 10)).json();
-        v["choices"][0]["message"]["content"].as_str().unwrap().to_string()
-    }).collect();
+    let prompts: Vec<String> = (0..8)
+        .map(|i| format!("Write one short sentence about the number {i}."))
+        .collect();
+    let sequential: Vec<String> = prompts
+        .iter()
+        .map(|p| {
+            let v = server.post("/v1/chat/completions", &chat(p, 10)).json();
+            v["choices"][0]["message"]["content"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
     let concurrent: Vec<String> = std::thread::scope(|s| {
-        let handles: Vec<_> = prompts.iter().map(|p| {
-            let server = &server;
-            s.spawn(move || {
-                let r = server.post("/v1/chat/completions", &with(chat(p, 10), json!({"stream": true})));
-                assert_eq!(r.status, 200, "{}", r.body);
-                chat_stream_text(&r).0
+        let handles: Vec<_> = prompts
+            .iter()
+            .map(|p| {
+                let server = &server;
+                s.spawn(move || {
+                    let r = server.post(
+                        "/v1/chat/completions",
+                        &with(chat(p, 10), json!({"stream": true})),
+                    );
+                    assert_eq!(r.status, 200, "{}", r.body);
+                    chat_stream_text(&r).0
+                })
             })
-        }).collect();
+            .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
     for (i, (a, b)) in sequential.iter().zip(&concurrent).enumerate() {
         assert_eq!(a, b, "prompt {i} differs under concurrency");
     }
-    assert!(sequential.iter().collect::<std::collections::HashSet<_>>().len() > 1, "prompts gave identical answers: {sequential:?}");
+    assert!(
+        sequential
+            .iter()
+            .collect::<std::collections::HashSet<_>>()
+            .len()
+            > 1,
+        "prompts gave identical answers: {sequential:?}"
+    );
 
-    let sockets: Vec<_> = (0..6).map(|i| {
-        let body = with(chat(&format!("Count slowly from {i} to one thousand."), 400), json!({"stream": true}));
-        server.open_stream("/v1/chat/completions", &body, 200)
-    }).collect();
+    let sockets: Vec<_> = (0..6)
+        .map(|i| {
+            let body = with(
+                chat(&format!("Count slowly from {i} to one thousand."), 400),
+                json!({"stream": true}),
+            );
+            server.open_stream("/v1/chat/completions", &body, 200)
+        })
+        .collect();
     assert!(metric(&server, "ferrite_slots_active") >= 1.0);
     drop(sockets);
     let deadline = Instant::now() + Duration::from_secs(60);
-    while metric(&server, "ferrite_slots_active") > 0.0 || metric(&server, "ferrite_queue_depth") > 0.0 {
-        assert!(Instant::now() < deadline, "slots not freed after disconnects:\n{}", server.get("/metrics").body);
+    while metric(&server, "ferrite_slots_active") > 0.0
+        || metric(&server, "ferrite_queue_depth") > 0.0
+    {
+        assert!(
+            Instant::now() < deadline,
+            "slots not freed after disconnects:\n{}",
+            server.get("/metrics").body
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     assert!(metric(&server, "ferrite_cancelled_requests_total") >= 6.0);
-    let after = server.post("/v1/chat/completions", &chat(&prompts[0], 10)).json();
-    assert_eq!(after["choices"][0]["message"]["content"], sequential[0].as_str());
+    let after = server
+        .post("/v1/chat/completions", &chat(&prompts[0], 10))
+        .json();
+    assert_eq!(
+        after["choices"][0]["message"]["content"],
+        sequential[0].as_str()
+    );
 }
 
 #[test]
@@ -200,25 +322,83 @@ fn bad_input_and_api_key() {
     let dir = tempfile::tempdir().unwrap();
     let key_file = dir.path().join("key");
     std::fs::write(&key_file, "k-123\n").unwrap();
-    let server = Server::start(&["-m", model.to_str().unwrap(), "--ctx", "256", "--parallel", "1", "--threads", "2",
-        "--api-key-file", key_file.to_str().unwrap(), "--max-body-bytes", "4096"]);
+    let server = Server::start(&[
+        "-m",
+        model.to_str().unwrap(),
+        "--ctx",
+        "256",
+        "--parallel",
+        "1",
+        "--threads",
+        "2",
+        "--api-key-file",
+        key_file.to_str().unwrap(),
+        "--max-body-bytes",
+        "4096",
+    ]);
     let auth = [("authorization", "Bearer k-123")];
     let ok = chat("Hi", 2).to_string();
-    assert_eq!(server.request("POST", "/v1/chat/completions", Some(&ok), &[]).status, 401);
-    assert_eq!(server.request("POST", "/v1/chat/completions", Some(&ok), &[("authorization", "Bearer nope")]).status, 401);
-    assert_eq!(server.request("POST", "/v1/messages", Some(&ok), &[]).json()["type"], "error");
+    assert_eq!(
+        server
+            .request("POST", "/v1/chat/completions", Some(&ok), &[])
+            .status,
+        401
+    );
+    assert_eq!(
+        server
+            .request(
+                "POST",
+                "/v1/chat/completions",
+                Some(&ok),
+                &[("authorization", "Bearer nope")]
+            )
+            .status,
+        401
+    );
+    assert_eq!(
+        server
+            .request("POST", "/v1/messages", Some(&ok), &[])
+            .json()["type"],
+        "error"
+    );
     let long = "word ".repeat(400);
     let cases = [
-        (chat(&long, 4).to_string(), 400, Some("context_length_exceeded")),
+        (
+            chat(&long, 4).to_string(),
+            400,
+            Some("context_length_exceeded"),
+        ),
         ("{\"model\": ".to_string(), 400, None),
-        (with(chat("Hi", 2), json!({"max_tokens": 1e300})).to_string(), 400, None),
-        (with(chat("Hi", 2), json!({"messages": []})).to_string(), 400, None),
-        (with(chat("Hi", 2), json!({"model": "other"})).to_string(), 400, Some("model_not_found")),
-        (with(chat("Hi", 2), json!({"pad": "x".repeat(5000)})).to_string(), 413, None),
+        (
+            with(chat("Hi", 2), json!({"max_tokens": 1e300})).to_string(),
+            400,
+            None,
+        ),
+        (
+            with(chat("Hi", 2), json!({"messages": []})).to_string(),
+            400,
+            None,
+        ),
+        (
+            with(chat("Hi", 2), json!({"model": "other"})).to_string(),
+            400,
+            Some("model_not_found"),
+        ),
+        (
+            with(chat("Hi", 2), json!({"pad": "x".repeat(5000)})).to_string(),
+            413,
+            None,
+        ),
     ];
     for (body, status, code) in cases {
         let r = server.request("POST", "/v1/chat/completions", Some(&body), &auth);
-        assert_eq!(r.status, status, "{} -> {}", &body[..body.len().min(80)], r.body);
+        assert_eq!(
+            r.status,
+            status,
+            "{} -> {}",
+            &body[..body.len().min(80)],
+            r.body
+        );
         let v = r.json();
         if let Some(code) = code {
             assert_eq!(v["error"]["code"], code, "{v}");
@@ -230,8 +410,16 @@ fn bad_input_and_api_key() {
         let good = server.request("POST", "/v1/chat/completions", Some(&ok), &auth);
         assert_eq!(good.status, 200, "after a bad request: {}", good.body);
     }
-    let r = server.request("POST", "/v1/messages", Some(&json!({"model": MODEL, "max_tokens": 2,
-        "messages": [{"role": "user", "content": "Hi"}]}).to_string()), &[("x-api-key", "k-123")]);
+    let r = server.request(
+        "POST",
+        "/v1/messages",
+        Some(
+            &json!({"model": MODEL, "max_tokens": 2,
+        "messages": [{"role": "user", "content": "Hi"}]})
+            .to_string(),
+        ),
+        &[("x-api-key", "k-123")],
+    );
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(server.get("/health").status, 200);
 }

@@ -56,10 +56,17 @@ impl Server {
             Ok(a) => a,
             Err(_) => {
                 let _ = child.kill();
-                panic!("server printed no address; stderr:\n{}", log.lock().unwrap());
+                panic!(
+                    "server printed no address; stderr:\n{}",
+                    log.lock().unwrap()
+                );
             }
         };
-        let server = Server { addr, child, stderr: log };
+        let server = Server {
+            addr,
+            child,
+            stderr: log,
+        };
         let deadline = Instant::now() + Duration::from_secs(180);
         loop {
             if let Ok(r) = server.try_request("GET", "/health", None, &[]) {
@@ -68,7 +75,11 @@ impl Server {
                 }
                 assert_eq!(r.status, 503, "unexpected /health answer {}", r.body);
             }
-            assert!(Instant::now() < deadline, "server not healthy in time:\n{}", server.log());
+            assert!(
+                Instant::now() < deadline,
+                "server not healthy in time:\n{}",
+                server.log()
+            );
             std::thread::sleep(Duration::from_millis(100));
         }
         server
@@ -79,7 +90,13 @@ impl Server {
         self.stderr.lock().unwrap().clone()
     }
 
-    fn try_request(&self, method: &str, path: &str, body: Option<&str>, headers: &[(&str, &str)]) -> std::io::Result<Reply> {
+    fn try_request(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&str>,
+        headers: &[(&str, &str)],
+    ) -> std::io::Result<Reply> {
         let mut s = TcpStream::connect(self.addr)?;
         s.set_read_timeout(Some(Duration::from_secs(300)))?;
         s.write_all(request_bytes(method, path, body, headers).as_bytes())?;
@@ -89,7 +106,13 @@ impl Server {
     }
 
     /// One request; panics on transport errors.
-    pub fn request(&self, method: &str, path: &str, body: Option<&str>, headers: &[(&str, &str)]) -> Reply {
+    pub fn request(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&str>,
+        headers: &[(&str, &str)],
+    ) -> Reply {
         self.try_request(method, path, body, headers)
             .unwrap_or_else(|e| panic!("{method} {path}: {e}\nserver log:\n{}", self.log()))
     }
@@ -109,12 +132,17 @@ impl Server {
     pub fn open_stream(&self, path: &str, body: &Value, min_bytes: usize) -> TcpStream {
         let mut s = TcpStream::connect(self.addr).expect("connect");
         s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
-        s.write_all(request_bytes("POST", path, Some(&body.to_string()), &[]).as_bytes()).unwrap();
+        s.write_all(request_bytes("POST", path, Some(&body.to_string()), &[]).as_bytes())
+            .unwrap();
         let mut got = Vec::new();
         let mut buf = [0u8; 4096];
         while got.len() < min_bytes || !contains(&got, b"\r\n\r\n") {
             let n = s.read(&mut buf).expect("reading the stream");
-            assert!(n > 0, "stream closed early: {}", String::from_utf8_lossy(&got));
+            assert!(
+                n > 0,
+                "stream closed early: {}",
+                String::from_utf8_lossy(&got)
+            );
             got.extend_from_slice(&buf[..n]);
         }
         s
@@ -155,8 +183,17 @@ impl Reply {
 
     /// SSE events as (event name, data), with the framing checked.
     pub fn events(&self) -> Vec<(Option<String>, String)> {
-        assert!(self.headers.to_ascii_lowercase().contains("content-type: text/event-stream"), "{}", self.headers);
-        assert!(self.body.ends_with("\n\n"), "SSE body must end with a blank line");
+        assert!(
+            self.headers
+                .to_ascii_lowercase()
+                .contains("content-type: text/event-stream"),
+            "{}",
+            self.headers
+        );
+        assert!(
+            self.body.ends_with("\n\n"),
+            "SSE body must end with a blank line"
+        );
         self.body
             .trim_end_matches('\n')
             .split("\n\n")
@@ -180,24 +217,38 @@ impl Reply {
 }
 
 fn parse_reply(raw: &[u8]) -> Reply {
-    let split = raw.windows(4).position(|w| w == b"\r\n\r\n").expect("no header end");
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("no header end");
     let head = String::from_utf8_lossy(&raw[..split]).into_owned();
-    let status: u16 = head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).expect("status");
+    let status: u16 = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("status");
     let rest = &raw[split + 4..];
-    let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
         dechunk(rest)
     } else {
         rest.to_vec()
     };
-    Reply { status, headers: head, body: String::from_utf8(body).expect("UTF-8 body") }
+    Reply {
+        status,
+        headers: head,
+        body: String::from_utf8(body).expect("UTF-8 body"),
+    }
 }
 
 fn dechunk(mut raw: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
-    loop {
-        let Some(eol) = raw.windows(2).position(|w| w == b"\r\n") else { break };
+    while let Some(eol) = raw.windows(2).position(|w| w == b"\r\n") {
         let size_text = String::from_utf8_lossy(&raw[..eol]);
-        let size = usize::from_str_radix(size_text.split(';').next().unwrap_or("").trim(), 16).expect("chunk size");
+        let size = usize::from_str_radix(size_text.split(';').next().unwrap_or("").trim(), 16)
+            .expect("chunk size");
         if size == 0 {
             break;
         }
@@ -211,8 +262,16 @@ fn dechunk(mut raw: &[u8]) -> Vec<u8> {
 /// Concatenated `choices[0].delta.content` of an OpenAI chat stream (checks `[DONE]` last).
 pub fn chat_stream_text(reply: &Reply) -> (String, Vec<Value>) {
     let events = reply.events();
-    assert_eq!(events.last().map(|e| e.1.as_str()), Some("[DONE]"), "{}", reply.body);
-    let chunks: Vec<Value> = events[..events.len() - 1].iter().map(|(_, d)| serde_json::from_str(d).unwrap()).collect();
+    assert_eq!(
+        events.last().map(|e| e.1.as_str()),
+        Some("[DONE]"),
+        "{}",
+        reply.body
+    );
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|(_, d)| serde_json::from_str(d).unwrap())
+        .collect();
     let text = chunks
         .iter()
         .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())

@@ -4,7 +4,7 @@
 //! Sessions borrow the model and the pool, so all three live on the engine thread's stack;
 //! the HTTP side shares only the tokenizer (for tokenize/render) and the occupancy counters.
 
-// mod model; (waits for ferrite-model on main)
+mod model;
 pub mod scheduler;
 
 use std::path::PathBuf;
@@ -109,8 +109,12 @@ impl Backend for Engine {
     fn tokenize(&self, text: &str, add_special: bool, parse_special: bool) -> Vec<u32> {
         // Templates that write the BOS text themselves must not get a second BOS.
         let has_bos = parse_special
-            && self.bos_text.as_deref().is_some_and(|b| !b.is_empty() && text.starts_with(b));
-        self.tokenizer.encode(text, add_special && !has_bos, parse_special)
+            && self
+                .bos_text
+                .as_deref()
+                .is_some_and(|b| !b.is_empty() && text.starts_with(b));
+        self.tokenizer
+            .encode(text, add_special && !has_bos, parse_special)
     }
 
     fn detokenize(&self, ids: &[u32]) -> Result<String, BackendError> {
@@ -120,10 +124,9 @@ impl Backend for Engine {
     }
 
     fn render_chat(&self, chat: &ChatPrompt) -> Result<String, BackendError> {
-        let template = self
-            .template
-            .as_ref()
-            .ok_or_else(|| BackendError("this model has no chat template; use /v1/completions".into()))?;
+        let template = self.template.as_ref().ok_or_else(|| {
+            BackendError("this model has no chat template; use /v1/completions".into())
+        })?;
         template
             .render(&ChatRequest {
                 messages: chat.messages.clone(),
@@ -144,13 +147,22 @@ impl Backend for Engine {
                     queued: current.saturating_sub(self.config.parallel),
                 });
             }
-            match inflight.compare_exchange(current, current + 1, Ordering::SeqCst, Ordering::SeqCst) {
+            match inflight.compare_exchange(
+                current,
+                current + 1,
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            ) {
                 Ok(_) => break,
                 Err(now) => current = now,
             }
         }
         let (tx, rx) = unbounded_channel();
-        let job = Job { req, tx, queued_at: Instant::now() };
+        let job = Job {
+            req,
+            tx,
+            queued_at: Instant::now(),
+        };
         if self.jobs.send(job).is_err() {
             inflight.fetch_sub(1, Ordering::SeqCst);
             return Err(SubmitError::Stopped);

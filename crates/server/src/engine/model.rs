@@ -19,15 +19,23 @@ impl Sequence for Session<'_> {
     }
 
     fn eval_last(&mut self, tokens: &[u32]) -> Result<&[f32], String> {
-        let logits = self.eval(tokens, Outputs::Last).map_err(|e| e.to_string())?;
-        logits.last().ok_or_else(|| "the model returned no logits".to_string())
+        let logits = self
+            .eval(tokens, Outputs::Last)
+            .map_err(|e| e.to_string())?;
+        logits
+            .last()
+            .ok_or_else(|| "the model returned no logits".to_string())
     }
 }
 
 impl Picker for Sampler {
     fn pick(&mut self, logits: &[f32], history: &[u32]) -> Result<Picked, String> {
         let s = self.sample(logits, history).map_err(|e| e.to_string())?;
-        Ok(Picked { token: s.token, logprob: s.logprob, top: s.top })
+        Ok(Picked {
+            token: s.token,
+            logprob: s.logprob,
+            top: s.top,
+        })
     }
 }
 
@@ -71,7 +79,13 @@ impl Runtime for ModelRuntime<'_> {
 /// End-of-generation ids: EOS plus the end-of-turn control tokens chat models emit.
 fn eog_ids(tok: &Tokenizer) -> Vec<u32> {
     let mut ids: Vec<u32> = tok.eos_id().into_iter().collect();
-    for piece in ["<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|endoftext|>", "<|end|>"] {
+    for piece in [
+        "<|im_end|>",
+        "<|eot_id|>",
+        "<end_of_turn>",
+        "<|endoftext|>",
+        "<|end|>",
+    ] {
         if let Some(id) = tok.token_id(piece)
             && tok.token_type(id) == Some(TokenType::Control)
             && !ids.contains(&id)
@@ -84,11 +98,19 @@ fn eog_ids(tok: &Tokenizer) -> Vec<u32> {
 
 type Ready = Result<(Arc<Tokenizer>, usize), EngineError>;
 
-fn engine_thread(cfg: EngineConfig, ready: SyncSender<Ready>, jobs: Receiver<Job>, counters: Arc<Counters>) {
+fn engine_thread(
+    cfg: EngineConfig,
+    ready: SyncSender<Ready>,
+    jobs: Receiver<Job>,
+    counters: Arc<Counters>,
+) {
     let model = match Model::load(&cfg.model_path, LoadOptions::default()) {
         Ok(m) => m,
         Err(e) => {
-            let _ = ready.send(Err(EngineError::Load(format!("{}: {e}", cfg.model_path.display()))));
+            let _ = ready.send(Err(EngineError::Load(format!(
+                "{}: {e}",
+                cfg.model_path.display()
+            ))));
             return;
         }
     };
@@ -107,7 +129,11 @@ fn engine_thread(cfg: EngineConfig, ready: SyncSender<Ready>, jobs: Receiver<Job
         }
     };
     let ctx_train = model.config().ctx_train;
-    let n_ctx = if ctx_train > 0 { cfg.n_ctx.min(ctx_train) } else { cfg.n_ctx };
+    let n_ctx = if ctx_train > 0 {
+        cfg.n_ctx.min(ctx_train)
+    } else {
+        cfg.n_ctx
+    };
     let sessions: Result<Vec<Session<'_>>, _> = (0..cfg.parallel)
         .map(|_| Session::new(&model, &pool, n_ctx, KvType::F16))
         .collect();
@@ -121,8 +147,14 @@ fn engine_thread(cfg: EngineConfig, ready: SyncSender<Ready>, jobs: Receiver<Job
     if ready.send(Ok((tokenizer.clone(), n_ctx))).is_err() {
         return;
     }
-    let rt = ModelRuntime { eog: eog_ids(&tokenizer), tokenizer: &tokenizer };
-    let limits = Limits { n_ctx, prefill_chunk: cfg.prefill_chunk };
+    let rt = ModelRuntime {
+        eog: eog_ids(&tokenizer),
+        tokenizer: &tokenizer,
+    };
+    let limits = Limits {
+        n_ctx,
+        prefill_chunk: cfg.prefill_chunk,
+    };
     Scheduler::new(&rt, sessions, counters, limits).run(&jobs);
 }
 
@@ -148,7 +180,18 @@ impl Engine {
             .recv()
             .map_err(|_| EngineError::Thread("the engine thread died while loading".into()))??;
         let template = tokenizer.chat_template_renderer().ok();
-        let bos_text = tokenizer.bos_id().and_then(|id| tokenizer.piece(id)).map(str::to_string);
-        Ok(Engine { config: cfg, n_ctx, tokenizer, template, bos_text, jobs: jobs_tx, counters })
+        let bos_text = tokenizer
+            .bos_id()
+            .and_then(|id| tokenizer.piece(id))
+            .map(str::to_string);
+        Ok(Engine {
+            config: cfg,
+            n_ctx,
+            tokenizer,
+            template,
+            bos_text,
+            jobs: jobs_tx,
+            counters,
+        })
     }
 }

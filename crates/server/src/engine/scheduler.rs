@@ -99,7 +99,8 @@ impl TextTail {
         self.ids.push(id);
         let before = rt.decode(&self.ids[self.prefix..self.read]);
         let after = rt.decode(&self.ids[self.prefix..]);
-        if after.len() > before.len() && !after.ends_with('\u{FFFD}') && after.starts_with(&before) {
+        if after.len() > before.len() && !after.ends_with('\u{FFFD}') && after.starts_with(&before)
+        {
             self.prefix = self.read;
             self.read = self.ids.len();
             after[before.len()..].to_string()
@@ -155,7 +156,14 @@ impl<'r, S: Sequence> Scheduler<'r, S> {
     pub fn new(rt: &'r dyn Runtime, seqs: Vec<S>, counters: Arc<Counters>, limits: Limits) -> Self {
         Scheduler {
             rt,
-            slots: seqs.into_iter().map(|seq| Slot { seq, tokens: Vec::new(), active: None }).collect(),
+            slots: seqs
+                .into_iter()
+                .map(|seq| Slot {
+                    seq,
+                    tokens: Vec::new(),
+                    active: None,
+                })
+                .collect(),
             waiting: VecDeque::new(),
             counters,
             limits,
@@ -236,7 +244,13 @@ impl<'r, S: Sequence> Scheduler<'r, S> {
             let cached = common_prefix(&slot.tokens, &job.req.prompt).min(job.req.prompt.len() - 1);
             slot.seq.truncate(cached);
             slot.tokens.truncate(cached);
-            if job.tx.send(GenEvent::Started { cached_tokens: cached }).is_err() {
+            if job
+                .tx
+                .send(GenEvent::Started {
+                    cached_tokens: cached,
+                })
+                .is_err()
+            {
                 self.end_job();
                 continue;
             }
@@ -276,7 +290,9 @@ impl<'r, S: Sequence> Scheduler<'r, S> {
     fn advance(&mut self, i: usize) {
         let limits = self.limits;
         let slot = &mut self.slots[i];
-        let Some(a) = slot.active.as_mut() else { return };
+        let Some(a) = slot.active.as_mut() else {
+            return;
+        };
         if a.job.tx.is_closed() {
             self.release(i);
             return;
@@ -320,12 +336,23 @@ impl<'r, S: Sequence> Scheduler<'r, S> {
             let logprob = a.job.req.logprobs.map(|k| TokenLogprob {
                 token: rt.decode(&[picked.token]),
                 logprob: picked.logprob,
-                top: picked.top.iter().take(k).map(|&(id, lp)| (rt.decode(&[id]), lp)).collect(),
+                top: picked
+                    .top
+                    .iter()
+                    .take(k)
+                    .map(|&(id, lp)| (rt.decode(&[id]), lp))
+                    .collect(),
             });
-            let _ = a.job.tx.send(GenEvent::Token { id: picked.token, text: scanned.text, logprob });
+            let _ = a.job.tx.send(GenEvent::Token {
+                id: picked.token,
+                text: scanned.text,
+                logprob,
+            });
             if let Some(stop) = scanned.stop {
                 Some((FinishReason::Stop, Some(stop)))
-            } else if a.generated.len() >= a.job.req.max_tokens || slot.tokens.len() + 1 >= limits.n_ctx {
+            } else if a.generated.len() >= a.job.req.max_tokens
+                || slot.tokens.len() + 1 >= limits.n_ctx
+            {
                 Some((FinishReason::Length, None))
             } else {
                 a.pending = Some(picked.token);
@@ -403,7 +430,11 @@ mod tests {
                 .enumerate()
                 .max_by(|a, b| a.1.total_cmp(b.1))
                 .ok_or("no logits")?;
-            Ok(Picked { token: i as u32, logprob: -0.1, top: vec![(i as u32, -0.1)] })
+            Ok(Picked {
+                token: i as u32,
+                logprob: -0.1,
+                top: vec![(i as u32, -0.1)],
+            })
         }
     }
 
@@ -416,19 +447,49 @@ mod tests {
             token == EOG
         }
         fn decode(&self, ids: &[u32]) -> String {
-            ids.iter().filter(|&&t| t != EOG).map(|&t| (b'a' + t as u8) as char).collect()
+            ids.iter()
+                .filter(|&&t| t != EOG)
+                .map(|&t| (b'a' + t as u8) as char)
+                .collect()
         }
     }
 
-    fn toy_sched(n: usize, n_ctx: usize, chunk: usize) -> (Scheduler<'static, Toy>, Rc<RefCell<Vec<usize>>>, Arc<Counters>) {
+    fn toy_sched(
+        n: usize,
+        n_ctx: usize,
+        chunk: usize,
+    ) -> (
+        Scheduler<'static, Toy>,
+        Rc<RefCell<Vec<usize>>>,
+        Arc<Counters>,
+    ) {
         let evals = Rc::new(RefCell::new(Vec::new()));
-        let seqs = (0..n).map(|_| Toy { kv: Vec::new(), logits: Vec::new(), evals: evals.clone() }).collect();
+        let seqs = (0..n)
+            .map(|_| Toy {
+                kv: Vec::new(),
+                logits: Vec::new(),
+                evals: evals.clone(),
+            })
+            .collect();
         let counters = Arc::new(Counters::default());
-        let s = Scheduler::new(&ToyRt, seqs, counters.clone(), Limits { n_ctx, prefill_chunk: chunk });
+        let s = Scheduler::new(
+            &ToyRt,
+            seqs,
+            counters.clone(),
+            Limits {
+                n_ctx,
+                prefill_chunk: chunk,
+            },
+        );
         (s, evals, counters)
     }
 
-    fn job(s: &mut Scheduler<'_, Toy>, prompt: &[u32], max_tokens: usize, stop: &[&str]) -> UnboundedReceiver<GenEvent> {
+    fn job(
+        s: &mut Scheduler<'_, Toy>,
+        prompt: &[u32],
+        max_tokens: usize,
+        stop: &[&str],
+    ) -> UnboundedReceiver<GenEvent> {
         let (tx, rx) = unbounded_channel();
         s.counters.inflight.fetch_add(1, Ordering::SeqCst);
         s.waiting.push_back(Job {
@@ -475,7 +536,12 @@ mod tests {
 
     fn finish_of(ev: &Option<GenEvent>) -> (FinishReason, Option<String>, Usage) {
         match ev {
-            Some(GenEvent::Done { finish, stop_sequence, usage, .. }) => (*finish, stop_sequence.clone(), *usage),
+            Some(GenEvent::Done {
+                finish,
+                stop_sequence,
+                usage,
+                ..
+            }) => (*finish, stop_sequence.clone(), *usage),
             other => panic!("no Done: {other:?}"),
         }
     }
@@ -501,7 +567,10 @@ mod tests {
         let mut rx = job(&mut s, &[1, 2, 3], 3, &[]);
         run_all(&mut s);
         let (text, done, _) = drain(&mut rx);
-        assert_eq!((text.as_str(), finish_of(&done).0), ("efg", FinishReason::Length));
+        assert_eq!(
+            (text.as_str(), finish_of(&done).0),
+            ("efg", FinishReason::Length)
+        );
         let mut rx = job(&mut s, &[1, 2, 3], 100, &["gh"]);
         run_all(&mut s);
         let (text, done, _) = drain(&mut rx);
@@ -532,7 +601,11 @@ mod tests {
         let (_, done, cached) = drain(&mut c);
         assert_eq!(cached, 5);
         assert_eq!(finish_of(&done).2.cached_tokens, 5);
-        assert_eq!(evals.borrow()[0], 2, "only the uncached suffix is evaluated");
+        assert_eq!(
+            evals.borrow()[0],
+            2,
+            "only the uncached suffix is evaluated"
+        );
         // An identical prompt still re-evaluates its last token for fresh logits.
         let mut d = job(&mut s, &[9, 9, 9], 1, &[]);
         run_all(&mut s);
@@ -585,7 +658,7 @@ mod tests {
         let mut b = job(&mut s, &[5], 2, &[]);
         let mut c = job(&mut s, &[9], 2, &[]);
         s.step();
-        assert!(matches!(b.try_recv(), Err(_)), "b must wait for a free slot");
+        assert!(b.try_recv().is_err(), "b must wait for a free slot");
         run_all(&mut s);
         assert_eq!(drain(&mut a).0, "cd");
         assert_eq!(drain(&mut b).0, "gh");
@@ -603,7 +676,8 @@ mod tests {
                 false
             }
             fn decode(&self, ids: &[u32]) -> String {
-                String::from_utf8_lossy(&ids.iter().map(|&i| i as u8).collect::<Vec<_>>()).into_owned()
+                String::from_utf8_lossy(&ids.iter().map(|&i| i as u8).collect::<Vec<_>>())
+                    .into_owned()
             }
         }
         let mut t = TextTail::default();
