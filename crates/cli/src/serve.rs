@@ -63,30 +63,25 @@ fn read_key(path: &Path) -> anyhow::Result<String> {
     Ok(key)
 }
 
-/// The served id and accepted aliases of a model argument.
+/// The served id and accepted aliases of a model argument: a registry name (also when the
+/// path is a pulled registry file), else the file stem.
 fn model_names(arg: &str, path: &Path) -> (String, Vec<String>) {
+    let file = path
+        .file_name()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let stem = path
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_else(|| arg.to_string());
-    let id = if crate::models::known(arg).is_some() {
-        arg.to_string()
-    } else {
-        stem.clone()
-    };
-    let mut aliases = vec![arg.to_string(), stem, path.display().to_string()];
-    if let Some(name) = path.file_name() {
-        let name = name.to_string_lossy().into_owned();
-        // A pulled file answers to its registry name too.
-        aliases.extend(
-            crate::models::KNOWN_MODELS
-                .iter()
-                .filter(|k| k.file == name)
-                .map(|k| k.name.to_string()),
-        );
-        aliases.push(name);
-    }
-    aliases.retain(|a| a != &id);
+    let registry = crate::models::KNOWN_MODELS
+        .iter()
+        .find(|k| k.name == arg || k.file == file)
+        .map(|k| k.name.to_string());
+    let id = registry.unwrap_or_else(|| stem.clone());
+    let mut aliases = vec![arg.to_string(), stem, path.display().to_string(), file];
+    aliases.retain(|a| a != &id && !a.is_empty());
+    aliases.sort();
     aliases.dedup();
     (id, aliases)
 }
@@ -207,8 +202,9 @@ mod tests {
         let (id, aliases) = model_names("/m/x.gguf", Path::new("/m/x.gguf"));
         assert_eq!(id, "x");
         assert_eq!(aliases, ["/m/x.gguf", "x.gguf"]);
-        let (_, aliases) = model_names(path.to_str().unwrap(), path);
-        assert!(aliases.contains(&"smollm2-135m-instruct".to_string()));
+        let (id, aliases) = model_names(path.to_str().unwrap(), path);
+        assert_eq!(id, "smollm2-135m-instruct");
+        assert!(aliases.contains(&"SmolLM2-135M-Instruct.Q4_1".to_string()));
     }
 
     #[test]

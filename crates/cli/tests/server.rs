@@ -52,7 +52,14 @@ fn openai_chat_and_completions_plain_equals_stream() {
     let server = start();
     let models = server.get("/v1/models").json();
     let id = models["data"][0]["id"].as_str().unwrap().to_string();
-    assert_eq!(id, "SmolLM2-135M-Instruct.Q4_1");
+    assert_eq!(id, MODEL);
+    // The file name is accepted as well.
+    assert_eq!(
+        server
+            .get("/v1/models/SmolLM2-135M-Instruct.Q4_1.gguf")
+            .status,
+        200
+    );
     let body = json!({"model": id, "messages": [{"role": "user", "content": "What is the capital of France?"}],
         "temperature": 0, "max_tokens": 12});
     let plain = server.post("/v1/chat/completions", &body);
