@@ -297,7 +297,7 @@ fn concurrent_streams_match_sequential_and_disconnects_free_slots() {
                 chat(&format!("Count slowly from {i} to one thousand."), 400),
                 json!({"stream": true}),
             );
-            server.open_stream("/v1/chat/completions", &body, 200)
+            server.open_stream("/v1/chat/completions", &body, 200, &[])
         })
         .collect();
     assert!(metric(&server, "ferrite_slots_active") >= 1.0);
@@ -342,6 +342,8 @@ fn bad_input_and_api_key() {
         key_file.to_str().unwrap(),
         "--max-body-bytes",
         "4096",
+        "--queue",
+        "0",
     ]);
     let auth = [("authorization", "Bearer k-123")];
     let ok = chat("Hi", 2).to_string();
@@ -428,5 +430,29 @@ fn bad_input_and_api_key() {
         &[("x-api-key", "k-123")],
     );
     assert_eq!(r.status, 200, "{}", r.body);
+    // One slot, no queue: while a stream holds the slot, another request gets 429.
+    let held = server.open_stream(
+        "/v1/chat/completions",
+        &with(chat("Count to one hundred.", 200), json!({"stream": true})),
+        200,
+        &auth,
+    );
+    let busy = server.request("POST", "/v1/chat/completions", Some(&ok), &auth);
+    assert_eq!(busy.status, 429, "{}", busy.body);
+    assert_eq!(busy.json()["error"]["type"], "rate_limit_error");
+    drop(held);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let r = server.request("POST", "/v1/chat/completions", Some(&ok), &auth);
+        if r.status == 200 {
+            break;
+        }
+        assert_eq!(r.status, 429, "{}", r.body);
+        assert!(
+            Instant::now() < deadline,
+            "slot not freed after the stream was dropped"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     assert_eq!(server.get("/health").status, 200);
 }

@@ -129,10 +129,16 @@ impl Server {
 
     /// Open a streaming POST and return the socket after the headers and `min_bytes` of body
     /// arrived (for cancellation tests: drop it to disconnect).
-    pub fn open_stream(&self, path: &str, body: &Value, min_bytes: usize) -> TcpStream {
+    pub fn open_stream(
+        &self,
+        path: &str,
+        body: &Value,
+        min_bytes: usize,
+        headers: &[(&str, &str)],
+    ) -> TcpStream {
         let mut s = TcpStream::connect(self.addr).expect("connect");
         s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
-        s.write_all(request_bytes("POST", path, Some(&body.to_string()), &[]).as_bytes())
+        s.write_all(request_bytes("POST", path, Some(&body.to_string()), headers).as_bytes())
             .unwrap();
         let mut got = Vec::new();
         let mut buf = [0u8; 4096];

@@ -234,8 +234,8 @@ impl<'r, S: Sequence> Scheduler<'r, S> {
             let picker = match self.rt.picker(&job.req) {
                 Ok(p) => p,
                 Err(e) => {
-                    let _ = job.tx.send(GenEvent::Failed(e));
                     self.end_job();
+                    let _ = job.tx.send(GenEvent::Failed(e));
                     continue;
                 }
             };
@@ -270,21 +270,25 @@ impl<'r, S: Sequence> Scheduler<'r, S> {
         }
     }
 
-    fn release(&mut self, i: usize) {
-        if self.slots[i].active.take().is_some() {
+    /// Free slot `i`. The counters drop before the caller sends the final event, so a
+    /// client that reacts to it at once never finds its own finished job still counted
+    /// (which could answer its next request with 429).
+    fn release(&mut self, i: usize) -> Option<Active> {
+        let active = self.slots[i].active.take();
+        if active.is_some() {
             self.counters.active.fetch_sub(1, Ordering::SeqCst);
             self.end_job();
         }
+        active
     }
 
     fn fail(&mut self, i: usize, msg: String) {
-        if let Some(a) = &self.slots[i].active {
-            let _ = a.job.tx.send(GenEvent::Failed(msg));
-        }
         // The KV may be partly written; forget it rather than reuse it.
         self.slots[i].seq.truncate(0);
         self.slots[i].tokens.clear();
-        self.release(i);
+        if let Some(a) = self.release(i) {
+            let _ = a.job.tx.send(GenEvent::Failed(msg));
+        }
     }
 
     fn advance(&mut self, i: usize) {
@@ -369,7 +373,7 @@ impl<'r, S: Sequence> Scheduler<'r, S> {
                 tail
             };
             let first = a.first_token.unwrap_or(now);
-            let _ = a.job.tx.send(GenEvent::Done {
+            let done = GenEvent::Done {
                 finish,
                 stop_sequence,
                 tail,
@@ -383,8 +387,10 @@ impl<'r, S: Sequence> Scheduler<'r, S> {
                     prefill: first.duration_since(a.admitted),
                     decode: now.duration_since(first),
                 },
-            });
-            self.release(i);
+            };
+            if let Some(a) = self.release(i) {
+                let _ = a.job.tx.send(done);
+            }
         }
     }
 }
