@@ -37,7 +37,7 @@ pub struct ServeArgs {
     #[arg(long)]
     threads: Option<usize>,
     /// Require this key (`Authorization: Bearer KEY` or `x-api-key: KEY`).
-    #[arg(long, env = "FERRITE_API_KEY", conflicts_with = "api_key_file")]
+    #[arg(long, conflicts_with = "api_key_file")]
     api_key: Option<String>,
     /// Read the required key from this file (trimmed).
     #[arg(long)]

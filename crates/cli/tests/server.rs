@@ -456,3 +456,39 @@ fn bad_input_and_api_key() {
     }
     assert_eq!(server.get("/health").status, 200);
 }
+
+/// Bad flags and unloadable models end the process with code 1 and a one-line reason,
+/// never a panic or a server that stays up without a model.
+#[test]
+fn serve_rejects_bad_flags_and_models() {
+    let dir = tempfile::tempdir().unwrap();
+    let junk = dir.path().join("junk.gguf");
+    std::fs::write(&junk, b"not a gguf file").unwrap();
+    let missing_key = dir.path().join("no-key");
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["--parallel", "0"], "--parallel"),
+        (vec!["--ctx", "4"], "--ctx"),
+        (vec!["--api-key", ""], "--api-key"),
+        (
+            vec!["--api-key-file", missing_key.to_str().unwrap()],
+            "API key file",
+        ),
+        (
+            vec!["-m", "/nonexistent/model.gguf", "--port", "0"],
+            "loading the model",
+        ),
+        (
+            vec!["-m", junk.to_str().unwrap(), "--port", "0"],
+            "loading the model",
+        ),
+    ];
+    for (args, needle) in cases {
+        let mut all = vec!["serve"];
+        all.extend(&args);
+        let out = common::run(&all);
+        let text = common::text(&out);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {text}");
+        assert!(text.contains(needle), "{args:?}: {text}");
+        assert!(!text.contains("panicked"), "{args:?}: {text}");
+    }
+}

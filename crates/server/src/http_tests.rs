@@ -129,6 +129,19 @@ async fn models_list_and_lookup() {
     assert_eq!(status, StatusCode::NOT_FOUND);
     assert!(body.contains("model_not_found"));
     assert_eq!(get(&app, "/nope").await.0, StatusCode::NOT_FOUND);
+    let (status, body) = get(&app, "/v1/chat/completions").await;
+    assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
+    assert!(body.contains("invalid_request_error"), "{body}");
+}
+
+#[tokio::test]
+async fn health_reports_a_dead_engine() {
+    let (app, fake) = app_with(Fake::new(REPLY), ServerConfig::default());
+    assert_eq!(get(&app, "/health").await.0, StatusCode::OK);
+    fake.dead.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (status, body) = get(&app, "/health").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(body.contains("\"status\":\"error\""), "{body}");
 }
 
 #[tokio::test]

@@ -69,6 +69,7 @@ pub struct Engine {
     bos_text: Option<String>,
     jobs: Sender<Job>,
     counters: Arc<Counters>,
+    thread: std::thread::JoinHandle<()>,
 }
 
 impl Engine {
@@ -172,5 +173,9 @@ impl Backend for Engine {
 
     fn stats(&self) -> EngineStats {
         self.occupancy()
+    }
+
+    fn healthy(&self) -> bool {
+        !self.thread.is_finished()
     }
 }

@@ -172,7 +172,7 @@ impl Engine {
         let counters = Arc::new(Counters::default());
         let thread_cfg = cfg.clone();
         let thread_counters = counters.clone();
-        std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name("ferrite-engine".into())
             .spawn(move || engine_thread(thread_cfg, ready_tx, jobs_rx, thread_counters))
             .map_err(|e| EngineError::Thread(e.to_string()))?;
@@ -192,6 +192,7 @@ impl Engine {
             bos_text,
             jobs: jobs_tx,
             counters,
+            thread,
         })
     }
 }
