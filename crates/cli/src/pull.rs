@@ -47,8 +47,19 @@ pub fn ensure(model: &KnownModel, reverify: bool) -> anyhow::Result<PathBuf> {
         .canonicalize()
         .with_context(|| format!("resolving {}", dir.display()))?;
     let final_path = dir.join(model.file);
+    if final_path.is_file() && !reverify {
+        return Ok(final_path);
+    }
+    // One pull at a time per cache: concurrent pulls (parallel tests, two terminals) would
+    // otherwise download twice and remove each other's temporary files.
+    let lock_path = dir.join(".pull.lock");
+    let lock = File::create(&lock_path)
+        .with_context(|| format!("creating lock file {}", lock_path.display()))?;
+    lock.lock()
+        .with_context(|| format!("locking {}", lock_path.display()))?;
     if final_path.is_file() {
         if !reverify {
+            // Another process pulled it while this one waited for the lock.
             return Ok(final_path);
         }
         let digest = hash_file(&final_path)?;
@@ -64,6 +75,7 @@ pub fn ensure(model: &KnownModel, reverify: bool) -> anyhow::Result<PathBuf> {
         std::fs::remove_file(&final_path)
             .with_context(|| format!("removing corrupt {}", final_path.display()))?;
     }
+    // Under the lock, every temporary file belongs to an interrupted pull.
     remove_stale_temp_files(&dir);
     let downloads = tempfile::tempdir().context("creating a temporary download directory")?;
     let mut wheels = Vec::with_capacity(model.parts.len());
@@ -243,8 +255,7 @@ fn remove_stale_temp_files(dir: &Path) {
     for entry in entries.flatten() {
         let name = entry.file_name();
         if name.to_string_lossy().starts_with(TEMP_PREFIX) {
-            // Best effort. If a concurrent pull still writes this file, its final rename
-            // fails with a clear error; an unverified file never gets the final name.
+            // Best effort: a leftover that cannot be removed does no harm.
             let _ = std::fs::remove_file(entry.path());
         }
     }

@@ -1,10 +1,491 @@
-//! `ferrite run` (not implemented yet).
+//! `ferrite run`: one-shot generation or an interactive chat on one model.
+//!
+//! Owns the user-facing loop only: building the prompt (chat template or raw text), streaming
+//! decoded text, stop conditions and the end-of-run clocks. The model math lives in
+//! `ferrite-model`, sampling in `ferrite-engine`.
+
+use std::io::{BufRead, IsTerminal, Read, Write};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use ferrite_engine::{Sampler, SamplerConfig, StopReason};
+use ferrite_model::{KvType, LoadOptions, Model, Outputs, Precision, Session};
+use ferrite_tokenizer::{ChatRequest, ChatTemplate, Tokenizer};
+
+use crate::models::DEFAULT_MODEL;
+
+/// Weight precision choices on the command line.
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum PrecisionArg {
+    /// Quantized weights read in place, f32 activations.
+    Default,
+    /// Every weight dequantized to f32 at load (separates graph bugs from quantization noise).
+    F32,
+}
+
+/// KV cache element type on the command line.
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum KvArg {
+    /// Half precision (default).
+    F16,
+    /// Single precision.
+    F32,
+}
+
+/// Options shared by every command that loads a model and generates.
+#[derive(clap::Args)]
+pub struct ModelArgs {
+    /// Model: a known name or a path to a .gguf file.
+    #[arg(short = 'm', long, default_value = DEFAULT_MODEL)]
+    pub model: String,
+    /// Context size in tokens (KV cache capacity).
+    #[arg(long, default_value_t = 4096)]
+    pub ctx: usize,
+    /// Worker threads (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Weight precision.
+    #[arg(long, value_enum, default_value = "default")]
+    pub precision: PrecisionArg,
+    /// KV cache element type.
+    #[arg(long, value_enum, default_value = "f16")]
+    pub kv: KvArg,
+}
 
 /// Arguments of `ferrite run`.
 #[derive(clap::Args)]
-pub struct RunArgs {}
+pub struct RunArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// The prompt (alternatively positional; read from stdin when neither is given and stdin is
+    /// not a terminal; interactive chat when stdin is a terminal).
+    #[arg(short = 'p', long)]
+    prompt: Option<String>,
+    /// The prompt, as a positional argument.
+    #[arg(conflicts_with = "prompt")]
+    prompt_text: Option<String>,
+    /// Do not apply the chat template; feed the prompt as plain text.
+    #[arg(long)]
+    raw: bool,
+    /// System message for the chat template.
+    #[arg(long)]
+    system: Option<String>,
+    /// Most tokens to generate.
+    #[arg(long, default_value_t = 512)]
+    max_tokens: usize,
+    /// Sampling temperature (0 = greedy).
+    #[arg(long, default_value_t = 0.8)]
+    temp: f32,
+    /// Top-k filter (0 = off).
+    #[arg(long, default_value_t = 40)]
+    top_k: usize,
+    /// Top-p (nucleus) filter (1 = off).
+    #[arg(long, default_value_t = 0.95)]
+    top_p: f32,
+    /// Min-p filter (0 = off).
+    #[arg(long, default_value_t = 0.05)]
+    min_p: f32,
+    /// Repetition penalty (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    repeat_penalty: f32,
+    /// Frequency penalty (0 = off).
+    #[arg(long, default_value_t = 0.0)]
+    frequency_penalty: f32,
+    /// Presence penalty (0 = off).
+    #[arg(long, default_value_t = 0.0)]
+    presence_penalty: f32,
+    /// Random seed: the same seed and settings give the same tokens on every run.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Write the chosen token's log-probability and the top alternatives of each generated
+    /// token to this file (JSON lines).
+    #[arg(long)]
+    dump_logprobs: Option<PathBuf>,
+    /// How many alternatives `--dump-logprobs` records per token.
+    #[arg(long, default_value_t = 5)]
+    logprobs_top_k: usize,
+}
 
-/// Run `ferrite run`; returns the process exit code.
-pub fn run(_args: RunArgs) -> anyhow::Result<i32> {
-    anyhow::bail!("ferrite run is not implemented yet")
+/// A loaded model with its tokenizer and thread pool.
+pub struct Loaded {
+    /// The model.
+    pub model: Model,
+    /// Its tokenizer.
+    pub tokenizer: Tokenizer,
+    /// Worker threads.
+    pub pool: ferrite_cpu::ThreadPool,
+    /// KV cache type requested.
+    pub kv: KvType,
+    /// Context size requested.
+    pub ctx: usize,
+    /// Wall time of loading.
+    pub load_time: Duration,
+}
+
+impl Loaded {
+    /// Resolve, load and tokenize-ready a model from the shared options.
+    pub fn load(args: &ModelArgs) -> anyhow::Result<Loaded> {
+        let path = crate::models::resolve(&args.model)?;
+        let start = Instant::now();
+        let precision = match args.precision {
+            PrecisionArg::Default => Precision::Default,
+            PrecisionArg::F32 => Precision::F32,
+        };
+        let model = Model::load(&path, LoadOptions { precision })
+            .with_context(|| format!("loading {}", path.display()))?;
+        let tokenizer = Tokenizer::from_gguf(model.gguf())
+            .with_context(|| format!("building the tokenizer of {}", path.display()))?;
+        let pool = match args.threads {
+            Some(n) => ferrite_cpu::ThreadPool::new(n)?,
+            None => ferrite_cpu::ThreadPool::with_default_threads()?,
+        };
+        if args.ctx == 0 {
+            bail!("--ctx must be at least 1");
+        }
+        let kv = match args.kv {
+            KvArg::F16 => KvType::F16,
+            KvArg::F32 => KvType::F32,
+        };
+        Ok(Loaded {
+            model,
+            tokenizer,
+            pool,
+            kv,
+            ctx: args.ctx,
+            load_time: start.elapsed(),
+        })
+    }
+
+    /// A fresh session over this model.
+    pub fn session(&self) -> anyhow::Result<Session<'_>> {
+        Ok(Session::new(&self.model, &self.pool, self.ctx, self.kv)?)
+    }
+
+    /// The line that says what actually ran.
+    pub fn backend_line(&self) -> String {
+        let kv = match self.kv {
+            KvType::F16 => "f16",
+            KvType::F32 => "f32",
+        };
+        format!(
+            "backend=cpu threads={} simd={} kv={kv} precision={}",
+            self.pool.n_threads(),
+            ferrite_quant::simd_level(),
+            match self.model.precision() {
+                Precision::Default => "default",
+                Precision::F32 => "f32",
+            }
+        )
+    }
+
+    /// Token ids that end a generated turn: the model's EOS and its end-of-turn markers.
+    pub fn stop_ids(&self) -> Vec<u32> {
+        let mut ids: Vec<u32> = self.tokenizer.eos_id().into_iter().collect();
+        for marker in ["<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|endoftext|>"] {
+            if let Some(id) = self.tokenizer.token_id(marker) {
+                if !ids.contains(&id) {
+                    ids.push(id);
+                }
+            }
+        }
+        ids
+    }
+}
+
+/// Counters for the end-of-run report.
+#[derive(Default)]
+struct Clocks {
+    prompt_tokens: usize,
+    prefill: Duration,
+    generated: usize,
+    decode: Duration,
+}
+
+/// Run `ferrite run`.
+pub fn run(args: RunArgs) -> anyhow::Result<i32> {
+    let prompt = match (args.prompt.clone(), args.prompt_text.clone()) {
+        (Some(p), _) | (None, Some(p)) => Some(p),
+        (None, None) if !std::io::stdin().is_terminal() => {
+            let mut text = String::new();
+            std::io::stdin()
+                .read_to_string(&mut text)
+                .context("reading the prompt from stdin")?;
+            Some(text)
+        }
+        (None, None) => None,
+    };
+    let loaded = Loaded::load(&args.model)?;
+    let template = if args.raw {
+        None
+    } else {
+        match loaded.tokenizer.chat_template() {
+            Some(_) => Some(loaded.tokenizer.chat_template_renderer()?),
+            None => None,
+        }
+    };
+    let mut session = loaded.session()?;
+    match prompt {
+        Some(prompt) => {
+            if template.is_none() && !args.raw {
+                eprintln!("note: this model has no chat template; running plain completion");
+            }
+            let ids = match &template {
+                Some(t) => {
+                    let messages = initial_messages(args.system.as_deref());
+                    encode_chat(&loaded, t, &messages, &prompt)?
+                }
+                None => loaded.tokenizer.encode(&prompt, true, true),
+            };
+            let mut clocks = Clocks::default();
+            let mut sampler = Sampler::new(sampler_config(&args, &loaded))?;
+            let mut dump = open_dump(&args)?;
+            let start = Instant::now();
+            let mut ttft = None;
+            generate(
+                &loaded,
+                &mut session,
+                &mut sampler,
+                &ids,
+                &mut clocks,
+                &mut ttft,
+                start,
+                dump.as_mut(),
+                &mut std::io::stdout(),
+            )?;
+            println!();
+            report(&loaded, &clocks, ttft);
+        }
+        None => {
+            let Some(template) = template else {
+                bail!(
+                    "this model has no chat template, so interactive chat is not available; \
+                     pass a prompt for plain completion (ferrite run -m {} \"text\")",
+                    args.model.model
+                );
+            };
+            chat_repl(&args, &loaded, &template, &mut session)?;
+        }
+    }
+    Ok(0)
+}
+
+fn sampler_config(args: &RunArgs, loaded: &Loaded) -> SamplerConfig {
+    SamplerConfig {
+        temperature: args.temp,
+        top_k: args.top_k,
+        top_p: args.top_p,
+        min_p: args.min_p,
+        repeat_penalty: args.repeat_penalty,
+        frequency_penalty: args.frequency_penalty,
+        presence_penalty: args.presence_penalty,
+        seed: args.seed,
+        max_tokens: args.max_tokens,
+        stop_ids: loaded.stop_ids(),
+        n_logprobs: if args.dump_logprobs.is_some() {
+            args.logprobs_top_k
+        } else {
+            0
+        },
+        ..SamplerConfig::default()
+    }
+}
+
+fn open_dump(args: &RunArgs) -> anyhow::Result<Option<std::io::BufWriter<std::fs::File>>> {
+    args.dump_logprobs
+        .as_ref()
+        .map(|path| {
+            std::fs::File::create(path)
+                .map(std::io::BufWriter::new)
+                .with_context(|| format!("creating {}", path.display()))
+        })
+        .transpose()
+}
+
+fn initial_messages(system: Option<&str>) -> Vec<serde_json::Value> {
+    system
+        .map(|s| serde_json::json!({"role": "system", "content": s}))
+        .into_iter()
+        .collect()
+}
+
+/// Render `messages` plus a new user turn and tokenize it as Hugging Face does
+/// (`apply_chat_template`: special-token text parsed, nothing added).
+fn encode_chat(
+    loaded: &Loaded,
+    template: &ChatTemplate,
+    messages: &[serde_json::Value],
+    user: &str,
+) -> anyhow::Result<Vec<u32>> {
+    let mut all = messages.to_vec();
+    all.push(serde_json::json!({"role": "user", "content": user}));
+    let rendered = template.render(&ChatRequest {
+        messages: all,
+        add_generation_prompt: true,
+        ..ChatRequest::default()
+    })?;
+    Ok(loaded.tokenizer.encode(&rendered, false, true))
+}
+
+/// Feed `ids` (after whatever the session already holds) and generate until a stop.
+/// Returns the generated token ids (without the stop token).
+#[allow(clippy::too_many_arguments)]
+fn generate(
+    loaded: &Loaded,
+    session: &mut Session<'_>,
+    sampler: &mut Sampler,
+    ids: &[u32],
+    clocks: &mut Clocks,
+    ttft: &mut Option<Duration>,
+    start: Instant,
+    mut dump: Option<&mut std::io::BufWriter<std::fs::File>>,
+    out: &mut dyn Write,
+) -> anyhow::Result<Vec<u32>> {
+    let ctx = session.ctx();
+    if session.n_past() + ids.len() > ctx {
+        bail!(
+            "the prompt needs {} tokens but the context holds {ctx} (use --ctx)",
+            session.n_past() + ids.len()
+        );
+    }
+    let mut history: Vec<u32> = ids.to_vec();
+    let t = Instant::now();
+    let mut logits = session
+        .eval(ids, Outputs::Last)?
+        .last()
+        .map(<[f32]>::to_vec);
+    clocks.prompt_tokens += ids.len();
+    clocks.prefill += t.elapsed();
+    let mut decoder = loaded.tokenizer.stream_decoder(false);
+    let mut generated = Vec::new();
+    let decode_start = Instant::now();
+    while let Some(row) = logits.take() {
+        let sampled = sampler.sample(&row, &history)?;
+        if ttft.is_none() {
+            *ttft = Some(start.elapsed());
+        }
+        if let Some(dump) = dump.as_deref_mut() {
+            let line = serde_json::json!({
+                "token": sampled.token,
+                "piece": loaded.tokenizer.piece(sampled.token),
+                "logprob": sampled.logprob,
+                "top": sampled.top,
+            });
+            writeln!(dump, "{line}")?;
+        }
+        let stop = sampler.stop_reason(sampled.token, generated.len() + 1);
+        if matches!(stop, Some(StopReason::StopToken(_))) {
+            break;
+        }
+        generated.push(sampled.token);
+        history.push(sampled.token);
+        let text = decoder.push(sampled.token)?;
+        out.write_all(text.as_bytes())?;
+        out.flush()?;
+        if stop.is_some() {
+            break;
+        }
+        if session.n_past() >= ctx {
+            eprintln!("\nnote: context full ({ctx} tokens); stopping");
+            break;
+        }
+        logits = session
+            .eval(&[sampled.token], Outputs::Last)?
+            .last()
+            .map(<[f32]>::to_vec);
+    }
+    out.write_all(decoder.finish().as_bytes())?;
+    clocks.generated += generated.len();
+    clocks.decode += decode_start.elapsed();
+    if let Some(dump) = dump {
+        dump.flush()?;
+    }
+    Ok(generated)
+}
+
+fn report(loaded: &Loaded, clocks: &Clocks, ttft: Option<Duration>) {
+    let rate = |n: usize, d: Duration| {
+        if d.is_zero() {
+            0.0
+        } else {
+            n as f64 / d.as_secs_f64()
+        }
+    };
+    eprintln!(
+        "load {:.0} ms | ttft {:.0} ms | prefill {:.1} tok/s | decode {:.1} tok/s | tokens in {} out {}",
+        loaded.load_time.as_secs_f64() * 1e3,
+        ttft.unwrap_or_default().as_secs_f64() * 1e3,
+        rate(clocks.prompt_tokens, clocks.prefill),
+        rate(clocks.generated, clocks.decode),
+        clocks.prompt_tokens,
+        clocks.generated
+    );
+    eprintln!("{}", loaded.backend_line());
+}
+
+/// The interactive chat: the whole conversation is re-rendered each turn and only the part
+/// after the longest common prefix with the session's tokens is evaluated.
+fn chat_repl(
+    args: &RunArgs,
+    loaded: &Loaded,
+    template: &ChatTemplate,
+    session: &mut Session<'_>,
+) -> anyhow::Result<()> {
+    let mut messages = initial_messages(args.system.as_deref());
+    let mut cached: Vec<u32> = Vec::new();
+    let mut sampler = Sampler::new(sampler_config(args, loaded))?;
+    eprintln!(
+        "chat with {} — /reset clears the conversation, /exit quits",
+        args.model.model
+    );
+    let stdin = std::io::stdin();
+    loop {
+        eprint!("> ");
+        let mut line = String::new();
+        if stdin.lock().read_line(&mut line)? == 0 {
+            return Ok(());
+        }
+        let line = line.trim_end_matches(['\n', '\r']);
+        match line.trim() {
+            "/exit" | "/quit" => return Ok(()),
+            "/reset" => {
+                messages = initial_messages(args.system.as_deref());
+                cached.clear();
+                session.reset();
+                eprintln!("(conversation cleared)");
+                continue;
+            }
+            "" => continue,
+            _ => {}
+        }
+        let ids = encode_chat(loaded, template, &messages, line)?;
+        let common = cached
+            .iter()
+            .zip(&ids)
+            .take_while(|(a, b)| a == b)
+            .count()
+            .min(ids.len().saturating_sub(1));
+        session.truncate(common);
+        let mut clocks = Clocks::default();
+        let mut ttft = None;
+        let mut out = std::io::stdout();
+        let generated = generate(
+            loaded,
+            session,
+            &mut sampler,
+            &ids[common..],
+            &mut clocks,
+            &mut ttft,
+            Instant::now(),
+            None,
+            &mut out,
+        )?;
+        println!();
+        report(loaded, &clocks, ttft);
+        let reply = loaded.tokenizer.decode(&generated, false)?;
+        messages.push(serde_json::json!({"role": "user", "content": line}));
+        messages.push(serde_json::json!({"role": "assistant", "content": reply}));
+        cached = ids;
+        cached.extend_from_slice(&generated);
+    }
 }

@@ -20,6 +20,26 @@ fn unknown_model_exits_1_with_the_known_names() {
     assert!(stderr.contains("unknown model") && stderr.contains("gemma3-270m"));
 }
 
+/// Pulls racing for one cache serialize on its lock file; both print the same verified path.
+#[test]
+fn concurrent_pulls_into_an_empty_cache_both_succeed() {
+    let home = tempfile::tempdir().unwrap();
+    let spawn = || {
+        common::ferrite()
+            .args(["pull", "smollm2-135m-instruct"])
+            .env("FERRITE_HOME", home.path())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (a, b) = (spawn(), spawn());
+    let (a, b) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
+    assert!(a.status.success(), "{}", common::text(&a));
+    assert!(b.status.success(), "{}", common::text(&b));
+    assert_eq!(a.stdout, b.stdout);
+}
+
 #[test]
 fn missing_python_is_a_clear_error_and_leaves_nothing() {
     let home = tempfile::tempdir().unwrap();
@@ -33,6 +53,8 @@ fn missing_python_is_a_clear_error_and_leaves_nothing() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("not found"));
     let left: Vec<_> = std::fs::read_dir(home.path().join("models"))
         .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .filter(|name| name != ".pull.lock")
         .collect();
     assert!(left.is_empty(), "{left:?}");
 }
