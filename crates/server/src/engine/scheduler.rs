@@ -694,4 +694,160 @@ mod tests {
         assert_eq!(t.push(e[0] as u32, &Bytes), "");
         assert_eq!(t.finish(&Bytes), "\u{FFFD}");
     }
+
+    /// Next token = sum of the whole KV mod 15, so any stale or missing KV entry after a
+    /// prefix reuse changes the output.
+    struct SumSeq {
+        kv: Vec<u32>,
+        logits: Vec<f32>,
+    }
+
+    impl Sequence for SumSeq {
+        fn truncate(&mut self, n: usize) {
+            self.kv.truncate(n);
+        }
+        fn eval_last(&mut self, tokens: &[u32]) -> Result<&[f32], String> {
+            self.kv.extend_from_slice(tokens);
+            let next = self.kv.iter().sum::<u32>() % EOG;
+            self.logits = (0..V).map(|t| if t == next { 5.0 } else { 0.0 }).collect();
+            Ok(&self.logits)
+        }
+    }
+
+    fn sum_sched(n: usize) -> Scheduler<'static, SumSeq> {
+        let seqs = (0..n)
+            .map(|_| SumSeq {
+                kv: Vec::new(),
+                logits: Vec::new(),
+            })
+            .collect();
+        let limits = Limits {
+            n_ctx: 40,
+            prefill_chunk: 3,
+        };
+        Scheduler::new(&ToyRt, seqs, Arc::new(Counters::default()), limits)
+    }
+
+    fn sum_job(
+        s: &mut Scheduler<'_, SumSeq>,
+        prompt: &[u32],
+        max_tokens: usize,
+    ) -> UnboundedReceiver<GenEvent> {
+        let (tx, rx) = unbounded_channel();
+        s.counters.inflight.fetch_add(1, Ordering::SeqCst);
+        let req = GenRequest {
+            prompt: prompt.to_vec(),
+            sampling: SamplingParams::default(),
+            max_tokens,
+            stop: Vec::new(),
+            logprobs: None,
+        };
+        s.waiting.push_back(Job {
+            req,
+            tx,
+            queued_at: Instant::now(),
+        });
+        rx
+    }
+
+    /// Random arrivals, disconnects and prompts sharing prefixes: the counters always match
+    /// the slots and the queue, every kept job gets Started, tokens and exactly one Done,
+    /// and its text equals the same job run alone on a fresh scheduler.
+    #[test]
+    fn random_traffic_keeps_counters_and_outputs_exact() {
+        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        let mut next = |m: u64| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng % m
+        };
+        let mut s = sum_sched(3);
+        let mut jobs: Vec<(
+            Vec<u32>,
+            usize,
+            Option<UnboundedReceiver<GenEvent>>,
+            Vec<GenEvent>,
+        )> = Vec::new();
+        let base: Vec<u32> = vec![3, 1, 4, 1, 5, 9, 2, 6];
+        for _ in 0..400 {
+            if next(3) == 0 {
+                let keep = next(base.len() as u64) as usize;
+                let mut prompt = base[..keep].to_vec();
+                prompt.extend((0..1 + next(6)).map(|_| next(EOG as u64) as u32));
+                let max_tokens = 1 + next(12) as usize;
+                let rx = sum_job(&mut s, &prompt, max_tokens);
+                jobs.push((prompt, max_tokens, Some(rx), Vec::new()));
+            }
+            if next(10) == 0 && !jobs.is_empty() {
+                let k = next(jobs.len() as u64) as usize;
+                jobs[k].2 = None;
+            }
+            s.step();
+            for j in jobs.iter_mut() {
+                if let Some(rx) = j.2.as_mut() {
+                    while let Ok(ev) = rx.try_recv() {
+                        j.3.push(ev);
+                    }
+                }
+            }
+            let active = s.slots.iter().filter(|x| x.active.is_some()).count();
+            assert_eq!(s.counters.active.load(Ordering::SeqCst), active);
+            assert_eq!(
+                s.counters.inflight.load(Ordering::SeqCst),
+                active + s.waiting.len()
+            );
+        }
+        run_all_sum(&mut s);
+        assert_eq!(s.counters.inflight.load(Ordering::SeqCst), 0);
+        let mut checked = 0;
+        let mut reused = 0;
+        for (prompt, max_tokens, rx, mut events) in jobs {
+            let Some(mut rx) = rx else { continue };
+            while let Ok(ev) = rx.try_recv() {
+                events.push(ev);
+            }
+            let mut alone = sum_sched(1);
+            let mut arx = sum_job(&mut alone, &prompt, max_tokens);
+            run_all_sum(&mut alone);
+            let mut expected = Vec::new();
+            while let Ok(ev) = arx.try_recv() {
+                expected.push(ev);
+            }
+            assert!(
+                matches!(events.first(), Some(GenEvent::Started { .. })),
+                "{events:?}"
+            );
+            let dones = events
+                .iter()
+                .filter(|e| matches!(e, GenEvent::Done { .. }))
+                .count();
+            assert_eq!(dones, 1, "{events:?}");
+            assert!(matches!(events.last(), Some(GenEvent::Done { .. })));
+            let tokens = |evs: &[GenEvent]| -> Vec<u32> {
+                evs.iter()
+                    .filter_map(|e| match e {
+                        GenEvent::Token { id, .. } => Some(*id),
+                        _ => None,
+                    })
+                    .collect()
+            };
+            assert_eq!(tokens(&events), tokens(&expected), "prompt {prompt:?}");
+            checked += 1;
+        }
+        assert!(
+            checked > 20,
+            "too few jobs kept to mean anything: {checked}"
+        );
+    }
+
+    fn run_all_sum(s: &mut Scheduler<'_, SumSeq>) {
+        for _ in 0..10_000 {
+            if s.idle() {
+                return;
+            }
+            s.step();
+        }
+        panic!("scheduler did not finish");
+    }
 }
