@@ -714,6 +714,14 @@ mod tests {
         }
     }
 
+    /// Prompt, max_tokens, receiver (None once the client left) and events seen so far.
+    type TrackedJob = (
+        Vec<u32>,
+        usize,
+        Option<UnboundedReceiver<GenEvent>>,
+        Vec<GenEvent>,
+    );
+
     fn sum_sched(n: usize) -> Scheduler<'static, SumSeq> {
         let seqs = (0..n)
             .map(|_| SumSeq {
@@ -763,12 +771,7 @@ mod tests {
             rng % m
         };
         let mut s = sum_sched(3);
-        let mut jobs: Vec<(
-            Vec<u32>,
-            usize,
-            Option<UnboundedReceiver<GenEvent>>,
-            Vec<GenEvent>,
-        )> = Vec::new();
+        let mut jobs: Vec<TrackedJob> = Vec::new();
         let base: Vec<u32> = vec![3, 1, 4, 1, 5, 9, 2, 6];
         for _ in 0..400 {
             if next(3) == 0 {
@@ -814,10 +817,12 @@ mod tests {
             while let Ok(ev) = arx.try_recv() {
                 expected.push(ev);
             }
-            assert!(
-                matches!(events.first(), Some(GenEvent::Started { .. })),
-                "{events:?}"
-            );
+            match events.first() {
+                Some(GenEvent::Started { cached_tokens }) => {
+                    reused += usize::from(*cached_tokens > 0)
+                }
+                other => panic!("first event {other:?}"),
+            }
             let dones = events
                 .iter()
                 .filter(|e| matches!(e, GenEvent::Done { .. }))
@@ -838,6 +843,10 @@ mod tests {
         assert!(
             checked > 20,
             "too few jobs kept to mean anything: {checked}"
+        );
+        assert!(
+            reused > 5,
+            "prefix reuse barely exercised: {reused} of {checked}"
         );
     }
 
