@@ -45,8 +45,8 @@ pub struct ServeArgs {
     /// Largest accepted request body in bytes; larger ones get 413.
     #[arg(long, default_value_t = 8 << 20)]
     max_body_bytes: usize,
-    /// Most prompt tokens one slot evaluates per scheduler step (bounds the stall a long
-    /// prompt causes to running streams).
+    /// Most prompt tokens evaluated per scheduler step over all slots (bounds the stall
+    /// that long prompts cause to running streams).
     #[arg(long, default_value_t = 128)]
     prefill_chunk: usize,
 }

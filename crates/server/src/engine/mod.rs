@@ -38,7 +38,7 @@ pub struct EngineConfig {
     pub threads: usize,
     /// Most requests waiting for a slot before new ones get 429.
     pub queue_limit: usize,
-    /// Most prompt tokens one slot evaluates per scheduler step.
+    /// Most prompt tokens evaluated per scheduler step, over all slots.
     pub prefill_chunk: usize,
 }
 

@@ -6,8 +6,9 @@
 //! model, and the same code drives real sessions.
 //!
 //! One step = admit waiting jobs into idle slots, then advance every active slot once: a
-//! prefilling slot evaluates at most `prefill_chunk` prompt tokens, a decoding slot one
-//! token. Slots are evaluated one after another (no fused batch across slots yet). A slot
+//! decoding slot evaluates one token, prefilling slots share a budget of `prefill_chunk`
+//! prompt tokens per step (oldest admission first), so the stall that long prompts cause to
+//! running streams stays bounded however many arrive at once. Slots are evaluated one after another (no fused batch across slots yet). A slot
 //! whose client has gone (closed channel) is released at the step boundary.
 
 use std::collections::VecDeque;
@@ -80,7 +81,7 @@ pub struct Counters {
 pub struct Limits {
     /// Context length of each slot.
     pub n_ctx: usize,
-    /// Most prompt tokens one slot evaluates per step.
+    /// Most prompt tokens evaluated per step, over all prefilling slots.
     pub prefill_chunk: usize,
 }
 
@@ -202,8 +203,11 @@ impl<'r, S: Sequence> Scheduler<'r, S> {
     /// Admit waiting jobs, then advance every active slot once.
     pub fn step(&mut self) {
         self.admit();
-        for i in 0..self.slots.len() {
-            self.advance(i);
+        let mut order: Vec<usize> = (0..self.slots.len()).collect();
+        order.sort_by_key(|&i| self.slots[i].active.as_ref().map(|a| a.admitted));
+        let mut budget = self.limits.prefill_chunk.max(1);
+        for i in order {
+            self.advance(i, &mut budget);
         }
     }
 
@@ -291,7 +295,7 @@ impl<'r, S: Sequence> Scheduler<'r, S> {
         }
     }
 
-    fn advance(&mut self, i: usize) {
+    fn advance(&mut self, i: usize, budget: &mut usize) {
         let limits = self.limits;
         let slot = &mut self.slots[i];
         let Some(a) = slot.active.as_mut() else {
@@ -303,7 +307,11 @@ impl<'r, S: Sequence> Scheduler<'r, S> {
         }
         let prompt_len = a.job.req.prompt.len();
         let input: Vec<u32> = if a.fed < prompt_len {
-            let end = prompt_len.min(a.fed + limits.prefill_chunk.max(1));
+            if *budget == 0 {
+                return;
+            }
+            let end = prompt_len.min(a.fed + *budget);
+            *budget -= end - a.fed;
             a.job.req.prompt[a.fed..end].to_vec()
         } else if let Some(t) = a.pending.take() {
             vec![t]
@@ -633,6 +641,26 @@ mod tests {
         run_all(&mut s);
         assert_eq!(drain(&mut short).0, "cdefghijklmno");
         assert_eq!(drain(&mut long).0, "bcdefghijklmno");
+    }
+
+    #[test]
+    fn prefill_budget_is_shared_oldest_first() {
+        let (mut s, evals, _) = toy_sched(3, 64, 4);
+        let mut short = job(&mut s, &[1], 100, &[]);
+        s.step();
+        let mut a = job(&mut s, &[0; 6], 100, &[]);
+        let mut b = job(&mut s, &[0; 6], 100, &[]);
+        s.step();
+        // The decoding slot advances; the older long prompt takes the whole budget.
+        assert_eq!(evals.borrow().as_slice(), &[1, 1, 4]);
+        s.step();
+        assert_eq!(evals.borrow()[3..], [1, 2, 2]);
+        s.step();
+        assert_eq!(evals.borrow()[6..], [1, 1, 4]);
+        run_all(&mut s);
+        assert_eq!(drain(&mut short).0, "cdefghijklmno");
+        assert_eq!(drain(&mut a).0, "bcdefghijklmno");
+        assert_eq!(drain(&mut b).0, "bcdefghijklmno");
     }
 
     #[test]
