@@ -437,7 +437,7 @@ async fn bad_input_is_400_and_server_stays_healthy() {
         ("/v1/completions", json!({"model": "fake-model"}).to_string(), Some("prompt")),
         ("/v1/completions", json!({"model": "fake-model", "prompt": [1, -4]}).to_string(), Some("prompt")),
         ("/v1/completions", json!({"model": "fake-model", "prompt": ["a", "b"]}).to_string(), Some("prompt")),
-        ("/v1/completions", json!({"model": "fake-model", "prompt": ""}).to_string(), None),
+        ("/v1/completions", json!({"model": "fake-model", "prompt": ""}).to_string(), Some("prompt")),
         ("/v1/responses", json!({"model": "fake-model"}).to_string(), Some("input")),
         ("/v1/responses", json!({"model": "fake-model", "input": 7}).to_string(), Some("input")),
         ("/tokenize", json!({"content": 7}).to_string(), Some("content")),
