@@ -6,6 +6,7 @@
 //! attention code is the same for both types.
 
 use half::f16;
+use half::slice::HalfFloatSliceExt;
 
 use crate::ModelError;
 
@@ -82,11 +83,9 @@ impl KvCache {
         for (value, src) in [(false, k), (true, v)] {
             let o = self.offset(layer, value, pos);
             match &mut self.store {
-                Store::F16(d) => {
-                    for (dst, &s) in d[o..o + src.len()].iter_mut().zip(src) {
-                        *dst = f16::from_f32(s);
-                    }
-                }
+                // The slice conversions use F16C eight lanes at a time; per-element
+                // `f16::from_f32` calls were a tenth of decode time.
+                Store::F16(d) => d[o..o + src.len()].convert_from_f32_slice(src),
                 Store::F32(d) => d[o..o + src.len()].copy_from_slice(src),
             }
         }
@@ -107,11 +106,7 @@ impl KvCache {
             let o = self.offset(layer, value, pos) + head * head_dim;
             let out = &mut dst[i * head_dim..(i + 1) * head_dim];
             match &self.store {
-                Store::F16(d) => {
-                    for (o, s) in out.iter_mut().zip(&d[o..o + head_dim]) {
-                        *o = s.to_f32();
-                    }
-                }
+                Store::F16(d) => d[o..o + head_dim].convert_to_f32_slice(out),
                 Store::F32(d) => out.copy_from_slice(&d[o..o + head_dim]),
             }
         }
