@@ -1,0 +1,350 @@
+//! [`CudaModel`] (the weights uploaded once, quantized blocks kept as stored) and
+//! [`CudaSession`] (an f16 KV cache and the decode loop). The forward pass mirrors
+//! `ferrite_model::Session` step for step: embedding (times Gemma's scale), pre-norms,
+//! Q/K/V products, per-head Q/K norms, rope with the layer's base, attention with the
+//! layer's window, optional post-norms, gated FFN, final norm and output product.
+//!
+//! Prefill in this first slice is a loop of decode steps (one token at a time).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use cudarc::driver::CudaSlice;
+use ferrite_gguf::Gguf;
+use ferrite_model::{Model, ModelConfig};
+
+use crate::ops::DeviceMatrix;
+use crate::{AttnShape, CudaBackend, CudaError};
+
+/// Device weights of one block.
+#[derive(Debug)]
+struct DeviceLayer {
+    attn_norm: CudaSlice<f32>,
+    wq: DeviceMatrix,
+    wk: DeviceMatrix,
+    wv: DeviceMatrix,
+    wo: DeviceMatrix,
+    q_norm: Option<CudaSlice<f32>>,
+    k_norm: Option<CudaSlice<f32>>,
+    post_attn_norm: Option<CudaSlice<f32>>,
+    ffn_norm: CudaSlice<f32>,
+    w_gate: DeviceMatrix,
+    w_up: DeviceMatrix,
+    w_down: DeviceMatrix,
+    post_ffn_norm: Option<CudaSlice<f32>>,
+}
+
+/// A model whose weights live on the device.
+#[derive(Debug)]
+pub struct CudaModel {
+    backend: Arc<CudaBackend>,
+    config: ModelConfig,
+    embed: DeviceMatrix,
+    output: Option<DeviceMatrix>,
+    output_norm: CudaSlice<f32>,
+    layers: Vec<DeviceLayer>,
+    weight_bytes: u64,
+    upload_ms: f64,
+}
+
+fn upload_matrix(
+    b: &CudaBackend,
+    g: &Gguf,
+    name: &str,
+    rows: usize,
+    cols: usize,
+) -> Result<DeviceMatrix, CudaError> {
+    let t = g
+        .tensor(name)
+        .ok_or_else(|| ferrite_model::ModelError::MissingTensor(name.to_owned()))?;
+    if t.dims != [cols as u64, rows as u64] {
+        return Err(CudaError::InvalidArgument(format!(
+            "{name}: dims {:?}, expected [{cols}, {rows}]",
+            t.dims
+        )));
+    }
+    if crate::device::kernel_suffix(t.ty).is_none() {
+        return Err(CudaError::UnsupportedType {
+            name: name.to_owned(),
+            ty: t.ty,
+        });
+    }
+    b.upload_matrix(t.ty, rows, cols, g.tensor_data(t))
+        .map_err(|e| CudaError::InvalidArgument(format!("{name}: {e}")))
+}
+
+fn upload_vector(
+    b: &CudaBackend,
+    g: &Gguf,
+    name: &str,
+    len: usize,
+) -> Result<CudaSlice<f32>, CudaError> {
+    let t = g
+        .tensor(name)
+        .ok_or_else(|| ferrite_model::ModelError::MissingTensor(name.to_owned()))?;
+    if t.dims != [len as u64] {
+        return Err(CudaError::InvalidArgument(format!(
+            "{name}: dims {:?}, expected [{len}]",
+            t.dims
+        )));
+    }
+    let mut v = vec![0.0f32; len];
+    ferrite_quant::dequantize(t.ty, g.tensor_data(t), &mut v)
+        .map_err(|e| CudaError::InvalidArgument(format!("{name}: {e}")))?;
+    Ok(b.stream.clone_htod(&v)?)
+}
+
+impl CudaModel {
+    /// Uploads the weights of `model` (already loaded and checked on the host).
+    pub fn load(backend: Arc<CudaBackend>, model: &Model) -> Result<CudaModel, CudaError> {
+        let start = Instant::now();
+        let c = model.config().clone();
+        let g = model.gguf();
+        let b = &*backend;
+        AttnShape::new(c.n_head, c.n_kv_head, c.head_dim, c.attn_scale, None)?;
+        let embed = upload_matrix(b, g, "token_embd.weight", c.n_vocab, c.d_model)?;
+        let output = match g.tensor("output.weight") {
+            Some(_) => Some(upload_matrix(b, g, "output.weight", c.n_vocab, c.d_model)?),
+            None => None,
+        };
+        let output_norm = upload_vector(b, g, "output_norm.weight", c.d_model)?;
+        let mut layers = Vec::with_capacity(c.n_layer);
+        for i in 0..c.n_layer {
+            let n = |s: &str| format!("blk.{i}.{s}.weight");
+            let opt = |s: &str, len: usize, wanted: bool| {
+                if wanted {
+                    upload_vector(b, g, &n(s), len).map(Some)
+                } else {
+                    Ok(None)
+                }
+            };
+            layers.push(DeviceLayer {
+                attn_norm: upload_vector(b, g, &n("attn_norm"), c.d_model)?,
+                wq: upload_matrix(b, g, &n("attn_q"), c.q_dim(), c.d_model)?,
+                wk: upload_matrix(b, g, &n("attn_k"), c.kv_dim(), c.d_model)?,
+                wv: upload_matrix(b, g, &n("attn_v"), c.kv_dim(), c.d_model)?,
+                wo: upload_matrix(b, g, &n("attn_output"), c.d_model, c.q_dim())?,
+                q_norm: opt("attn_q_norm", c.head_dim, c.qk_norm)?,
+                k_norm: opt("attn_k_norm", c.head_dim, c.qk_norm)?,
+                post_attn_norm: opt("post_attention_norm", c.d_model, c.post_norms)?,
+                ffn_norm: upload_vector(b, g, &n("ffn_norm"), c.d_model)?,
+                w_gate: upload_matrix(b, g, &n("ffn_gate"), c.d_ff, c.d_model)?,
+                w_up: upload_matrix(b, g, &n("ffn_up"), c.d_ff, c.d_model)?,
+                w_down: upload_matrix(b, g, &n("ffn_down"), c.d_model, c.d_ff)?,
+                post_ffn_norm: opt("post_ffw_norm", c.d_model, c.post_norms)?,
+            });
+        }
+        b.synchronize()?;
+        let mut weight_bytes = embed.data.len() as u64;
+        weight_bytes += output.as_ref().map_or(0, |o| o.data.len() as u64);
+        for l in &layers {
+            for m in [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down] {
+                weight_bytes += m.data.len() as u64;
+            }
+        }
+        Ok(CudaModel {
+            backend,
+            config: c,
+            embed,
+            output,
+            output_norm,
+            layers,
+            weight_bytes,
+            upload_ms: start.elapsed().as_secs_f64() * 1e3,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// The backend the weights live on.
+    pub fn backend(&self) -> &Arc<CudaBackend> {
+        &self.backend
+    }
+
+    /// Bytes of matrix weights read by one decode step (embedding row excluded, output
+    /// product included): the numerator of the bandwidth floor.
+    pub fn decode_weight_bytes(&self) -> u64 {
+        let out = self.output.as_ref().unwrap_or(&self.embed);
+        let tied_extra = if self.output.is_none() {
+            out.data.len() as u64
+        } else {
+            0
+        };
+        self.weight_bytes - self.embed.data.len() as u64 + tied_extra
+    }
+
+    /// Milliseconds spent uploading the weights.
+    pub fn upload_ms(&self) -> f64 {
+        self.upload_ms
+    }
+}
+
+/// Activation buffers of one decode step.
+#[derive(Debug)]
+struct Buffers {
+    x: CudaSlice<f32>,
+    xn: CudaSlice<f32>,
+    q: CudaSlice<f32>,
+    k: CudaSlice<f32>,
+    v: CudaSlice<f32>,
+    att: CudaSlice<f32>,
+    o: CudaSlice<f32>,
+    gate: CudaSlice<f32>,
+    up: CudaSlice<f32>,
+    scores: CudaSlice<f32>,
+    logits: CudaSlice<f32>,
+}
+
+/// One timeline over a [`CudaModel`]: an f16 KV cache of `ctx` positions.
+#[derive(Debug)]
+pub struct CudaSession<'m> {
+    model: &'m CudaModel,
+    ctx: usize,
+    n_past: usize,
+    kv: Vec<(CudaSlice<u16>, CudaSlice<u16>)>,
+    buf: Buffers,
+}
+
+impl<'m> CudaSession<'m> {
+    /// A session of `ctx` positions.
+    pub fn new(model: &'m CudaModel, ctx: usize) -> Result<CudaSession<'m>, CudaError> {
+        if ctx == 0 || i32::try_from(ctx).is_err() {
+            return Err(CudaError::InvalidArgument(format!("context size {ctx}")));
+        }
+        let c = &model.config;
+        let s = &model.backend.stream;
+        let mut kv = Vec::with_capacity(c.n_layer);
+        for _ in 0..c.n_layer {
+            kv.push((
+                s.alloc_zeros::<u16>(ctx * c.kv_dim())?,
+                s.alloc_zeros::<u16>(ctx * c.kv_dim())?,
+            ));
+        }
+        let buf = Buffers {
+            x: s.alloc_zeros(c.d_model)?,
+            xn: s.alloc_zeros(c.d_model)?,
+            q: s.alloc_zeros(c.q_dim())?,
+            k: s.alloc_zeros(c.kv_dim())?,
+            v: s.alloc_zeros(c.kv_dim())?,
+            att: s.alloc_zeros(c.q_dim())?,
+            o: s.alloc_zeros(c.d_model)?,
+            gate: s.alloc_zeros(c.d_ff)?,
+            up: s.alloc_zeros(c.d_ff)?,
+            scores: s.alloc_zeros(c.n_head * ctx)?,
+            logits: s.alloc_zeros(c.n_vocab)?,
+        };
+        Ok(CudaSession {
+            model,
+            ctx,
+            n_past: 0,
+            kv,
+            buf,
+        })
+    }
+
+    /// Tokens in the cache.
+    pub fn n_past(&self) -> usize {
+        self.n_past
+    }
+
+    /// Forgets all cached tokens.
+    pub fn reset(&mut self) {
+        self.n_past = 0;
+    }
+
+    /// Forgets cached tokens after the first `n`.
+    pub fn truncate(&mut self, n: usize) {
+        self.n_past = self.n_past.min(n);
+    }
+
+    /// Runs `tokens` at positions `n_past..` and returns the logits of the last one.
+    pub fn eval(&mut self, tokens: &[u32]) -> Result<Vec<f32>, CudaError> {
+        let c = &self.model.config;
+        if tokens.is_empty() {
+            return Err(CudaError::InvalidArgument("no tokens to evaluate".into()));
+        }
+        if self.n_past + tokens.len() > self.ctx {
+            return Err(CudaError::InvalidArgument(format!(
+                "context full: {} cached + {} new > {}",
+                self.n_past,
+                tokens.len(),
+                self.ctx
+            )));
+        }
+        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= c.n_vocab) {
+            return Err(CudaError::InvalidArgument(format!(
+                "token {t} outside a vocabulary of {}",
+                c.n_vocab
+            )));
+        }
+        let start = self.n_past;
+        for &t in tokens {
+            if let Err(e) = self.step(t) {
+                self.n_past = start;
+                return Err(e);
+            }
+            self.n_past += 1;
+        }
+        let m = self.model;
+        let b = &*m.backend;
+        b.rms_norm(&self.buf.x, &m.output_norm, &self.buf.xn, 1, c.rms_eps)?;
+        b.matvec(
+            m.output.as_ref().unwrap_or(&m.embed),
+            &self.buf.xn,
+            &self.buf.logits,
+        )?;
+        Ok(b.stream.clone_dtoh(&self.buf.logits)?)
+    }
+
+    /// One token at position `n_past`, leaving the residual stream in `buf.x`.
+    fn step(&mut self, token: u32) -> Result<(), CudaError> {
+        let m = self.model;
+        let c = &m.config;
+        let b = &*m.backend;
+        let u = &self.buf;
+        let pos = self.n_past;
+        b.embed(&m.embed, token, c.embed_scale, &u.x)?;
+        for (l, lw) in m.layers.iter().enumerate() {
+            let lc = &c.layers[l];
+            b.rms_norm(&u.x, &lw.attn_norm, &u.xn, 1, c.rms_eps)?;
+            b.matvec(&lw.wq, &u.xn, &u.q)?;
+            b.matvec(&lw.wk, &u.xn, &u.k)?;
+            b.matvec(&lw.wv, &u.xn, &u.v)?;
+            if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
+                b.rms_norm(&u.q, qn, &u.q, c.n_head, c.rms_eps)?;
+                b.rms_norm(&u.k, kn, &u.k, c.n_kv_head, c.rms_eps)?;
+            }
+            b.rope(&u.q, c.n_head, c.head_dim, pos, lc.rope_base, c.rope_style)?;
+            b.rope(
+                &u.k,
+                c.n_kv_head,
+                c.head_dim,
+                pos,
+                lc.rope_base,
+                c.rope_style,
+            )?;
+            let (kc, vc) = &self.kv[l];
+            b.kv_store(&u.k, &u.v, kc, vc, c.kv_dim(), pos)?;
+            let shape = AttnShape::new(c.n_head, c.n_kv_head, c.head_dim, c.attn_scale, lc.window)?;
+            b.attention(&shape, &u.q, kc, vc, &u.att, &u.scores, pos)?;
+            b.matvec(&lw.wo, &u.att, &u.o)?;
+            if let Some(w) = &lw.post_attn_norm {
+                b.rms_norm(&u.o, w, &u.o, 1, c.rms_eps)?;
+            }
+            b.add(&u.x, &u.o, c.d_model)?;
+            b.rms_norm(&u.x, &lw.ffn_norm, &u.xn, 1, c.rms_eps)?;
+            b.matvec(&lw.w_gate, &u.xn, &u.gate)?;
+            b.matvec(&lw.w_up, &u.xn, &u.up)?;
+            b.gated(c.activation, &u.gate, &u.up, c.d_ff)?;
+            b.matvec(&lw.w_down, &u.gate, &u.o)?;
+            if let Some(w) = &lw.post_ffn_norm {
+                b.rms_norm(&u.o, w, &u.o, 1, c.rms_eps)?;
+            }
+            b.add(&u.x, &u.o, c.d_model)?;
+        }
+        Ok(())
+    }
+}
