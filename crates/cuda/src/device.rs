@@ -63,6 +63,20 @@ pub fn kernel_suffix(ty: GgmlType) -> Option<&'static str> {
     })
 }
 
+/// The matvec and embedding kernels of a weight type; `None` when unsupported.
+pub(crate) fn weight_kernels(ty: GgmlType) -> Option<(&'static str, &'static str)> {
+    Some(match ty {
+        GgmlType::Q4_1 => ("matvec_q4_1", "embed_q4_1"),
+        GgmlType::Q8_0 => ("matvec_q8_0", "embed_q8_0"),
+        GgmlType::Q5_0 => ("matvec_q5_0", "embed_q5_0"),
+        GgmlType::Q4_K => ("matvec_q4_k", "embed_q4_k"),
+        GgmlType::Q6_K => ("matvec_q6_k", "embed_q6_k"),
+        GgmlType::F32 => ("matvec_f32", "embed_f32"),
+        GgmlType::F16 => ("matvec_f16", "embed_f16"),
+        _ => return None,
+    })
+}
+
 /// Values per quant unit a row length must be a multiple of.
 pub(crate) fn row_multiple(ty: GgmlType) -> usize {
     match ty {
@@ -202,10 +216,12 @@ mod tests {
             GgmlType::F16,
         ] {
             let s = kernel_suffix(ty).unwrap();
-            assert!(KERNELS.contains(&format!("matvec_{s}").as_str()));
-            assert!(KERNELS.contains(&format!("embed_{s}").as_str()));
+            let (mv, emb) = weight_kernels(ty).unwrap();
+            assert_eq!((mv, emb), (&*format!("matvec_{s}"), &*format!("embed_{s}")));
+            assert!(KERNELS.contains(&mv) && KERNELS.contains(&emb));
         }
         assert_eq!(kernel_suffix(GgmlType::Q2_K), None);
+        assert_eq!(weight_kernels(GgmlType::Q2_K), None);
     }
 
     #[test]

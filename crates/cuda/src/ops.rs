@@ -10,7 +10,7 @@ use ferrite_gguf::GgmlType;
 use ferrite_model::Activation;
 use ferrite_model::ops::RopeStyle;
 
-use crate::device::{grid_1d, kernel_suffix, row_multiple};
+use crate::device::{grid_1d, kernel_suffix, row_multiple, weight_kernels};
 use crate::{CudaBackend, CudaError};
 
 /// Rows per block of the matvec kernels (one warp each).
@@ -85,14 +85,14 @@ impl CudaBackend {
         x: &CudaSlice<f32>,
         y: &CudaSlice<f32>,
     ) -> Result<(), CudaError> {
-        let name = format!("matvec_{}", kernel_suffix(w.ty).unwrap_or("none"));
+        let name = weight_kernels(w.ty).map_or("none", |k| k.0);
         let (rows, cols) = (w.rows as i32, w.cols as i32);
         let cfg = LaunchConfig {
             grid_dim: (w.rows.div_ceil(MATVEC_ROWS_PER_BLOCK) as u32, 1, 1),
             block_dim: (32 * MATVEC_ROWS_PER_BLOCK as u32, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut b = self.kernel(&name)?;
+        let mut b = self.kernel(name)?;
         b.arg(&w.data)
             .arg(x)
             .arg(y)
@@ -119,9 +119,9 @@ impl CudaBackend {
                 w.rows
             )));
         }
-        let name = format!("embed_{}", kernel_suffix(w.ty).unwrap_or("none"));
+        let name = weight_kernels(w.ty).map_or("none", |k| k.1);
         let (tok, cols) = (token as i32, w.cols as i32);
-        let mut b = self.kernel(&name)?;
+        let mut b = self.kernel(name)?;
         b.arg(&w.data)
             .arg(y)
             .arg(&tok)
