@@ -65,3 +65,10 @@ static __device__ float block_max(float v, float* red) {
     __syncthreads();
     return red[0];
 }
+
+// The FFN gate activation: 0 = SiLU, 1 = GELU with the tanh approximation.
+static __device__ __forceinline__ float gate_act(float v, int act) {
+    if (act == 0) return v / (1.0f + expf(-v));
+    float t = tanhf(0.7978845608f * (v + 0.044715f * v * v * v));
+    return 0.5f * v * (1.0f + t);
+}

@@ -89,6 +89,60 @@ static __device__ __forceinline__ float deq_f16(const u8* __restrict__ r, int i)
         acc = warp_sum(acc);                                                               \
         if (lane == 0) y[row] = acc;                                                       \
     }                                                                                      \
+    /* Up to three matrices of one type and width over the same x (Q, K, V): rows       \
+       0..r0 go to y0, the next r1 to y1, the next r2 to y2. */                            \
+    extern "C" __global__ void matvec3_##NAME(                                             \
+        const u8* __restrict__ w0, const u8* __restrict__ w1, const u8* __restrict__ w2,   \
+        const float* __restrict__ x, float* __restrict__ y0, float* __restrict__ y1,       \
+        float* __restrict__ y2, int r0, int r1, int r2, int cols,                          \
+        unsigned long long row_bytes) {                                                    \
+        int row = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5);                     \
+        int lane = threadIdx.x & 31;                                                       \
+        const u8* w;                                                                       \
+        float* y;                                                                          \
+        if (row < r0) {                                                                    \
+            w = w0; y = y0;                                                                \
+        } else if (row < r0 + r1) {                                                        \
+            row -= r0; w = w1; y = y1;                                                     \
+        } else if (row < r0 + r1 + r2) {                                                   \
+            row -= r0 + r1; w = w2; y = y2;                                                \
+        } else {                                                                           \
+            return;                                                                        \
+        }                                                                                  \
+        const u8* r = w + (unsigned long long)row * row_bytes;                             \
+        float acc = 0.0f;                                                                  \
+        int units = cols >> 5;                                                             \
+        for (int u = lane; u < units; u += 32) {                                           \
+            _Pragma("unroll") for (int j = 0; j < 32; j++) {                               \
+                int i = (u << 5) + j;                                                      \
+                acc += DEQ(r, i) * x[i];                                                   \
+            }                                                                              \
+        }                                                                                  \
+        acc = warp_sum(acc);                                                               \
+        if (lane == 0) y[row] = acc;                                                       \
+    }                                                                                      \
+    /* Gated FFN input: y[r] = act(Wg[r,:].x) * (Wu[r,:].x), act 0 = SiLU, 1 = GELU-tanh. */ \
+    extern "C" __global__ void matvec_gated_##NAME(                                        \
+        const u8* __restrict__ wg, const u8* __restrict__ wu, const float* __restrict__ x, \
+        float* __restrict__ y, int rows, int cols, unsigned long long row_bytes, int act) { \
+        int row = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5);                     \
+        int lane = threadIdx.x & 31;                                                       \
+        if (row >= rows) return;                                                           \
+        const u8* rg = wg + (unsigned long long)row * row_bytes;                           \
+        const u8* ru = wu + (unsigned long long)row * row_bytes;                           \
+        float g = 0.0f, up = 0.0f;                                                         \
+        int units = cols >> 5;                                                             \
+        for (int u = lane; u < units; u += 32) {                                           \
+            _Pragma("unroll") for (int j = 0; j < 32; j++) {                               \
+                int i = (u << 5) + j;                                                      \
+                g += DEQ(rg, i) * x[i];                                                    \
+                up += DEQ(ru, i) * x[i];                                                   \
+            }                                                                              \
+        }                                                                                  \
+        g = warp_sum(g);                                                                   \
+        up = warp_sum(up);                                                                 \
+        if (lane == 0) y[row] = gate_act(g, act) * up;                                     \
+    }                                                                                      \
     extern "C" __global__ void embed_##NAME(const u8* __restrict__ w, float* __restrict__ y, \
                                             int token, int cols,                           \
                                             unsigned long long row_bytes, float scale) {   \

@@ -27,18 +27,32 @@ pub struct DeviceInfo {
 /// Every kernel of the program, by name.
 const KERNELS: &[&str] = &[
     "matvec_q4_1",
-    "matvec_q8_0",
-    "matvec_q5_0",
-    "matvec_q4_k",
-    "matvec_q6_k",
-    "matvec_f32",
-    "matvec_f16",
+    "matvec3_q4_1",
+    "matvec_gated_q4_1",
     "embed_q4_1",
+    "matvec_q8_0",
+    "matvec3_q8_0",
+    "matvec_gated_q8_0",
     "embed_q8_0",
+    "matvec_q5_0",
+    "matvec3_q5_0",
+    "matvec_gated_q5_0",
     "embed_q5_0",
+    "matvec_q4_k",
+    "matvec3_q4_k",
+    "matvec_gated_q4_k",
     "embed_q4_k",
+    "matvec_q6_k",
+    "matvec3_q6_k",
+    "matvec_gated_q6_k",
     "embed_q6_k",
+    "matvec_f32",
+    "matvec3_f32",
+    "matvec_gated_f32",
     "embed_f32",
+    "matvec_f16",
+    "matvec3_f16",
+    "matvec_gated_f16",
     "embed_f16",
     "rms_norm_f32",
     "rope_f32",
@@ -47,6 +61,8 @@ const KERNELS: &[&str] = &[
     "add_f32",
     "kv_store_f16",
     "attn_decode_f16",
+    "residual_norm_f32",
+    "rope_store_f16",
 ];
 
 /// Suffix of the matvec/embed kernels for a weight type; `None` when unsupported.
@@ -63,16 +79,40 @@ pub fn kernel_suffix(ty: GgmlType) -> Option<&'static str> {
     })
 }
 
-/// The matvec and embedding kernels of a weight type; `None` when unsupported.
-pub(crate) fn weight_kernels(ty: GgmlType) -> Option<(&'static str, &'static str)> {
+/// The kernels of one weight type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct WeightKernels {
+    /// `y = W·x`.
+    pub(crate) matvec: &'static str,
+    /// Up to three matrices over one `x`.
+    pub(crate) matvec3: &'static str,
+    /// `y = act(Wg·x) · (Wu·x)`.
+    pub(crate) gated: &'static str,
+    /// One dequantized row.
+    pub(crate) embed: &'static str,
+}
+
+macro_rules! weight_kernels {
+    ($s:literal) => {
+        WeightKernels {
+            matvec: concat!("matvec_", $s),
+            matvec3: concat!("matvec3_", $s),
+            gated: concat!("matvec_gated_", $s),
+            embed: concat!("embed_", $s),
+        }
+    };
+}
+
+/// The kernels of a weight type; `None` when unsupported.
+pub(crate) fn weight_kernels(ty: GgmlType) -> Option<WeightKernels> {
     Some(match ty {
-        GgmlType::Q4_1 => ("matvec_q4_1", "embed_q4_1"),
-        GgmlType::Q8_0 => ("matvec_q8_0", "embed_q8_0"),
-        GgmlType::Q5_0 => ("matvec_q5_0", "embed_q5_0"),
-        GgmlType::Q4_K => ("matvec_q4_k", "embed_q4_k"),
-        GgmlType::Q6_K => ("matvec_q6_k", "embed_q6_k"),
-        GgmlType::F32 => ("matvec_f32", "embed_f32"),
-        GgmlType::F16 => ("matvec_f16", "embed_f16"),
+        GgmlType::Q4_1 => weight_kernels!("q4_1"),
+        GgmlType::Q8_0 => weight_kernels!("q8_0"),
+        GgmlType::Q5_0 => weight_kernels!("q5_0"),
+        GgmlType::Q4_K => weight_kernels!("q4_k"),
+        GgmlType::Q6_K => weight_kernels!("q6_k"),
+        GgmlType::F32 => weight_kernels!("f32"),
+        GgmlType::F16 => weight_kernels!("f16"),
         _ => return None,
     })
 }
@@ -216,9 +256,11 @@ mod tests {
             GgmlType::F16,
         ] {
             let s = kernel_suffix(ty).unwrap();
-            let (mv, emb) = weight_kernels(ty).unwrap();
-            assert_eq!((mv, emb), (&*format!("matvec_{s}"), &*format!("embed_{s}")));
-            assert!(KERNELS.contains(&mv) && KERNELS.contains(&emb));
+            let k = weight_kernels(ty).unwrap();
+            assert_eq!(k.matvec, format!("matvec_{s}"));
+            for name in [k.matvec, k.matvec3, k.gated, k.embed] {
+                assert!(KERNELS.contains(&name), "{name}");
+            }
         }
         assert_eq!(kernel_suffix(GgmlType::Q2_K), None);
         assert_eq!(weight_kernels(GgmlType::Q2_K), None);

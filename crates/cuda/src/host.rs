@@ -31,6 +31,57 @@ impl CudaBackend {
         Ok(self.stream.clone_dtoh(&y)?)
     }
 
+    /// `act(Wg · x) · (Wu · x)` for two `rows × cols` matrices of `ty` (the fused FFN input).
+    #[allow(clippy::too_many_arguments)]
+    pub fn gated_matvec_host(
+        &self,
+        act: Activation,
+        ty: GgmlType,
+        wg: &[u8],
+        wu: &[u8],
+        rows: usize,
+        cols: usize,
+        x: &[f32],
+    ) -> Result<Vec<f32>, CudaError> {
+        let g = self.upload_matrix(ty, rows, cols, wg)?;
+        let u = self.upload_matrix(ty, rows, cols, wu)?;
+        if x.len() != cols {
+            return Err(CudaError::InvalidArgument(format!(
+                "x has {} values, not {cols}",
+                x.len()
+            )));
+        }
+        let xd = self.stream.clone_htod(x)?;
+        let y = self.stream.alloc_zeros::<f32>(rows)?;
+        let scratch = self.stream.alloc_zeros::<f32>(rows)?;
+        self.matvec_gated(act, &g, &u, &xd, &y, &scratch)?;
+        Ok(self.stream.clone_dtoh(&y)?)
+    }
+
+    /// The fused end of a sub-layer: returns `(x + post_norm?(o), rms_norm(that) · next_w)`.
+    pub fn residual_norm_host(
+        &self,
+        x: &[f32],
+        o: &[f32],
+        post_w: Option<&[f32]>,
+        next_w: &[f32],
+        eps: f32,
+    ) -> Result<(Vec<f32>, Vec<f32>), CudaError> {
+        let n = next_w.len();
+        if x.len() != n || o.len() != n || post_w.is_some_and(|p| p.len() != n) {
+            return Err(CudaError::InvalidArgument(
+                "residual_norm lengths differ".into(),
+            ));
+        }
+        let xd = self.stream.clone_htod(x)?;
+        let od = self.stream.clone_htod(o)?;
+        let pd = post_w.map(|p| self.stream.clone_htod(p)).transpose()?;
+        let wd = self.stream.clone_htod(next_w)?;
+        let xn = self.stream.alloc_zeros::<f32>(n)?;
+        self.residual_norm(&xd, &od, pd.as_ref(), &wd, &xn, eps)?;
+        Ok((self.stream.clone_dtoh(&xd)?, self.stream.clone_dtoh(&xn)?))
+    }
+
     /// Row `token` of a `rows × cols` matrix of `ty`, times `scale`.
     pub fn embed_host(
         &self,

@@ -290,7 +290,6 @@ impl<'m> CudaSession<'m> {
         }
         let m = self.model;
         let b = &*m.backend;
-        b.rms_norm(&self.buf.x, &m.output_norm, &self.buf.xn, 1, c.rms_eps)?;
         b.matvec(
             m.output.as_ref().unwrap_or(&m.embed),
             &self.buf.xn,
@@ -299,7 +298,8 @@ impl<'m> CudaSession<'m> {
         Ok(b.stream.clone_dtoh(&self.buf.logits)?)
     }
 
-    /// One token at position `n_past`, leaving the residual stream in `buf.x`.
+    /// One token at position `n_past`, leaving the residual stream in `buf.x` and its
+    /// final norm (the input of the output product) in `buf.xn`.
     fn step(&mut self, token: u32) -> Result<(), CudaError> {
         let m = self.model;
         let c = &m.config;
@@ -307,43 +307,53 @@ impl<'m> CudaSession<'m> {
         let u = &self.buf;
         let pos = self.n_past;
         b.embed(&m.embed, token, c.embed_scale, &u.x)?;
+        if let Some(l0) = m.layers.first() {
+            b.rms_norm(&u.x, &l0.attn_norm, &u.xn, 1, c.rms_eps)?;
+        }
         for (l, lw) in m.layers.iter().enumerate() {
             let lc = &c.layers[l];
-            b.rms_norm(&u.x, &lw.attn_norm, &u.xn, 1, c.rms_eps)?;
-            b.matvec(&lw.wq, &u.xn, &u.q)?;
-            b.matvec(&lw.wk, &u.xn, &u.k)?;
-            b.matvec(&lw.wv, &u.xn, &u.v)?;
+            b.matvec_multi(&[&lw.wq, &lw.wk, &lw.wv], &u.xn, &[&u.q, &u.k, &u.v])?;
             if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
                 b.rms_norm(&u.q, qn, &u.q, c.n_head, c.rms_eps)?;
                 b.rms_norm(&u.k, kn, &u.k, c.n_kv_head, c.rms_eps)?;
             }
-            b.rope(&u.q, c.n_head, c.head_dim, pos, lc.rope_base, c.rope_style)?;
-            b.rope(
+            let shape = AttnShape::new(c.n_head, c.n_kv_head, c.head_dim, c.attn_scale, lc.window)?;
+            let (kc, vc) = &self.kv[l];
+            b.rope_store(
+                &shape,
+                &u.q,
                 &u.k,
-                c.n_kv_head,
-                c.head_dim,
+                &u.v,
+                kc,
+                vc,
                 pos,
                 lc.rope_base,
                 c.rope_style,
             )?;
-            let (kc, vc) = &self.kv[l];
-            b.kv_store(&u.k, &u.v, kc, vc, c.kv_dim(), pos)?;
-            let shape = AttnShape::new(c.n_head, c.n_kv_head, c.head_dim, c.attn_scale, lc.window)?;
             b.attention(&shape, &u.q, kc, vc, &u.att, &u.scores, pos)?;
             b.matvec(&lw.wo, &u.att, &u.o)?;
-            if let Some(w) = &lw.post_attn_norm {
-                b.rms_norm(&u.o, w, &u.o, 1, c.rms_eps)?;
-            }
-            b.add(&u.x, &u.o, c.d_model)?;
-            b.rms_norm(&u.x, &lw.ffn_norm, &u.xn, 1, c.rms_eps)?;
-            b.matvec(&lw.w_gate, &u.xn, &u.gate)?;
-            b.matvec(&lw.w_up, &u.xn, &u.up)?;
-            b.gated(c.activation, &u.gate, &u.up, c.d_ff)?;
+            b.residual_norm(
+                &u.x,
+                &u.o,
+                lw.post_attn_norm.as_ref(),
+                &lw.ffn_norm,
+                &u.xn,
+                c.rms_eps,
+            )?;
+            b.matvec_gated(c.activation, &lw.w_gate, &lw.w_up, &u.xn, &u.gate, &u.up)?;
             b.matvec(&lw.w_down, &u.gate, &u.o)?;
-            if let Some(w) = &lw.post_ffn_norm {
-                b.rms_norm(&u.o, w, &u.o, 1, c.rms_eps)?;
-            }
-            b.add(&u.x, &u.o, c.d_model)?;
+            let next = m.layers.get(l + 1).map_or(&m.output_norm, |n| &n.attn_norm);
+            b.residual_norm(
+                &u.x,
+                &u.o,
+                lw.post_ffn_norm.as_ref(),
+                next,
+                &u.xn,
+                c.rms_eps,
+            )?;
+        }
+        if m.layers.is_empty() {
+            b.rms_norm(&u.x, &m.output_norm, &u.xn, 1, c.rms_eps)?;
         }
         Ok(())
     }

@@ -22,6 +22,15 @@ fn i32_of(v: usize, what: &str) -> Result<i32, CudaError> {
     i32::try_from(v).map_err(|_| CudaError::InvalidArgument(format!("{what} {v} is too large")))
 }
 
+/// Launch shape of the matvec kernels for `rows` rows.
+fn matvec_grid(rows: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (rows.div_ceil(MATVEC_ROWS_PER_BLOCK) as u32, 1, 1),
+        block_dim: (32 * MATVEC_ROWS_PER_BLOCK as u32, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
 /// Checks that a `rows × cols` matrix of `ty` fits the kernels; returns its row bytes.
 pub(crate) fn check_matrix(ty: GgmlType, rows: usize, cols: usize) -> Result<u64, CudaError> {
     if kernel_suffix(ty).is_none() {
@@ -85,13 +94,9 @@ impl CudaBackend {
         x: &CudaSlice<f32>,
         y: &CudaSlice<f32>,
     ) -> Result<(), CudaError> {
-        let name = weight_kernels(w.ty).map_or("none", |k| k.0);
+        let name = weight_kernels(w.ty).map_or("none", |k| k.matvec);
         let (rows, cols) = (w.rows as i32, w.cols as i32);
-        let cfg = LaunchConfig {
-            grid_dim: (w.rows.div_ceil(MATVEC_ROWS_PER_BLOCK) as u32, 1, 1),
-            block_dim: (32 * MATVEC_ROWS_PER_BLOCK as u32, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = matvec_grid(w.rows);
         let mut b = self.kernel(name)?;
         b.arg(&w.data)
             .arg(x)
@@ -102,6 +107,166 @@ impl CudaBackend {
         // SAFETY: the kernel reads rows × row_bytes bytes of `w.data` (checked at upload),
         // cols values of `x` and writes rows values of `y`; callers size x and y for that.
         unsafe { b.launch(cfg) }?;
+        Ok(())
+    }
+
+    /// `ys[i] = ws[i] · x` for two or three matrices; one launch when they share type and
+    /// width, else one per matrix.
+    pub(crate) fn matvec_multi(
+        &self,
+        ws: &[&DeviceMatrix],
+        x: &CudaSlice<f32>,
+        ys: &[&CudaSlice<f32>],
+    ) -> Result<(), CudaError> {
+        let (Some(first), true) = (ws.first(), ws.len() == ys.len() && ws.len() <= 3) else {
+            return Err(CudaError::InvalidArgument(
+                "matvec_multi takes 1 to 3 matrices".into(),
+            ));
+        };
+        let fusable = ws.iter().all(|w| w.ty == first.ty && w.cols == first.cols);
+        let Some(k) = weight_kernels(first.ty).filter(|_| fusable) else {
+            for (w, y) in ws.iter().zip(ys) {
+                self.matvec(w, x, y)?;
+            }
+            return Ok(());
+        };
+        let rows = |i: usize| ws.get(i).map_or(0, |w| w.rows as i32);
+        let (r0, r1, r2) = (rows(0), rows(1), rows(2));
+        let w = |i: usize| &ws.get(i).unwrap_or(first).data;
+        let y = |i: usize| *ys.get(i).unwrap_or(&ys[0]);
+        let cols = first.cols as i32;
+        let total = ws.iter().map(|w| w.rows).sum::<usize>();
+        let mut b = self.kernel(k.matvec3)?;
+        b.arg(w(0))
+            .arg(w(1))
+            .arg(w(2))
+            .arg(x)
+            .arg(y(0))
+            .arg(y(1))
+            .arg(y(2))
+            .arg(&r0)
+            .arg(&r1)
+            .arg(&r2)
+            .arg(&cols)
+            .arg(&first.row_bytes);
+        // SAFETY: matrix i (absent ones have 0 rows and are never read) gets rows r_i of
+        // row_bytes each, all checked at upload; x has cols values and y_i r_i values.
+        unsafe { b.launch(matvec_grid(total)) }?;
+        Ok(())
+    }
+
+    /// `y = act(Wg·x) · (Wu·x)`: one launch when the two share type and shape, else two
+    /// products and an element-wise pass that uses `scratch` for `Wu·x`.
+    pub(crate) fn matvec_gated(
+        &self,
+        act: Activation,
+        wg: &DeviceMatrix,
+        wu: &DeviceMatrix,
+        x: &CudaSlice<f32>,
+        y: &CudaSlice<f32>,
+        scratch: &CudaSlice<f32>,
+    ) -> Result<(), CudaError> {
+        let same = wg.ty == wu.ty && wg.rows == wu.rows && wg.cols == wu.cols;
+        let Some(k) = weight_kernels(wg.ty).filter(|_| same) else {
+            self.matvec(wg, x, y)?;
+            self.matvec(wu, x, scratch)?;
+            return self.gated(act, y, scratch, wg.rows);
+        };
+        let (rows, cols) = (wg.rows as i32, wg.cols as i32);
+        let a = match act {
+            Activation::Silu => 0i32,
+            Activation::GeluTanh => 1,
+        };
+        let mut b = self.kernel(k.gated)?;
+        b.arg(&wg.data)
+            .arg(&wu.data)
+            .arg(x)
+            .arg(y)
+            .arg(&rows)
+            .arg(&cols)
+            .arg(&wg.row_bytes)
+            .arg(&a);
+        // SAFETY: both matrices have rows × row_bytes bytes (same shape, checked at
+        // upload); x has cols values and y rows values.
+        unsafe { b.launch(matvec_grid(wg.rows)) }?;
+        Ok(())
+    }
+
+    /// End of a sub-layer: `x += post_norm?(o)`, then `xn = rms_norm(x) · next_w`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn residual_norm(
+        &self,
+        x: &CudaSlice<f32>,
+        o: &CudaSlice<f32>,
+        post_w: Option<&CudaSlice<f32>>,
+        next_w: &CudaSlice<f32>,
+        xn: &CudaSlice<f32>,
+        eps: f32,
+    ) -> Result<(), CudaError> {
+        let dim = next_w.len() as i32;
+        let has_post = i32::from(post_w.is_some());
+        let cfg = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (1024, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.kernel("residual_norm_f32")?;
+        b.arg(x)
+            .arg(o)
+            .arg(post_w.unwrap_or(next_w))
+            .arg(&has_post)
+            .arg(next_w)
+            .arg(xn)
+            .arg(&dim)
+            .arg(&eps);
+        // SAFETY: every buffer holds dim values (the session sizes them by d_model).
+        unsafe { b.launch(cfg) }?;
+        Ok(())
+    }
+
+    /// Rope of q and k at `pos` and the f16 store of k and v at row `pos` of the caches.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn rope_store(
+        &self,
+        shape: &AttnShape,
+        q: &CudaSlice<f32>,
+        k: &CudaSlice<f32>,
+        v: &CudaSlice<f32>,
+        kc: &CudaSlice<u16>,
+        vc: &CudaSlice<u16>,
+        pos: usize,
+        base: f32,
+        style: RopeStyle,
+    ) -> Result<(), CudaError> {
+        let kv_dim = shape.kv_dim();
+        if (pos + 1) * kv_dim > kc.len() || kc.len() != vc.len() {
+            return Err(CudaError::InvalidArgument(format!(
+                "KV row {pos} outside the cache"
+            )));
+        }
+        let (nh, nkv, hd) = (
+            shape.n_head as i32,
+            shape.n_kv_head as i32,
+            shape.head_dim as i32,
+        );
+        let p = pos as i32;
+        let half = i32::from(style == RopeStyle::HalfSplit);
+        let threads = ((shape.n_head + shape.n_kv_head) * shape.head_dim / 2).max(kv_dim);
+        let mut b = self.kernel("rope_store_f16")?;
+        b.arg(q)
+            .arg(k)
+            .arg(v)
+            .arg(kc)
+            .arg(vc)
+            .arg(&nh)
+            .arg(&nkv)
+            .arg(&hd)
+            .arg(&p)
+            .arg(&base)
+            .arg(&half);
+        // SAFETY: touches n_head × head_dim values of q, kv_dim of k and v, and row pos of
+        // both caches (inside them, checked above).
+        unsafe { b.launch(grid_1d(threads)) }?;
         Ok(())
     }
 
@@ -119,7 +284,7 @@ impl CudaBackend {
                 w.rows
             )));
         }
-        let name = weight_kernels(w.ty).map_or("none", |k| k.1);
+        let name = weight_kernels(w.ty).map_or("none", |k| k.embed);
         let (tok, cols) = (token as i32, w.cols as i32);
         let mut b = self.kernel(name)?;
         b.arg(&w.data)

@@ -255,3 +255,72 @@ fn attention_matches_naive_with_causal_and_window_masks() {
         assert!(counts[k] > 0, "{k} never ran");
     }
 }
+
+#[test]
+fn fused_gated_matvec_matches_cpu() {
+    let Some(b) = backend() else { return };
+    for ty in TYPES {
+        let cols = if matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K) {
+            768
+        } else {
+            96
+        };
+        for rows in [1, 33] {
+            let (qg, dg) = quantized(ty, rows, cols, 21);
+            let (qu, du) = quantized(ty, rows, cols, 22);
+            let x = pseudo(cols, 23);
+            let g = naive_matvec(&dg, rows, cols, &x);
+            let u = naive_matvec(&du, rows, cols, &x);
+            for (act, f) in [
+                (Activation::Silu, ferrite_model::ops::silu as fn(f32) -> f32),
+                (Activation::GeluTanh, ferrite_model::ops::gelu_tanh),
+            ] {
+                let got = b
+                    .gated_matvec_host(act, ty, &qg, &qu, rows, cols, &x)
+                    .unwrap();
+                let want: Vec<f64> = g
+                    .iter()
+                    .zip(&u)
+                    .map(|(&a, &c)| f64::from(f(a as f32)) * c)
+                    .collect();
+                assert_close(
+                    &format!("gated matvec {ty} {act:?} {rows}x{cols}"),
+                    &got,
+                    &want,
+                    1e-5,
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn fused_residual_norm_matches_cpu() {
+    let Some(b) = backend() else { return };
+    for dim in [7, 576, 2049] {
+        let x = pseudo(dim, 31);
+        let o = pseudo(dim, 32);
+        let post = pseudo(dim, 33);
+        let next = pseudo(dim, 34);
+        for with_post in [false, true] {
+            let p = with_post.then_some(post.as_slice());
+            let (gx, gxn) = b.residual_norm_host(&x, &o, p, &next, 1e-6).unwrap();
+            let mut oo = o.clone();
+            if with_post {
+                ferrite_model::ops::rms_norm(&mut oo, &post, 1e-6);
+            }
+            let mut cx = x.clone();
+            ferrite_model::ops::add_assign(&mut cx, &oo);
+            let mut cxn = cx.clone();
+            ferrite_model::ops::rms_norm(&mut cxn, &next, 1e-6);
+            let f = |v: &[f32]| v.iter().map(|&a| f64::from(a)).collect::<Vec<_>>();
+            assert_close(&format!("residual x {dim} {with_post}"), &gx, &f(&cx), 1e-5);
+            assert_close(
+                &format!("residual xn {dim} {with_post}"),
+                &gxn,
+                &f(&cxn),
+                1e-5,
+            );
+        }
+    }
+}

@@ -2,10 +2,11 @@
 //! same machine): last-token logits after a prefill, then teacher-forced greedy decode
 //! comparing the argmax at every step. Plus the decode-speed receipt (ignored by default).
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use ferrite_cpu::ThreadPool;
-use ferrite_cuda::{CudaModel, CudaSession};
+use ferrite_cuda::{CudaBackend, CudaModel, CudaSession};
 use ferrite_model::{KvType, Model, Outputs, Session};
 
 use crate::synth::{self, Spec};
@@ -22,8 +23,13 @@ fn argmax(v: &[f32]) -> usize {
 }
 
 /// Runs the comparison; returns (max |Δ logit| over all steps, top-1 agreements, steps).
-fn compare(m: &Model, what: &str, prompt: &[u32], steps: usize) -> (f64, usize, usize) {
-    let b = backend().expect("lane selected");
+fn compare(
+    b: &Arc<CudaBackend>,
+    m: &Model,
+    what: &str,
+    prompt: &[u32],
+    steps: usize,
+) -> (f64, usize, usize) {
     let pool = ThreadPool::with_default_threads().unwrap();
     let ctx = prompt.len() + steps + 1;
     let mut cpu = Session::new(m, &pool, ctx, KvType::F16).unwrap();
@@ -82,14 +88,13 @@ fn prompt(n: usize, vocab: usize) -> Vec<u32> {
     (0..n).map(|i| ((i * 37 + 11) % vocab) as u32).collect()
 }
 
-fn run_spec(s: &Spec) {
+/// Runs `s` on a backend of its own, so its launch counters are this model's path markers.
+fn run_spec(s: &Spec) -> Arc<CudaBackend> {
+    let b = CudaBackend::new().unwrap();
     let m = synth::model(s);
-    compare(
-        &m,
-        &format!("synthetic {}", s.arch),
-        &prompt(12, s.vocab),
-        12,
-    );
+    let what = format!("synthetic {}", s.arch);
+    compare(&b, &m, &what, &prompt(12, s.vocab), 12);
+    b
 }
 
 #[test]
@@ -97,14 +102,15 @@ fn llama_synthetic_matches_cpu() {
     if backend().is_none() {
         return;
     }
-    run_spec(&synth::llama_small());
-    let counts = backend().unwrap().launch_counts();
+    let counts = run_spec(&synth::llama_small()).launch_counts();
     for k in [
-        "matvec_q4_1",
+        "matvec3_q4_1",
+        "matvec_gated_q4_1",
         "matvec_q8_0",
         "embed_q8_0",
-        "gate_silu_f32",
-        "rope_f32",
+        "rope_store_f16",
+        "residual_norm_f32",
+        "attn_decode_f16",
     ] {
         assert!(counts[k] > 0, "{k} never ran");
     }
@@ -115,14 +121,14 @@ fn gemma3_synthetic_matches_cpu() {
     if backend().is_none() {
         return;
     }
-    run_spec(&synth::gemma_small());
-    let counts = backend().unwrap().launch_counts();
+    let counts = run_spec(&synth::gemma_small()).launch_counts();
     for k in [
+        "matvec_gated_q4_k",
         "matvec_q4_k",
         "matvec_q6_k",
         "matvec_q5_0",
-        "gate_gelu_f32",
         "rms_norm_f32",
+        "embed_q8_0",
     ] {
         assert!(counts[k] > 0, "{k} never ran");
     }
@@ -152,7 +158,9 @@ fn real_models_match_cpu_when_present() {
         }
         let m = Model::load(&path, Default::default()).unwrap();
         let vocab = m.config().n_vocab;
-        compare(&m, file, &prompt(20, vocab.min(1000)), 16);
+        let b = CudaBackend::new().unwrap();
+        compare(&b, &m, file, &prompt(20, vocab.min(1000)), 16);
+        println!("{file} launches: {:?}", b.launch_counts());
     }
 }
 
