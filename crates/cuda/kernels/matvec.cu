@@ -4,8 +4,10 @@
 // Work split: one warp per row, four rows per 128-thread block. A row is cut into units of
 // 32 values (one legacy block, or one sub-block of a 256-value k-quant super-block); lane l
 // takes units l, l+32, ..., so a warp reads consecutive blocks of the row together.
-// Element decoders `deq_<type>(row, i)` give value i of a row; the unrolled unit loop lets
-// the compiler load each block's scales once.
+// Element decoders `deq_<type>(row, i)` give value i of a row (used by the embedding
+// lookup and the generic unit dot product, whose unrolled loop lets the compiler load each
+// block's scales once); the hot SmolLM2 formats have hand-written unit dot products with
+// word loads.
 
 // Q4_1: 20 bytes per 32 values: d (f16), m (f16), 16 bytes of nibbles (j low, j+16 high).
 static __device__ __forceinline__ float deq_q4_1(const u8* __restrict__ r, int i) {
@@ -80,12 +82,7 @@ static __device__ __forceinline__ float deq_f16(const u8* __restrict__ r, int i)
         const u8* r = w + (unsigned long long)row * row_bytes;                             \
         float acc = 0.0f;                                                                  \
         int units = cols >> 5;                                                             \
-        for (int u = lane; u < units; u += 32) {                                           \
-            _Pragma("unroll") for (int j = 0; j < 32; j++) {                               \
-                int i = (u << 5) + j;                                                      \
-                acc += DEQ(r, i) * x[i];                                                   \
-            }                                                                              \
-        }                                                                                  \
+        for (int u = lane; u < units; u += 32) acc += unit_##NAME(r, u, x);                \
         acc = warp_sum(acc);                                                               \
         if (lane == 0) y[row] = acc;                                                       \
     }                                                                                      \
@@ -112,12 +109,7 @@ static __device__ __forceinline__ float deq_f16(const u8* __restrict__ r, int i)
         const u8* r = w + (unsigned long long)row * row_bytes;                             \
         float acc = 0.0f;                                                                  \
         int units = cols >> 5;                                                             \
-        for (int u = lane; u < units; u += 32) {                                           \
-            _Pragma("unroll") for (int j = 0; j < 32; j++) {                               \
-                int i = (u << 5) + j;                                                      \
-                acc += DEQ(r, i) * x[i];                                                   \
-            }                                                                              \
-        }                                                                                  \
+        for (int u = lane; u < units; u += 32) acc += unit_##NAME(r, u, x);                \
         acc = warp_sum(acc);                                                               \
         if (lane == 0) y[row] = acc;                                                       \
     }                                                                                      \
@@ -133,11 +125,8 @@ static __device__ __forceinline__ float deq_f16(const u8* __restrict__ r, int i)
         float g = 0.0f, up = 0.0f;                                                         \
         int units = cols >> 5;                                                             \
         for (int u = lane; u < units; u += 32) {                                           \
-            _Pragma("unroll") for (int j = 0; j < 32; j++) {                               \
-                int i = (u << 5) + j;                                                      \
-                g += DEQ(rg, i) * x[i];                                                    \
-                up += DEQ(ru, i) * x[i];                                                   \
-            }                                                                              \
+            g += unit_##NAME(rg, u, x);                                                    \
+            up += unit_##NAME(ru, u, x);                                                   \
         }                                                                                  \
         g = warp_sum(g);                                                                   \
         up = warp_sum(up);                                                                 \
@@ -150,6 +139,63 @@ static __device__ __forceinline__ float deq_f16(const u8* __restrict__ r, int i)
         if (i >= cols) return;                                                             \
         y[i] = DEQ(w + (unsigned long long)token * row_bytes, i) * scale;                  \
     }
+
+// Dot product of unit u (values 32u..32u+32) of a row with x, from the element decoder.
+#define FERRITE_GENERIC_UNIT(NAME, DEQ)                                                    \
+    static __device__ __forceinline__ float unit_##NAME(const u8* __restrict__ r, int u,   \
+                                                        const float* __restrict__ x) {     \
+        float acc = 0.0f;                                                                  \
+        _Pragma("unroll") for (int j = 0; j < 32; j++) {                                   \
+            int i = (u << 5) + j;                                                          \
+            acc += DEQ(r, i) * x[i];                                                       \
+        }                                                                                  \
+        return acc;                                                                        \
+    }
+
+// Q4_1 unit with word loads: a 20-byte block starts 4-byte aligned (rows are whole blocks
+// and device buffers are 256-byte aligned). d·Σq·x + m·Σx.
+static __device__ __forceinline__ float unit_q4_1(const u8* __restrict__ r, int u,
+                                                  const float* __restrict__ x) {
+    const u32* b = (const u32*)(r + u * 20);
+    u32 dm = b[0];
+    float d = h2f((u16)(dm & 0xffffu)), m = h2f((u16)(dm >> 16));
+    const float4* xv = (const float4*)(x + (u << 5));
+    float sq = 0.0f, sx = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        u32 q = b[1 + k];
+        float4 lo = xv[k], hi = xv[4 + k];
+        sq += (float)(q & 15u) * lo.x + (float)((q >> 8) & 15u) * lo.y +
+              (float)((q >> 16) & 15u) * lo.z + (float)((q >> 24) & 15u) * lo.w;
+        sq += (float)((q >> 4) & 15u) * hi.x + (float)((q >> 12) & 15u) * hi.y +
+              (float)((q >> 20) & 15u) * hi.z + (float)(q >> 28) * hi.w;
+        sx += (lo.x + lo.y) + (lo.z + lo.w) + (hi.x + hi.y) + (hi.z + hi.w);
+    }
+    return d * sq + m * sx;
+}
+
+// Q8_0 unit with half-word loads: a 34-byte block starts 2-byte aligned.
+static __device__ __forceinline__ float unit_q8_0(const u8* __restrict__ r, int u,
+                                                  const float* __restrict__ x) {
+    const u16* b = (const u16*)(r + u * 34);
+    float d = h2f(b[0]);
+    const float4* xv = (const float4*)(x + (u << 5));
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        u16 a = b[1 + 2 * k], c = b[2 + 2 * k];
+        float4 v = xv[k];
+        s += (float)(signed char)(a & 0xff) * v.x + (float)(signed char)(a >> 8) * v.y +
+             (float)(signed char)(c & 0xff) * v.z + (float)(signed char)(c >> 8) * v.w;
+    }
+    return d * s;
+}
+
+FERRITE_GENERIC_UNIT(q5_0, deq_q5_0)
+FERRITE_GENERIC_UNIT(q4_k, deq_q4_k)
+FERRITE_GENERIC_UNIT(q6_k, deq_q6_k)
+FERRITE_GENERIC_UNIT(f32, deq_f32)
+FERRITE_GENERIC_UNIT(f16, deq_f16)
 
 FERRITE_MATVEC(q4_1, deq_q4_1)
 FERRITE_MATVEC(q8_0, deq_q8_0)
