@@ -1,13 +1,16 @@
 // Decode attention over an f16 KV cache: one block per query head, the query at position
-// `pos` attends to cached positions lo..=pos, lo = pos+1-window for sliding-window layers
-// (window > 0), else 0. Scores go to a global scratch row per head, so the context length is
+// pos = tp[1] (read from device memory so that a captured graph serves every step) attends
+// to cached positions lo..=pos, lo = pos+1-window for sliding-window layers (window > 0),
+// else 0. Scores go to a global scratch row per head, so the context length is
 // not bounded by shared memory. A simple first kernel: no split over the keys.
 extern "C" __global__ void attn_decode_f16(const float* __restrict__ q,
                                            const u16* __restrict__ kc,
                                            const u16* __restrict__ vc, float* __restrict__ out,
                                            float* __restrict__ scores, int n_head,
-                                           int n_kv_head, int head_dim, int pos, int window,
-                                           int ctx, float scale) {
+                                           int n_kv_head, int head_dim,
+                                           const int* __restrict__ tp, int window, int ctx,
+                                           float scale) {
+    int pos = tp[1];
     __shared__ float red[32];
     __shared__ float qs[512];
     int h = blockIdx.x;

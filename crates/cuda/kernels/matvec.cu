@@ -132,10 +132,12 @@ static __device__ __forceinline__ float deq_f16(const u8* __restrict__ r, int i)
         up = warp_sum(up);                                                                 \
         if (lane == 0) y[row] = gate_act(g, act) * up;                                     \
     }                                                                                      \
+    /* tp[0] is the token (in device memory so a captured graph serves every step). */  \
     extern "C" __global__ void embed_##NAME(const u8* __restrict__ w, float* __restrict__ y, \
-                                            int token, int cols,                           \
+                                            const int* __restrict__ tp, int cols,          \
                                             unsigned long long row_bytes, float scale) {   \
         int i = blockIdx.x * blockDim.x + threadIdx.x;                                     \
+        int token = tp[0];                                                                 \
         if (i >= cols) return;                                                             \
         y[i] = DEQ(w + (unsigned long long)token * row_bytes, i) * scale;                  \
     }

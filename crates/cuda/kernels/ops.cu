@@ -89,12 +89,14 @@ extern "C" __global__ void residual_norm_f32(float* x, float* o, const float* po
     for (int i = threadIdx.x; i < dim; i += blockDim.x) xn[i] = x[i] * inv * next_w[i];
 }
 
-// Rope of the query heads and key heads at `pos` plus the f16 store of the rotated keys
+// Rope of the query heads and key heads at position tp[1] plus the f16 store of the rotated keys
 // and the values into row `pos` of the caches, in one launch. Threads 0..(nq+nk)*half
 // rotate one pair each; threads 0..kv_dim also store one value.
 extern "C" __global__ void rope_store_f16(float* q, float* k, const float* __restrict__ v,
                                           u16* kc, u16* vc, int n_head, int n_kv_head,
-                                          int head_dim, int pos, float base, int half_split) {
+                                          int head_dim, const int* __restrict__ tp, float base,
+                                          int half_split) {
+    int pos = tp[1];
     int half = head_dim / 2;
     int kv_dim = n_kv_head * head_dim;
     int t = blockIdx.x * blockDim.x + threadIdx.x;

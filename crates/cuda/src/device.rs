@@ -132,6 +132,7 @@ pub struct CudaBackend {
     info: DeviceInfo,
     compile: CompileReport,
     funcs: BTreeMap<&'static str, (CudaFunction, AtomicU64)>,
+    graph_steps: AtomicU64,
 }
 
 fn no_device(e: impl std::fmt::Display) -> CudaError {
@@ -187,12 +188,17 @@ impl CudaBackend {
         for &name in KERNELS {
             funcs.insert(name, (module.load_function(name)?, AtomicU64::new(0)));
         }
-        let stream = ctx.default_stream();
+        // SAFETY: every buffer and launch of this backend goes through the one stream made
+        // below, so cudarc's cross-stream event tracking is not needed; it is turned off
+        // before any buffer exists. A non-default stream is needed for graph capture.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream()?;
         Ok(Arc::new(CudaBackend {
             stream,
             info,
             compile,
             funcs,
+            graph_steps: AtomicU64::new(0),
         }))
     }
 
@@ -206,12 +212,21 @@ impl CudaBackend {
         &self.compile
     }
 
-    /// Launches so far of every kernel, by name (the path markers).
+    /// Launches so far of every kernel, by name (the path markers). Kernels recorded into a
+    /// CUDA graph count once, at capture; `"graph_step"` counts the graph replays.
     pub fn launch_counts(&self) -> BTreeMap<&'static str, u64> {
-        self.funcs
+        let mut m: BTreeMap<&'static str, u64> = self
+            .funcs
             .iter()
             .map(|(k, (_, c))| (*k, c.load(Ordering::Relaxed)))
-            .collect()
+            .collect();
+        m.insert("graph_step", self.graph_steps.load(Ordering::Relaxed));
+        m
+    }
+
+    /// Counts one replay of a captured decode-step graph.
+    pub(crate) fn count_graph_step(&self) {
+        self.graph_steps.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Waits for all queued work.

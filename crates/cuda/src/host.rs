@@ -93,8 +93,14 @@ impl CudaBackend {
         scale: f32,
     ) -> Result<Vec<f32>, CudaError> {
         let m = self.upload_matrix(ty, rows, cols, w)?;
+        if token as usize >= rows {
+            return Err(CudaError::InvalidArgument(format!(
+                "token {token} outside a vocabulary of {rows}"
+            )));
+        }
+        let tp = self.stream.clone_htod(&[token as i32, 0])?;
         let y = self.stream.alloc_zeros::<f32>(cols)?;
-        self.embed(&m, token, scale, &y)?;
+        self.embed(&m, &tp, scale, &y)?;
         Ok(self.stream.clone_dtoh(&y)?)
     }
 
@@ -187,7 +193,8 @@ impl CudaBackend {
         let qd = self.stream.clone_htod(q)?;
         let out = self.stream.alloc_zeros::<f32>(q.len())?;
         let scores = self.stream.alloc_zeros::<f32>(shape.n_head * n)?;
-        self.attention(shape, &qd, &kc, &vc, &out, &scores, n - 1)?;
+        let tp = self.stream.clone_htod(&[0i32, (n - 1) as i32])?;
+        self.attention(shape, &qd, &kc, &vc, &out, &scores, &tp)?;
         Ok(self.stream.clone_dtoh(&out)?)
     }
 }

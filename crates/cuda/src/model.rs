@@ -4,12 +4,15 @@
 //! Q/K/V products, per-head Q/K norms, rope with the layer's base, attention with the
 //! layer's window, optional post-norms, gated FFN, final norm and output product.
 //!
-//! Prefill in this first slice is a loop of decode steps (one token at a time).
+//! Prefill in this first slice is a loop of decode steps (one token at a time). Each step is
+//! recorded once into a CUDA graph (the token and position live in device memory, so one
+//! graph serves every step) and replayed: one launch per token instead of ~8 per layer.
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use cudarc::driver::CudaSlice;
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::{CudaGraph, CudaSlice};
 use ferrite_gguf::Gguf;
 use ferrite_model::{Model, ModelConfig};
 
@@ -199,13 +202,35 @@ struct Buffers {
 }
 
 /// One timeline over a [`CudaModel`]: an f16 KV cache of `ctx` positions.
-#[derive(Debug)]
 pub struct CudaSession<'m> {
     model: &'m CudaModel,
     ctx: usize,
     n_past: usize,
     kv: Vec<(CudaSlice<u16>, CudaSlice<u16>)>,
     buf: Buffers,
+    /// `[token, position]` of the step being run, read by the kernels.
+    tp: CudaSlice<i32>,
+    /// The captured decode step, made at the first step.
+    graph: Option<StepGraph>,
+}
+
+/// A captured decode step. CUDA graph handles may be used from any thread provided calls on
+/// one graph are never concurrent.
+struct StepGraph(CudaGraph);
+
+// SAFETY: the graph is owned by one session and only launched through `&mut CudaSession`,
+// so no two threads ever use it at once; cudarc binds the context to the calling thread
+// before each launch.
+unsafe impl Send for StepGraph {}
+
+impl std::fmt::Debug for CudaSession<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaSession")
+            .field("ctx", &self.ctx)
+            .field("n_past", &self.n_past)
+            .field("graph", &self.graph.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl<'m> CudaSession<'m> {
@@ -242,6 +267,8 @@ impl<'m> CudaSession<'m> {
             n_past: 0,
             kv,
             buf,
+            tp: s.alloc_zeros(2)?,
+            graph: None,
         })
     }
 
@@ -298,15 +325,42 @@ impl<'m> CudaSession<'m> {
         Ok(b.stream.clone_dtoh(&self.buf.logits)?)
     }
 
-    /// One token at position `n_past`, leaving the residual stream in `buf.x` and its
-    /// final norm (the input of the output product) in `buf.xn`.
+    /// One token at position `n_past` (both checked by `eval`): writes them to `tp`, then
+    /// replays the captured step graph (capturing it first if needed).
     fn step(&mut self, token: u32) -> Result<(), CudaError> {
+        let b = &*self.model.backend;
+        let tp = [token as i32, self.n_past as i32];
+        b.stream.memcpy_htod(&tp[..], &mut self.tp)?;
+        if self.graph.is_none() {
+            self.graph = Some(StepGraph(self.capture()?));
+        }
+        if let Some(StepGraph(g)) = &self.graph {
+            g.launch()?;
+            b.count_graph_step();
+        }
+        Ok(())
+    }
+
+    /// Records one decode step into a CUDA graph.
+    fn capture(&self) -> Result<CudaGraph, CudaError> {
+        let s = &self.model.backend.stream;
+        // Thread-local mode: other threads' unrelated CUDA calls stay legal meanwhile.
+        s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+        let recorded = self.record_step();
+        let graph = s.end_capture(CUgraphInstantiate_flags(0));
+        recorded?;
+        graph?.ok_or_else(|| CudaError::InvalidArgument("graph capture recorded nothing".into()))
+    }
+
+    /// Issues the kernels of one step at position `tp[1]` for token `tp[0]`, leaving the
+    /// residual stream in `buf.x` and its final norm (the output product's input) in `buf.xn`.
+    fn record_step(&self) -> Result<(), CudaError> {
         let m = self.model;
         let c = &m.config;
         let b = &*m.backend;
         let u = &self.buf;
-        let pos = self.n_past;
-        b.embed(&m.embed, token, c.embed_scale, &u.x)?;
+        let tp = &self.tp;
+        b.embed(&m.embed, tp, c.embed_scale, &u.x)?;
         if let Some(l0) = m.layers.first() {
             b.rms_norm(&u.x, &l0.attn_norm, &u.xn, 1, c.rms_eps)?;
         }
@@ -326,11 +380,11 @@ impl<'m> CudaSession<'m> {
                 &u.v,
                 kc,
                 vc,
-                pos,
+                tp,
                 lc.rope_base,
                 c.rope_style,
             )?;
-            b.attention(&shape, &u.q, kc, vc, &u.att, &u.scores, pos)?;
+            b.attention(&shape, &u.q, kc, vc, &u.att, &u.scores, tp)?;
             b.matvec(&lw.wo, &u.att, &u.o)?;
             b.residual_norm(
                 &u.x,
@@ -356,5 +410,19 @@ impl<'m> CudaSession<'m> {
             b.rms_norm(&u.x, &m.output_norm, &u.xn, 1, c.rms_eps)?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn model_and_session_can_move_between_threads() {
+        fn send_sync<T: Send + Sync>() {}
+        fn send<T: Send>() {}
+        send_sync::<CudaModel>();
+        send_sync::<CudaBackend>();
+        send::<CudaSession<'static>>();
     }
 }

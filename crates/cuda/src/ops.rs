@@ -224,7 +224,7 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// Rope of q and k at `pos` and the f16 store of k and v at row `pos` of the caches.
+    /// Rope of q and k at position `tp[1]` and the f16 store of k and v at that cache row.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn rope_store(
         &self,
@@ -234,22 +234,19 @@ impl CudaBackend {
         v: &CudaSlice<f32>,
         kc: &CudaSlice<u16>,
         vc: &CudaSlice<u16>,
-        pos: usize,
+        tp: &CudaSlice<i32>,
         base: f32,
         style: RopeStyle,
     ) -> Result<(), CudaError> {
         let kv_dim = shape.kv_dim();
-        if (pos + 1) * kv_dim > kc.len() || kc.len() != vc.len() {
-            return Err(CudaError::InvalidArgument(format!(
-                "KV row {pos} outside the cache"
-            )));
+        if kc.len() != vc.len() {
+            return Err(CudaError::InvalidArgument("K and V caches differ".into()));
         }
         let (nh, nkv, hd) = (
             shape.n_head as i32,
             shape.n_kv_head as i32,
             shape.head_dim as i32,
         );
-        let p = pos as i32;
         let half = i32::from(style == RopeStyle::HalfSplit);
         let threads = ((shape.n_head + shape.n_kv_head) * shape.head_dim / 2).max(kv_dim);
         let mut b = self.kernel("rope_store_f16")?;
@@ -261,39 +258,33 @@ impl CudaBackend {
             .arg(&nh)
             .arg(&nkv)
             .arg(&hd)
-            .arg(&p)
+            .arg(tp)
             .arg(&base)
             .arg(&half);
-        // SAFETY: touches n_head × head_dim values of q, kv_dim of k and v, and row pos of
-        // both caches (inside them, checked above).
+        // SAFETY: touches n_head × head_dim values of q, kv_dim of k and v, and row tp[1] of
+        // both caches; callers keep tp[1] below the cache's rows.
         unsafe { b.launch(grid_1d(threads)) }?;
         Ok(())
     }
 
-    /// `y[..cols] = scale · W[token, :]`.
+    /// `y[..cols] = scale · W[tp[0], :]`; the caller checks the token against the rows.
     pub(crate) fn embed(
         &self,
         w: &DeviceMatrix,
-        token: u32,
+        tp: &CudaSlice<i32>,
         scale: f32,
         y: &CudaSlice<f32>,
     ) -> Result<(), CudaError> {
-        if token as usize >= w.rows {
-            return Err(CudaError::InvalidArgument(format!(
-                "token {token} outside a vocabulary of {}",
-                w.rows
-            )));
-        }
         let name = weight_kernels(w.ty).map_or("none", |k| k.embed);
-        let (tok, cols) = (token as i32, w.cols as i32);
+        let cols = w.cols as i32;
         let mut b = self.kernel(name)?;
         b.arg(&w.data)
             .arg(y)
-            .arg(&tok)
+            .arg(tp)
             .arg(&cols)
             .arg(&w.row_bytes)
             .arg(&scale);
-        // SAFETY: reads one row (token < rows, checked above) and writes cols values of y.
+        // SAFETY: reads one row (callers keep tp[0] < rows) and writes cols values of y.
         unsafe { b.launch(grid_1d(w.cols)) }?;
         Ok(())
     }
@@ -397,7 +388,7 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// Decode attention of one query (n_head heads) over cache rows `..=pos`.
+    /// Decode attention of one query (n_head heads) over cache rows `..=tp[1]`.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn attention(
         &self,
@@ -407,12 +398,13 @@ impl CudaBackend {
         vc: &CudaSlice<u16>,
         out: &CudaSlice<f32>,
         scores: &CudaSlice<f32>,
-        pos: usize,
+        tp: &CudaSlice<i32>,
     ) -> Result<(), CudaError> {
         let ctx = kc.len() / shape.kv_dim().max(1);
-        if pos >= ctx || scores.len() < shape.n_head * ctx {
+        if scores.len() < shape.n_head * ctx {
             return Err(CudaError::InvalidArgument(format!(
-                "attention at {pos} outside a context of {ctx}"
+                "attention scores smaller than {} heads × {ctx}",
+                shape.n_head
             )));
         }
         let (nh, nkv, hd) = (
@@ -420,7 +412,7 @@ impl CudaBackend {
             shape.n_kv_head as i32,
             shape.head_dim as i32,
         );
-        let (p, win, c) = (pos as i32, shape.window.unwrap_or(0) as i32, ctx as i32);
+        let (win, c) = (shape.window.unwrap_or(0) as i32, ctx as i32);
         let cfg = LaunchConfig {
             grid_dim: (shape.n_head as u32, 1, 1),
             block_dim: (128, 1, 1),
@@ -435,11 +427,11 @@ impl CudaBackend {
             .arg(&nh)
             .arg(&nkv)
             .arg(&hd)
-            .arg(&p)
+            .arg(tp)
             .arg(&win)
             .arg(&c)
             .arg(&shape.scale);
-        // SAFETY: reads rows ..=pos < ctx of the caches, writes n_head × ctx scores and
+        // SAFETY: reads rows ..=tp[1] of the caches (callers keep tp[1] < ctx), writes n_head × ctx scores and
         // n_head × head_dim outputs; head_dim ≤ MAX_HEAD_DIM is checked by AttnShape::new.
         unsafe { b.launch(cfg) }?;
         Ok(())

@@ -111,6 +111,7 @@ fn llama_synthetic_matches_cpu() {
         "rope_store_f16",
         "residual_norm_f32",
         "attn_decode_f16",
+        "graph_step",
     ] {
         assert!(counts[k] > 0, "{k} never ran");
     }
@@ -129,6 +130,7 @@ fn gemma3_synthetic_matches_cpu() {
         "matvec_q5_0",
         "rms_norm_f32",
         "embed_q8_0",
+        "graph_step",
     ] {
         assert!(counts[k] > 0, "{k} never ran");
     }
