@@ -9,8 +9,8 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use ferrite_engine::{Sampler, SamplerConfig, StopReason};
-use ferrite_model::{KvType, LoadOptions, Model, Outputs, Precision, Session};
+use ferrite_engine::{Finish, Flow, Sampler, SamplerConfig};
+use ferrite_model::{KvType, LoadOptions, Model, Precision, Session};
 use ferrite_tokenizer::{ChatRequest, ChatTemplate, Tokenizer};
 
 use crate::models::DEFAULT_MODEL;
@@ -181,15 +181,7 @@ impl Loaded {
 
     /// Token ids that end a generated turn: the model's EOS and its end-of-turn markers.
     pub fn stop_ids(&self) -> Vec<u32> {
-        let mut ids: Vec<u32> = self.tokenizer.eos_id().into_iter().collect();
-        for marker in ["<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|endoftext|>"] {
-            if let Some(id) = self.tokenizer.token_id(marker) {
-                if !ids.contains(&id) {
-                    ids.push(id);
-                }
-            }
-        }
-        ids
+        self.tokenizer.end_of_generation_ids()
     }
 }
 
@@ -199,6 +191,8 @@ struct Clocks {
     prompt_tokens: usize,
     prefill: Duration,
     generated: usize,
+    /// Tokens sampled after the first (the first one's time belongs to prefill).
+    decoded: usize,
     decode: Duration,
 }
 
@@ -327,8 +321,8 @@ fn encode_chat(
     Ok(loaded.tokenizer.encode(&rendered, false, true))
 }
 
-/// Feed `ids` (after whatever the session already holds) and generate until a stop.
-/// Returns the generated token ids (without the stop token).
+/// Feed `ids` (after whatever the session already holds) and generate until a stop,
+/// streaming decoded text to `out`. Returns the generated token ids (without a stop token).
 #[allow(clippy::too_many_arguments)]
 fn generate(
     loaded: &Loaded,
@@ -341,6 +335,9 @@ fn generate(
     mut dump: Option<&mut std::io::BufWriter<std::fs::File>>,
     out: &mut dyn Write,
 ) -> anyhow::Result<Vec<u32>> {
+    if ids.is_empty() {
+        bail!("the prompt is empty: it encodes to no tokens");
+    }
     let ctx = session.ctx();
     if session.n_past() + ids.len() > ctx {
         bail!(
@@ -348,59 +345,56 @@ fn generate(
             session.n_past() + ids.len()
         );
     }
-    let mut history: Vec<u32> = ids.to_vec();
-    let t = Instant::now();
-    let mut logits = session
-        .eval(ids, Outputs::Last)?
-        .last()
-        .map(<[f32]>::to_vec);
-    clocks.prompt_tokens += ids.len();
-    clocks.prefill += t.elapsed();
     let mut decoder = loaded.tokenizer.stream_decoder(false);
-    let mut generated = Vec::new();
-    let decode_start = Instant::now();
-    while let Some(row) = logits.take() {
-        let sampled = sampler.sample(&row, &history)?;
+    let begin = Instant::now();
+    let mut first_token_at = None;
+    // The callback cannot return errors; the first one is kept and ends generation.
+    let mut failure: Option<anyhow::Error> = None;
+    let generation = ferrite_engine::generate(session, sampler, ids, |sampled| {
+        first_token_at.get_or_insert_with(Instant::now);
         if ttft.is_none() {
             *ttft = Some(start.elapsed());
         }
-        if let Some(dump) = dump.as_deref_mut() {
-            let line = serde_json::json!({
-                "token": sampled.token,
-                "piece": loaded.tokenizer.piece(sampled.token),
-                "logprob": sampled.logprob,
-                "top": sampled.top,
-            });
-            writeln!(dump, "{line}")?;
+        let mut step = || -> anyhow::Result<()> {
+            if let Some(dump) = dump.as_deref_mut() {
+                let line = serde_json::json!({
+                    "token": sampled.token,
+                    "piece": loaded.tokenizer.piece(sampled.token),
+                    "logprob": sampled.logprob,
+                    "top": sampled.top,
+                });
+                writeln!(dump, "{line}")?;
+            }
+            out.write_all(decoder.push(sampled.token)?.as_bytes())?;
+            out.flush()?;
+            Ok(())
+        };
+        match step() {
+            Ok(()) => Flow::Continue,
+            Err(err) => {
+                failure = Some(err);
+                Flow::Stop
+            }
         }
-        let stop = sampler.stop_reason(sampled.token, generated.len() + 1);
-        if matches!(stop, Some(StopReason::StopToken(_))) {
-            break;
-        }
-        generated.push(sampled.token);
-        history.push(sampled.token);
-        let text = decoder.push(sampled.token)?;
-        out.write_all(text.as_bytes())?;
-        out.flush()?;
-        if stop.is_some() {
-            break;
-        }
-        if session.n_past() >= ctx {
-            eprintln!("\nnote: context full ({ctx} tokens); stopping");
-            break;
-        }
-        logits = session
-            .eval(&[sampled.token], Outputs::Last)?
-            .last()
-            .map(<[f32]>::to_vec);
+    })?;
+    if let Some(err) = failure {
+        return Err(err);
     }
     out.write_all(decoder.finish().as_bytes())?;
-    clocks.generated += generated.len();
-    clocks.decode += decode_start.elapsed();
+    if generation.finish == Finish::ContextFull {
+        eprintln!("\nnote: context full ({ctx} tokens); stopping");
+    }
+    // Prefill ends when the first token is sampled; every later token is decode time.
+    let first = first_token_at.unwrap_or_else(Instant::now);
+    clocks.prompt_tokens += ids.len();
+    clocks.prefill += first - begin;
+    clocks.generated += generation.tokens.len();
+    clocks.decoded += generation.tokens.len().saturating_sub(1);
+    clocks.decode += first.elapsed();
     if let Some(dump) = dump {
         dump.flush()?;
     }
-    Ok(generated)
+    Ok(generation.tokens)
 }
 
 fn report(loaded: &Loaded, clocks: &Clocks, ttft: Option<Duration>) {
@@ -416,7 +410,7 @@ fn report(loaded: &Loaded, clocks: &Clocks, ttft: Option<Duration>) {
         loaded.load_time.as_secs_f64() * 1e3,
         ttft.unwrap_or_default().as_secs_f64() * 1e3,
         rate(clocks.prompt_tokens, clocks.prefill),
-        rate(clocks.generated, clocks.decode),
+        rate(clocks.decoded, clocks.decode),
         clocks.prompt_tokens,
         clocks.generated
     );
@@ -432,7 +426,6 @@ fn chat_repl(
     session: &mut Session<'_>,
 ) -> anyhow::Result<()> {
     let mut messages = initial_messages(args.system.as_deref());
-    let mut cached: Vec<u32> = Vec::new();
     let mut sampler = Sampler::new(sampler_config(args, loaded))?;
     eprintln!(
         "chat with {} — /reset clears the conversation, /exit quits",
@@ -450,7 +443,6 @@ fn chat_repl(
             "/exit" | "/quit" => return Ok(()),
             "/reset" => {
                 messages = initial_messages(args.system.as_deref());
-                cached.clear();
                 session.reset();
                 eprintln!("(conversation cleared)");
                 continue;
@@ -459,7 +451,9 @@ fn chat_repl(
             _ => {}
         }
         let ids = encode_chat(loaded, template, &messages, line)?;
-        let common = cached
+        // Reuse the cached conversation up to the first token that differs.
+        let common = session
+            .tokens()
             .iter()
             .zip(&ids)
             .take_while(|(a, b)| a == b)
@@ -485,7 +479,5 @@ fn chat_repl(
         let reply = loaded.tokenizer.decode(&generated, false)?;
         messages.push(serde_json::json!({"role": "user", "content": line}));
         messages.push(serde_json::json!({"role": "assistant", "content": reply}));
-        cached = ids;
-        cached.extend_from_slice(&generated);
     }
 }
