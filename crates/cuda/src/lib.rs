@@ -10,6 +10,12 @@
 //! file size in device memory. Kernels live in `kernels/*.cu`, are compiled by NVRTC for the
 //! device's architecture at first use and cached on disk (see [`CompileReport`]).
 //!
+//! API: [`CudaBackend::probe`] / [`CudaBackend::new`] find the device and load the kernels;
+//! [`CudaModel::load`] uploads a host [`ferrite_model::Model`]'s weights once;
+//! [`CudaSession::eval`] runs tokens through an f16 KV cache and returns the last token's
+//! logits. Each decode step is captured once as a CUDA graph and replayed; prefill is a loop
+//! of decode steps in this first slice. [`CudaBackend::launch_counts`] are path markers.
+//!
 //! ```
 //! match ferrite_cuda::CudaBackend::probe() {
 //!     Ok(info) => println!("{} sm_{}{}", info.name, info.compute_capability.0, info.compute_capability.1),
