@@ -9,10 +9,12 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use ferrite_engine::{Finish, Flow, Sampler, SamplerConfig};
+use ferrite_cuda::CudaSession;
+use ferrite_engine::{Finish, Flow, Sampler, SamplerConfig, Timeline};
 use ferrite_model::{KvType, LoadOptions, Model, Precision, Session};
 use ferrite_tokenizer::{ChatRequest, ChatTemplate, Tokenizer};
 
+use crate::backend::{AnySession, BackendArg, CudaLoaded, load_cuda};
 use crate::models::DEFAULT_MODEL;
 
 /// Weight precision choices on the command line.
@@ -51,6 +53,9 @@ pub struct ModelArgs {
     /// KV cache element type.
     #[arg(long, value_enum, default_value = "f16")]
     pub kv: KvArg,
+    /// Compute backend.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub backend: BackendArg,
 }
 
 /// Arguments of `ferrite run`.
@@ -119,6 +124,8 @@ pub struct Loaded {
     pub kv: KvType,
     /// Context size requested.
     pub ctx: usize,
+    /// The GPU copy of the model, when the CUDA backend was chosen.
+    pub cuda: Option<CudaLoaded>,
     /// Wall time of loading.
     pub load_time: Duration,
 }
@@ -147,23 +154,44 @@ impl Loaded {
             KvArg::F16 => KvType::F16,
             KvArg::F32 => KvType::F32,
         };
+        let cuda = load_cuda(args.backend, &model)?;
         Ok(Loaded {
             model,
             tokenizer,
             pool,
             kv,
             ctx: args.ctx,
+            cuda,
             load_time: start.elapsed(),
         })
     }
 
-    /// A fresh session over this model.
+    /// A fresh CPU session over this model (scoring and other CPU-only work).
     pub fn session(&self) -> anyhow::Result<Session<'_>> {
         Ok(Session::new(&self.model, &self.pool, self.ctx, self.kv)?)
     }
 
+    /// A fresh session on the chosen backend.
+    pub fn any_session(&self) -> anyhow::Result<AnySession<'_>> {
+        Ok(match &self.cuda {
+            Some(cuda) => AnySession::Cuda {
+                session: CudaSession::new(&cuda.model, self.ctx)?,
+                ctx: self.ctx,
+                logits: Vec::new(),
+            },
+            None => AnySession::Cpu(self.session()?),
+        })
+    }
+
     /// The line that says what actually ran.
     pub fn backend_line(&self) -> String {
+        if let Some(cuda) = &self.cuda {
+            let (major, minor) = cuda.info.compute_capability;
+            return format!(
+                "backend=cuda device=\"{}\" cc={major}.{minor} graphs=on kv=f16",
+                cuda.info.name
+            );
+        }
         let kv = match self.kv {
             KvType::F16 => "f16",
             KvType::F32 => "f32",
@@ -218,7 +246,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
             None => None,
         }
     };
-    let mut session = loaded.session()?;
+    let mut session = loaded.any_session()?;
     match prompt {
         Some(prompt) => {
             if template.is_none() && !args.raw {
@@ -326,7 +354,7 @@ fn encode_chat(
 #[allow(clippy::too_many_arguments)]
 fn generate(
     loaded: &Loaded,
-    session: &mut Session<'_>,
+    session: &mut AnySession<'_>,
     sampler: &mut Sampler,
     ids: &[u32],
     clocks: &mut Clocks,
@@ -423,9 +451,11 @@ fn chat_repl(
     args: &RunArgs,
     loaded: &Loaded,
     template: &ChatTemplate,
-    session: &mut Session<'_>,
+    session: &mut AnySession<'_>,
 ) -> anyhow::Result<()> {
     let mut messages = initial_messages(args.system.as_deref());
+    // Tokens the session holds, for reusing the common prefix of the next turn.
+    let mut cached: Vec<u32> = Vec::new();
     let mut sampler = Sampler::new(sampler_config(args, loaded))?;
     eprintln!(
         "chat with {} — /reset clears the conversation, /exit quits",
@@ -444,6 +474,7 @@ fn chat_repl(
             "/reset" => {
                 messages = initial_messages(args.system.as_deref());
                 session.reset();
+                cached.clear();
                 eprintln!("(conversation cleared)");
                 continue;
             }
@@ -452,8 +483,7 @@ fn chat_repl(
         }
         let ids = encode_chat(loaded, template, &messages, line)?;
         // Reuse the cached conversation up to the first token that differs.
-        let common = session
-            .tokens()
+        let common = cached
             .iter()
             .zip(&ids)
             .take_while(|(a, b)| a == b)
@@ -479,5 +509,7 @@ fn chat_repl(
         let reply = loaded.tokenizer.decode(&generated, false)?;
         messages.push(serde_json::json!({"role": "user", "content": line}));
         messages.push(serde_json::json!({"role": "assistant", "content": reply}));
+        cached = ids;
+        cached.extend_from_slice(&generated);
     }
 }
