@@ -46,15 +46,18 @@ pub fn load_cuda(arg: BackendArg, model: &Model) -> anyhow::Result<Option<CudaLo
 pub enum AnySession<'m> {
     /// CPU session.
     Cpu(Session<'m>),
-    /// CUDA session and the logits of its last step.
-    Cuda {
-        /// The device session.
-        session: CudaSession<'m>,
-        /// Capacity in tokens.
-        ctx: usize,
-        /// Last-token logits copied back from the device.
-        logits: Vec<f32>,
-    },
+    /// CUDA session.
+    Cuda(Box<CudaTimeline<'m>>),
+}
+
+/// A CUDA session and the logits of its last step.
+pub struct CudaTimeline<'m> {
+    /// The device session.
+    pub session: CudaSession<'m>,
+    /// Capacity in tokens.
+    pub ctx: usize,
+    /// Last-token logits copied back from the device.
+    pub logits: Vec<f32>,
 }
 
 impl AnySession<'_> {
@@ -62,7 +65,7 @@ impl AnySession<'_> {
     pub fn truncate(&mut self, n: usize) {
         match self {
             AnySession::Cpu(s) => s.truncate(n),
-            AnySession::Cuda { session, .. } => session.truncate(n),
+            AnySession::Cuda(c) => c.session.truncate(n),
         }
     }
 
@@ -70,7 +73,7 @@ impl AnySession<'_> {
     pub fn reset(&mut self) {
         match self {
             AnySession::Cpu(s) => s.reset(),
-            AnySession::Cuda { session, .. } => session.reset(),
+            AnySession::Cuda(c) => c.session.reset(),
         }
     }
 }
@@ -79,13 +82,12 @@ impl Timeline for AnySession<'_> {
     fn eval_last(&mut self, tokens: &[u32]) -> Result<&[f32], GenerateError> {
         match self {
             AnySession::Cpu(s) => s.eval_last(tokens),
-            AnySession::Cuda {
-                session, logits, ..
-            } => {
-                *logits = session
+            AnySession::Cuda(c) => {
+                c.logits = c
+                    .session
                     .eval(tokens)
                     .map_err(|e| GenerateError::Backend(e.to_string()))?;
-                Ok(logits)
+                Ok(&c.logits)
             }
         }
     }
@@ -93,14 +95,14 @@ impl Timeline for AnySession<'_> {
     fn n_past(&self) -> usize {
         match self {
             AnySession::Cpu(s) => Timeline::n_past(s),
-            AnySession::Cuda { session, .. } => session.n_past(),
+            AnySession::Cuda(c) => c.session.n_past(),
         }
     }
 
     fn ctx(&self) -> usize {
         match self {
             AnySession::Cpu(s) => Timeline::ctx(s),
-            AnySession::Cuda { ctx, .. } => *ctx,
+            AnySession::Cuda(c) => c.ctx,
         }
     }
 }

@@ -14,7 +14,7 @@ use ferrite_engine::{Finish, Flow, Sampler, SamplerConfig, Timeline};
 use ferrite_model::{KvType, LoadOptions, Model, Precision, Session};
 use ferrite_tokenizer::{ChatRequest, ChatTemplate, Tokenizer};
 
-use crate::backend::{AnySession, BackendArg, CudaLoaded, load_cuda};
+use crate::backend::{AnySession, BackendArg, CudaLoaded, CudaTimeline, load_cuda};
 use crate::models::DEFAULT_MODEL;
 
 /// Weight precision choices on the command line.
@@ -174,11 +174,11 @@ impl Loaded {
     /// A fresh session on the chosen backend.
     pub fn any_session(&self) -> anyhow::Result<AnySession<'_>> {
         Ok(match &self.cuda {
-            Some(cuda) => AnySession::Cuda {
+            Some(cuda) => AnySession::Cuda(Box::new(CudaTimeline {
                 session: CudaSession::new(&cuda.model, self.ctx)?,
                 ctx: self.ctx,
                 logits: Vec::new(),
-            },
+            })),
             None => AnySession::Cpu(self.session()?),
         })
     }
