@@ -45,7 +45,7 @@ pub fn load_cuda(arg: BackendArg, model: &Model) -> anyhow::Result<Option<CudaLo
 /// One conversation on whichever backend was chosen.
 pub enum AnySession<'m> {
     /// CPU session.
-    Cpu(Session<'m>),
+    Cpu(Box<Session<'m>>),
     /// CUDA session.
     Cuda(Box<CudaTimeline<'m>>),
 }

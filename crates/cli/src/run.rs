@@ -179,7 +179,7 @@ impl Loaded {
                 ctx: self.ctx,
                 logits: Vec::new(),
             })),
-            None => AnySession::Cpu(self.session()?),
+            None => AnySession::Cpu(Box::new(self.session()?)),
         })
     }
 
