@@ -94,14 +94,14 @@ impl Timeline for AnySession<'_> {
 
     fn n_past(&self) -> usize {
         match self {
-            AnySession::Cpu(s) => Timeline::n_past(s),
+            AnySession::Cpu(s) => Timeline::n_past(s.as_ref()),
             AnySession::Cuda(c) => c.session.n_past(),
         }
     }
 
     fn ctx(&self) -> usize {
         match self {
-            AnySession::Cpu(s) => Timeline::ctx(s),
+            AnySession::Cpu(s) => Timeline::ctx(s.as_ref()),
             AnySession::Cuda(c) => c.ctx,
         }
     }
