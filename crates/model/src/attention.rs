@@ -9,6 +9,8 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use ferrite_cpu::ThreadPool;
+use ferrite_quant::kernels::{axpy, dot_f32};
+use ferrite_quant::simd_level;
 
 use crate::ModelError;
 use crate::kv::{KvCache, try_vec};
@@ -65,25 +67,6 @@ fn first_visible(pos: usize, window: Option<usize>) -> usize {
     }
 }
 
-/// Dot product with eight independent partial sums, so the compiler can vectorize it; the
-/// summation order is fixed, hence deterministic.
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0.0f32; 8];
-    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ac
-        .remainder()
-        .iter()
-        .zip(bc.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (x, y) in ac.zip(bc) {
-        for i in 0..8 {
-            acc[i] += x[i] * y[i];
-        }
-    }
-    acc.iter().sum::<f32>() + tail
-}
-
 /// Attention for `n` consecutive queries at positions `pos0..pos0+n` of `layer`.
 ///
 /// `q` holds `n × n_head × head_dim` rotated queries; the cache must already hold keys and
@@ -122,6 +105,7 @@ pub fn attend(
     let (kbuf, vbuf, obuf) = (&scratch.k, &scratch.v, &scratch.out);
     let items = n * shape.n_head;
     let n_threads = pool.n_threads();
+    let level = simd_level();
     pool.run(|thread, scores: &mut Vec<f32>| {
         for item in (thread..items).step_by(n_threads) {
             let (t, h) = (item / shape.n_head, item % shape.n_head);
@@ -135,15 +119,16 @@ pub fn attend(
             // The pool's scratch holds the scores, then (after them) the output row.
             scores.resize((hi - lo) + hd, 0.0);
             let (sc, o) = scores.split_at_mut(hi - lo);
+            // The SIMD kernels cannot fail here: `level` came from `simd_level`, which
+            // only returns levels the CPU has; a failure would leave zeros, caught by the
+            // fixture tests.
             for (s, j) in sc.iter_mut().zip(lo..hi) {
-                *s = dot(qh, &kg[j * hd..(j + 1) * hd]) * shape.scale;
+                *s = dot_f32(level, qh, &kg[j * hd..(j + 1) * hd]).unwrap_or(0.0) * shape.scale;
             }
             softmax(sc);
             o.fill(0.0);
             for (&p, j) in sc.iter().zip(lo..hi) {
-                for (oi, &vi) in o.iter_mut().zip(&vg[j * hd..(j + 1) * hd]) {
-                    *oi += p * vi;
-                }
+                let _ = axpy(level, p, &vg[j * hd..(j + 1) * hd], o);
             }
             for (dst, &v) in obuf[item * hd..(item + 1) * hd].iter().zip(o.iter()) {
                 dst.store(v.to_bits(), Ordering::Relaxed);

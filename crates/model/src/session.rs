@@ -5,6 +5,8 @@
 //! [`PREFILL_CHUNK`] tokens (every weight product is one `ferrite_cpu::matmul` over the
 //! chunk), and returns the logits the caller asked for.
 
+use std::sync::Mutex;
+
 use ferrite_cpu::{ThreadPool, matmul};
 
 use crate::ModelError;
@@ -366,8 +368,28 @@ impl<'m> Session<'m> {
                 Activation::Silu => silu,
                 Activation::GeluTanh => gelu_tanh,
             };
-            for (g, &u) in gate.iter_mut().zip(up.iter()) {
-                *g = act(*g) * u;
+            if n == 1 {
+                for (g, &u) in gate.iter_mut().zip(up.iter()) {
+                    *g = act(*g) * u;
+                }
+            } else {
+                // In prefill the activation (tanh for Gemma) costs as much as a small
+                // matmul: split it over the pool in disjoint element ranges, so the result
+                // does not depend on the thread count.
+                let per = gate.len().div_ceil(pool.n_threads()).max(1);
+                let parts: Vec<Mutex<(&mut [f32], &[f32])>> = gate
+                    .chunks_mut(per)
+                    .zip(up.chunks(per))
+                    .map(Mutex::new)
+                    .collect();
+                pool.run(|thread, _| {
+                    if let Some(Ok(mut part)) = parts.get(thread).map(Mutex::lock) {
+                        let (g, u) = &mut *part;
+                        for (g, &u) in g.iter_mut().zip(u.iter()) {
+                            *g = act(*g) * u;
+                        }
+                    }
+                });
             }
             mm(&lw.w_down, gate, o)?;
             if let Some(w) = &lw.post_ffn_norm {

@@ -5,7 +5,9 @@
 //! the same f32 products), and must equal, bit for bit, the level's own f32 dot of the
 //! dequantized row (the canonical-order contract the matmul relies on).
 
-use ferrite_quant::kernels::{dot_f32, dot_row, has_fused_matvec, has_simd_dequantize, matvec};
+use ferrite_quant::kernels::{
+    axpy, dot_f32, dot_row, has_fused_matvec, has_simd_dequantize, matvec,
+};
 use ferrite_quant::{GgmlType, SimdLevel, dequantize_with};
 
 struct Rng(u64);
@@ -239,6 +241,37 @@ fn matvec_equals_dot_row_bit_for_bit_at_every_level() {
                     ""
                 }
             );
+        }
+    }
+}
+
+/// `axpy` at every available level agrees with the scalar order within one rounding per
+/// element (the SIMD levels fuse the multiply-add), at lengths that exercise the tail.
+#[test]
+fn axpy_matches_scalar_at_every_level() {
+    let mut rng = Rng(0x5eed_a9e1);
+    for len in [1usize, 7, 16, 17, 33, 256, 1000] {
+        let x: Vec<f32> = (0..len).map(|_| rng.f32()).collect();
+        let y0: Vec<f32> = (0..len).map(|_| rng.f32()).collect();
+        let a = rng.f32();
+        let mut want = y0.clone();
+        axpy(SimdLevel::Scalar, a, &x, &mut want).unwrap();
+        for level in [SimdLevel::Avx2, SimdLevel::Avx512] {
+            if !level.is_available() {
+                println!("skipped: {level} not available on this CPU");
+                continue;
+            }
+            let mut got = y0.clone();
+            axpy(level, a, &x, &mut got).unwrap();
+            for i in 0..len {
+                let bound = 2.0 * f32::EPSILON * (a * x[i]).abs().max(y0[i].abs()).max(1e-30);
+                assert!(
+                    (got[i] - want[i]).abs() <= bound,
+                    "{level} len {len} at {i}: {} vs {}",
+                    got[i],
+                    want[i]
+                );
+            }
         }
     }
 }

@@ -54,6 +54,28 @@ pub(crate) unsafe fn dot(w: &[f32], x: &[f32], k: usize) -> f32 {
     tail(hsum(acc), w, x, 16 * n16, k)
 }
 
+/// `y[i] = fma(a, x[i], y[i])` over the first `k` values; the tail uses `mul_add` so every
+/// element is rounded once, as in the vector body.
+///
+/// # Safety
+/// The CPU has the features this function enables; `k` is within both slices.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+pub(crate) unsafe fn axpy(a: f32, x: &[f32], y: &mut [f32], k: usize) {
+    let n = k / 16;
+    let av = _mm512_set1_ps(a);
+    for c in 0..n {
+        // SAFETY: 16 * c + 16 <= k <= len of both slices (caller contract).
+        unsafe {
+            let xv = _mm512_loadu_ps(x.as_ptr().add(16 * c));
+            let yv = _mm512_loadu_ps(y.as_ptr().add(16 * c));
+            _mm512_storeu_ps(y.as_mut_ptr().add(16 * c), _mm512_fmadd_ps(av, xv, yv));
+        }
+    }
+    for i in 16 * n..k {
+        y[i] = a.mul_add(x[i], y[i]);
+    }
+}
+
 /// Register-blocked `R x T` products (see [`tile`]).
 ///
 /// # Safety

@@ -130,6 +130,25 @@ pub fn dot_f32(level: SimdLevel, w: &[f32], x: &[f32]) -> Result<f32, QuantError
     })
 }
 
+/// `y[i] += a * x[i]` for the shorter of the two slices, with the kernels of `level`
+/// (fused multiply-add on the SIMD levels, so results differ from scalar in the last bit).
+pub fn axpy(level: SimdLevel, a: f32, x: &[f32], y: &mut [f32]) -> Result<(), QuantError> {
+    check_level(level)?;
+    let k = x.len().min(y.len());
+    match level {
+        SimdLevel::Scalar => scalar::axpy(a, x, y, k),
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: check_level proved the CPU has AVX2, FMA and F16C; k is within both slices.
+        SimdLevel::Avx2 => unsafe { avx2::axpy(a, x, y, k) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: check_level proved the CPU has the AVX-512 set; k is within both slices.
+        SimdLevel::Avx512 => unsafe { avx512::axpy(a, x, y, k) },
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => scalar::axpy(a, x, y, k),
+    }
+    Ok(())
+}
+
 /// `out[i * x.len() + j] = dot(w[i], x[j])` over the first `k` values, for up to
 /// [`MAX_TILE`] weight rows and [`MAX_TILE`] activation rows, in the canonical order
 /// (bit-identical to [`dot_f32`] on the same rows).

@@ -13,6 +13,14 @@ pub(crate) fn dot(w: &[f32], x: &[f32], k: usize) -> f32 {
     acc
 }
 
+/// `y[i] += a * x[i]` over the first `k` values (separate multiply and add).
+#[inline]
+pub(crate) fn axpy(a: f32, x: &[f32], y: &mut [f32], k: usize) {
+    for (yi, xi) in y[..k].iter_mut().zip(&x[..k]) {
+        *yi += a * xi;
+    }
+}
+
 /// Continues a dot product: `acc` plus the dot of `w` and `x` (same length).
 #[inline]
 pub(crate) fn dot_acc(acc: f32, w: &[f32], x: &[f32]) -> f32 {
