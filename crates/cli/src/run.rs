@@ -181,15 +181,7 @@ impl Loaded {
 
     /// Token ids that end a generated turn: the model's EOS and its end-of-turn markers.
     pub fn stop_ids(&self) -> Vec<u32> {
-        let mut ids: Vec<u32> = self.tokenizer.eos_id().into_iter().collect();
-        for marker in ["<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|endoftext|>"] {
-            if let Some(id) = self.tokenizer.token_id(marker) {
-                if !ids.contains(&id) {
-                    ids.push(id);
-                }
-            }
-        }
-        ids
+        self.tokenizer.end_of_generation_ids()
     }
 }
 

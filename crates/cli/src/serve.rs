@@ -1,10 +1,220 @@
-//! `ferrite serve` (not implemented yet).
+//! `ferrite serve`: OpenAI- and Anthropic-compatible HTTP APIs over one model.
+//!
+//! The socket is bound first and answers `/health` with 503 while the model loads on the
+//! engine thread, so supervisors can tell "starting" from "dead". The listening address is
+//! printed to stderr as `listening on http://ADDR` (with `--port 0` that is how clients
+//! learn the port).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::Context;
+use ferrite_server::engine::{Engine, EngineConfig};
+use ferrite_server::{AppState, ServerConfig, router};
 
 /// Arguments of `ferrite serve`.
 #[derive(clap::Args)]
-pub struct ServeArgs {}
+pub struct ServeArgs {
+    /// Model: a known name (see `ferrite pull`) or a GGUF path.
+    #[arg(short, long, default_value = crate::models::DEFAULT_MODEL)]
+    model: String,
+    /// Address to bind; loopback by default (the API has no TLS).
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port to bind; 0 picks a free one.
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// Context length per slot, in tokens (clamped to the model's).
+    #[arg(long, default_value_t = 4096)]
+    ctx: usize,
+    /// Sequences decoded concurrently (slots); each keeps its own KV cache.
+    #[arg(long, default_value_t = 4)]
+    parallel: usize,
+    /// Requests that may wait for a slot before new ones get 429.
+    #[arg(long, default_value_t = 64)]
+    queue: usize,
+    /// Compute threads (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Require this key (`Authorization: Bearer KEY` or `x-api-key: KEY`).
+    #[arg(long, conflicts_with = "api_key_file")]
+    api_key: Option<String>,
+    /// Read the required key from this file (trimmed).
+    #[arg(long)]
+    api_key_file: Option<PathBuf>,
+    /// Largest accepted request body in bytes; larger ones get 413.
+    #[arg(long, default_value_t = 8 << 20)]
+    max_body_bytes: usize,
+    /// Most prompt tokens evaluated per scheduler step over all slots (bounds the stall
+    /// that long prompts cause to running streams).
+    #[arg(long, default_value_t = 128)]
+    prefill_chunk: usize,
+}
+
+fn read_key(path: &Path) -> anyhow::Result<String> {
+    let key = std::fs::read_to_string(path)
+        .with_context(|| format!("reading the API key file {}", path.display()))?;
+    let key = key.trim().to_string();
+    anyhow::ensure!(
+        !key.is_empty(),
+        "the API key file {} is empty",
+        path.display()
+    );
+    Ok(key)
+}
+
+/// The served id and accepted aliases of a model argument: a registry name (also when the
+/// path is a pulled registry file), else the file stem.
+fn model_names(arg: &str, path: &Path) -> (String, Vec<String>) {
+    let file = path
+        .file_name()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let stem = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| arg.to_string());
+    let registry = crate::models::KNOWN_MODELS
+        .iter()
+        .find(|k| k.name == arg || k.file == file)
+        .map(|k| k.name.to_string());
+    let id = registry.unwrap_or_else(|| stem.clone());
+    let mut aliases = vec![arg.to_string(), stem, path.display().to_string(), file];
+    aliases.retain(|a| a != &id && !a.is_empty());
+    aliases.sort();
+    aliases.dedup();
+    (id, aliases)
+}
 
 /// Run `ferrite serve`; returns the process exit code.
-pub fn run(_args: ServeArgs) -> anyhow::Result<i32> {
-    anyhow::bail!("ferrite serve is not implemented yet")
+pub fn run(args: ServeArgs) -> anyhow::Result<i32> {
+    let api_key = match (&args.api_key, &args.api_key_file) {
+        (Some(k), _) if k.is_empty() => anyhow::bail!("--api-key must not be empty"),
+        (Some(k), _) => Some(k.clone()),
+        (None, Some(path)) => Some(read_key(path)?),
+        (None, None) => None,
+    };
+    anyhow::ensure!(args.parallel >= 1, "--parallel must be at least 1");
+    anyhow::ensure!(args.ctx >= 16, "--ctx must be at least 16");
+    anyhow::ensure!(
+        args.prefill_chunk >= 1,
+        "--prefill-chunk must be at least 1"
+    );
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(serve(args, api_key))
+}
+
+async fn serve(args: ServeArgs, api_key: Option<String>) -> anyhow::Result<i32> {
+    let state = AppState::new(ServerConfig {
+        api_key,
+        max_body_bytes: args.max_body_bytes,
+        ..ServerConfig::default()
+    });
+    let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
+        .await
+        .with_context(|| format!("binding {}:{}", args.host, args.port))?;
+    let addr = listener.local_addr().context("reading the bound address")?;
+    eprintln!("listening on http://{addr}");
+    let threads = args
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let model_arg = args.model.clone();
+    let load_state = state.clone();
+    let (ctx, parallel, queue, prefill_chunk) =
+        (args.ctx, args.parallel, args.queue, args.prefill_chunk);
+    let loader = tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
+        let path = crate::models::resolve(&model_arg)?;
+        let (model_id, aliases) = model_names(&model_arg, &path);
+        let started = std::time::Instant::now();
+        let engine = Engine::start(EngineConfig {
+            model_path: path.clone(),
+            model_id: model_id.clone(),
+            aliases,
+            n_ctx: ctx,
+            parallel,
+            threads,
+            queue_limit: queue,
+            prefill_chunk,
+        })?;
+        eprintln!(
+            "model {model_id} ready ({}; ctx {} x {parallel} slots, {threads} threads) in {} ms",
+            path.display(),
+            engine.n_ctx(),
+            started.elapsed().as_millis()
+        );
+        load_state.set_backend(Arc::new(engine));
+        Ok(())
+    });
+    let server = axum::serve(listener, router(state)).with_graceful_shutdown(shutdown_signal());
+    let server = tokio::spawn(async move { server.await });
+    match loader.await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return Err(e.context("loading the model")),
+        Err(e) => anyhow::bail!("the model loader failed: {e}"),
+    }
+    server
+        .await
+        .context("the server task failed")?
+        .context("serving HTTP")?;
+    eprintln!("shut down");
+    Ok(0)
+}
+
+/// Ctrl-C or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = term => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn known_names_are_ids_and_paths_are_aliases() {
+        let path = Path::new("/m/SmolLM2-135M-Instruct.Q4_1.gguf");
+        let (id, aliases) = model_names("smollm2-135m-instruct", path);
+        assert_eq!(id, "smollm2-135m-instruct");
+        assert!(aliases.contains(&"SmolLM2-135M-Instruct.Q4_1.gguf".to_string()));
+        assert!(aliases.contains(&"/m/SmolLM2-135M-Instruct.Q4_1.gguf".to_string()));
+        let (id, aliases) = model_names("/m/x.gguf", Path::new("/m/x.gguf"));
+        assert_eq!(id, "x");
+        assert_eq!(aliases, ["/m/x.gguf", "x.gguf"]);
+        let (id, aliases) = model_names(path.to_str().unwrap(), path);
+        assert_eq!(id, "smollm2-135m-instruct");
+        assert!(aliases.contains(&"SmolLM2-135M-Instruct.Q4_1".to_string()));
+    }
+
+    #[test]
+    fn key_file_is_trimmed_and_must_not_be_empty() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("key");
+        std::fs::write(&f, "abc\n").unwrap();
+        assert_eq!(read_key(&f).unwrap(), "abc");
+        std::fs::write(&f, "\n").unwrap();
+        assert!(read_key(&f).is_err());
+        assert!(read_key(&dir.path().join("missing")).is_err());
+    }
 }

@@ -1,11 +1,12 @@
 //! Quantized weight x f32 activation matrix products.
 //!
-//! One code path serves decode and prefill: each thread owns a contiguous range of output
-//! rows; it dequantizes a tile of weight rows (bit-exact, SIMD where available) into its
-//! reusable f32 scratch and multiplies that tile against all tokens with the register-
-//! blocked f32 kernel ([`ferrite_quant::kernels::dot_tile`]). The weight tile is read from
-//! memory once per call whatever the token count, so prefill is compute-bound; for decode
-//! the tile stays in L1 and the weights stream through once.
+//! Each thread owns a contiguous range of output rows. Decode (one token) uses the fused
+//! kernel ([`ferrite_quant::kernels::matvec`]): weights are dequantized in registers and fed
+//! to the FMAs, streaming each weight byte once. Prefill dequantizes a tile of weight rows
+//! (bit-exact, SIMD) into the thread's reusable f32 scratch and multiplies that tile
+//! against all tokens with the register-blocked f32 kernel
+//! ([`ferrite_quant::kernels::dot_tile`]), so weights are decoded once per call whatever
+//! the token count and the work is compute-bound.
 //!
 //! Determinism: every output is computed by exactly one thread in the canonical order of
 //! the SIMD level, which does not depend on tile position or shape. Results are therefore
@@ -13,7 +14,7 @@
 //! in the batch.
 
 use ferrite_gguf::GgmlType;
-use ferrite_quant::kernels::{MAX_TILE, dequant_fn, dot_tile};
+use ferrite_quant::kernels::{MAX_TILE, dequant_fn, dot_tile, matvec};
 use ferrite_quant::{SimdLevel, simd_level};
 
 use crate::{CpuError, ThreadPool};
@@ -92,10 +93,22 @@ pub fn matmul_with(
     let n_threads = pool.n_threads();
     let out = OutPtr(y.as_mut_ptr());
     let (rows, cols) = (w.rows, w.cols);
+    let failed = std::sync::atomic::AtomicBool::new(false);
     pool.run(|index, scratch| {
         let start = rows * index / n_threads;
         let end = rows * (index + 1) / n_threads;
         if start == end {
+            return;
+        }
+        if n_tokens == 1 {
+            // Decode: fused dequantize-and-dot, weights never leave registers.
+            // SAFETY: [start, end) is this thread's own row range, disjoint from every other
+            // thread's, inside y (n_tokens == 1 so y.len() == rows); `y` stays exclusively
+            // borrowed by this call until `run` has waited for all threads.
+            let ys = unsafe { out.slice(start, end - start) };
+            if matvec(level, w.ty, &w.data[start * rb..end * rb], x, ys).is_err() {
+                failed.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
             return;
         }
         if scratch.len() < tile_rows * cols {
@@ -122,7 +135,9 @@ pub fn matmul_with(
                         *wr = &tile[(i0 + i) * cols..(i0 + i + 1) * cols];
                     }
                     let mut part = [0f32; MAX_TILE * MAX_TILE];
-                    if dot_tile(level, &ws[..ni], &xs[..nt], cols, &mut part).is_ok() {
+                    if dot_tile(level, &ws[..ni], &xs[..nt], cols, &mut part).is_err() {
+                        failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                    } else {
                         for i in 0..ni {
                             for j in 0..nt {
                                 let idx = (t0 + j) * rows + r0 + i0 + i;
@@ -141,11 +156,17 @@ pub fn matmul_with(
             r0 += nr;
         }
     });
+    // Shapes were validated above, so the kernels cannot refuse; this is a backstop.
+    if failed.into_inner() {
+        return Err(CpuError::Shape {
+            what: "kernel rejected a validated shape",
+        });
+    }
     Ok(())
 }
 
-/// Weight rows dequantized per tile: small enough to stay in L1 for decode (32 KiB) and in
-/// L2 for prefill (256 KiB), a multiple of the kernel tile.
+/// Weight rows dequantized per tile: small enough to stay in L1 for few tokens (32 KiB) and
+/// in L2 for prefill (256 KiB), a multiple of the kernel tile.
 fn tile_rows(cols: usize, n_tokens: usize) -> usize {
     let budget = if n_tokens <= 2 { 8 * 1024 } else { 64 * 1024 };
     let rows = (budget / cols.max(1)).clamp(MAX_TILE, 256);
@@ -164,6 +185,17 @@ impl OutPtr {
     unsafe fn write(&self, idx: usize, v: f32) {
         // SAFETY: forwarded caller contract.
         unsafe { self.0.add(idx).write(v) }
+    }
+
+    /// The elements `start..start + len` as a slice.
+    ///
+    /// # Safety
+    /// The range is in bounds of the borrowed output and no other thread accesses it while
+    /// the slice lives.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn slice(&self, start: usize, len: usize) -> &mut [f32] {
+        // SAFETY: forwarded caller contract.
+        unsafe { std::slice::from_raw_parts_mut(self.0.add(start), len) }
     }
 }
 // SAFETY: workers only write through the pointer to disjoint elements (one row range each)

@@ -107,7 +107,8 @@ impl ThreadPool {
 
     /// Runs `f(index, scratch)` once on every thread, `index` in `0..n_threads()`, and
     /// returns when all have finished. A panic in any of them is re-raised here after every
-    /// thread is done with `f`.
+    /// thread is done with `f`. Calls from several threads are serialized; `f` must not call
+    /// `run` on the same pool (it would wait for itself).
     pub fn run<F>(&self, f: F)
     where
         F: Fn(usize, &mut Vec<f32>) + Sync,

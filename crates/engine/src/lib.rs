@@ -1,4 +1,5 @@
-//! ferrite-engine: sampling, and scoring of the forward pass against reference fixtures.
+//! ferrite-engine: sampling, the generation loop, and scoring of the forward pass against
+//! reference fixtures.
 //!
 //! The sampler works on one logits row at a time and owns its random stream, so a seed and a
 //! configuration always produce the same tokens whatever the forward pass's thread count.
@@ -11,10 +12,12 @@
 
 #![deny(missing_docs)]
 
+pub mod generate;
 pub mod rng;
 pub mod sampler;
 pub mod score;
 
+pub use generate::{Finish, Flow, GenerateError, Generation, generate};
 pub use sampler::{
     SampleError, Sampled, Sampler, SamplerConfig, StopReason, find_stop_string, log_sum_exp,
     partial_stop_len, raw_logprobs,

@@ -179,7 +179,11 @@ impl Sampler {
         } else {
             self.draw()
         };
-        let (logprob, top) = raw_logprobs(logits, token, self.cfg.n_logprobs);
+        let lse = log_sum_exp(logits);
+        let logprob = logits
+            .get(token as usize)
+            .map_or(f32::NEG_INFINITY, |&l| (f64::from(l) - lse) as f32);
+        let top = top_logprobs(logits, lse, self.cfg.n_logprobs, &mut self.cand);
         Ok(Sampled {
             token,
             logprob,
@@ -278,26 +282,32 @@ impl Sampler {
 /// (descending, ties to the lower id). Sums run in f64.
 pub fn raw_logprobs(logits: &[f32], token: u32, n_top: usize) -> (f32, Vec<(u32, f32)>) {
     let lse = log_sum_exp(logits);
-    let lp = |l: f32| (f64::from(l) - lse) as f32;
     let chosen = logits
         .get(token as usize)
-        .map_or(f32::NEG_INFINITY, |&l| lp(l));
-    let mut top: Vec<(u32, f32)> = Vec::new();
-    if n_top > 0 {
-        top = logits
-            .iter()
-            .enumerate()
-            .map(|(i, &l)| (i as u32, l))
-            .collect();
-        let n = n_top.min(top.len());
-        top.select_nth_unstable_by(n - 1, by_logit_desc);
-        top.truncate(n);
-        top.sort_unstable_by(by_logit_desc);
-        for x in &mut top {
-            x.1 = lp(x.1);
-        }
+        .map_or(f32::NEG_INFINITY, |&l| (f64::from(l) - lse) as f32);
+    (chosen, top_logprobs(logits, lse, n_top, &mut Vec::new()))
+}
+
+/// The `n_top` largest log-probabilities given `lse = log_sum_exp(logits)`; `scratch` is
+/// reused so a sampling step allocates only the `n_top` result entries.
+fn top_logprobs(
+    logits: &[f32],
+    lse: f64,
+    n_top: usize,
+    scratch: &mut Vec<(u32, f32)>,
+) -> Vec<(u32, f32)> {
+    let n = n_top.min(logits.len());
+    if n == 0 {
+        return Vec::new();
     }
-    (chosen, top)
+    scratch.clear();
+    scratch.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)));
+    scratch.select_nth_unstable_by(n - 1, by_logit_desc);
+    let top = &mut scratch[..n];
+    top.sort_unstable_by(by_logit_desc);
+    top.iter()
+        .map(|&(i, l)| (i, (f64::from(l) - lse) as f32))
+        .collect()
 }
 
 /// `log(Σ exp(l))` in f64, stable for large logits.
@@ -596,6 +606,9 @@ mod tests {
         for &(i, l) in &out.top {
             assert!((l - lp(i as usize)).abs() < 1e-6);
         }
+        assert_eq!(raw_logprobs(&logits, 2, 3), (out.logprob, out.top));
+        assert_eq!(raw_logprobs(&logits, 2, 0).1, []);
+        assert_eq!(raw_logprobs(&logits, 9, 9).0, f32::NEG_INFINITY);
     }
 
     #[test]

@@ -139,3 +139,58 @@ fn scores_smollm2_fixture_cases() {
 fn scores_gemma3_fixture_cases() {
     check("gemma-3-270m-q4_k_m.gguf", "gemma3");
 }
+
+/// `perplexity` over the first 512-token window of the GPL-3 text against the fixture's
+/// per-window NLL (`nll-<model>.json`, windows[0]). Token ids come from ferrite-tokenizer;
+/// their count is checked against the fixture first so a tokenizer difference cannot pass
+/// as a model difference.
+fn first_window(file: &str, tag: &str) {
+    use sha2::Digest;
+    let Some(path) = model_path(file) else {
+        return;
+    };
+    let dir = match std::env::var_os("FERRITE_FIXTURES") {
+        Some(d) => PathBuf::from(d),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/reference"),
+    };
+    let fx: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join(format!("nll-{tag}.json"))).expect("nll fixture"),
+    )
+    .expect("nll fixture parses");
+    let text_path = "/usr/share/common-licenses/GPL-3";
+    let Ok(text) = std::fs::read(text_path) else {
+        println!("skipped: {text_path} not found");
+        return;
+    };
+    let sha = format!("{:x}", sha2::Sha256::digest(&text));
+    if sha != fx["text_file_sha256"].as_str().expect("sha") {
+        println!("skipped: {text_path} is not the fixture's text (sha256 {sha})");
+        return;
+    }
+    let model = Model::load(&path, LoadOptions::default()).expect("model loads");
+    let tok = ferrite_tokenizer::Tokenizer::from_gguf(model.gguf()).expect("tokenizer");
+    let ids = tok.encode(std::str::from_utf8(&text).expect("utf-8"), true, true);
+    assert_eq!(
+        ids.len() as u64,
+        fx["n_tokens"].as_u64().expect("n_tokens"),
+        "{tag} tokens"
+    );
+    let pool = ThreadPool::new(2).expect("pool");
+    let mut session = Session::new(&model, &pool, 512, KvType::F16).expect("session");
+    let p = ferrite_engine::perplexity(&mut session, &ids[..512], 512).expect("perplexity");
+    let w0 = &fx["windows"][0];
+    let want = w0["sum_nll"].as_f64().expect("sum_nll") / w0["n_scored"].as_f64().expect("n");
+    println!("{tag} window 0: {p} (reference mean nll {want:.8})");
+    assert_eq!((p.windows, p.tokens), (1, 511));
+    assert!((p.nll - want).abs() < 5e-3, "{tag}: {} vs {want}", p.nll);
+}
+
+#[test]
+fn perplexity_first_window_smollm2() {
+    first_window("SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2");
+}
+
+#[test]
+fn perplexity_first_window_gemma3() {
+    first_window("gemma-3-270m-q4_k_m.gguf", "gemma3");
+}

@@ -6,6 +6,10 @@
 //! Keys and values of one KV head are widened once per chunk into scratch and shared by every
 //! query head of its group (grouped-query attention).
 
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use ferrite_cpu::ThreadPool;
+
 use crate::kv::KvCache;
 use crate::ops::softmax;
 
@@ -27,18 +31,22 @@ pub struct AttnShape {
 /// Scratch for [`attend`], sized once for a session.
 #[derive(Debug)]
 pub struct AttnScratch {
+    /// Widened keys, `[kv head][position][head_dim]`.
     k: Vec<f32>,
+    /// Widened values, same layout.
     v: Vec<f32>,
-    scores: Vec<f32>,
+    /// Output bits written by the pool's threads (each element by exactly one thread).
+    out: Vec<AtomicU32>,
 }
 
 impl AttnScratch {
-    /// Scratch for contexts up to `ctx` positions and heads of `head_dim` values.
-    pub fn new(ctx: usize, head_dim: usize) -> AttnScratch {
+    /// Scratch for contexts up to `ctx` positions, `kv_dim` key values per position and at
+    /// most `max_out` output values per call (`tokens × n_head × head_dim`).
+    pub fn new(ctx: usize, kv_dim: usize, max_out: usize) -> AttnScratch {
         AttnScratch {
-            k: vec![0.0; ctx * head_dim],
-            v: vec![0.0; ctx * head_dim],
-            scores: vec![0.0; ctx],
+            k: vec![0.0; ctx * kv_dim],
+            v: vec![0.0; ctx * kv_dim],
+            out: (0..max_out).map(|_| AtomicU32::new(0)).collect(),
         }
     }
 }
@@ -51,11 +59,34 @@ fn first_visible(pos: usize, window: Option<usize>) -> usize {
     }
 }
 
+/// Dot product with eight independent partial sums, so the compiler can vectorize it; the
+/// summation order is fixed, hence deterministic.
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ac
+        .remainder()
+        .iter()
+        .zip(bc.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in ac.zip(bc) {
+        for i in 0..8 {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
 /// Attention for `n` consecutive queries at positions `pos0..pos0+n` of `layer`.
 ///
 /// `q` holds `n × n_head × head_dim` rotated queries; the cache must already hold keys and
-/// values for positions `..pos0+n`. Writes `n × n_head × head_dim` values to `out`.
+/// values for positions `..pos0+n`. Writes `n × n_head × head_dim` values to `out`. The
+/// `(query, head)` pairs are spread over the pool's threads; each pair is computed by one
+/// thread in a fixed order, so the result does not depend on the thread count.
+#[allow(clippy::too_many_arguments)]
 pub fn attend(
+    pool: &ThreadPool,
     shape: &AttnShape,
     cache: &KvCache,
     layer: usize,
@@ -71,46 +102,51 @@ pub fn attend(
     let hi_all = pos0 + n;
     let span = hi_all - lo_all;
     for g in 0..shape.n_kv_head {
+        let r = g * span * hd..(g + 1) * span * hd;
         cache.load_head(
             layer,
             false,
             g,
             hd,
             lo_all..hi_all,
-            &mut scratch.k[..span * hd],
+            &mut scratch.k[r.clone()],
         );
-        cache.load_head(
-            layer,
-            true,
-            g,
-            hd,
-            lo_all..hi_all,
-            &mut scratch.v[..span * hd],
-        );
-        for t in 0..n {
+        cache.load_head(layer, true, g, hd, lo_all..hi_all, &mut scratch.v[r]);
+    }
+    let (kbuf, vbuf, obuf) = (&scratch.k, &scratch.v, &scratch.out);
+    let items = n * shape.n_head;
+    let n_threads = pool.n_threads();
+    pool.run(|thread, scores: &mut Vec<f32>| {
+        for item in (thread..items).step_by(n_threads) {
+            let (t, h) = (item / shape.n_head, item % shape.n_head);
+            let g = h / group;
             let pos = pos0 + t;
             let lo = first_visible(pos, shape.window) - lo_all;
             let hi = pos + 1 - lo_all;
-            for h in g * group..(g + 1) * group {
-                let base = (t * shape.n_head + h) * hd;
-                let qh = &q[base..base + hd];
-                let scores = &mut scratch.scores[..hi - lo];
-                for (s, j) in scores.iter_mut().zip(lo..hi) {
-                    let k = &scratch.k[j * hd..(j + 1) * hd];
-                    let dot: f32 = qh.iter().zip(k).map(|(a, b)| a * b).sum();
-                    *s = dot * shape.scale;
-                }
-                softmax(scores);
-                let o = &mut out[base..base + hd];
-                o.fill(0.0);
-                for (&p, j) in scores.iter().zip(lo..hi) {
-                    let v = &scratch.v[j * hd..(j + 1) * hd];
-                    for (oi, &vi) in o.iter_mut().zip(v) {
-                        *oi += p * vi;
-                    }
+            let kg = &kbuf[g * span * hd..(g + 1) * span * hd];
+            let vg = &vbuf[g * span * hd..(g + 1) * span * hd];
+            let qh = &q[item * hd..(item + 1) * hd];
+            // The pool's scratch holds the scores, then (after them) the output row.
+            scores.resize((hi - lo) + hd, 0.0);
+            let (sc, o) = scores.split_at_mut(hi - lo);
+            for (s, j) in sc.iter_mut().zip(lo..hi) {
+                *s = dot(qh, &kg[j * hd..(j + 1) * hd]) * shape.scale;
+            }
+            softmax(sc);
+            o.fill(0.0);
+            for (&p, j) in sc.iter().zip(lo..hi) {
+                for (oi, &vi) in o.iter_mut().zip(&vg[j * hd..(j + 1) * hd]) {
+                    *oi += p * vi;
                 }
             }
+            for (dst, &v) in obuf[item * hd..(item + 1) * hd].iter().zip(o.iter()) {
+                dst.store(v.to_bits(), Ordering::Relaxed);
+            }
         }
+    });
+    // `run` has joined every thread, so these loads see all stores.
+    for (o, bits) in out[..items * hd].iter_mut().zip(obuf) {
+        *o = f32::from_bits(bits.load(Ordering::Relaxed));
     }
 }
 
@@ -192,8 +228,9 @@ mod tests {
         let mut cache = KvCache::new(KvType::F32, 2, 16, row);
         cache.store(1, 0, &k, &v);
         let mut out = vec![f32::NAN; q.len()];
-        let mut scratch = AttnScratch::new(16, shape.head_dim);
-        attend(&shape, &cache, 1, pos0, &q, &mut out, &mut scratch);
+        let mut scratch = AttnScratch::new(16, row, q.len());
+        let pool = ThreadPool::new(2).unwrap();
+        attend(&pool, &shape, &cache, 1, pos0, &q, &mut out, &mut scratch);
         let want = naive(&shape, &q, &k, &v, pos0, n);
         for (i, (&a, &b)) in out.iter().zip(&want).enumerate() {
             assert!(
@@ -233,12 +270,13 @@ mod tests {
         let v = pseudo(12, 5);
         cache.store(0, 0, &k, &v);
         let q = [0.3, -0.2];
-        let mut scratch = AttnScratch::new(8, 2);
+        let mut scratch = AttnScratch::new(8, 2, 2);
+        let pool = ThreadPool::new(1).unwrap();
         let mut a = [0.0; 2];
-        attend(&shape, &cache, 0, 5, &q, &mut a, &mut scratch);
+        attend(&pool, &shape, &cache, 0, 5, &q, &mut a, &mut scratch);
         cache.store(0, 0, &[1e3; 8], &[1e3; 8]);
         let mut b = [0.0; 2];
-        attend(&shape, &cache, 0, 5, &q, &mut b, &mut scratch);
+        attend(&pool, &shape, &cache, 0, 5, &q, &mut b, &mut scratch);
         assert_eq!(a, b);
     }
 }

@@ -79,6 +79,8 @@ pub struct Session<'m> {
     pool: &'m ThreadPool,
     kv: KvCache,
     n_past: usize,
+    /// The tokens at positions `0..n_past` (capacity `ctx`, allocated once).
+    history: Vec<u32>,
     chunk: usize,
     s: Scratch,
     logits: Vec<f32>,
@@ -120,13 +122,14 @@ impl<'m> Session<'m> {
             o: vec![0.0; chunk * c.d_model],
             gate: vec![0.0; chunk * c.d_ff],
             up: vec![0.0; chunk * c.d_ff],
-            attn: AttnScratch::new(ctx, c.head_dim),
+            attn: AttnScratch::new(ctx, c.kv_dim(), chunk * c.q_dim()),
         };
         Ok(Session {
             model,
             pool,
             kv: KvCache::new(kv, c.n_layer, ctx, c.kv_dim()),
             n_past: 0,
+            history: Vec::with_capacity(ctx),
             chunk,
             s,
             logits: vec![0.0; c.n_vocab],
@@ -154,11 +157,35 @@ impl<'m> Session<'m> {
     /// past `n` are overwritten by the next `eval`, so nothing needs clearing.
     pub fn truncate(&mut self, n: usize) {
         self.n_past = self.n_past.min(n);
+        self.history.truncate(self.n_past);
     }
 
     /// Forgets all cached tokens.
     pub fn reset(&mut self) {
-        self.n_past = 0;
+        self.truncate(0);
+    }
+
+    /// The tokens in the cache, position by position.
+    pub fn tokens(&self) -> &[u32] {
+        &self.history
+    }
+
+    /// Makes the cache hold exactly `tokens`, reusing the longest cached prefix and
+    /// evaluating only the rest, and returns the last token's logits. At least the last
+    /// token is always evaluated, since its logits are not kept.
+    pub fn sync(&mut self, tokens: &[u32]) -> Result<Logits<'_>, ModelError> {
+        if tokens.is_empty() {
+            return Err(ModelError::InvalidArgument("no tokens to evaluate".into()));
+        }
+        let common = self
+            .history
+            .iter()
+            .zip(tokens)
+            .take_while(|(a, b)| a == b)
+            .count()
+            .min(tokens.len().saturating_sub(1));
+        self.truncate(common);
+        self.eval(&tokens[common..], Outputs::Last)
     }
 
     /// Runs `tokens` at positions `n_past..n_past+len` and returns the requested logits.
@@ -222,10 +249,11 @@ impl<'m> Session<'m> {
                 self.forward_chunk(chunk, first.saturating_sub(done), done, first, &mut hidden);
             if let Err(e) = res {
                 // Leave the session as it was: the partly written cache rows are unreachable.
-                self.n_past = start_past;
+                self.truncate(start_past);
                 return Err(e);
             }
             self.n_past += len;
+            self.history.extend_from_slice(chunk);
             done += len;
         }
         Ok(Logits {
@@ -301,7 +329,7 @@ impl<'m> Session<'m> {
                 window: lc.window,
             };
             let att = &mut s.att[..n * c.q_dim()];
-            attend(&shape, &self.kv, l, pos0, q, att, &mut s.attn);
+            attend(pool, &shape, &self.kv, l, pos0, q, att, &mut s.attn);
             let o = &mut s.o[..n * d];
             mm(&lw.wo, att, o)?;
             if let Some(w) = &lw.post_attn_norm {
@@ -547,6 +575,33 @@ pub(crate) mod tests {
             .map(|(a, b)| (a - b).abs())
             .fold(0.0, f32::max);
         assert!(max < 1e-5, "{max}");
+    }
+
+    #[test]
+    fn sync_reuses_the_common_prefix() {
+        let pool = ThreadPool::new(1).unwrap();
+        let m = tiny_model("llama", GgmlType::F32, Precision::Default);
+        let mut s = Session::new(&m, &pool, 32, KvType::F32).unwrap();
+        let a = tokens(8);
+        let mut b = a[..5].to_vec();
+        b.extend([3, 4]);
+        s.eval(&a, Outputs::Last).unwrap();
+        assert_eq!(s.tokens(), a);
+        let synced = s.sync(&b).unwrap().data.to_vec();
+        assert_eq!((s.n_past(), s.tokens()), (7, &b[..]));
+        let mut fresh = Session::new(&m, &pool, 32, KvType::F32).unwrap();
+        let want = fresh.eval(&b, Outputs::Last).unwrap().data.to_vec();
+        let max = synced
+            .iter()
+            .zip(&want)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f32::max);
+        assert!(max < 1e-5, "{max}");
+        // Syncing to the same tokens re-evaluates only the last one.
+        let again = s.sync(&b).unwrap().data.to_vec();
+        assert_eq!(again, synced);
+        assert!(s.sync(&[]).is_err());
+        assert_eq!(s.n_past(), 7, "a rejected sync keeps the cache");
     }
 
     #[test]

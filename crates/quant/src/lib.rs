@@ -29,6 +29,7 @@ mod kquants;
 mod legacy;
 mod level;
 mod nonlinear;
+mod q8dot;
 
 pub use ferrite_gguf::GgmlType;
 pub use kquants::{BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, scale_min_k4};
@@ -37,6 +38,7 @@ pub use level::{SIMD_ENV, SimdLevel, simd_level};
 pub use nonlinear::{
     BlockIq4Nl, BlockIq4Xs, BlockMxfp4, BlockTq10, BlockTq20, KVALUES_IQ4NL, KVALUES_MXFP4,
 };
+pub use q8dot::{activation_type, dot_quantized};
 
 /// Errors from this crate's entry points.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -5,7 +5,7 @@
 //! the same f32 products), and must equal, bit for bit, the level's own f32 dot of the
 //! dequantized row (the canonical-order contract the matmul relies on).
 
-use ferrite_quant::kernels::{dot_f32, dot_row, has_simd_dequantize};
+use ferrite_quant::kernels::{dot_f32, dot_row, has_fused_matvec, has_simd_dequantize, matvec};
 use ferrite_quant::{GgmlType, SimdLevel, dequantize_with};
 
 struct Rng(u64);
@@ -194,6 +194,50 @@ fn f32_kernels_handle_tails_at_every_level() {
             assert!(
                 (f64::from(got) - exact).abs() <= 1e-5 * abs + 1e-30,
                 "{level} k={k}"
+            );
+        }
+    }
+}
+
+#[test]
+fn matvec_equals_dot_row_bit_for_bit_at_every_level() {
+    let mut rng = Rng(0xfeed);
+    for level in SimdLevel::ALL {
+        if !level.is_available() {
+            println!("skipped: {level} not available on this CPU");
+            continue;
+        }
+        for ty in TYPES.into_iter().chain([GgmlType::F32]) {
+            for (n_rows, nb) in [(1usize, 1usize), (3, 3), (5, 7), (9, 2)] {
+                let row_bytes = nb * ty.type_size() as usize;
+                let bytes = if ty == GgmlType::F32 {
+                    (0..n_rows * nb)
+                        .flat_map(|_| rng.f32().to_le_bytes())
+                        .collect()
+                } else {
+                    random_blocks(&mut rng, ty, n_rows * nb)
+                };
+                let k = nb * ty.block_size() as usize;
+                let x: Vec<f32> = (0..k).map(|_| rng.f32()).collect();
+                let mut y = vec![f32::NAN; n_rows];
+                matvec(level, ty, &bytes, &x, &mut y).expect("matvec");
+                for (r, got) in y.iter().enumerate() {
+                    let row = &bytes[r * row_bytes..(r + 1) * row_bytes];
+                    let want = dot_row(level, ty, row, &x).expect("dot_row");
+                    assert_eq!(
+                        got.to_bits(),
+                        want.to_bits(),
+                        "{ty} {level} rows {n_rows} k {k} r {r}"
+                    );
+                }
+            }
+            println!(
+                "matvec {ty} [{level}{}]: equals dot_row bit for bit",
+                if has_fused_matvec(level, ty) {
+                    " fused"
+                } else {
+                    ""
+                }
             );
         }
     }

@@ -123,7 +123,7 @@ async fn message(
     let max_tokens = opt_u64(&obj, "max_tokens", 1, u32::MAX as u64)?
         .ok_or_else(|| ApiError::missing("max_tokens"))?;
     let (prompt, with_tools) = prompt_tokens(backend.as_ref(), &obj)?;
-    generate::check_prompt(backend.as_ref(), &prompt)?;
+    generate::check_prompt(backend.as_ref(), &prompt, "messages")?;
     let stop = parse::opt_stops(&obj, "stop_sequences")?;
     let stream = opt_bool(&obj, "stream")?.unwrap_or(false);
     let opts = GenOptions {

@@ -196,4 +196,6 @@ pub trait Backend: Send + Sync + 'static {
     fn submit(&self, req: GenRequest) -> Result<UnboundedReceiver<GenEvent>, SubmitError>;
     /// Current occupancy.
     fn stats(&self) -> EngineStats;
+    /// Whether the engine can still serve (false once its thread has died).
+    fn healthy(&self) -> bool;
 }

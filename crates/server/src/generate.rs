@@ -39,16 +39,17 @@ pub fn check_model(backend: &dyn Backend, obj: &Obj, required: bool) -> Result<S
     }
 }
 
-/// Reject empty prompts and prompts that leave no room to generate.
-pub fn check_prompt(backend: &dyn Backend, prompt: &[u32]) -> Result<(), ApiError> {
+/// Reject empty prompts and prompts that leave no room to generate; `param` names the
+/// request field the prompt came from.
+pub fn check_prompt(backend: &dyn Backend, prompt: &[u32], param: &str) -> Result<(), ApiError> {
     let n_ctx = backend.n_ctx();
     if prompt.is_empty() {
-        return Err(ApiError::bad_request("the prompt is empty"));
+        return Err(ApiError::invalid_param(param, "the prompt is empty"));
     }
     if prompt.len() >= n_ctx {
         return Err(ApiError {
             code: Some("context_length_exceeded"),
-            param: Some("messages".to_string()),
+            param: Some(param.to_string()),
             ..ApiError::bad_request(format!(
                 "this model's maximum context length is {n_ctx} tokens, but the prompt has {} tokens",
                 prompt.len()

@@ -129,6 +129,19 @@ async fn models_list_and_lookup() {
     assert_eq!(status, StatusCode::NOT_FOUND);
     assert!(body.contains("model_not_found"));
     assert_eq!(get(&app, "/nope").await.0, StatusCode::NOT_FOUND);
+    let (status, body) = get(&app, "/v1/chat/completions").await;
+    assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
+    assert!(body.contains("invalid_request_error"), "{body}");
+}
+
+#[tokio::test]
+async fn health_reports_a_dead_engine() {
+    let (app, fake) = app_with(Fake::new(REPLY), ServerConfig::default());
+    assert_eq!(get(&app, "/health").await.0, StatusCode::OK);
+    fake.dead.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (status, body) = get(&app, "/health").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(body.contains("\"status\":\"error\""), "{body}");
 }
 
 #[tokio::test]
@@ -424,7 +437,7 @@ async fn bad_input_is_400_and_server_stays_healthy() {
         ("/v1/completions", json!({"model": "fake-model"}).to_string(), Some("prompt")),
         ("/v1/completions", json!({"model": "fake-model", "prompt": [1, -4]}).to_string(), Some("prompt")),
         ("/v1/completions", json!({"model": "fake-model", "prompt": ["a", "b"]}).to_string(), Some("prompt")),
-        ("/v1/completions", json!({"model": "fake-model", "prompt": ""}).to_string(), None),
+        ("/v1/completions", json!({"model": "fake-model", "prompt": ""}).to_string(), Some("prompt")),
         ("/v1/responses", json!({"model": "fake-model"}).to_string(), Some("input")),
         ("/v1/responses", json!({"model": "fake-model", "input": 7}).to_string(), Some("input")),
         ("/tokenize", json!({"content": 7}).to_string(), Some("content")),

@@ -7,6 +7,18 @@
 //! drive it with `tower::ServiceExt::oneshot`. The real engine ([`engine::Engine`]) runs on
 //! a dedicated thread that owns the model and its slots.
 //!
+//! Endpoints: `GET /health` (503 while loading), `GET /v1/models[/{id}]`, `GET /metrics`
+//! (Prometheus text), `POST /v1/chat/completions`, `/v1/completions`, `/v1/responses`
+//! (stateless), `/v1/messages` and `/v1/messages/count_tokens` (Anthropic), `/tokenize`,
+//! `/detokenize`. Errors use each API's own JSON shape; streams are SSE with keep-alive
+//! comments.
+//!
+//! Scheduling ([`engine::scheduler`]): up to N slots each keeping its KV cache, a bounded
+//! FIFO queue (429 when full), longest-prefix slot reuse, a shared per-step prefill budget,
+//! and one decode token per active slot per step. Slots are evaluated one after another:
+//! there is no fused multi-sequence forward pass yet, so aggregate decode speed does not
+//! grow with concurrency.
+//!
 //! ```
 //! use ferrite_server::{AppState, ServerConfig, router};
 //! let state = AppState::new(ServerConfig::default());

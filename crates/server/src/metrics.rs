@@ -100,6 +100,32 @@ impl Metrics {
     }
 }
 
+/// The metrics label of a path: known routes by name, everything else as `other`, so
+/// clients cannot grow the label set without bound.
+fn endpoint_label(path: &str) -> &str {
+    const ROUTES: [&str; 11] = [
+        "/health",
+        "/metrics",
+        "/v1/models",
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/messages",
+        "/v1/messages/count_tokens",
+        "/v1/responses",
+        "/tokenize",
+        "/detokenize",
+        "/v1/models/{id}",
+    ];
+    if path.starts_with("/v1/models/") {
+        return "/v1/models/{id}";
+    }
+    ROUTES
+        .iter()
+        .find(|r| **r == path)
+        .copied()
+        .unwrap_or("other")
+}
+
 /// Fields of one request's log line.
 #[derive(Debug)]
 struct Entry {
@@ -161,7 +187,7 @@ impl Drop for Entry {
         *self
             .metrics
             .requests()
-            .entry((self.path.clone(), self.status))
+            .entry((endpoint_label(&self.path).to_string(), self.status))
             .or_default() += 1;
     }
 }
@@ -276,5 +302,22 @@ mod tests {
         assert!(text.contains("ferrite_cached_prompt_tokens_total 3"));
         assert!(text.contains("ferrite_cache_hits_total 1"));
         assert!(text.contains("ferrite_cancelled_requests_total 1"));
+    }
+
+    #[test]
+    fn unknown_paths_share_one_label() {
+        let m = Arc::new(Metrics::default());
+        for path in ["/a", "/b/c", "/v1/models/x", "/v1/models/y"] {
+            RequestLog::new(1, "GET", path, m.clone()).set_status(404);
+        }
+        let text = m.render(None);
+        assert!(
+            text.contains("endpoint=\"other\",status=\"404\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("endpoint=\"/v1/models/{id}\",status=\"404\"} 2"),
+            "{text}"
+        );
     }
 }

@@ -139,7 +139,7 @@ async fn chat(
         })
         .map_err(|e| ApiError::bad_request(format!("could not apply the chat template: {e}")))?;
     let prompt = backend.tokenize(&rendered, true, true);
-    generate::check_prompt(backend.as_ref(), &prompt)?;
+    generate::check_prompt(backend.as_ref(), &prompt, "messages")?;
     let room = generate::room(backend.as_ref(), prompt.len());
     let opts = options(
         &obj,
@@ -343,7 +343,7 @@ async fn completion(
     let backend = state.backend()?.clone();
     let model = generate::check_model(backend.as_ref(), &obj, true)?;
     let prompt = completion_prompt(&obj, backend.as_ref())?;
-    generate::check_prompt(backend.as_ref(), &prompt)?;
+    generate::check_prompt(backend.as_ref(), &prompt, "prompt")?;
     let n = opt_u64(&obj, "n", 1, 16)?.unwrap_or(1) as usize;
     let stream = opt_bool(&obj, "stream")?.unwrap_or(false);
     let usage_chunk = include_usage(&obj)?;

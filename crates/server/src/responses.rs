@@ -106,7 +106,7 @@ async fn respond(
         })
         .map_err(|e| ApiError::bad_request(format!("could not apply the chat template: {e}")))?;
     let prompt = backend.tokenize(&rendered, true, true);
-    generate::check_prompt(backend.as_ref(), &prompt)?;
+    generate::check_prompt(backend.as_ref(), &prompt, "input")?;
     let room = generate::room(backend.as_ref(), prompt.len());
     let opts = GenOptions {
         sampling: generate::sampling(&obj, 2.0)?,

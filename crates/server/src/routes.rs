@@ -33,6 +33,7 @@ pub fn router(state: AppState) -> Router {
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))
         .layer(middleware::from_fn_with_state(state.clone(), auth))
         .layer(middleware::from_fn_with_state(state.clone(), log_request))
@@ -96,15 +97,27 @@ async fn not_found(req: Request) -> Response {
     .into_response(flavor_of(&path))
 }
 
+async fn method_not_allowed(req: Request) -> Response {
+    let path = req.uri().path().to_string();
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!("{} is not allowed on {path}", req.method()),
+    )
+    .into_response(flavor_of(&path))
+}
+
 async fn health(State(state): State<AppState>) -> Response {
-    match state.backend() {
-        Ok(_) => Json(json!({"status": "ok"})).into_response(),
-        Err(_) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            Json(json!({"status": "loading", "error": {"message": "the model is still loading", "type": "service_unavailable_error", "param": null, "code": null}})),
-        )
-            .into_response(),
-    }
+    let (status, message) = match state.backend() {
+        Ok(b) if b.healthy() => return Json(json!({"status": "ok"})).into_response(),
+        Ok(_) => ("error", "the engine has stopped"),
+        Err(_) => ("loading", "the model is still loading"),
+    };
+    let error = json!({"message": message, "type": "service_unavailable_error", "param": null, "code": null});
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        Json(json!({"status": status, "error": error})),
+    )
+        .into_response()
 }
 
 fn model_object(id: &str) -> Value {

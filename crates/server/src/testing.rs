@@ -24,6 +24,7 @@ pub struct Fake {
     pub token_delay: Duration,
     pub start_delay: Duration,
     pub submitted: AtomicUsize,
+    pub dead: std::sync::atomic::AtomicBool,
     live: Arc<AtomicUsize>,
     running: Arc<AtomicUsize>,
     permits: Arc<Semaphore>,
@@ -43,6 +44,7 @@ impl Fake {
             token_delay,
             start_delay: Duration::ZERO,
             submitted: AtomicUsize::new(0),
+            dead: std::sync::atomic::AtomicBool::new(false),
             live: Arc::new(AtomicUsize::new(0)),
             running: Arc::new(AtomicUsize::new(0)),
             permits: Arc::new(Semaphore::new(slots)),
@@ -161,6 +163,9 @@ impl Backend for Fake {
             let _ = tx.send(done(FinishReason::Stop, None, tail, &req, n));
         });
         Ok(rx)
+    }
+    fn healthy(&self) -> bool {
+        !self.dead.load(Ordering::SeqCst)
     }
     fn stats(&self) -> EngineStats {
         let live = self.live.load(Ordering::SeqCst);

@@ -9,6 +9,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 
 use crate::error::{Result, TokenizerError};
+use crate::hash::FxMap;
 use crate::pretok::PreTokenizer;
 
 /// The GPT-2 byte → character table: printable Latin-1 bytes map to themselves, the other 68
@@ -57,17 +58,17 @@ pub(crate) struct ByteLevelBpe {
     /// byte is then dropped, as the reference tokenizer does).
     byte_ids: [Option<u32>; 256],
     /// (left id, right id) → (rank, merged id).
-    merges: HashMap<(u32, u32), (u32, u32)>,
+    merges: FxMap<(u32, u32), (u32, u32)>,
     /// Mapped word → id, consulted first when the pre-tokenizer says merges are ignored for
     /// words already in the vocabulary (Llama 3).
-    whole_words: Option<HashMap<String, u32>>,
+    whole_words: Option<FxMap<String, u32>>,
     byte_chars: [char; 256],
 }
 
 impl ByteLevelBpe {
     /// Build from the vocabulary and `"left right"` merges in rank order.
     pub(crate) fn new(pre: PreTokenizer, tokens: &[String], merges: &[String]) -> Result<Self> {
-        let vocab: HashMap<&str, u32> = tokens
+        let vocab: FxMap<&str, u32> = tokens
             .iter()
             .enumerate()
             .rev() // the lowest id wins for duplicated pieces
@@ -79,7 +80,8 @@ impl ByteLevelBpe {
         for (slot, c) in byte_ids.iter_mut().zip(byte_chars.iter()) {
             *slot = vocab.get(&*c.encode_utf8(&mut buf)).copied();
         }
-        let mut merge_map = HashMap::with_capacity(merges.len());
+        let mut merge_map = FxMap::default();
+        merge_map.reserve(merges.len());
         for (index, merge) in merges.iter().enumerate() {
             let bad = |reason| TokenizerError::BadMerge {
                 index,
@@ -104,7 +106,7 @@ impl ByteLevelBpe {
             vocab
                 .iter()
                 .map(|(k, &v)| ((*k).to_owned(), v))
-                .collect::<HashMap<_, _>>()
+                .collect::<FxMap<_, _>>()
         });
         Ok(Self {
             pre,
@@ -144,14 +146,13 @@ impl ByteLevelBpe {
         out.extend_from_slice(&scratch.ids);
     }
 
-    /// Rank of the merge of `left` and `right`, if any (used by tests and the gate's mutation
-    /// check).
+    /// Rank of the merge of `left` and `right`, if any.
     #[cfg(test)]
     pub(crate) fn merge_rank(&self, left: u32, right: u32) -> Option<u32> {
         self.merges.get(&(left, right)).map(|&(rank, _)| rank)
     }
 
-    /// Swap the ranks of two merges (test-only mutation to prove the oracle notices).
+    /// Swap the ranks of two merges (a mutation for tests to prove the comparison notices).
     #[cfg(test)]
     pub(crate) fn swap_ranks(&mut self, a: (u32, u32), b: (u32, u32)) {
         if let (Some(&ra), Some(&rb)) = (self.merges.get(&a), self.merges.get(&b)) {
@@ -183,7 +184,7 @@ const NONE: usize = usize::MAX;
 /// leftmost first among equal ranks.
 fn merge_by_rank(
     ids: &mut Vec<u32>,
-    merges: &HashMap<(u32, u32), (u32, u32)>,
+    merges: &FxMap<(u32, u32), (u32, u32)>,
     links: &mut Vec<Link>,
 ) {
     if ids.len() < 2 {

@@ -37,6 +37,7 @@ mod bytelevel;
 mod decode;
 mod error;
 mod gguf;
+mod hash;
 mod json;
 mod pretok;
 mod spec;
@@ -250,6 +251,32 @@ impl Tokenizer {
         self.eos_id
     }
 
+    /// Tokens that end a generated turn: EOS plus the control tokens that chat formats use as
+    /// turn or document ends (`<|im_end|>`, `<end_of_turn>`, `<|eot_id|>`, `<|endoftext|>`,
+    /// `<|end|>`, `<|eom_id|>`), as llama.cpp also treats them. Sorted, without duplicates.
+    pub fn end_of_generation_ids(&self) -> Vec<u32> {
+        const TURN_ENDS: [&str; 6] = [
+            "<|im_end|>",
+            "<end_of_turn>",
+            "<|eot_id|>",
+            "<|endoftext|>",
+            "<|end|>",
+            "<|eom_id|>",
+        ];
+        let mut ids: Vec<u32> = self
+            .tokens
+            .iter()
+            .zip(&self.types)
+            .enumerate()
+            .filter(|(_, (t, ty))| **ty == TokenType::Control && TURN_ENDS.contains(&t.as_str()))
+            .map(|(i, _)| i as u32)
+            .chain(self.eos_id)
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids
+    }
+
     /// Whether `encode(.., add_special = true, ..)` prepends BOS.
     pub fn add_bos(&self) -> bool {
         self.add_bos
@@ -330,6 +357,14 @@ mod tests {
             sp.encode(" the  x", true, false),
             vec![0, 7, 8, 9 + u32::from(b'x')]
         );
+    }
+
+    /// The server shares one tokenizer and template across request threads.
+    #[test]
+    fn tokenizer_and_template_are_send_and_sync() {
+        fn check<T: Send + Sync>() {}
+        check::<Tokenizer>();
+        check::<ChatTemplate>();
     }
 
     #[test]

@@ -4,7 +4,9 @@
 //! left, the first position where any piece matches wins, and there the longest piece wins.
 //! Control tokens take part only with `parse_special`; user-defined pieces always do.
 
-use std::collections::HashMap;
+use std::collections::HashSet;
+
+use crate::hash::FxMap;
 
 /// One piece of split text: plain text for BPE, or a whole special token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -15,11 +17,22 @@ pub(crate) enum Segment<'a> {
     Token(u32),
 }
 
+/// The two bytes at `pos` (a missing second byte reads as 0).
+fn prefix2(bytes: &[u8], pos: usize) -> [u8; 2] {
+    [
+        bytes.get(pos).copied().unwrap_or(0),
+        bytes.get(pos + 1).copied().unwrap_or(0),
+    ]
+}
+
 /// Leftmost-longest matcher over the special pieces of a vocabulary.
 #[derive(Debug, Default)]
 pub(crate) struct SpecialMatcher {
     /// Piece text → (id, is control token).
-    pieces: HashMap<String, (u32, bool)>,
+    pieces: FxMap<String, (u32, bool)>,
+    /// First two bytes of every piece (one byte for one-byte pieces, padded with 0), to reject
+    /// most positions with one lookup: a space before a letter cannot start a run of spaces.
+    prefixes: HashSet<[u8; 2]>,
     /// For each first byte: the distinct lengths of pieces starting with it, longest first.
     lengths: Vec<Vec<usize>>,
 }
@@ -27,12 +40,14 @@ pub(crate) struct SpecialMatcher {
 impl SpecialMatcher {
     /// Build from `(text, id, is_control)` triples; empty pieces are ignored.
     pub(crate) fn new<'a>(items: impl IntoIterator<Item = (&'a str, u32, bool)>) -> Self {
-        let mut pieces = HashMap::new();
+        let mut pieces = FxMap::default();
+        let mut prefixes = HashSet::new();
         let mut lengths = vec![Vec::new(); 256];
         for (text, id, control) in items {
             let Some(&first) = text.as_bytes().first() else {
                 continue;
             };
+            prefixes.insert(prefix2(text.as_bytes(), 0));
             // Keep the lowest id when a vocabulary repeats a piece.
             pieces.entry(text.to_owned()).or_insert((id, control));
             let lens: &mut Vec<usize> = &mut lengths[usize::from(first)];
@@ -43,13 +58,27 @@ impl SpecialMatcher {
         for lens in &mut lengths {
             lens.sort_unstable_by(|a, b| b.cmp(a));
         }
-        Self { pieces, lengths }
+        Self {
+            pieces,
+            prefixes,
+            lengths,
+        }
     }
 
     /// The longest special piece starting at byte `pos`, as (id, byte length).
     fn match_at(&self, text: &str, pos: usize, parse_special: bool) -> Option<(u32, usize)> {
         let first = *text.as_bytes().get(pos)?;
-        for &len in &self.lengths[usize::from(first)] {
+        let lens = &self.lengths[usize::from(first)];
+        if lens.is_empty() {
+            return None;
+        }
+        // A one-byte piece matches regardless of the next byte; otherwise the first two bytes
+        // must begin some piece.
+        let has_single = lens.last() == Some(&1);
+        if !has_single && !self.prefixes.contains(&prefix2(text.as_bytes(), pos)) {
+            return None;
+        }
+        for &len in lens {
             let end = pos + len;
             if end > text.len() || !text.is_char_boundary(end) {
                 continue;

@@ -7,7 +7,9 @@
 //! runs without user-defined pieces stay O(n log n).
 
 use std::cmp::Ordering;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::BinaryHeap;
+
+use crate::hash::FxMap;
 
 use crate::spec::TokenType;
 
@@ -18,7 +20,7 @@ pub(crate) const SPACE_MARK: char = '▁';
 #[derive(Debug)]
 pub(crate) struct SpmBpe {
     /// Pieces BPE may produce (normal, user-defined, unused) → id.
-    pieces: HashMap<String, u32>,
+    pieces: FxMap<String, u32>,
     scores: Vec<f32>,
     /// `<0xNN>` token of each byte.
     byte_ids: [Option<u32>; 256],
@@ -72,7 +74,8 @@ impl SpmBpe {
         unk_id: Option<u32>,
         add_space_prefix: bool,
     ) -> Self {
-        let mut pieces = HashMap::with_capacity(tokens.len());
+        let mut pieces = FxMap::default();
+        pieces.reserve(tokens.len());
         let mut byte_ids = [None; 256];
         for (i, (tok, ty)) in tokens.iter().zip(types).enumerate() {
             let id = i as u32;

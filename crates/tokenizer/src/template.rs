@@ -14,6 +14,32 @@ use crate::error::{Result, TokenizerError};
 use crate::json::{JsonStyle, json_to_value, write_json};
 use crate::time::strftime_now;
 
+/// transformers' `{% generation %}` … `{% endgeneration %}` marks assistant text for training
+/// masks and renders its body unchanged; minijinja has no such tag, so it becomes an
+/// always-true `if` with the same whitespace control (and the same line numbers).
+fn replace_generation_tags(source: &str) -> String {
+    let mut out = String::with_capacity(source.len());
+    let mut rest = source;
+    while let Some(start) = rest.find("{%") {
+        let Some(len) = rest[start..].find("%}") else {
+            break;
+        };
+        let tag = &rest[start..start + len + 2];
+        let inner = tag[2..tag.len() - 2].trim_matches('-').trim();
+        out.push_str(&rest[..start]);
+        let left = if tag.starts_with("{%-") { "{%-" } else { "{%" };
+        let right = if tag.ends_with("-%}") { "-%}" } else { "%}" };
+        match inner {
+            "generation" => out.push_str(&format!("{left} if true {right}")),
+            "endgeneration" => out.push_str(&format!("{left} endif {right}")),
+            _ => out.push_str(tag),
+        }
+        rest = &rest[start + len + 2..];
+    }
+    out.push_str(rest);
+    out
+}
+
 /// Name under which the template is registered (appears in minijinja's own messages).
 const NAME: &str = "chat_template";
 
@@ -113,7 +139,7 @@ impl ChatTemplate {
         env.add_function("strftime_now", |fmt: String| {
             Value::from(strftime_now(&fmt))
         });
-        env.add_template_owned(NAME, source.to_owned())
+        env.add_template_owned(NAME, replace_generation_tags(source))
             .map_err(|e| template_error(&e))?;
         Ok(Self {
             env,
@@ -227,6 +253,17 @@ mod tests {
             })
             .expect("render");
         assert_eq!(out, "f;g;{\"b\": 1, \"a\": \"x\"}[42]");
+    }
+
+    #[test]
+    fn generation_tags_render_their_body() {
+        let src = "{% for m in messages %}{%- generation -%}\n[{{ m.content }}]\n{%- endgeneration %}{% endfor %}";
+        let out = render(src, json!([{"role": "assistant", "content": "x"}])).expect("render");
+        assert_eq!(out, "[x]");
+        assert_eq!(
+            replace_generation_tags("{{ a }}{% if b %}"),
+            "{{ a }}{% if b %}"
+        );
     }
 
     #[test]

@@ -51,10 +51,7 @@ pub(crate) fn strftime(fmt: &str, secs: i64) -> String {
     let weekday = (days + 3).rem_euclid(7) as usize;
     let month_name = MONTHS[(month - 1) as usize];
     let day_name = DAYS[weekday];
-    let doy = days - {
-        let jan1 = days_from_civil(year);
-        jan1 - 1
-    };
+    let doy = days - days_from_civil(year) + 1;
     let hour12 = if hour % 12 == 0 { 12 } else { hour % 12 };
     let mut out = String::new();
     let mut chars = fmt.chars();

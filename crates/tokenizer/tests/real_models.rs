@@ -108,6 +108,17 @@ fn fixtures_match_through_the_library() {
     }
 }
 
+/// Stop tokens as the fixtures README lists them for `eos_index`.
+#[test]
+fn end_of_generation_tokens_match_the_fixture_definition() {
+    if let Some(tok) = tokenizer(SMOLLM2) {
+        assert_eq!(tok.end_of_generation_ids(), [0, 2]);
+    }
+    if let Some(tok) = tokenizer(GEMMA3) {
+        assert_eq!(tok.end_of_generation_ids(), [1, 106]);
+    }
+}
+
 /// Test the test: swapping the ranks of two merges must break some fixture line.
 #[test]
 fn swapped_merge_ranks_fail_the_fixture_comparison() {

@@ -127,6 +127,34 @@ pub(crate) unsafe fn acc_lanes(lanes: &mut [f32; 16], w: &[f32], x: &[f32]) {
     }
 }
 
+/// Four rows at once: adds `w[r] * x` into the stored lanes of row `r` (all lengths equal,
+/// a multiple of 16), interleaving the four FMA chains. Same per-row order as
+/// [`acc_lanes`].
+///
+/// # Safety
+/// AVX-512 available; every `w[r]` and `x` have the same length, a multiple of 16.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+pub(crate) unsafe fn acc_lanes4(lanes: &mut [[f32; 16]; 4], w: [&[f32]; 4], x: &[f32]) {
+    // SAFETY: each lane array has 16 >= 16 values; chunk bounds follow from the contract.
+    unsafe {
+        let mut a0 = _mm512_loadu_ps(lanes[0].as_ptr());
+        let mut a1 = _mm512_loadu_ps(lanes[1].as_ptr());
+        let mut a2 = _mm512_loadu_ps(lanes[2].as_ptr());
+        let mut a3 = _mm512_loadu_ps(lanes[3].as_ptr());
+        for c in 0..x.len() / 16 {
+            let xv = _mm512_loadu_ps(x.as_ptr().add(16 * c));
+            a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w[0].as_ptr().add(16 * c)), xv, a0);
+            a1 = _mm512_fmadd_ps(_mm512_loadu_ps(w[1].as_ptr().add(16 * c)), xv, a1);
+            a2 = _mm512_fmadd_ps(_mm512_loadu_ps(w[2].as_ptr().add(16 * c)), xv, a2);
+            a3 = _mm512_fmadd_ps(_mm512_loadu_ps(w[3].as_ptr().add(16 * c)), xv, a3);
+        }
+        _mm512_storeu_ps(lanes[0].as_mut_ptr(), a0);
+        _mm512_storeu_ps(lanes[1].as_mut_ptr(), a1);
+        _mm512_storeu_ps(lanes[2].as_mut_ptr(), a2);
+        _mm512_storeu_ps(lanes[3].as_mut_ptr(), a3);
+    }
+}
+
 /// [`hsum`] of 16 stored lanes.
 ///
 /// # Safety

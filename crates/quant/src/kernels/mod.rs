@@ -24,6 +24,9 @@ use ferrite_gguf::GgmlType;
 /// Dequantizes whole blocks: `src` holds `dst.len() / block_size` blocks.
 pub type DequantFn = fn(&[u8], &mut [f32]);
 
+/// A fused kernel: `out[r] = dot(row r, x)` for 1..=4 rows of whole blocks.
+pub(crate) type MatvecFn = fn(&[&[u8]], &[f32], &mut [f32]);
+
 /// Largest tile [`dot_tile`] accepts in each direction.
 pub const MAX_TILE: usize = 4;
 
@@ -159,6 +162,154 @@ pub fn dot_tile(
         _ => scalar::tile(w, x, k, out),
     }
     Ok(())
+}
+
+/// `y[r] = dot(row r of w, x)` for `r in 0..y.len()`, where `w` holds `y.len()` rows of
+/// `x.len()` values of type `ty`. Uses the level's fused kernel (weights dequantized in
+/// registers, never stored) when it has one; bit-identical to [`dot_row`] on each row.
+pub fn matvec(
+    level: SimdLevel,
+    ty: GgmlType,
+    w: &[u8],
+    x: &[f32],
+    y: &mut [f32],
+) -> Result<(), QuantError> {
+    check_level(level)?;
+    let rb = ty
+        .row_bytes(x.len() as u64)
+        .ok_or(QuantError::PartialBlock {
+            ty,
+            n: x.len(),
+            block: ty.block_size(),
+        })?;
+    let rb = rb as usize;
+    if Some(w.len()) != y.len().checked_mul(rb) {
+        return Err(QuantError::ByteLength {
+            ty,
+            n: x.len() * y.len(),
+            expected: (rb * y.len()) as u64,
+            got: w.len(),
+        });
+    }
+    if rb == 0 {
+        y.fill(0.0);
+        return Ok(());
+    }
+    match fused_matvec(level, ty, x.len()) {
+        Some(f) => {
+            for (rows, out) in w.chunks(MAX_TILE * rb).zip(y.chunks_mut(MAX_TILE)) {
+                let mut rs: [&[u8]; MAX_TILE] = [&[]; MAX_TILE];
+                for (r, chunk) in rs.iter_mut().zip(rows.chunks_exact(rb)) {
+                    *r = chunk;
+                }
+                f(&rs[..out.len()], x, out);
+            }
+        }
+        None => {
+            let deq = dequant_fn(level, ty)?;
+            let groups = w
+                .chunks_exact(MAX_TILE * rb)
+                .zip(y.chunks_exact_mut(MAX_TILE));
+            for (rows, out) in groups {
+                let r: [&[u8]; 4] = std::array::from_fn(|i| &rows[i * rb..(i + 1) * rb]);
+                out.copy_from_slice(&matvec4_chunked(level, ty, deq, r, x));
+            }
+            let done = y.len() - y.len() % MAX_TILE;
+            for (row, out) in w[done * rb..].chunks_exact(rb).zip(y[done..].iter_mut()) {
+                *out = dot_row(level, ty, row, x)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Four rows of [`dot_row`] at once: each step dequantizes a chunk of every row into a
+/// stack buffer, then runs the four FMA chains interleaved. Per row, exactly the order of
+/// [`dot_row`]. Rows hold `x.len()` values of `ty` (checked by the caller).
+fn matvec4_chunked(
+    level: SimdLevel,
+    ty: GgmlType,
+    deq: DequantFn,
+    rows: [&[u8]; 4],
+    x: &[f32],
+) -> [f32; 4] {
+    let bs = ty.block_size() as usize;
+    let ts = ty.type_size() as usize;
+    let n = x.len();
+    let full = match level {
+        SimdLevel::Scalar => 0,
+        SimdLevel::Avx2 => n - n % 8,
+        SimdLevel::Avx512 => n - n % 16,
+    };
+    let mut buf = [[0f32; ROW_CHUNK]; 4];
+    let mut lanes = [[0f32; 16]; 4];
+    let mut tail = [0f32; 4];
+    let mut start = 0;
+    while start < n {
+        let len = ROW_CHUNK.min(n - start);
+        for (b, row) in buf.iter_mut().zip(rows) {
+            deq(
+                &row[start / bs * ts..(start + len) / bs * ts],
+                &mut b[..len],
+            );
+        }
+        let xs = &x[start..start + len];
+        let vec_len = full.saturating_sub(start).min(len);
+        match level {
+            SimdLevel::Scalar => {}
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: only called by `matvec` after `check_level`; all slices have vec_len
+            // values, a multiple of 8.
+            SimdLevel::Avx2 => unsafe {
+                avx2::acc_lanes4(
+                    &mut lanes,
+                    buf.each_ref().map(|b| &b[..vec_len]),
+                    &xs[..vec_len],
+                )
+            },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as above, a multiple of 16.
+            SimdLevel::Avx512 => unsafe {
+                avx512::acc_lanes4(
+                    &mut lanes,
+                    buf.each_ref().map(|b| &b[..vec_len]),
+                    &xs[..vec_len],
+                )
+            },
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => {}
+        }
+        for (t, b) in tail.iter_mut().zip(&buf) {
+            // Scalar: the whole chunk in order; SIMD levels: the final partial vector.
+            *t = scalar::dot_acc(*t, &b[vec_len..len], &xs[vec_len..]);
+        }
+        start += len;
+    }
+    if level == SimdLevel::Scalar {
+        return tail;
+    }
+    std::array::from_fn(|r| {
+        let mut acc = RowAcc::new(level);
+        acc.lanes = lanes[r];
+        acc.finish() + tail[r]
+    })
+}
+
+/// The level's fused matvec for rows of `k` values of `ty`, if it has one that covers `k`
+/// without a partial vector (partial vectors take the generic path).
+fn fused_matvec(level: SimdLevel, ty: GgmlType, k: usize) -> Option<MatvecFn> {
+    match level {
+        #[cfg(target_arch = "x86_64")]
+        SimdLevel::Avx512 if k.is_multiple_of(16) && level.is_available() => {
+            avx512_dequant::lookup_matvec(ty)
+        }
+        _ => None,
+    }
+}
+
+/// Whether [`matvec`] has a fused kernel for `ty` at `level`.
+pub fn has_fused_matvec(level: SimdLevel, ty: GgmlType) -> bool {
+    fused_matvec(level, ty, 256).is_some()
 }
 
 /// Values dequantized per step of [`dot_row`] (a multiple of every block size).

@@ -1,4 +1,181 @@
 //! The real engine: a dedicated thread owning the model, the thread pool and one session
 //! per slot, fed through a channel; [`Engine`] is its [`crate::Backend`] handle.
+//!
+//! Sessions borrow the model and the pool, so all three live on the engine thread's stack;
+//! the HTTP side shares only the tokenizer (for tokenize/render) and the occupancy counters.
 
+mod model;
 pub mod scheduler;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::Sender;
+use std::time::Instant;
+
+use ferrite_tokenizer::{ChatRequest, ChatTemplate, Tokenizer};
+use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
+
+use crate::backend::{
+    Backend, BackendError, ChatPrompt, EngineStats, GenEvent, GenRequest, SubmitError,
+};
+use scheduler::{Counters, Job};
+
+/// How to start an [`Engine`].
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// GGUF file to load.
+    pub model_path: PathBuf,
+    /// Id reported by `/v1/models` and accepted in `model` fields.
+    pub model_id: String,
+    /// Other accepted names.
+    pub aliases: Vec<String>,
+    /// Context length per slot (clamped to the model's training context).
+    pub n_ctx: usize,
+    /// Number of slots (sequences decoded concurrently).
+    pub parallel: usize,
+    /// Compute threads of the forward pass.
+    pub threads: usize,
+    /// Most requests waiting for a slot before new ones get 429.
+    pub queue_limit: usize,
+    /// Most prompt tokens evaluated per scheduler step, over all slots.
+    pub prefill_chunk: usize,
+}
+
+/// Why the engine could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EngineError {
+    /// The model file could not be loaded.
+    #[error("loading the model: {0}")]
+    Load(String),
+    /// The model's tokenizer could not be built.
+    #[error("building the tokenizer: {0}")]
+    Tokenizer(String),
+    /// A setting is invalid (zero slots, zero context, ...).
+    #[error("invalid engine setting: {0}")]
+    Config(String),
+    /// The engine thread could not be started or died while loading.
+    #[error("engine thread: {0}")]
+    Thread(String),
+}
+
+/// Handle on the running engine thread.
+pub struct Engine {
+    config: EngineConfig,
+    n_ctx: usize,
+    tokenizer: Arc<Tokenizer>,
+    template: Option<ChatTemplate>,
+    bos_text: Option<String>,
+    jobs: Sender<Job>,
+    counters: Arc<Counters>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Engine {
+    /// The context length actually used per slot.
+    pub fn n_ctx(&self) -> usize {
+        self.n_ctx
+    }
+
+    /// Occupancy: the same figures `/metrics` shows.
+    pub fn occupancy(&self) -> EngineStats {
+        let active = self.counters.active.load(Ordering::SeqCst);
+        let inflight = self.counters.inflight.load(Ordering::SeqCst);
+        EngineStats {
+            slots_total: self.config.parallel,
+            slots_active: active,
+            queue_depth: inflight.saturating_sub(active),
+        }
+    }
+}
+
+impl Backend for Engine {
+    fn model_id(&self) -> &str {
+        &self.config.model_id
+    }
+
+    fn aliases(&self) -> Vec<String> {
+        self.config.aliases.clone()
+    }
+
+    fn n_ctx(&self) -> usize {
+        self.n_ctx
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.tokenizer.vocab_size()
+    }
+
+    fn tokenize(&self, text: &str, add_special: bool, parse_special: bool) -> Vec<u32> {
+        // Templates that write the BOS text themselves must not get a second BOS.
+        let has_bos = parse_special
+            && self
+                .bos_text
+                .as_deref()
+                .is_some_and(|b| !b.is_empty() && text.starts_with(b));
+        self.tokenizer
+            .encode(text, add_special && !has_bos, parse_special)
+    }
+
+    fn detokenize(&self, ids: &[u32]) -> Result<String, BackendError> {
+        self.tokenizer
+            .decode(ids, true)
+            .map_err(|e| BackendError(e.to_string()))
+    }
+
+    fn render_chat(&self, chat: &ChatPrompt) -> Result<String, BackendError> {
+        let template = self.template.as_ref().ok_or_else(|| {
+            BackendError("this model has no chat template; use /v1/completions".into())
+        })?;
+        template
+            .render(&ChatRequest {
+                messages: chat.messages.clone(),
+                add_generation_prompt: true,
+                tools: chat.tools.clone(),
+                ..ChatRequest::default()
+            })
+            .map_err(|e| BackendError(e.to_string()))
+    }
+
+    fn submit(&self, req: GenRequest) -> Result<UnboundedReceiver<GenEvent>, SubmitError> {
+        let limit = self.config.parallel + self.config.queue_limit;
+        let inflight = &self.counters.inflight;
+        let mut current = inflight.load(Ordering::SeqCst);
+        loop {
+            if current >= limit {
+                return Err(SubmitError::QueueFull {
+                    queued: current.saturating_sub(self.config.parallel),
+                });
+            }
+            match inflight.compare_exchange(
+                current,
+                current + 1,
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            ) {
+                Ok(_) => break,
+                Err(now) => current = now,
+            }
+        }
+        let (tx, rx) = unbounded_channel();
+        let job = Job {
+            req,
+            tx,
+            queued_at: Instant::now(),
+        };
+        if self.jobs.send(job).is_err() {
+            inflight.fetch_sub(1, Ordering::SeqCst);
+            return Err(SubmitError::Stopped);
+        }
+        Ok(rx)
+    }
+
+    fn stats(&self) -> EngineStats {
+        self.occupancy()
+    }
+
+    fn healthy(&self) -> bool {
+        !self.thread.is_finished()
+    }
+}

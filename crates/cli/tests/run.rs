@@ -1,0 +1,137 @@
+//! `ferrite run` end to end on the real models: output, clocks, backend line, determinism,
+//! context errors, models without a chat template.
+
+mod common;
+
+use common::{pull, run, text};
+
+fn run_ok(args: &[&str]) -> (String, String) {
+    let out = run(args);
+    assert!(out.status.success(), "{}", text(&out));
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn default_model_answers_and_reports_clocks_and_backend() {
+    pull("smollm2-135m-instruct");
+    let (stdout, stderr) = run_ok(&[
+        "run",
+        "--temp",
+        "0",
+        "--max-tokens",
+        "12",
+        "Why is the sky blue?",
+    ]);
+    assert!(stdout.trim().len() > 10, "answer too short: {stdout:?}");
+    assert!(stderr.contains("backend=cpu threads="), "{stderr}");
+    assert!(stderr.contains("simd="), "{stderr}");
+    for clock in ["load ", "ttft ", "prefill ", "decode "] {
+        assert!(stderr.contains(clock), "missing clock {clock:?}: {stderr}");
+    }
+}
+
+/// Same seed and settings → same text, on every run and every thread count.
+#[test]
+fn sampling_is_deterministic_across_runs_and_threads() {
+    pull("smollm2-135m-instruct");
+    let args = |threads: &'static str| {
+        [
+            "run",
+            "--temp",
+            "0.9",
+            "--seed",
+            "42",
+            "--max-tokens",
+            "16",
+            "--threads",
+            threads,
+            "Tell me a story.",
+        ]
+    };
+    let (a, _) = run_ok(&args("1"));
+    let (b, _) = run_ok(&args("2"));
+    let (c, _) = run_ok(&args("2"));
+    assert_eq!(a, b);
+    assert_eq!(b, c);
+    let (other_seed, _) = run_ok(&[
+        "run",
+        "--temp",
+        "0.9",
+        "--seed",
+        "7",
+        "--max-tokens",
+        "16",
+        "Tell me a story.",
+    ]);
+    assert_ne!(
+        a, other_seed,
+        "a different seed should change a sampled answer"
+    );
+}
+
+#[test]
+fn prompt_longer_than_context_is_a_clear_error() {
+    pull("smollm2-135m-instruct");
+    let out = run(&["run", "--ctx", "8", "--raw", &"word ".repeat(40)]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("context holds 8"), "{stderr}");
+}
+
+#[test]
+fn gemma_without_template_completes_plain_text_and_refuses_chat() {
+    pull("gemma3-270m");
+    let (stdout, stderr) = run_ok(&[
+        "run",
+        "-m",
+        "gemma3-270m",
+        "--temp",
+        "0",
+        "--max-tokens",
+        "8",
+        "The capital of France is",
+    ]);
+    assert!(!stdout.trim().is_empty());
+    assert!(stderr.contains("no chat template"), "{stderr}");
+}
+
+#[test]
+fn prompt_from_stdin_and_logprob_dump() {
+    use std::io::Write;
+    pull("smollm2-135m-instruct");
+    let dir = tempfile::tempdir().unwrap();
+    let dump = dir.path().join("lp.jsonl");
+    let mut child = common::ferrite()
+        .args(["run", "--temp", "0", "--max-tokens", "5", "--dump-logprobs"])
+        .arg(&dump)
+        .args(["--logprobs-top-k", "3"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"What is 2+2?")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&dump)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(!lines.is_empty());
+    for line in &lines {
+        let lp = line["logprob"].as_f64().unwrap();
+        assert!(lp.is_finite() && lp <= 0.0, "{line}");
+        assert_eq!(line["top"].as_array().unwrap().len(), 3);
+        // Greedy: the chosen token is the most likely one.
+        assert_eq!(line["top"][0][0], line["token"], "{line}");
+    }
+}

@@ -1,0 +1,138 @@
+//! `ferrite score` against the transformers fixtures: fidelity of the default path, the f32
+//! path, prefill vs decode, and perplexity by the fixture's procedure.
+//!
+//! Bounds come from issue 10: default precision mean |Δ logprob| ≤ 0.08, top-1 ≥ 0.97,
+//! first-token match ≥ 24/25; f32 weights max |Δ| ≤ 2e-3 and top-1 1.0; perplexity within
+//! 1 % of the reference's.
+
+mod common;
+
+use std::collections::HashMap;
+
+use common::{fixture, pull, run, text};
+
+/// Parses the `key=value` fields of the last line, which must start with `prefix`.
+fn last_line_fields(stdout: &str, prefix: &str) -> HashMap<String, String> {
+    let last = stdout.lines().last().unwrap_or_default();
+    assert!(last.starts_with(prefix), "last line {last:?}");
+    last[prefix.len()..]
+        .split_whitespace()
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn num(fields: &HashMap<String, String>, key: &str) -> f64 {
+    let v: f64 = fields[key].parse().unwrap();
+    assert!(v.is_finite(), "{key}={v}");
+    v
+}
+
+fn score(model: &str, fixture_name: &str, extra: &[&str]) -> HashMap<String, String> {
+    let model = pull(model);
+    let fx = fixture(fixture_name);
+    let mut args = vec![
+        "score",
+        "-m",
+        model.to_str().unwrap(),
+        "--fixture",
+        fx.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let out = run(&args);
+    assert!(out.status.success(), "{}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    println!("{stdout}");
+    last_line_fields(&stdout, "summary: ")
+}
+
+fn check_default_fidelity(f: &HashMap<String, String>) {
+    let (first, cases) = f["first_token_match"].split_once('/').unwrap();
+    let (first, cases): (usize, usize) = (first.parse().unwrap(), cases.parse().unwrap());
+    assert!(cases > 0);
+    assert!(
+        first * 25 >= cases * 24,
+        "first-token match {first}/{cases}"
+    );
+    assert!(num(f, "top1_agreement") >= 0.97, "{f:?}");
+    assert!(num(f, "mean_abs_dlogprob") <= 0.08, "{f:?}");
+}
+
+#[test]
+fn smollm2_default_precision_fidelity() {
+    check_default_fidelity(&score(
+        "smollm2-135m-instruct",
+        "logits-smollm2-dev.jsonl",
+        &[],
+    ));
+}
+
+#[test]
+fn gemma3_default_precision_fidelity() {
+    check_default_fidelity(&score("gemma3-270m", "logits-gemma3-dev.jsonl", &[]));
+}
+
+/// The decode path (one token per call) meets the same bounds as batched prefill.
+#[test]
+fn gemma3_decode_mode_fidelity() {
+    check_default_fidelity(&score(
+        "gemma3-270m",
+        "logits-gemma3-dev.jsonl",
+        &["--mode", "decode"],
+    ));
+}
+
+#[test]
+fn smollm2_f32_precision_is_near_exact() {
+    let f = score(
+        "smollm2-135m-instruct",
+        "logits-smollm2-dev.jsonl",
+        &["--precision", "f32", "--kv", "f32"],
+    );
+    assert_eq!(num(&f, "top1_agreement"), 1.0, "{f:?}");
+    assert!(num(&f, "max_abs_dlogprob") <= 2e-3, "{f:?}");
+}
+
+fn reference_ppl(name: &str) -> (f64, u64) {
+    let path = fixture(name);
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    (
+        json["perplexity"].as_f64().unwrap(),
+        json["n_scored_tokens"].as_u64().unwrap(),
+    )
+}
+
+fn perplexity(model: &str, nll_fixture: &str) {
+    let (want, scored) = reference_ppl(nll_fixture);
+    let model = pull(model);
+    let text_file = fixture("GPL-3.txt");
+    let out = run(&[
+        "score",
+        "-m",
+        model.to_str().unwrap(),
+        "--text",
+        text_file.to_str().unwrap(),
+        "--ctx",
+        "512",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let f = last_line_fields(&stdout, "perplexity: ");
+    assert_eq!(num(&f, "tokens") as u64, scored, "{stdout}");
+    let ppl = num(&f, "ppl");
+    assert!(
+        (ppl / want - 1.0).abs() <= 0.01,
+        "perplexity {ppl} vs reference {want}"
+    );
+}
+
+#[test]
+fn smollm2_perplexity_within_one_percent() {
+    perplexity("smollm2-135m-instruct", "nll-smollm2.json");
+}
+
+#[test]
+fn gemma3_perplexity_within_one_percent() {
+    perplexity("gemma3-270m", "nll-gemma3.json");
+}

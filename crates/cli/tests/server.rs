@@ -1,0 +1,494 @@
+//! End-to-end tests of `ferrite serve` with the real SmolLM2 on CPU: every API plain and
+//! streaming (stream text must equal the plain answer: greedy decoding is deterministic),
+//! prefix-cache reuse, concurrent streams equal to their sequential answers, disconnects
+//! freeing slots, bad input, API keys and the per-request log line.
+
+mod common;
+mod server_util;
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use server_util::{Server, chat_stream_text};
+
+const MODEL: &str = "smollm2-135m-instruct";
+
+fn chat(content: &str, max_tokens: u32) -> Value {
+    json!({"model": MODEL, "messages": [{"role": "user", "content": content}],
+        "temperature": 0, "max_tokens": max_tokens})
+}
+
+fn with(mut body: Value, extra: Value) -> Value {
+    for (k, v) in extra.as_object().unwrap() {
+        body[k] = v.clone();
+    }
+    body
+}
+
+fn metric(server: &Server, name: &str) -> f64 {
+    let text = server.get("/metrics").body;
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("metric {name} missing:\n{text}"))
+}
+
+fn start() -> Server {
+    let model = common::pull(MODEL);
+    Server::start(&[
+        "-m",
+        model.to_str().unwrap(),
+        "--ctx",
+        "512",
+        "--parallel",
+        "4",
+        "--threads",
+        "2",
+    ])
+}
+
+#[test]
+fn openai_chat_and_completions_plain_equals_stream() {
+    let server = start();
+    let models = server.get("/v1/models").json();
+    let id = models["data"][0]["id"].as_str().unwrap().to_string();
+    assert_eq!(id, MODEL);
+    // The file name is accepted as well.
+    assert_eq!(
+        server
+            .get("/v1/models/SmolLM2-135M-Instruct.Q4_1.gguf")
+            .status,
+        200
+    );
+    let body = json!({"model": id, "messages": [{"role": "user", "content": "What is the capital of France?"}],
+        "temperature": 0, "max_tokens": 12});
+    let plain = server.post("/v1/chat/completions", &body);
+    assert_eq!(plain.status, 200, "{}", plain.body);
+    let v = plain.json();
+    let text = v["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    println!("chat answer: {text:?}");
+    assert!(!text.trim().is_empty());
+    let usage = &v["usage"];
+    assert!(usage["prompt_tokens"].as_u64().unwrap() > 5);
+    let completion = usage["completion_tokens"].as_u64().unwrap();
+    assert!((1..=12).contains(&completion));
+    let finish = v["choices"][0]["finish_reason"].as_str().unwrap();
+    assert!(finish == "length" || finish == "stop");
+    if finish == "length" {
+        assert_eq!(completion, 12);
+    }
+    // Same request streamed: same text, usage chunk before [DONE].
+    let stream = server.post(
+        "/v1/chat/completions",
+        &with(
+            body.clone(),
+            json!({"stream": true, "stream_options": {"include_usage": true}}),
+        ),
+    );
+    assert_eq!(stream.status, 200);
+    let (streamed, chunks) = chat_stream_text(&stream);
+    assert_eq!(streamed, text);
+    let last = chunks.last().unwrap();
+    assert_eq!(last["choices"], json!([]));
+    assert_eq!(last["usage"]["completion_tokens"], completion);
+    // The repeat reuses the cached prompt prefix and still gives the same answer.
+    let cached = server.post("/v1/chat/completions", &body).json();
+    assert_eq!(cached["choices"][0]["message"]["content"], text.as_str());
+    let hits = cached["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(hits > 0, "no prefix reuse: {cached}");
+    assert!(metric(&server, "ferrite_cache_hits_total") >= 1.0);
+
+    let comp = json!({"model": id, "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0});
+    let plain = server.post("/v1/completions", &comp);
+    assert_eq!(plain.status, 200, "{}", plain.body);
+    let text = plain.json()["choices"][0]["text"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    println!("completion: {text:?}");
+    let stream = server.post(
+        "/v1/completions",
+        &with(comp.clone(), json!({"stream": true})),
+    );
+    let events = stream.events();
+    assert_eq!(events.last().unwrap().1, "[DONE]");
+    let streamed: String = events[..events.len() - 1]
+        .iter()
+        .map(|(_, d)| {
+            serde_json::from_str::<Value>(d).unwrap()["choices"][0]["text"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(streamed, text);
+    let echo = server
+        .post(
+            "/v1/completions",
+            &with(comp, json!({"echo": true, "logprobs": 2})),
+        )
+        .json();
+    let echoed = echo["choices"][0]["text"].as_str().unwrap();
+    assert_eq!(echoed, format!("The capital of France is{text}"));
+    let lp = &echo["choices"][0]["logprobs"];
+    assert_eq!(
+        lp["tokens"].as_array().unwrap().len(),
+        echo["usage"]["completion_tokens"].as_u64().unwrap() as usize
+    );
+    assert!(lp["token_logprobs"][0].as_f64().unwrap() <= 0.0);
+    // One log line per request, with token counts.
+    let log = server.log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("POST /v1/chat/completions 200")
+                && l.contains(" in=")
+                && l.contains(" out=")),
+        "{log}"
+    );
+}
+
+#[test]
+fn anthropic_messages_and_responses() {
+    let server = start();
+    let body = json!({"model": MODEL, "max_tokens": 10, "temperature": 0, "system": "You are terse.",
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "Name a color."}]}]});
+    let plain = server.request(
+        "POST",
+        "/v1/messages",
+        Some(&body.to_string()),
+        &[("anthropic-version", "2023-06-01")],
+    );
+    assert_eq!(plain.status, 200, "{}", plain.body);
+    let v = plain.json();
+    let text = v["content"][0]["text"].as_str().unwrap().to_string();
+    println!("messages answer: {text:?}");
+    assert!(["end_turn", "max_tokens"].contains(&v["stop_reason"].as_str().unwrap()));
+    let stream = server.post("/v1/messages", &with(body.clone(), json!({"stream": true})));
+    let events = stream.events();
+    let names: Vec<&str> = events.iter().map(|(n, _)| n.as_deref().unwrap()).collect();
+    assert_eq!(
+        &names[..3],
+        ["message_start", "content_block_start", "ping"]
+    );
+    assert_eq!(
+        &names[names.len() - 3..],
+        ["content_block_stop", "message_delta", "message_stop"]
+    );
+    let streamed: String = events
+        .iter()
+        .filter(|(n, _)| n.as_deref() == Some("content_block_delta"))
+        .map(|(_, d)| {
+            serde_json::from_str::<Value>(d).unwrap()["delta"]["text"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(streamed, text);
+    let count = server
+        .post(
+            "/v1/messages/count_tokens",
+            &json!({"model": MODEL, "system": "You are terse.",
+        "messages": [{"role": "user", "content": "Name a color."}]}),
+        )
+        .json();
+    let n = count["input_tokens"].as_u64().unwrap();
+    assert_eq!(
+        n,
+        v["usage"]["input_tokens"].as_u64().unwrap()
+            + v["usage"]["cache_read_input_tokens"].as_u64().unwrap()
+    );
+    let missing = server.post(
+        "/v1/messages",
+        &json!({"model": MODEL, "messages": [{"role": "user", "content": "x"}]}),
+    );
+    assert_eq!(missing.status, 400);
+    assert_eq!(missing.json()["type"], "error");
+
+    let resp = json!({"model": MODEL, "input": "Name a fruit.", "instructions": "Answer in one word.",
+        "max_output_tokens": 8, "temperature": 0});
+    let plain = server.post("/v1/responses", &resp);
+    assert_eq!(plain.status, 200, "{}", plain.body);
+    let v = plain.json();
+    let text = v["output"][0]["content"][0]["text"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let stream = server.post("/v1/responses", &with(resp, json!({"stream": true})));
+    let events = stream.events();
+    assert_eq!(events[0].0.as_deref(), Some("response.created"));
+    let last = events.last().unwrap().0.as_deref().unwrap();
+    assert!(last == "response.completed" || last == "response.incomplete");
+    let streamed: String = events
+        .iter()
+        .filter(|(n, _)| n.as_deref() == Some("response.output_text.delta"))
+        .map(|(_, d)| {
+            serde_json::from_str::<Value>(d).unwrap()["delta"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(streamed, text);
+    let tok = server
+        .post("/tokenize", &json!({"content": "Hello world"}))
+        .json();
+    let ids = tok["tokens"].clone();
+    assert!(!ids.as_array().unwrap().is_empty());
+    let back = server.post("/detokenize", &json!({"tokens": ids})).json();
+    assert_eq!(back["content"], "Hello world");
+}
+
+/// Eight different greedy prompts streamed at once give exactly their sequential answers,
+/// and clients that disconnect mid-stream free their slots.
+#[test]
+fn concurrent_streams_match_sequential_and_disconnects_free_slots() {
+    let server = start();
+    let prompts: Vec<String> = (0..8)
+        .map(|i| format!("Write one short sentence about the number {i}."))
+        .collect();
+    let sequential: Vec<String> = prompts
+        .iter()
+        .map(|p| {
+            let v = server.post("/v1/chat/completions", &chat(p, 10)).json();
+            v["choices"][0]["message"]["content"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    let concurrent: Vec<String> = std::thread::scope(|s| {
+        let handles: Vec<_> = prompts
+            .iter()
+            .map(|p| {
+                let server = &server;
+                s.spawn(move || {
+                    let r = server.post(
+                        "/v1/chat/completions",
+                        &with(chat(p, 10), json!({"stream": true})),
+                    );
+                    assert_eq!(r.status, 200, "{}", r.body);
+                    chat_stream_text(&r).0
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (i, (a, b)) in sequential.iter().zip(&concurrent).enumerate() {
+        assert_eq!(a, b, "prompt {i} differs under concurrency");
+    }
+    assert!(
+        sequential
+            .iter()
+            .collect::<std::collections::HashSet<_>>()
+            .len()
+            > 1,
+        "prompts gave identical answers: {sequential:?}"
+    );
+
+    let sockets: Vec<_> = (0..6)
+        .map(|i| {
+            let body = with(
+                chat(&format!("Count slowly from {i} to one thousand."), 400),
+                json!({"stream": true}),
+            );
+            server.open_stream("/v1/chat/completions", &body, 200, &[])
+        })
+        .collect();
+    assert!(metric(&server, "ferrite_slots_active") >= 1.0);
+    drop(sockets);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while metric(&server, "ferrite_slots_active") > 0.0
+        || metric(&server, "ferrite_queue_depth") > 0.0
+    {
+        assert!(
+            Instant::now() < deadline,
+            "slots not freed after disconnects:\n{}",
+            server.get("/metrics").body
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(metric(&server, "ferrite_cancelled_requests_total") >= 6.0);
+    let after = server
+        .post("/v1/chat/completions", &chat(&prompts[0], 10))
+        .json();
+    assert_eq!(
+        after["choices"][0]["message"]["content"],
+        sequential[0].as_str()
+    );
+}
+
+#[test]
+fn bad_input_and_api_key() {
+    let model = common::pull(MODEL);
+    let dir = tempfile::tempdir().unwrap();
+    let key_file = dir.path().join("key");
+    std::fs::write(&key_file, "k-123\n").unwrap();
+    let server = Server::start(&[
+        "-m",
+        model.to_str().unwrap(),
+        "--ctx",
+        "256",
+        "--parallel",
+        "1",
+        "--threads",
+        "2",
+        "--api-key-file",
+        key_file.to_str().unwrap(),
+        "--max-body-bytes",
+        "4096",
+        "--queue",
+        "0",
+    ]);
+    let auth = [("authorization", "Bearer k-123")];
+    let ok = chat("Hi", 2).to_string();
+    assert_eq!(
+        server
+            .request("POST", "/v1/chat/completions", Some(&ok), &[])
+            .status,
+        401
+    );
+    assert_eq!(
+        server
+            .request(
+                "POST",
+                "/v1/chat/completions",
+                Some(&ok),
+                &[("authorization", "Bearer nope")]
+            )
+            .status,
+        401
+    );
+    assert_eq!(
+        server
+            .request("POST", "/v1/messages", Some(&ok), &[])
+            .json()["type"],
+        "error"
+    );
+    let long = "word ".repeat(400);
+    let cases = [
+        (
+            chat(&long, 4).to_string(),
+            400,
+            Some("context_length_exceeded"),
+        ),
+        ("{\"model\": ".to_string(), 400, None),
+        (
+            with(chat("Hi", 2), json!({"max_tokens": 1e300})).to_string(),
+            400,
+            None,
+        ),
+        (
+            with(chat("Hi", 2), json!({"messages": []})).to_string(),
+            400,
+            None,
+        ),
+        (
+            with(chat("Hi", 2), json!({"model": "other"})).to_string(),
+            400,
+            Some("model_not_found"),
+        ),
+        (
+            with(chat("Hi", 2), json!({"pad": "x".repeat(5000)})).to_string(),
+            413,
+            None,
+        ),
+    ];
+    for (body, status, code) in cases {
+        let r = server.request("POST", "/v1/chat/completions", Some(&body), &auth);
+        assert_eq!(
+            r.status,
+            status,
+            "{} -> {}",
+            &body[..body.len().min(80)],
+            r.body
+        );
+        let v = r.json();
+        if let Some(code) = code {
+            assert_eq!(v["error"]["code"], code, "{v}");
+        }
+        if code == Some("context_length_exceeded") {
+            let msg = v["error"]["message"].as_str().unwrap();
+            assert!(msg.contains("256"), "{msg}");
+        }
+        let good = server.request("POST", "/v1/chat/completions", Some(&ok), &auth);
+        assert_eq!(good.status, 200, "after a bad request: {}", good.body);
+    }
+    let r = server.request(
+        "POST",
+        "/v1/messages",
+        Some(
+            &json!({"model": MODEL, "max_tokens": 2,
+        "messages": [{"role": "user", "content": "Hi"}]})
+            .to_string(),
+        ),
+        &[("x-api-key", "k-123")],
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    // One slot, no queue: while a stream holds the slot, another request gets 429.
+    let held = server.open_stream(
+        "/v1/chat/completions",
+        &with(chat("Count to one hundred.", 200), json!({"stream": true})),
+        200,
+        &auth,
+    );
+    let busy = server.request("POST", "/v1/chat/completions", Some(&ok), &auth);
+    assert_eq!(busy.status, 429, "{}", busy.body);
+    assert_eq!(busy.json()["error"]["type"], "rate_limit_error");
+    drop(held);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let r = server.request("POST", "/v1/chat/completions", Some(&ok), &auth);
+        if r.status == 200 {
+            break;
+        }
+        assert_eq!(r.status, 429, "{}", r.body);
+        assert!(
+            Instant::now() < deadline,
+            "slot not freed after the stream was dropped"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(server.get("/health").status, 200);
+}
+
+/// Bad flags and unloadable models end the process with code 1 and a one-line reason,
+/// never a panic or a server that stays up without a model.
+#[test]
+fn serve_rejects_bad_flags_and_models() {
+    let dir = tempfile::tempdir().unwrap();
+    let junk = dir.path().join("junk.gguf");
+    std::fs::write(&junk, b"not a gguf file").unwrap();
+    let missing_key = dir.path().join("no-key");
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["--parallel", "0"], "--parallel"),
+        (vec!["--ctx", "4"], "--ctx"),
+        (vec!["--api-key", ""], "--api-key"),
+        (
+            vec!["--api-key-file", missing_key.to_str().unwrap()],
+            "API key file",
+        ),
+        (
+            vec!["-m", "/nonexistent/model.gguf", "--port", "0"],
+            "loading the model",
+        ),
+        (
+            vec!["-m", junk.to_str().unwrap(), "--port", "0"],
+            "loading the model",
+        ),
+    ];
+    for (args, needle) in cases {
+        let mut all = vec!["serve"];
+        all.extend(&args);
+        let out = common::run(&all);
+        let text = common::text(&out);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {text}");
+        assert!(text.contains(needle), "{args:?}: {text}");
+        assert!(!text.contains("panicked"), "{args:?}: {text}");
+    }
+}

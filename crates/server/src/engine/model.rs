@@ -1,0 +1,198 @@
+//! The engine thread over the real model: load, build the tokenizer, create one session per
+//! slot, then run the scheduler until the [`super::Engine`] handle is dropped.
+
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, SyncSender, channel, sync_channel};
+
+use ferrite_cpu::ThreadPool;
+use ferrite_engine::{Sampler, SamplerConfig};
+use ferrite_model::{KvType, LoadOptions, Model, Outputs, Session};
+use ferrite_tokenizer::{TokenType, Tokenizer};
+
+use super::scheduler::{Counters, Job, Limits, Picked, Picker, Runtime, Scheduler, Sequence};
+use super::{Engine, EngineConfig, EngineError};
+use crate::backend::GenRequest;
+
+impl Sequence for Session<'_> {
+    fn truncate(&mut self, n: usize) {
+        Session::truncate(self, n);
+    }
+
+    fn eval_last(&mut self, tokens: &[u32]) -> Result<&[f32], String> {
+        let logits = self
+            .eval(tokens, Outputs::Last)
+            .map_err(|e| e.to_string())?;
+        logits
+            .last()
+            .ok_or_else(|| "the model returned no logits".to_string())
+    }
+}
+
+impl Picker for Sampler {
+    fn pick(&mut self, logits: &[f32], history: &[u32]) -> Result<Picked, String> {
+        let s = self.sample(logits, history).map_err(|e| e.to_string())?;
+        Ok(Picked {
+            token: s.token,
+            logprob: s.logprob,
+            top: s.top,
+        })
+    }
+}
+
+/// Sampling and decoding over the model's tokenizer.
+struct ModelRuntime<'t> {
+    tokenizer: &'t Tokenizer,
+    eog: Vec<u32>,
+}
+
+impl Runtime for ModelRuntime<'_> {
+    fn picker(&self, req: &GenRequest) -> Result<Box<dyn Picker>, String> {
+        let p = &req.sampling;
+        // top_p = 0 keeps only the best token: the same as greedy.
+        let greedy = p.top_p <= 0.0;
+        let cfg = SamplerConfig {
+            temperature: if greedy { 0.0 } else { p.temperature },
+            top_k: p.top_k,
+            top_p: if greedy { 1.0 } else { p.top_p },
+            min_p: p.min_p,
+            repeat_penalty: 1.0,
+            frequency_penalty: p.frequency_penalty,
+            presence_penalty: p.presence_penalty,
+            penalty_last_n: 64,
+            seed: p.seed,
+            max_tokens: 0,
+            stop_ids: Vec::new(),
+            n_logprobs: req.logprobs.unwrap_or(0),
+        };
+        Ok(Box::new(Sampler::new(cfg).map_err(|e| e.to_string())?))
+    }
+
+    fn is_eog(&self, token: u32) -> bool {
+        self.eog.contains(&token)
+    }
+
+    fn decode(&self, ids: &[u32]) -> String {
+        self.tokenizer.decode(ids, false).unwrap_or_default()
+    }
+}
+
+/// End-of-generation ids: EOS plus the end-of-turn control tokens chat models emit.
+fn eog_ids(tok: &Tokenizer) -> Vec<u32> {
+    let mut ids: Vec<u32> = tok.eos_id().into_iter().collect();
+    for piece in [
+        "<|im_end|>",
+        "<|eot_id|>",
+        "<end_of_turn>",
+        "<|endoftext|>",
+        "<|end|>",
+    ] {
+        if let Some(id) = tok.token_id(piece)
+            && tok.token_type(id) == Some(TokenType::Control)
+            && !ids.contains(&id)
+        {
+            ids.push(id);
+        }
+    }
+    ids
+}
+
+type Ready = Result<(Arc<Tokenizer>, usize), EngineError>;
+
+fn engine_thread(
+    cfg: EngineConfig,
+    ready: SyncSender<Ready>,
+    jobs: Receiver<Job>,
+    counters: Arc<Counters>,
+) {
+    let model = match Model::load(&cfg.model_path, LoadOptions::default()) {
+        Ok(m) => m,
+        Err(e) => {
+            let _ = ready.send(Err(EngineError::Load(format!(
+                "{}: {e}",
+                cfg.model_path.display()
+            ))));
+            return;
+        }
+    };
+    let tokenizer = match Tokenizer::from_gguf(model.gguf()) {
+        Ok(t) => Arc::new(t),
+        Err(e) => {
+            let _ = ready.send(Err(EngineError::Tokenizer(e.to_string())));
+            return;
+        }
+    };
+    let pool = match ThreadPool::new(cfg.threads.max(1)) {
+        Ok(p) => p,
+        Err(e) => {
+            let _ = ready.send(Err(EngineError::Thread(e.to_string())));
+            return;
+        }
+    };
+    let ctx_train = model.config().ctx_train;
+    let n_ctx = if ctx_train > 0 {
+        cfg.n_ctx.min(ctx_train)
+    } else {
+        cfg.n_ctx
+    };
+    let sessions: Result<Vec<Session<'_>>, _> = (0..cfg.parallel)
+        .map(|_| Session::new(&model, &pool, n_ctx, KvType::F16))
+        .collect();
+    let sessions = match sessions {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = ready.send(Err(EngineError::Load(format!("creating sessions: {e}"))));
+            return;
+        }
+    };
+    if ready.send(Ok((tokenizer.clone(), n_ctx))).is_err() {
+        return;
+    }
+    let rt = ModelRuntime {
+        eog: eog_ids(&tokenizer),
+        tokenizer: &tokenizer,
+    };
+    let limits = Limits {
+        n_ctx,
+        prefill_chunk: cfg.prefill_chunk,
+    };
+    Scheduler::new(&rt, sessions, counters, limits).run(&jobs);
+}
+
+impl Engine {
+    /// Load the model on a new engine thread and return once it is ready to serve.
+    pub fn start(cfg: EngineConfig) -> Result<Engine, EngineError> {
+        if cfg.parallel == 0 || cfg.n_ctx < 2 || cfg.prefill_chunk == 0 {
+            return Err(EngineError::Config(format!(
+                "parallel={} ctx={} prefill_chunk={}",
+                cfg.parallel, cfg.n_ctx, cfg.prefill_chunk
+            )));
+        }
+        let (ready_tx, ready_rx) = sync_channel(1);
+        let (jobs_tx, jobs_rx) = channel();
+        let counters = Arc::new(Counters::default());
+        let thread_cfg = cfg.clone();
+        let thread_counters = counters.clone();
+        let thread = std::thread::Builder::new()
+            .name("ferrite-engine".into())
+            .spawn(move || engine_thread(thread_cfg, ready_tx, jobs_rx, thread_counters))
+            .map_err(|e| EngineError::Thread(e.to_string()))?;
+        let (tokenizer, n_ctx) = ready_rx
+            .recv()
+            .map_err(|_| EngineError::Thread("the engine thread died while loading".into()))??;
+        let template = tokenizer.chat_template_renderer().ok();
+        let bos_text = tokenizer
+            .bos_id()
+            .and_then(|id| tokenizer.piece(id))
+            .map(str::to_string);
+        Ok(Engine {
+            config: cfg,
+            n_ctx,
+            tokenizer,
+            template,
+            bos_text,
+            jobs: jobs_tx,
+            counters,
+            thread,
+        })
+    }
+}

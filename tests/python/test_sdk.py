@@ -1,0 +1,156 @@
+"""Drive a running `ferrite serve` with the official openai and anthropic Python SDKs.
+
+Run by crates/cli/tests/server_python.rs, which starts the server and sets
+FERRITE_BASE_URL (http://host:port), FERRITE_MODEL and FERRITE_API_KEY. Prints one line
+per check and a closing 'N passed, M failed' line; exits non-zero on any failure.
+"""
+
+import os
+import sys
+import traceback
+
+import anthropic
+import openai
+
+BASE = os.environ["FERRITE_BASE_URL"]
+MODEL = os.environ["FERRITE_MODEL"]
+KEY = os.environ["FERRITE_API_KEY"]
+
+oa = openai.OpenAI(base_url=BASE + "/v1", api_key=KEY, max_retries=0)
+an = anthropic.Anthropic(base_url=BASE, api_key=KEY, max_retries=0)
+MSGS = [{"role": "user", "content": "What is the capital of France?"}]
+# Recent anthropic SDKs dropped `temperature` from create(); it still goes through extra_body.
+
+results = []
+
+
+def check(fn):
+    try:
+        fn()
+        results.append((fn.__name__, None))
+        print(f"ok   {fn.__name__}")
+    except Exception:  # noqa: BLE001 - report every failure and go on
+        results.append((fn.__name__, traceback.format_exc()))
+        print(f"FAIL {fn.__name__}\n{traceback.format_exc()}")
+    return fn
+
+
+@check
+def openai_models():
+    ids = [m.id for m in oa.models.list()]
+    assert MODEL in ids, ids
+
+
+@check
+def openai_chat_plain_equals_stream():
+    r = oa.chat.completions.create(model=MODEL, messages=MSGS, temperature=0, max_tokens=12)
+    text = r.choices[0].message.content
+    assert isinstance(text, str) and text.strip(), r
+    assert r.choices[0].finish_reason in ("stop", "length")
+    assert r.usage.prompt_tokens > 0 and 0 < r.usage.completion_tokens <= 12
+    assert isinstance(r.usage.prompt_tokens_details.cached_tokens, int)
+    chunks = list(oa.chat.completions.create(model=MODEL, messages=MSGS, temperature=0, max_tokens=12,
+                                             stream=True, stream_options={"include_usage": True}))
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == text, (streamed, text)
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == r.usage.completion_tokens
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] in ("stop", "length")
+
+
+@check
+def openai_chat_n_logprobs_stop():
+    r = oa.chat.completions.create(model=MODEL, messages=MSGS, temperature=0.7, seed=1, n=2, max_tokens=4)
+    assert len(r.choices) == 2 and {c.index for c in r.choices} == {0, 1}
+    r = oa.chat.completions.create(model=MODEL, messages=MSGS, temperature=0, max_tokens=3,
+                                   logprobs=True, top_logprobs=2)
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens
+    assert len(content[0].top_logprobs) == 2 and content[0].logprob <= 0
+    full = oa.chat.completions.create(model=MODEL, messages=MSGS, temperature=0, max_tokens=12)
+    words = full.choices[0].message.content.split()
+    if len(words) > 2:
+        cut = oa.chat.completions.create(model=MODEL, messages=MSGS, temperature=0, max_tokens=12, stop=[words[2]])
+        assert words[2] not in cut.choices[0].message.content
+        assert cut.choices[0].finish_reason == "stop"
+
+
+@check
+def openai_completions():
+    r = oa.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=6, temperature=0)
+    text = r.choices[0].text
+    assert isinstance(text, str) and text
+    streamed = "".join(c.choices[0].text for c in oa.completions.create(
+        model=MODEL, prompt="The capital of France is", max_tokens=6, temperature=0, stream=True) if c.choices)
+    assert streamed == text, (streamed, text)
+
+
+@check
+def openai_responses():
+    r = oa.responses.create(model=MODEL, input="Name a fruit.", instructions="Answer briefly.",
+                            max_output_tokens=8, temperature=0)
+    assert r.output_text, r
+    assert r.usage.input_tokens > 0
+    deltas, final = [], None
+    for ev in oa.responses.create(model=MODEL, input="Name a fruit.", instructions="Answer briefly.",
+                                  max_output_tokens=8, temperature=0, stream=True):
+        if ev.type == "response.output_text.delta":
+            deltas.append(ev.delta)
+        if ev.type in ("response.completed", "response.incomplete"):
+            final = ev.response
+    assert "".join(deltas) == r.output_text
+    assert final is not None and final.output_text == r.output_text
+
+
+@check
+def openai_errors():
+    try:
+        oa.chat.completions.create(model=MODEL, messages=[], max_tokens=2)
+        raise AssertionError("empty messages accepted")
+    except openai.BadRequestError as e:
+        assert e.status_code == 400
+    bad = openai.OpenAI(base_url=BASE + "/v1", api_key="wrong", max_retries=0)
+    try:
+        bad.chat.completions.create(model=MODEL, messages=MSGS, max_tokens=2)
+        raise AssertionError("wrong key accepted")
+    except openai.AuthenticationError as e:
+        assert e.status_code == 401
+    try:
+        oa.responses.create(model=MODEL, input="x", previous_response_id="resp_123")
+        raise AssertionError("previous_response_id accepted")
+    except openai.BadRequestError:
+        pass
+
+
+@check
+def anthropic_messages_plain_equals_stream():
+    kw = dict(model=MODEL, max_tokens=10, extra_body={"temperature": 0}, system="You are terse.",
+              messages=[{"role": "user", "content": "Name a color."}])
+    m = an.messages.create(**kw)
+    text = m.content[0].text
+    assert m.stop_reason in ("end_turn", "max_tokens") and text
+    with an.messages.stream(**kw) as s:
+        streamed = "".join(s.text_stream)
+        final = s.get_final_message()
+    assert streamed == text, (streamed, text)
+    assert final.content[0].text == text and final.stop_reason == m.stop_reason
+    n = an.messages.count_tokens(model=MODEL, system="You are terse.",
+                                 messages=[{"role": "user", "content": "Name a color."}])
+    assert n.input_tokens == m.usage.input_tokens + (m.usage.cache_read_input_tokens or 0)
+
+
+@check
+def anthropic_stop_sequences_and_errors():
+    m = an.messages.create(model=MODEL, max_tokens=20, extra_body={"temperature": 0}, stop_sequences=["Paris"],
+                           messages=MSGS)
+    if m.stop_reason == "stop_sequence":
+        assert m.stop_sequence == "Paris" and "Paris" not in m.content[0].text
+    try:
+        an.messages.create(model=MODEL, max_tokens=5, messages=[])
+        raise AssertionError("empty messages accepted")
+    except anthropic.BadRequestError as e:
+        assert e.status_code == 400
+
+
+failed = [name for name, err in results if err]
+print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
+sys.exit(1 if failed else 0)
