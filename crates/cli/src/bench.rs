@@ -117,11 +117,10 @@ pub fn run(args: BenchArgs) -> anyhow::Result<i32> {
         cold: args.cold,
         teacher_forced: args.teacher_forced,
     };
+    // The header (commit, date, load average) describes the state when measuring began.
+    let header = header(&args, &loaded, &path, &plan)?;
     let rows = sweep::run(&loaded, &tokens, &plan)?;
-    let receipt = Receipt {
-        header: header(&args, &loaded, &path, &plan)?,
-        rows,
-    };
+    let receipt = Receipt { header, rows };
     if let Some(csv) = &args.csv {
         std::fs::write(csv, receipt.to_csv())
             .with_context(|| format!("writing {}", csv.display()))?;
@@ -177,7 +176,7 @@ fn header(
         ("cpu_model".into(), receipt::cpu_model()),
         ("cpu_cores".into(), cores.to_string()),
         (
-            "load_average".into(),
+            "load_average_at_start".into(),
             std::fs::read_to_string("/proc/loadavg")
                 .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
                 .unwrap_or_else(|_| "unknown".into()),
