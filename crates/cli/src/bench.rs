@@ -25,7 +25,8 @@ pub struct BenchArgs {
     /// First context frontier (prompt tokens before the first decode).
     #[arg(long, default_value_t = 512)]
     ctx_start: usize,
-    /// Last context frontier (always measured, even when the steps skip past it).
+    /// Last context frontier (always measured, even when the steps skip past it). The KV
+    /// cache (--ctx) is raised to ctx-max + gen-tokens when smaller.
     #[arg(long, default_value_t = 4096)]
     ctx_max: usize,
     /// Multiply the frontier by K each step (default 2).

@@ -11,7 +11,8 @@
 //! not a multiple of 256 falls back to Q5_0 (for Q4_K) or Q8_0 (for Q6_K); one whose rows are
 //! not a multiple of 32 falls back to F16. `--type q4_1`: `token_embd` Q8_0 (as in SmolLM2's
 //! Q4_1 file), every other matrix Q4_1. `q8_0`/`f16`/`f32`: every matrix that type. Norm
-//! weights are always F32 ones. The output matrix is always written (untied).
+//! weights are always F32 ones. The output matrix is always written (untied). The head size
+//! is hidden / heads for both architectures (real Gemma 3 files may store a larger one).
 
 mod vocab;
 mod weights;

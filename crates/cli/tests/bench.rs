@@ -212,8 +212,14 @@ fn compare_refuses_a_different_model_hash() {
 #[test]
 fn cold_teacher_forced_json_prefills_from_zero() {
     let model = common::pull("smollm2-135m-instruct");
+    let dir = tempfile::tempdir().unwrap();
+    // A prompt far shorter than the sweep: its tokens must be repeated to reach 32 + 2.
+    let prompt = dir.path().join("prompt.txt");
+    std::fs::write(&prompt, "The quick brown fox jumps over the lazy dog.").unwrap();
     let out = common::run(&[
         "bench",
+        "--prompt-file",
+        prompt.to_str().unwrap(),
         "-m",
         model.to_str().unwrap(),
         "--ctx-start",
@@ -236,6 +242,7 @@ fn cold_teacher_forced_json_prefills_from_zero() {
     let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(j["header"]["mode"], "cold");
     assert_eq!(j["header"]["decode"], "teacher-forced");
+    assert_eq!(j["header"]["prompt"], prompt.to_str().unwrap());
     let rows = j["rows"].as_array().unwrap();
     assert_eq!(rows.len(), 2);
     for (row, frontier) in rows.iter().zip([16.0, 32.0]) {

@@ -180,3 +180,55 @@ fn missing_shape_and_bad_heads_are_clear_errors() {
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("must divide"));
 }
+
+#[test]
+fn preset_shape_with_a_flag_override() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("p.gguf");
+    // The SmolLM2 shape with one layer instead of 30; 576-wide rows are not whole Q4_K
+    // blocks, so q4_k_m falls back to Q5_0 / Q8_0 (the documented rule).
+    synth(
+        &out,
+        &[
+            "--preset",
+            "smollm2-135m",
+            "--layers",
+            "1",
+            "--type",
+            "q4_k_m",
+        ],
+    );
+    let o = common::run(&["inspect", out.to_str().unwrap(), "--json"]);
+    assert!(o.status.success(), "{}", common::text(&o));
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let a = &j["architecture"];
+    assert_eq!(
+        (
+            &a["layers"],
+            &a["embedding"],
+            &a["heads"],
+            &a["kv_heads"],
+            &a["ffn"],
+            &a["vocab"]
+        ),
+        (
+            &1.into(),
+            &576.into(),
+            &9.into(),
+            &3.into(),
+            &1536.into(),
+            &49152.into()
+        )
+    );
+    let types: Vec<&str> = j["totals_by_type"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["type"].as_str().unwrap())
+        .collect();
+    assert!(
+        types.contains(&"Q5_0") && types.contains(&"Q8_0"),
+        "{types:?}"
+    );
+    assert!(!types.contains(&"Q4_K"), "{types:?}");
+}
