@@ -4,6 +4,7 @@
 //! dispatches and turns errors into a one-line message and exit code 1; nothing here may panic
 //! on user input.
 
+mod backend;
 mod bench;
 mod inspect;
 mod models;

@@ -9,10 +9,12 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use ferrite_engine::{Sampler, SamplerConfig, StopReason};
-use ferrite_model::{KvType, LoadOptions, Model, Outputs, Precision, Session};
+use ferrite_cuda::CudaSession;
+use ferrite_engine::{Finish, Flow, Sampler, SamplerConfig, Timeline};
+use ferrite_model::{KvType, LoadOptions, Model, Precision, Session};
 use ferrite_tokenizer::{ChatRequest, ChatTemplate, Tokenizer};
 
+use crate::backend::{AnySession, BackendArg, CudaLoaded, CudaTimeline, load_cuda};
 use crate::models::DEFAULT_MODEL;
 
 /// Weight precision choices on the command line.
@@ -51,6 +53,9 @@ pub struct ModelArgs {
     /// KV cache element type.
     #[arg(long, value_enum, default_value = "f16")]
     pub kv: KvArg,
+    /// Compute backend.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub backend: BackendArg,
 }
 
 /// Arguments of `ferrite run`.
@@ -119,6 +124,8 @@ pub struct Loaded {
     pub kv: KvType,
     /// Context size requested.
     pub ctx: usize,
+    /// The GPU copy of the model, when the CUDA backend was chosen.
+    pub cuda: Option<CudaLoaded>,
     /// Wall time of loading.
     pub load_time: Duration,
 }
@@ -147,23 +154,44 @@ impl Loaded {
             KvArg::F16 => KvType::F16,
             KvArg::F32 => KvType::F32,
         };
+        let cuda = load_cuda(args.backend, &model)?;
         Ok(Loaded {
             model,
             tokenizer,
             pool,
             kv,
             ctx: args.ctx,
+            cuda,
             load_time: start.elapsed(),
         })
     }
 
-    /// A fresh session over this model.
+    /// A fresh CPU session over this model (scoring and other CPU-only work).
     pub fn session(&self) -> anyhow::Result<Session<'_>> {
         Ok(Session::new(&self.model, &self.pool, self.ctx, self.kv)?)
     }
 
+    /// A fresh session on the chosen backend.
+    pub fn any_session(&self) -> anyhow::Result<AnySession<'_>> {
+        Ok(match &self.cuda {
+            Some(cuda) => AnySession::Cuda(Box::new(CudaTimeline {
+                session: CudaSession::new(&cuda.model, self.ctx)?,
+                ctx: self.ctx,
+                logits: Vec::new(),
+            })),
+            None => AnySession::Cpu(Box::new(self.session()?)),
+        })
+    }
+
     /// The line that says what actually ran.
     pub fn backend_line(&self) -> String {
+        if let Some(cuda) = &self.cuda {
+            let (major, minor) = cuda.info.compute_capability;
+            return format!(
+                "backend=cuda device=\"{}\" cc={major}.{minor} graphs=on kv=f16",
+                cuda.info.name
+            );
+        }
         let kv = match self.kv {
             KvType::F16 => "f16",
             KvType::F32 => "f32",
@@ -191,6 +219,8 @@ struct Clocks {
     prompt_tokens: usize,
     prefill: Duration,
     generated: usize,
+    /// Tokens sampled after the first (the first one's time belongs to prefill).
+    decoded: usize,
     decode: Duration,
 }
 
@@ -216,7 +246,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
             None => None,
         }
     };
-    let mut session = loaded.session()?;
+    let mut session = loaded.any_session()?;
     match prompt {
         Some(prompt) => {
             if template.is_none() && !args.raw {
@@ -319,12 +349,12 @@ fn encode_chat(
     Ok(loaded.tokenizer.encode(&rendered, false, true))
 }
 
-/// Feed `ids` (after whatever the session already holds) and generate until a stop.
-/// Returns the generated token ids (without the stop token).
+/// Feed `ids` (after whatever the session already holds) and generate until a stop,
+/// streaming decoded text to `out`. Returns the generated token ids (without a stop token).
 #[allow(clippy::too_many_arguments)]
 fn generate(
     loaded: &Loaded,
-    session: &mut Session<'_>,
+    session: &mut AnySession<'_>,
     sampler: &mut Sampler,
     ids: &[u32],
     clocks: &mut Clocks,
@@ -333,6 +363,9 @@ fn generate(
     mut dump: Option<&mut std::io::BufWriter<std::fs::File>>,
     out: &mut dyn Write,
 ) -> anyhow::Result<Vec<u32>> {
+    if ids.is_empty() {
+        bail!("the prompt is empty: it encodes to no tokens");
+    }
     let ctx = session.ctx();
     if session.n_past() + ids.len() > ctx {
         bail!(
@@ -340,59 +373,56 @@ fn generate(
             session.n_past() + ids.len()
         );
     }
-    let mut history: Vec<u32> = ids.to_vec();
-    let t = Instant::now();
-    let mut logits = session
-        .eval(ids, Outputs::Last)?
-        .last()
-        .map(<[f32]>::to_vec);
-    clocks.prompt_tokens += ids.len();
-    clocks.prefill += t.elapsed();
     let mut decoder = loaded.tokenizer.stream_decoder(false);
-    let mut generated = Vec::new();
-    let decode_start = Instant::now();
-    while let Some(row) = logits.take() {
-        let sampled = sampler.sample(&row, &history)?;
+    let begin = Instant::now();
+    let mut first_token_at = None;
+    // The callback cannot return errors; the first one is kept and ends generation.
+    let mut failure: Option<anyhow::Error> = None;
+    let generation = ferrite_engine::generate(session, sampler, ids, |sampled| {
+        first_token_at.get_or_insert_with(Instant::now);
         if ttft.is_none() {
             *ttft = Some(start.elapsed());
         }
-        if let Some(dump) = dump.as_deref_mut() {
-            let line = serde_json::json!({
-                "token": sampled.token,
-                "piece": loaded.tokenizer.piece(sampled.token),
-                "logprob": sampled.logprob,
-                "top": sampled.top,
-            });
-            writeln!(dump, "{line}")?;
+        let mut step = || -> anyhow::Result<()> {
+            if let Some(dump) = dump.as_deref_mut() {
+                let line = serde_json::json!({
+                    "token": sampled.token,
+                    "piece": loaded.tokenizer.piece(sampled.token),
+                    "logprob": sampled.logprob,
+                    "top": sampled.top,
+                });
+                writeln!(dump, "{line}")?;
+            }
+            out.write_all(decoder.push(sampled.token)?.as_bytes())?;
+            out.flush()?;
+            Ok(())
+        };
+        match step() {
+            Ok(()) => Flow::Continue,
+            Err(err) => {
+                failure = Some(err);
+                Flow::Stop
+            }
         }
-        let stop = sampler.stop_reason(sampled.token, generated.len() + 1);
-        if matches!(stop, Some(StopReason::StopToken(_))) {
-            break;
-        }
-        generated.push(sampled.token);
-        history.push(sampled.token);
-        let text = decoder.push(sampled.token)?;
-        out.write_all(text.as_bytes())?;
-        out.flush()?;
-        if stop.is_some() {
-            break;
-        }
-        if session.n_past() >= ctx {
-            eprintln!("\nnote: context full ({ctx} tokens); stopping");
-            break;
-        }
-        logits = session
-            .eval(&[sampled.token], Outputs::Last)?
-            .last()
-            .map(<[f32]>::to_vec);
+    })?;
+    if let Some(err) = failure {
+        return Err(err);
     }
     out.write_all(decoder.finish().as_bytes())?;
-    clocks.generated += generated.len();
-    clocks.decode += decode_start.elapsed();
+    if generation.finish == Finish::ContextFull {
+        eprintln!("\nnote: context full ({ctx} tokens); stopping");
+    }
+    // Prefill ends when the first token is sampled; every later token is decode time.
+    let first = first_token_at.unwrap_or_else(Instant::now);
+    clocks.prompt_tokens += ids.len();
+    clocks.prefill += first - begin;
+    clocks.generated += generation.tokens.len();
+    clocks.decoded += generation.tokens.len().saturating_sub(1);
+    clocks.decode += first.elapsed();
     if let Some(dump) = dump {
         dump.flush()?;
     }
-    Ok(generated)
+    Ok(generation.tokens)
 }
 
 fn report(loaded: &Loaded, clocks: &Clocks, ttft: Option<Duration>) {
@@ -408,7 +438,7 @@ fn report(loaded: &Loaded, clocks: &Clocks, ttft: Option<Duration>) {
         loaded.load_time.as_secs_f64() * 1e3,
         ttft.unwrap_or_default().as_secs_f64() * 1e3,
         rate(clocks.prompt_tokens, clocks.prefill),
-        rate(clocks.generated, clocks.decode),
+        rate(clocks.decoded, clocks.decode),
         clocks.prompt_tokens,
         clocks.generated
     );
@@ -421,9 +451,10 @@ fn chat_repl(
     args: &RunArgs,
     loaded: &Loaded,
     template: &ChatTemplate,
-    session: &mut Session<'_>,
+    session: &mut AnySession<'_>,
 ) -> anyhow::Result<()> {
     let mut messages = initial_messages(args.system.as_deref());
+    // Tokens the session holds, for reusing the common prefix of the next turn.
     let mut cached: Vec<u32> = Vec::new();
     let mut sampler = Sampler::new(sampler_config(args, loaded))?;
     eprintln!(
@@ -442,8 +473,8 @@ fn chat_repl(
             "/exit" | "/quit" => return Ok(()),
             "/reset" => {
                 messages = initial_messages(args.system.as_deref());
-                cached.clear();
                 session.reset();
+                cached.clear();
                 eprintln!("(conversation cleared)");
                 continue;
             }
@@ -451,6 +482,7 @@ fn chat_repl(
             _ => {}
         }
         let ids = encode_chat(loaded, template, &messages, line)?;
+        // Reuse the cached conversation up to the first token that differs.
         let common = cached
             .iter()
             .zip(&ids)

@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use anyhow::{Context, bail};
 use ferrite_engine::score::{self, ScoreMode};
 
+use crate::backend::BackendArg;
 use crate::run::{Loaded, ModelArgs};
 
 /// Teacher-forcing mode on the command line.
@@ -41,7 +42,13 @@ pub struct ScoreArgs {
 }
 
 /// Run `ferrite score`.
-pub fn run(args: ScoreArgs) -> anyhow::Result<i32> {
+pub fn run(mut args: ScoreArgs) -> anyhow::Result<i32> {
+    // Scoring needs the logits of many positions per call, which only the CPU backend returns.
+    match args.model.backend {
+        BackendArg::Cuda => bail!("ferrite score runs on the CPU backend only; pass --backend cpu"),
+        BackendArg::Auto => args.model.backend = BackendArg::Cpu,
+        BackendArg::Cpu => {}
+    }
     match (&args.fixture, &args.text) {
         (Some(fixture), None) => score_fixture(&args, fixture),
         (None, Some(text)) => score_text(&args, text),

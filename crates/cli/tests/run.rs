@@ -135,3 +135,26 @@ fn prompt_from_stdin_and_logprob_dump() {
         assert_eq!(line["top"][0][0], line["token"], "{line}");
     }
 }
+
+/// `--backend cuda` either runs on CUDA and says so, or fails with a clear "no CUDA device"
+/// (never a panic, never a silent CPU fallback).
+#[test]
+fn explicit_cuda_backend_runs_or_fails_clearly() {
+    pull("smollm2-135m-instruct");
+    let out = run(&[
+        "run",
+        "--backend",
+        "cuda",
+        "--temp",
+        "0",
+        "--max-tokens",
+        "4",
+        "Hello",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    match out.status.code() {
+        Some(0) => assert!(stderr.contains("backend=cuda device="), "{stderr}"),
+        Some(1) => assert!(stderr.contains("no CUDA device"), "{stderr}"),
+        other => panic!("unexpected exit {other:?}: {}", text(&out)),
+    }
+}

@@ -300,7 +300,18 @@ fn concurrent_streams_match_sequential_and_disconnects_free_slots() {
             server.open_stream("/v1/chat/completions", &body, 200, &[])
         })
         .collect();
-    assert!(metric(&server, "ferrite_slots_active") >= 1.0);
+    // All four slots busy and two requests waiting before the clients go away.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while metric(&server, "ferrite_slots_active") < 4.0
+        || metric(&server, "ferrite_queue_depth") < 2.0
+    {
+        assert!(
+            Instant::now() < deadline,
+            "streams never occupied the slots:\n{}",
+            server.get("/metrics").body
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     drop(sockets);
     let deadline = Instant::now() + Duration::from_secs(60);
     while metric(&server, "ferrite_slots_active") > 0.0

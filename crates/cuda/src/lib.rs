@@ -1,4 +1,38 @@
 //! ferrite-cuda: the CUDA backend.
 //!
-//! Not implemented yet (issue 6). It will load CUDA at run time through cudarc's dynamic
-//! loading, so the workspace builds and tests on machines without a CUDA toolkit.
+//! CUDA is loaded at run time through cudarc's dynamic loading, so the workspace builds,
+//! lints and tests on machines with no CUDA toolkit or driver: [`CudaBackend::probe`] checks
+//! for the driver library before any CUDA call and answers [`CudaError::NoDevice`] instead
+//! of panicking.
+//!
+//! Key design choice: weights stay in their GGUF block layout on the device and every
+//! matrix–vector kernel dequantizes in registers (one warp per row), so a model costs its
+//! file size in device memory. Kernels live in `kernels/*.cu`, are compiled by NVRTC for the
+//! device's architecture at first use and cached on disk (see [`CompileReport`]).
+//!
+//! API: [`CudaBackend::probe`] / [`CudaBackend::new`] find the device and load the kernels;
+//! [`CudaModel::load`] uploads a host [`ferrite_model::Model`]'s weights once;
+//! [`CudaSession::eval`] runs tokens through an f16 KV cache and returns the last token's
+//! logits. Each decode step is captured once as a CUDA graph and replayed; prefill is a loop
+//! of decode steps in this first slice. [`CudaBackend::launch_counts`] are path markers.
+//!
+//! ```
+//! match ferrite_cuda::CudaBackend::probe() {
+//!     Ok(info) => println!("{} sm_{}{}", info.name, info.compute_capability.0, info.compute_capability.1),
+//!     Err(e) => assert!(e.to_string().starts_with("no CUDA device")),
+//! }
+//! ```
+#![deny(missing_docs)]
+
+mod compile;
+mod device;
+mod error;
+mod host;
+mod model;
+mod ops;
+
+pub use compile::CompileReport;
+pub use device::{CudaBackend, DeviceInfo, kernel_suffix};
+pub use error::CudaError;
+pub use model::{CudaModel, CudaSession};
+pub use ops::AttnShape;

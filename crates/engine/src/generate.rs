@@ -9,6 +9,33 @@ use ferrite_model::{ModelError, Outputs, Session};
 
 use crate::sampler::{SampleError, Sampled, Sampler, StopReason};
 
+/// A timeline that [`generate`] can drive: appends tokens and returns the last one's logits.
+/// Implemented by the CPU [`Session`]; other backends implement it through a wrapper.
+pub trait Timeline {
+    /// Appends `tokens` (at least one) and returns the logits of the last.
+    fn eval_last(&mut self, tokens: &[u32]) -> Result<&[f32], GenerateError>;
+    /// Tokens held.
+    fn n_past(&self) -> usize;
+    /// Capacity in tokens.
+    fn ctx(&self) -> usize;
+}
+
+impl Timeline for Session<'_> {
+    fn eval_last(&mut self, tokens: &[u32]) -> Result<&[f32], GenerateError> {
+        self.eval(tokens, Outputs::Last)?
+            .last()
+            .ok_or(GenerateError::Sample(SampleError::EmptyLogits))
+    }
+
+    fn n_past(&self) -> usize {
+        Session::n_past(self)
+    }
+
+    fn ctx(&self) -> usize {
+        Session::ctx(self)
+    }
+}
+
 /// Errors of [`generate`].
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -19,6 +46,9 @@ pub enum GenerateError {
     /// Sampling failed (NaN logits, ...).
     #[error(transparent)]
     Sample(#[from] SampleError),
+    /// Another backend's forward pass failed.
+    #[error("{0}")]
+    Backend(String),
 }
 
 /// What the callback of [`generate`] wants next.
@@ -53,20 +83,20 @@ pub struct Generation {
 /// Appends `prompt` to `session` (at its current position; call `reset` first for a fresh
 /// conversation) and generates. `on_token` sees each generated token before it is fed back.
 /// Penalties look at `prompt` followed by the generated tokens.
-pub fn generate<F>(
-    session: &mut Session<'_>,
+pub fn generate<T, F>(
+    session: &mut T,
     sampler: &mut Sampler,
     prompt: &[u32],
     mut on_token: F,
 ) -> Result<Generation, GenerateError>
 where
+    T: Timeline + ?Sized,
     F: FnMut(&Sampled) -> Flow,
 {
     let mut history = prompt.to_vec();
     let mut tokens = Vec::new();
-    let mut next = session.eval(prompt, Outputs::Last)?;
+    let mut row = session.eval_last(prompt)?;
     loop {
-        let row = next.last().ok_or(SampleError::EmptyLogits)?;
         let s = sampler.sample(row, &history)?;
         if let Some(reason @ StopReason::StopToken(_)) = sampler.stop_reason(s.token, 0) {
             return Ok(Generation {
@@ -94,6 +124,6 @@ where
                 finish: Finish::ContextFull,
             });
         }
-        next = session.eval(&[s.token], Outputs::Last)?;
+        row = session.eval_last(&[s.token])?;
     }
 }

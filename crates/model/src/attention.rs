@@ -10,7 +10,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use ferrite_cpu::ThreadPool;
 
-use crate::kv::KvCache;
+use crate::ModelError;
+use crate::kv::{KvCache, try_vec};
 use crate::ops::softmax;
 
 /// Shape and masking of one layer's attention.
@@ -42,12 +43,17 @@ pub struct AttnScratch {
 impl AttnScratch {
     /// Scratch for contexts up to `ctx` positions, `kv_dim` key values per position and at
     /// most `max_out` output values per call (`tokens × n_head × head_dim`).
-    pub fn new(ctx: usize, kv_dim: usize, max_out: usize) -> AttnScratch {
-        AttnScratch {
-            k: vec![0.0; ctx * kv_dim],
-            v: vec![0.0; ctx * kv_dim],
-            out: (0..max_out).map(|_| AtomicU32::new(0)).collect(),
-        }
+    pub fn new(ctx: usize, kv_dim: usize, max_out: usize) -> Result<AttnScratch, ModelError> {
+        let n = ctx.checked_mul(kv_dim);
+        let mut out = Vec::new();
+        out.try_reserve_exact(max_out)
+            .map_err(|_| ModelError::InvalidArgument("cannot allocate attention scratch".into()))?;
+        out.extend((0..max_out).map(|_| AtomicU32::new(0)));
+        Ok(AttnScratch {
+            k: try_vec(n, 0.0, "attention scratch")?,
+            v: try_vec(n, 0.0, "attention scratch")?,
+            out,
+        })
     }
 }
 
@@ -225,10 +231,10 @@ mod tests {
         let k = pseudo(len * row, 1);
         let v = pseudo(len * row, 2);
         let q = pseudo(n * shape.n_head * shape.head_dim, 3);
-        let mut cache = KvCache::new(KvType::F32, 2, 16, row);
+        let mut cache = KvCache::new(KvType::F32, 2, 16, row).unwrap();
         cache.store(1, 0, &k, &v);
         let mut out = vec![f32::NAN; q.len()];
-        let mut scratch = AttnScratch::new(16, row, q.len());
+        let mut scratch = AttnScratch::new(16, row, q.len()).unwrap();
         let pool = ThreadPool::new(2).unwrap();
         attend(&pool, &shape, &cache, 1, pos0, &q, &mut out, &mut scratch);
         let want = naive(&shape, &q, &k, &v, pos0, n);
@@ -265,12 +271,12 @@ mod tests {
             scale: 1.0,
             window: Some(2),
         };
-        let mut cache = KvCache::new(KvType::F32, 1, 8, 2);
+        let mut cache = KvCache::new(KvType::F32, 1, 8, 2).unwrap();
         let k = pseudo(12, 4);
         let v = pseudo(12, 5);
         cache.store(0, 0, &k, &v);
         let q = [0.3, -0.2];
-        let mut scratch = AttnScratch::new(8, 2, 2);
+        let mut scratch = AttnScratch::new(8, 2, 2).unwrap();
         let pool = ThreadPool::new(1).unwrap();
         let mut a = [0.0; 2];
         attend(&pool, &shape, &cache, 0, 5, &q, &mut a, &mut scratch);

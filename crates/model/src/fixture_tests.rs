@@ -46,14 +46,19 @@ fn model(file: &'static str, precision: Precision) -> Option<&'static Model> {
     type Slot = OnceLock<Option<Model>>;
     static SLOTS: [Slot; 4] = [Slot::new(), Slot::new(), Slot::new(), Slot::new()];
     let i = usize::from(file == GEMMA3) * 2 + usize::from(precision == Precision::F32);
-    SLOTS[i]
+    let m = SLOTS[i]
         .get_or_init(|| {
             let path = model_path(file)?;
             let m = Model::load(&path, LoadOptions { precision }).expect("model loads");
             println!("loaded {} ({precision:?})", path.display());
             Some(m)
         })
-        .as_ref()
+        .as_ref();
+    if m.is_none() {
+        // Every skipping test says so, not only the first to look.
+        println!("skipped: {file} not available");
+    }
+    m
 }
 
 struct Case {

@@ -2,10 +2,19 @@
 //! naive f64 reference forward pass.
 //!
 //! Design: [`Model`] owns the mapped file and validated weight views; a [`Session`] owns
-//! one timeline (KV cache, position, scratch allocated once). Architecture differences are
-//! resolved into plain flags by [`ModelConfig::from_gguf`], so one forward pass serves every
-//! supported architecture. [`reference::forward`] is an independent f64 implementation used
-//! by tests as an oracle, alongside the transformers fixtures.
+//! one timeline (KV cache, position, token history, scratch allocated once, so decode steps
+//! allocate nothing). Architecture differences (llama, gemma3) are resolved into plain
+//! flags by [`ModelConfig::from_gguf`], so one forward pass serves both. Every weight
+//! product goes through `ferrite_cpu::matmul`; attention is spread over the same pool.
+//! Results are bit-identical for any thread count and for prefill vs decode.
+//! [`reference::forward`] is an independent f64 implementation (no KV cache, no
+//! `ferrite_cpu`) that tests use as an oracle next to the transformers fixtures.
+//!
+//! Main calls: [`Model::load`] (with [`Precision::F32`] to dequantize every weight at load),
+//! [`Session::new`] (context size, [`KvType`]), [`Session::eval`] (append tokens; logits
+//! for [`Outputs::Last`], [`Outputs::All`] or [`Outputs::From`]), [`Session::sync`] (reuse
+//! the cached prefix), [`Session::truncate`], [`Session::reset`], and
+//! [`Session::eval_hidden`] (per-layer residual stream, for debugging and tests).
 //!
 //! ```no_run
 //! use ferrite_model::{KvType, LoadOptions, Model, Outputs, Session};

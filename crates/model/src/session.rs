@@ -10,7 +10,7 @@ use ferrite_cpu::{ThreadPool, matmul};
 use crate::ModelError;
 use crate::attention::{AttnScratch, AttnShape, attend};
 use crate::config::Activation;
-use crate::kv::{KvCache, KvType};
+use crate::kv::{KvCache, KvType, try_vec};
 use crate::model::{Model, Weight};
 use crate::ops::{add_assign, gelu_tanh, rms_norm, rope, silu};
 
@@ -122,14 +122,18 @@ impl<'m> Session<'m> {
             o: vec![0.0; chunk * c.d_model],
             gate: vec![0.0; chunk * c.d_ff],
             up: vec![0.0; chunk * c.d_ff],
-            attn: AttnScratch::new(ctx, c.kv_dim(), chunk * c.q_dim()),
+            attn: AttnScratch::new(ctx, c.kv_dim(), chunk * c.q_dim())?,
         };
         Ok(Session {
             model,
             pool,
-            kv: KvCache::new(kv, c.n_layer, ctx, c.kv_dim()),
+            kv: KvCache::new(kv, c.n_layer, ctx, c.kv_dim())?,
             n_past: 0,
-            history: Vec::with_capacity(ctx),
+            history: {
+                let mut h = try_vec(Some(ctx), 0u32, "token history")?;
+                h.clear();
+                h
+            },
             chunk,
             s,
             logits: vec![0.0; c.n_vocab],
@@ -238,6 +242,16 @@ impl<'m> Session<'m> {
         };
         let need = (n - first) * n_vocab;
         if self.logits.len() < need {
+            // Asking for all logits of a long input on a large vocabulary can need gigabytes:
+            // report it instead of aborting.
+            self.logits
+                .try_reserve_exact(need - self.logits.len())
+                .map_err(|_| {
+                    ModelError::InvalidArgument(format!(
+                        "cannot allocate logits for {} positions; request fewer",
+                        n - first
+                    ))
+                })?;
             self.logits.resize(need, 0.0);
         }
         let start_past = self.n_past;
@@ -553,6 +567,7 @@ pub(crate) mod tests {
         s.eval(&tokens(2), Outputs::Last).unwrap();
         assert_eq!(s.n_past(), 8);
         assert!(Session::new(&m, &pool, 0, KvType::F16).is_err());
+        assert!(Session::new(&m, &pool, usize::MAX / 2, KvType::F16).is_err());
     }
 
     #[test]
@@ -575,6 +590,15 @@ pub(crate) mod tests {
             .map(|(a, b)| (a - b).abs())
             .fold(0.0, f32::max);
         assert!(max < 1e-5, "{max}");
+    }
+
+    #[test]
+    fn model_is_shareable_and_sessions_can_move_between_threads() {
+        // The server shares one Model between sessions on different threads.
+        fn shareable<T: Send + Sync>() {}
+        fn movable<T: Send>() {}
+        shareable::<Model>();
+        movable::<Session<'static>>();
     }
 
     #[test]

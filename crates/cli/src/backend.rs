@@ -1,0 +1,108 @@
+//! Choosing the compute backend for `ferrite run` (`--backend auto|cpu|cuda`) and driving
+//! either through one [`Timeline`], so the generation loop is written once.
+//!
+//! `auto` uses CUDA when a device answers the probe and the CPU otherwise; an explicit
+//! `cuda` without a device is an error, never a silent fallback.
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use ferrite_cuda::{CudaBackend, CudaModel, CudaSession, DeviceInfo};
+use ferrite_engine::{GenerateError, Timeline};
+use ferrite_model::{Model, Session};
+
+/// `--backend` on the command line.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BackendArg {
+    /// CUDA when a device is present, else CPU.
+    Auto,
+    /// The CPU backend.
+    Cpu,
+    /// The CUDA backend (fails when no device is present).
+    Cuda,
+}
+
+/// The CUDA side of a loaded model, when CUDA was chosen.
+pub struct CudaLoaded {
+    /// The device-resident model.
+    pub model: CudaModel,
+    /// What the probe found.
+    pub info: DeviceInfo,
+}
+
+/// Loads the CUDA copy of `model` if `arg` asks for it (or allows it and a device exists).
+pub fn load_cuda(arg: BackendArg, model: &Model) -> anyhow::Result<Option<CudaLoaded>> {
+    let info = match (arg, CudaBackend::probe()) {
+        (BackendArg::Cpu, _) | (BackendArg::Auto, Err(_)) => return Ok(None),
+        (BackendArg::Cuda, Err(err)) => return Err(err).context("--backend cuda"),
+        (_, Ok(info)) => info,
+    };
+    let backend: Arc<CudaBackend> = CudaBackend::new()?;
+    let model = CudaModel::load(backend, model).context("uploading the model to the GPU")?;
+    Ok(Some(CudaLoaded { model, info }))
+}
+
+/// One conversation on whichever backend was chosen.
+pub enum AnySession<'m> {
+    /// CPU session.
+    Cpu(Box<Session<'m>>),
+    /// CUDA session.
+    Cuda(Box<CudaTimeline<'m>>),
+}
+
+/// A CUDA session and the logits of its last step.
+pub struct CudaTimeline<'m> {
+    /// The device session.
+    pub session: CudaSession<'m>,
+    /// Capacity in tokens.
+    pub ctx: usize,
+    /// Last-token logits copied back from the device.
+    pub logits: Vec<f32>,
+}
+
+impl AnySession<'_> {
+    /// Drops every token after the first `n`.
+    pub fn truncate(&mut self, n: usize) {
+        match self {
+            AnySession::Cpu(s) => s.truncate(n),
+            AnySession::Cuda(c) => c.session.truncate(n),
+        }
+    }
+
+    /// Forgets every token.
+    pub fn reset(&mut self) {
+        match self {
+            AnySession::Cpu(s) => s.reset(),
+            AnySession::Cuda(c) => c.session.reset(),
+        }
+    }
+}
+
+impl Timeline for AnySession<'_> {
+    fn eval_last(&mut self, tokens: &[u32]) -> Result<&[f32], GenerateError> {
+        match self {
+            AnySession::Cpu(s) => s.eval_last(tokens),
+            AnySession::Cuda(c) => {
+                c.logits = c
+                    .session
+                    .eval(tokens)
+                    .map_err(|e| GenerateError::Backend(e.to_string()))?;
+                Ok(&c.logits)
+            }
+        }
+    }
+
+    fn n_past(&self) -> usize {
+        match self {
+            AnySession::Cpu(s) => Timeline::n_past(s.as_ref()),
+            AnySession::Cuda(c) => c.session.n_past(),
+        }
+    }
+
+    fn ctx(&self) -> usize {
+        match self {
+            AnySession::Cpu(s) => Timeline::ctx(s.as_ref()),
+            AnySession::Cuda(c) => c.ctx,
+        }
+    }
+}

@@ -1,0 +1,208 @@
+// Quantized matrix-vector products for decode: y[r] = W[r,:] . x with W kept in its GGUF
+// block layout and dequantized in registers; x and y are f32.
+//
+// Work split: one warp per row, four rows per 128-thread block. A row is cut into units of
+// 32 values (one legacy block, or one sub-block of a 256-value k-quant super-block); lane l
+// takes units l, l+32, ..., so a warp reads consecutive blocks of the row together.
+// Element decoders `deq_<type>(row, i)` give value i of a row (used by the embedding
+// lookup and the generic unit dot product, whose unrolled loop lets the compiler load each
+// block's scales once); the hot SmolLM2 formats have hand-written unit dot products with
+// word loads.
+
+// Q4_1: 20 bytes per 32 values: d (f16), m (f16), 16 bytes of nibbles (j low, j+16 high).
+static __device__ __forceinline__ float deq_q4_1(const u8* __restrict__ r, int i) {
+    const u8* b = r + (i >> 5) * 20;
+    int j = i & 31;
+    u8 q = (j < 16) ? (b[4 + j] & 15) : (b[4 + j - 16] >> 4);
+    return h2f(ld16(b)) * (float)q + h2f(ld16(b + 2));
+}
+
+// Q8_0: 34 bytes per 32 values: d (f16), 32 signed bytes.
+static __device__ __forceinline__ float deq_q8_0(const u8* __restrict__ r, int i) {
+    const u8* b = r + (i >> 5) * 34;
+    return (float)(signed char)b[2 + (i & 31)] * h2f(ld16(b));
+}
+
+// Q5_0: 22 bytes per 32 values: d (f16), qh (u32 LE, bit j = fifth bit of value j), nibbles.
+static __device__ __forceinline__ float deq_q5_0(const u8* __restrict__ r, int i) {
+    const u8* b = r + (i >> 5) * 22;
+    int j = i & 31;
+    u32 qh = ld32(b + 2);
+    u8 lo = (j < 16) ? (b[6 + j] & 15) : (b[6 + j - 16] >> 4);
+    int q = (int)(lo | (((qh >> j) & 1) << 4)) - 16;
+    return h2f(ld16(b)) * (float)q;
+}
+
+// Q4_K: 144 bytes per 256 values: d, dmin (f16), 12 bytes of packed 6-bit scales/mins,
+// 128 bytes of nibbles (value 64c+l low nibble of byte 32c+l, 64c+32+l its high nibble).
+static __device__ __forceinline__ float deq_q4_k(const u8* __restrict__ r, int i) {
+    const u8* b = r + (i >> 8) * 144;
+    int e = i & 255, s = e >> 5, l = e & 31;
+    const u8* sc = b + 4;
+    int scale, mn;
+    if (s < 4) {
+        scale = sc[s] & 63;
+        mn = sc[s + 4] & 63;
+    } else {
+        scale = (sc[s + 4] & 15) | ((sc[s - 4] >> 6) << 4);
+        mn = (sc[s + 4] >> 4) | ((sc[s] >> 6) << 4);
+    }
+    int c = s >> 1, shift = 4 * (s & 1);
+    int q = (b[16 + 32 * c + l] >> shift) & 15;
+    return h2f(ld16(b)) * (float)scale * (float)q - h2f(ld16(b + 2)) * (float)mn;
+}
+
+// Q6_K: 210 bytes per 256 values: ql[128] low nibbles, qh[64] high 2 bits, 16 signed
+// scales, d (f16). x = d * sc * (q - 32).
+static __device__ __forceinline__ float deq_q6_k(const u8* __restrict__ r, int i) {
+    const u8* b = r + (i >> 8) * 210;
+    int e = i & 255, c = e >> 7, t = e & 127;
+    int lo = (b[64 * c + (t & 63)] >> (4 * (t >> 6))) & 15;
+    int hi = (b[128 + 32 * c + (t & 31)] >> (2 * (t >> 5))) & 3;
+    int q = (lo | (hi << 4)) - 32;
+    return h2f(ld16(b + 208)) * (float)(signed char)b[192 + (e >> 4)] * (float)q;
+}
+
+static __device__ __forceinline__ float deq_f32(const u8* __restrict__ r, int i) {
+    return __int_as_float((int)ld32(r + 4 * i));
+}
+
+static __device__ __forceinline__ float deq_f16(const u8* __restrict__ r, int i) {
+    return h2f(ld16(r + 2 * i));
+}
+
+#define FERRITE_MATVEC(NAME, DEQ)                                                          \
+    extern "C" __global__ void matvec_##NAME(const u8* __restrict__ w,                     \
+                                             const float* __restrict__ x,                  \
+                                             float* __restrict__ y, int rows, int cols,    \
+                                             unsigned long long row_bytes) {               \
+        int row = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5);                     \
+        int lane = threadIdx.x & 31;                                                       \
+        if (row >= rows) return;                                                           \
+        const u8* r = w + (unsigned long long)row * row_bytes;                             \
+        float acc = 0.0f;                                                                  \
+        int units = cols >> 5;                                                             \
+        for (int u = lane; u < units; u += 32) acc += unit_##NAME(r, u, x);                \
+        acc = warp_sum(acc);                                                               \
+        if (lane == 0) y[row] = acc;                                                       \
+    }                                                                                      \
+    /* Up to three matrices of one type and width over the same x (Q, K, V): rows       \
+       0..r0 go to y0, the next r1 to y1, the next r2 to y2. */                            \
+    extern "C" __global__ void matvec3_##NAME(                                             \
+        const u8* __restrict__ w0, const u8* __restrict__ w1, const u8* __restrict__ w2,   \
+        const float* __restrict__ x, float* __restrict__ y0, float* __restrict__ y1,       \
+        float* __restrict__ y2, int r0, int r1, int r2, int cols,                          \
+        unsigned long long row_bytes) {                                                    \
+        int row = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5);                     \
+        int lane = threadIdx.x & 31;                                                       \
+        const u8* w;                                                                       \
+        float* y;                                                                          \
+        if (row < r0) {                                                                    \
+            w = w0; y = y0;                                                                \
+        } else if (row < r0 + r1) {                                                        \
+            row -= r0; w = w1; y = y1;                                                     \
+        } else if (row < r0 + r1 + r2) {                                                   \
+            row -= r0 + r1; w = w2; y = y2;                                                \
+        } else {                                                                           \
+            return;                                                                        \
+        }                                                                                  \
+        const u8* r = w + (unsigned long long)row * row_bytes;                             \
+        float acc = 0.0f;                                                                  \
+        int units = cols >> 5;                                                             \
+        for (int u = lane; u < units; u += 32) acc += unit_##NAME(r, u, x);                \
+        acc = warp_sum(acc);                                                               \
+        if (lane == 0) y[row] = acc;                                                       \
+    }                                                                                      \
+    /* Gated FFN input: y[r] = act(Wg[r,:].x) * (Wu[r,:].x), act 0 = SiLU, 1 = GELU-tanh. */ \
+    extern "C" __global__ void matvec_gated_##NAME(                                        \
+        const u8* __restrict__ wg, const u8* __restrict__ wu, const float* __restrict__ x, \
+        float* __restrict__ y, int rows, int cols, unsigned long long row_bytes, int act) { \
+        int row = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5);                     \
+        int lane = threadIdx.x & 31;                                                       \
+        if (row >= rows) return;                                                           \
+        const u8* rg = wg + (unsigned long long)row * row_bytes;                           \
+        const u8* ru = wu + (unsigned long long)row * row_bytes;                           \
+        float g = 0.0f, up = 0.0f;                                                         \
+        int units = cols >> 5;                                                             \
+        for (int u = lane; u < units; u += 32) {                                           \
+            g += unit_##NAME(rg, u, x);                                                    \
+            up += unit_##NAME(ru, u, x);                                                   \
+        }                                                                                  \
+        g = warp_sum(g);                                                                   \
+        up = warp_sum(up);                                                                 \
+        if (lane == 0) y[row] = gate_act(g, act) * up;                                     \
+    }                                                                                      \
+    /* tp[0] is the token (in device memory so a captured graph serves every step). */  \
+    extern "C" __global__ void embed_##NAME(const u8* __restrict__ w, float* __restrict__ y, \
+                                            const int* __restrict__ tp, int cols,          \
+                                            unsigned long long row_bytes, float scale) {   \
+        int i = blockIdx.x * blockDim.x + threadIdx.x;                                     \
+        int token = tp[0];                                                                 \
+        if (i >= cols) return;                                                             \
+        y[i] = DEQ(w + (unsigned long long)token * row_bytes, i) * scale;                  \
+    }
+
+// Dot product of unit u (values 32u..32u+32) of a row with x, from the element decoder.
+#define FERRITE_GENERIC_UNIT(NAME, DEQ)                                                    \
+    static __device__ __forceinline__ float unit_##NAME(const u8* __restrict__ r, int u,   \
+                                                        const float* __restrict__ x) {     \
+        float acc = 0.0f;                                                                  \
+        _Pragma("unroll") for (int j = 0; j < 32; j++) {                                   \
+            int i = (u << 5) + j;                                                          \
+            acc += DEQ(r, i) * x[i];                                                       \
+        }                                                                                  \
+        return acc;                                                                        \
+    }
+
+// Q4_1 unit with word loads: a 20-byte block starts 4-byte aligned (rows are whole blocks
+// and device buffers are 256-byte aligned). d·Σq·x + m·Σx.
+static __device__ __forceinline__ float unit_q4_1(const u8* __restrict__ r, int u,
+                                                  const float* __restrict__ x) {
+    const u32* b = (const u32*)(r + u * 20);
+    u32 dm = b[0];
+    float d = h2f((u16)(dm & 0xffffu)), m = h2f((u16)(dm >> 16));
+    const float4* xv = (const float4*)(x + (u << 5));
+    float sq = 0.0f, sx = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        u32 q = b[1 + k];
+        float4 lo = xv[k], hi = xv[4 + k];
+        sq += (float)(q & 15u) * lo.x + (float)((q >> 8) & 15u) * lo.y +
+              (float)((q >> 16) & 15u) * lo.z + (float)((q >> 24) & 15u) * lo.w;
+        sq += (float)((q >> 4) & 15u) * hi.x + (float)((q >> 12) & 15u) * hi.y +
+              (float)((q >> 20) & 15u) * hi.z + (float)(q >> 28) * hi.w;
+        sx += (lo.x + lo.y) + (lo.z + lo.w) + (hi.x + hi.y) + (hi.z + hi.w);
+    }
+    return d * sq + m * sx;
+}
+
+// Q8_0 unit with half-word loads: a 34-byte block starts 2-byte aligned.
+static __device__ __forceinline__ float unit_q8_0(const u8* __restrict__ r, int u,
+                                                  const float* __restrict__ x) {
+    const u16* b = (const u16*)(r + u * 34);
+    float d = h2f(b[0]);
+    const float4* xv = (const float4*)(x + (u << 5));
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        u16 a = b[1 + 2 * k], c = b[2 + 2 * k];
+        float4 v = xv[k];
+        s += (float)(signed char)(a & 0xff) * v.x + (float)(signed char)(a >> 8) * v.y +
+             (float)(signed char)(c & 0xff) * v.z + (float)(signed char)(c >> 8) * v.w;
+    }
+    return d * s;
+}
+
+FERRITE_GENERIC_UNIT(q5_0, deq_q5_0)
+FERRITE_GENERIC_UNIT(q4_k, deq_q4_k)
+FERRITE_GENERIC_UNIT(q6_k, deq_q6_k)
+FERRITE_GENERIC_UNIT(f32, deq_f32)
+FERRITE_GENERIC_UNIT(f16, deq_f16)
+
+FERRITE_MATVEC(q4_1, deq_q4_1)
+FERRITE_MATVEC(q8_0, deq_q8_0)
+FERRITE_MATVEC(q5_0, deq_q5_0)
+FERRITE_MATVEC(q4_k, deq_q4_k)
+FERRITE_MATVEC(q6_k, deq_q6_k)
+FERRITE_MATVEC(f32, deq_f32)
+FERRITE_MATVEC(f16, deq_f16)

@@ -1,0 +1,124 @@
+// Element-wise and per-row operations of the forward pass, all on f32 activations:
+// RMSNorm, rope (interleaved and half-split pairs), gated activations, residual add and the
+// f16 KV-cache store.
+
+// RMSNorm of `n` rows of `dim` values, one block per row; in place allowed (x == y).
+extern "C" __global__ void rms_norm_f32(const float* x, const float* __restrict__ w,
+                                        float* y, int dim, float eps) {
+    __shared__ float red[32];
+    const float* xr = x + (unsigned long long)blockIdx.x * dim;
+    float* yr = y + (unsigned long long)blockIdx.x * dim;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += xr[i] * xr[i];
+    ss = block_sum(ss, red);
+    float inv = rsqrtf(ss / (float)dim + eps);
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) yr[i] = xr[i] * inv * w[i];
+}
+
+// Rope over `n_heads` heads of `head_dim` at position `pos`: pair (2i, 2i+1) when
+// `half_split` is 0 (llama GGUF layout), (i, i + head_dim/2) otherwise (NeoX / Gemma).
+// Angles are formed in double so long positions keep their precision.
+extern "C" __global__ void rope_f32(float* x, int n_heads, int head_dim, int pos, float base,
+                                    int half_split) {
+    int half = head_dim / 2;
+    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= n_heads * half) return;
+    int h = t / half, i = t % half;
+    double inv_freq = pow((double)base, -(double)(2 * i) / (double)head_dim);
+    double ang = (double)pos * inv_freq;
+    float s = (float)sin(ang), c = (float)cos(ang);
+    int a = half_split ? i : 2 * i;
+    int b = half_split ? i + half : 2 * i + 1;
+    float* hx = x + (unsigned long long)h * head_dim;
+    float x0 = hx[a], x1 = hx[b];
+    hx[a] = x0 * c - x1 * s;
+    hx[b] = x0 * s + x1 * c;
+}
+
+// g[i] = silu(g[i]) * u[i]
+extern "C" __global__ void gate_silu_f32(float* g, const float* __restrict__ u, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    g[i] = gate_act(g[i], 0) * u[i];
+}
+
+// g[i] = gelu_tanh(g[i]) * u[i]
+extern "C" __global__ void gate_gelu_f32(float* g, const float* __restrict__ u, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    g[i] = gate_act(g[i], 1) * u[i];
+}
+
+// x[i] += y[i]
+extern "C" __global__ void add_f32(float* x, const float* __restrict__ y, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] += y[i];
+}
+
+// Rounds one token's keys and values to f16 into row `pos` of this layer's caches.
+extern "C" __global__ void kv_store_f16(const float* __restrict__ k,
+                                        const float* __restrict__ v, u16* kc, u16* vc,
+                                        int kv_dim, int pos) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= kv_dim) return;
+    unsigned long long at = (unsigned long long)pos * kv_dim + i;
+    kc[at] = f2h(k[i]);
+    vc[at] = f2h(v[i]);
+}
+
+// The end of a sub-layer in one block: optionally RMS-normalise the sub-layer output `o`
+// with `post_w` (Gemma's post norms, when has_post), add it to the residual `x`, then write
+// the next pre-norm `xn = rms_norm(x) * next_w`. One row of `dim` values, one block.
+extern "C" __global__ void residual_norm_f32(float* x, float* o, const float* post_w,
+                                             int has_post, const float* __restrict__ next_w,
+                                             float* xn, int dim, float eps) {
+    __shared__ float red[32];
+    if (has_post) {
+        float ss = 0.0f;
+        for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += o[i] * o[i];
+        ss = block_sum(ss, red);
+        float inv = rsqrtf(ss / (float)dim + eps);
+        for (int i = threadIdx.x; i < dim; i += blockDim.x) x[i] += o[i] * inv * post_w[i];
+    } else {
+        for (int i = threadIdx.x; i < dim; i += blockDim.x) x[i] += o[i];
+    }
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += x[i] * x[i];
+    ss = block_sum(ss, red);
+    float inv = rsqrtf(ss / (float)dim + eps);
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) xn[i] = x[i] * inv * next_w[i];
+}
+
+// Rope of the query heads and key heads at position tp[1] plus the f16 store of the rotated keys
+// and the values into row `pos` of the caches, in one launch. Threads 0..(nq+nk)*half
+// rotate one pair each; threads 0..kv_dim also store one value.
+extern "C" __global__ void rope_store_f16(float* q, float* k, const float* __restrict__ v,
+                                          u16* kc, u16* vc, int n_head, int n_kv_head,
+                                          int head_dim, const int* __restrict__ tp, float base,
+                                          int half_split) {
+    int pos = tp[1];
+    int half = head_dim / 2;
+    int kv_dim = n_kv_head * head_dim;
+    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    unsigned long long row = (unsigned long long)pos * kv_dim;
+    if (t < kv_dim) vc[row + t] = f2h(v[t]);
+    if (t >= (n_head + n_kv_head) * half) return;
+    int h = t / half, i = t % half;
+    double inv_freq = pow((double)base, -(double)(2 * i) / (double)head_dim);
+    double ang = (double)pos * inv_freq;
+    float s = (float)sin(ang), c = (float)cos(ang);
+    int a = half_split ? i : 2 * i;
+    int b = half_split ? i + half : 2 * i + 1;
+    bool is_k = h >= n_head;
+    float* hx = is_k ? k + (unsigned long long)(h - n_head) * head_dim
+                     : q + (unsigned long long)h * head_dim;
+    float x0 = hx[a], x1 = hx[b];
+    float y0 = x0 * c - x1 * s, y1 = x0 * s + x1 * c;
+    hx[a] = y0;
+    hx[b] = y1;
+    if (is_k) {
+        unsigned long long at = row + (unsigned long long)(h - n_head) * head_dim;
+        kc[at + a] = f2h(y0);
+        kc[at + b] = f2h(y1);
+    }
+}

@@ -1,0 +1,292 @@
+//! [`CudaBackend`]: probing for a device, the context and stream, the compiled kernels and
+//! their launch counters (the path markers tests assert on).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchArgs, LaunchConfig};
+use ferrite_gguf::GgmlType;
+
+use crate::CudaError;
+use crate::compile::{CompileReport, kernels_ptx};
+
+/// What was found on the machine.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeviceInfo {
+    /// Device name, e.g. "NVIDIA H200".
+    pub name: String,
+    /// Compute capability (major, minor).
+    pub compute_capability: (u32, u32),
+    /// Driver version as the driver reports it (13000 = 13.0).
+    pub driver_version: i32,
+    /// Device memory in bytes.
+    pub total_mem: usize,
+}
+
+/// Every kernel of the program, by name.
+const KERNELS: &[&str] = &[
+    "matvec_q4_1",
+    "matvec3_q4_1",
+    "matvec_gated_q4_1",
+    "embed_q4_1",
+    "matvec_q8_0",
+    "matvec3_q8_0",
+    "matvec_gated_q8_0",
+    "embed_q8_0",
+    "matvec_q5_0",
+    "matvec3_q5_0",
+    "matvec_gated_q5_0",
+    "embed_q5_0",
+    "matvec_q4_k",
+    "matvec3_q4_k",
+    "matvec_gated_q4_k",
+    "embed_q4_k",
+    "matvec_q6_k",
+    "matvec3_q6_k",
+    "matvec_gated_q6_k",
+    "embed_q6_k",
+    "matvec_f32",
+    "matvec3_f32",
+    "matvec_gated_f32",
+    "embed_f32",
+    "matvec_f16",
+    "matvec3_f16",
+    "matvec_gated_f16",
+    "embed_f16",
+    "rms_norm_f32",
+    "rope_f32",
+    "gate_silu_f32",
+    "gate_gelu_f32",
+    "add_f32",
+    "kv_store_f16",
+    "attn_decode_f16",
+    "residual_norm_f32",
+    "rope_store_f16",
+];
+
+/// Suffix of the matvec/embed kernels for a weight type; `None` when unsupported.
+pub fn kernel_suffix(ty: GgmlType) -> Option<&'static str> {
+    Some(match ty {
+        GgmlType::Q4_1 => "q4_1",
+        GgmlType::Q8_0 => "q8_0",
+        GgmlType::Q5_0 => "q5_0",
+        GgmlType::Q4_K => "q4_k",
+        GgmlType::Q6_K => "q6_k",
+        GgmlType::F32 => "f32",
+        GgmlType::F16 => "f16",
+        _ => return None,
+    })
+}
+
+/// The kernels of one weight type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct WeightKernels {
+    /// `y = W·x`.
+    pub(crate) matvec: &'static str,
+    /// Up to three matrices over one `x`.
+    pub(crate) matvec3: &'static str,
+    /// `y = act(Wg·x) · (Wu·x)`.
+    pub(crate) gated: &'static str,
+    /// One dequantized row.
+    pub(crate) embed: &'static str,
+}
+
+macro_rules! weight_kernels {
+    ($s:literal) => {
+        WeightKernels {
+            matvec: concat!("matvec_", $s),
+            matvec3: concat!("matvec3_", $s),
+            gated: concat!("matvec_gated_", $s),
+            embed: concat!("embed_", $s),
+        }
+    };
+}
+
+/// The kernels of a weight type; `None` when unsupported.
+pub(crate) fn weight_kernels(ty: GgmlType) -> Option<WeightKernels> {
+    Some(match ty {
+        GgmlType::Q4_1 => weight_kernels!("q4_1"),
+        GgmlType::Q8_0 => weight_kernels!("q8_0"),
+        GgmlType::Q5_0 => weight_kernels!("q5_0"),
+        GgmlType::Q4_K => weight_kernels!("q4_k"),
+        GgmlType::Q6_K => weight_kernels!("q6_k"),
+        GgmlType::F32 => weight_kernels!("f32"),
+        GgmlType::F16 => weight_kernels!("f16"),
+        _ => return None,
+    })
+}
+
+/// Values per quant unit a row length must be a multiple of.
+pub(crate) fn row_multiple(ty: GgmlType) -> usize {
+    match ty {
+        GgmlType::Q4_K | GgmlType::Q6_K => 256,
+        _ => 32,
+    }
+}
+
+/// One CUDA device with the ferrite kernels loaded.
+#[derive(Debug)]
+pub struct CudaBackend {
+    pub(crate) stream: Arc<CudaStream>,
+    info: DeviceInfo,
+    compile: CompileReport,
+    funcs: BTreeMap<&'static str, (CudaFunction, AtomicU64)>,
+    graph_steps: AtomicU64,
+}
+
+fn no_device(e: impl std::fmt::Display) -> CudaError {
+    CudaError::NoDevice(e.to_string())
+}
+
+/// Opens device 0; the driver library is probed first because cudarc panics without it.
+fn open_context() -> Result<Arc<CudaContext>, CudaError> {
+    // SAFETY: only tries to open the driver shared library; no CUDA call is made.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return Err(CudaError::NoDevice(
+            "the CUDA driver library (libcuda) is not installed".into(),
+        ));
+    }
+    let n = CudaContext::device_count().map_err(no_device)?;
+    if n < 1 {
+        return Err(CudaError::NoDevice("the driver reports 0 devices".into()));
+    }
+    CudaContext::new(0).map_err(no_device)
+}
+
+fn device_info(ctx: &Arc<CudaContext>) -> Result<DeviceInfo, CudaError> {
+    let (major, minor) = ctx.compute_capability()?;
+    let mut driver = 0i32;
+    // SAFETY: the driver library is loaded and initialised (a context exists); the call
+    // writes one i32 through a valid pointer.
+    unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut driver) }.result()?;
+    Ok(DeviceInfo {
+        name: ctx.name()?,
+        compute_capability: (
+            u32::try_from(major).unwrap_or(0),
+            u32::try_from(minor).unwrap_or(0),
+        ),
+        driver_version: driver,
+        total_mem: ctx.total_mem()?,
+    })
+}
+
+impl CudaBackend {
+    /// Looks for a CUDA device without compiling anything.
+    pub fn probe() -> Result<DeviceInfo, CudaError> {
+        device_info(&open_context()?)
+    }
+
+    /// Opens device 0 and loads the kernels (compiling them on a cache miss).
+    pub fn new() -> Result<Arc<CudaBackend>, CudaError> {
+        let ctx = open_context()?;
+        let info = device_info(&ctx)?;
+        let (maj, min) = info.compute_capability;
+        let (ptx, compile) = kernels_ptx(maj * 10 + min, info.driver_version)?;
+        let module = ctx.load_module(ptx)?;
+        let mut funcs = BTreeMap::new();
+        for &name in KERNELS {
+            funcs.insert(name, (module.load_function(name)?, AtomicU64::new(0)));
+        }
+        // SAFETY: every buffer and launch of this backend goes through the one stream made
+        // below, so cudarc's cross-stream event tracking is not needed; it is turned off
+        // before any buffer exists. A non-default stream is needed for graph capture.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream()?;
+        Ok(Arc::new(CudaBackend {
+            stream,
+            info,
+            compile,
+            funcs,
+            graph_steps: AtomicU64::new(0),
+        }))
+    }
+
+    /// The device found.
+    pub fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    /// How the kernels were compiled or loaded, and how long it took.
+    pub fn compile_report(&self) -> &CompileReport {
+        &self.compile
+    }
+
+    /// Launches so far of every kernel, by name (the path markers). Kernels recorded into a
+    /// CUDA graph count once, at capture; `"graph_step"` counts the graph replays.
+    pub fn launch_counts(&self) -> BTreeMap<&'static str, u64> {
+        let mut m: BTreeMap<&'static str, u64> = self
+            .funcs
+            .iter()
+            .map(|(k, (_, c))| (*k, c.load(Ordering::Relaxed)))
+            .collect();
+        m.insert("graph_step", self.graph_steps.load(Ordering::Relaxed));
+        m
+    }
+
+    /// Counts one replay of a captured decode-step graph.
+    pub(crate) fn count_graph_step(&self) {
+        self.graph_steps.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Waits for all queued work.
+    pub fn synchronize(&self) -> Result<(), CudaError> {
+        self.stream.synchronize()?;
+        Ok(())
+    }
+
+    /// A launch builder for kernel `name`, counting the launch.
+    pub(crate) fn kernel(&self, name: &str) -> Result<LaunchArgs<'_>, CudaError> {
+        let (f, count) = self
+            .funcs
+            .get(name)
+            .ok_or_else(|| CudaError::InvalidArgument(format!("no kernel named {name}")))?;
+        count.fetch_add(1, Ordering::Relaxed);
+        Ok(self.stream.launch_builder(f))
+    }
+}
+
+/// A 1-D launch of `n` threads in blocks of 256.
+pub(crate) fn grid_1d(n: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (n.div_ceil(256).max(1) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_supported_type_has_both_kernels() {
+        for ty in [
+            GgmlType::Q4_1,
+            GgmlType::Q8_0,
+            GgmlType::Q5_0,
+            GgmlType::Q4_K,
+            GgmlType::Q6_K,
+            GgmlType::F32,
+            GgmlType::F16,
+        ] {
+            let s = kernel_suffix(ty).unwrap();
+            let k = weight_kernels(ty).unwrap();
+            assert_eq!(k.matvec, format!("matvec_{s}"));
+            for name in [k.matvec, k.matvec3, k.gated, k.embed] {
+                assert!(KERNELS.contains(&name), "{name}");
+            }
+        }
+        assert_eq!(kernel_suffix(GgmlType::Q2_K), None);
+        assert_eq!(weight_kernels(GgmlType::Q2_K), None);
+    }
+
+    #[test]
+    fn probe_without_a_driver_is_an_error_not_a_panic() {
+        // On machines with a driver this finds it; on CI it must return NoDevice.
+        match CudaBackend::probe() {
+            Ok(info) => assert!(!info.name.is_empty()),
+            Err(e) => assert!(e.to_string().starts_with("no CUDA device: "), "{e}"),
+        }
+    }
+}

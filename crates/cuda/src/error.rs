@@ -1,0 +1,40 @@
+//! [`CudaError`]: every failure of the CUDA backend, from a missing driver to a bad tensor.
+
+use ferrite_gguf::GgmlType;
+
+/// Errors of the CUDA backend.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CudaError {
+    /// No usable CUDA driver or device (library absent, no device, init failed).
+    #[error("no CUDA device: {0}")]
+    NoDevice(String),
+    /// A CUDA driver call failed after the device was found.
+    #[error("CUDA driver error: {0}")]
+    Driver(#[from] cudarc::driver::DriverError),
+    /// NVRTC is missing or rejected the kernel sources.
+    #[error("kernel compilation failed: {0}")]
+    Compile(String),
+    /// Reading or writing the kernel cache directory failed.
+    #[error("kernel cache {path}: {source}")]
+    Cache {
+        /// The file or directory.
+        path: std::path::PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// A weight type this backend has no kernel for.
+    #[error("{name}: tensor type {ty} is not supported by the CUDA backend")]
+    UnsupportedType {
+        /// Tensor name.
+        name: String,
+        /// Its type.
+        ty: GgmlType,
+    },
+    /// A shape the kernels cannot handle or a call with bad arguments.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// Reading the model (metadata, tensors, dequantizing norms) failed.
+    #[error(transparent)]
+    Model(#[from] ferrite_model::ModelError),
+}

@@ -1,0 +1,428 @@
+//! [`CudaModel`] (the weights uploaded once, quantized blocks kept as stored) and
+//! [`CudaSession`] (an f16 KV cache and the decode loop). The forward pass mirrors
+//! `ferrite_model::Session` step for step: embedding (times Gemma's scale), pre-norms,
+//! Q/K/V products, per-head Q/K norms, rope with the layer's base, attention with the
+//! layer's window, optional post-norms, gated FFN, final norm and output product.
+//!
+//! Prefill in this first slice is a loop of decode steps (one token at a time). Each step is
+//! recorded once into a CUDA graph (the token and position live in device memory, so one
+//! graph serves every step) and replayed: one launch per token instead of ~8 per layer.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::{CudaGraph, CudaSlice};
+use ferrite_gguf::Gguf;
+use ferrite_model::{Model, ModelConfig};
+
+use crate::ops::DeviceMatrix;
+use crate::{AttnShape, CudaBackend, CudaError};
+
+/// Device weights of one block.
+#[derive(Debug)]
+struct DeviceLayer {
+    attn_norm: CudaSlice<f32>,
+    wq: DeviceMatrix,
+    wk: DeviceMatrix,
+    wv: DeviceMatrix,
+    wo: DeviceMatrix,
+    q_norm: Option<CudaSlice<f32>>,
+    k_norm: Option<CudaSlice<f32>>,
+    post_attn_norm: Option<CudaSlice<f32>>,
+    ffn_norm: CudaSlice<f32>,
+    w_gate: DeviceMatrix,
+    w_up: DeviceMatrix,
+    w_down: DeviceMatrix,
+    post_ffn_norm: Option<CudaSlice<f32>>,
+}
+
+/// A model whose weights live on the device.
+#[derive(Debug)]
+pub struct CudaModel {
+    backend: Arc<CudaBackend>,
+    config: ModelConfig,
+    embed: DeviceMatrix,
+    output: Option<DeviceMatrix>,
+    output_norm: CudaSlice<f32>,
+    layers: Vec<DeviceLayer>,
+    weight_bytes: u64,
+    upload_ms: f64,
+}
+
+fn upload_matrix(
+    b: &CudaBackend,
+    g: &Gguf,
+    name: &str,
+    rows: usize,
+    cols: usize,
+) -> Result<DeviceMatrix, CudaError> {
+    let t = g
+        .tensor(name)
+        .ok_or_else(|| ferrite_model::ModelError::MissingTensor(name.to_owned()))?;
+    if t.dims != [cols as u64, rows as u64] {
+        return Err(CudaError::InvalidArgument(format!(
+            "{name}: dims {:?}, expected [{cols}, {rows}]",
+            t.dims
+        )));
+    }
+    if crate::device::kernel_suffix(t.ty).is_none() {
+        return Err(CudaError::UnsupportedType {
+            name: name.to_owned(),
+            ty: t.ty,
+        });
+    }
+    b.upload_matrix(t.ty, rows, cols, g.tensor_data(t))
+        .map_err(|e| CudaError::InvalidArgument(format!("{name}: {e}")))
+}
+
+fn upload_vector(
+    b: &CudaBackend,
+    g: &Gguf,
+    name: &str,
+    len: usize,
+) -> Result<CudaSlice<f32>, CudaError> {
+    let t = g
+        .tensor(name)
+        .ok_or_else(|| ferrite_model::ModelError::MissingTensor(name.to_owned()))?;
+    if t.dims != [len as u64] {
+        return Err(CudaError::InvalidArgument(format!(
+            "{name}: dims {:?}, expected [{len}]",
+            t.dims
+        )));
+    }
+    let mut v = vec![0.0f32; len];
+    ferrite_quant::dequantize(t.ty, g.tensor_data(t), &mut v)
+        .map_err(|e| CudaError::InvalidArgument(format!("{name}: {e}")))?;
+    Ok(b.stream.clone_htod(&v)?)
+}
+
+impl CudaModel {
+    /// Uploads the weights of `model` (already loaded and checked on the host).
+    pub fn load(backend: Arc<CudaBackend>, model: &Model) -> Result<CudaModel, CudaError> {
+        let start = Instant::now();
+        let c = model.config().clone();
+        let g = model.gguf();
+        let b = &*backend;
+        AttnShape::new(c.n_head, c.n_kv_head, c.head_dim, c.attn_scale, None)?;
+        let embed = upload_matrix(b, g, "token_embd.weight", c.n_vocab, c.d_model)?;
+        let output = match g.tensor("output.weight") {
+            Some(_) => Some(upload_matrix(b, g, "output.weight", c.n_vocab, c.d_model)?),
+            None => None,
+        };
+        let output_norm = upload_vector(b, g, "output_norm.weight", c.d_model)?;
+        let mut layers = Vec::with_capacity(c.n_layer);
+        for i in 0..c.n_layer {
+            let n = |s: &str| format!("blk.{i}.{s}.weight");
+            let opt = |s: &str, len: usize, wanted: bool| {
+                if wanted {
+                    upload_vector(b, g, &n(s), len).map(Some)
+                } else {
+                    Ok(None)
+                }
+            };
+            layers.push(DeviceLayer {
+                attn_norm: upload_vector(b, g, &n("attn_norm"), c.d_model)?,
+                wq: upload_matrix(b, g, &n("attn_q"), c.q_dim(), c.d_model)?,
+                wk: upload_matrix(b, g, &n("attn_k"), c.kv_dim(), c.d_model)?,
+                wv: upload_matrix(b, g, &n("attn_v"), c.kv_dim(), c.d_model)?,
+                wo: upload_matrix(b, g, &n("attn_output"), c.d_model, c.q_dim())?,
+                q_norm: opt("attn_q_norm", c.head_dim, c.qk_norm)?,
+                k_norm: opt("attn_k_norm", c.head_dim, c.qk_norm)?,
+                post_attn_norm: opt("post_attention_norm", c.d_model, c.post_norms)?,
+                ffn_norm: upload_vector(b, g, &n("ffn_norm"), c.d_model)?,
+                w_gate: upload_matrix(b, g, &n("ffn_gate"), c.d_ff, c.d_model)?,
+                w_up: upload_matrix(b, g, &n("ffn_up"), c.d_ff, c.d_model)?,
+                w_down: upload_matrix(b, g, &n("ffn_down"), c.d_model, c.d_ff)?,
+                post_ffn_norm: opt("post_ffw_norm", c.d_model, c.post_norms)?,
+            });
+        }
+        b.synchronize()?;
+        let mut weight_bytes = embed.data.len() as u64;
+        weight_bytes += output.as_ref().map_or(0, |o| o.data.len() as u64);
+        for l in &layers {
+            for m in [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down] {
+                weight_bytes += m.data.len() as u64;
+            }
+        }
+        Ok(CudaModel {
+            backend,
+            config: c,
+            embed,
+            output,
+            output_norm,
+            layers,
+            weight_bytes,
+            upload_ms: start.elapsed().as_secs_f64() * 1e3,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// The backend the weights live on.
+    pub fn backend(&self) -> &Arc<CudaBackend> {
+        &self.backend
+    }
+
+    /// Bytes of matrix weights read by one decode step (embedding row excluded, output
+    /// product included): the numerator of the bandwidth floor.
+    pub fn decode_weight_bytes(&self) -> u64 {
+        let out = self.output.as_ref().unwrap_or(&self.embed);
+        let tied_extra = if self.output.is_none() {
+            out.data.len() as u64
+        } else {
+            0
+        };
+        self.weight_bytes - self.embed.data.len() as u64 + tied_extra
+    }
+
+    /// Milliseconds spent uploading the weights.
+    pub fn upload_ms(&self) -> f64 {
+        self.upload_ms
+    }
+}
+
+/// Activation buffers of one decode step.
+#[derive(Debug)]
+struct Buffers {
+    x: CudaSlice<f32>,
+    xn: CudaSlice<f32>,
+    q: CudaSlice<f32>,
+    k: CudaSlice<f32>,
+    v: CudaSlice<f32>,
+    att: CudaSlice<f32>,
+    o: CudaSlice<f32>,
+    gate: CudaSlice<f32>,
+    up: CudaSlice<f32>,
+    scores: CudaSlice<f32>,
+    logits: CudaSlice<f32>,
+}
+
+/// One timeline over a [`CudaModel`]: an f16 KV cache of `ctx` positions.
+pub struct CudaSession<'m> {
+    model: &'m CudaModel,
+    ctx: usize,
+    n_past: usize,
+    kv: Vec<(CudaSlice<u16>, CudaSlice<u16>)>,
+    buf: Buffers,
+    /// `[token, position]` of the step being run, read by the kernels.
+    tp: CudaSlice<i32>,
+    /// The captured decode step, made at the first step.
+    graph: Option<StepGraph>,
+}
+
+/// A captured decode step. CUDA graph handles may be used from any thread provided calls on
+/// one graph are never concurrent.
+struct StepGraph(CudaGraph);
+
+// SAFETY: the graph is owned by one session and only launched through `&mut CudaSession`,
+// so no two threads ever use it at once; cudarc binds the context to the calling thread
+// before each launch.
+unsafe impl Send for StepGraph {}
+
+impl std::fmt::Debug for CudaSession<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaSession")
+            .field("ctx", &self.ctx)
+            .field("n_past", &self.n_past)
+            .field("graph", &self.graph.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'m> CudaSession<'m> {
+    /// A session of `ctx` positions.
+    pub fn new(model: &'m CudaModel, ctx: usize) -> Result<CudaSession<'m>, CudaError> {
+        if ctx == 0 || i32::try_from(ctx).is_err() {
+            return Err(CudaError::InvalidArgument(format!("context size {ctx}")));
+        }
+        let c = &model.config;
+        let s = &model.backend.stream;
+        let mut kv = Vec::with_capacity(c.n_layer);
+        for _ in 0..c.n_layer {
+            kv.push((
+                s.alloc_zeros::<u16>(ctx * c.kv_dim())?,
+                s.alloc_zeros::<u16>(ctx * c.kv_dim())?,
+            ));
+        }
+        let buf = Buffers {
+            x: s.alloc_zeros(c.d_model)?,
+            xn: s.alloc_zeros(c.d_model)?,
+            q: s.alloc_zeros(c.q_dim())?,
+            k: s.alloc_zeros(c.kv_dim())?,
+            v: s.alloc_zeros(c.kv_dim())?,
+            att: s.alloc_zeros(c.q_dim())?,
+            o: s.alloc_zeros(c.d_model)?,
+            gate: s.alloc_zeros(c.d_ff)?,
+            up: s.alloc_zeros(c.d_ff)?,
+            scores: s.alloc_zeros(c.n_head * ctx)?,
+            logits: s.alloc_zeros(c.n_vocab)?,
+        };
+        Ok(CudaSession {
+            model,
+            ctx,
+            n_past: 0,
+            kv,
+            buf,
+            tp: s.alloc_zeros(2)?,
+            graph: None,
+        })
+    }
+
+    /// Tokens in the cache.
+    pub fn n_past(&self) -> usize {
+        self.n_past
+    }
+
+    /// Forgets all cached tokens.
+    pub fn reset(&mut self) {
+        self.n_past = 0;
+    }
+
+    /// Forgets cached tokens after the first `n`.
+    pub fn truncate(&mut self, n: usize) {
+        self.n_past = self.n_past.min(n);
+    }
+
+    /// Runs `tokens` at positions `n_past..` and returns the logits of the last one.
+    pub fn eval(&mut self, tokens: &[u32]) -> Result<Vec<f32>, CudaError> {
+        let c = &self.model.config;
+        if tokens.is_empty() {
+            return Err(CudaError::InvalidArgument("no tokens to evaluate".into()));
+        }
+        if self.n_past + tokens.len() > self.ctx {
+            return Err(CudaError::InvalidArgument(format!(
+                "context full: {} cached + {} new > {}",
+                self.n_past,
+                tokens.len(),
+                self.ctx
+            )));
+        }
+        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= c.n_vocab) {
+            return Err(CudaError::InvalidArgument(format!(
+                "token {t} outside a vocabulary of {}",
+                c.n_vocab
+            )));
+        }
+        let start = self.n_past;
+        for &t in tokens {
+            if let Err(e) = self.step(t) {
+                self.n_past = start;
+                return Err(e);
+            }
+            self.n_past += 1;
+        }
+        let m = self.model;
+        let b = &*m.backend;
+        b.matvec(
+            m.output.as_ref().unwrap_or(&m.embed),
+            &self.buf.xn,
+            &self.buf.logits,
+        )?;
+        Ok(b.stream.clone_dtoh(&self.buf.logits)?)
+    }
+
+    /// One token at position `n_past` (both checked by `eval`): writes them to `tp`, then
+    /// replays the captured step graph (capturing it first if needed).
+    fn step(&mut self, token: u32) -> Result<(), CudaError> {
+        let b = &*self.model.backend;
+        let tp = [token as i32, self.n_past as i32];
+        b.stream.memcpy_htod(&tp[..], &mut self.tp)?;
+        if self.graph.is_none() {
+            self.graph = Some(StepGraph(self.capture()?));
+        }
+        if let Some(StepGraph(g)) = &self.graph {
+            g.launch()?;
+            b.count_graph_step();
+        }
+        Ok(())
+    }
+
+    /// Records one decode step into a CUDA graph.
+    fn capture(&self) -> Result<CudaGraph, CudaError> {
+        let s = &self.model.backend.stream;
+        // Thread-local mode: other threads' unrelated CUDA calls stay legal meanwhile.
+        s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+        let recorded = self.record_step();
+        let graph = s.end_capture(CUgraphInstantiate_flags(0));
+        recorded?;
+        graph?.ok_or_else(|| CudaError::InvalidArgument("graph capture recorded nothing".into()))
+    }
+
+    /// Issues the kernels of one step at position `tp[1]` for token `tp[0]`, leaving the
+    /// residual stream in `buf.x` and its final norm (the output product's input) in `buf.xn`.
+    fn record_step(&self) -> Result<(), CudaError> {
+        let m = self.model;
+        let c = &m.config;
+        let b = &*m.backend;
+        let u = &self.buf;
+        let tp = &self.tp;
+        b.embed(&m.embed, tp, c.embed_scale, &u.x)?;
+        if let Some(l0) = m.layers.first() {
+            b.rms_norm(&u.x, &l0.attn_norm, &u.xn, 1, c.rms_eps)?;
+        }
+        for (l, lw) in m.layers.iter().enumerate() {
+            let lc = &c.layers[l];
+            b.matvec_multi(&[&lw.wq, &lw.wk, &lw.wv], &u.xn, &[&u.q, &u.k, &u.v])?;
+            if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
+                b.rms_norm(&u.q, qn, &u.q, c.n_head, c.rms_eps)?;
+                b.rms_norm(&u.k, kn, &u.k, c.n_kv_head, c.rms_eps)?;
+            }
+            let shape = AttnShape::new(c.n_head, c.n_kv_head, c.head_dim, c.attn_scale, lc.window)?;
+            let (kc, vc) = &self.kv[l];
+            b.rope_store(
+                &shape,
+                &u.q,
+                &u.k,
+                &u.v,
+                kc,
+                vc,
+                tp,
+                lc.rope_base,
+                c.rope_style,
+            )?;
+            b.attention(&shape, &u.q, kc, vc, &u.att, &u.scores, tp)?;
+            b.matvec(&lw.wo, &u.att, &u.o)?;
+            b.residual_norm(
+                &u.x,
+                &u.o,
+                lw.post_attn_norm.as_ref(),
+                &lw.ffn_norm,
+                &u.xn,
+                c.rms_eps,
+            )?;
+            b.matvec_gated(c.activation, &lw.w_gate, &lw.w_up, &u.xn, &u.gate, &u.up)?;
+            b.matvec(&lw.w_down, &u.gate, &u.o)?;
+            let next = m.layers.get(l + 1).map_or(&m.output_norm, |n| &n.attn_norm);
+            b.residual_norm(
+                &u.x,
+                &u.o,
+                lw.post_ffn_norm.as_ref(),
+                next,
+                &u.xn,
+                c.rms_eps,
+            )?;
+        }
+        if m.layers.is_empty() {
+            b.rms_norm(&u.x, &m.output_norm, &u.xn, 1, c.rms_eps)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn model_and_session_can_move_between_threads() {
+        fn send_sync<T: Send + Sync>() {}
+        fn send<T: Send>() {}
+        send_sync::<CudaModel>();
+        send_sync::<CudaBackend>();
+        send::<CudaSession<'static>>();
+    }
+}

@@ -1,0 +1,104 @@
+//! The GPU test lane, selected by `FERRITE_TEST_CUDA=1`: every kernel against the CPU on
+//! boundary shapes, then whole synthetic models against `ferrite_model::Session`.
+//! With the variable set and no device the tests FAIL; without it each prints
+//! `skipped: FERRITE_TEST_CUDA not set`.
+
+mod kernels;
+mod model;
+mod synth;
+
+use std::sync::{Arc, OnceLock};
+
+use ferrite_cuda::CudaBackend;
+
+/// The shared backend, or `None` (after printing why) when the lane is not selected.
+pub fn backend() -> Option<Arc<CudaBackend>> {
+    if std::env::var("FERRITE_TEST_CUDA").as_deref() != Ok("1") {
+        println!("skipped: FERRITE_TEST_CUDA not set");
+        return None;
+    }
+    static B: OnceLock<Arc<CudaBackend>> = OnceLock::new();
+    Some(
+        B.get_or_init(|| {
+            let b = CudaBackend::new()
+                .unwrap_or_else(|e| panic!("FERRITE_TEST_CUDA=1 but the backend failed: {e}"));
+            let i = b.info();
+            let r = b.compile_report();
+            println!(
+                "cuda device: {} sm_{}{} driver {} mem {} MiB; kernels {} in {:.1} ms ({:?})",
+                i.name,
+                i.compute_capability.0,
+                i.compute_capability.1,
+                i.driver_version,
+                i.total_mem >> 20,
+                if r.cache_hit {
+                    "from cache"
+                } else {
+                    "compiled"
+                },
+                r.millis,
+                r.cache_file
+            );
+            b
+        })
+        .clone(),
+    )
+}
+
+/// Error tuple of `got` against `want`: finiteness first, then max abs, max abs relative to
+/// the largest |want|, cosine.
+#[derive(Debug, Clone, Copy)]
+pub struct ErrTuple {
+    pub finite: bool,
+    pub max_abs: f64,
+    pub max_rel: f64,
+    pub cosine: f64,
+}
+
+pub fn err_tuple(got: &[f32], want: &[f64]) -> ErrTuple {
+    assert_eq!(got.len(), want.len(), "lengths differ");
+    let finite = got.iter().all(|v| v.is_finite());
+    let (mut max_abs, mut max_ref, mut dot, mut ng, mut nw) = (0.0f64, 0.0f64, 0.0, 0.0, 0.0);
+    for (&g, &w) in got.iter().zip(want) {
+        let g = f64::from(g);
+        max_abs = max_abs.max((g - w).abs());
+        max_ref = max_ref.max(w.abs());
+        dot += g * w;
+        ng += g * g;
+        nw += w * w;
+    }
+    let cosine = if ng == 0.0 && nw == 0.0 {
+        1.0
+    } else {
+        dot / (ng.sqrt() * nw.sqrt())
+    };
+    ErrTuple {
+        finite,
+        max_abs,
+        max_rel: max_abs / max_ref.max(1e-30),
+        cosine,
+    }
+}
+
+/// Asserts `got` is within `rel` of `want` (relative to the largest |want|).
+pub fn assert_close(what: &str, got: &[f32], want: &[f64], rel: f64) {
+    let e = err_tuple(got, want);
+    assert!(e.finite, "{what}: non-finite output");
+    assert!(
+        e.max_rel <= rel && e.cosine >= 1.0 - rel,
+        "{what}: {e:?} exceeds {rel:e}"
+    );
+}
+
+/// Deterministic values in [-1, 1).
+pub fn pseudo(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
