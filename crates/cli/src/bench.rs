@@ -99,6 +99,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<i32> {
         threads: args.model.threads,
         precision: args.model.precision,
         kv: args.model.kv,
+        backend: args.model.backend,
     };
     let loaded = Loaded::load(&model_args)?;
     let path = crate::models::resolve(&args.model.model)?;
@@ -166,12 +167,9 @@ fn header(
         ("git_commit".into(), receipt::git_commit()),
         ("date".into(), receipt::utc_now()),
     ];
-    // backend=cpu threads=N simd=.. kv=.. precision=..: the same line `ferrite run` prints.
-    for item in loaded.backend_line().split_whitespace() {
-        if let Some((k, v)) = item.split_once('=') {
-            h.push((k.into(), v.into()));
-        }
-    }
+    // `backend=cpu threads=N simd=..` or `backend=cuda device="..." ..`: the same line
+    // `ferrite run` prints.
+    h.extend(key_values(&loaded.backend_line()));
     let cores = std::thread::available_parallelism().map_or(0, usize::from);
     h.extend([
         ("cpu_model".into(), receipt::cpu_model()),
@@ -234,6 +232,21 @@ fn header(
     Ok(h)
 }
 
+/// `key=value` items separated by spaces; a value may be double-quoted to hold spaces.
+fn key_values(line: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut rest = line.trim_start();
+    while let Some((key, after)) = rest.split_once('=') {
+        let (value, next) = match after.strip_prefix('"') {
+            Some(quoted) => quoted.split_once('"').unwrap_or((quoted, "")),
+            None => after.split_once(' ').unwrap_or((after, "")),
+        };
+        out.push((key.trim().to_owned(), value.to_owned()));
+        rest = next.trim_start();
+    }
+    out
+}
+
 fn print_table(r: &Receipt) {
     use receipt::col;
     println!(
@@ -248,6 +261,32 @@ fn print_table(r: &Receipt) {
             row[col("ttft_ms_median")],
             row[col("prefill_tps_median")],
             row[col("decode_tps_median")]
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backend_line_splits_into_header_entries() {
+        let kv = |l| key_values(l);
+        assert_eq!(
+            kv("backend=cpu threads=2 simd=avx512"),
+            [
+                ("backend".into(), "cpu".into()),
+                ("threads".into(), "2".into()),
+                ("simd".into(), "avx512".into())
+            ]
+        );
+        assert_eq!(
+            kv("backend=cuda device=\"NVIDIA H200\" cc=9.0"),
+            [
+                ("backend".into(), "cuda".into()),
+                ("device".into(), "NVIDIA H200".into()),
+                ("cc".into(), "9.0".into())
+            ]
         );
     }
 }

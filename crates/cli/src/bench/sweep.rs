@@ -10,11 +10,11 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use ferrite_engine::{Sampler, SamplerConfig};
-use ferrite_model::{Outputs, Session};
+use ferrite_engine::{Sampler, SamplerConfig, Timeline};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use super::receipt::COLUMNS;
+use crate::backend::AnySession;
 use crate::run::Loaded;
 
 /// What to measure.
@@ -76,7 +76,7 @@ struct Sample {
 
 /// Runs the plan; returns one receipt row per frontier (batch 1).
 pub fn run(loaded: &Loaded, prompt: &[u32], plan: &Plan) -> anyhow::Result<Vec<Vec<f64>>> {
-    let mut session = loaded.session()?;
+    let mut session = loaded.any_session()?;
     let mut sampler = Sampler::new(SamplerConfig::default())?;
     let total = (plan.warmup + plan.runs) * plan.frontiers.len();
     let bar = ProgressBar::new(total as u64);
@@ -146,7 +146,7 @@ pub fn run(loaded: &Loaded, prompt: &[u32], plan: &Plan) -> anyhow::Result<Vec<V
 
 /// Prefill `prompt[from..frontier]`, then decode `gen_tokens` tokens.
 fn one_frontier(
-    session: &mut Session<'_>,
+    session: &mut AnySession<'_>,
     sampler: &mut Sampler,
     prompt: &[u32],
     from: usize,
@@ -154,8 +154,7 @@ fn one_frontier(
     plan: &Plan,
 ) -> anyhow::Result<Sample> {
     let start = Instant::now();
-    let logits = session.eval(&prompt[from..frontier], Outputs::Last)?;
-    let row = logits.last().context("prefill returned no logits")?;
+    let row = session.eval_last(&prompt[from..frontier])?;
     let prefill = start.elapsed();
     let mut next = sampler.sample(row, &[])?.token;
     let ttft = start.elapsed();
@@ -166,8 +165,7 @@ fn one_frontier(
         } else {
             next
         };
-        let logits = session.eval(&[feed], Outputs::Last)?;
-        let row = logits.last().context("decode returned no logits")?;
+        let row = session.eval_last(&[feed])?;
         next = sampler.sample(row, &[])?.token;
     }
     let decode = decode_start.elapsed();
