@@ -1,0 +1,223 @@
+//! The timed loop of `ferrite bench`: for each run, walk the frontiers, prefill up to each
+//! (extending the previous frontier, or from 0 with `--cold`), then decode a fixed number of
+//! tokens; keep the four clocks apart.
+//!
+//! Decoding never stops early on an end-of-turn token: every run evaluates exactly the same
+//! number of tokens, so runs are comparable. Tokens generated at one frontier are dropped
+//! (`truncate`) before the next frontier's prefill, so the KV cache always holds prompt
+//! tokens only.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use ferrite_engine::{Sampler, SamplerConfig, Timeline};
+use indicatif::{ProgressBar, ProgressStyle};
+
+use super::receipt::COLUMNS;
+use crate::backend::AnySession;
+use crate::run::Loaded;
+
+/// What to measure.
+pub struct Plan {
+    /// Context frontiers, increasing.
+    pub frontiers: Vec<usize>,
+    /// Tokens decoded at each frontier.
+    pub gen_tokens: usize,
+    /// Timed runs.
+    pub runs: usize,
+    /// Untimed runs first.
+    pub warmup: usize,
+    /// Prefill from 0 at every frontier.
+    pub cold: bool,
+    /// Feed prompt tokens while decoding.
+    pub teacher_forced: bool,
+}
+
+/// The frontiers from `start` to `max` (inclusive; `max` is appended when the steps skip it).
+pub fn frontiers(
+    start: usize,
+    max: usize,
+    mul: Option<usize>,
+    incr: Option<usize>,
+) -> anyhow::Result<Vec<usize>> {
+    if start == 0 || max < start {
+        bail!("need 0 < --ctx-start <= --ctx-max (got {start} and {max})");
+    }
+    let step: Box<dyn Fn(usize) -> usize> = match (mul, incr) {
+        (Some(_), Some(_)) => bail!("--step-mul and --step-incr exclude each other"),
+        (None, Some(0)) => bail!("--step-incr must be at least 1"),
+        (None, Some(k)) => Box::new(move |f| f + k),
+        (Some(k), None) if k < 2 => bail!("--step-mul must be at least 2"),
+        (Some(k), None) => Box::new(move |f| f.saturating_mul(k)),
+        (None, None) => Box::new(|f| f.saturating_mul(2)),
+    };
+    let mut out = vec![start];
+    let mut f = start;
+    loop {
+        f = step(f);
+        if f >= max {
+            break;
+        }
+        out.push(f);
+    }
+    if *out.last().unwrap_or(&0) != max {
+        out.push(max);
+    }
+    Ok(out)
+}
+
+/// One frontier's clocks in one run.
+#[derive(Clone, Copy)]
+struct Sample {
+    ttft: Duration,
+    prefill_tps: f64,
+    decode_tps: f64,
+}
+
+/// Runs the plan; returns one receipt row per frontier (batch 1).
+pub fn run(loaded: &Loaded, prompt: &[u32], plan: &Plan) -> anyhow::Result<Vec<Vec<f64>>> {
+    let mut session = loaded.any_session()?;
+    let mut sampler = Sampler::new(SamplerConfig::default())?;
+    let total = (plan.warmup + plan.runs) * plan.frontiers.len();
+    let bar = ProgressBar::new(total as u64);
+    bar.set_style(
+        ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {msg} ({elapsed})")
+            .context("progress bar template")?
+            .progress_chars("=> "),
+    );
+    let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); plan.frontiers.len()];
+    for run in 0..plan.warmup + plan.runs {
+        let warm = run < plan.warmup;
+        bar.set_prefix(if warm {
+            format!("warmup {}/{}", run + 1, plan.warmup)
+        } else {
+            format!("run {}/{}", run + 1 - plan.warmup, plan.runs)
+        });
+        session.reset();
+        let mut prev = 0;
+        for (i, &frontier) in plan.frontiers.iter().enumerate() {
+            bar.set_message(format!("ctx {frontier}"));
+            let from = if plan.cold {
+                session.reset();
+                0
+            } else {
+                session.truncate(prev);
+                prev
+            };
+            let s = one_frontier(&mut session, &mut sampler, prompt, from, frontier, plan)?;
+            if !warm {
+                samples[i].push(s);
+            }
+            prev = frontier;
+            bar.inc(1);
+        }
+    }
+    bar.finish_and_clear();
+    let load_ms = loaded.load_time.as_secs_f64() * 1e3;
+    let mut prev = 0;
+    let mut rows = Vec::new();
+    for (&frontier, s) in plan.frontiers.iter().zip(&samples) {
+        let from = if plan.cold { 0 } else { prev };
+        prev = frontier;
+        let stats = |f: &dyn Fn(&Sample) -> f64| -> [f64; 3] {
+            let v: Vec<f64> = s.iter().map(f).collect();
+            summary(&v)
+        };
+        let ttft = stats(&|s| s.ttft.as_secs_f64() * 1e3);
+        let prefill = stats(&|s| s.prefill_tps);
+        let decode = stats(&|s| s.decode_tps);
+        let mut row = vec![
+            frontier as f64,
+            1.0,
+            from as f64,
+            (frontier - from) as f64,
+            plan.gen_tokens as f64,
+            plan.runs as f64,
+            load_ms,
+        ];
+        row.extend(ttft);
+        row.extend(prefill);
+        row.extend(decode);
+        debug_assert_eq!(row.len(), COLUMNS.len());
+        rows.push(row);
+    }
+    Ok(rows)
+}
+
+/// Prefill `prompt[from..frontier]`, then decode `gen_tokens` tokens.
+fn one_frontier(
+    session: &mut AnySession<'_>,
+    sampler: &mut Sampler,
+    prompt: &[u32],
+    from: usize,
+    frontier: usize,
+    plan: &Plan,
+) -> anyhow::Result<Sample> {
+    let start = Instant::now();
+    let row = session.eval_last(&prompt[from..frontier])?;
+    let prefill = start.elapsed();
+    let mut next = sampler.sample(row, &[])?.token;
+    let ttft = start.elapsed();
+    let decode_start = Instant::now();
+    for i in 0..plan.gen_tokens {
+        let feed = if plan.teacher_forced {
+            prompt[frontier + i]
+        } else {
+            next
+        };
+        let row = session.eval_last(&[feed])?;
+        next = sampler.sample(row, &[])?.token;
+    }
+    let decode = decode_start.elapsed();
+    Ok(Sample {
+        ttft,
+        prefill_tps: rate(frontier - from, prefill),
+        decode_tps: rate(plan.gen_tokens, decode),
+    })
+}
+
+fn rate(n: usize, d: Duration) -> f64 {
+    n as f64 / d.as_secs_f64().max(1e-9)
+}
+
+/// Median, min and max (the median of an even count is the mean of the middle two).
+fn summary(v: &[f64]) -> [f64; 3] {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let n = s.len();
+    if n == 0 {
+        return [f64::NAN; 3];
+    }
+    let median = if n % 2 == 1 {
+        s[n / 2]
+    } else {
+        (s[n / 2 - 1] + s[n / 2]) / 2.0
+    };
+    [median, s[0], s[n - 1]]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frontiers_step_and_always_end_at_max() {
+        assert_eq!(
+            frontiers(512, 4096, None, None).unwrap(),
+            [512, 1024, 2048, 4096]
+        );
+        assert_eq!(frontiers(32, 100, Some(3), None).unwrap(), [32, 96, 100]);
+        assert_eq!(frontiers(32, 64, None, Some(16)).unwrap(), [32, 48, 64]);
+        assert_eq!(frontiers(64, 64, None, None).unwrap(), [64]);
+        assert!(frontiers(0, 64, None, None).is_err());
+        assert!(frontiers(65, 64, None, None).is_err());
+        assert!(frontiers(8, 64, Some(1), None).is_err());
+        assert!(frontiers(8, 64, None, Some(0)).is_err());
+    }
+
+    #[test]
+    fn summary_is_median_min_max() {
+        assert_eq!(summary(&[3.0, 1.0, 2.0]), [2.0, 1.0, 3.0]);
+        assert_eq!(summary(&[4.0, 1.0, 2.0, 3.0]), [2.5, 1.0, 4.0]);
+    }
+}
