@@ -4,6 +4,8 @@
 //! ferrite accepts; a malformed file fails here with the reader's one-line error.
 
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::Write as _;
 use std::path::Path;
 
 use anyhow::Context;
@@ -38,13 +40,17 @@ pub fn run(args: InspectArgs) -> anyhow::Result<i32> {
         None
     };
     let summary = ArchSummary::of(&gguf);
-    if args.json {
+    let text = if args.json {
         let doc = json_report(&path, &gguf, &summary, sha256.as_deref());
-        println!("{}", serde_json::to_string_pretty(&doc)?);
+        serde_json::to_string_pretty(&doc)? + "\n"
     } else {
-        print_text(&path, &gguf, &summary, sha256.as_deref());
+        render_text(&path, &gguf, &summary, sha256.as_deref())
+    };
+    // `ferrite inspect m | head` closes the pipe early: that is not an error.
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Err(err) if err.kind() == std::io::ErrorKind::BrokenPipe => Ok(0),
+        other => other.map(|()| 0).context("writing to stdout"),
     }
-    Ok(0)
 }
 
 /// The architecture facts a reader wants first; absent keys stay `None`.
@@ -113,9 +119,11 @@ fn opt<T: std::fmt::Display>(v: Option<T>) -> String {
     v.map_or_else(|| "?".to_string(), |v| v.to_string())
 }
 
-fn print_text(path: &Path, g: &Gguf, s: &ArchSummary, sha256: Option<&str>) {
-    println!("file: {}", path.display());
-    println!(
+fn render_text(path: &Path, g: &Gguf, s: &ArchSummary, sha256: Option<&str>) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "file: {}", path.display());
+    let _ = writeln!(
+        out,
         "gguf v{}  size {} bytes  alignment {}  data offset {}  tensors {}  metadata keys {}",
         g.version(),
         g.file_size(),
@@ -125,11 +133,12 @@ fn print_text(path: &Path, g: &Gguf, s: &ArchSummary, sha256: Option<&str>) {
         g.metadata().len()
     );
     if let Some(h) = sha256 {
-        println!("sha256: {h}");
+        let _ = writeln!(out, "sha256: {h}");
     }
-    println!();
-    println!("architecture: {}", opt(s.arch.as_deref()));
-    println!(
+    let _ = writeln!(out);
+    let _ = writeln!(out, "architecture: {}", opt(s.arch.as_deref()));
+    let _ = writeln!(
+        out,
         "  layers {}  heads {}  kv heads {}  head dim {}  embedding {}  ffn {}",
         opt(s.layers),
         opt(s.heads),
@@ -138,26 +147,29 @@ fn print_text(path: &Path, g: &Gguf, s: &ArchSummary, sha256: Option<&str>) {
         opt(s.embedding),
         opt(s.ffn)
     );
-    println!(
+    let _ = writeln!(
+        out,
         "  context {}  vocab {}  rope base {}  parameters {}",
         opt(s.context),
         opt(s.vocab),
         opt(s.rope_base),
         s.parameters
     );
-    println!();
-    println!("metadata:");
+    let _ = writeln!(out);
+    let _ = writeln!(out, "metadata:");
     for (key, value) in g.metadata() {
-        println!("  {key} ({}) = {}", value.type_name(), preview(value));
+        let _ = writeln!(out, "  {key} ({}) = {}", value.type_name(), preview(value));
     }
-    println!();
-    println!(
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
         "tensors:\n  {:<40} {:<8} {:<24} {:>12} {:>12}",
         "name", "type", "shape", "bytes", "offset"
     );
     for t in g.tensors() {
         let shape: Vec<String> = t.dims.iter().map(u64::to_string).collect();
-        println!(
+        let _ = writeln!(
+            out,
             "  {:<40} {:<8} {:<24} {:>12} {:>12}",
             t.name,
             t.ty.name(),
@@ -166,12 +178,17 @@ fn print_text(path: &Path, g: &Gguf, s: &ArchSummary, sha256: Option<&str>) {
             t.offset
         );
     }
-    println!();
-    println!("totals by type:");
+    let _ = writeln!(out);
+    let _ = writeln!(out, "totals by type:");
     for (ty, count, bytes) in totals_by_type(g).values() {
-        println!("  {:<8} {count:>5} tensors {bytes:>12} bytes", ty.name());
+        let _ = writeln!(
+            out,
+            "  {:<8} {count:>5} tensors {bytes:>12} bytes",
+            ty.name()
+        );
     }
-    println!("  total    {:>5} tensors", g.tensors().len());
+    let _ = writeln!(out, "  total    {:>5} tensors", g.tensors().len());
+    out
 }
 
 /// One-line rendering of a value: long arrays as length plus the first items.
