@@ -42,22 +42,24 @@ impl SimdLevel {
             .find(|l| l.name().eq_ignore_ascii_case(s.trim()))
     }
 
-    /// Whether this CPU can run the level's kernels.
+    /// Whether this CPU can run the level's kernels. Cheap: the CPU is probed once per
+    /// process (kernels call this on every dispatch).
     pub fn is_available(self) -> bool {
-        match self {
-            SimdLevel::Scalar => true,
-            SimdLevel::Avx2 => has_avx2(),
-            SimdLevel::Avx512 => has_avx2() && has_avx512(),
-        }
+        self <= Self::detect()
     }
 
-    /// The best level this CPU supports.
+    /// The best level this CPU supports (probed once, then cached).
     pub fn detect() -> Self {
-        Self::ALL
-            .into_iter()
-            .rev()
-            .find(|l| l.is_available())
-            .unwrap_or(SimdLevel::Scalar)
+        static DETECTED: std::sync::OnceLock<SimdLevel> = std::sync::OnceLock::new();
+        *DETECTED.get_or_init(|| {
+            if has_avx2() && has_avx512() {
+                SimdLevel::Avx512
+            } else if has_avx2() {
+                SimdLevel::Avx2
+            } else {
+                SimdLevel::Scalar
+            }
+        })
     }
 }
 
