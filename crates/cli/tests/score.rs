@@ -106,7 +106,7 @@ fn reference_ppl(name: &str) -> (f64, u64) {
 fn perplexity(model: &str, nll_fixture: &str) {
     let (want, scored) = reference_ppl(nll_fixture);
     let model = pull(model);
-    let text_file = fixture("GPL-3.txt");
+    let text_file = ferrite_testkit::nll_text();
     let out = run(&[
         "score",
         "-m",

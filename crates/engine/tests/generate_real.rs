@@ -14,33 +14,12 @@ use ferrite_engine::{
 use ferrite_model::{KvType, LoadOptions, Model, Session};
 
 fn model() -> Option<Model> {
-    let home = std::env::var_os("FERRITE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("ferrite"))
-        })?;
-    let path = home.join("models").join("SmolLM2-135M-Instruct.Q4_1.gguf");
-    if !path.is_file() {
-        let required = std::env::var("FERRITE_TEST_MODELS").is_ok_and(|v| v == "1");
-        assert!(
-            !required,
-            "FERRITE_TEST_MODELS=1 but {} is missing",
-            path.display()
-        );
-        println!(
-            "skipped: {} not found (set FERRITE_HOME or run `ferrite pull`)",
-            path.display()
-        );
-        return None;
-    }
+    let path = ferrite_testkit::real_model(ferrite_testkit::SMOLLM2)?;
     Some(Model::load(&path, LoadOptions::default()).expect("model loads"))
 }
 
 fn cases() -> Vec<LogitsCase> {
-    let dir = match std::env::var_os("FERRITE_FIXTURES") {
-        Some(d) => PathBuf::from(d),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/reference"),
-    };
+    let dir = ferrite_testkit::fixtures_dir();
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("fixture dir {}: {e}", dir.display()))
         .filter_map(|e| e.ok().map(|e| e.path()))

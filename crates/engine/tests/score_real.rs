@@ -6,6 +6,7 @@
 //! the test prints `skipped: ...` and passes, unless `FERRITE_TEST_MODELS=1` requests them.
 //! Fixtures come from `FERRITE_FIXTURES` when set, else `fixtures/reference`.
 
+use ferrite_testkit::real_model;
 use std::path::PathBuf;
 
 use ferrite_cpu::ThreadPool;
@@ -14,34 +15,8 @@ use ferrite_engine::{
 };
 use ferrite_model::{KvType, LoadOptions, Model, Session};
 
-fn model_path(file: &str) -> Option<PathBuf> {
-    let home = std::env::var_os("FERRITE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("ferrite"))
-        });
-    let path = home?.join("models").join(file);
-    if path.is_file() {
-        return Some(path);
-    }
-    let required = std::env::var("FERRITE_TEST_MODELS").is_ok_and(|v| v == "1");
-    assert!(
-        !required,
-        "FERRITE_TEST_MODELS=1 but {} is missing",
-        path.display()
-    );
-    println!(
-        "skipped: {} not found (set FERRITE_HOME or run `ferrite pull`)",
-        path.display()
-    );
-    None
-}
-
 fn fixture_cases(tag: &str) -> Vec<LogitsCase> {
-    let dir = match std::env::var_os("FERRITE_FIXTURES") {
-        Some(d) => PathBuf::from(d),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/reference"),
-    };
+    let dir = ferrite_testkit::fixtures_dir();
     let prefix = format!("logits-{tag}-");
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("fixture dir {}: {e}", dir.display()))
@@ -85,7 +60,7 @@ impl LogitsSource for Scaled<'_, '_> {
 }
 
 fn check(file: &str, tag: &str) {
-    let Some(path) = model_path(file) else {
+    let Some(path) = real_model(file) else {
         return;
     };
     let model = Model::load(&path, LoadOptions::default()).expect("model loads");
@@ -146,27 +121,24 @@ fn scores_gemma3_fixture_cases() {
 /// as a model difference.
 fn first_window(file: &str, tag: &str) {
     use sha2::Digest;
-    let Some(path) = model_path(file) else {
+    let Some(path) = real_model(file) else {
         return;
     };
-    let dir = match std::env::var_os("FERRITE_FIXTURES") {
-        Some(d) => PathBuf::from(d),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/reference"),
-    };
+    let dir = ferrite_testkit::fixtures_dir();
     let fx: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(dir.join(format!("nll-{tag}.json"))).expect("nll fixture"),
     )
     .expect("nll fixture parses");
-    let text_path = "/usr/share/common-licenses/GPL-3";
-    let Ok(text) = std::fs::read(text_path) else {
-        println!("skipped: {text_path} not found");
-        return;
-    };
+    let text_path = ferrite_testkit::nll_text();
+    let text = std::fs::read(&text_path)
+        .unwrap_or_else(|e| panic!("text fixture {}: {e}", text_path.display()));
     let sha = format!("{:x}", sha2::Sha256::digest(&text));
-    if sha != fx["text_file_sha256"].as_str().expect("sha") {
-        println!("skipped: {text_path} is not the fixture's text (sha256 {sha})");
-        return;
-    }
+    assert_eq!(
+        sha,
+        fx["text_file_sha256"].as_str().expect("sha"),
+        "{} is not the nll fixture's text",
+        text_path.display()
+    );
     let model = Model::load(&path, LoadOptions::default()).expect("model loads");
     let tok = ferrite_tokenizer::Tokenizer::from_gguf(model.gguf()).expect("tokenizer");
     let ids = tok.encode(std::str::from_utf8(&text).expect("utf-8"), true, true);

@@ -6,34 +6,11 @@
 //! is absent the test prints `skipped: ...` and passes, unless `FERRITE_TEST_MODELS=1`
 //! asks for the models explicitly, in which case a missing file fails the test.
 
+use ferrite_testkit::real_model;
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::time::Instant;
 
 use ferrite_gguf::{GgmlType, Gguf};
-
-fn model_path(file: &str) -> Option<PathBuf> {
-    let home = std::env::var_os("FERRITE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("ferrite"))
-        });
-    let path = home?.join("models").join(file);
-    if path.is_file() {
-        return Some(path);
-    }
-    let required = std::env::var("FERRITE_TEST_MODELS").is_ok_and(|v| v == "1");
-    assert!(
-        !required,
-        "FERRITE_TEST_MODELS=1 but {} is missing",
-        path.display()
-    );
-    println!(
-        "skipped: {} not found (set FERRITE_HOME or run `ferrite pull`)",
-        path.display()
-    );
-    None
-}
 
 fn type_counts(g: &Gguf) -> BTreeMap<GgmlType, usize> {
     let mut counts = BTreeMap::new();
@@ -45,7 +22,7 @@ fn type_counts(g: &Gguf) -> BTreeMap<GgmlType, usize> {
 
 /// Opens the file, prints what ran, and checks invariants every valid file must satisfy.
 fn open_and_check(file: &str) -> Option<Gguf> {
-    let path = model_path(file)?;
+    let path = real_model(file)?;
     let start = Instant::now();
     let g = Gguf::open(&path).expect("real model parses");
     println!(

@@ -6,6 +6,7 @@
 //! each test prints `skipped: ...` and passes, unless `FERRITE_TEST_MODELS=1` requests them.
 //! Fixtures come from `FERRITE_FIXTURES` when set, else `fixtures/reference`.
 
+use ferrite_testkit::real_model;
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
@@ -18,29 +19,6 @@ use crate::{KvType, LoadOptions, Model, Outputs, Precision, Session, reference};
 const SMOLLM2: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 const GEMMA3: &str = "gemma-3-270m-q4_k_m.gguf";
 
-fn model_path(file: &str) -> Option<PathBuf> {
-    let home = std::env::var_os("FERRITE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("ferrite"))
-        });
-    let path = home?.join("models").join(file);
-    if path.is_file() {
-        return Some(path);
-    }
-    let required = std::env::var("FERRITE_TEST_MODELS").is_ok_and(|v| v == "1");
-    assert!(
-        !required,
-        "FERRITE_TEST_MODELS=1 but {} is missing",
-        path.display()
-    );
-    println!(
-        "skipped: {} not found (set FERRITE_HOME or run `ferrite pull`)",
-        path.display()
-    );
-    None
-}
-
 /// Loaded models shared by the tests of this file (loading F32 copies takes seconds).
 fn model(file: &'static str, precision: Precision) -> Option<&'static Model> {
     type Slot = OnceLock<Option<Model>>;
@@ -48,7 +26,7 @@ fn model(file: &'static str, precision: Precision) -> Option<&'static Model> {
     let i = usize::from(file == GEMMA3) * 2 + usize::from(precision == Precision::F32);
     let m = SLOTS[i]
         .get_or_init(|| {
-            let path = model_path(file)?;
+            let path = real_model(file)?;
             let m = Model::load(&path, LoadOptions { precision }).expect("model loads");
             println!("loaded {} ({precision:?})", path.display());
             Some(m)
@@ -70,10 +48,7 @@ struct Case {
 }
 
 fn cases(tag: &str) -> Vec<Case> {
-    let dir = match std::env::var_os("FERRITE_FIXTURES") {
-        Some(d) => PathBuf::from(d),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/reference"),
-    };
+    let dir = ferrite_testkit::fixtures_dir();
     let prefix = format!("logits-{tag}-");
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("fixture dir {}: {e}", dir.display()))

@@ -7,7 +7,7 @@
 //! the models explicitly, in which case a missing file fails the test. Fixtures come from
 //! `FERRITE_FIXTURES` (must exist when set) or the in-repo `fixtures/reference`.
 
-use std::path::PathBuf;
+use ferrite_testkit::real_model;
 use std::sync::OnceLock;
 
 use ferrite_gguf::Gguf;
@@ -24,31 +24,8 @@ const SMOLLM2_MISSING_BYTES: [u8; 21] = [
     0xfb, 0xfc, 0xfd, 0xfe, 0xff,
 ];
 
-fn model_path(file: &str) -> Option<PathBuf> {
-    let home = std::env::var_os("FERRITE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("ferrite"))
-        });
-    let path = home?.join("models").join(file);
-    if path.is_file() {
-        return Some(path);
-    }
-    let required = std::env::var("FERRITE_TEST_MODELS").is_ok_and(|v| v == "1");
-    assert!(
-        !required,
-        "FERRITE_TEST_MODELS=1 but {} is missing",
-        path.display()
-    );
-    println!(
-        "skipped: {} not found (set FERRITE_HOME or run `ferrite pull`)",
-        path.display()
-    );
-    None
-}
-
 fn spec(file: &str) -> Option<TokenizerSpec> {
-    let path = model_path(file)?;
+    let path = real_model(file)?;
     let gguf = Gguf::open(&path).expect("opening model");
     Some(TokenizerSpec::from_gguf(&gguf).expect("tokenizer metadata"))
 }
@@ -63,10 +40,7 @@ fn tokenizer(file: &'static str) -> Option<&'static Tokenizer> {
 }
 
 fn fixture_lines(name: &str) -> Vec<Value> {
-    let dir = match std::env::var_os("FERRITE_FIXTURES") {
-        Some(d) => PathBuf::from(d),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/reference"),
-    };
+    let dir = ferrite_testkit::fixtures_dir();
     let path = dir.join(name);
     let body = std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("fixture {} unreadable: {e}", path.display()));

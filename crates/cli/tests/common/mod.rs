@@ -39,21 +39,7 @@ pub fn pull(name: &str) -> PathBuf {
     path
 }
 
-/// The fixture directory: `FERRITE_FIXTURES` when set (must exist), else the in-repo copy.
-pub fn fixtures_dir() -> PathBuf {
-    match std::env::var_os("FERRITE_FIXTURES") {
-        Some(dir) => {
-            let dir = PathBuf::from(dir);
-            assert!(
-                dir.is_dir(),
-                "FERRITE_FIXTURES={} is not a directory",
-                dir.display()
-            );
-            dir
-        }
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/reference"),
-    }
-}
+use ferrite_testkit::fixtures_dir;
 
 /// A fixture file that must exist (a requested fixture that is missing is a failure).
 pub fn fixture(name: &str) -> PathBuf {
