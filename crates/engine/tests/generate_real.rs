@@ -5,8 +5,6 @@
 //! The model comes from `$FERRITE_HOME/models` (default `~/.cache/ferrite/models`); when
 //! absent the test prints `skipped: ...` and passes, unless `FERRITE_TEST_MODELS=1`.
 
-use std::path::PathBuf;
-
 use ferrite_cpu::ThreadPool;
 use ferrite_engine::{
     Finish, Flow, LogitsCase, Sampler, SamplerConfig, StopReason, generate, parse_logits_fixture,
@@ -19,18 +17,7 @@ fn model() -> Option<Model> {
 }
 
 fn cases() -> Vec<LogitsCase> {
-    let dir = ferrite_testkit::fixtures_dir();
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("fixture dir {}: {e}", dir.display()))
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("logits-smollm2-") && n.ends_with(".jsonl"))
-        })
-        .collect();
-    files.sort();
-    let file = files.first().expect("a logits-smollm2-*.jsonl fixture");
+    let file = &ferrite_testkit::logits_fixture("smollm2");
     let c =
         parse_logits_fixture(&std::fs::read_to_string(file).expect("readable")).expect("parses");
     assert!(!c.is_empty(), "{} is empty", file.display());

@@ -7,7 +7,6 @@
 //! Fixtures come from `FERRITE_FIXTURES` when set, else `fixtures/reference`.
 
 use ferrite_testkit::real_model;
-use std::path::PathBuf;
 
 use ferrite_cpu::ThreadPool;
 use ferrite_engine::{
@@ -16,21 +15,7 @@ use ferrite_engine::{
 use ferrite_model::{KvType, LoadOptions, Model, Session};
 
 fn fixture_cases(tag: &str) -> Vec<LogitsCase> {
-    let dir = ferrite_testkit::fixtures_dir();
-    let prefix = format!("logits-{tag}-");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("fixture dir {}: {e}", dir.display()))
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with(&prefix) && n.ends_with(".jsonl"))
-        })
-        .collect();
-    files.sort();
-    let file = files
-        .first()
-        .unwrap_or_else(|| panic!("no {prefix}*.jsonl in {}", dir.display()));
+    let file = &ferrite_testkit::logits_fixture(tag);
     let cases = parse_logits_fixture(&std::fs::read_to_string(file).expect("readable"))
         .expect("fixture parses");
     assert!(!cases.is_empty(), "{} is empty", file.display());

@@ -70,3 +70,26 @@ pub fn nll_text() -> PathBuf {
     }
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/reference/GPL-3.txt")
 }
+
+/// The first (by name) `logits-<tag>-*.jsonl` file of the fixture directory.
+///
+/// # Panics
+/// When there is none: a requested fixture that is missing is a failure, not a skip.
+pub fn logits_fixture(tag: &str) -> PathBuf {
+    let dir = fixtures_dir();
+    let prefix = format!("logits-{tag}-");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("fixture dir {}: {e}", dir.display()))
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(&prefix) && n.ends_with(".jsonl"))
+        })
+        .collect();
+    files.sort();
+    files
+        .into_iter()
+        .next()
+        .unwrap_or_else(|| panic!("no {prefix}*.jsonl in {}", dir.display()))
+}
