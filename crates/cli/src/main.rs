@@ -47,7 +47,27 @@ enum Command {
     Synth(synth::SynthArgs),
 }
 
+/// A reader that closes our stdout early (`ferrite tokenize --json … | head`) makes the next
+/// `println!` panic with a broken pipe. That is the reader's choice, not an error: end quietly
+/// with success, as `cat` or `grep` would. Every other panic keeps the default report.
+fn exit_quietly_on_broken_stdout() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let message = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or_default();
+        if message.contains("failed printing to stdout") && message.contains("Broken pipe") {
+            std::process::exit(0);
+        }
+        default(info);
+    }));
+}
+
 fn main() {
+    exit_quietly_on_broken_stdout();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(args) => run::run(args),
