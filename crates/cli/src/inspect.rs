@@ -5,7 +5,6 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::io::Write as _;
 use std::path::Path;
 
 use anyhow::Context;
@@ -46,11 +45,9 @@ pub fn run(args: InspectArgs) -> anyhow::Result<i32> {
     } else {
         render_text(&path, &gguf, &summary, sha256.as_deref())
     };
-    // `ferrite inspect m | head` closes the pipe early: that is not an error.
-    match std::io::stdout().lock().write_all(text.as_bytes()) {
-        Err(err) if err.kind() == std::io::ErrorKind::BrokenPipe => Ok(0),
-        other => other.map(|()| 0).context("writing to stdout"),
-    }
+    // A reader that closes the pipe early (`inspect m | head`) is handled once, in main.
+    print!("{text}");
+    Ok(0)
 }
 
 /// The architecture facts a reader wants first; absent keys stay `None`.
