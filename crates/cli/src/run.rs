@@ -206,11 +206,6 @@ impl Loaded {
             }
         )
     }
-
-    /// Token ids that end a generated turn: the model's EOS and its end-of-turn markers.
-    pub fn stop_ids(&self) -> Vec<u32> {
-        self.tokenizer.end_of_generation_ids()
-    }
 }
 
 /// Counters for the end-of-run report.
@@ -303,7 +298,7 @@ fn sampler_config(args: &RunArgs, loaded: &Loaded) -> SamplerConfig {
         presence_penalty: args.presence_penalty,
         seed: args.seed,
         max_tokens: args.max_tokens,
-        stop_ids: loaded.stop_ids(),
+        stop_ids: loaded.tokenizer.end_of_generation_ids(),
         n_logprobs: if args.dump_logprobs.is_some() {
             args.logprobs_top_k
         } else {
