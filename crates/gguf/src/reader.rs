@@ -185,44 +185,42 @@ impl Gguf {
 
     /// `key` as an array of strings.
     pub fn get_str_array(&self, key: &str) -> Result<Vec<&str>, GgufError> {
-        const EXPECTED: &str = "array of string";
-        let value = self.require(key)?;
-        let items = self.array(key, EXPECTED)?;
-        items
-            .iter()
-            .map(|v| v.as_str().ok_or_else(|| wrong_type(key, EXPECTED, value)))
-            .collect()
+        self.typed_array(key, "array of string", |v| Ok(v.as_str()))
     }
 
     /// `key` as an array of `f32`: items may be f32, f64 or integers, as for
     /// [`Gguf::get_f32`].
     pub fn get_f32_array(&self, key: &str) -> Result<Vec<f32>, GgufError> {
-        const EXPECTED: &str = "array of f32";
-        let value = self.require(key)?;
-        let items = self.array(key, EXPECTED)?;
-        items
-            .iter()
-            .map(|v| v.as_f32().ok_or_else(|| wrong_type(key, EXPECTED, value)))
-            .collect()
+        self.typed_array(key, "array of f32", |v| Ok(v.as_f32()))
     }
 
     /// `key` as an array of `i32`: items may be any integer type whose values fit.
     pub fn get_i32_array(&self, key: &str) -> Result<Vec<i32>, GgufError> {
-        const EXPECTED: &str = "array of i32";
-        let value = self.require(key)?;
-        let items = self.array(key, EXPECTED)?;
-        items
-            .iter()
-            .map(|v| {
-                let int = v
-                    .as_integer()
-                    .ok_or_else(|| wrong_type(key, EXPECTED, value))?;
-                i32::try_from(int).map_err(|_| GgufError::OutOfRange {
-                    key: key.to_owned(),
-                    expected: "i32",
-                    value: int.to_string(),
+        self.typed_array(key, "array of i32", |v| {
+            v.as_integer()
+                .map(|int| {
+                    i32::try_from(int).map_err(|_| GgufError::OutOfRange {
+                        key: key.to_owned(),
+                        expected: "i32",
+                        value: int.to_string(),
+                    })
                 })
-            })
+                .transpose()
+        })
+    }
+
+    /// Converts every item of the array at `key` with `convert`; an item it does not accept
+    /// (`Ok(None)`) is a wrong-type error naming `expected`.
+    fn typed_array<'a, T>(
+        &'a self,
+        key: &str,
+        expected: &'static str,
+        convert: impl Fn(&'a Value) -> Result<Option<T>, GgufError>,
+    ) -> Result<Vec<T>, GgufError> {
+        let value = self.require(key)?;
+        self.array(key, expected)?
+            .iter()
+            .map(|v| convert(v)?.ok_or_else(|| wrong_type(key, expected, value)))
             .collect()
     }
 

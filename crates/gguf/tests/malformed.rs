@@ -103,6 +103,22 @@ fn getters_name_missing_keys_and_wrong_types() {
         matches!(&e, GgufError::WrongType { expected: "array of string", actual, .. } if actual == "array of f32"),
         "{e}"
     );
+    let e = g.get_i32_array("tokens").unwrap_err();
+    assert!(
+        matches!(&e, GgufError::WrongType { key, expected: "array of i32", .. } if key == "tokens"),
+        "{e}"
+    );
+    let e = g.get_f32_array("tokens").unwrap_err();
+    assert!(
+        matches!(
+            &e,
+            GgufError::WrongType {
+                expected: "array of f32",
+                ..
+            }
+        ),
+        "{e}"
+    );
     assert!(matches!(
         g.get_bool("u8").unwrap_err(),
         GgufError::WrongType { .. }
