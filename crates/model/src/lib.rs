@@ -37,6 +37,7 @@ mod model;
 pub mod ops;
 pub mod reference;
 mod session;
+mod snapshot;
 
 #[cfg(test)]
 mod fixture_tests;
@@ -48,3 +49,4 @@ pub use error::ModelError;
 pub use kv::{KvCache, KvType};
 pub use model::{LoadOptions, Model, Precision};
 pub use session::{Logits, Outputs, PREFILL_CHUNK, Session};
+pub use snapshot::SessionState;

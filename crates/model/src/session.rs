@@ -79,13 +79,16 @@ struct Scratch {
 pub struct Session<'m> {
     model: &'m Model,
     pool: &'m ThreadPool,
-    kv: KvCache,
-    n_past: usize,
+    pub(crate) kv: KvCache,
+    pub(crate) n_past: usize,
     /// The tokens at positions `0..n_past` (capacity `ctx`, allocated once).
-    history: Vec<u32>,
+    pub(crate) history: Vec<u32>,
     chunk: usize,
     s: Scratch,
-    logits: Vec<f32>,
+    pub(crate) logits: Vec<f32>,
+    /// `Some(end)` when `logits[end - n_vocab..end]` are the logits after token `n_past - 1`
+    /// (kept for snapshots; see `crate::snapshot`).
+    pub(crate) next_logits_end: Option<usize>,
     #[cfg(test)]
     pub(crate) mutation: Option<crate::session::Mutation>,
 }
@@ -139,6 +142,7 @@ impl<'m> Session<'m> {
             chunk,
             s,
             logits: vec![0.0; c.n_vocab],
+            next_logits_end: None,
             #[cfg(test)]
             mutation: None,
         })
@@ -162,6 +166,9 @@ impl<'m> Session<'m> {
     /// Forgets every cached token after the first `n` (no-op when `n >= n_past`). Entries
     /// past `n` are overwritten by the next `eval`, so nothing needs clearing.
     pub fn truncate(&mut self, n: usize) {
+        if n < self.n_past {
+            self.next_logits_end = None;
+        }
         self.n_past = self.n_past.min(n);
         self.history.truncate(self.n_past);
     }
@@ -257,6 +264,7 @@ impl<'m> Session<'m> {
             self.logits.resize(need, 0.0);
         }
         let start_past = self.n_past;
+        self.next_logits_end = None;
         let mut done = 0;
         while done < n {
             let len = self.chunk.min(n - done);
@@ -272,6 +280,7 @@ impl<'m> Session<'m> {
             self.history.extend_from_slice(chunk);
             done += len;
         }
+        self.next_logits_end = Some(need);
         Ok(Logits {
             first,
             n_vocab,
