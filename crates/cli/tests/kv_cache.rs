@@ -24,6 +24,8 @@ fn tokens(n: usize, salt: u32) -> Vec<u32> {
         .collect()
 }
 
+/// `ferrite serve` on SmolLM2 with a 1024-token context, 2 threads, one slot unless
+/// `extra` sets `--parallel`, and the disk cache in `disk`.
 fn start(disk: Option<&Path>, extra: &[&str]) -> Server {
     let model = common::pull(MODEL);
     let mut args = vec![
@@ -31,11 +33,12 @@ fn start(disk: Option<&Path>, extra: &[&str]) -> Server {
         model.display().to_string(),
         "--ctx".into(),
         "1024".into(),
-        "--parallel".into(),
-        "1".into(),
         "--threads".into(),
         "2".into(),
     ];
+    if !extra.contains(&"--parallel") {
+        args.extend(["--parallel".into(), "1".into()]);
+    }
     if let Some(d) = disk {
         args.extend(["--kv-disk-dir".into(), d.display().to_string()]);
     }
@@ -198,4 +201,26 @@ fn killed_writer_leaves_no_file_that_is_used() {
         "{}",
         server.log()
     );
+}
+
+/// The memory cache is shared by all slots: a prompt whose slot was since reused for other
+/// work is still restored from memory. With the memory cache off, the same traffic reuses
+/// nothing (the control that shows the reuse comes from the shared cache, not a slot).
+#[test]
+fn memory_cache_is_shared_across_slots() {
+    let p = tokens(200, 11);
+    let mut seen = Vec::new();
+    for mem in ["512", "0"] {
+        let server = start(None, &["--parallel", "2", "--kv-mem-space-mb", mem]);
+        // Slot 0 gets p; the next two prompts (sharing nothing) fill slot 1, then slot 0
+        // (it holds fewer tokens), so no slot holds p any more.
+        let (text, _, _) = complete(&server, &p);
+        complete(&server, &tokens(300, 12));
+        complete(&server, &tokens(250, 13));
+        let (again, cached, source) = complete(&server, &p);
+        assert_eq!(again, text);
+        seen.push((cached, source));
+    }
+    assert_eq!(seen[0], (192, "memory".to_string()));
+    assert_eq!(seen[1], (0, "none".to_string()));
 }
