@@ -38,6 +38,7 @@ mod model;
 pub mod ops;
 pub mod reference;
 mod session;
+mod snapshot;
 
 #[cfg(test)]
 mod fixture_tests;
@@ -50,3 +51,4 @@ pub use error::ModelError;
 pub use kv::{KvCache, KvType};
 pub use model::{LoadOptions, Model, Precision};
 pub use session::{Logits, Outputs, PREFILL_CHUNK, Session};
+pub use snapshot::SessionState;

@@ -192,7 +192,7 @@ fn message_events(
                     GenEvent::Started { cached_tokens } => *cached_tokens,
                     _ => 0,
                 };
-                let usage = Usage { prompt_tokens: prompt_len, cached_tokens: cached, completion_tokens: 0 };
+                let usage = Usage { prompt_tokens: prompt_len, cached_tokens: cached, ..Usage::default() };
                 yield named("message_start", json!({"type": "message_start", "message": {
                     "id": id, "type": "message", "role": "assistant", "model": model, "content": [],
                     "stop_reason": null, "stop_sequence": null, "usage": usage_json(usage)}}));

@@ -77,6 +77,29 @@ pub enum FinishReason {
     Length,
 }
 
+/// Where the reused prompt prefix of a request came from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CacheSource {
+    /// Nothing was reused.
+    #[default]
+    None,
+    /// The KV of a slot or the shared in-memory prefix cache.
+    Memory,
+    /// A snapshot file of the disk cache (`--kv-disk-dir`).
+    Disk,
+}
+
+impl CacheSource {
+    /// The name used in responses and logs: `none`, `memory` or `disk`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CacheSource::None => "none",
+            CacheSource::Memory => "memory",
+            CacheSource::Disk => "disk",
+        }
+    }
+}
+
 /// Token counts of a finished generation.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Usage {
@@ -84,6 +107,8 @@ pub struct Usage {
     pub prompt_tokens: usize,
     /// Prompt tokens whose KV was reused from an earlier request.
     pub cached_tokens: usize,
+    /// Where those tokens came from.
+    pub cache_source: CacheSource,
     /// Generated tokens.
     pub completion_tokens: usize,
 }

@@ -245,7 +245,10 @@ pub fn total_usage(items: &[Finished]) -> Usage {
     let mut u = Usage::default();
     for f in items {
         u.prompt_tokens = f.usage.prompt_tokens;
-        u.cached_tokens = u.cached_tokens.max(f.usage.cached_tokens);
+        if f.usage.cached_tokens > u.cached_tokens {
+            u.cached_tokens = f.usage.cached_tokens;
+            u.cache_source = f.usage.cache_source;
+        }
         u.completion_tokens += f.usage.completion_tokens;
     }
     u

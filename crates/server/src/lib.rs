@@ -50,8 +50,8 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 pub use backend::{
-    Backend, BackendError, ChatPrompt, EngineStats, FinishReason, GenEvent, GenRequest,
-    SamplingParams, SubmitError, Timings, TokenLogprob, Usage,
+    Backend, BackendError, CacheSource, ChatPrompt, EngineStats, FinishReason, GenEvent,
+    GenRequest, SamplingParams, SubmitError, Timings, TokenLogprob, Usage,
 };
 pub use error::{ApiError, Flavor};
 pub use routes::router;

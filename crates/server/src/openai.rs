@@ -38,6 +38,7 @@ pub fn usage_json(u: Usage) -> Value {
         "completion_tokens": u.completion_tokens,
         "total_tokens": u.prompt_tokens + u.completion_tokens,
         "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+        "ferrite": {"cache_source": u.cache_source.as_str(), "cached_tokens": u.cached_tokens},
     })
 }
 

@@ -193,6 +193,7 @@ fn done(
             prompt_tokens: req.prompt.len(),
             cached_tokens: 0,
             completion_tokens: n,
+            ..Usage::default()
         },
         timings: Timings::default(),
     }

@@ -19,7 +19,9 @@ use std::time::Instant;
 
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::backend::{FinishReason, GenEvent, GenRequest, Timings, TokenLogprob, Usage};
+use crate::backend::{
+    CacheSource, FinishReason, GenEvent, GenRequest, Timings, TokenLogprob, Usage,
+};
 use crate::stops::StopScanner;
 
 /// One KV timeline.
@@ -28,6 +30,18 @@ pub trait Sequence {
     fn truncate(&mut self, n: usize);
     /// Append `tokens` and return the logits after the last one.
     fn eval_last(&mut self, tokens: &[u32]) -> Result<&[f32], String>;
+}
+
+/// A prefix cache shared by all slots (memory, disk): restores a prompt's longest cached
+/// prefix into a slot's sequence and keeps checkpoints of finished sequences.
+pub trait PrefixStore<S> {
+    /// If the cache holds a prefix of `prompt` longer than `have` tokens (and shorter than
+    /// the prompt), load it into `seq` and return its length and origin; `seq` then holds
+    /// exactly `prompt[..n]`. On `None`, `seq` is unchanged.
+    fn restore(&mut self, seq: &mut S, prompt: &[u32], have: usize)
+    -> Option<(usize, CacheSource)>;
+    /// Offer a checkpoint of `seq`, which holds exactly `tokens`.
+    fn checkpoint(&mut self, seq: &S, tokens: &[u32]);
 }
 
 /// A sampled token.
@@ -125,6 +139,7 @@ struct Active {
     /// Prompt tokens already in the KV.
     fed: usize,
     cached: usize,
+    source: CacheSource,
     generated: Vec<u32>,
     /// The sampled token not yet evaluated.
     pending: Option<u32>,
@@ -150,9 +165,16 @@ pub struct Scheduler<'r, S> {
     waiting: VecDeque<Job>,
     counters: Arc<Counters>,
     limits: Limits,
+    store: Option<Box<dyn PrefixStore<S> + 'r>>,
 }
 
 impl<'r, S: Sequence> Scheduler<'r, S> {
+    /// Adds a prefix cache shared by all slots.
+    pub fn with_prefix_store(mut self, store: Box<dyn PrefixStore<S> + 'r>) -> Self {
+        self.store = Some(store);
+        self
+    }
+
     /// A scheduler over these sequences.
     pub fn new(rt: &'r dyn Runtime, seqs: Vec<S>, counters: Arc<Counters>, limits: Limits) -> Self {
         Scheduler {
@@ -168,6 +190,7 @@ impl<'r, S: Sequence> Scheduler<'r, S> {
             waiting: VecDeque::new(),
             counters,
             limits,
+            store: None,
         }
     }
 
@@ -245,9 +268,23 @@ impl<'r, S: Sequence> Scheduler<'r, S> {
             };
             let slot = &mut self.slots[i];
             // The last prompt token is always evaluated again: its logits pick the first token.
-            let cached = common_prefix(&slot.tokens, &job.req.prompt).min(job.req.prompt.len() - 1);
+            let mut cached =
+                common_prefix(&slot.tokens, &job.req.prompt).min(job.req.prompt.len() - 1);
             slot.seq.truncate(cached);
             slot.tokens.truncate(cached);
+            let mut source = if cached > 0 {
+                CacheSource::Memory
+            } else {
+                CacheSource::None
+            };
+            if let Some((n, from)) = self
+                .store
+                .as_mut()
+                .and_then(|st| st.restore(&mut slot.seq, &job.req.prompt, cached))
+            {
+                slot.tokens = job.req.prompt[..n].to_vec();
+                (cached, source) = (n, from);
+            }
             if job
                 .tx
                 .send(GenEvent::Started {
@@ -266,6 +303,7 @@ impl<'r, S: Sequence> Scheduler<'r, S> {
                 text: TextTail::default(),
                 fed: cached,
                 cached,
+                source,
                 generated: Vec::new(),
                 pending: None,
                 admitted: Instant::now(),
@@ -389,6 +427,7 @@ impl<'r, S: Sequence> Scheduler<'r, S> {
                     prompt_tokens: prompt_len,
                     cached_tokens: a.cached,
                     completion_tokens: a.generated.len(),
+                    cache_source: a.source,
                 },
                 timings: Timings {
                     queue: a.admitted.duration_since(a.job.queued_at),
@@ -398,6 +437,11 @@ impl<'r, S: Sequence> Scheduler<'r, S> {
             };
             if let Some(a) = self.release(i) {
                 let _ = a.job.tx.send(done);
+            }
+            // After the answer went out: the client does not wait for the checkpoint.
+            if let Some(store) = self.store.as_mut() {
+                let slot = &self.slots[i];
+                store.checkpoint(&slot.seq, &slot.tokens);
             }
         }
     }
