@@ -15,20 +15,20 @@ use tower::ServiceExt;
 use crate::testing::Fake;
 use crate::{AppState, Backend, ServerConfig, router};
 
-const REPLY: &str = "Hello from fake.";
+pub(crate) const REPLY: &str = "Hello from fake.";
 
-fn app_with(fake: Fake, config: ServerConfig) -> (Router, Arc<Fake>) {
+pub(crate) fn app_with(fake: Fake, config: ServerConfig) -> (Router, Arc<Fake>) {
     let state = AppState::new(config);
     let fake = Arc::new(fake);
     assert!(state.set_backend(fake.clone()));
     (router(state), fake)
 }
 
-fn app() -> Router {
+pub(crate) fn app() -> Router {
     app_with(Fake::new(REPLY), ServerConfig::default()).0
 }
 
-async fn send(
+pub(crate) async fn send(
     app: &Router,
     method: &str,
     path: &str,
@@ -52,7 +52,7 @@ async fn send(
     (status, String::from_utf8(bytes.to_vec()).unwrap())
 }
 
-async fn post(app: &Router, path: &str, body: Value) -> (StatusCode, Value) {
+pub(crate) async fn post(app: &Router, path: &str, body: Value) -> (StatusCode, Value) {
     let (status, text) = send(app, "POST", path, &body.to_string(), &[]).await;
     (
         status,
@@ -64,7 +64,7 @@ async fn get(app: &Router, path: &str) -> (StatusCode, String) {
     send(app, "GET", path, "", &[]).await
 }
 
-fn chat_body(extra: Value) -> Value {
+pub(crate) fn chat_body(extra: Value) -> Value {
     let mut b = json!({"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], "temperature": 0});
     for (k, v) in extra.as_object().unwrap() {
         b[k] = v.clone();
@@ -74,7 +74,7 @@ fn chat_body(extra: Value) -> Value {
 
 /// Split an SSE body into events, checking the exact framing: every event ends with a blank
 /// line and every line is `event: …`, `data: …` or a comment.
-fn sse_events(body: &str) -> Vec<(Option<String>, String)> {
+pub(crate) fn sse_events(body: &str) -> Vec<(Option<String>, String)> {
     assert!(
         body.ends_with("\n\n"),
         "SSE body must end with a blank line: {body:?}"
