@@ -142,3 +142,67 @@ async fn responses_refuses_non_function_tools() {
     let (status, v) = post(&app, "/v1/responses", body).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
 }
+
+#[tokio::test]
+async fn completions_take_several_prompts_with_choices_grouped_per_prompt() {
+    let (app, _) = app_with(Fake::new("Hello"), ServerConfig::default());
+    let body = json!({"model": "fake-model", "prompt": ["ab", "xyz"], "n": 2, "max_tokens": 3, "echo": true});
+    let (status, v) = post(&app, "/v1/completions", body).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let texts: Vec<&str> = v["choices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            assert_eq!(c["index"], i);
+            c["text"].as_str().unwrap()
+        })
+        .collect();
+    assert_eq!(texts, ["abHel", "abHel", "xyzHel", "xyzHel"]);
+    // Each prompt counted once: 2 + 3 prompt tokens, 4 choices of 3 tokens.
+    assert_eq!(v["usage"]["prompt_tokens"], 5);
+    assert_eq!(v["usage"]["completion_tokens"], 12);
+
+    let body =
+        json!({"model": "fake-model", "prompt": [[98, 99], [100]], "max_tokens": 1, "echo": true});
+    let (_, v) = post(&app, "/v1/completions", body).await;
+    assert_eq!(v["choices"][0]["text"], "abH");
+    assert_eq!(v["choices"][1]["text"], "cH");
+
+    let body = json!({"model": "fake-model", "prompt": ["ab", "c"], "max_tokens": 2, "echo": true,
+        "stream": true, "stream_options": {"include_usage": true}});
+    let (_, text) = send(&app, "POST", "/v1/completions", &body.to_string(), &[]).await;
+    let events = sse_events(&text);
+    assert_eq!(events.last().unwrap().1, "[DONE]");
+    let mut per_choice = [String::new(), String::new()];
+    let mut finished = [false, false];
+    let mut usage = Value::Null;
+    for (_, d) in &events[..events.len() - 1] {
+        let v: Value = serde_json::from_str(d).unwrap();
+        if let Some(c) = v["choices"].as_array().and_then(|c| c.first()) {
+            let i = c["index"].as_u64().unwrap() as usize;
+            per_choice[i].push_str(c["text"].as_str().unwrap());
+            finished[i] |= !c["finish_reason"].is_null();
+        } else {
+            usage = v["usage"].clone();
+        }
+    }
+    assert_eq!(per_choice, ["abHe", "cHe"]);
+    assert_eq!(finished, [true, true]);
+    assert_eq!(usage["prompt_tokens"], 3);
+    assert_eq!(usage["completion_tokens"], 4);
+
+    let many: Vec<&str> = vec!["a"; 33];
+    let (status, v) = post(
+        &app,
+        "/v1/completions",
+        json!({"model": "fake-model", "prompt": many}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
+    let body = json!({"model": "fake-model", "prompt": vec!["a"; 8], "n": 9});
+    let (status, v) = post(&app, "/v1/completions", body).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
+    assert_eq!(v["error"]["param"], "n");
+}

@@ -289,28 +289,46 @@ pub async fn completions(
         .unwrap_or_else(|e| e.into_response(Flavor::OpenAi))
 }
 
-/// The single prompt of a completions request: a string, a token array, or a one-element
-/// array of either.
-fn completion_prompt(obj: &Obj, backend: &dyn crate::Backend) -> Result<Vec<u32>, ApiError> {
+/// Most prompts in one completions request, and most choices (prompts × `n`).
+const MAX_PROMPTS: usize = 32;
+const MAX_CHOICES: usize = 64;
+
+/// The prompts of a completions request: a string, a token array, or an array of either
+/// (one choice group per prompt, as OpenAI's legacy API does).
+fn completion_prompts(obj: &Obj, backend: &dyn crate::Backend) -> Result<Vec<Vec<u32>>, ApiError> {
     let v = field(obj, "prompt").ok_or_else(|| ApiError::missing("prompt"))?;
-    let one = match v {
-        Value::Array(items) if items.len() == 1 && !items[0].is_number() => &items[0],
-        Value::Array(items) if items.iter().any(|i| !i.is_number()) => {
-            return Err(ApiError::invalid_param(
-                "prompt",
-                "only one prompt per request is supported (a string or an array of token ids)",
-            ));
-        }
-        other => other,
-    };
-    match one {
+    let one = |p: &Value| match p {
         Value::String(s) => Ok(backend.tokenize(s, true, true)),
-        Value::Array(_) => generate::token_array(one, "prompt", backend),
+        Value::Array(_) => generate::token_array(p, "prompt", backend),
         _ => Err(ApiError::invalid_param(
             "prompt",
-            "'prompt' must be a string or an array of token ids",
+            "each prompt must be a string or an array of token ids",
         )),
+    };
+    let prompts: Vec<Vec<u32>> = match v {
+        Value::String(_) => vec![one(v)?],
+        Value::Array(items) if items.iter().all(Value::is_number) => vec![one(v)?],
+        Value::Array(items) if items.iter().any(Value::is_number) => {
+            return Err(ApiError::invalid_param(
+                "prompt",
+                "'prompt' mixes token ids with other prompts; use an array of token arrays",
+            ));
+        }
+        Value::Array(items) => items.iter().map(one).collect::<Result<_, _>>()?,
+        _ => {
+            return Err(ApiError::invalid_param(
+                "prompt",
+                "'prompt' must be a string, an array of token ids, or an array of those",
+            ));
+        }
+    };
+    if prompts.is_empty() || prompts.len() > MAX_PROMPTS {
+        return Err(ApiError::invalid_param(
+            "prompt",
+            format!("between 1 and {MAX_PROMPTS} prompts are supported per request"),
+        ));
     }
+    Ok(prompts)
 }
 
 fn completion_logprobs(f: &Finished, offset0: usize) -> Value {
@@ -334,6 +352,18 @@ fn completion_logprobs(f: &Finished, offset0: usize) -> Value {
     })
 }
 
+/// Usage of a completions request: every prompt counted once, completions added.
+fn completion_usage(done: &[Finished], n: usize) -> Usage {
+    let mut u = Usage::default();
+    for group in done.chunks(n.max(1)) {
+        let g = generate::total_usage(group);
+        u.prompt_tokens += g.prompt_tokens;
+        u.cached_tokens += g.cached_tokens;
+        u.completion_tokens += g.completion_tokens;
+    }
+    u
+}
+
 async fn completion(
     state: AppState,
     log: RequestLog,
@@ -342,57 +372,80 @@ async fn completion(
     let obj = body_object(body)?;
     let backend = state.backend()?.clone();
     let model = generate::check_model(backend.as_ref(), &obj, true)?;
-    let prompt = completion_prompt(&obj, backend.as_ref())?;
-    generate::check_prompt(backend.as_ref(), &prompt, "prompt")?;
+    let prompts = completion_prompts(&obj, backend.as_ref())?;
+    for p in &prompts {
+        generate::check_prompt(backend.as_ref(), p, "prompt")?;
+    }
     let n = opt_u64(&obj, "n", 1, 16)?.unwrap_or(1) as usize;
+    if prompts.len() * n > MAX_CHOICES {
+        return Err(ApiError::invalid_param(
+            "n",
+            format!("at most {MAX_CHOICES} choices (prompts times n) per request"),
+        ));
+    }
     let stream = opt_bool(&obj, "stream")?.unwrap_or(false);
     let usage_chunk = include_usage(&obj)?;
     let echo = opt_bool(&obj, "echo")?.unwrap_or(false);
     let logprobs = opt_u64(&obj, "logprobs", 0, 5)?.map(|k| k as usize);
     // The legacy API's default is 16 tokens.
     let max_tokens = opt_u64(&obj, "max_tokens", 0, u32::MAX as u64)?.unwrap_or(16);
-    let room = generate::room(backend.as_ref(), prompt.len());
-    let opts = options(&obj, Some(max_tokens), room, logprobs)?;
-    let prefix = if echo {
-        backend
-            .detokenize(&prompt)
-            .map_err(|e| ApiError::invalid_param("prompt", e.to_string()))?
-    } else {
-        String::new()
-    };
+    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+    let mut opts = options(
+        &obj,
+        Some(max_tokens),
+        generate::room(backend.as_ref(), longest),
+        logprobs,
+    )?;
+    // Each choice's echoed prompt text, in choice order (prompt-major).
+    let mut prefixes = Vec::with_capacity(prompts.len() * n);
+    for p in &prompts {
+        let text = if echo {
+            backend
+                .detokenize(p)
+                .map_err(|e| ApiError::invalid_param("prompt", e.to_string()))?
+        } else {
+            String::new()
+        };
+        prefixes.extend(std::iter::repeat_n(text, n));
+    }
     let meta = Meta {
         id: generate::new_id("cmpl-", log.id()),
         created: generate::unix_now(),
         model,
     };
-    if opts.max_tokens == 0 {
+    if max_tokens == 0 {
         // Nothing to generate (e.g. echo only): answer without touching the engine.
         let usage = Usage {
-            prompt_tokens: prompt.len(),
+            prompt_tokens: prompts.iter().map(Vec::len).sum(),
             ..Usage::default()
         };
         log.add_usage(usage, Default::default());
-        let choices: Vec<Value> = (0..n).map(|i| json!({"index": i, "text": prefix, "logprobs": null, "finish_reason": "length"})).collect();
+        let choices: Vec<Value> = prefixes.iter().enumerate().map(|(i, text)| json!({"index": i, "text": text, "logprobs": null, "finish_reason": "length"})).collect();
         return Ok(Json(
             json!({"id": meta.id, "object": "text_completion", "created": meta.created,
             "model": meta.model, "choices": choices, "usage": usage_json(usage)}),
         )
         .into_response());
     }
-    let rxs = generate::submit_n(backend.as_ref(), &prompt, &opts, n)?;
+    let mut rxs = Vec::with_capacity(prefixes.len());
+    for p in &prompts {
+        opts.max_tokens = (max_tokens as usize).min(generate::room(backend.as_ref(), p.len()));
+        rxs.extend(generate::submit_n(backend.as_ref(), p, &opts, n)?);
+    }
     log.start_generation();
     if stream {
         return Ok(sse(
             &state,
-            completion_events(log, rxs, meta, usage_chunk, prefix, logprobs.is_some()),
+            completion_events(log, rxs, meta, usage_chunk, prefixes, n, logprobs.is_some()),
         ));
     }
     let done = generate::collect_all(rxs, &log).await?;
     log.finish();
     let choices: Vec<Value> = done
         .iter()
+        .zip(&prefixes)
         .enumerate()
-        .map(|(i, f)| {
+        .map(|(i, (f, prefix))| {
             json!({
                 "index": i,
                 "text": format!("{prefix}{}", f.text),
@@ -403,7 +456,7 @@ async fn completion(
         .collect();
     Ok(Json(json!({
         "id": meta.id, "object": "text_completion", "created": meta.created, "model": meta.model,
-        "choices": choices, "usage": usage_json(generate::total_usage(&done)),
+        "choices": choices, "usage": usage_json(completion_usage(&done, n)),
     }))
     .into_response())
 }
@@ -413,7 +466,8 @@ fn completion_events(
     rxs: Vec<UnboundedReceiver<GenEvent>>,
     meta: Meta,
     usage_chunk: bool,
-    prefix: String,
+    prefixes: Vec<String>,
+    per_prompt: usize,
     logprobs: bool,
 ) -> impl Stream<Item = Event> + Send + 'static {
     let n = rxs.len();
@@ -422,9 +476,9 @@ fn completion_events(
             json!({"id": meta.id, "object": "text_completion", "created": meta.created, "model": meta.model,
                 "choices": [{"index": i, "text": text, "logprobs": lp, "finish_reason": finish}]})
         };
-        if !prefix.is_empty() {
-            for i in 0..n {
-                yield data(&chunk(i, &prefix, Value::Null, Value::Null));
+        for (i, prefix) in prefixes.iter().enumerate() {
+            if !prefix.is_empty() {
+                yield data(&chunk(i, prefix, Value::Null, Value::Null));
             }
         }
         let mut map = merged(rxs);
@@ -460,7 +514,7 @@ fn completion_events(
         }
         if usage_chunk {
             yield data(&json!({"id": meta.id, "object": "text_completion", "created": meta.created,
-                "model": meta.model, "choices": [], "usage": usage_json(generate::total_usage(&states))}));
+                "model": meta.model, "choices": [], "usage": usage_json(completion_usage(&states, per_prompt))}));
         }
         log.finish();
         yield Event::default().data("[DONE]");
