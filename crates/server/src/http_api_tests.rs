@@ -206,3 +206,60 @@ async fn completions_take_several_prompts_with_choices_grouped_per_prompt() {
     assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
     assert_eq!(v["error"]["param"], "n");
 }
+
+#[tokio::test]
+async fn echo_with_logprobs_scores_the_prompt() {
+    let (app, _) = app_with(Fake::new("Hello"), ServerConfig::default());
+    // The classic scoring call: echo, logprobs, no new tokens.
+    let body = json!({"model": "fake-model", "prompt": "Say", "max_tokens": 0, "echo": true, "logprobs": 1});
+    let (status, v) = post(&app, "/v1/completions", body).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let c = &v["choices"][0];
+    assert_eq!(c["text"], "Say");
+    assert_eq!(c["finish_reason"], "length");
+    let lp = &c["logprobs"];
+    assert_eq!(lp["tokens"], json!(["S", "a", "y"]));
+    assert_eq!(lp["token_logprobs"], json!([null, -1.0, -1.0]));
+    assert_eq!(lp["top_logprobs"], json!([null, {"a": -1.0}, {"y": -1.0}]));
+    assert_eq!(lp["text_offset"], json!([0, 1, 2]));
+    assert_eq!(v["usage"]["prompt_tokens"], 3);
+    assert_eq!(v["usage"]["completion_tokens"], 0);
+
+    // With generation: prompt entries, then the generated ones, offsets running on.
+    let body = json!({"model": "fake-model", "prompt": "Sa", "max_tokens": 2, "echo": true, "logprobs": 0});
+    let (_, v) = post(&app, "/v1/completions", body).await;
+    let c = &v["choices"][0];
+    assert_eq!(c["text"], "SaHe");
+    assert_eq!(c["logprobs"]["tokens"], json!(["S", "a", "H", "e"]));
+    assert_eq!(
+        c["logprobs"]["token_logprobs"],
+        json!([null, -1.0, -0.5, -0.5])
+    );
+    assert_eq!(c["logprobs"]["text_offset"], json!([0, 1, 2, 3]));
+    assert_eq!(v["usage"]["completion_tokens"], 2);
+
+    // Streaming: the echo chunk carries the prompt logprobs and comes first.
+    let body = json!({"model": "fake-model", "prompt": "Sa", "max_tokens": 0, "echo": true,
+        "logprobs": 1, "stream": true});
+    let (_, text) = send(&app, "POST", "/v1/completions", &body.to_string(), &[]).await;
+    let events = sse_events(&text);
+    assert_eq!(events.last().unwrap().1, "[DONE]");
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|(_, d)| serde_json::from_str(d).unwrap())
+        .collect();
+    assert_eq!(chunks.len(), 2, "{chunks:?}");
+    assert_eq!(chunks[0]["choices"][0]["text"], "Sa");
+    assert_eq!(
+        chunks[0]["choices"][0]["logprobs"]["token_logprobs"],
+        json!([null, -1.0])
+    );
+    assert_eq!(chunks[1]["choices"][0]["text"], "");
+    assert_eq!(chunks[1]["choices"][0]["finish_reason"], "length");
+
+    // echo without logprobs and max_tokens 0 still answers without the engine.
+    let body = json!({"model": "fake-model", "prompt": "Sa", "max_tokens": 0, "echo": true});
+    let (_, v) = post(&app, "/v1/completions", body).await;
+    assert_eq!(v["choices"][0]["text"], "Sa");
+    assert!(v["choices"][0]["logprobs"].is_null());
+}

@@ -274,8 +274,15 @@ async fn completions_plain_echo_tokens_logprobs_stream() {
     assert_eq!(v["usage"]["prompt_tokens"], 3);
     let (_, v) = post(&app, "/v1/completions", json!({"model": "fake-model", "prompt": [84, 102], "max_tokens": 2, "echo": true, "logprobs": 1})).await;
     assert_eq!(v["choices"][0]["text"], "SeHe");
-    assert_eq!(v["choices"][0]["logprobs"]["tokens"], json!(["H", "e"]));
-    assert_eq!(v["choices"][0]["logprobs"]["text_offset"], json!([2, 3]));
+    // echo with logprobs covers the prompt tokens too (the first has no logprob).
+    assert_eq!(
+        v["choices"][0]["logprobs"]["tokens"],
+        json!(["S", "e", "H", "e"])
+    );
+    assert_eq!(
+        v["choices"][0]["logprobs"]["text_offset"],
+        json!([0, 1, 2, 3])
+    );
     let (_, v) = post(
         &app,
         "/v1/completions",

@@ -80,6 +80,7 @@ fn options(
         max_tokens: max_tokens.map_or(room, |m| (m as usize).min(room)),
         stop,
         logprobs,
+        prompt_logprobs: false,
     })
 }
 
@@ -332,24 +333,48 @@ fn completion_prompts(obj: &Obj, backend: &dyn crate::Backend) -> Result<Vec<Vec
 }
 
 fn completion_logprobs(f: &Finished, offset0: usize) -> Value {
+    legacy_logprobs(None, f.logprobs.iter(), offset0)
+}
+
+/// The legacy `logprobs` object over `items`; `first` is the text of an echoed first prompt
+/// token, which has no logprob (nothing precedes it) and gets nulls.
+fn legacy_logprobs<'a>(
+    first: Option<&str>,
+    items: impl Iterator<Item = &'a TokenLogprob>,
+    offset0: usize,
+) -> Value {
     let mut offset = offset0;
-    let mut offsets = Vec::with_capacity(f.logprobs.len());
-    for l in &f.logprobs {
+    let (mut tokens, mut lps, mut tops, mut offsets) = (vec![], vec![], vec![], vec![]);
+    if let Some(t) = first {
+        tokens.push(json!(t));
+        lps.push(Value::Null);
+        tops.push(Value::Null);
+        offsets.push(offset);
+        offset += t.len();
+    }
+    for l in items {
+        tokens.push(json!(l.token));
+        lps.push(json!(l.logprob));
+        let mut m = serde_json::Map::new();
+        for (t, p) in &l.top {
+            m.insert(t.clone(), json!(p));
+        }
+        tops.push(Value::Object(m));
         offsets.push(offset);
         offset += l.token.len();
     }
-    json!({
-        "tokens": f.logprobs.iter().map(|l| l.token.clone()).collect::<Vec<_>>(),
-        "token_logprobs": f.logprobs.iter().map(|l| l.logprob).collect::<Vec<_>>(),
-        "top_logprobs": f.logprobs.iter().map(|l| {
-            let mut m = serde_json::Map::new();
-            for (t, p) in &l.top {
-                m.insert(t.clone(), json!(p));
-            }
-            Value::Object(m)
-        }).collect::<Vec<_>>(),
-        "text_offset": offsets,
-    })
+    json!({"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets})
+}
+
+/// Logprobs of an echoed choice: the prompt's tokens, then (unless the client asked for no
+/// tokens) the generated ones.
+fn echo_logprobs(f: &Finished, first: &str, scoring_only: bool) -> Value {
+    let generated = if scoring_only {
+        &[][..]
+    } else {
+        &f.logprobs[..]
+    };
+    legacy_logprobs(Some(first), f.prompt_logprobs.iter().chain(generated), 0)
 }
 
 /// Usage of a completions request: every prompt counted once, completions added.
@@ -389,6 +414,10 @@ async fn completion(
     let logprobs = opt_u64(&obj, "logprobs", 0, 5)?.map(|k| k as usize);
     // The legacy API's default is 16 tokens.
     let max_tokens = opt_u64(&obj, "max_tokens", 0, u32::MAX as u64)?.unwrap_or(16);
+    // `echo` with `logprobs` scores the prompt. With max_tokens 0 (the usual scoring call)
+    // the engine still samples one token after the prompt; it is dropped here.
+    let echo_lp = echo && logprobs.is_some();
+    let scoring_only = echo_lp && max_tokens == 0;
     let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
     let mut opts = options(
         &obj,
@@ -396,8 +425,11 @@ async fn completion(
         generate::room(backend.as_ref(), longest),
         logprobs,
     )?;
-    // Each choice's echoed prompt text, in choice order (prompt-major).
+    opts.prompt_logprobs = echo_lp;
+    // Each choice's echoed prompt text and the text of its first prompt token, in choice
+    // order (prompt-major).
     let mut prefixes = Vec::with_capacity(prompts.len() * n);
+    let mut firsts = Vec::with_capacity(prompts.len() * n);
     for p in &prompts {
         let text = if echo {
             backend
@@ -407,13 +439,21 @@ async fn completion(
             String::new()
         };
         prefixes.extend(std::iter::repeat_n(text, n));
+        let first = if echo_lp {
+            backend
+                .detokenize(&p[..1])
+                .map_err(|e| ApiError::invalid_param("prompt", e.to_string()))?
+        } else {
+            String::new()
+        };
+        firsts.extend(std::iter::repeat_n(first, n));
     }
     let meta = Meta {
         id: generate::new_id("cmpl-", log.id()),
         created: generate::unix_now(),
         model,
     };
-    if max_tokens == 0 {
+    if max_tokens == 0 && !scoring_only {
         // Nothing to generate (e.g. echo only): answer without touching the engine.
         let usage = Usage {
             prompt_tokens: prompts.iter().map(Vec::len).sum(),
@@ -429,36 +469,68 @@ async fn completion(
     }
     let mut rxs = Vec::with_capacity(prefixes.len());
     for p in &prompts {
-        opts.max_tokens = (max_tokens as usize).min(generate::room(backend.as_ref(), p.len()));
+        opts.max_tokens = (max_tokens as usize)
+            .max(usize::from(scoring_only))
+            .min(generate::room(backend.as_ref(), p.len()));
         rxs.extend(generate::submit_n(backend.as_ref(), p, &opts, n)?);
     }
     log.start_generation();
     if stream {
         return Ok(sse(
             &state,
-            completion_events(log, rxs, meta, usage_chunk, prefixes, n, logprobs.is_some()),
+            completion_events(
+                log,
+                rxs,
+                meta,
+                usage_chunk,
+                Echo {
+                    prefixes,
+                    firsts: echo_lp.then_some(firsts),
+                    scoring_only,
+                },
+                n,
+                logprobs.is_some(),
+            ),
         ));
     }
     let done = generate::collect_all(rxs, &log).await?;
     log.finish();
     let choices: Vec<Value> = done
         .iter()
-        .zip(&prefixes)
+        .zip(prefixes.iter().zip(&firsts))
         .enumerate()
-        .map(|(i, (f, prefix))| {
-            json!({
-                "index": i,
-                "text": format!("{prefix}{}", f.text),
-                "logprobs": if logprobs.is_some() { completion_logprobs(f, prefix.len()) } else { Value::Null },
-                "finish_reason": generate::finish_name(f.finish),
-            })
+        .map(|(i, (f, (prefix, first)))| {
+            let lp = match logprobs {
+                None => Value::Null,
+                Some(_) if echo_lp => echo_logprobs(f, first, scoring_only),
+                Some(_) => completion_logprobs(f, prefix.len()),
+            };
+            let (text, finish) = if scoring_only {
+                ("", "length")
+            } else {
+                (f.text.as_str(), generate::finish_name(f.finish))
+            };
+            json!({"index": i, "text": format!("{prefix}{text}"), "logprobs": lp, "finish_reason": finish})
         })
         .collect();
+    let mut usage = completion_usage(&done, n);
+    if scoring_only {
+        usage.completion_tokens = 0;
+    }
     Ok(Json(json!({
         "id": meta.id, "object": "text_completion", "created": meta.created, "model": meta.model,
-        "choices": choices, "usage": usage_json(completion_usage(&done, n)),
+        "choices": choices, "usage": usage_json(usage),
     }))
     .into_response())
+}
+
+/// What a completions stream echoes: each choice's prompt text and, when prompt logprobs
+/// were asked for, the text of its first prompt token (logprob-less); `scoring_only` drops
+/// the one token sampled for a `max_tokens: 0` request.
+struct Echo {
+    prefixes: Vec<String>,
+    firsts: Option<Vec<String>>,
+    scoring_only: bool,
 }
 
 fn completion_events(
@@ -466,19 +538,28 @@ fn completion_events(
     rxs: Vec<UnboundedReceiver<GenEvent>>,
     meta: Meta,
     usage_chunk: bool,
-    prefixes: Vec<String>,
+    echo: Echo,
     per_prompt: usize,
     logprobs: bool,
 ) -> impl Stream<Item = Event> + Send + 'static {
     let n = rxs.len();
+    let Echo {
+        prefixes,
+        firsts,
+        scoring_only,
+    } = echo;
     async_stream::stream! {
         let chunk = |i: usize, text: &str, lp: Value, finish: Value| {
             json!({"id": meta.id, "object": "text_completion", "created": meta.created, "model": meta.model,
                 "choices": [{"index": i, "text": text, "logprobs": lp, "finish_reason": finish}]})
         };
-        for (i, prefix) in prefixes.iter().enumerate() {
-            if !prefix.is_empty() {
-                yield data(&chunk(i, prefix, Value::Null, Value::Null));
+        // With prompt logprobs the echo waits for them (they come before the first token).
+        let mut echoed: Vec<bool> = (0..n).map(|_| firsts.is_some()).collect();
+        if firsts.is_none() {
+            for (i, prefix) in prefixes.iter().enumerate() {
+                if !prefix.is_empty() {
+                    yield data(&chunk(i, prefix, Value::Null, Value::Null));
+                }
             }
         }
         let mut map = merged(rxs);
@@ -486,12 +567,25 @@ fn completion_events(
         let mut done = 0;
         while let Some((i, ev)) = map.next().await {
             let before = states[i].logprobs.len();
+            let prompt_side = matches!(ev, GenEvent::Started { .. } | GenEvent::PromptLogprobs(_));
             match states[i].apply(ev, &log) {
                 Err(e) => {
                     yield data(&e.body(Flavor::OpenAi));
                     return;
                 }
                 Ok((text, last)) => {
+                    if let Some(firsts) = &firsts && !prompt_side && echoed[i] {
+                        echoed[i] = false;
+                        let lp = legacy_logprobs(Some(&firsts[i]), states[i].prompt_logprobs.iter(), 0);
+                        yield data(&chunk(i, &prefixes[i], lp, Value::Null));
+                    }
+                    if scoring_only {
+                        if last {
+                            done += 1;
+                            yield data(&chunk(i, "", Value::Null, json!("length")));
+                        }
+                        continue;
+                    }
                     let lp = if logprobs && states[i].logprobs.len() > before {
                         let one = Finished { logprobs: states[i].logprobs[before..].to_vec(), ..Finished::default() };
                         completion_logprobs(&one, 0)
@@ -513,8 +607,12 @@ fn completion_events(
             return;
         }
         if usage_chunk {
+            let mut usage = completion_usage(&states, per_prompt);
+            if scoring_only {
+                usage.completion_tokens = 0;
+            }
             yield data(&json!({"id": meta.id, "object": "text_completion", "created": meta.created,
-                "model": meta.model, "choices": [], "usage": usage_json(completion_usage(&states, per_prompt))}));
+                "model": meta.model, "choices": [], "usage": usage_json(usage)}));
         }
         log.finish();
         yield Event::default().data("[DONE]");

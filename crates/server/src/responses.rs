@@ -200,6 +200,7 @@ async fn respond(
         max_tokens: max_output_tokens.map_or(room, |m| (m as usize).min(room)),
         stop: Vec::new(),
         logprobs: None,
+        prompt_logprobs: false,
     };
     let rx = generate::submit_n(backend.as_ref(), &prompt, &opts, 1)?
         .pop()

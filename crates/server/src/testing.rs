@@ -141,6 +141,26 @@ impl Backend for Fake {
             if tx.send(GenEvent::Started { cached_tokens: 0 }).is_err() {
                 return;
             }
+            if req.prompt_logprobs {
+                // Every prompt token after the first scores -1, its best alternative "~" -2.
+                let items = req.prompt[1..]
+                    .iter()
+                    .map(|&id| {
+                        let piece = ((id.saturating_sub(1)) as u8 as char).to_string();
+                        TokenLogprob {
+                            token: piece.clone(),
+                            logprob: -1.0,
+                            top: [(piece, -1.0), ("~".to_string(), -2.0)]
+                                .into_iter()
+                                .take(req.logprobs.unwrap_or(0))
+                                .collect(),
+                        }
+                    })
+                    .collect();
+                if tx.send(GenEvent::PromptLogprobs(items)).is_err() {
+                    return;
+                }
+            }
             let mut scanner = StopScanner::new(&req.stop);
             let mut n = 0;
             for b in reply.bytes() {
