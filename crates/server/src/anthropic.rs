@@ -131,6 +131,7 @@ async fn message(
         max_tokens: (max_tokens as usize).min(generate::room(backend.as_ref(), prompt.len())),
         stop,
         logprobs: None,
+        prompt_logprobs: false,
     };
     let rx = generate::submit_n(backend.as_ref(), &prompt, &opts, 1)?
         .pop()

@@ -55,6 +55,10 @@ pub struct GenRequest {
     pub stop: Vec<String>,
     /// Number of alternatives to report per token; `None` reports no logprobs at all.
     pub logprobs: Option<usize>,
+    /// Also report the logprob of every prompt token after the first (with `logprobs`
+    /// alternatives) as [`GenEvent::PromptLogprobs`]. The whole prompt is then evaluated:
+    /// no cached prefix is reused.
+    pub prompt_logprobs: bool,
 }
 
 /// Log-probability of a generated token and its best alternatives.
@@ -132,6 +136,10 @@ pub enum GenEvent {
         /// Prompt tokens whose KV was reused.
         cached_tokens: usize,
     },
+    /// Logprobs of prompt tokens `1..`, in order, possibly split over several events (one
+    /// per prefill chunk); all arrive before the first [`GenEvent::Token`]. Only sent when
+    /// [`GenRequest::prompt_logprobs`] asks for them.
+    PromptLogprobs(Vec<TokenLogprob>),
     /// One generated token. `text` is the text released by this token; it may be empty while
     /// a multi-byte character or a possible stop string is held back.
     Token {

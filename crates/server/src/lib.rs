@@ -35,6 +35,8 @@ pub mod engine;
 mod error;
 mod generate;
 #[cfg(test)]
+mod http_api_tests;
+#[cfg(test)]
 mod http_tests;
 mod metrics;
 mod openai;

@@ -27,6 +27,11 @@ impl Sequence for Session<'_> {
             .last()
             .ok_or_else(|| "the model returned no logits".to_string())
     }
+
+    fn eval_all(&mut self, tokens: &[u32]) -> Result<Vec<f32>, String> {
+        let logits = self.eval(tokens, Outputs::All).map_err(|e| e.to_string())?;
+        Ok(logits.data.to_vec())
+    }
 }
 
 impl Picker for Sampler {
