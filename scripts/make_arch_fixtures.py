@@ -196,8 +196,12 @@ def make_model(name: str, spec, attempt: int, drop=None) -> torch.nn.Module:
     gen = torch.Generator().manual_seed(SEED + sum(map(ord, name)) + 1000 * attempt)
     init_weights(model, gen)
     if dtype != torch.float32:
-        # The reference runs on exactly the stored (rounded) values.
-        model = model.to(dtype).to(torch.float32)
+        # The reference runs on exactly the stored (rounded) values. Only the parameters are
+        # rounded: `model.to(dtype)` would also round buffers such as rope's inv_freq, which
+        # a loader recomputes in float32.
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(p.to(dtype).to(torch.float32))
     return model.eval()
 
 
