@@ -9,10 +9,19 @@
 //!   5 of every 6 layers with rope base 10 000 (llama.cpp and transformers both hard-code
 //!   it; the GGUF stores only the global base), query scale `1/sqrt(key_length)`.
 //!   RMSNorm weights are used as stored: the converter already folded Gemma's `1 + w`.
+//! - `llama` also covers Mistral (optional `llama.attention.sliding_window` on every layer),
+//!   Mixtral (expert layers when `llama.expert_count` is set) and Llama 3 (rope frequency
+//!   factors in `rope_freqs.weight`); optional q/k/v biases are used when present.
+//! - `qwen2`: half-split (NeoX) rope, q/k/v biases (required), SiLU FFN.
+//! - `qwen3`: half-split rope, per-head q/k RMSNorm, no biases.
+//! - `qwen3moe`: `qwen3` attention with an expert FFN on every layer.
+//!
+//! MoE, rope-factor and unsupported-feature keys are read in [`crate::features`].
 
 use ferrite_gguf::Gguf;
 
 use crate::ModelError;
+use crate::features::{self, MoeConfig};
 use crate::ops::RopeStyle;
 
 /// A supported architecture.
@@ -22,6 +31,12 @@ pub enum Arch {
     Llama,
     /// Gemma 3 text models.
     Gemma3,
+    /// Qwen 2 / 2.5 (q/k/v biases).
+    Qwen2,
+    /// Qwen 3 dense (q/k norms).
+    Qwen3,
+    /// Qwen 3 mixture of experts.
+    Qwen3Moe,
 }
 
 /// FFN gate activation.
@@ -57,7 +72,7 @@ pub struct ModelConfig {
     pub n_kv_head: usize,
     /// Values per head.
     pub head_dim: usize,
-    /// FFN hidden width.
+    /// FFN hidden width (of one expert, for MoE models).
     pub d_ff: usize,
     /// Vocabulary size (rows of the embedding).
     pub n_vocab: usize,
@@ -77,6 +92,12 @@ pub struct ModelConfig {
     pub qk_norm: bool,
     /// Attention and FFN outputs are RMS-normalised before the residual add.
     pub post_norms: bool,
+    /// Q, K and V projections add a bias.
+    pub qkv_bias: bool,
+    /// Rope frequency divisors, one per rotated pair (Llama 3 scaling); `None` for plain rope.
+    pub rope_freq_factors: Option<Vec<f32>>,
+    /// Expert FFN settings; `None` for dense FFNs.
+    pub moe: Option<MoeConfig>,
     /// One entry per layer.
     pub layers: Vec<LayerConfig>,
 }
@@ -113,6 +134,9 @@ impl ModelConfig {
         let arch = match arch_name {
             "llama" => Arch::Llama,
             "gemma3" => Arch::Gemma3,
+            "qwen2" => Arch::Qwen2,
+            "qwen3" => Arch::Qwen3,
+            "qwen3moe" => Arch::Qwen3Moe,
             other => return Err(ModelError::UnknownArchitecture(other.to_owned())),
         };
         let a = arch_name;
@@ -136,10 +160,26 @@ impl ModelConfig {
                 "must divide attention.head_count",
             ));
         }
-        let d_ff = positive(
-            &k("feed_forward_length"),
-            usize_key(g, &k("feed_forward_length"))?,
-        )?;
+        let dense_ff = match g.get(&k("feed_forward_length")) {
+            Some(_) => Some(usize_key(g, &k("feed_forward_length"))?),
+            None => None,
+        };
+        let (moe, d_ff) = if arch == Arch::Gemma3 {
+            (None, dense_ff)
+        } else {
+            features::check_unsupported(g, a, arch == Arch::Llama)?;
+            features::moe(g, a, arch == Arch::Qwen3Moe, dense_ff)?
+        };
+        let ff_key = if moe.is_some() && g.get(&k("expert_feed_forward_length")).is_some() {
+            k("expert_feed_forward_length")
+        } else {
+            k("feed_forward_length")
+        };
+        let d_ff = match d_ff {
+            Some(v) => positive(&ff_key, v)?,
+            // Reports the missing key by name.
+            None => positive(&ff_key, usize_key(g, &ff_key)?)?,
+        };
         let ctx_train = usize_key(g, &k("context_length"))?;
         let rms_eps = g.get_f32(&k("attention.layer_norm_rms_epsilon"))?;
         let rope_base = g.get_f32(&k("rope.freq_base"))?;
@@ -185,31 +225,48 @@ impl ModelConfig {
             }
         };
         let cfg = match arch {
-            Arch::Llama => ModelConfig {
-                arch,
-                n_layer,
-                d_model,
-                n_head,
-                n_kv_head,
-                head_dim,
-                d_ff,
-                n_vocab,
-                ctx_train,
-                rms_eps,
-                rope_style: RopeStyle::Interleaved,
-                attn_scale: 1.0 / (head_dim as f32).sqrt(),
-                embed_scale: 1.0,
-                activation: Activation::Silu,
-                qk_norm: false,
-                post_norms: false,
-                layers: vec![
-                    LayerConfig {
-                        window: None,
-                        rope_base,
-                    };
-                    n_layer
-                ],
-            },
+            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe => {
+                let window = if arch == Arch::Llama {
+                    match g.get(&k("attention.sliding_window")) {
+                        Some(_) => Some(positive(
+                            &k("attention.sliding_window"),
+                            usize_key(g, &k("attention.sliding_window"))?,
+                        )?),
+                        None => None,
+                    }
+                } else {
+                    None
+                };
+                ModelConfig {
+                    arch,
+                    n_layer,
+                    d_model,
+                    n_head,
+                    n_kv_head,
+                    head_dim,
+                    d_ff,
+                    n_vocab,
+                    ctx_train,
+                    rms_eps,
+                    // llama.cpp permutes llama Q/K rows for interleaved rope; Qwen keeps
+                    // Hugging Face's layout (NeoX rope).
+                    rope_style: if arch == Arch::Llama {
+                        RopeStyle::Interleaved
+                    } else {
+                        RopeStyle::HalfSplit
+                    },
+                    attn_scale: 1.0 / (head_dim as f32).sqrt(),
+                    embed_scale: 1.0,
+                    activation: Activation::Silu,
+                    qk_norm: matches!(arch, Arch::Qwen3 | Arch::Qwen3Moe),
+                    post_norms: false,
+                    qkv_bias: arch == Arch::Qwen2
+                        || (arch == Arch::Llama && g.tensor("blk.0.attn_q.bias").is_some()),
+                    rope_freq_factors: features::rope_freq_factors(g, head_dim)?,
+                    moe,
+                    layers: vec![LayerConfig { window, rope_base }; n_layer],
+                }
+            }
             Arch::Gemma3 => {
                 let window = positive(
                     &k("attention.sliding_window"),
@@ -248,6 +305,9 @@ impl ModelConfig {
                     activation: Activation::GeluTanh,
                     qk_norm: true,
                     post_norms: true,
+                    qkv_bias: false,
+                    rope_freq_factors: None,
+                    moe: None,
                     layers,
                 }
             }

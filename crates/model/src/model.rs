@@ -13,6 +13,7 @@ use ferrite_gguf::{GgmlType, Gguf};
 
 use crate::ModelError;
 use crate::config::ModelConfig;
+use crate::moe::{Experts, MoeWeights};
 
 /// How weights are held for the matrix products.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -54,11 +55,24 @@ pub(crate) struct LayerWeights {
     pub(crate) q_norm: Option<Vec<f32>>,
     pub(crate) k_norm: Option<Vec<f32>>,
     pub(crate) post_attn_norm: Option<Vec<f32>>,
+    /// Q, K, V biases (Qwen 2), all three or none.
+    pub(crate) qkv_bias: Option<[Vec<f32>; 3]>,
     pub(crate) ffn_norm: Vec<f32>,
-    pub(crate) w_gate: Weight,
-    pub(crate) w_up: Weight,
-    pub(crate) w_down: Weight,
+    pub(crate) ffn: Ffn,
     pub(crate) post_ffn_norm: Option<Vec<f32>>,
+}
+
+/// A block's feed-forward network.
+#[derive(Debug)]
+pub(crate) enum Ffn {
+    /// One gated FFN.
+    Dense {
+        gate: Weight,
+        up: Weight,
+        down: Weight,
+    },
+    /// Routed experts.
+    Moe(MoeWeights),
 }
 
 /// A model ready to run: owns the mapped file, the configuration and the weight views.
@@ -175,10 +189,55 @@ impl Model {
                 q_norm: opt_vec("attn_q_norm", c.head_dim, c.qk_norm)?,
                 k_norm: opt_vec("attn_k_norm", c.head_dim, c.qk_norm)?,
                 post_attn_norm: opt_vec("post_attention_norm", c.d_model, c.post_norms)?,
+                qkv_bias: if c.qkv_bias {
+                    let b = |s: &str, len: usize| vector(g, &format!("blk.{i}.{s}.bias"), len);
+                    Some([
+                        b("attn_q", c.q_dim())?,
+                        b("attn_k", c.kv_dim())?,
+                        b("attn_v", c.kv_dim())?,
+                    ])
+                } else {
+                    None
+                },
                 ffn_norm: vector(g, &n("ffn_norm"), c.d_model)?,
-                w_gate: matrix(g, &n("ffn_gate"), c.d_ff, c.d_model, p)?,
-                w_up: matrix(g, &n("ffn_up"), c.d_ff, c.d_model, p)?,
-                w_down: matrix(g, &n("ffn_down"), c.d_model, c.d_ff, p)?,
+                ffn: match &c.moe {
+                    None => Ffn::Dense {
+                        gate: matrix(g, &n("ffn_gate"), c.d_ff, c.d_model, p)?,
+                        up: matrix(g, &n("ffn_up"), c.d_ff, c.d_model, p)?,
+                        down: matrix(g, &n("ffn_down"), c.d_model, c.d_ff, p)?,
+                    },
+                    Some(moe) => {
+                        let e = moe.n_expert;
+                        let f32_copy = p == Precision::F32;
+                        Ffn::Moe(MoeWeights {
+                            router: matrix(g, &n("ffn_gate_inp"), e, c.d_model, p)?,
+                            gate: Experts::load(
+                                g,
+                                &n("ffn_gate_exps"),
+                                c.d_ff,
+                                c.d_model,
+                                e,
+                                f32_copy,
+                            )?,
+                            up: Experts::load(
+                                g,
+                                &n("ffn_up_exps"),
+                                c.d_ff,
+                                c.d_model,
+                                e,
+                                f32_copy,
+                            )?,
+                            down: Experts::load(
+                                g,
+                                &n("ffn_down_exps"),
+                                c.d_model,
+                                c.d_ff,
+                                e,
+                                f32_copy,
+                            )?,
+                        })
+                    }
+                },
                 post_ffn_norm: opt_vec("post_ffw_norm", c.d_model, c.post_norms)?,
             });
         }

@@ -12,8 +12,10 @@ use ferrite_cpu::{ThreadPool, matmul};
 use crate::ModelError;
 use crate::attention::{AttnScratch, AttnShape, attend};
 use crate::config::Activation;
+use crate::features::rope_scaled;
 use crate::kv::{KvCache, KvType, try_vec};
-use crate::model::{Model, Weight};
+use crate::model::{Ffn, Model, Weight};
+use crate::moe::{self, MoeScratch};
 use crate::ops::{add_assign, gelu_tanh, rms_norm, rope, silu};
 
 /// Most tokens one forward chunk processes; bounds the scratch memory of long prompts.
@@ -72,6 +74,8 @@ struct Scratch {
     gate: Vec<f32>,
     up: Vec<f32>,
     attn: AttnScratch,
+    /// Expert routing and grouping buffers (MoE models only).
+    moe: Option<MoeScratch>,
 }
 
 /// A KV cache plus positions over one model: the state of one conversation.
@@ -125,6 +129,10 @@ impl<'m> Session<'m> {
             gate: vec![0.0; chunk * c.d_ff],
             up: vec![0.0; chunk * c.d_ff],
             attn: AttnScratch::new(ctx, c.kv_dim(), chunk * c.q_dim())?,
+            moe: match &c.moe {
+                Some(cfg) => Some(MoeScratch::new(cfg, chunk, c.d_model, c.d_ff)?),
+                None => None,
+            },
         };
         Ok(Session {
             model,
@@ -157,6 +165,13 @@ impl<'m> Session<'m> {
     /// The model.
     pub fn model(&self) -> &'m Model {
         self.model
+    }
+
+    /// Path marker of MoE models: `(expert FFN runs, token rows they processed)` since the
+    /// session was created; `None` for dense models. A decode step of a top-k model adds
+    /// exactly `(k, k)` per layer: only the selected experts ran.
+    pub fn experts_run(&self) -> Option<(usize, usize)> {
+        self.s.moe.as_ref().map(|m| (m.experts_run, m.expert_rows))
     }
 
     /// Forgets every cached token after the first `n` (no-op when `n >= n_past`). Entries
@@ -325,6 +340,13 @@ impl<'m> Session<'m> {
             mm(&lw.wq, xn, q)?;
             mm(&lw.wk, xn, k)?;
             mm(&lw.wv, xn, v)?;
+            if let Some([bq, bk, bv]) = &lw.qkv_bias {
+                for (y, b) in [(&mut *q, bq), (&mut *k, bk), (&mut *v, bv)] {
+                    for row in y.chunks_exact_mut(b.len()) {
+                        add_assign(row, b);
+                    }
+                }
+            }
             if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
                 rms_norm(q, qn, c.rms_eps);
                 rms_norm(k, kn, c.rms_eps);
@@ -332,9 +354,15 @@ impl<'m> Session<'m> {
             for t in 0..n {
                 let pos = pos0 + t;
                 let qr = &mut q[t * c.q_dim()..(t + 1) * c.q_dim()];
-                rope(qr, c.head_dim, pos, lc.rope_base, c.rope_style);
                 let kr = &mut k[t * c.kv_dim()..(t + 1) * c.kv_dim()];
-                rope(kr, c.head_dim, pos + rope_shift, lc.rope_base, c.rope_style);
+                if let Some(f) = &c.rope_freq_factors {
+                    rope_scaled(qr, c.head_dim, pos, lc.rope_base, c.rope_style, f);
+                    let kpos = pos + rope_shift;
+                    rope_scaled(kr, c.head_dim, kpos, lc.rope_base, c.rope_style, f);
+                } else {
+                    rope(qr, c.head_dim, pos, lc.rope_base, c.rope_style);
+                    rope(kr, c.head_dim, pos + rope_shift, lc.rope_base, c.rope_style);
+                }
             }
             self.kv.store(l, pos0, k, v);
             let shape = AttnShape {
@@ -361,37 +389,53 @@ impl<'m> Session<'m> {
 
             xn.copy_from_slice(x);
             rms_norm(xn, &lw.ffn_norm, c.rms_eps);
-            let (gate, up) = (&mut s.gate[..n * c.d_ff], &mut s.up[..n * c.d_ff]);
-            mm(&lw.w_gate, xn, gate)?;
-            mm(&lw.w_up, xn, up)?;
-            let act = match c.activation {
-                Activation::Silu => silu,
-                Activation::GeluTanh => gelu_tanh,
-            };
-            if n == 1 {
-                for (g, &u) in gate.iter_mut().zip(up.iter()) {
-                    *g = act(*g) * u;
-                }
-            } else {
-                // In prefill the activation (tanh for Gemma) costs as much as a small
-                // matmul: split it over the pool in disjoint element ranges, so the result
-                // does not depend on the thread count.
-                let per = gate.len().div_ceil(pool.n_threads()).max(1);
-                let parts: Vec<Mutex<(&mut [f32], &[f32])>> = gate
-                    .chunks_mut(per)
-                    .zip(up.chunks(per))
-                    .map(Mutex::new)
-                    .collect();
-                pool.run(|thread, _| {
-                    if let Some(Ok(mut part)) = parts.get(thread).map(Mutex::lock) {
-                        let (g, u) = &mut *part;
-                        for (g, &u) in g.iter_mut().zip(u.iter()) {
+            match &lw.ffn {
+                Ffn::Dense {
+                    gate: w_gate,
+                    up: w_up,
+                    down: w_down,
+                } => {
+                    let (gate, up) = (&mut s.gate[..n * c.d_ff], &mut s.up[..n * c.d_ff]);
+                    mm(w_gate, xn, gate)?;
+                    mm(w_up, xn, up)?;
+                    let act = match c.activation {
+                        Activation::Silu => silu,
+                        Activation::GeluTanh => gelu_tanh,
+                    };
+                    if n == 1 {
+                        for (g, &u) in gate.iter_mut().zip(up.iter()) {
                             *g = act(*g) * u;
                         }
+                    } else {
+                        // In prefill the activation (tanh for Gemma) costs as much as a small
+                        // matmul: split it over the pool in disjoint element ranges, so the result
+                        // does not depend on the thread count.
+                        let per = gate.len().div_ceil(pool.n_threads()).max(1);
+                        let parts: Vec<Mutex<(&mut [f32], &[f32])>> = gate
+                            .chunks_mut(per)
+                            .zip(up.chunks(per))
+                            .map(Mutex::new)
+                            .collect();
+                        pool.run(|thread, _| {
+                            if let Some(Ok(mut part)) = parts.get(thread).map(Mutex::lock) {
+                                let (g, u) = &mut *part;
+                                for (g, &u) in g.iter_mut().zip(u.iter()) {
+                                    *g = act(*g) * u;
+                                }
+                            }
+                        });
                     }
-                });
+                    mm(w_down, gate, o)?;
+                }
+                Ffn::Moe(mw) => {
+                    let (Some(cfg), Some(ms)) = (&c.moe, s.moe.as_mut()) else {
+                        return Err(ModelError::InvalidArgument(
+                            "expert weights without expert settings".into(),
+                        ));
+                    };
+                    moe::ffn(pool, m, mw, cfg, c.activation, xn, n, o, ms)?;
+                }
             }
-            mm(&lw.w_down, gate, o)?;
             if let Some(w) = &lw.post_ffn_norm {
                 rms_norm(o, w, c.rms_eps);
             }
