@@ -430,3 +430,64 @@ fn errors_name_the_problem() {
     let e = convert(dir.path(), OutType::F32).unwrap_err();
     assert!(e.to_string().contains("mystery"), "{e}");
 }
+
+#[test]
+fn sharded_checkpoint_converts_to_the_same_file_as_one_shard() {
+    let one = tempfile::tempdir().unwrap();
+    let t = dense_dir(one.path(), "LlamaForCausalLM", "", false);
+    let whole = HfModel::open(one.path()).unwrap();
+    let whole = whole
+        .to_gguf(OutType::F16, &mut |_| {})
+        .unwrap()
+        .0
+        .to_bytes()
+        .unwrap();
+
+    let sharded = tempfile::tempdir().unwrap();
+    dense_dir(sharded.path(), "LlamaForCausalLM", "", false);
+    std::fs::remove_file(sharded.path().join("model.safetensors")).unwrap();
+    let (a, b) = t.split_at(5);
+    write_safetensors(&sharded.path().join("model-00001-of-00002.safetensors"), a);
+    write_safetensors(&sharded.path().join("model-00002-of-00002.safetensors"), b);
+    let map: Vec<String> = t
+        .iter()
+        .enumerate()
+        .map(|(i, x)| {
+            format!(
+                r#""{}":"model-0000{}-of-00002.safetensors""#,
+                x.name,
+                1 + usize::from(i >= 5)
+            )
+        })
+        .collect();
+    std::fs::write(
+        sharded.path().join("model.safetensors.index.json"),
+        format!(
+            r#"{{"metadata":{{"total_size":0}},"weight_map":{{{}}}}}"#,
+            map.join(",")
+        ),
+    )
+    .unwrap();
+    let m = HfModel::open(sharded.path()).unwrap();
+    assert_eq!(m.checkpoint().files().len(), 2);
+    let bytes = m
+        .to_gguf(OutType::F16, &mut |_| {})
+        .unwrap()
+        .0
+        .to_bytes()
+        .unwrap();
+    // general.name is the directory name, so compare the tensor tables and data.
+    let (g1, g2) = (
+        Gguf::from_bytes(whole).unwrap(),
+        Gguf::from_bytes(bytes).unwrap(),
+    );
+    assert_eq!(g1.tensors(), g2.tensors());
+    for t in g1.tensors() {
+        assert_eq!(
+            g1.tensor_data(t),
+            g2.tensor_data(g2.tensor(&t.name).unwrap()),
+            "{}",
+            t.name
+        );
+    }
+}
