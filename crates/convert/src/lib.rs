@@ -23,6 +23,7 @@
 mod config;
 mod error;
 mod names;
+mod spm;
 mod tensors;
 mod tokenizer;
 
@@ -158,6 +159,8 @@ impl HfModel {
             &map,
             config.n_vocab,
             config.family.gguf_arch() == "llama",
+            // llama.cpp's Qwen3-MoE converter reads only tokenizer.json.
+            config.family != Family::Qwen3Moe,
         )?;
         let checkpoint = Checkpoint::open_dir(dir)?;
         Ok(HfModel {

@@ -20,7 +20,7 @@ use std::path::Path;
 use ferrite_gguf::Value;
 use serde_json::{Map, Value as Json};
 
-use crate::ConvertError;
+use crate::{ConvertError, spm};
 
 /// The published pre-tokenizer regexes, by the name ferrite's tokenizer and llama.cpp use.
 const KNOWN_SPLITS: [(&str, &str); 2] = [
@@ -65,15 +65,33 @@ pub(crate) fn metadata(
     config: &Map<String, Json>,
     n_vocab: usize,
     add_space_prefix_key: bool,
+    sentencepiece: bool,
 ) -> Result<Vec<(String, Value)>, ConvertError> {
     let tok_path = dir.join("tokenizer.json");
-    let Some(tok) = read_json(&tok_path)? else {
+    let tok = read_json(&tok_path)?;
+    let tok_cfg =
+        read_json(&dir.join("tokenizer_config.json"))?.unwrap_or_else(|| Json::Object(Map::new()));
+    let spm_path = dir.join("tokenizer.model");
+    if sentencepiece && spm_path.is_file() {
+        // As llama.cpp: a SentencePiece model wins over tokenizer.json; no merges.
+        let mut m = spm::base_metadata(dir, &spm_path, &tok_cfg, n_vocab)?;
+        let tok = tok.unwrap_or_else(|| Json::Object(Map::new()));
+        finish(
+            dir,
+            &tok,
+            &tok_cfg,
+            config,
+            n_vocab,
+            add_space_prefix_key,
+            &mut m,
+        )?;
+        return Ok(m);
+    }
+    let Some(tok) = tok else {
         return Err(ConvertError::MissingFile {
             path: tok_path.display().to_string(),
         });
     };
-    let empty = Json::Object(Map::new());
-    let tok_cfg = read_json(&dir.join("tokenizer_config.json"))?.unwrap_or(empty);
     let model = tok
         .get("model")
         .ok_or_else(|| err("tokenizer.json has no model"))?;
@@ -99,13 +117,34 @@ pub(crate) fn metadata(
         ),
         ("tokenizer.ggml.merges".to_owned(), str_list(merges)),
     ];
-    special_ids(&tok, &tok_cfg, config, n_vocab, &mut m);
-    add_flags(&tok, &tok_cfg, &mut m);
+    finish(
+        dir,
+        &tok,
+        &tok_cfg,
+        config,
+        n_vocab,
+        add_space_prefix_key,
+        &mut m,
+    )?;
+    Ok(m)
+}
+
+/// The entries both tokenizer kinds share: special ids, add flags, space prefix, template.
+fn finish(
+    dir: &Path,
+    tok: &Json,
+    tok_cfg: &Json,
+    config: &Map<String, Json>,
+    n_vocab: usize,
+    add_space_prefix_key: bool,
+    m: &mut Vec<(String, Value)>,
+) -> Result<(), ConvertError> {
+    special_ids(tok, tok_cfg, config, n_vocab, m);
+    add_flags(tok, tok_cfg, m);
     if add_space_prefix_key && let Some(Json::Bool(b)) = tok_cfg.get("add_prefix_space") {
         m.push(("tokenizer.ggml.add_space_prefix".into(), Value::Bool(*b)));
     }
-    chat_templates(dir, &tok_cfg, &mut m)?;
-    Ok(m)
+    chat_templates(dir, tok_cfg, m)
 }
 
 /// Names the pre-tokenizer from its `tokenizer.json` description.
@@ -158,7 +197,7 @@ fn pre_tokenizer(tok: &Json) -> Result<&'static str, ConvertError> {
 }
 
 /// llama.cpp's heuristic for added tokens that should be control tokens though not marked.
-fn looks_special(t: &str) -> bool {
+pub(crate) fn looks_special(t: &str) -> bool {
     matches!(t, "<pad>" | "<mask>" | "<2mass>" | "[@BOS@]")
         || (t.starts_with("<|") && t.ends_with("|>"))
         || (t.starts_with("<｜") && t.ends_with("｜>"))

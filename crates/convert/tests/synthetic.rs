@@ -5,6 +5,9 @@
 
 use std::path::Path;
 
+mod common;
+
+use common::{Tensor, bf16_tensor, f32_tensor, values, write_safetensors};
 use ferrite_convert::{ConvertError, HfModel, OutType};
 use ferrite_gguf::{GgmlType, Gguf};
 
@@ -14,72 +17,6 @@ const KV: usize = 2;
 const HD: usize = 8;
 const FF: usize = 64;
 const VOCAB: usize = 8;
-
-/// Deterministic distinct values for a tensor: value i of tensor `seed`.
-fn values(seed: usize, n: usize) -> Vec<f32> {
-    (0..n)
-        .map(|i| seed as f32 * 1000.0 + i as f32 * 0.25)
-        .collect()
-}
-
-struct Tensor {
-    name: String,
-    dtype: &'static str,
-    shape: Vec<usize>,
-    bytes: Vec<u8>,
-}
-
-fn f32_tensor(name: &str, shape: &[usize], seed: usize) -> Tensor {
-    let n = shape.iter().product();
-    Tensor {
-        name: name.into(),
-        dtype: "F32",
-        shape: shape.to_vec(),
-        bytes: values(seed, n)
-            .iter()
-            .flat_map(|x| x.to_le_bytes())
-            .collect(),
-    }
-}
-
-fn bf16_tensor(name: &str, shape: &[usize], seed: usize) -> Tensor {
-    let n = shape.iter().product();
-    Tensor {
-        name: name.into(),
-        dtype: "BF16",
-        shape: shape.to_vec(),
-        bytes: values(seed, n)
-            .iter()
-            .flat_map(|x| ((x.to_bits() >> 16) as u16).to_le_bytes())
-            .collect(),
-    }
-}
-
-fn write_safetensors(path: &Path, tensors: &[Tensor]) {
-    let mut header = String::from("{");
-    let mut offset = 0;
-    for (i, t) in tensors.iter().enumerate() {
-        if i > 0 {
-            header.push(',');
-        }
-        header += &format!(
-            r#""{}":{{"dtype":"{}","shape":{:?},"data_offsets":[{},{}]}}"#,
-            t.name,
-            t.dtype,
-            t.shape,
-            offset,
-            offset + t.bytes.len()
-        );
-        offset += t.bytes.len();
-    }
-    header.push('}');
-    let mut out = (header.len() as u64).to_le_bytes().to_vec();
-    out.extend_from_slice(header.as_bytes());
-    for t in tensors {
-        out.extend_from_slice(&t.bytes);
-    }
-    std::fs::write(path, out).unwrap();
-}
 
 const TOKENIZER: &str = r#"{
   "added_tokens": [{"id": 5, "content": "<|im_start|>", "special": true},
