@@ -8,7 +8,7 @@
 //! types (no rounding) and loads that file like any other GGUF. A cache file, rather than a
 //! conversion in memory, keeps one loading path (every command opens a path and memory-maps
 //! it), costs the conversion once instead of on every start, and is still exact. The key is a
-//! sha256 over the directory's JSON files (whole), each safetensors file's header (names,
+//! sha256 over the directory's JSON files, `tokenizer.model` and `chat_template.jinja` (whole), each safetensors file's header (names,
 //! dtypes, shapes, offsets) and each weight file's size and modification time: hashing every
 //! weight byte would cost seconds per gigabyte on every start, and an edit of tensor data
 //! that keeps size and mtime is not something ordinary tools do.
@@ -151,6 +151,7 @@ fn keyed_files(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
         let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
         let wanted = name.ends_with(".json")
             || name.ends_with(".safetensors")
+            || name == "tokenizer.model"
             || name == "chat_template.jinja";
         if wanted && path.is_file() {
             files.push(path);
@@ -216,6 +217,9 @@ mod tests {
         std::fs::write(dir.path().join("README.md"), "x").unwrap();
         assert_eq!(cache_key(dir.path()).unwrap(), a);
         std::fs::write(dir.path().join("config.json"), "{ }").unwrap();
-        assert_ne!(cache_key(dir.path()).unwrap(), a);
+        let b = cache_key(dir.path()).unwrap();
+        assert_ne!(b, a);
+        std::fs::write(dir.path().join("tokenizer.model"), "x").unwrap();
+        assert_ne!(cache_key(dir.path()).unwrap(), b);
     }
 }
