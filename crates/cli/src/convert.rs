@@ -8,10 +8,11 @@
 //! types (no rounding) and loads that file like any other GGUF. A cache file, rather than a
 //! conversion in memory, keeps one loading path (every command opens a path and memory-maps
 //! it), costs the conversion once instead of on every start, and is still exact. The key is a
-//! sha256 over the directory's JSON files, `tokenizer.model` and `chat_template.jinja` (whole), each safetensors file's header (names,
-//! dtypes, shapes, offsets) and each weight file's size and modification time: hashing every
-//! weight byte would cost seconds per gigabyte on every start, and an edit of tensor data
-//! that keeps size and mtime is not something ordinary tools do.
+//! sha256 over the directory's JSON files, `tokenizer.model` and `chat_template.jinja`
+//! (whole), each safetensors file's header (names, dtypes, shapes, offsets) and each weight
+//! file's size and modification time: hashing every weight byte would cost seconds per
+//! gigabyte on every start, and an edit of tensor data that keeps size and mtime is not
+//! something ordinary tools do.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
