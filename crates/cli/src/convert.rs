@@ -30,7 +30,7 @@ pub struct ConvertArgs {
     hf_dir: PathBuf,
     /// The GGUF file to write (replaced if it exists).
     out: PathBuf,
-    /// Type of the weight matrices: f32, f16, bf16, q8_0, or auto (keep the stored type).
+    /// Type of the weight matrices: f32, f16, bf16, q8_0, or stored (keep each tensor's type).
     /// Vectors, norms, biases and MoE routers are always f32.
     #[arg(long = "type", default_value = "f16")]
     ty: String,
@@ -140,7 +140,7 @@ pub fn cached(dir: &Path) -> anyhow::Result<PathBuf> {
         path.display()
     );
     let model = HfModel::open(dir).with_context(|| format!("reading {}", dir.display()))?;
-    write_atomically(&model, &path, OutType::Auto, false)?;
+    write_atomically(&model, &path, OutType::Stored, false)?;
     Ok(path)
 }
 
@@ -165,7 +165,7 @@ fn keyed_files(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
 fn cache_key(dir: &Path) -> anyhow::Result<String> {
     let mut h = Sha256::new();
     // Part of the key so that a converter change that alters the output can bump it.
-    h.update(b"ferrite-convert v1 auto\0");
+    h.update(b"ferrite-convert v1 stored\0");
     for path in keyed_files(dir)? {
         let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
         h.update(name.unwrap_or_default().as_bytes());

@@ -7,7 +7,7 @@
 //! `tokenizer.ggml.*`), so ferrite's loader and llama.cpp's read it the same way; the
 //! conventions are listed in `docs/gguf-conventions.md`. Layout changes are row moves on
 //! the stored bytes; tensors that neither move nor change type are borrowed from the
-//! memory-mapped safetensors files, so [`OutType::Auto`] costs little more than the copy.
+//! memory-mapped safetensors files, so [`OutType::Stored`] costs little more than the copy.
 //!
 //! ```no_run
 //! use ferrite_convert::{HfModel, OutType};
@@ -50,8 +50,9 @@ pub enum OutType {
     BF16,
     /// Matrices as Q8_0, F16 where a row is not a whole number of blocks (7).
     Q8_0,
-    /// Matrices keep their stored float type (no rounding at all).
-    Auto,
+    /// Matrices keep their stored float type (no rounding at all). Unlike llama.cpp's
+    /// `auto`, which turns f32 checkpoints into f16.
+    Stored,
 }
 
 impl OutType {
@@ -61,7 +62,7 @@ impl OutType {
         (OutType::F16, "f16"),
         (OutType::BF16, "bf16"),
         (OutType::Q8_0, "q8_0"),
-        (OutType::Auto, "auto"),
+        (OutType::Stored, "stored"),
     ];
 
     /// Parses a command-line name (`f16`, `q8_0`, ...), case-insensitively.
@@ -382,14 +383,14 @@ impl HfModel {
             .ok_or_else(|| ConvertError::MissingTensor(hf.to_owned()))
     }
 
-    /// `general.file_type` as llama.cpp numbers it; `Auto` follows the first matrix.
+    /// `general.file_type` as llama.cpp numbers it; `Stored` follows the first matrix.
     fn file_type(&self, out: OutType, items: &[Item]) -> u32 {
         match out {
             OutType::F32 => 0,
             OutType::F16 => 1,
             OutType::BF16 => 32,
             OutType::Q8_0 => 7,
-            OutType::Auto => {
+            OutType::Stored => {
                 let first = items.iter().find_map(|i| match i {
                     Item::Plain { hf, .. } => self.checkpoint.get(hf),
                     _ => None,

@@ -65,7 +65,7 @@ pub(crate) fn slice_rows_per_block(
 
 /// The type llama.cpp's converter gives a tensor: vectors, norms, routers and biases stay
 /// F32; matrices take the requested type, Q8_0 falling back to F16 for rows that are not a
-/// whole number of blocks; `Auto` keeps the stored float type.
+/// whole number of blocks; `Stored` keeps the stored float type.
 pub(crate) fn target_type(gguf_name: &str, shape: &[u64], out: OutType, src: GgmlType) -> GgmlType {
     let keep_f32 = shape.len() <= 1
         || gguf_name.ends_with("_norm.weight")
@@ -81,7 +81,7 @@ pub(crate) fn target_type(gguf_name: &str, shape: &[u64], out: OutType, src: Ggm
         OutType::BF16 => GgmlType::BF16,
         OutType::Q8_0 if row % GgmlType::Q8_0.block_size() == 0 => GgmlType::Q8_0,
         OutType::Q8_0 => GgmlType::F16,
-        OutType::Auto => src,
+        OutType::Stored => src,
     }
 }
 
@@ -154,7 +154,7 @@ mod tests {
             GgmlType::F32
         );
         assert_eq!(
-            t("token_embd.weight", &[10, 64], OutType::Auto),
+            t("token_embd.weight", &[10, 64], OutType::Stored),
             GgmlType::BF16
         );
     }
