@@ -428,3 +428,50 @@ fn sharded_checkpoint_converts_to_the_same_file_as_one_shard() {
         );
     }
 }
+
+#[test]
+fn llama_attention_biases_are_permuted_like_their_weights() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut t = dense_dir(
+        dir.path(),
+        "LlamaForCausalLM",
+        r#","attention_bias":true"#,
+        false,
+    );
+    t.push(f32_tensor(
+        "model.layers.0.self_attn.q_proj.bias",
+        &[HEADS * HD],
+        21,
+    ));
+    t.push(f32_tensor(
+        "model.layers.0.self_attn.k_proj.bias",
+        &[KV * HD],
+        22,
+    ));
+    t.push(f32_tensor(
+        "model.layers.0.self_attn.v_proj.bias",
+        &[KV * HD],
+        23,
+    ));
+    write_safetensors(&dir.path().join("model.safetensors"), &t);
+    let g = convert(dir.path(), OutType::F16).unwrap();
+    for (name, seed, heads) in [
+        ("blk.0.attn_q.bias", 21, HEADS),
+        ("blk.0.attn_k.bias", 22, KV),
+    ] {
+        let got = f32s(&g, name);
+        let hf = values(seed, heads * HD);
+        for h in 0..heads {
+            for j in 0..HD / 2 {
+                assert_eq!(got[h * HD + 2 * j], hf[h * HD + j], "{name}");
+                assert_eq!(got[h * HD + 2 * j + 1], hf[h * HD + j + HD / 2], "{name}");
+            }
+        }
+        assert_eq!(g.tensor(name).unwrap().ty, GgmlType::F32);
+    }
+    assert_eq!(
+        f32s(&g, "blk.0.attn_v.bias"),
+        values(23, KV * HD),
+        "V is never permuted"
+    );
+}
