@@ -138,6 +138,15 @@ pub struct Experts {
     pub norm_topk: Option<bool>,
 }
 
+/// Sliding-window attention settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SlidingWindow {
+    /// Window length in tokens.
+    pub window: usize,
+    /// Per layer: whether it uses the window (all true for Mistral).
+    pub layers: Vec<bool>,
+}
+
 /// A parsed `config.json`: the family and every hyper-parameter the GGUF needs.
 #[derive(Debug, Clone, PartialEq)]
 pub struct HfConfig {
@@ -171,8 +180,8 @@ pub struct HfConfig {
     pub tie_embeddings: bool,
     /// MoE settings, for MoE families.
     pub experts: Option<Experts>,
-    /// Sliding-window length when every layer uses one (Mistral, Mixtral).
-    pub sliding_window: Option<usize>,
+    /// Sliding-window attention, if any layer uses it.
+    pub sliding_window: Option<SlidingWindow>,
 }
 
 fn bad(key: &str, reason: impl Into<String>) -> ConvertError {
@@ -335,8 +344,14 @@ impl HfConfig {
                 m.push((k("expert_weights_norm"), Value::Bool(norm)));
             }
         }
-        if let Some(w) = self.sliding_window {
-            m.push((k("attention.sliding_window"), u(w)));
+        if let Some(sw) = &self.sliding_window {
+            m.push((k("attention.sliding_window"), u(sw.window)));
+            if !sw.layers.iter().all(|&l| l) {
+                m.push((
+                    k("attention.sliding_window_pattern"),
+                    Value::Array(sw.layers.iter().map(|&l| Value::Bool(l)).collect()),
+                ));
+            }
         }
         m
     }
@@ -476,38 +491,39 @@ fn experts(cfg: &Map<String, Json>, family: Family) -> Result<Option<Experts>, C
     })
 }
 
-/// Mistral and Mixtral slide on every layer when `sliding_window` is set. Qwen slides only
-/// with `use_sliding_window`, and then on some layers (`layer_types`, else from
-/// `max_window_layers` on, as transformers decides); ferrite runs Qwen with full attention
-/// only, so such a config is refused rather than converted into a model that would be
-/// computed differently.
+/// Mistral and Mixtral slide on every layer when `sliding_window` is set; Qwen only with
+/// `use_sliding_window`, on the layers `layer_types` marks (else from `max_window_layers`
+/// on), as transformers decides.
 fn sliding_window(
     cfg: &Map<String, Json>,
     family: Family,
     n_layer: usize,
-) -> Result<Option<usize>, ConvertError> {
-    let window = get_usize(cfg, "sliding_window")?.filter(|&w| w > 0);
-    match family {
-        Family::Llama => Ok(None),
-        Family::Mistral | Family::Mixtral => Ok(window),
+) -> Result<Option<SlidingWindow>, ConvertError> {
+    let window = get_usize(cfg, "sliding_window")?;
+    let layers = match family {
+        Family::Llama => return Ok(None),
+        Family::Mistral | Family::Mixtral => vec![true; n_layer],
         Family::Qwen2 | Family::Qwen3 | Family::Qwen3Moe => {
-            if !get_bool(cfg, "use_sliding_window")?.unwrap_or(false) || window.is_none() {
+            if !get_bool(cfg, "use_sliding_window")?.unwrap_or(false) {
                 return Ok(None);
             }
-            let sliding = match cfg.get("layer_types").and_then(Json::as_array) {
-                Some(types) => types
+            match cfg.get("layer_types").and_then(Json::as_array) {
+                Some(types) if types.len() == n_layer => types
                     .iter()
-                    .any(|t| t.as_str() == Some("sliding_attention")),
-                None => get_usize(cfg, "max_window_layers")?.unwrap_or(n_layer) < n_layer,
-            };
-            if sliding {
-                return Err(ConvertError::UnsupportedFeature(
-                    "use_sliding_window on a Qwen model (per-layer sliding window)".into(),
-                ));
+                    .map(|t| t.as_str() == Some("sliding_attention"))
+                    .collect(),
+                Some(_) => return Err(bad("layer_types", "length differs from num_hidden_layers")),
+                None => {
+                    let from = get_usize(cfg, "max_window_layers")?.unwrap_or(n_layer);
+                    (0..n_layer).map(|i| i >= from).collect()
+                }
             }
-            Ok(None)
         }
-    }
+    };
+    Ok(match window {
+        Some(w) if w > 0 && layers.iter().any(|&l| l) => Some(SlidingWindow { window: w, layers }),
+        _ => None,
+    })
 }
 
 #[cfg(test)]
@@ -572,7 +588,7 @@ mod tests {
     }
 
     #[test]
-    fn qwen_sliding_window_is_refused_when_enabled() {
+    fn qwen_sliding_window_only_when_enabled() {
         let q = |extra: &str| {
             HfConfig::from_json(&format!(
                 r#"{{"architectures":["Qwen2ForCausalLM"],"num_hidden_layers":4,"hidden_size":64,
@@ -582,10 +598,7 @@ mod tests {
             .unwrap()
         };
         assert_eq!(q("").sliding_window, None);
-        let cfg = r#"{"architectures":["Qwen2ForCausalLM"],"num_hidden_layers":4,"hidden_size":64,
-            "intermediate_size":128,"num_attention_heads":4,"vocab_size":100,"sliding_window":32,
-            "max_window_layers":2,"use_sliding_window":true}"#;
-        let e = HfConfig::from_json(cfg).unwrap_err();
-        assert!(e.to_string().contains("use_sliding_window"), "{e}");
+        let sw = q(r#","use_sliding_window":true"#).sliding_window.unwrap();
+        assert_eq!(sw.layers, [false, false, true, true]);
     }
 }

@@ -34,7 +34,7 @@ use std::path::{Path, PathBuf};
 use ferrite_gguf::{GgmlType, GgufWriter, Value};
 use ferrite_safetensors::{Checkpoint, Dtype, TensorRef};
 
-pub use config::{Experts, Family, HfConfig, Llama3Rope};
+pub use config::{Experts, Family, HfConfig, Llama3Rope, SlidingWindow};
 pub use error::ConvertError;
 use names::{ExpertPart, Mapped};
 
