@@ -103,6 +103,12 @@ pub(crate) enum Mutation {
     /// Rotate keys one position too far (shifting queries and keys together would be
     /// invisible: rope attention depends only on relative positions).
     RopeKeysOffByOne,
+    /// Leave out the q/k/v biases.
+    DropQkvBias,
+    /// Ignore the rope frequency factors (plain rope).
+    IgnoreRopeFactors,
+    /// Route every token to its single best expert instead of the top k.
+    TopOneExpert,
 }
 
 impl<'m> Session<'m> {
@@ -315,6 +321,22 @@ impl<'m> Session<'m> {
         let rope_shift = usize::from(self.mutation == Some(Mutation::RopeKeysOffByOne));
         #[cfg(not(test))]
         let rope_shift = 0;
+        #[cfg(test)]
+        let rope_factors = c
+            .rope_freq_factors
+            .as_ref()
+            .filter(|_| self.mutation != Some(Mutation::IgnoreRopeFactors));
+        #[cfg(not(test))]
+        let rope_factors = c.rope_freq_factors.as_ref();
+        #[cfg(test)]
+        let moe_cfg = c.moe.map(|mut m| {
+            if self.mutation == Some(Mutation::TopOneExpert) {
+                m.n_expert_used = 1;
+            }
+            m
+        });
+        #[cfg(not(test))]
+        let moe_cfg = c.moe;
 
         for (t, &tok) in tokens.iter().enumerate() {
             let row = &mut s.x[t * d..(t + 1) * d];
@@ -340,7 +362,14 @@ impl<'m> Session<'m> {
             mm(&lw.wq, xn, q)?;
             mm(&lw.wk, xn, k)?;
             mm(&lw.wv, xn, v)?;
-            if let Some([bq, bk, bv]) = &lw.qkv_bias {
+            #[cfg(test)]
+            let bias = lw
+                .qkv_bias
+                .as_ref()
+                .filter(|_| self.mutation != Some(Mutation::DropQkvBias));
+            #[cfg(not(test))]
+            let bias = lw.qkv_bias.as_ref();
+            if let Some([bq, bk, bv]) = bias {
                 for (y, b) in [(&mut *q, bq), (&mut *k, bk), (&mut *v, bv)] {
                     for row in y.chunks_exact_mut(b.len()) {
                         add_assign(row, b);
@@ -355,7 +384,7 @@ impl<'m> Session<'m> {
                 let pos = pos0 + t;
                 let qr = &mut q[t * c.q_dim()..(t + 1) * c.q_dim()];
                 let kr = &mut k[t * c.kv_dim()..(t + 1) * c.kv_dim()];
-                if let Some(f) = &c.rope_freq_factors {
+                if let Some(f) = rope_factors {
                     rope_scaled(qr, c.head_dim, pos, lc.rope_base, c.rope_style, f);
                     let kpos = pos + rope_shift;
                     rope_scaled(kr, c.head_dim, kpos, lc.rope_base, c.rope_style, f);
@@ -428,7 +457,7 @@ impl<'m> Session<'m> {
                     mm(w_down, gate, o)?;
                 }
                 Ffn::Moe(mw) => {
-                    let (Some(cfg), Some(ms)) = (&c.moe, s.moe.as_mut()) else {
+                    let (Some(cfg), Some(ms)) = (&moe_cfg, s.moe.as_mut()) else {
                         return Err(ModelError::InvalidArgument(
                             "expert weights without expert settings".into(),
                         ));
@@ -462,7 +491,7 @@ impl<'m> Session<'m> {
 pub(crate) mod tests {
     use super::*;
     use crate::reference;
-    use crate::testutil::{VOCAB, tiny_model};
+    use crate::testutil::{N_EXPERT, VARIANTS, VOCAB, tiny_model};
     use crate::{Model, Precision};
     use ferrite_gguf::GgmlType;
 
@@ -512,7 +541,7 @@ pub(crate) mod tests {
     #[test]
     fn optimized_matches_naive_reference_per_layer() {
         let pool = ThreadPool::new(2).unwrap();
-        for arch in ["llama", "gemma3"] {
+        for arch in VARIANTS {
             for (wty, p) in [
                 (GgmlType::F32, Precision::Default),
                 (GgmlType::Q8_0, Precision::Default),
@@ -520,11 +549,61 @@ pub(crate) mod tests {
             ] {
                 let m = tiny_model(arch, wty, p);
                 let mut s = Session::new(&m, &pool, 64, KvType::F32).unwrap();
-                // 11 tokens: more than gemma's window of 4, so the sliding mask matters.
+                // 11 tokens: more than the window of 4 (gemma3, mistral), so the sliding
+                // mask matters.
                 let worst = worst_vs_naive(&m, &mut s, &tokens(11));
                 assert!(worst < 1e-5, "{arch} {wty} {p:?}: {worst:e}");
             }
         }
+    }
+
+    #[test]
+    fn arch_mutations_fail_the_naive_comparison() {
+        // Test of the test for each architecture feature: leaving it out must push the
+        // comparison far past its bound (1e-5).
+        let pool = ThreadPool::new(1).unwrap();
+        for (arch, mutation) in [
+            ("qwen2", Mutation::DropQkvBias),
+            ("llama3", Mutation::IgnoreRopeFactors),
+            ("mixtral", Mutation::TopOneExpert),
+            ("qwen3moe", Mutation::TopOneExpert),
+        ] {
+            let m = tiny_model(arch, GgmlType::F32, Precision::Default);
+            let mut s = Session::new(&m, &pool, 64, KvType::F32).unwrap();
+            let clean = worst_vs_naive(&m, &mut s, &tokens(8));
+            assert!(clean < 1e-5, "{arch}: {clean:e}");
+            s.mutation = Some(mutation);
+            let worst = worst_vs_naive(&m, &mut s, &tokens(8));
+            assert!(worst > 1e-3, "{arch} {mutation:?} not caught: {worst:e}");
+        }
+    }
+
+    #[test]
+    fn moe_decode_runs_only_the_selected_experts_and_prefill_groups_by_expert() {
+        let pool = ThreadPool::new(2).unwrap();
+        for arch in ["mixtral", "qwen3moe"] {
+            let m = tiny_model(arch, GgmlType::Q8_0, Precision::Default);
+            let (k, n_layer) = (m.config().moe.unwrap().n_expert_used, m.config().n_layer);
+            let mut s = Session::new(&m, &pool, 64, KvType::F16).unwrap();
+            assert_eq!(s.experts_run(), Some((0, 0)));
+            let n = 20;
+            s.eval(&tokens(n), Outputs::Last).unwrap();
+            let (runs, rows) = s.experts_run().unwrap();
+            // Each layer runs each expert at most once over all its tokens, and every
+            // token passes through exactly k experts.
+            assert!(runs <= N_EXPERT * n_layer, "{arch}: {runs} expert runs");
+            assert_eq!(rows, n * k * n_layer, "{arch}");
+            s.eval(&[7], Outputs::Last).unwrap();
+            let (runs2, rows2) = s.experts_run().unwrap();
+            assert_eq!(
+                (runs2 - runs, rows2 - rows),
+                (k * n_layer, k * n_layer),
+                "{arch}"
+            );
+        }
+        let dense = tiny_model("llama", GgmlType::F32, Precision::Default);
+        let s = Session::new(&dense, &pool, 8, KvType::F16).unwrap();
+        assert_eq!(s.experts_run(), None);
     }
 
     #[test]
@@ -561,7 +640,7 @@ pub(crate) mod tests {
     #[test]
     fn prefill_chunks_and_decode_agree() {
         let pool = ThreadPool::new(2).unwrap();
-        for arch in ["llama", "gemma3"] {
+        for arch in ["llama", "gemma3", "mixtral", "qwen3moe", "qwen2", "mistral"] {
             let m = tiny_model(arch, GgmlType::Q8_0, Precision::Default);
             let n = PREFILL_CHUNK + 44;
             let toks = tokens(n);
@@ -698,7 +777,7 @@ pub(crate) mod tests {
     fn thread_count_does_not_change_logits() {
         let p1 = ThreadPool::new(1).unwrap();
         let p2 = ThreadPool::new(2).unwrap();
-        for arch in ["llama", "gemma3"] {
+        for arch in VARIANTS {
             let m = tiny_model(arch, GgmlType::Q8_0, Precision::Default);
             let toks = tokens(20);
             let a = Session::new(&m, &p1, 32, KvType::F16)
