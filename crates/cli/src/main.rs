@@ -6,6 +6,7 @@
 
 mod backend;
 mod bench;
+mod convert;
 mod inspect;
 mod models;
 mod pull;
@@ -45,6 +46,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Write a random-weight model of a given shape.
     Synth(synth::SynthArgs),
+    /// Convert a Hugging Face model directory (safetensors) to GGUF.
+    Convert(convert::ConvertArgs),
 }
 
 /// A reader that closes our stdout early (`ferrite tokenize --json … | head`) makes the next
@@ -79,6 +82,7 @@ fn main() {
         Command::Serve(args) => serve::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Synth(args) => synth::run(args),
+        Command::Convert(args) => convert::run(args),
     };
     match result {
         Ok(code) => std::process::exit(code),
