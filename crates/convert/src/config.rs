@@ -468,8 +468,13 @@ fn experts(cfg: &Map<String, Json>, family: Family) -> Result<Option<Experts>, C
                     "mlp_only_layers (dense layers in a MoE model)".into(),
                 ));
             }
+            // transformers 5 renamed `num_experts` to `num_local_experts`; accept both.
+            let count = match get_usize(cfg, "num_experts")? {
+                Some(n) if n > 0 => n,
+                _ => need_usize(cfg, "num_local_experts")?,
+            };
             Ok(Some(Experts {
-                count: need_usize(cfg, "num_experts")?,
+                count,
                 used: need_usize(cfg, "num_experts_per_tok")?,
                 ff: Some(need_usize(cfg, "moe_intermediate_size")?),
                 norm_topk: Some(get_bool(cfg, "norm_topk_prob")?.unwrap_or(false)),
