@@ -95,6 +95,8 @@ pub struct ModelConfig {
     pub post_norms: bool,
     /// Q, K and V projections add a bias.
     pub qkv_bias: bool,
+    /// The attention output projection adds a bias.
+    pub out_bias: bool,
     /// Rope frequency divisors, one per rotated pair (Llama 3 scaling); `None` for plain rope.
     pub rope_freq_factors: Option<Vec<f32>>,
     /// Expert FFN settings; `None` for dense FFNs.
@@ -251,8 +253,10 @@ impl ModelConfig {
                     activation: Activation::Silu,
                     qk_norm: matches!(arch, Arch::Qwen3 | Arch::Qwen3Moe),
                     post_norms: false,
-                    qkv_bias: arch == Arch::Qwen2
-                        || (arch == Arch::Llama && g.tensor("blk.0.attn_q.bias").is_some()),
+                    // Qwen 2 always has them; llama/qwen3 checkpoints with
+                    // `attention_bias = true` carry them too.
+                    qkv_bias: arch == Arch::Qwen2 || g.tensor("blk.0.attn_q.bias").is_some(),
+                    out_bias: g.tensor("blk.0.attn_output.bias").is_some(),
                     rope_freq_factors: features::rope_freq_factors(g, head_dim)?,
                     moe,
                     layers: windows
@@ -300,6 +304,7 @@ impl ModelConfig {
                     qk_norm: true,
                     post_norms: true,
                     qkv_bias: false,
+                    out_bias: false,
                     rope_freq_factors: None,
                     moe: None,
                     layers,

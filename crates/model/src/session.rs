@@ -537,6 +537,11 @@ pub(crate) fn forward_rows(
             let att = &s.att[..n * c.q_dim()];
             let o = &mut s.o[..n * d];
             mm(&lw.wo, att, o)?;
+            if let Some(b) = &lw.out_bias {
+                for row in o.chunks_exact_mut(d) {
+                    add_assign(row, b);
+                }
+            }
             if let Some(w) = &lw.post_attn_norm {
                 rms_norm(o, w, c.rms_eps);
             }

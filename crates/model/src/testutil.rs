@@ -2,7 +2,8 @@
 //! enough that the naive reference runs in milliseconds: `llama`, `gemma3`, and the variants
 //! `mistral` (llama + sliding window 4), `llama3` (llama + `rope_freqs.weight`), `mixtral`
 //! (llama + 4 experts, top-2), `qwen2` (q/k/v biases), `qwen3` (q/k norms, head dim 32 with
-//! 4 heads on d=64), `qwen3moe` (qwen3 attention, 4 experts, top-2, not renormalised).
+//! 4 heads on d=64), `qwen3moe` (qwen3 attention, 4 experts, top-2, not renormalised),
+//! `llama_bias` (llama + q/k/v/o biases, Llama's `attention_bias = true`).
 
 use ferrite_gguf::{GgmlType, Gguf, GgufWriter, Value};
 
@@ -35,7 +36,7 @@ pub(crate) fn tiny_gguf(
     skip_tensor: &str,
 ) -> Vec<u8> {
     let arch = match variant {
-        "mistral" | "llama3" | "mixtral" => "llama",
+        "mistral" | "llama3" | "mixtral" | "llama_bias" => "llama",
         other => other,
     };
     let gemma = arch == "gemma3";
@@ -157,7 +158,10 @@ pub(crate) fn tiny_gguf(
             norms.push((n("attn_q_norm"), hd));
             norms.push((n("attn_k_norm"), hd));
         }
-        if arch == "qwen2" {
+        if variant == "llama_bias" {
+            biases.push((format!("blk.{l}.attn_output.bias"), d));
+        }
+        if arch == "qwen2" || variant == "llama_bias" {
             for (s, len) in [
                 ("attn_q", n_head * hd),
                 ("attn_k", n_kv * hd),
@@ -210,8 +214,16 @@ pub(crate) fn tiny_gguf(
 }
 
 /// Every variant [`tiny_gguf`] builds.
-pub(crate) const VARIANTS: [&str; 8] = [
-    "llama", "gemma3", "mistral", "llama3", "mixtral", "qwen2", "qwen3", "qwen3moe",
+pub(crate) const VARIANTS: [&str; 9] = [
+    "llama",
+    "gemma3",
+    "mistral",
+    "llama3",
+    "mixtral",
+    "qwen2",
+    "qwen3",
+    "qwen3moe",
+    "llama_bias",
 ];
 
 /// A tiny model of `arch` (a variant of [`tiny_gguf`]) with weights of type `wty`.
@@ -234,6 +246,25 @@ pub(crate) fn with_metadata(bytes: Vec<u8>, extra: Vec<(String, Value)>) -> Vec<
     }
     for t in g.tensors() {
         w.add_tensor(t.name.clone(), t.ty, &t.dims, g.tensor_data(t).to_vec())
+            .expect("tensor");
+    }
+    w.to_bytes().expect("gguf bytes")
+}
+
+/// `bytes` (a GGUF) with f32 tensors `extra` (`name`, values) added as 1-D tensors.
+pub(crate) fn with_vectors(bytes: Vec<u8>, extra: &[(&str, Vec<f32>)]) -> Vec<u8> {
+    let g = Gguf::from_bytes(bytes).expect("gguf parses");
+    let mut w = GgufWriter::new();
+    for (k, v) in g.metadata() {
+        w.add_metadata(k.clone(), v.clone()).expect("metadata");
+    }
+    for t in g.tensors() {
+        w.add_tensor(t.name.clone(), t.ty, &t.dims, g.tensor_data(t).to_vec())
+            .expect("tensor");
+    }
+    for (name, v) in extra {
+        let data: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        w.add_tensor(*name, GgmlType::F32, &[v.len() as u64], data)
             .expect("tensor");
     }
     w.to_bytes().expect("gguf bytes")
