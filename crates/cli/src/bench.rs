@@ -1,13 +1,16 @@
-//! `ferrite bench`: a context-frontier sweep in one process, written as a receipt, and
-//! `ferrite bench --compare` to judge two receipts.
+//! `ferrite bench`: a context-frontier sweep in one process, written as a receipt,
+//! `ferrite bench --compare` to judge two receipts, and `ferrite bench serve` to load a
+//! running server.
 //!
 //! This file owns the command line and the receipt's header; the timed loop is in
 //! `bench/sweep.rs`, the file format in `bench/receipt.rs`, the judging in
-//! `bench/compare.rs`.
+//! `bench/compare.rs`, the server load in `bench/serve.rs` (over `bench/http.rs`).
 
 mod compare;
+mod http;
 mod prompt;
 mod receipt;
+mod serve;
 mod sweep;
 
 use std::path::PathBuf;
@@ -19,7 +22,10 @@ use receipt::Receipt;
 
 /// Arguments of `ferrite bench`.
 #[derive(clap::Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct BenchArgs {
+    #[command(subcommand)]
+    mode: Option<BenchMode>,
     #[command(flatten)]
     model: ModelArgs,
     /// First context frontier (prompt tokens before the first decode).
@@ -72,8 +78,18 @@ pub struct BenchArgs {
     allow_regression: bool,
 }
 
+/// What `ferrite bench` measures instead of the in-process sweep.
+#[derive(clap::Subcommand)]
+enum BenchMode {
+    /// Load a running OpenAI-compatible server with concurrent streaming completions.
+    Serve(serve::ServeBenchArgs),
+}
+
 /// Run `ferrite bench`; returns the process exit code.
 pub fn run(args: BenchArgs) -> anyhow::Result<i32> {
+    if let Some(BenchMode::Serve(serve_args)) = args.mode {
+        return serve::run(serve_args);
+    }
     if let Some(paths) = &args.compare {
         return run_compare(paths, args.allow_regression);
     }

@@ -9,14 +9,15 @@
 //!   5 of every 6 layers with rope base 10 000 (llama.cpp and transformers both hard-code
 //!   it; the GGUF stores only the global base), query scale `1/sqrt(key_length)`.
 //!   RMSNorm weights are used as stored: the converter already folded Gemma's `1 + w`.
-//! - `llama` also covers Mistral (optional `llama.attention.sliding_window` on every layer),
+//! - `llama` also covers Mistral (optional `llama.attention.sliding_window`),
 //!   Mixtral (expert layers when `llama.expert_count` is set) and Llama 3 (rope frequency
 //!   factors in `rope_freqs.weight`); optional q/k/v biases are used when present.
 //! - `qwen2`: half-split (NeoX) rope, q/k/v biases (required), SiLU FFN.
 //! - `qwen3`: half-split rope, per-head q/k RMSNorm, no biases.
 //! - `qwen3moe`: `qwen3` attention with an expert FFN on every layer.
 //!
-//! MoE, rope-factor and unsupported-feature keys are read in [`crate::features`].
+//! MoE, rope-factor, sliding-window and unsupported-feature keys are read in
+//! [`crate::features`].
 
 use ferrite_gguf::Gguf;
 
@@ -94,6 +95,8 @@ pub struct ModelConfig {
     pub post_norms: bool,
     /// Q, K and V projections add a bias.
     pub qkv_bias: bool,
+    /// The attention output projection adds a bias.
+    pub out_bias: bool,
     /// Rope frequency divisors, one per rotated pair (Llama 3 scaling); `None` for plain rope.
     pub rope_freq_factors: Option<Vec<f32>>,
     /// Expert FFN settings; `None` for dense FFNs.
@@ -167,7 +170,7 @@ impl ModelConfig {
         let (moe, d_ff) = if arch == Arch::Gemma3 {
             (None, dense_ff)
         } else {
-            features::check_unsupported(g, a, arch == Arch::Llama)?;
+            features::check_unsupported(g, a)?;
             features::moe(g, a, arch == Arch::Qwen3Moe, dense_ff)?
         };
         let ff_key = if moe.is_some() && g.get(&k("expert_feed_forward_length")).is_some() {
@@ -226,17 +229,7 @@ impl ModelConfig {
         };
         let cfg = match arch {
             Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe => {
-                let window = if arch == Arch::Llama {
-                    match g.get(&k("attention.sliding_window")) {
-                        Some(_) => Some(positive(
-                            &k("attention.sliding_window"),
-                            usize_key(g, &k("attention.sliding_window"))?,
-                        )?),
-                        None => None,
-                    }
-                } else {
-                    None
-                };
+                let windows = features::sliding_windows(g, a, n_layer)?;
                 ModelConfig {
                     arch,
                     n_layer,
@@ -260,11 +253,16 @@ impl ModelConfig {
                     activation: Activation::Silu,
                     qk_norm: matches!(arch, Arch::Qwen3 | Arch::Qwen3Moe),
                     post_norms: false,
-                    qkv_bias: arch == Arch::Qwen2
-                        || (arch == Arch::Llama && g.tensor("blk.0.attn_q.bias").is_some()),
+                    // Qwen 2 always has them; llama/qwen3 checkpoints with
+                    // `attention_bias = true` carry them too.
+                    qkv_bias: arch == Arch::Qwen2 || g.tensor("blk.0.attn_q.bias").is_some(),
+                    out_bias: g.tensor("blk.0.attn_output.bias").is_some(),
                     rope_freq_factors: features::rope_freq_factors(g, head_dim)?,
                     moe,
-                    layers: vec![LayerConfig { window, rope_base }; n_layer],
+                    layers: windows
+                        .into_iter()
+                        .map(|window| LayerConfig { window, rope_base })
+                        .collect(),
                 }
             }
             Arch::Gemma3 => {
@@ -306,6 +304,7 @@ impl ModelConfig {
                     qk_norm: true,
                     post_norms: true,
                     qkv_bias: false,
+                    out_bias: false,
                     rope_freq_factors: None,
                     moe: None,
                     layers,
@@ -329,8 +328,8 @@ impl ModelConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testutil::tiny_gguf;
-    use ferrite_gguf::GgmlType;
+    use crate::testutil::{tiny_gguf, with_metadata};
+    use ferrite_gguf::{GgmlType, Value};
 
     fn cfg(arch: &str, skip_key: &str) -> Result<ModelConfig, ModelError> {
         let g = Gguf::from_bytes(tiny_gguf(arch, GgmlType::F32, skip_key, "")).unwrap();
@@ -396,5 +395,125 @@ mod tests {
             err.to_string().contains("gemma3.attention.sliding_window"),
             "{err}"
         );
+    }
+
+    fn cfg_with(variant: &str, extra: Vec<(String, Value)>) -> Result<ModelConfig, ModelError> {
+        let bytes = with_metadata(tiny_gguf(variant, GgmlType::F32, "", ""), extra);
+        ModelConfig::from_gguf(&Gguf::from_bytes(bytes).unwrap())
+    }
+
+    #[test]
+    fn qwen_configs_use_neox_rope_and_their_own_features() {
+        let q2 = cfg("qwen2", "").unwrap();
+        assert_eq!(
+            (q2.arch, q2.rope_style),
+            (Arch::Qwen2, RopeStyle::HalfSplit)
+        );
+        assert!(q2.qkv_bias && !q2.qk_norm && q2.moe.is_none());
+        let q3 = cfg("qwen3", "").unwrap();
+        assert_eq!((q3.arch, q3.head_dim, q3.q_dim()), (Arch::Qwen3, 32, 128));
+        assert!(q3.qk_norm && !q3.qkv_bias);
+        let moe = cfg("qwen3moe", "").unwrap();
+        assert_eq!(moe.arch, Arch::Qwen3Moe);
+        assert_eq!(
+            moe.moe,
+            Some(MoeConfig {
+                n_expert: 4,
+                n_expert_used: 2,
+                norm_topk: false
+            })
+        );
+        // The expert width comes from expert_feed_forward_length, not feed_forward_length.
+        assert_eq!(moe.d_ff, 32);
+        let err = cfg("qwen3moe", "qwen3moe.expert_count").unwrap_err();
+        assert!(err.to_string().contains("qwen3moe.expert_count"), "{err}");
+    }
+
+    #[test]
+    fn llama_variants_mistral_mixtral_llama3() {
+        let mistral = cfg("mistral", "").unwrap();
+        assert_eq!(mistral.arch, Arch::Llama);
+        assert!(mistral.layers.iter().all(|l| l.window == Some(4)));
+        let mixtral = cfg("mixtral", "").unwrap();
+        let m = mixtral.moe.unwrap();
+        // No expert_weights_norm key: renormalise, as llama.cpp does for mixtral.
+        assert_eq!((m.n_expert, m.n_expert_used, m.norm_topk), (4, 2, true));
+        assert_eq!(mixtral.d_ff, 32);
+        let l3 = cfg("llama3", "").unwrap();
+        let f = l3.rope_freq_factors.unwrap();
+        assert_eq!((f.len(), f[0], f[7]), (8, 1.0, 8.0));
+        assert!(cfg("llama", "").unwrap().rope_freq_factors.is_none());
+        let err = cfg("mixtral", "llama.expert_used_count").unwrap_err();
+        assert!(err.to_string().contains("llama.expert_used_count"), "{err}");
+        let err = cfg_with(
+            "mixtral",
+            vec![("llama.expert_used_count".into(), Value::U32(5))],
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("1..=4"), "{err}");
+    }
+
+    #[test]
+    fn sliding_window_pattern_selects_layers() {
+        let pattern = Value::Array(vec![Value::Bool(false), Value::Bool(true)]);
+        let c = cfg_with(
+            "qwen2",
+            vec![
+                ("qwen2.attention.sliding_window".into(), Value::U32(6)),
+                ("qwen2.attention.sliding_window_pattern".into(), pattern),
+            ],
+        )
+        .unwrap();
+        assert_eq!(c.layers[0].window, None);
+        assert_eq!(c.layers[1].window, Some(6));
+        let err = cfg_with(
+            "qwen2",
+            vec![
+                ("qwen2.attention.sliding_window".into(), Value::U32(6)),
+                (
+                    "qwen2.attention.sliding_window_pattern".into(),
+                    Value::U32(3),
+                ),
+            ],
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("qwen2.attention.sliding_window_pattern"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn unsupported_features_are_named() {
+        for (variant, key, value) in [
+            (
+                "llama",
+                "llama.rope.scaling.type",
+                Value::String("yarn".into()),
+            ),
+            ("mixtral", "llama.expert_gating_func", Value::U32(2)),
+            ("qwen3moe", "qwen3moe.expert_shared_count", Value::U32(1)),
+            ("qwen3moe", "qwen3moe.expert_weights_scale", Value::F32(2.5)),
+            ("qwen2", "qwen2.final_logit_softcapping", Value::F32(30.0)),
+        ] {
+            let err = cfg_with(variant, vec![(key.into(), value)]).unwrap_err();
+            assert!(
+                matches!(err, ModelError::Unsupported { key: ref k, .. } if k == key),
+                "{key}: {err}"
+            );
+        }
+        // Neutral values ask for nothing.
+        for (variant, key, value) in [
+            (
+                "llama",
+                "llama.rope.scaling.type",
+                Value::String("none".into()),
+            ),
+            ("mixtral", "llama.expert_gating_func", Value::U32(1)),
+            ("qwen3moe", "qwen3moe.expert_shared_count", Value::U32(0)),
+        ] {
+            cfg_with(variant, vec![(key.into(), value)]).unwrap();
+        }
     }
 }

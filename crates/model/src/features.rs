@@ -8,7 +8,9 @@
 //!   absent means true, as llama.cpp hard-codes for mixtral and qwen3moe);
 //! - Llama 3 rope scaling: the `rope_freqs.weight` tensor (`head_dim / 2` divisors of the
 //!   rope frequencies, computed by the converter from `rope_scaling`);
-//! - Mistral-style sliding window on every layer: `llama.attention.sliding_window`.
+//! - sliding window (Mistral, Qwen with `use_sliding_window`): `{arch}.attention.sliding_window`,
+//!   on every layer or, with the bool array `{arch}.attention.sliding_window_pattern`, on the
+//!   layers marked true.
 //!
 //! Features ferrite does not implement (rope scaling types, other gating functions, shared
 //! experts, soft-capping, ...) are refused with [`ModelError::Unsupported`] naming the key,
@@ -121,13 +123,7 @@ pub(crate) fn rope_freq_factors(g: &Gguf, head_dim: usize) -> Result<Option<Vec<
 }
 
 /// Refuses metadata that asks for behaviour the forward pass does not implement.
-/// `sliding_window_ok` is false for architectures whose window semantics differ from
-/// "every layer, fixed window" (Qwen applies it to some layers only).
-pub(crate) fn check_unsupported(
-    g: &Gguf,
-    a: &str,
-    sliding_window_ok: bool,
-) -> Result<(), ModelError> {
+pub(crate) fn check_unsupported(g: &Gguf, a: &str) -> Result<(), ModelError> {
     let k = |s: &str| format!("{a}.{s}");
     let key = k("rope.scaling.type");
     if let Some(v) = g.get(&key)
@@ -156,10 +152,6 @@ pub(crate) fn check_unsupported(
         ("expert_shared_feed_forward_length", "shared experts"),
         ("attn_logit_softcapping", "attention logit soft-capping"),
         ("final_logit_softcapping", "final logit soft-capping"),
-        (
-            "attention.sliding_window_pattern",
-            "per-layer sliding-window patterns",
-        ),
     ] {
         let key = k(s);
         if let Some(v) = g.get(&key)
@@ -168,16 +160,46 @@ pub(crate) fn check_unsupported(
             return Err(unsupported(&key, what));
         }
     }
-    if !sliding_window_ok {
-        let key = k("attention.sliding_window");
-        if g.get(&key).is_some() {
-            return Err(unsupported(
-                &key,
-                "sliding-window attention for this architecture",
-            ));
-        }
-    }
     Ok(())
+}
+
+/// Per-layer sliding windows: `{arch}.attention.sliding_window` (absent: none), on every
+/// layer, or on the layers whose entry of the bool array
+/// `{arch}.attention.sliding_window_pattern` is true (Qwen's `layer_types`).
+pub(crate) fn sliding_windows(
+    g: &Gguf,
+    a: &str,
+    n_layer: usize,
+) -> Result<Vec<Option<usize>>, ModelError> {
+    let key = format!("{a}.attention.sliding_window");
+    let Some(w) = count(g, &key)? else {
+        return Ok(vec![None; n_layer]);
+    };
+    if w == 0 {
+        return Err(ModelError::BadMetadata {
+            key,
+            reason: "must be positive".into(),
+        });
+    }
+    let pkey = format!("{a}.attention.sliding_window_pattern");
+    match g.get(&pkey) {
+        None => Ok(vec![Some(w); n_layer]),
+        Some(Value::Array(items)) if items.len() == n_layer => items
+            .iter()
+            .map(|v| match v {
+                Value::Bool(true) => Ok(Some(w)),
+                Value::Bool(false) => Ok(None),
+                _ => Err(unsupported(
+                    &pkey,
+                    "a window pattern that is not a bool per layer",
+                )),
+            })
+            .collect(),
+        Some(_) => Err(unsupported(
+            &pkey,
+            "a window pattern that is not a bool per layer",
+        )),
+    }
 }
 
 /// A value that asks for nothing: zero (a disabled cap or count) or an empty array.
@@ -213,6 +235,32 @@ pub(crate) fn rope_scaled(
             let (x0, x1) = (head[a], head[b]);
             head[a] = x0 * cos - x1 * sin;
             head[b] = x0 * sin + x1 * cos;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::{RopeStyle, rope};
+
+    #[test]
+    fn rope_scaled_divides_each_pair_frequency() {
+        let orig: Vec<f32> = (0..16).map(|i| (i as f32 - 7.5) * 0.3).collect();
+        for style in [RopeStyle::Interleaved, RopeStyle::HalfSplit] {
+            // Unit factors: exactly plain rope.
+            let (mut a, mut b) = (orig.clone(), orig.clone());
+            rope(&mut a, 8, 5, 500.0, style);
+            rope_scaled(&mut b, 8, 5, 500.0, style, &[1.0; 4]);
+            assert_eq!(a, b);
+            // Factor f on pair i at position p turns like position p / f.
+            let mut c = orig.clone();
+            rope_scaled(&mut c, 8, 6, 500.0, style, &[2.0; 4]);
+            let mut d = orig.clone();
+            rope(&mut d, 8, 3, 500.0, style);
+            for (x, y) in c.iter().zip(&d) {
+                assert!((x - y).abs() < 1e-6, "{style:?}: {x} vs {y}");
+            }
         }
     }
 }

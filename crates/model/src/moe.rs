@@ -15,7 +15,6 @@ use ferrite_gguf::{GgmlType, Gguf};
 use crate::ModelError;
 use crate::config::Activation;
 use crate::features::MoeConfig;
-use crate::kv::try_vec;
 use crate::model::{Model, Weight};
 use crate::ops::{gelu_tanh, silu};
 
@@ -135,16 +134,12 @@ pub(crate) struct MoeScratch {
 }
 
 impl MoeScratch {
-    /// Scratch for `cfg` with chunks of `chunk` tokens, `d_model` wide, expert width `d_ff`.
-    pub(crate) fn new(
-        cfg: &MoeConfig,
-        chunk: usize,
-        d_model: usize,
-        d_ff: usize,
-    ) -> Result<MoeScratch, ModelError> {
+    /// Scratch for `cfg` with chunks of `chunk` rows, `d_model` wide, expert width `d_ff`
+    /// (sized like the session's other per-chunk buffers).
+    pub(crate) fn new(cfg: &MoeConfig, chunk: usize, d_model: usize, d_ff: usize) -> MoeScratch {
         let slots = chunk * cfg.n_expert_used;
-        Ok(MoeScratch {
-            router: try_vec(chunk.checked_mul(cfg.n_expert), 0.0, "router logits")?,
+        MoeScratch {
+            router: vec![0.0; chunk * cfg.n_expert],
             selected: vec![0; slots],
             weight: vec![0.0; slots],
             order: vec![0; slots],
@@ -154,11 +149,11 @@ impl MoeScratch {
             gate: vec![0.0; chunk * d_ff],
             up: vec![0.0; chunk * d_ff],
             y: vec![0.0; chunk * d_model],
-            slot_out: try_vec(slots.checked_mul(d_model), 0.0, "expert outputs")?,
+            slot_out: vec![0.0; slots * d_model],
             probs: vec![0.0; cfg.n_expert],
             experts_run: 0,
             expert_rows: 0,
-        })
+        }
     }
 }
 

@@ -236,6 +236,12 @@ pub fn forward(model: &Model, tokens: &[u32]) -> Result<RefOutput, ModelError> {
             }
         }
         let mut o = linear(&w("attn_output")?, &att, d, qd);
+        if c.out_bias {
+            let b = load(g, &format!("blk.{l}.attn_output.bias"))?;
+            for (i, y) in o.iter_mut().enumerate() {
+                *y += b[i % d];
+            }
+        }
         if c.post_norms {
             o = norm(&o, &w("post_attention_norm")?, eps);
         }
