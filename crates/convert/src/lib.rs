@@ -412,33 +412,29 @@ impl HfModel {
         let n_experts = c.experts.map_or(0, |e| e.count);
         for hf in self.checkpoint.names() {
             let mapped = names::map(hf).ok_or_else(|| ConvertError::UnmappedTensor(hf.into()))?;
-            let layer_of = |m: &Mapped| match m {
-                Mapped::Expert { layer, .. }
-                | Mapped::FusedGateUp { layer }
-                | Mapped::FusedDown { layer } => Some(*layer),
-                _ => None,
-            };
-            if let Some(layer) = layer_of(&mapped) {
-                if n_experts == 0 {
-                    return Err(ConvertError::UnmappedTensor(hf.into()));
-                }
-                if layer >= c.n_layer {
-                    return Err(ConvertError::UnmappedTensor(hf.into()));
-                }
+            let layer = hf
+                .strip_prefix("model.layers.")
+                .and_then(|r| r.split('.').next())
+                .and_then(|l| l.parse::<usize>().ok());
+            if layer.is_some_and(|l| l >= c.n_layer) {
+                return Err(ConvertError::BadTensor {
+                    tensor: hf.into(),
+                    reason: format!("layer index beyond num_hidden_layers {}", c.n_layer),
+                });
+            }
+            let expert_tensor = matches!(
+                mapped,
+                Mapped::Expert { .. } | Mapped::FusedGateUp { .. } | Mapped::FusedDown { .. }
+            );
+            if expert_tensor && n_experts == 0 {
+                // Expert weights in a model whose config declares no experts.
+                return Err(ConvertError::UnmappedTensor(hf.into()));
             }
             match mapped {
                 Mapped::Skip => {}
                 Mapped::Plain(gguf) => {
                     if gguf == "output.weight" && c.tie_embeddings {
                         continue;
-                    }
-                    if let Some(layer) = gguf
-                        .strip_prefix("blk.")
-                        .and_then(|r| r.split('.').next())
-                        .and_then(|l| l.parse::<usize>().ok())
-                        && layer >= c.n_layer
-                    {
-                        return Err(ConvertError::UnmappedTensor(hf.into()));
                     }
                     items.push(Item::Plain {
                         gguf,

@@ -366,6 +366,21 @@ fn errors_name_the_problem() {
     write_safetensors(&dir.path().join("model.safetensors"), &t);
     let e = convert(dir.path(), OutType::F32).unwrap_err();
     assert!(e.to_string().contains("mystery"), "{e}");
+    // A layer the config does not have, and expert weights in a dense model.
+    t.pop();
+    t.push(f32_tensor("model.layers.5.mlp.up_proj.weight", &[FF, D], 1));
+    write_safetensors(&dir.path().join("model.safetensors"), &t);
+    let e = convert(dir.path(), OutType::F32).unwrap_err();
+    assert!(e.to_string().contains("num_hidden_layers"), "{e}");
+    t.pop();
+    t.push(f32_tensor(
+        "model.layers.0.mlp.experts.0.up_proj.weight",
+        &[FF, D],
+        1,
+    ));
+    write_safetensors(&dir.path().join("model.safetensors"), &t);
+    let e = convert(dir.path(), OutType::F32).unwrap_err();
+    assert!(matches!(e, ConvertError::UnmappedTensor(_)), "{e}");
 }
 
 #[test]
