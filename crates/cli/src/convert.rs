@@ -89,10 +89,8 @@ fn write_atomically(
         bar.set_position(p.index as u64);
         bar.set_message(format!("{} {:?}", p.name, p.ty));
     };
-    let (writer, summary) = model.to_gguf(ty, &mut progress)?;
-    bar.set_message("writing");
-    writer
-        .write_file(tmp.path())
+    let summary = model
+        .write_gguf(tmp.path(), ty, &mut progress)
         .with_context(|| format!("writing {}", tmp.path().display()))?;
     bar.finish_and_clear();
     tmp.persist(out)

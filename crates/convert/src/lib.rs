@@ -23,20 +23,22 @@
 mod config;
 mod error;
 mod names;
+mod plan;
 mod spm;
 mod tensors;
 mod tokenizer;
+mod write;
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use ferrite_gguf::{GgmlType, GgufWriter, Value};
-use ferrite_safetensors::{Checkpoint, Dtype, TensorRef};
+use ferrite_safetensors::Checkpoint;
 
 pub use config::{Experts, Family, HfConfig, Llama3Rope, SlidingWindow};
 pub use error::ConvertError;
-use names::{ExpertPart, Mapped};
+use plan::{Described, Plan};
 
 /// The tensor type of the GGUF written (vectors, norms, biases and routers are F32 in every
 /// case, as llama.cpp's converter does).
@@ -123,27 +125,6 @@ pub fn is_hf_dir(path: &Path) -> bool {
     path.is_dir() && path.join("config.json").is_file()
 }
 
-/// One output tensor before its data is produced.
-enum Item {
-    Plain {
-        gguf: String,
-        hf: String,
-    },
-    Stack {
-        layer: usize,
-        part: ExpertPart,
-    },
-    FusedHalf {
-        layer: usize,
-        gate: bool,
-        hf: String,
-    },
-    FusedDown {
-        layer: usize,
-        hf: String,
-    },
-}
-
 impl HfModel {
     /// Reads `config.json` and the tokenizer files and opens (and validates) the weights.
     pub fn open(dir: &Path) -> Result<HfModel, ConvertError> {
@@ -183,342 +164,187 @@ impl HfModel {
     }
 
     /// Builds the GGUF (metadata and tensors) in memory; `progress` is called per tensor.
-    /// Tensors that are not re-encoded or moved borrow from the mapped checkpoint.
+    /// Tensors that are not re-encoded or moved borrow from the mapped checkpoint, the
+    /// others are held until the writer is dropped ([`HfModel::write_gguf`] streams instead).
     pub fn to_gguf(
         &self,
         out: OutType,
         progress: &mut dyn FnMut(TensorDone<'_>),
     ) -> Result<(GgufWriter<'_>, Summary), ConvertError> {
-        let (items, stacks) = self.plan()?;
-        let c = &self.config;
+        let layout = self.layout(out)?;
         let mut w = GgufWriter::new();
-        let arch = c.family.gguf_arch();
-        let name = self
-            .dir
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        w.add_metadata("general.architecture", Value::String(arch.into()))?;
-        w.add_metadata("general.type", Value::String("model".into()))?;
-        w.add_metadata("general.name", Value::String(name))?;
-        for (k, v) in c.metadata() {
-            w.add_metadata(k, v)?;
-        }
-        w.add_metadata("general.file_type", Value::U32(self.file_type(out, &items)))?;
-        w.add_metadata("general.quantization_version", Value::U32(2))?;
-        for (k, v) in &self.tokenizer {
+        for (k, v) in &layout.metadata {
             w.add_metadata(k.clone(), v.clone())?;
         }
-        let rope_freqs = c.rope_freqs();
-        let mut summary = Summary {
-            arch: arch.to_owned(),
-            ..Summary::default()
-        };
-        let total = items.len() + usize::from(rope_freqs.is_some());
-        let mut record = |gguf: &str, ty: GgmlType, dims: &[u64], n_bytes: usize| {
-            let entry = summary.by_type.entry(ty).or_default();
-            entry.0 += 1;
-            entry.1 += n_bytes as u64;
-            summary.n_tensors += 1;
-            summary.n_params += dims.iter().product::<u64>();
-            progress(TensorDone {
-                index: summary.n_tensors,
-                total,
-                name: gguf,
-                ty,
-                dims,
-            });
-        };
-        if let Some(f) = rope_freqs {
-            let bytes: Vec<u8> = f.iter().flat_map(|x| x.to_le_bytes()).collect();
-            let dims = [f.len() as u64];
-            record("rope_freqs.weight", GgmlType::F32, &dims, bytes.len());
-            w.add_tensor("rope_freqs.weight", GgmlType::F32, &dims, bytes)?;
-        }
-        for item in &items {
-            let (gguf, src, shape, bytes) = self.materialize(item, &stacks)?;
-            let target = tensors::target_type(&gguf, &shape, out, src);
-            let data = tensors::encode(&gguf, src, bytes, target)?;
-            // GGUF lists dimensions innermost first: the reverse of PyTorch's shape.
-            let mut dims: Vec<u64> = shape.iter().rev().copied().collect();
-            if dims.is_empty() {
-                dims.push(1);
-            }
-            record(&gguf, target, &dims, data.len());
-            w.add_tensor(gguf, target, &dims, data)?;
+        let mut summary = layout.summary();
+        for t in &layout.tensors {
+            let data = layout.data(t)?;
+            summary.record(t, layout.tensors.len(), progress);
+            w.add_tensor(t.name.clone(), t.ty, &t.dims, data)?;
         }
         Ok((w, summary))
     }
 
-    /// Converts and writes `out_path`; returns the summary.
+    /// Converts into the file `out_path`, producing and writing one tensor at a time, so
+    /// memory holds at most one re-encoded tensor; returns the summary. The file's bytes are
+    /// those [`HfModel::to_gguf`] would give.
     pub fn write_gguf(
         &self,
         out_path: &Path,
         out: OutType,
         progress: &mut dyn FnMut(TensorDone<'_>),
     ) -> Result<Summary, ConvertError> {
-        let (w, summary) = self.to_gguf(out, progress)?;
-        w.write_file(out_path)?;
-        Ok(summary)
+        write::stream(&self.layout(out)?, out_path, progress)
     }
 
-    /// One output tensor: GGUF name, stored type, row-major shape and bytes.
-    fn materialize<'s>(
-        &'s self,
-        item: &Item,
-        stacks: &Stacks,
-    ) -> Result<Prepared<'s>, ConvertError> {
+    /// Everything about the output except the tensor bytes.
+    fn layout(&self, out: OutType) -> Result<Layout<'_>, ConvertError> {
+        let plan = Plan::new(&self.config, &self.checkpoint)?;
         let c = &self.config;
-        match item {
-            Item::Plain { gguf, hf } => {
-                let t = self.tensor(hf)?;
-                let src = float_type(hf, &t)?;
-                let shape = t.info.shape.clone();
-                let heads = if !c.family.permutes_qk() {
-                    None
-                } else if is_blk_tensor(gguf, "attn_q") {
-                    Some(c.n_head)
-                } else if is_blk_tensor(gguf, "attn_k") {
-                    Some(c.n_kv_head)
-                } else {
-                    None
-                };
-                let bytes = match heads {
-                    None => Cow::Borrowed(t.data),
-                    Some(n_head) => {
-                        let rows = shape.first().copied().unwrap_or(0) as usize;
-                        if rows != n_head * c.head_dim {
-                            return Err(ConvertError::BadTensor {
-                                tensor: hf.clone(),
-                                reason: format!(
-                                    "{rows} rows, expected {n_head} heads of {}",
-                                    c.head_dim
-                                ),
-                            });
-                        }
-                        Cow::Owned(tensors::permute_rows(t.data, rows, n_head))
-                    }
-                };
-                Ok((gguf.clone(), src, shape, bytes))
-            }
-            Item::Stack { layer, part } => {
-                let names = stacks
-                    .get(&(*layer, *part))
-                    .map(Vec::as_slice)
-                    .unwrap_or_default();
-                let mut src = None;
-                let mut shape: Option<Vec<u64>> = None;
-                let mut data = Vec::new();
-                for hf in names.iter().flatten() {
-                    let t = self.tensor(hf)?;
-                    let ty = float_type(hf, &t)?;
-                    if *src.get_or_insert(ty) != ty
-                        || *shape.get_or_insert_with(|| t.info.shape.clone()) != t.info.shape
-                        || t.info.shape.len() != 2
-                    {
-                        return Err(ConvertError::BadTensor {
-                            tensor: hf.clone(),
-                            reason:
-                                "experts of one layer differ in dtype or shape, or are not matrices"
-                                    .into(),
-                        });
-                    }
-                    data.extend_from_slice(t.data);
-                }
-                let (Some(src), Some(shape)) = (src, shape) else {
-                    return Err(ConvertError::MissingTensor(part.gguf_name(*layer)));
-                };
-                let full = [vec![names.len() as u64], shape].concat();
-                Ok((part.gguf_name(*layer), src, full, Cow::Owned(data)))
-            }
-            Item::FusedHalf { layer, gate, hf } => {
-                let t = self.tensor(hf)?;
-                let src = float_type(hf, &t)?;
-                let &[e, two_ff, d] = t.info.shape.as_slice() else {
-                    return Err(fused_shape(hf));
-                };
-                if two_ff % 2 != 0 {
-                    return Err(fused_shape(hf));
-                }
-                let ff = two_ff / 2;
-                let (from, to) = if *gate { (0, ff) } else { (ff, two_ff) };
-                let data = tensors::slice_rows_per_block(
-                    t.data,
-                    e as usize,
-                    two_ff as usize,
-                    from as usize,
-                    to as usize,
-                );
-                let part = if *gate {
-                    ExpertPart::Gate
-                } else {
-                    ExpertPart::Up
-                };
-                Ok((
-                    part.gguf_name(*layer),
-                    src,
-                    vec![e, ff, d],
-                    Cow::Owned(data),
-                ))
-            }
-            Item::FusedDown { layer, hf } => {
-                let t = self.tensor(hf)?;
-                let src = float_type(hf, &t)?;
-                if t.info.shape.len() != 3 {
-                    return Err(fused_shape(hf));
-                }
-                Ok((
-                    ExpertPart::Down.gguf_name(*layer),
-                    src,
-                    t.info.shape.clone(),
-                    Cow::Borrowed(t.data),
-                ))
-            }
+        let arch = c.family.gguf_arch();
+        let mut tensors = Vec::with_capacity(plan.items.len() + 1);
+        if let Some(f) = c.rope_freqs() {
+            tensors.push(OutTensor {
+                name: "rope_freqs.weight".into(),
+                ty: GgmlType::F32,
+                dims: vec![f.len() as u64],
+                n_bytes: 4 * f.len() as u64,
+                source: Source::RopeFreqs(f.iter().flat_map(|x| x.to_le_bytes()).collect()),
+            });
         }
-    }
-
-    fn tensor(&self, hf: &str) -> Result<TensorRef<'_>, ConvertError> {
-        self.checkpoint
-            .get(hf)
-            .ok_or_else(|| ConvertError::MissingTensor(hf.to_owned()))
-    }
-
-    /// `general.file_type` as llama.cpp numbers it; `Stored` follows the first matrix.
-    fn file_type(&self, out: OutType, items: &[Item]) -> u32 {
-        match out {
-            OutType::F32 => 0,
-            OutType::F16 => 1,
-            OutType::BF16 => 32,
-            OutType::Q8_0 => 7,
-            OutType::Stored => {
-                let first = items.iter().find_map(|i| match i {
-                    Item::Plain { hf, .. } => self.checkpoint.get(hf),
-                    _ => None,
-                });
-                match first.map(|t| t.info.dtype) {
-                    Some(Dtype::F16) => 1,
-                    Some(Dtype::BF16) => 32,
-                    _ => 0,
-                }
+        let mut first_matrix = None;
+        for (i, item) in plan.items.iter().enumerate() {
+            let d = plan.describe(item)?;
+            if d.shape.len() >= 2 {
+                first_matrix.get_or_insert(d.src);
             }
-        }
-    }
-
-    /// Maps every checkpoint tensor and checks the set is complete.
-    fn plan(&self) -> Result<(Vec<Item>, Stacks), ConvertError> {
-        let c = &self.config;
-        let mut items = Vec::new();
-        let mut stacks = Stacks::new();
-        let n_experts = c.experts.map_or(0, |e| e.count);
-        for hf in self.checkpoint.names() {
-            let mapped = names::map(hf).ok_or_else(|| ConvertError::UnmappedTensor(hf.into()))?;
-            let layer = hf
-                .strip_prefix("model.layers.")
-                .and_then(|r| r.split('.').next())
-                .and_then(|l| l.parse::<usize>().ok());
-            if layer.is_some_and(|l| l >= c.n_layer) {
-                return Err(ConvertError::BadTensor {
-                    tensor: hf.into(),
-                    reason: format!("layer index beyond num_hidden_layers {}", c.n_layer),
-                });
+            let ty = tensors::target_type(&d.gguf, &d.shape, out, d.src);
+            // GGUF lists dimensions innermost first: the reverse of PyTorch's shape.
+            let mut dims: Vec<u64> = d.shape.iter().rev().copied().collect();
+            if dims.is_empty() {
+                dims.push(1);
             }
-            let expert_tensor = matches!(
-                mapped,
-                Mapped::Expert { .. } | Mapped::FusedGateUp { .. } | Mapped::FusedDown { .. }
-            );
-            if expert_tensor && n_experts == 0 {
-                // Expert weights in a model whose config declares no experts.
-                return Err(ConvertError::UnmappedTensor(hf.into()));
-            }
-            match mapped {
-                Mapped::Skip => {}
-                Mapped::Plain(gguf) => {
-                    if gguf == "output.weight" && c.tie_embeddings {
-                        continue;
-                    }
-                    items.push(Item::Plain {
-                        gguf,
-                        hf: hf.into(),
-                    });
-                }
-                Mapped::Expert {
-                    layer,
-                    expert,
-                    part,
-                } => {
-                    if expert >= n_experts {
-                        return Err(ConvertError::BadTensor {
-                            tensor: hf.into(),
-                            reason: format!("expert index beyond num_experts {n_experts}"),
-                        });
-                    }
-                    let slots = stacks.entry((layer, part)).or_insert_with(|| {
-                        items.push(Item::Stack { layer, part });
-                        vec![None; n_experts]
-                    });
-                    slots[expert] = Some(hf.into());
-                }
-                Mapped::FusedGateUp { layer } => {
-                    for gate in [true, false] {
-                        items.push(Item::FusedHalf {
-                            layer,
-                            gate,
-                            hf: hf.into(),
-                        });
-                    }
-                }
-                Mapped::FusedDown { layer } => items.push(Item::FusedDown {
-                    layer,
-                    hf: hf.into(),
-                }),
-            }
+            let n_bytes = tensor_bytes(ty, &dims).ok_or_else(|| ConvertError::BadTensor {
+                tensor: d.gguf.clone(),
+                reason: format!("shape {dims:?} does not fit whole {ty:?} blocks"),
+            })?;
+            tensors.push(OutTensor {
+                name: d.gguf.clone(),
+                ty,
+                dims,
+                n_bytes,
+                source: Source::Item(i, d),
+            });
         }
-        for ((layer, part), slots) in &stacks {
-            if let Some(missing) = slots.iter().position(Option::is_none) {
-                return Err(ConvertError::MissingTensor(format!(
-                    "layer {layer} expert {missing} {part:?} projection"
-                )));
-            }
-        }
-        if self.checkpoint.get("model.embed_tokens.weight").is_none() {
-            return Err(ConvertError::MissingTensor(
-                "model.embed_tokens.weight".into(),
-            ));
-        }
-        if !c.tie_embeddings && self.checkpoint.get("lm_head.weight").is_none() {
-            return Err(ConvertError::MissingTensor(
-                "lm_head.weight (tie_word_embeddings is false)".into(),
-            ));
-        }
-        Ok((items, stacks))
+        // `general.file_type` as llama.cpp numbers it; `Stored` follows the first matrix.
+        let file_type = match (out, first_matrix) {
+            (OutType::F32, _) => 0,
+            (OutType::F16, _) | (OutType::Stored, Some(GgmlType::F16)) => 1,
+            (OutType::BF16, _) | (OutType::Stored, Some(GgmlType::BF16)) => 32,
+            (OutType::Q8_0, _) => 7,
+            (OutType::Stored, _) => 0,
+        };
+        let name = self
+            .dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let mut metadata = vec![
+            (
+                "general.architecture".to_owned(),
+                Value::String(arch.into()),
+            ),
+            ("general.type".to_owned(), Value::String("model".into())),
+            ("general.name".to_owned(), Value::String(name)),
+        ];
+        metadata.extend(c.metadata());
+        metadata.push(("general.file_type".into(), Value::U32(file_type)));
+        metadata.push(("general.quantization_version".into(), Value::U32(2)));
+        metadata.extend(self.tokenizer.iter().cloned());
+        Ok(Layout {
+            arch,
+            plan,
+            metadata,
+            tensors,
+        })
     }
 }
 
-/// An output tensor before encoding: GGUF name, stored type, row-major shape, bytes.
-type Prepared<'a> = (String, GgmlType, Vec<u64>, Cow<'a, [u8]>);
-
-/// Per (layer, expert matrix): the checkpoint name of each expert's tensor.
-type Stacks = BTreeMap<(usize, ExpertPart), Vec<Option<String>>>;
-
-/// Whether `gguf` is `blk.N.<role>.weight` or `.bias`.
-fn is_blk_tensor(gguf: &str, role: &str) -> bool {
-    gguf.starts_with("blk.")
-        && (gguf.ends_with(&format!(".{role}.weight")) || gguf.ends_with(&format!(".{role}.bias")))
+/// Bytes of a tensor of type `ty` with GGUF dims `dims`.
+fn tensor_bytes(ty: GgmlType, dims: &[u64]) -> Option<u64> {
+    let rows: u64 = dims
+        .get(1..)?
+        .iter()
+        .try_fold(1u64, |a, &d| a.checked_mul(d))?;
+    ty.row_bytes(*dims.first()?)?.checked_mul(rows)
 }
 
-fn float_type(hf: &str, t: &TensorRef<'_>) -> Result<GgmlType, ConvertError> {
-    tensors::ggml_of(t.info.dtype).ok_or_else(|| ConvertError::BadTensor {
-        tensor: hf.to_owned(),
-        reason: format!(
-            "dtype {} (only F32, F16 and BF16 weights convert)",
-            t.info.dtype
-        ),
-    })
+/// Where an output tensor's bytes come from.
+enum Source {
+    /// Computed from the config (Llama 3 rope factors).
+    RopeFreqs(Vec<u8>),
+    /// Plan item `.0`, described as `.1`.
+    Item(usize, Described),
 }
 
-fn fused_shape(hf: &str) -> ConvertError {
-    ConvertError::BadTensor {
-        tensor: hf.to_owned(),
-        reason: "fused expert tensor must be [experts, 2·ff, d] (gate_up) or 3-D (down)".into(),
+/// One tensor of the output file, before its bytes are produced.
+struct OutTensor {
+    name: String,
+    ty: GgmlType,
+    dims: Vec<u64>,
+    n_bytes: u64,
+    source: Source,
+}
+
+/// The whole output but the tensor bytes: metadata in order and the tensor table.
+struct Layout<'a> {
+    arch: &'static str,
+    plan: Plan<'a>,
+    metadata: Vec<(String, Value)>,
+    tensors: Vec<OutTensor>,
+}
+
+impl<'a> Layout<'a> {
+    /// The bytes of `t` in its output type.
+    fn data(&self, t: &OutTensor) -> Result<Cow<'a, [u8]>, ConvertError> {
+        let data = match &t.source {
+            Source::RopeFreqs(bytes) => Cow::Owned(bytes.clone()),
+            Source::Item(i, d) => {
+                let bytes = self.plan.bytes(&self.plan.items[*i], d)?;
+                tensors::encode(&t.name, d.src, bytes, t.ty)?
+            }
+        };
+        if data.len() as u64 != t.n_bytes {
+            return Err(ConvertError::BadTensor {
+                tensor: t.name.clone(),
+                reason: format!("produced {} bytes, expected {}", data.len(), t.n_bytes),
+            });
+        }
+        Ok(data)
+    }
+
+    fn summary(&self) -> Summary {
+        Summary {
+            arch: self.arch.to_owned(),
+            ..Summary::default()
+        }
+    }
+}
+
+impl Summary {
+    /// Counts `t` and reports it to `progress`.
+    fn record(&mut self, t: &OutTensor, total: usize, progress: &mut dyn FnMut(TensorDone<'_>)) {
+        let entry = self.by_type.entry(t.ty).or_default();
+        entry.0 += 1;
+        entry.1 += t.n_bytes;
+        self.n_tensors += 1;
+        self.n_params += t.dims.iter().product::<u64>();
+        progress(TensorDone {
+            index: self.n_tensors,
+            total,
+            name: &t.name,
+            ty: t.ty,
+            dims: &t.dims,
+        });
     }
 }

@@ -490,3 +490,49 @@ fn llama_attention_biases_are_permuted_like_their_weights() {
         "V is never permuted"
     );
 }
+
+/// The streaming writer must give exactly the bytes of the in-memory one (which the other
+/// tests check against their oracles), for every kind of tensor source and output type.
+#[test]
+fn streamed_file_equals_the_in_memory_gguf() {
+    let cases: [(&str, OutType); 4] = [
+        ("llama", OutType::Stored),
+        ("mistral", OutType::Q8_0),
+        ("llama3", OutType::F16),
+        ("moe", OutType::BF16),
+    ];
+    for (kind, ty) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        match kind {
+            "llama" => {
+                dense_dir(dir.path(), "LlamaForCausalLM", "", false);
+            }
+            "mistral" => {
+                dense_dir(
+                    dir.path(),
+                    "MistralForCausalLM",
+                    r#","sliding_window":4"#,
+                    false,
+                );
+            }
+            "llama3" => {
+                dense_dir(
+                    dir.path(),
+                    "LlamaForCausalLM",
+                    r#","rope_scaling":{"rope_type":"llama3","factor":8.0,"original_max_position_embeddings":16}"#,
+                    false,
+                );
+            }
+            _ => moe_dir(dir.path(), true),
+        }
+        let m = HfModel::open(dir.path()).unwrap();
+        let (w, s1) = m.to_gguf(ty, &mut |_| {}).unwrap();
+        let memory = w.to_bytes().unwrap();
+        let path = dir.path().join("out.gguf");
+        let mut seen = 0;
+        let s2 = m.write_gguf(&path, ty, &mut |_| seen += 1).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), memory, "{kind} {ty:?}");
+        assert_eq!(s1, s2);
+        assert_eq!(seen, s2.n_tensors);
+    }
+}
