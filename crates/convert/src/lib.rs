@@ -1,5 +1,5 @@
 //! ferrite-convert: turns a Hugging Face model directory (`config.json`, `*.safetensors`,
-//! `tokenizer.json`, `tokenizer_config.json`) into a GGUF file.
+//! `tokenizer.json` or `tokenizer.model`, `tokenizer_config.json`) into a GGUF file.
 //!
 //! Key design choice: the GGUF written is the one llama.cpp's `convert_hf_to_gguf.py` writes
 //! (architecture names, metadata keys, tensor names, the Q/K row permutation of the llama
@@ -7,14 +7,16 @@
 //! `tokenizer.ggml.*`), so ferrite's loader and llama.cpp's read it the same way; the
 //! conventions are listed in `docs/gguf-conventions.md`. Layout changes are row moves on
 //! the stored bytes; tensors that neither move nor change type are borrowed from the
-//! memory-mapped safetensors files, so [`OutType::Stored`] costs little more than the copy.
+//! memory-mapped safetensors files, so [`OutType::Stored`] costs little more than the copy,
+//! and [`HfModel::write_gguf`] produces one tensor at a time.
 //!
 //! ```no_run
 //! use ferrite_convert::{HfModel, OutType};
 //! let model = HfModel::open("path/to/hf_dir".as_ref())?;
-//! let (writer, summary) = model.to_gguf(OutType::F16, &mut |_| {})?;
-//! writer.write_file("out.gguf".as_ref())?;
-//! println!("{} tensors", summary.n_tensors);
+//! let summary = model.write_gguf("out.gguf".as_ref(), OutType::F16, &mut |t| {
+//!     eprintln!("{}/{} {}", t.index, t.total, t.name);
+//! })?;
+//! println!("{} tensors, {} weights", summary.n_tensors, summary.n_params);
 //! # Ok::<(), ferrite_convert::ConvertError>(())
 //! ```
 
