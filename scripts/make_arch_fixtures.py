@@ -18,7 +18,7 @@ Outputs per model, in fixtures/arch/<name>/:
   vocabulary, in line order then step order, for a max |delta logit| check.
 
 Run (needs torch, transformers, safetensors, tokenizers, numpy):
-  python3 scripts/make_arch_fixtures.py [OUT_DIR] [--seed N]   # default fixtures/arch
+  python3 scripts/make_arch_fixtures.py [OUT_DIR] [--seed N] [--alt-shapes]   # default fixtures/arch
 A different seed gives a held-out set of the same kinds (run the tests on it with
 FERRITE_ARCH_FIXTURES=OUT_DIR).
 """
@@ -128,6 +128,16 @@ MODELS = {
         False,
         torch.float32,
     ),
+}
+
+# --alt-shapes: other widths, head counts (GQA group 3), depths and expert counts, for a
+# held-out set that exercises shapes the committed fixtures do not.
+ALT_COMMON = dict(hidden_size=96, intermediate_size=160, num_hidden_layers=3, num_attention_heads=6)
+ALT_EXTRA = {
+    "qwen3": dict(head_dim=32),
+    "qwen3moe": dict(num_experts=6, moe_intermediate_size=64),
+    "mixtral": dict(num_local_experts=8, intermediate_size=64),
+    "llama": dict(num_hidden_layers=2, intermediate_size=128),
 }
 
 PROMPTS = [
@@ -306,12 +316,20 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("out", nargs="?", type=pathlib.Path, default=ROOT / "fixtures/arch")
     ap.add_argument("--seed", type=int, default=SEED, help="another seed makes a held-out set")
+    ap.add_argument("--alt-shapes", action="store_true", help="held-out shapes (ALT_COMMON)")
     args = ap.parse_args()
     out_root, seed = args.out, args.seed
+    models = MODELS
+    if args.alt_shapes:
+        COMMON.update(ALT_COMMON)
+        models = {
+            n: (cls, {**extra, **ALT_EXTRA.get(n, {})}, tie, dt)
+            for n, (cls, extra, tie, dt) in MODELS.items()
+        }
     torch.set_num_threads(1)
     tok_dir = out_root / ".tokenizer"
     tok = train_tokenizer(tok_dir)
-    for name, spec in MODELS.items():
+    for name, spec in models.items():
         out = out_root / name
         out.mkdir(parents=True, exist_ok=True)
         # Redraw the weights until no greedy step is a near-tie (margin under MIN_MARGIN) and
