@@ -135,12 +135,15 @@ fn openai_chat_and_completions_plain_equals_stream() {
         .json();
     let echoed = echo["choices"][0]["text"].as_str().unwrap();
     assert_eq!(echoed, format!("The capital of France is{text}"));
+    // Echo with logprobs scores the prompt too: its first token has no logprob.
     let lp = &echo["choices"][0]["logprobs"];
+    let count = |k: &str| echo["usage"][k].as_u64().unwrap() as usize;
     assert_eq!(
         lp["tokens"].as_array().unwrap().len(),
-        echo["usage"]["completion_tokens"].as_u64().unwrap() as usize
+        count("prompt_tokens") + count("completion_tokens")
     );
-    assert!(lp["token_logprobs"][0].as_f64().unwrap() <= 0.0);
+    assert!(lp["token_logprobs"][0].is_null());
+    assert!(lp["token_logprobs"][1].as_f64().unwrap() <= 0.0);
     // One log line per request, with token counts.
     let log = server.log();
     assert!(

@@ -117,8 +117,12 @@ impl Batch {
         scratch.gather_rows(&lasts, d);
         self.logits.resize(lasts.len() * n_vocab, 0.0);
         scratch.logits(model, pool, 0, lasts.len(), &mut self.logits)?;
-        for (s, t) in sessions.iter_mut().zip(inputs) {
-            s.advance(t);
+        for ((s, t), row) in sessions
+            .iter_mut()
+            .zip(inputs)
+            .zip(self.logits.chunks_exact(n_vocab))
+        {
+            s.advance(t, row);
         }
         Ok(Logits {
             first: 0,
@@ -203,8 +207,10 @@ mod tests {
                     );
                 }
             }
-            for (s, p) in sessions.iter().zip(&prompts) {
+            for ((s, p), w) in sessions.iter().zip(&prompts).zip(&want) {
                 assert_eq!(s.n_past(), p.len() + 2 + if p.len() == 17 { 5 } else { 1 });
+                // Snapshots read the session's own copy of its latest logits.
+                assert!(s.next_logits() == Some(w[2].as_slice()));
             }
         }
     }

@@ -41,6 +41,7 @@ mod moe;
 pub mod ops;
 pub mod reference;
 mod session;
+mod snapshot;
 
 #[cfg(test)]
 mod fixture_tests;
@@ -54,3 +55,4 @@ pub use features::MoeConfig;
 pub use kv::{KvCache, KvType};
 pub use model::{LoadOptions, Model, Precision};
 pub use session::{Logits, Outputs, PREFILL_CHUNK, Session};
+pub use snapshot::SessionState;

@@ -155,14 +155,17 @@ pub(crate) struct Faults {
 pub struct Session<'m> {
     model: &'m Model,
     pool: &'m ThreadPool,
-    kv: KvCache,
-    n_past: usize,
+    pub(crate) kv: KvCache,
+    pub(crate) n_past: usize,
     /// The tokens at positions `0..n_past` (capacity `ctx`, allocated once).
-    history: Vec<u32>,
+    pub(crate) history: Vec<u32>,
     chunk: usize,
     s: Scratch,
     attn: AttnScratch,
-    logits: Vec<f32>,
+    pub(crate) logits: Vec<f32>,
+    /// `Some(end)` when `logits[end - n_vocab..end]` are the logits after token `n_past - 1`
+    /// (kept for snapshots; see `crate::snapshot`).
+    pub(crate) next_logits_end: Option<usize>,
     #[cfg(test)]
     pub(crate) mutation: Option<crate::session::Mutation>,
 }
@@ -213,6 +216,7 @@ impl<'m> Session<'m> {
             s,
             attn,
             logits: vec![0.0; c.n_vocab],
+            next_logits_end: None,
             #[cfg(test)]
             mutation: None,
         })
@@ -243,6 +247,9 @@ impl<'m> Session<'m> {
     /// Forgets every cached token after the first `n` (no-op when `n >= n_past`). Entries
     /// past `n` are overwritten by the next `eval`, so nothing needs clearing.
     pub fn truncate(&mut self, n: usize) {
+        if n < self.n_past {
+            self.next_logits_end = None;
+        }
         self.n_past = self.n_past.min(n);
         self.history.truncate(self.n_past);
     }
@@ -338,6 +345,7 @@ impl<'m> Session<'m> {
             self.logits.resize(need, 0.0);
         }
         let start_past = self.n_past;
+        self.next_logits_end = None;
         let mut done = 0;
         while done < n {
             let len = self.chunk.min(n - done);
@@ -353,6 +361,7 @@ impl<'m> Session<'m> {
             self.history.extend_from_slice(chunk);
             done += len;
         }
+        self.next_logits_end = Some(need);
         Ok(Logits {
             first,
             n_vocab,
@@ -429,10 +438,16 @@ impl<'m> Session<'m> {
         }
     }
 
-    /// Records `tokens` as evaluated after a batched forward pass wrote their cache rows.
-    pub(crate) fn advance(&mut self, tokens: &[u32]) {
+    /// Records `tokens` as evaluated after a batched forward pass wrote their cache rows;
+    /// `logits` are those after the last of them (kept for [`Session::next_logits`]).
+    pub(crate) fn advance(&mut self, tokens: &[u32], logits: &[f32]) {
         self.n_past += tokens.len();
         self.history.extend_from_slice(tokens);
+        if self.logits.len() < logits.len() {
+            self.logits.resize(logits.len(), 0.0);
+        }
+        self.logits[..logits.len()].copy_from_slice(logits);
+        self.next_logits_end = Some(logits.len());
     }
 }
 
