@@ -18,14 +18,16 @@ Outputs per model, in fixtures/arch/<name>/:
   vocabulary, in line order then step order, for a max |delta logit| check.
 
 Run (needs torch, transformers, safetensors, tokenizers, numpy):
-  python3 scripts/make_arch_fixtures.py [OUT_DIR]          # default fixtures/arch
+  python3 scripts/make_arch_fixtures.py [OUT_DIR] [--seed N] [--alt-shapes]   # default fixtures/arch
+A different seed gives a held-out set of the same kinds (run the tests on it with
+FERRITE_ARCH_FIXTURES=OUT_DIR).
 """
 
+import argparse
 import copy
 import json
 import math
 import pathlib
-import sys
 
 import numpy as np
 import torch
@@ -128,6 +130,16 @@ MODELS = {
     ),
 }
 
+# --alt-shapes: other widths, head counts (GQA group 3), depths and expert counts, for a
+# held-out set that exercises shapes the committed fixtures do not.
+ALT_COMMON = dict(hidden_size=96, intermediate_size=160, num_hidden_layers=3, num_attention_heads=6)
+ALT_EXTRA = {
+    "qwen3": dict(head_dim=32),
+    "qwen3moe": dict(num_experts=6, moe_intermediate_size=64),
+    "mixtral": dict(num_local_experts=8, intermediate_size=64),
+    "llama": dict(num_hidden_layers=2, intermediate_size=128),
+}
+
 PROMPTS = [
     ("plain", "The licenses for most software are designed to take away your freedom"),
     ("plain", "1, 2, 3, 4, 5, 6, 7,"),
@@ -187,7 +199,7 @@ def init_weights(model: torch.nn.Module, gen: torch.Generator) -> None:
                 p.copy_(torch.randn(p.shape, generator=gen))
 
 
-def make_model(name: str, spec, attempt: int, drop=None) -> torch.nn.Module:
+def make_model(name: str, spec, attempt: int, drop=None, seed: int = SEED) -> torch.nn.Module:
     """The model `name`, weights drawn with seed number `attempt`; `drop` names a config key
     reset to None (the feature turned off)."""
     cls_name, extra, tie, dtype = spec
@@ -195,9 +207,9 @@ def make_model(name: str, spec, attempt: int, drop=None) -> torch.nn.Module:
     if drop is not None:
         args[drop] = None
     cfg = getattr(transformers, cls_name)(**args)
-    torch.manual_seed(SEED)
+    torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation="eager")
-    gen = torch.Generator().manual_seed(SEED + sum(map(ord, name)) + 1000 * attempt)
+    gen = torch.Generator().manual_seed(seed + sum(map(ord, name)) + 1000 * attempt)
     init_weights(model, gen)
     if dtype != torch.float32:
         # The reference runs on exactly the stored (rounded) values. Only the parameters are
@@ -244,10 +256,10 @@ def logits_of(model, ids):
 FEATURE_KEYS = {"llama3": "rope_scaling", "mistral": "sliding_window"}
 
 
-def check_feature_matters(name: str, spec, attempt: int, model, ids) -> None:
+def check_feature_matters(name: str, spec, attempt: int, seed: int, model, ids) -> None:
     if name not in FEATURE_KEYS:
         return
-    plain = make_model(name, spec, attempt, drop=FEATURE_KEYS[name])
+    plain = make_model(name, spec, attempt, drop=FEATURE_KEYS[name], seed=seed)
     delta = float((logits_of(model, ids) - logits_of(plain, ids)).abs().max())
     print(f"{name}: max |delta logit| without {FEATURE_KEYS[name]} = {delta:.3f}")
     assert delta > 0.5, f"{name}: {FEATURE_KEYS[name]} does not change the logits"
@@ -301,18 +313,30 @@ def write(out: pathlib.Path, name: str, lines, raw) -> None:
 
 
 def main() -> None:
-    out_root = pathlib.Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "fixtures/arch"
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("out", nargs="?", type=pathlib.Path, default=ROOT / "fixtures/arch")
+    ap.add_argument("--seed", type=int, default=SEED, help="another seed makes a held-out set")
+    ap.add_argument("--alt-shapes", action="store_true", help="held-out shapes (ALT_COMMON)")
+    args = ap.parse_args()
+    out_root, seed = args.out, args.seed
+    models = MODELS
+    if args.alt_shapes:
+        COMMON.update(ALT_COMMON)
+        models = {
+            n: (cls, {**extra, **ALT_EXTRA.get(n, {})}, tie, dt)
+            for n, (cls, extra, tie, dt) in MODELS.items()
+        }
     torch.set_num_threads(1)
     tok_dir = out_root / ".tokenizer"
     tok = train_tokenizer(tok_dir)
-    for name, spec in MODELS.items():
+    for name, spec in models.items():
         out = out_root / name
         out.mkdir(parents=True, exist_ok=True)
         # Redraw the weights until no greedy step is a near-tie (margin under MIN_MARGIN) and
         # Q8_0 rounding of the weights keeps every top-1: otherwise a top-1 check on a
         # quantized model would measure the random network's chaos, not the engine.
         for attempt in range(50):
-            model = make_model(name, spec, attempt)
+            model = make_model(name, spec, attempt, seed=seed)
             lines, raw = record(model, tok, name)
             margin = min(line["min_top1_margin"] for line in lines)
             if margin >= MIN_MARGIN and q8_0_keeps_top1(model, lines):
@@ -338,7 +362,7 @@ def main() -> None:
         tc["chat_template"] = CHAT_TEMPLATE
         tc_path.write_text(json.dumps(tc, indent=2, sort_keys=True) + "\n")
         write(out, name, lines, raw)
-        check_feature_matters(name, spec, attempt, model, tok.encode(PROMPTS[-1][1]))
+        check_feature_matters(name, spec, attempt, seed, model, tok.encode(PROMPTS[-1][1]))
         n_params = sum(p.numel() for p in model.parameters())
         print(f"{name}: {n_params} parameters, draw {attempt}, min top-1 margin {margin}")
     for p in tok_dir.iterdir():

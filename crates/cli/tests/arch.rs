@@ -5,7 +5,8 @@
 //!
 //! Bounds (issue 7): f32 max |Δ logit| ≤ 1e-3 against transformers' float32 logits (the
 //! full-vocabulary `logits-<name>.f32` side file) and top-1 agreement 1.0; f16 top-1 1.0;
-//! Q8_0 top-1 ≥ 0.98; the HF directory itself (`-m DIR`) scores top-1 1.0. The fixtures were
+//! Q8_0 top-1 ≥ 0.98; the HF directory itself (`ferrite score -m DIR --precision f32`) scores
+//! top-1 1.0 and max |Δ logprob| ≤ 1e-3. The fixtures were
 //! drawn so that every greedy step wins by a log-prob margin ≥ 0.02, so top-1 is a fair
 //! demand. Also checked: the naive f64 reference against the optimized path on each
 //! converted model, and mutants of the converted files (q/k/v biases zeroed, one expert
@@ -18,7 +19,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{run, text};
+use common::{ferrite, run, text};
 use ferrite_cpu::ThreadPool;
 use ferrite_gguf::{Gguf, GgufWriter, Value};
 use ferrite_model::{KvType, LoadOptions, Model, Outputs, Session, reference};
@@ -212,31 +213,40 @@ fn quantized_q8_0_keeps_top1() {
 
 #[test]
 fn hf_directory_loads_directly() {
+    // A fresh FERRITE_HOME: `-m DIR` converts into it, so no earlier conversion is reused.
+    let home = tempfile::tempdir().unwrap();
     for dir in fixture_dirs() {
         let n = name(&dir);
         let fx = dir.join(format!("logits-{n}.jsonl"));
-        let o = run(&[
-            "score",
-            "-m",
-            dir.to_str().unwrap(),
-            "--fixture",
-            fx.to_str().unwrap(),
-            "--precision",
-            "f32",
-            "--kv",
-            "f32",
-        ]);
+        let o = ferrite()
+            .env("FERRITE_HOME", home.path())
+            .args([
+                "score",
+                "-m",
+                dir.to_str().unwrap(),
+                "--fixture",
+                fx.to_str().unwrap(),
+                "--precision",
+                "f32",
+                "--kv",
+                "f32",
+            ])
+            .output()
+            .unwrap();
         assert!(o.status.success(), "score -m {n}: {}", text(&o));
         let stdout = String::from_utf8_lossy(&o.stdout);
         let last = stdout.lines().last().unwrap_or_default();
         println!("{n}: {last}");
-        let top1: f64 = last
-            .split_whitespace()
-            .find_map(|kv| kv.strip_prefix("top1_agreement="))
-            .unwrap_or_else(|| panic!("{n}: no top1_agreement in {last:?}"))
-            .parse()
-            .unwrap();
-        assert_eq!(top1, 1.0, "{n}: {last}");
+        let field = |key: &str| -> f64 {
+            last.split_whitespace()
+                .find_map(|kv| kv.strip_prefix(key))
+                .unwrap_or_else(|| panic!("{n}: no {key} in {last:?}"))
+                .parse()
+                .unwrap()
+        };
+        assert_eq!(field("top1_agreement="), 1.0, "{n}: {last}");
+        // f32 weights and KV: log-probs as close as the converted f32 file's logits.
+        assert!(field("max_abs_dlogprob=") <= 1e-3, "{n}: {last}");
     }
 }
 

@@ -160,7 +160,15 @@ mod tests {
     #[test]
     fn batched_steps_equal_isolated_steps_bit_for_bit() {
         let pool = ThreadPool::new(2).unwrap();
-        for (arch, ty) in [("llama", GgmlType::Q4_1), ("gemma3", GgmlType::Q5_0)] {
+        for (arch, ty) in [
+            ("llama", GgmlType::Q4_1),
+            ("gemma3", GgmlType::Q5_0),
+            // Expert FFNs group a batch's rows by expert: still row-independent.
+            ("mixtral", GgmlType::Q8_0),
+            ("qwen3moe", GgmlType::Q4_1),
+            ("qwen2", GgmlType::Q8_0),
+            ("llama3", GgmlType::Q8_0),
+        ] {
             let m = tiny_model(arch, ty, Precision::Default);
             // Prompts of different lengths; the third session takes a 5-token chunk in the
             // second step while the others decode one token (continuous batching).
