@@ -71,7 +71,7 @@ static __device__ __forceinline__ float deq_f16(const u8* __restrict__ r, int i)
     return h2f(ld16(r + 2 * i));
 }
 
-#define FERRITE_MATVEC(NAME, DEQ)                                                          \
+#define FERRITE_MATVEC(NAME, DEQ, SH)                                                        \
     extern "C" __global__ void matvec_##NAME(const u8* __restrict__ w,                     \
                                              const float* __restrict__ x,                  \
                                              float* __restrict__ y, int rows, int cols,    \
@@ -81,7 +81,7 @@ static __device__ __forceinline__ float deq_f16(const u8* __restrict__ r, int i)
         if (row >= rows) return;                                                           \
         const u8* r = w + (unsigned long long)row * row_bytes;                             \
         float acc = 0.0f;                                                                  \
-        int units = cols >> 5;                                                             \
+        int units = cols >> SH;                                                           \
         for (int u = lane; u < units; u += 32) acc += unit_##NAME(r, u, x);                \
         acc = warp_sum(acc);                                                               \
         if (lane == 0) y[row] = acc;                                                       \
@@ -108,7 +108,7 @@ static __device__ __forceinline__ float deq_f16(const u8* __restrict__ r, int i)
         }                                                                                  \
         const u8* r = w + (unsigned long long)row * row_bytes;                             \
         float acc = 0.0f;                                                                  \
-        int units = cols >> 5;                                                             \
+        int units = cols >> SH;                                                           \
         for (int u = lane; u < units; u += 32) acc += unit_##NAME(r, u, x);                \
         acc = warp_sum(acc);                                                               \
         if (lane == 0) y[row] = acc;                                                       \
@@ -123,7 +123,7 @@ static __device__ __forceinline__ float deq_f16(const u8* __restrict__ r, int i)
         const u8* rg = wg + (unsigned long long)row * row_bytes;                           \
         const u8* ru = wu + (unsigned long long)row * row_bytes;                           \
         float g = 0.0f, up = 0.0f;                                                         \
-        int units = cols >> 5;                                                             \
+        int units = cols >> SH;                                                           \
         for (int u = lane; u < units; u += 32) {                                           \
             g += unit_##NAME(rg, u, x);                                                    \
             up += unit_##NAME(ru, u, x);                                                   \
@@ -132,14 +132,25 @@ static __device__ __forceinline__ float deq_f16(const u8* __restrict__ r, int i)
         up = warp_sum(up);                                                                 \
         if (lane == 0) y[row] = gate_act(g, act) * up;                                     \
     }                                                                                      \
-    /* tp[0] is the token (in device memory so a captured graph serves every step). */  \
+    /* Row tokens[blockIdx.y] into row blockIdx.y of y (decode passes tp, whose first  \
+       value is the token, so a captured graph serves every step). */                      \
     extern "C" __global__ void embed_##NAME(const u8* __restrict__ w, float* __restrict__ y, \
-                                            const int* __restrict__ tp, int cols,          \
+                                            const int* __restrict__ tokens, int cols,      \
                                             unsigned long long row_bytes, float scale) {   \
         int i = blockIdx.x * blockDim.x + threadIdx.x;                                     \
-        int token = tp[0];                                                                 \
+        int token = tokens[blockIdx.y];                                                    \
         if (i >= cols) return;                                                             \
-        y[i] = DEQ(w + (unsigned long long)token * row_bytes, i) * scale;                  \
+        y[(unsigned long long)blockIdx.y * cols + i] =                                     \
+            DEQ(w + (unsigned long long)token * row_bytes, i) * scale;                     \
+    }                                                                                      \
+    /* The whole matrix as f16, row-major (the weight operand of prefill GEMMs). */        \
+    extern "C" __global__ void dequant_f16_##NAME(const u8* __restrict__ w,                \
+                                                  u16* __restrict__ out, int rows, int cols, \
+                                                  unsigned long long row_bytes) {          \
+        unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;  \
+        if (i >= (unsigned long long)rows * cols) return;                                  \
+        int r = (int)(i / cols), c = (int)(i - (unsigned long long)r * cols);              \
+        out[i] = f2h(DEQ(w + (unsigned long long)r * row_bytes, c));                       \
     }
 
 // Dot product of unit u (values 32u..32u+32) of a row with x, from the element decoder.
@@ -193,16 +204,103 @@ static __device__ __forceinline__ float unit_q8_0(const u8* __restrict__ r, int 
     return d * s;
 }
 
+
+// Q4_K unit of 64 values (u = 4·super-block + c): the 32 nibble bytes at 16 + 32c hold
+// sub-block 2c in their low and 2c+1 in their high nibbles. Super-blocks are 144 bytes, so
+// they and their nibble area start 16-byte aligned: two uint4 loads.
+static __device__ __forceinline__ void scale_min_k4(int j, u32 s0, u32 s1, u32 s2, float* sc,
+                                                    float* mn) {
+    if (j < 4) {
+        *sc = (float)((s0 >> (8 * j)) & 63u);
+        *mn = (float)((s1 >> (8 * j)) & 63u);
+    } else {
+        int k = 8 * (j - 4);
+        u32 q8 = (s2 >> k) & 255u;
+        *sc = (float)((q8 & 15u) | (((s0 >> k) >> 6 & 3u) << 4));
+        *mn = (float)((q8 >> 4) | (((s1 >> k) >> 6 & 3u) << 4));
+    }
+}
+
+static __device__ __forceinline__ float unit_q4_k(const u8* __restrict__ r, int u,
+                                                  const float* __restrict__ x) {
+    const u8* b = r + (u >> 2) * 144;
+    int c = u & 3;
+    const u32* bw = (const u32*)b;
+    u32 dm = bw[0], s0 = bw[1], s1 = bw[2], s2 = bw[3];
+    float sc0, m0, sc1, m1;
+    scale_min_k4(2 * c, s0, s1, s2, &sc0, &m0);
+    scale_min_k4(2 * c + 1, s0, s1, s2, &sc1, &m1);
+    const uint4* qv = (const uint4*)(b + 16 + 32 * c);
+    uint4 A = qv[0], B = qv[1];
+    u32 w[8] = {A.x, A.y, A.z, A.w, B.x, B.y, B.z, B.w};
+    const float4* xl = (const float4*)(x + (u << 6));
+    float sl = 0.0f, sh = 0.0f, xs_l = 0.0f, xs_h = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        u32 q = w[k];
+        float4 lo = xl[k], hi = xl[8 + k];
+        sl += (float)(q & 15u) * lo.x + (float)((q >> 8) & 15u) * lo.y +
+              (float)((q >> 16) & 15u) * lo.z + (float)((q >> 24) & 15u) * lo.w;
+        sh += (float)((q >> 4) & 15u) * hi.x + (float)((q >> 12) & 15u) * hi.y +
+              (float)((q >> 20) & 15u) * hi.z + (float)(q >> 28) * hi.w;
+        xs_l += (lo.x + lo.y) + (lo.z + lo.w);
+        xs_h += (hi.x + hi.y) + (hi.z + hi.w);
+    }
+    float d = h2f((u16)(dm & 0xffffu)), dmin = h2f((u16)(dm >> 16));
+    return d * (sc0 * sl + sc1 * sh) - dmin * (m0 * xs_l + m1 * xs_h);
+}
+
+// Eight little-endian words from a 2-byte aligned address: nine aligned loads and funnel
+// shifts. Callers guarantee the ninth word lies inside the buffer.
+static __device__ __forceinline__ void ld8w(const u8* p, u32* w) {
+    const u32* a = (const u32*)((unsigned long long)p & ~3ull);
+    u32 sh = (u32)((unsigned long long)p & 3ull) * 8u;
+    u32 prev = a[0];
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        u32 next = a[i + 1];
+        w[i] = __funnelshift_r(prev, next, sh);
+        prev = next;
+    }
+}
+
+// Q6_K unit of 32 values (u = 8·super-block + 4c + k): low nibbles from the 32 ql bytes at
+// 64c + 32(k&1) (shifted by 4(k>>1)), two high bits from the 32 qh bytes at 128 + 32c
+// (shifted by 2k), scales 192 + 8c + 2k (first 16 values) and the next. Super-blocks are
+// 210 bytes (2-byte aligned), so the 32-byte runs come through ld8w; both runs end at
+// least 18 bytes before the super-block does.
+static __device__ __forceinline__ float unit_q6_k(const u8* __restrict__ r, int u,
+                                                  const float* __restrict__ x) {
+    const u8* b = r + (u >> 3) * 210;
+    int c = (u >> 2) & 1, k = u & 3;
+    u32 ql[8], qh[8];
+    ld8w(b + 64 * c + 32 * (k & 1), ql);
+    ld8w(b + 128 + 32 * c, qh);
+    u32 lsh = 4u * (u32)(k >> 1), hsh = 2u * (u32)k;
+    const float4* xv = (const float4*)(x + (u << 5));
+    float s[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        u32 lo = (ql[i] >> lsh) & 0x0f0f0f0fu;
+        u32 hi = ((qh[i] >> hsh) & 0x03030303u) << 4;
+        u32 q = lo | hi;
+        float4 v = xv[i];
+        s[i >> 2] += (float)((int)(q & 63u) - 32) * v.x + (float)((int)((q >> 8) & 63u) - 32) * v.y +
+                     (float)((int)((q >> 16) & 63u) - 32) * v.z + (float)((int)(q >> 24) - 32) * v.w;
+    }
+    float sc0 = (float)(signed char)b[192 + 8 * c + 2 * k];
+    float sc1 = (float)(signed char)b[193 + 8 * c + 2 * k];
+    return h2f(ld16(b + 208)) * (sc0 * s[0] + sc1 * s[1]);
+}
+
 FERRITE_GENERIC_UNIT(q5_0, deq_q5_0)
-FERRITE_GENERIC_UNIT(q4_k, deq_q4_k)
-FERRITE_GENERIC_UNIT(q6_k, deq_q6_k)
 FERRITE_GENERIC_UNIT(f32, deq_f32)
 FERRITE_GENERIC_UNIT(f16, deq_f16)
 
-FERRITE_MATVEC(q4_1, deq_q4_1)
-FERRITE_MATVEC(q8_0, deq_q8_0)
-FERRITE_MATVEC(q5_0, deq_q5_0)
-FERRITE_MATVEC(q4_k, deq_q4_k)
-FERRITE_MATVEC(q6_k, deq_q6_k)
-FERRITE_MATVEC(f32, deq_f32)
-FERRITE_MATVEC(f16, deq_f16)
+FERRITE_MATVEC(q4_1, deq_q4_1, 5)
+FERRITE_MATVEC(q8_0, deq_q8_0, 5)
+FERRITE_MATVEC(q5_0, deq_q5_0, 5)
+FERRITE_MATVEC(q4_k, deq_q4_k, 6)
+FERRITE_MATVEC(q6_k, deq_q6_k, 5)
+FERRITE_MATVEC(f32, deq_f32, 5)
+FERRITE_MATVEC(f16, deq_f16, 5)

@@ -27,6 +27,7 @@
 mod compile;
 mod device;
 mod error;
+mod gemm;
 mod host;
 mod model;
 mod ops;

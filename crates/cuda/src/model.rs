@@ -4,9 +4,12 @@
 //! Q/K/V products, per-head Q/K norms, rope with the layer's base, attention with the
 //! layer's window, optional post-norms, gated FFN, final norm and output product.
 //!
-//! Prefill in this first slice is a loop of decode steps (one token at a time). Each step is
-//! recorded once into a CUDA graph (the token and position live in device memory, so one
-//! graph serves every step) and replayed: one launch per token instead of ~8 per layer.
+//! A decode step is recorded once into a CUDA graph (the token and position live in device
+//! memory, so one graph serves every step) and replayed: one launch per token instead of ~8
+//! per layer. Several tokens at once go through batched prefill (`prefill.rs`: cuBLAS GEMMs
+//! over all of them); without cuBLAS they run as decode steps.
+
+mod prefill;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -197,8 +200,15 @@ struct Buffers {
     o: CudaSlice<f32>,
     gate: CudaSlice<f32>,
     up: CudaSlice<f32>,
-    scores: CudaSlice<f32>,
+    /// Partial results of split decode attention.
+    part: CudaSlice<f32>,
     logits: CudaSlice<f32>,
+}
+
+/// Key splits of decode attention: enough blocks over the KV heads to fill the device's
+/// SMs at long contexts, each split at least one 32-key tile of the context.
+fn decode_splits(n_kv_head: usize, ctx: usize) -> usize {
+    (256 / n_kv_head.max(1)).clamp(1, 64).min(ctx.div_ceil(32))
 }
 
 /// One timeline over a [`CudaModel`]: an f16 KV cache of `ctx` positions.
@@ -212,6 +222,10 @@ pub struct CudaSession<'m> {
     tp: CudaSlice<i32>,
     /// The captured decode step, made at the first step.
     graph: Option<StepGraph>,
+    /// Key splits of decode attention.
+    splits: usize,
+    /// Buffers of batched prefill, made at the first prompt of several tokens.
+    prefill: Option<prefill::PrefillBufs>,
 }
 
 /// A captured decode step. CUDA graph handles may be used from any thread provided calls on
@@ -241,6 +255,7 @@ impl<'m> CudaSession<'m> {
         }
         let c = &model.config;
         let s = &model.backend.stream;
+        let splits = decode_splits(c.n_kv_head, ctx);
         let mut kv = Vec::with_capacity(c.n_layer);
         for _ in 0..c.n_layer {
             kv.push((
@@ -258,7 +273,7 @@ impl<'m> CudaSession<'m> {
             o: s.alloc_zeros(c.d_model)?,
             gate: s.alloc_zeros(c.d_ff)?,
             up: s.alloc_zeros(c.d_ff)?,
-            scores: s.alloc_zeros(c.n_head * ctx)?,
+            part: s.alloc_zeros(c.n_head * splits * (c.head_dim + 2))?,
             logits: s.alloc_zeros(c.n_vocab)?,
         };
         Ok(CudaSession {
@@ -269,6 +284,8 @@ impl<'m> CudaSession<'m> {
             buf,
             tp: s.alloc_zeros(2)?,
             graph: None,
+            splits,
+            prefill: None,
         })
     }
 
@@ -308,12 +325,19 @@ impl<'m> CudaSession<'m> {
             )));
         }
         let start = self.n_past;
-        for &t in tokens {
-            if let Err(e) = self.step(t) {
-                self.n_past = start;
-                return Err(e);
-            }
-            self.n_past += 1;
+        let batched = tokens.len() > 1 && self.model.backend.blas.is_ok();
+        let run = if batched {
+            self.prefill(tokens)
+        } else {
+            tokens.iter().try_for_each(|&t| {
+                self.step(t)?;
+                self.n_past += 1;
+                Ok(())
+            })
+        };
+        if let Err(e) = run {
+            self.n_past = start;
+            return Err(e);
         }
         let m = self.model;
         let b = &*m.backend;
@@ -360,7 +384,7 @@ impl<'m> CudaSession<'m> {
         let b = &*m.backend;
         let u = &self.buf;
         let tp = &self.tp;
-        b.embed(&m.embed, tp, c.embed_scale, &u.x)?;
+        b.embed(&m.embed, tp, 1, c.embed_scale, &u.x)?;
         if let Some(l0) = m.layers.first() {
             b.rms_norm(&u.x, &l0.attn_norm, &u.xn, 1, c.rms_eps)?;
         }
@@ -374,6 +398,7 @@ impl<'m> CudaSession<'m> {
             let shape = AttnShape::new(c.n_head, c.n_kv_head, c.head_dim, c.attn_scale, lc.window)?;
             let (kc, vc) = &self.kv[l];
             b.rope_store(
+                1,
                 &shape,
                 &u.q,
                 &u.k,
@@ -384,7 +409,7 @@ impl<'m> CudaSession<'m> {
                 lc.rope_base,
                 c.rope_style,
             )?;
-            b.attention(&shape, &u.q, kc, vc, &u.att, &u.scores, tp)?;
+            b.attention(&shape, &u.q, kc, vc, &u.att, &u.part, tp, 1, self.splits)?;
             b.matvec(&lw.wo, &u.att, &u.o)?;
             b.residual_norm(
                 &u.x,
@@ -392,6 +417,7 @@ impl<'m> CudaSession<'m> {
                 lw.post_attn_norm.as_ref(),
                 &lw.ffn_norm,
                 &u.xn,
+                1,
                 c.rms_eps,
             )?;
             b.matvec_gated(c.activation, &lw.w_gate, &lw.w_up, &u.xn, &u.gate, &u.up)?;
@@ -403,6 +429,7 @@ impl<'m> CudaSession<'m> {
                 lw.post_ffn_norm.as_ref(),
                 next,
                 &u.xn,
+                1,
                 c.rms_eps,
             )?;
         }
