@@ -121,8 +121,8 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// `y = x · Wᵀ` for `n` token rows of f16 activations `x16`; `w` is dequantized into
-    /// the scratch `w16` first.
+    /// `y = x · Wᵀ` for `n` token rows of f16 activations `x16`, from `w`'s cached f16
+    /// copy or, without one, dequantized into the scratch `w16` first.
     pub(crate) fn matmul(
         &self,
         w: &DeviceMatrix,
@@ -131,7 +131,18 @@ impl CudaBackend {
         y: &CudaSlice<f32>,
         w16: &CudaSlice<u16>,
     ) -> Result<(), CudaError> {
+        if let Some(cached) = &w.f16 {
+            return self.gemm_f16(cached, w.rows, w.cols, x16, n, y);
+        }
         self.dequant_f16(w, w16)?;
         self.gemm_f16(w16, w.rows, w.cols, x16, n, y)
+    }
+
+    /// Gives `w` a cached f16 copy.
+    pub(crate) fn cache_f16(&self, w: &mut DeviceMatrix) -> Result<(), CudaError> {
+        let copy = self.stream.alloc_zeros::<u16>(w.rows * w.cols)?;
+        self.dequant_f16(w, &copy)?;
+        w.f16 = Some(copy);
+        Ok(())
     }
 }

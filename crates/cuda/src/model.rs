@@ -51,6 +51,40 @@ pub struct CudaModel {
     layers: Vec<DeviceLayer>,
     weight_bytes: u64,
     upload_ms: f64,
+    f16_cached: bool,
+}
+
+/// Share of the free device memory the f16 copies of the layer matrices may take.
+const F16_CACHE_SHARE: usize = 4;
+
+/// Dequantizes every layer matrix to a kept f16 copy when all of them fit in a quarter of
+/// the free device memory, so prefill runs its GEMMs without dequantizing each matrix per
+/// chunk; returns whether it did.
+fn cache_f16_copies(b: &CudaBackend, layers: &mut [DeviceLayer]) -> Result<bool, CudaError> {
+    fn mats(l: &mut DeviceLayer) -> [&mut DeviceMatrix; 7] {
+        [
+            &mut l.wq,
+            &mut l.wk,
+            &mut l.wv,
+            &mut l.wo,
+            &mut l.w_gate,
+            &mut l.w_up,
+            &mut l.w_down,
+        ]
+    }
+    let bytes: usize = layers
+        .iter_mut()
+        .flat_map(mats)
+        .map(|w| 2 * w.rows * w.cols)
+        .sum();
+    let (free, _) = b.stream.context().mem_get_info()?;
+    if b.blas.is_err() || bytes > free / F16_CACHE_SHARE {
+        return Ok(false);
+    }
+    for w in layers.iter_mut().flat_map(mats) {
+        b.cache_f16(w)?;
+    }
+    Ok(true)
 }
 
 fn upload_matrix(
@@ -101,7 +135,9 @@ fn upload_vector(
 }
 
 impl CudaModel {
-    /// Uploads the weights of `model` (already loaded and checked on the host).
+    /// Uploads the weights of `model` (already loaded and checked on the host). When cuBLAS
+    /// is present and f16 copies of all layer matrices fit in a quarter of the free device
+    /// memory, they are made too (prefill then skips per-chunk dequantization).
     pub fn load(backend: Arc<CudaBackend>, model: &Model) -> Result<CudaModel, CudaError> {
         let start = Instant::now();
         let c = model.config().clone();
@@ -114,7 +150,7 @@ impl CudaModel {
             None => None,
         };
         let output_norm = upload_vector(b, g, "output_norm.weight", c.d_model)?;
-        let mut layers = Vec::with_capacity(c.n_layer);
+        let mut layers: Vec<DeviceLayer> = Vec::with_capacity(c.n_layer);
         for i in 0..c.n_layer {
             let n = |s: &str| format!("blk.{i}.{s}.weight");
             let opt = |s: &str, len: usize, wanted: bool| {
@@ -140,6 +176,7 @@ impl CudaModel {
                 post_ffn_norm: opt("post_ffw_norm", c.d_model, c.post_norms)?,
             });
         }
+        let f16_cached = cache_f16_copies(b, &mut layers)?;
         b.synchronize()?;
         let mut weight_bytes = embed.data.len() as u64;
         weight_bytes += output.as_ref().map_or(0, |o| o.data.len() as u64);
@@ -157,7 +194,13 @@ impl CudaModel {
             layers,
             weight_bytes,
             upload_ms: start.elapsed().as_secs_f64() * 1e3,
+            f16_cached,
         })
+    }
+
+    /// Whether the layer matrices have f16 copies for prefill (see [`CudaModel::load`]).
+    pub fn f16_cached(&self) -> bool {
+        self.f16_cached
     }
 
     /// The configuration.

@@ -26,10 +26,47 @@ fn i32_of(v: usize, what: &str) -> Result<i32, CudaError> {
     i32::try_from(v).map_err(|_| CudaError::InvalidArgument(format!("{what} {v} is too large")))
 }
 
-/// Launch shape of the matvec kernels for `rows` rows.
-fn matvec_grid(rows: usize) -> LaunchConfig {
+/// Rows from which a warp takes several rows at once (`MV_MAX_ROWS` in matvec.cu for the
+/// plain product, two for the gated one): large matrices, where the activation loads from
+/// L1, not DRAM, limit a one-row warp, and there are still enough warps to fill the device.
+const MULTI_ROW_FROM: usize = 2048;
+
+/// Rows per warp of the plain and the gated matvec for a matrix of `rows` rows: the most
+/// for very tall matrices, two for tall ones, else one.
+fn rows_per_warp(rows: usize, max: usize) -> usize {
+    if rows >= 4 * MULTI_ROW_FROM {
+        max
+    } else if rows >= MULTI_ROW_FROM {
+        2.min(max)
+    } else {
+        1
+    }
+}
+
+/// Warps in flight the plain matvec aims for (132 SMs × 32).
+const MATVEC_WARPS_WANTED: usize = 4224;
+
+/// Warps sharing each row group of the plain matvec (1, 2 or 4): enough for
+/// MATVEC_WARPS_WANTED warps, but never so many that a lane has no unit of the row.
+fn warps_per_row(rows: usize, nr: usize, units: usize) -> usize {
+    let want = (MATVEC_WARPS_WANTED * nr).div_ceil(rows.max(1));
+    let most = (units / 32).clamp(1, MATVEC_ROWS_PER_BLOCK);
+    let mut ks = 1;
+    while ks < want && ks * 2 <= most {
+        ks *= 2;
+    }
+    ks
+}
+
+/// log2 of the values per unit of the matvec kernels (SH in matvec.cu).
+fn unit_shift(ty: GgmlType) -> usize {
+    if ty == GgmlType::Q4_K { 6 } else { 5 }
+}
+
+/// Launch shape of the matvec kernels for `rows` rows, `nr` per warp.
+fn matvec_grid(rows: usize, nr: usize) -> LaunchConfig {
     LaunchConfig {
-        grid_dim: (rows.div_ceil(MATVEC_ROWS_PER_BLOCK) as u32, 1, 1),
+        grid_dim: (rows.div_ceil(MATVEC_ROWS_PER_BLOCK * nr) as u32, 1, 1),
         block_dim: (32 * MATVEC_ROWS_PER_BLOCK as u32, 1, 1),
         shared_mem_bytes: 0,
     }
@@ -63,6 +100,8 @@ pub(crate) struct DeviceMatrix {
     pub(crate) cols: usize,
     pub(crate) row_bytes: u64,
     pub(crate) data: CudaSlice<u8>,
+    /// A dequantized f16 copy (row-major) kept for prefill GEMMs when memory allows.
+    pub(crate) f16: Option<CudaSlice<u16>>,
 }
 
 impl CudaBackend {
@@ -88,6 +127,7 @@ impl CudaBackend {
             cols,
             row_bytes,
             data: self.stream.clone_htod(data)?,
+            f16: None,
         })
     }
 
@@ -100,14 +140,20 @@ impl CudaBackend {
     ) -> Result<(), CudaError> {
         let name = weight_kernels(w.ty).map_or("none", |k| k.matvec);
         let (rows, cols) = (w.rows as i32, w.cols as i32);
-        let cfg = matvec_grid(w.rows);
+        let nr = rows_per_warp(w.rows, 4);
+        let ks = warps_per_row(w.rows, nr, w.cols >> unit_shift(w.ty));
+        let (nr32, ks32) = (nr as i32, ks as i32);
+        let mut cfg = matvec_grid(w.rows, nr);
+        cfg.grid_dim.0 = (w.rows.div_ceil(nr) * ks).div_ceil(MATVEC_ROWS_PER_BLOCK) as u32;
         let mut b = self.kernel(name)?;
         b.arg(&w.data)
             .arg(x)
             .arg(y)
             .arg(&rows)
             .arg(&cols)
-            .arg(&w.row_bytes);
+            .arg(&w.row_bytes)
+            .arg(&nr32)
+            .arg(&ks32);
         // SAFETY: the kernel reads rows × row_bytes bytes of `w.data` (checked at upload),
         // cols values of `x` and writes rows values of `y`; callers size x and y for that.
         unsafe { b.launch(cfg) }?;
@@ -155,7 +201,7 @@ impl CudaBackend {
             .arg(&first.row_bytes);
         // SAFETY: matrix i (absent ones have 0 rows and are never read) gets rows r_i of
         // row_bytes each, all checked at upload; x has cols values and y_i r_i values.
-        unsafe { b.launch(matvec_grid(total)) }?;
+        unsafe { b.launch(matvec_grid(total, 1)) }?;
         Ok(())
     }
 
@@ -181,6 +227,8 @@ impl CudaBackend {
             Activation::Silu => 0i32,
             Activation::GeluTanh => 1,
         };
+        let nr = rows_per_warp(wg.rows, 2);
+        let nr32 = nr as i32;
         let mut b = self.kernel(k.gated)?;
         b.arg(&wg.data)
             .arg(&wu.data)
@@ -189,10 +237,11 @@ impl CudaBackend {
             .arg(&rows)
             .arg(&cols)
             .arg(&wg.row_bytes)
-            .arg(&a);
+            .arg(&a)
+            .arg(&nr32);
         // SAFETY: both matrices have rows × row_bytes bytes (same shape, checked at
         // upload); x has cols values and y rows values.
-        unsafe { b.launch(matvec_grid(wg.rows)) }?;
+        unsafe { b.launch(matvec_grid(wg.rows, nr)) }?;
         Ok(())
     }
 

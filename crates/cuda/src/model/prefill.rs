@@ -41,6 +41,7 @@ impl PrefillBufs {
             .layers
             .iter()
             .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down])
+            .filter(|w| w.f16.is_none())
             .map(|w| w.rows * w.cols)
             .max()
             .unwrap_or(1);

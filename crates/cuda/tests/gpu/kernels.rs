@@ -41,9 +41,9 @@ fn naive_matvec(w: &[f32], rows: usize, cols: usize, x: &[f32]) -> Vec<f64> {
 fn shapes(ty: GgmlType) -> Vec<(usize, usize)> {
     let k = matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K);
     let cols: &[usize] = if k {
-        &[256, 768, 2304, 9216]
+        &[256, 768, 2304, 4096, 9216]
     } else {
-        &[32, 96, 576, 1056]
+        &[32, 96, 576, 1056, 2080]
     };
     let mut v = Vec::new();
     for &c in cols {
@@ -51,6 +51,10 @@ fn shapes(ty: GgmlType) -> Vec<(usize, usize)> {
             v.push((r, c));
         }
     }
+    // Past MULTI_ROW_FROM (two, then four rows per warp), not a multiple of the rows per
+    // block; the wide shapes above with few rows split each row over 2 or 4 warps.
+    v.push((2053, cols[1]));
+    v.push((8195, cols[0]));
     v
 }
 
@@ -307,7 +311,7 @@ fn fused_gated_matvec_matches_cpu() {
         } else {
             96
         };
-        for rows in [1, 33] {
+        for rows in [1, 33, 2049] {
             let (qg, dg) = quantized(ty, rows, cols, 21);
             let (qu, du) = quantized(ty, rows, cols, 22);
             let x = pseudo(cols, 23);
