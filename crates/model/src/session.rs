@@ -12,8 +12,10 @@ use ferrite_cpu::{ThreadPool, matmul};
 use crate::ModelError;
 use crate::attention::{AttnScratch, AttnShape, attend};
 use crate::config::Activation;
+use crate::features::rope_scaled;
 use crate::kv::{KvCache, KvType, try_vec};
-use crate::model::{Model, Weight};
+use crate::model::{Ffn, Model, Weight};
+use crate::moe::{self, MoeScratch};
 use crate::ops::{add_assign, gelu_tanh, rms_norm, rope, silu};
 
 /// Most tokens one forward chunk processes; bounds the scratch memory of long prompts.
@@ -59,11 +61,12 @@ impl<'a> Logits<'a> {
     }
 }
 
-/// Scratch activations for one chunk.
+/// Scratch activations for the rows of one forward pass (the tokens of one chunk, or one
+/// token from each session of a batch).
 #[derive(Debug)]
-struct Scratch {
+pub(crate) struct Scratch {
     x: Vec<f32>,
-    xn: Vec<f32>,
+    pub(crate) xn: Vec<f32>,
     q: Vec<f32>,
     k: Vec<f32>,
     v: Vec<f32>,
@@ -71,7 +74,80 @@ struct Scratch {
     o: Vec<f32>,
     gate: Vec<f32>,
     up: Vec<f32>,
-    attn: AttnScratch,
+    /// Expert routing and grouping buffers (MoE models only).
+    moe: Option<MoeScratch>,
+}
+
+impl Scratch {
+    /// Buffers for up to `rows` rows of model `c`.
+    pub(crate) fn new(c: &crate::ModelConfig, rows: usize) -> Scratch {
+        Scratch {
+            x: vec![0.0; rows * c.d_model],
+            xn: vec![0.0; rows * c.d_model],
+            q: vec![0.0; rows * c.q_dim()],
+            k: vec![0.0; rows * c.kv_dim()],
+            v: vec![0.0; rows * c.kv_dim()],
+            att: vec![0.0; rows * c.q_dim()],
+            o: vec![0.0; rows * c.d_model],
+            gate: vec![0.0; rows * c.d_ff],
+            up: vec![0.0; rows * c.d_ff],
+            moe: c
+                .moe
+                .as_ref()
+                .map(|m| MoeScratch::new(m, rows, c.d_model, c.d_ff)),
+        }
+    }
+
+    /// Moves residual rows `rows[i]` to row `i`; `rows` must be increasing (so `rows[i] >= i`
+    /// and no row is overwritten before it is read).
+    pub(crate) fn gather_rows(&mut self, rows: &[usize], d: usize) {
+        for (i, &r) in rows.iter().enumerate() {
+            self.x.copy_within(r * d..(r + 1) * d, i * d);
+        }
+    }
+
+    /// Normalizes rows `from..n` of the final residual stream into `xn[..(n - from) * d]`
+    /// and writes their logits to `out`.
+    pub(crate) fn logits(
+        &mut self,
+        m: &Model,
+        pool: &ThreadPool,
+        from: usize,
+        n: usize,
+        out: &mut [f32],
+    ) -> Result<(), ModelError> {
+        let c = m.config();
+        let (d, rows) = (c.d_model, n - from);
+        let xn = &mut self.xn[..rows * d];
+        xn.copy_from_slice(&self.x[from * d..n * d]);
+        rms_norm(xn, &m.output_norm, c.rms_eps);
+        matmul(pool, m.matrix(m.output_weight()), xn, rows, out)?;
+        Ok(())
+    }
+}
+
+/// The rows of one session inside a forward pass: `len` consecutive new tokens at positions
+/// `pos0..pos0 + len`, attending over (and appending to) that session's own cache.
+pub(crate) struct Segment<'a> {
+    pub(crate) kv: &'a mut KvCache,
+    pub(crate) attn: &'a mut AttnScratch,
+    pub(crate) pos0: usize,
+    pub(crate) len: usize,
+}
+
+/// Deliberate defects of the forward pass; always `Faults::default()` outside tests.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Faults {
+    /// Extra positions keys are rotated by.
+    rope_shift: usize,
+    /// A layer whose attention residual is dropped.
+    skip_attn_residual: Option<usize>,
+    /// Leave out the q/k/v biases.
+    drop_qkv_bias: bool,
+    /// Plain rope even when the model has frequency factors.
+    ignore_rope_factors: bool,
+    /// Route every row to one expert instead of the top k.
+    top_one_expert: bool,
 }
 
 /// A KV cache plus positions over one model: the state of one conversation.
@@ -79,13 +155,17 @@ struct Scratch {
 pub struct Session<'m> {
     model: &'m Model,
     pool: &'m ThreadPool,
-    kv: KvCache,
-    n_past: usize,
+    pub(crate) kv: KvCache,
+    pub(crate) n_past: usize,
     /// The tokens at positions `0..n_past` (capacity `ctx`, allocated once).
-    history: Vec<u32>,
+    pub(crate) history: Vec<u32>,
     chunk: usize,
     s: Scratch,
-    logits: Vec<f32>,
+    attn: AttnScratch,
+    pub(crate) logits: Vec<f32>,
+    /// `Some(end)` when `logits[end - n_vocab..end]` are the logits after token `n_past - 1`
+    /// (kept for snapshots; see `crate::snapshot`).
+    pub(crate) next_logits_end: Option<usize>,
     #[cfg(test)]
     pub(crate) mutation: Option<crate::session::Mutation>,
 }
@@ -99,6 +179,12 @@ pub(crate) enum Mutation {
     /// Rotate keys one position too far (shifting queries and keys together would be
     /// invisible: rope attention depends only on relative positions).
     RopeKeysOffByOne,
+    /// Leave out the q/k/v biases.
+    DropQkvBias,
+    /// Ignore the rope frequency factors (plain rope).
+    IgnoreRopeFactors,
+    /// Route every token to its single best expert instead of the top k.
+    TopOneExpert,
 }
 
 impl<'m> Session<'m> {
@@ -114,18 +200,8 @@ impl<'m> Session<'m> {
         }
         let c = model.config();
         let chunk = PREFILL_CHUNK.min(ctx);
-        let s = Scratch {
-            x: vec![0.0; chunk * c.d_model],
-            xn: vec![0.0; chunk * c.d_model],
-            q: vec![0.0; chunk * c.q_dim()],
-            k: vec![0.0; chunk * c.kv_dim()],
-            v: vec![0.0; chunk * c.kv_dim()],
-            att: vec![0.0; chunk * c.q_dim()],
-            o: vec![0.0; chunk * c.d_model],
-            gate: vec![0.0; chunk * c.d_ff],
-            up: vec![0.0; chunk * c.d_ff],
-            attn: AttnScratch::new(ctx, c.kv_dim(), chunk * c.q_dim())?,
-        };
+        let s = Scratch::new(c, chunk);
+        let attn = AttnScratch::new(ctx, c.kv_dim(), chunk * c.q_dim())?;
         Ok(Session {
             model,
             pool,
@@ -138,7 +214,9 @@ impl<'m> Session<'m> {
             },
             chunk,
             s,
+            attn,
             logits: vec![0.0; c.n_vocab],
+            next_logits_end: None,
             #[cfg(test)]
             mutation: None,
         })
@@ -159,9 +237,19 @@ impl<'m> Session<'m> {
         self.model
     }
 
+    /// Path marker of MoE models: `(expert FFN runs, token rows they processed)` since the
+    /// session was created; `None` for dense models. A decode step of a top-k model adds
+    /// exactly `(k, k)` per layer: only the selected experts ran.
+    pub fn experts_run(&self) -> Option<(usize, usize)> {
+        self.s.moe.as_ref().map(|m| (m.experts_run, m.expert_rows))
+    }
+
     /// Forgets every cached token after the first `n` (no-op when `n >= n_past`). Entries
     /// past `n` are overwritten by the next `eval`, so nothing needs clearing.
     pub fn truncate(&mut self, n: usize) {
+        if n < self.n_past {
+            self.next_logits_end = None;
+        }
         self.n_past = self.n_past.min(n);
         self.history.truncate(self.n_past);
     }
@@ -257,6 +345,7 @@ impl<'m> Session<'m> {
             self.logits.resize(need, 0.0);
         }
         let start_past = self.n_past;
+        self.next_logits_end = None;
         let mut done = 0;
         while done < n {
             let len = self.chunk.min(n - done);
@@ -272,6 +361,7 @@ impl<'m> Session<'m> {
             self.history.extend_from_slice(chunk);
             done += len;
         }
+        self.next_logits_end = Some(need);
         Ok(Logits {
             first,
             n_vocab,
@@ -289,17 +379,105 @@ impl<'m> Session<'m> {
         first: usize,
         hidden: &mut Option<&mut Vec<Vec<f32>>>,
     ) -> Result<(), ModelError> {
-        let m = self.model;
+        let n = tokens.len();
+        let faults = self.faults();
+        let mut segment = [Segment {
+            kv: &mut self.kv,
+            attn: &mut self.attn,
+            pos0: self.n_past,
+            len: n,
+        }];
+        forward_rows(
+            self.model,
+            self.pool,
+            &mut self.s,
+            tokens,
+            &mut segment,
+            hidden,
+            faults,
+        )?;
+        if out_from < n {
+            let n_vocab = self.model.config().n_vocab;
+            let at = (done + out_from - first) * n_vocab;
+            let y = &mut self.logits[at..at + (n - out_from) * n_vocab];
+            self.s.logits(self.model, self.pool, out_from, n, y)?;
+        }
+        Ok(())
+    }
+
+    /// The defects a test planted in this session.
+    fn faults(&self) -> Faults {
+        #[cfg(test)]
+        return Faults {
+            rope_shift: usize::from(self.mutation == Some(Mutation::RopeKeysOffByOne)),
+            skip_attn_residual: match self.mutation {
+                Some(Mutation::SkipAttnResidual(l)) => Some(l),
+                _ => None,
+            },
+            drop_qkv_bias: self.mutation == Some(Mutation::DropQkvBias),
+            ignore_rope_factors: self.mutation == Some(Mutation::IgnoreRopeFactors),
+            top_one_expert: self.mutation == Some(Mutation::TopOneExpert),
+        };
+        #[cfg(not(test))]
+        Faults::default()
+    }
+
+    /// The thread pool this session computes on.
+    pub(crate) fn pool(&self) -> &'m ThreadPool {
+        self.pool
+    }
+
+    /// This session's part of a batched forward pass: `len` new tokens at its next
+    /// positions.
+    pub(crate) fn segment(&mut self, len: usize) -> Segment<'_> {
+        Segment {
+            kv: &mut self.kv,
+            attn: &mut self.attn,
+            pos0: self.n_past,
+            len,
+        }
+    }
+
+    /// Records `tokens` as evaluated after a batched forward pass wrote their cache rows;
+    /// `logits` are those after the last of them (kept for [`Session::next_logits`]).
+    pub(crate) fn advance(&mut self, tokens: &[u32], logits: &[f32]) {
+        self.n_past += tokens.len();
+        self.history.extend_from_slice(tokens);
+        if self.logits.len() < logits.len() {
+            self.logits.resize(logits.len(), 0.0);
+        }
+        self.logits[..logits.len()].copy_from_slice(logits);
+        self.next_logits_end = Some(logits.len());
+    }
+}
+
+/// The transformer layers over `tokens`, which are the rows of `segs` in order. Leaves the
+/// final residual stream in the scratch for [`Scratch::logits`]. Every row's result depends
+/// only on its own token, position and session cache, never on the other rows.
+pub(crate) fn forward_rows(
+    m: &Model,
+    pool: &ThreadPool,
+    s: &mut Scratch,
+    tokens: &[u32],
+    segs: &mut [Segment<'_>],
+    hidden: &mut Option<&mut Vec<Vec<f32>>>,
+    faults: Faults,
+) -> Result<(), ModelError> {
+    {
         let c = m.config();
         let n = tokens.len();
         let d = c.d_model;
-        let pos0 = self.n_past;
-        let s = &mut self.s;
-        let pool = self.pool;
-        #[cfg(test)]
-        let rope_shift = usize::from(self.mutation == Some(Mutation::RopeKeysOffByOne));
-        #[cfg(not(test))]
-        let rope_shift = 0;
+        let rope_shift = faults.rope_shift;
+        let rope_factors = c
+            .rope_freq_factors
+            .as_ref()
+            .filter(|_| !faults.ignore_rope_factors);
+        let moe_cfg = c.moe.map(|mut moe| {
+            if faults.top_one_expert {
+                moe.n_expert_used = 1;
+            }
+            moe
+        });
 
         for (t, &tok) in tokens.iter().enumerate() {
             let row = &mut s.x[t * d..(t + 1) * d];
@@ -325,18 +503,34 @@ impl<'m> Session<'m> {
             mm(&lw.wq, xn, q)?;
             mm(&lw.wk, xn, k)?;
             mm(&lw.wv, xn, v)?;
+            let bias = lw.qkv_bias.as_ref().filter(|_| !faults.drop_qkv_bias);
+            if let Some([bq, bk, bv]) = bias {
+                for (y, b) in [(&mut *q, bq), (&mut *k, bk), (&mut *v, bv)] {
+                    for row in y.chunks_exact_mut(b.len()) {
+                        add_assign(row, b);
+                    }
+                }
+            }
             if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
                 rms_norm(q, qn, c.rms_eps);
                 rms_norm(k, kn, c.rms_eps);
             }
-            for t in 0..n {
-                let pos = pos0 + t;
-                let qr = &mut q[t * c.q_dim()..(t + 1) * c.q_dim()];
-                rope(qr, c.head_dim, pos, lc.rope_base, c.rope_style);
-                let kr = &mut k[t * c.kv_dim()..(t + 1) * c.kv_dim()];
-                rope(kr, c.head_dim, pos + rope_shift, lc.rope_base, c.rope_style);
+            let mut t = 0;
+            for seg in segs.iter() {
+                for pos in seg.pos0..seg.pos0 + seg.len {
+                    let qr = &mut q[t * c.q_dim()..(t + 1) * c.q_dim()];
+                    let kr = &mut k[t * c.kv_dim()..(t + 1) * c.kv_dim()];
+                    let kpos = pos + rope_shift;
+                    if let Some(f) = rope_factors {
+                        rope_scaled(qr, c.head_dim, pos, lc.rope_base, c.rope_style, f);
+                        rope_scaled(kr, c.head_dim, kpos, lc.rope_base, c.rope_style, f);
+                    } else {
+                        rope(qr, c.head_dim, pos, lc.rope_base, c.rope_style);
+                        rope(kr, c.head_dim, kpos, lc.rope_base, c.rope_style);
+                    }
+                    t += 1;
+                }
             }
-            self.kv.store(l, pos0, k, v);
             let shape = AttnShape {
                 n_head: c.n_head,
                 n_kv_head: c.n_kv_head,
@@ -344,54 +538,81 @@ impl<'m> Session<'m> {
                 scale: c.attn_scale,
                 window: lc.window,
             };
-            let att = &mut s.att[..n * c.q_dim()];
-            attend(pool, &shape, &self.kv, l, pos0, q, att, &mut s.attn);
+            let mut row = 0;
+            for seg in segs.iter_mut() {
+                let (kv, qd) = (row * c.kv_dim()..(row + seg.len) * c.kv_dim(), c.q_dim());
+                seg.kv.store(l, seg.pos0, &k[kv.clone()], &v[kv]);
+                let (qs, att) = (
+                    &q[row * qd..(row + seg.len) * qd],
+                    &mut s.att[row * qd..(row + seg.len) * qd],
+                );
+                attend(pool, &shape, seg.kv, l, seg.pos0, qs, att, seg.attn);
+                row += seg.len;
+            }
+            let att = &s.att[..n * c.q_dim()];
             let o = &mut s.o[..n * d];
             mm(&lw.wo, att, o)?;
+            if let Some(b) = &lw.out_bias {
+                for row in o.chunks_exact_mut(d) {
+                    add_assign(row, b);
+                }
+            }
             if let Some(w) = &lw.post_attn_norm {
                 rms_norm(o, w, c.rms_eps);
             }
-            #[cfg(test)]
-            let skip = self.mutation == Some(Mutation::SkipAttnResidual(l));
-            #[cfg(not(test))]
-            let skip = false;
-            if !skip {
+            if faults.skip_attn_residual != Some(l) {
                 add_assign(x, o);
             }
 
             xn.copy_from_slice(x);
             rms_norm(xn, &lw.ffn_norm, c.rms_eps);
-            let (gate, up) = (&mut s.gate[..n * c.d_ff], &mut s.up[..n * c.d_ff]);
-            mm(&lw.w_gate, xn, gate)?;
-            mm(&lw.w_up, xn, up)?;
-            let act = match c.activation {
-                Activation::Silu => silu,
-                Activation::GeluTanh => gelu_tanh,
-            };
-            if n == 1 {
-                for (g, &u) in gate.iter_mut().zip(up.iter()) {
-                    *g = act(*g) * u;
-                }
-            } else {
-                // In prefill the activation (tanh for Gemma) costs as much as a small
-                // matmul: split it over the pool in disjoint element ranges, so the result
-                // does not depend on the thread count.
-                let per = gate.len().div_ceil(pool.n_threads()).max(1);
-                let parts: Vec<Mutex<(&mut [f32], &[f32])>> = gate
-                    .chunks_mut(per)
-                    .zip(up.chunks(per))
-                    .map(Mutex::new)
-                    .collect();
-                pool.run(|thread, _| {
-                    if let Some(Ok(mut part)) = parts.get(thread).map(Mutex::lock) {
-                        let (g, u) = &mut *part;
-                        for (g, &u) in g.iter_mut().zip(u.iter()) {
+            match &lw.ffn {
+                Ffn::Dense {
+                    gate: w_gate,
+                    up: w_up,
+                    down: w_down,
+                } => {
+                    let (gate, up) = (&mut s.gate[..n * c.d_ff], &mut s.up[..n * c.d_ff]);
+                    mm(w_gate, xn, gate)?;
+                    mm(w_up, xn, up)?;
+                    let act = match c.activation {
+                        Activation::Silu => silu,
+                        Activation::GeluTanh => gelu_tanh,
+                    };
+                    if n == 1 {
+                        for (g, &u) in gate.iter_mut().zip(up.iter()) {
                             *g = act(*g) * u;
                         }
+                    } else {
+                        // In prefill the activation (tanh for Gemma) costs as much as a small
+                        // matmul: split it over the pool in disjoint element ranges, so the result
+                        // does not depend on the thread count.
+                        let per = gate.len().div_ceil(pool.n_threads()).max(1);
+                        let parts: Vec<Mutex<(&mut [f32], &[f32])>> = gate
+                            .chunks_mut(per)
+                            .zip(up.chunks(per))
+                            .map(Mutex::new)
+                            .collect();
+                        pool.run(|thread, _| {
+                            if let Some(Ok(mut part)) = parts.get(thread).map(Mutex::lock) {
+                                let (g, u) = &mut *part;
+                                for (g, &u) in g.iter_mut().zip(u.iter()) {
+                                    *g = act(*g) * u;
+                                }
+                            }
+                        });
                     }
-                });
+                    mm(w_down, gate, o)?;
+                }
+                Ffn::Moe(mw) => {
+                    let (Some(cfg), Some(ms)) = (&moe_cfg, s.moe.as_mut()) else {
+                        return Err(ModelError::InvalidArgument(
+                            "expert weights without expert settings".into(),
+                        ));
+                    };
+                    moe::ffn(pool, m, mw, cfg, c.activation, xn, n, o, ms)?;
+                }
             }
-            mm(&lw.w_down, gate, o)?;
             if let Some(w) = &lw.post_ffn_norm {
                 rms_norm(o, w, c.rms_eps);
             }
@@ -399,16 +620,6 @@ impl<'m> Session<'m> {
             if let Some(h) = hidden.as_deref_mut() {
                 h[l].extend_from_slice(x);
             }
-        }
-
-        if out_from < n {
-            let rows = n - out_from;
-            let xn = &mut s.xn[..rows * d];
-            xn.copy_from_slice(&s.x[out_from * d..n * d]);
-            rms_norm(xn, &m.output_norm, c.rms_eps);
-            let at = (done + out_from - first) * c.n_vocab;
-            let y = &mut self.logits[at..at + rows * c.n_vocab];
-            matmul(pool, m.matrix(m.output_weight()), xn, rows, y)?;
         }
         Ok(())
     }
@@ -418,7 +629,7 @@ impl<'m> Session<'m> {
 pub(crate) mod tests {
     use super::*;
     use crate::reference;
-    use crate::testutil::{VOCAB, tiny_model};
+    use crate::testutil::{N_EXPERT, VARIANTS, VOCAB, tiny_model};
     use crate::{Model, Precision};
     use ferrite_gguf::GgmlType;
 
@@ -468,7 +679,7 @@ pub(crate) mod tests {
     #[test]
     fn optimized_matches_naive_reference_per_layer() {
         let pool = ThreadPool::new(2).unwrap();
-        for arch in ["llama", "gemma3"] {
+        for arch in VARIANTS {
             for (wty, p) in [
                 (GgmlType::F32, Precision::Default),
                 (GgmlType::Q8_0, Precision::Default),
@@ -476,11 +687,61 @@ pub(crate) mod tests {
             ] {
                 let m = tiny_model(arch, wty, p);
                 let mut s = Session::new(&m, &pool, 64, KvType::F32).unwrap();
-                // 11 tokens: more than gemma's window of 4, so the sliding mask matters.
+                // 11 tokens: more than the window of 4 (gemma3, mistral), so the sliding
+                // mask matters.
                 let worst = worst_vs_naive(&m, &mut s, &tokens(11));
                 assert!(worst < 1e-5, "{arch} {wty} {p:?}: {worst:e}");
             }
         }
+    }
+
+    #[test]
+    fn arch_mutations_fail_the_naive_comparison() {
+        // Test of the test for each architecture feature: leaving it out must push the
+        // comparison far past its bound (1e-5).
+        let pool = ThreadPool::new(1).unwrap();
+        for (arch, mutation) in [
+            ("qwen2", Mutation::DropQkvBias),
+            ("llama3", Mutation::IgnoreRopeFactors),
+            ("mixtral", Mutation::TopOneExpert),
+            ("qwen3moe", Mutation::TopOneExpert),
+        ] {
+            let m = tiny_model(arch, GgmlType::F32, Precision::Default);
+            let mut s = Session::new(&m, &pool, 64, KvType::F32).unwrap();
+            let clean = worst_vs_naive(&m, &mut s, &tokens(8));
+            assert!(clean < 1e-5, "{arch}: {clean:e}");
+            s.mutation = Some(mutation);
+            let worst = worst_vs_naive(&m, &mut s, &tokens(8));
+            assert!(worst > 1e-3, "{arch} {mutation:?} not caught: {worst:e}");
+        }
+    }
+
+    #[test]
+    fn moe_decode_runs_only_the_selected_experts_and_prefill_groups_by_expert() {
+        let pool = ThreadPool::new(2).unwrap();
+        for arch in ["mixtral", "qwen3moe"] {
+            let m = tiny_model(arch, GgmlType::Q8_0, Precision::Default);
+            let (k, n_layer) = (m.config().moe.unwrap().n_expert_used, m.config().n_layer);
+            let mut s = Session::new(&m, &pool, 64, KvType::F16).unwrap();
+            assert_eq!(s.experts_run(), Some((0, 0)));
+            let n = 20;
+            s.eval(&tokens(n), Outputs::Last).unwrap();
+            let (runs, rows) = s.experts_run().unwrap();
+            // Each layer runs each expert at most once over all its tokens, and every
+            // token passes through exactly k experts.
+            assert!(runs <= N_EXPERT * n_layer, "{arch}: {runs} expert runs");
+            assert_eq!(rows, n * k * n_layer, "{arch}");
+            s.eval(&[7], Outputs::Last).unwrap();
+            let (runs2, rows2) = s.experts_run().unwrap();
+            assert_eq!(
+                (runs2 - runs, rows2 - rows),
+                (k * n_layer, k * n_layer),
+                "{arch}"
+            );
+        }
+        let dense = tiny_model("llama", GgmlType::F32, Precision::Default);
+        let s = Session::new(&dense, &pool, 8, KvType::F16).unwrap();
+        assert_eq!(s.experts_run(), None);
     }
 
     #[test]
@@ -517,7 +778,7 @@ pub(crate) mod tests {
     #[test]
     fn prefill_chunks_and_decode_agree() {
         let pool = ThreadPool::new(2).unwrap();
-        for arch in ["llama", "gemma3"] {
+        for arch in ["llama", "gemma3", "mixtral", "qwen3moe", "qwen2", "mistral"] {
             let m = tiny_model(arch, GgmlType::Q8_0, Precision::Default);
             let n = PREFILL_CHUNK + 44;
             let toks = tokens(n);
@@ -654,7 +915,7 @@ pub(crate) mod tests {
     fn thread_count_does_not_change_logits() {
         let p1 = ThreadPool::new(1).unwrap();
         let p2 = ThreadPool::new(2).unwrap();
-        for arch in ["llama", "gemma3"] {
+        for arch in VARIANTS {
             let m = tiny_model(arch, GgmlType::Q8_0, Precision::Default);
             let toks = tokens(20);
             let a = Session::new(&m, &p1, 32, KvType::F16)
