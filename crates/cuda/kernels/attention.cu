@@ -1,48 +1,148 @@
-// Decode attention over an f16 KV cache: one block per query head, the query at position
-// pos = tp[1] (read from device memory so that a captured graph serves every step) attends
-// to cached positions lo..=pos, lo = pos+1-window for sliding-window layers (window > 0),
-// else 0. Scores go to a global scratch row per head, so the context length is
-// not bounded by shared memory. A simple first kernel: no split over the keys.
-extern "C" __global__ void attn_decode_f16(const float* __restrict__ q,
-                                           const u16* __restrict__ kc,
-                                           const u16* __restrict__ vc, float* __restrict__ out,
-                                           float* __restrict__ scores, int n_head,
-                                           int n_kv_head, int head_dim,
-                                           const int* __restrict__ tp, int window, int ctx,
-                                           float scale) {
-    int pos = tp[1];
-    __shared__ float red[32];
-    __shared__ float qs[512];
-    int h = blockIdx.x;
-    int g = h / (n_head / n_kv_head);
-    int kv_dim = n_kv_head * head_dim;
-    int lo = (window > 0 && pos + 1 > window) ? pos + 1 - window : 0;
-    int hi = pos + 1;
-    const float* qh = q + (unsigned long long)h * head_dim;
-    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) qs[d] = qh[d];
+// Attention over an f16 KV cache, for decode (one query, keys split across blocks:
+// flash-decoding) and for prefill (many queries, causal). Queries are `nq` consecutive
+// tokens at positions pos0.. with pos0 = tp[1] (read from device memory so that a captured
+// graph serves every decode step); query i attends to cached positions lo..=pos0+i, lo =
+// pos0+i+1-window for sliding-window layers (window > 0), else 0.
+//
+// Grid: x = KV head g, y = tile of `qt` queries, z = key split. One block handles the
+// n_rep query heads of KV head g for its queries ("rows" = query × head), so every key and
+// value it loads serves all of them (GQA). Keys go in tiles of ATT_TK with an online
+// softmax; the block's key range is split z of `splits` equal chunks (at least `min_chunk`
+// keys) of the keys its queries can see. With one split the normalised output is written
+// straight to `out`; with several, each block writes (acc[head_dim], max, sum) to `part`
+// and attn_combine merges them.
+//
+// Dynamic shared memory: q and acc (rows × head_dim each), probabilities (rows × ATT_TK),
+// and per row the running max, sum and rescale factor.
+#define ATT_TK 32
+
+static __device__ __forceinline__ float dot_f16_row(const float* __restrict__ qs,
+                                                    const u16* __restrict__ kr, int hd) {
+    const uint4* k4 = (const uint4*)kr;
+    const float4* q4 = (const float4*)qs;
+    float s = 0.0f;
+    for (int c = 0; c < (hd >> 3); c++) {
+        uint4 w = k4[c];
+        float4 a = q4[2 * c], b = q4[2 * c + 1];
+        s += a.x * h2f((u16)(w.x & 0xffffu)) + a.y * h2f((u16)(w.x >> 16)) +
+             a.z * h2f((u16)(w.y & 0xffffu)) + a.w * h2f((u16)(w.y >> 16)) +
+             b.x * h2f((u16)(w.z & 0xffffu)) + b.y * h2f((u16)(w.z >> 16)) +
+             b.z * h2f((u16)(w.w & 0xffffu)) + b.w * h2f((u16)(w.w >> 16));
+    }
+    return s;
+}
+
+extern "C" __global__ void attn_f16(const float* __restrict__ q, const u16* __restrict__ kc,
+                                    const u16* __restrict__ vc, float* __restrict__ out,
+                                    float* __restrict__ part, int n_head, int n_kv_head,
+                                    int hd, const int* __restrict__ tp, int nq, int qt,
+                                    int window, float scale, int splits, int min_chunk) {
+    extern __shared__ float4 sm4[];
+    float* sm = (float*)sm4;
+    int n_rep = n_head / n_kv_head;
+    int g = blockIdx.x;
+    int q0 = blockIdx.y * qt;
+    int nqb = min(qt, nq - q0);
+    int rows = nqb * n_rep;
+    int cap = qt * n_rep;
+    int kv_dim = n_kv_head * hd;
+    float* qs = sm;
+    float* acc = qs + cap * hd;
+    float* ps = acc + cap * hd;
+    float* ms = ps + cap * ATT_TK;
+    float* ls = ms + cap;
+    float* al = ls + cap;
+    int pos0 = tp[1];
+    int first = pos0 + q0, last = pos0 + q0 + nqb - 1;
+    int lo = (window > 0 && first + 1 > window) ? first + 1 - window : 0;
+    int hi = last + 1;
+    int chunk = max((hi - lo + splits - 1) / splits, min_chunk);
+    int s_lo = lo + (int)blockIdx.z * chunk;
+    int s_hi = min(hi, s_lo + chunk);
+    for (int i = threadIdx.x; i < rows * hd; i += blockDim.x) {
+        int row = i / hd, d = i - row * hd;
+        int qi = row / n_rep, h = g * n_rep + (row - qi * n_rep);
+        qs[i] = q[((unsigned long long)(q0 + qi) * n_head + h) * hd + d] * scale;
+        acc[i] = 0.0f;
+    }
+    for (int r = threadIdx.x; r < rows; r += blockDim.x) {
+        ms[r] = FERRITE_NEG_INF;
+        ls[r] = 0.0f;
+    }
     __syncthreads();
-    float* sc = scores + (unsigned long long)h * ctx;
-    float mx = FERRITE_NEG_INF;
-    for (int j = lo + threadIdx.x; j < hi; j += blockDim.x) {
-        const u16* kr = kc + (unsigned long long)j * kv_dim + g * head_dim;
-        float dot = 0.0f;
-        for (int d = 0; d < head_dim; d++) dot += qs[d] * h2f(kr[d]);
-        dot *= scale;
-        sc[j] = dot;
-        mx = fmaxf(mx, dot);
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    for (int t0 = s_lo; t0 < s_hi; t0 += ATT_TK) {
+        for (int i = threadIdx.x; i < rows * ATT_TK; i += blockDim.x) {
+            int row = i / ATT_TK, j = t0 + (i - row * ATT_TK);
+            int p = first + row / n_rep;
+            float s = FERRITE_NEG_INF;
+            if (j < s_hi && j <= p && (window <= 0 || j > p - window))
+                s = dot_f16_row(qs + row * hd, kc + (unsigned long long)j * kv_dim + g * hd, hd);
+            ps[i] = s;
+        }
+        __syncthreads();
+        for (int row = warp; row < rows; row += nwarps) {
+            float s = ps[row * ATT_TK + lane];
+            float m_old = ms[row];
+            float m_new = fmaxf(m_old, warp_max(s));
+            float p = (s == FERRITE_NEG_INF) ? 0.0f : expf(s - m_new);
+            float a = (m_old == FERRITE_NEG_INF) ? 0.0f : expf(m_old - m_new);
+            float sum = warp_sum(p);
+            ps[row * ATT_TK + lane] = p;
+            if (lane == 0) {
+                ms[row] = m_new;
+                ls[row] = ls[row] * a + sum;
+                al[row] = a;
+            }
+        }
+        __syncthreads();
+        int nt = min(ATT_TK, s_hi - t0);
+        for (int i = threadIdx.x; i < rows * hd; i += blockDim.x) {
+            int row = i / hd, d = i - row * hd;
+            const float* pr = ps + row * ATT_TK;
+            const u16* vp = vc + (unsigned long long)t0 * kv_dim + g * hd + d;
+            float a = acc[i] * al[row];
+            for (int t = 0; t < nt; t++) a += pr[t] * h2f(vp[(unsigned long long)t * kv_dim]);
+            acc[i] = a;
+        }
+        __syncthreads();
     }
-    mx = block_max(mx, red);
-    float sum = 0.0f;
-    for (int j = lo + threadIdx.x; j < hi; j += blockDim.x) {
-        float p = expf(sc[j] - mx);
-        sc[j] = p;
-        sum += p;
+    for (int i = threadIdx.x; i < rows * hd; i += blockDim.x) {
+        int row = i / hd, d = i - row * hd;
+        int qi = row / n_rep, h = g * n_rep + (row - qi * n_rep);
+        unsigned long long qh = (unsigned long long)(q0 + qi) * n_head + h;
+        if (splits == 1) {
+            out[qh * hd + d] = ls[row] > 0.0f ? acc[i] / ls[row] : 0.0f;
+        } else {
+            float* pp = part + (qh * splits + blockIdx.z) * (unsigned long long)(hd + 2);
+            pp[d] = acc[i];
+            if (d == 0) {
+                pp[hd] = ms[row];
+                pp[hd + 1] = ls[row];
+            }
+        }
     }
-    sum = block_sum(sum, red);
-    float inv = 1.0f / sum;
-    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
-        float acc = 0.0f;
-        for (int j = lo; j < hi; j++) acc += sc[j] * h2f(vc[(unsigned long long)j * kv_dim + g * head_dim + d]);
-        out[(unsigned long long)h * head_dim + d] = acc * inv;
+}
+
+// Merges the `splits` partial results of attn_f16 for each (query, head): one block per
+// pair, threads over head_dim.
+extern "C" __global__ void attn_combine(const float* __restrict__ part, float* __restrict__ out,
+                                        int hd, int splits) {
+    const float* p = part + (unsigned long long)blockIdx.x * splits * (hd + 2);
+    float m = FERRITE_NEG_INF;
+    for (int s = 0; s < splits; s++) m = fmaxf(m, p[s * (hd + 2) + hd]);
+    float l = 0.0f;
+    for (int s = 0; s < splits; s++) {
+        float ms = p[s * (hd + 2) + hd];
+        if (ms != FERRITE_NEG_INF) l += p[s * (hd + 2) + hd + 1] * expf(ms - m);
+    }
+    float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float a = 0.0f;
+        for (int s = 0; s < splits; s++) {
+            float ms = p[s * (hd + 2) + hd];
+            if (ms != FERRITE_NEG_INF) a += p[s * (hd + 2) + d] * expf(ms - m);
+        }
+        out[(unsigned long long)blockIdx.x * hd + d] = a * inv;
     }
 }

@@ -53,19 +53,6 @@ static __device__ float block_sum(float v, float* red) {
     return red[0];
 }
 
-static __device__ float block_max(float v, float* red) {
-    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    v = warp_max(v);
-    __syncthreads();
-    if (lane == 0) red[w] = v;
-    __syncthreads();
-    float t = (threadIdx.x < (blockDim.x >> 5)) ? red[threadIdx.x] : FERRITE_NEG_INF;
-    if (w == 0) t = warp_max(t);
-    if (threadIdx.x == 0) red[0] = t;
-    __syncthreads();
-    return red[0];
-}
-
 // The FFN gate activation: 0 = SiLU, 1 = GELU with the tanh approximation.
 static __device__ __forceinline__ float gate_act(float v, int act) {
     if (act == 0) return v / (1.0f + expf(-v));

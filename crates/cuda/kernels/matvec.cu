@@ -1,9 +1,13 @@
 // Quantized matrix-vector products for decode: y[r] = W[r,:] . x with W kept in its GGUF
 // block layout and dequantized in registers; x and y are f32.
 //
-// Work split: one warp per row, four rows per 128-thread block. A row is cut into units of
-// 32 values (one legacy block, or one sub-block of a 256-value k-quant super-block); lane l
-// takes units l, l+32, ..., so a warp reads consecutive blocks of the row together.
+// Work split: one warp per row (or a few rows, see matvec_), four warps per 128-thread
+// block. A row is cut into units of 32 values (one legacy block, one Q6_K sixteenth-pair)
+// or 64 (Q4_K: one 32-byte nibble run of a super-block); lane l takes units l, l+32, ...,
+// so a warp reads consecutive blocks of the row together.
+
+// Most rows one warp of matvec_ takes.
+#define MV_MAX_ROWS 4
 // Element decoders `deq_<type>(row, i)` give value i of a row (used by the embedding
 // lookup and the generic unit dot product, whose unrolled loop lets the compiler load each
 // block's scales once); the hot SmolLM2 formats have hand-written unit dot products with
@@ -71,23 +75,54 @@ static __device__ __forceinline__ float deq_f16(const u8* __restrict__ r, int i)
     return h2f(ld16(r + 2 * i));
 }
 
-#define FERRITE_MATVEC(NAME, DEQ)                                                          \
+#define FERRITE_MATVEC(NAME, DEQ, SH)                                                      \
+    /* Each warp takes `nr` (1..MV_MAX_ROWS) consecutive rows: the activation values a     \
+       lane loads serve all of them, which matters once L1 traffic for x, not DRAM, is     \
+       the limit (wide matrices). `ks` (1, 2 or 4) warps of a block share those rows and   \
+       split their units, so matrices with few rows still have enough warps; their sums    \
+       meet in shared memory. Rows past the end repeat the last row, unwritten. */         \
     extern "C" __global__ void matvec_##NAME(const u8* __restrict__ w,                     \
                                              const float* __restrict__ x,                  \
                                              float* __restrict__ y, int rows, int cols,    \
-                                             unsigned long long row_bytes) {               \
-        int row = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5);                     \
+                                             unsigned long long row_bytes, int nr, int ks) {\
+        __shared__ float red[4][MV_MAX_ROWS];                                              \
+        int wid = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5);                     \
+        int wib = threadIdx.x >> 5;                                                        \
         int lane = threadIdx.x & 31;                                                       \
-        if (row >= rows) return;                                                           \
-        const u8* r = w + (unsigned long long)row * row_bytes;                             \
-        float acc = 0.0f;                                                                  \
-        int units = cols >> 5;                                                             \
-        for (int u = lane; u < units; u += 32) acc += unit_##NAME(r, u, x);                \
-        acc = warp_sum(acc);                                                               \
-        if (lane == 0) y[row] = acc;                                                       \
+        int slice = wid % ks;                                                              \
+        int row = (wid / ks) * nr;                                                         \
+        bool live = row < rows;                                                            \
+        const u8* r[MV_MAX_ROWS];                                                          \
+        float acc[MV_MAX_ROWS];                                                            \
+        _Pragma("unroll") for (int i = 0; i < MV_MAX_ROWS; i++) {                          \
+            r[i] = w + (unsigned long long)min(row + min(i, nr - 1), rows - 1) * row_bytes;\
+            acc[i] = 0.0f;                                                                 \
+        }                                                                                  \
+        int units = live ? cols >> SH : 0;                                                 \
+        for (int u = lane + 32 * slice; u < units; u += 32 * ks) {                         \
+            xv_##NAME xv = xload_##NAME(x, u);                                             \
+            _Pragma("unroll") for (int i = 0; i < MV_MAX_ROWS; i++) {                      \
+                if (i < nr) acc[i] += unit_##NAME(r[i], u, xv);                            \
+            }                                                                              \
+        }                                                                                  \
+        _Pragma("unroll") for (int i = 0; i < MV_MAX_ROWS; i++) {                          \
+            if (i < nr) {                                                                  \
+                float v = warp_sum(acc[i]);                                                \
+                if (lane == 0) red[wib][i] = v;                                            \
+            }                                                                              \
+        }                                                                                  \
+        if (ks > 1) __syncthreads();                                                       \
+        if (lane != 0 || slice != 0 || !live) return;                                      \
+        _Pragma("unroll") for (int i = 0; i < MV_MAX_ROWS; i++) {                          \
+            if (i < nr && row + i < rows) {                                                \
+                float v = 0.0f;                                                            \
+                for (int j = 0; j < ks; j++) v += red[wib + j][i];                         \
+                y[row + i] = v;                                                            \
+            }                                                                              \
+        }                                                                                  \
     }                                                                                      \
-    /* Up to three matrices of one type and width over the same x (Q, K, V): rows       \
-       0..r0 go to y0, the next r1 to y1, the next r2 to y2. */                            \
+    /* Up to three matrices of one type and width over the same x (Q, K, V): rows          \
+       0..r0 go to y0, the next r1 to y1, the next r2 to y2. One row per warp. */          \
     extern "C" __global__ void matvec3_##NAME(                                             \
         const u8* __restrict__ w0, const u8* __restrict__ w1, const u8* __restrict__ w2,   \
         const float* __restrict__ x, float* __restrict__ y0, float* __restrict__ y1,       \
@@ -108,38 +143,61 @@ static __device__ __forceinline__ float deq_f16(const u8* __restrict__ r, int i)
         }                                                                                  \
         const u8* r = w + (unsigned long long)row * row_bytes;                             \
         float acc = 0.0f;                                                                  \
-        int units = cols >> 5;                                                             \
-        for (int u = lane; u < units; u += 32) acc += unit_##NAME(r, u, x);                \
+        int units = cols >> SH;                                                            \
+        for (int u = lane; u < units; u += 32) acc += unit_##NAME(r, u, xload_##NAME(x, u));                \
         acc = warp_sum(acc);                                                               \
         if (lane == 0) y[row] = acc;                                                       \
     }                                                                                      \
-    /* Gated FFN input: y[r] = act(Wg[r,:].x) * (Wu[r,:].x), act 0 = SiLU, 1 = GELU-tanh. */ \
+    /* Gated FFN input: y[r] = act(Wg[r,:].x) * (Wu[r,:].x), act 0 = SiLU, 1 = GELU-tanh.  \
+       Each warp takes `nr` (1 or 2) consecutive rows of both matrices. */                 \
     extern "C" __global__ void matvec_gated_##NAME(                                        \
         const u8* __restrict__ wg, const u8* __restrict__ wu, const float* __restrict__ x, \
-        float* __restrict__ y, int rows, int cols, unsigned long long row_bytes, int act) { \
-        int row = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5);                     \
+        float* __restrict__ y, int rows, int cols, unsigned long long row_bytes, int act,  \
+        int nr) {                                                                          \
+        int row = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5) * nr;                \
         int lane = threadIdx.x & 31;                                                       \
         if (row >= rows) return;                                                           \
-        const u8* rg = wg + (unsigned long long)row * row_bytes;                           \
-        const u8* ru = wu + (unsigned long long)row * row_bytes;                           \
-        float g = 0.0f, up = 0.0f;                                                         \
-        int units = cols >> 5;                                                             \
+        unsigned long long o0 = (unsigned long long)row * row_bytes;                       \
+        unsigned long long o1 = (unsigned long long)min(row + nr - 1, rows - 1) * row_bytes;\
+        float g0 = 0.0f, u0 = 0.0f, g1 = 0.0f, u1 = 0.0f;                                  \
+        int units = cols >> SH;                                                            \
         for (int u = lane; u < units; u += 32) {                                           \
-            g += unit_##NAME(rg, u, x);                                                    \
-            up += unit_##NAME(ru, u, x);                                                   \
+            xv_##NAME xv = xload_##NAME(x, u);                                             \
+            g0 += unit_##NAME(wg + o0, u, xv);                                              \
+            u0 += unit_##NAME(wu + o0, u, xv);                                              \
+            if (nr > 1) {                                                                  \
+                g1 += unit_##NAME(wg + o1, u, xv);                                          \
+                u1 += unit_##NAME(wu + o1, u, xv);                                          \
+            }                                                                              \
         }                                                                                  \
-        g = warp_sum(g);                                                                   \
-        up = warp_sum(up);                                                                 \
-        if (lane == 0) y[row] = gate_act(g, act) * up;                                     \
+        g0 = warp_sum(g0);                                                                 \
+        u0 = warp_sum(u0);                                                                 \
+        if (lane == 0) y[row] = gate_act(g0, act) * u0;                                    \
+        if (nr > 1) {                                                                      \
+            g1 = warp_sum(g1);                                                             \
+            u1 = warp_sum(u1);                                                             \
+            if (lane == 0 && row + 1 < rows) y[row + 1] = gate_act(g1, act) * u1;          \
+        }                                                                                  \
     }                                                                                      \
-    /* tp[0] is the token (in device memory so a captured graph serves every step). */  \
+    /* Row tokens[blockIdx.y] into row blockIdx.y of y (decode passes tp, whose first  \
+       value is the token, so a captured graph serves every step). */                      \
     extern "C" __global__ void embed_##NAME(const u8* __restrict__ w, float* __restrict__ y, \
-                                            const int* __restrict__ tp, int cols,          \
+                                            const int* __restrict__ tokens, int cols,      \
                                             unsigned long long row_bytes, float scale) {   \
         int i = blockIdx.x * blockDim.x + threadIdx.x;                                     \
-        int token = tp[0];                                                                 \
+        int token = tokens[blockIdx.y];                                                    \
         if (i >= cols) return;                                                             \
-        y[i] = DEQ(w + (unsigned long long)token * row_bytes, i) * scale;                  \
+        y[(unsigned long long)blockIdx.y * cols + i] =                                     \
+            DEQ(w + (unsigned long long)token * row_bytes, i) * scale;                     \
+    }                                                                                      \
+    /* The whole matrix as f16, row-major (the weight operand of prefill GEMMs). */        \
+    extern "C" __global__ void dequant_f16_##NAME(const u8* __restrict__ w,                \
+                                                  u16* __restrict__ out, int rows, int cols, \
+                                                  unsigned long long row_bytes) {          \
+        unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;  \
+        if (i >= (unsigned long long)rows * cols) return;                                  \
+        int r = (int)(i / cols), c = (int)(i - (unsigned long long)r * cols);              \
+        out[i] = f2h(DEQ(w + (unsigned long long)r * row_bytes, c));                       \
     }
 
 // Dot product of unit u (values 32u..32u+32) of a row with x, from the element decoder.
@@ -193,16 +251,140 @@ static __device__ __forceinline__ float unit_q8_0(const u8* __restrict__ r, int 
     return d * s;
 }
 
+
+// Q4_K unit of 64 values (u = 4·super-block + c): the 32 nibble bytes at 16 + 32c hold
+// sub-block 2c in their low and 2c+1 in their high nibbles. Super-blocks are 144 bytes, so
+// they and their nibble area start 16-byte aligned: two uint4 loads.
+static __device__ __forceinline__ void scale_min_k4(int j, u32 s0, u32 s1, u32 s2, float* sc,
+                                                    float* mn) {
+    if (j < 4) {
+        *sc = (float)((s0 >> (8 * j)) & 63u);
+        *mn = (float)((s1 >> (8 * j)) & 63u);
+    } else {
+        int k = 8 * (j - 4);
+        u32 q8 = (s2 >> k) & 255u;
+        *sc = (float)((q8 & 15u) | (((s0 >> k) >> 6 & 3u) << 4));
+        *mn = (float)((q8 >> 4) | (((s1 >> k) >> 6 & 3u) << 4));
+    }
+}
+
+// The 64 activation values of a Q4_K unit, loaded once per warp trip and applied to every
+// row the warp takes (registers, not L1, serve the reuse).
+struct xv_q4_k {
+    float4 v[16];
+};
+
+static __device__ __forceinline__ xv_q4_k xload_q4_k(const float* __restrict__ x, int u) {
+    xv_q4_k r;
+    const float4* p = (const float4*)(x + (u << 6));
+#pragma unroll
+    for (int k = 0; k < 16; k++) r.v[k] = p[k];
+    return r;
+}
+
+static __device__ __forceinline__ float unit_q4_k(const u8* __restrict__ r, int u,
+                                                  const xv_q4_k& xv) {
+    const u8* b = r + (u >> 2) * 144;
+    int c = u & 3;
+    const u32* bw = (const u32*)b;
+    u32 dm = bw[0], s0 = bw[1], s1 = bw[2], s2 = bw[3];
+    float sc0, m0, sc1, m1;
+    scale_min_k4(2 * c, s0, s1, s2, &sc0, &m0);
+    scale_min_k4(2 * c + 1, s0, s1, s2, &sc1, &m1);
+    const uint4* qv = (const uint4*)(b + 16 + 32 * c);
+    uint4 A = qv[0], B = qv[1];
+    u32 w[8] = {A.x, A.y, A.z, A.w, B.x, B.y, B.z, B.w};
+    float sl = 0.0f, sh = 0.0f, xs_l = 0.0f, xs_h = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        u32 q = w[k];
+        float4 lo = xv.v[k], hi = xv.v[8 + k];
+        sl += (float)(q & 15u) * lo.x + (float)((q >> 8) & 15u) * lo.y +
+              (float)((q >> 16) & 15u) * lo.z + (float)((q >> 24) & 15u) * lo.w;
+        sh += (float)((q >> 4) & 15u) * hi.x + (float)((q >> 12) & 15u) * hi.y +
+              (float)((q >> 20) & 15u) * hi.z + (float)(q >> 28) * hi.w;
+        xs_l += (lo.x + lo.y) + (lo.z + lo.w);
+        xs_h += (hi.x + hi.y) + (hi.z + hi.w);
+    }
+    float d = h2f((u16)(dm & 0xffffu)), dmin = h2f((u16)(dm >> 16));
+    return d * (sc0 * sl + sc1 * sh) - dmin * (m0 * xs_l + m1 * xs_h);
+}
+
+// Eight little-endian words from a 2-byte aligned address: nine aligned loads and funnel
+// shifts. Callers guarantee the ninth word lies inside the buffer.
+static __device__ __forceinline__ void ld8w(const u8* p, u32* w) {
+    const u32* a = (const u32*)((unsigned long long)p & ~3ull);
+    u32 sh = (u32)((unsigned long long)p & 3ull) * 8u;
+    u32 prev = a[0];
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        u32 next = a[i + 1];
+        w[i] = __funnelshift_r(prev, next, sh);
+        prev = next;
+    }
+}
+
+// Q6_K unit of 32 values (u = 8·super-block + 4c + k): low nibbles from the 32 ql bytes at
+// 64c + 32(k&1) (shifted by 4(k>>1)), two high bits from the 32 qh bytes at 128 + 32c
+// (shifted by 2k), scales 192 + 8c + 2k (first 16 values) and the next. Super-blocks are
+// 210 bytes (2-byte aligned), so the 32-byte runs come through ld8w; both runs end at
+// least 18 bytes before the super-block does.
+// The 32 activation values of a Q6_K unit (see xv_q4_k).
+struct xv_q6_k {
+    float4 v[8];
+};
+
+static __device__ __forceinline__ xv_q6_k xload_q6_k(const float* __restrict__ x, int u) {
+    xv_q6_k r;
+    const float4* p = (const float4*)(x + (u << 5));
+#pragma unroll
+    for (int k = 0; k < 8; k++) r.v[k] = p[k];
+    return r;
+}
+
+static __device__ __forceinline__ float unit_q6_k(const u8* __restrict__ r, int u,
+                                                  const xv_q6_k& xv) {
+    const u8* b = r + (u >> 3) * 210;
+    int c = (u >> 2) & 1, k = u & 3;
+    u32 ql[8], qh[8];
+    ld8w(b + 64 * c + 32 * (k & 1), ql);
+    ld8w(b + 128 + 32 * c, qh);
+    u32 lsh = 4u * (u32)(k >> 1), hsh = 2u * (u32)k;
+    float s[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        u32 lo = (ql[i] >> lsh) & 0x0f0f0f0fu;
+        u32 hi = ((qh[i] >> hsh) & 0x03030303u) << 4;
+        u32 q = lo | hi;
+        float4 v = xv.v[i];
+        s[i >> 2] += (float)((int)(q & 63u) - 32) * v.x + (float)((int)((q >> 8) & 63u) - 32) * v.y +
+                     (float)((int)((q >> 16) & 63u) - 32) * v.z + (float)((int)(q >> 24) - 32) * v.w;
+    }
+    float sc0 = (float)(signed char)b[192 + 8 * c + 2 * k];
+    float sc1 = (float)(signed char)b[193 + 8 * c + 2 * k];
+    return h2f(ld16(b + 208)) * (sc0 * s[0] + sc1 * s[1]);
+}
+
 FERRITE_GENERIC_UNIT(q5_0, deq_q5_0)
-FERRITE_GENERIC_UNIT(q4_k, deq_q4_k)
-FERRITE_GENERIC_UNIT(q6_k, deq_q6_k)
 FERRITE_GENERIC_UNIT(f32, deq_f32)
 FERRITE_GENERIC_UNIT(f16, deq_f16)
 
-FERRITE_MATVEC(q4_1, deq_q4_1)
-FERRITE_MATVEC(q8_0, deq_q8_0)
-FERRITE_MATVEC(q5_0, deq_q5_0)
-FERRITE_MATVEC(q4_k, deq_q4_k)
-FERRITE_MATVEC(q6_k, deq_q6_k)
-FERRITE_MATVEC(f32, deq_f32)
-FERRITE_MATVEC(f16, deq_f16)
+// The other types' units read x through the pointer itself.
+#define FERRITE_POINTER_X(NAME)                                                            \
+    typedef const float* xv_##NAME;                                                        \
+    static __device__ __forceinline__ const float* xload_##NAME(const float* x, int) {    \
+        return x;                                                                          \
+    }
+FERRITE_POINTER_X(q4_1)
+FERRITE_POINTER_X(q8_0)
+FERRITE_POINTER_X(q5_0)
+FERRITE_POINTER_X(f32)
+FERRITE_POINTER_X(f16)
+
+FERRITE_MATVEC(q4_1, deq_q4_1, 5)
+FERRITE_MATVEC(q8_0, deq_q8_0, 5)
+FERRITE_MATVEC(q5_0, deq_q5_0, 5)
+FERRITE_MATVEC(q4_k, deq_q4_k, 6)
+FERRITE_MATVEC(q6_k, deq_q6_k, 5)
+FERRITE_MATVEC(f32, deq_f32, 5)
+FERRITE_MATVEC(f16, deq_f16, 5)

@@ -66,13 +66,17 @@ extern "C" __global__ void kv_store_f16(const float* __restrict__ k,
     vc[at] = f2h(v[i]);
 }
 
-// The end of a sub-layer in one block: optionally RMS-normalise the sub-layer output `o`
-// with `post_w` (Gemma's post norms, when has_post), add it to the residual `x`, then write
-// the next pre-norm `xn = rms_norm(x) * next_w`. One row of `dim` values, one block.
+// The end of a sub-layer, one block per token row: optionally RMS-normalise the sub-layer
+// output `o` with `post_w` (Gemma's post norms, when has_post), add it to the residual `x`,
+// then write the next pre-norm `xn = rms_norm(x) * next_w`. Rows of `dim` values.
 extern "C" __global__ void residual_norm_f32(float* x, float* o, const float* post_w,
                                              int has_post, const float* __restrict__ next_w,
                                              float* xn, int dim, float eps) {
     __shared__ float red[32];
+    unsigned long long base = (unsigned long long)blockIdx.x * dim;
+    x += base;
+    o += base;
+    xn += base;
     if (has_post) {
         float ss = 0.0f;
         for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += o[i] * o[i];
@@ -89,17 +93,21 @@ extern "C" __global__ void residual_norm_f32(float* x, float* o, const float* po
     for (int i = threadIdx.x; i < dim; i += blockDim.x) xn[i] = x[i] * inv * next_w[i];
 }
 
-// Rope of the query heads and key heads at position tp[1] plus the f16 store of the rotated keys
-// and the values into row `pos` of the caches, in one launch. Threads 0..(nq+nk)*half
-// rotate one pair each; threads 0..kv_dim also store one value.
+// Rope of the query heads and key heads of token blockIdx.y at position tp[1] + blockIdx.y,
+// plus the f16 store of its rotated keys and its values into that row of the caches, in one
+// launch. Threads 0..(nq+nk)*half rotate one pair each; threads 0..kv_dim also store one
+// value. q, k and v hold one row per token.
 extern "C" __global__ void rope_store_f16(float* q, float* k, const float* __restrict__ v,
                                           u16* kc, u16* vc, int n_head, int n_kv_head,
                                           int head_dim, const int* __restrict__ tp, float base,
                                           int half_split) {
-    int pos = tp[1];
+    int pos = tp[1] + blockIdx.y;
     int half = head_dim / 2;
     int kv_dim = n_kv_head * head_dim;
     int t = blockIdx.x * blockDim.x + threadIdx.x;
+    q += (unsigned long long)blockIdx.y * n_head * head_dim;
+    k += (unsigned long long)blockIdx.y * kv_dim;
+    v += (unsigned long long)blockIdx.y * kv_dim;
     unsigned long long row = (unsigned long long)pos * kv_dim;
     if (t < kv_dim) vc[row + t] = f2h(v[t]);
     if (t >= (n_head + n_kv_head) * half) return;
@@ -121,4 +129,11 @@ extern "C" __global__ void rope_store_f16(float* q, float* k, const float* __res
         kc[at + a] = f2h(y0);
         kc[at + b] = f2h(y1);
     }
+}
+
+// f32 activations rounded to f16 (the GEMM inputs of batched prefill).
+extern "C" __global__ void f32_to_f16(const float* __restrict__ x, u16* __restrict__ y,
+                                      unsigned long long n) {
+    unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = f2h(x[i]);
 }

@@ -131,7 +131,7 @@ mod tests {
             "FERRITE_MATVEC(q8_0",
             "rms_norm_f32",
             "rope_f32",
-            "attn_decode_f16",
+            "attn_f16",
         ] {
             assert!(p.contains(k), "{k}");
         }

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchArgs, LaunchConfig};
 use ferrite_gguf::GgmlType;
 
@@ -30,37 +31,46 @@ const KERNELS: &[&str] = &[
     "matvec3_q4_1",
     "matvec_gated_q4_1",
     "embed_q4_1",
+    "dequant_f16_q4_1",
     "matvec_q8_0",
     "matvec3_q8_0",
     "matvec_gated_q8_0",
     "embed_q8_0",
+    "dequant_f16_q8_0",
     "matvec_q5_0",
     "matvec3_q5_0",
     "matvec_gated_q5_0",
     "embed_q5_0",
+    "dequant_f16_q5_0",
     "matvec_q4_k",
     "matvec3_q4_k",
     "matvec_gated_q4_k",
     "embed_q4_k",
+    "dequant_f16_q4_k",
     "matvec_q6_k",
     "matvec3_q6_k",
     "matvec_gated_q6_k",
     "embed_q6_k",
+    "dequant_f16_q6_k",
     "matvec_f32",
     "matvec3_f32",
     "matvec_gated_f32",
     "embed_f32",
+    "dequant_f16_f32",
     "matvec_f16",
     "matvec3_f16",
     "matvec_gated_f16",
     "embed_f16",
+    "dequant_f16_f16",
     "rms_norm_f32",
     "rope_f32",
     "gate_silu_f32",
     "gate_gelu_f32",
     "add_f32",
     "kv_store_f16",
-    "attn_decode_f16",
+    "attn_f16",
+    "attn_combine",
+    "f32_to_f16",
     "residual_norm_f32",
     "rope_store_f16",
 ];
@@ -88,8 +98,10 @@ pub(crate) struct WeightKernels {
     pub(crate) matvec3: &'static str,
     /// `y = act(Wg·x) · (Wu·x)`.
     pub(crate) gated: &'static str,
-    /// One dequantized row.
+    /// Dequantized rows, one per token.
     pub(crate) embed: &'static str,
+    /// The whole matrix as f16.
+    pub(crate) dequant_f16: &'static str,
 }
 
 macro_rules! weight_kernels {
@@ -99,6 +111,7 @@ macro_rules! weight_kernels {
             matvec3: concat!("matvec3_", $s),
             gated: concat!("matvec_gated_", $s),
             embed: concat!("embed_", $s),
+            dequant_f16: concat!("dequant_f16_", $s),
         }
     };
 }
@@ -133,6 +146,10 @@ pub struct CudaBackend {
     compile: CompileReport,
     funcs: BTreeMap<&'static str, (CudaFunction, AtomicU64)>,
     graph_steps: AtomicU64,
+    /// cuBLAS on `stream` for batched prefill, or why it is unavailable (prefill then runs
+    /// as a loop of decode steps).
+    pub(crate) blas: Result<CudaBlas, String>,
+    gemms: AtomicU64,
 }
 
 fn no_device(e: impl std::fmt::Display) -> CudaError {
@@ -171,6 +188,15 @@ fn device_info(ctx: &Arc<CudaContext>) -> Result<DeviceInfo, CudaError> {
     })
 }
 
+/// cuBLAS on `stream`; cudarc panics when the library is absent, so it is probed first.
+fn open_blas(stream: &Arc<CudaStream>) -> Result<CudaBlas, String> {
+    // SAFETY: only tries to open the cuBLAS shared library; no cuBLAS call is made.
+    if !unsafe { cudarc::cublas::sys::is_culib_present() } {
+        return Err("the cuBLAS library is not installed".into());
+    }
+    CudaBlas::new(stream.clone()).map_err(|e| format!("cuBLAS: {e}"))
+}
+
 impl CudaBackend {
     /// Looks for a CUDA device without compiling anything.
     pub fn probe() -> Result<DeviceInfo, CudaError> {
@@ -193,12 +219,15 @@ impl CudaBackend {
         // before any buffer exists. A non-default stream is needed for graph capture.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream()?;
+        let blas = open_blas(&stream);
         Ok(Arc::new(CudaBackend {
             stream,
             info,
             compile,
             funcs,
             graph_steps: AtomicU64::new(0),
+            blas,
+            gemms: AtomicU64::new(0),
         }))
     }
 
@@ -213,7 +242,8 @@ impl CudaBackend {
     }
 
     /// Launches so far of every kernel, by name (the path markers). Kernels recorded into a
-    /// CUDA graph count once, at capture; `"graph_step"` counts the graph replays.
+    /// CUDA graph count once, at capture; `"graph_step"` counts the graph replays and
+    /// `"gemm_f16"` the cuBLAS products of batched prefill.
     pub fn launch_counts(&self) -> BTreeMap<&'static str, u64> {
         let mut m: BTreeMap<&'static str, u64> = self
             .funcs
@@ -221,7 +251,19 @@ impl CudaBackend {
             .map(|(k, (_, c))| (*k, c.load(Ordering::Relaxed)))
             .collect();
         m.insert("graph_step", self.graph_steps.load(Ordering::Relaxed));
+        m.insert("gemm_f16", self.gemms.load(Ordering::Relaxed));
         m
+    }
+
+    /// Why batched prefill is unavailable (it then runs as decode steps); `None` when cuBLAS
+    /// is loaded.
+    pub fn prefill_unavailable(&self) -> Option<&str> {
+        self.blas.as_ref().err().map(String::as_str)
+    }
+
+    /// Counts one cuBLAS GEMM.
+    pub(crate) fn count_gemm(&self) {
+        self.gemms.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Counts one replay of a captured decode-step graph.
@@ -273,7 +315,7 @@ mod tests {
             let s = kernel_suffix(ty).unwrap();
             let k = weight_kernels(ty).unwrap();
             assert_eq!(k.matvec, format!("matvec_{s}"));
-            for name in [k.matvec, k.matvec3, k.gated, k.embed] {
+            for name in [k.matvec, k.matvec3, k.gated, k.embed, k.dequant_f16] {
                 assert!(KERNELS.contains(&name), "{name}");
             }
         }

@@ -78,7 +78,7 @@ impl CudaBackend {
         let pd = post_w.map(|p| self.stream.clone_htod(p)).transpose()?;
         let wd = self.stream.clone_htod(next_w)?;
         let xn = self.stream.alloc_zeros::<f32>(n)?;
-        self.residual_norm(&xd, &od, pd.as_ref(), &wd, &xn, eps)?;
+        self.residual_norm(&xd, &od, pd.as_ref(), &wd, &xn, 1, eps)?;
         Ok((self.stream.clone_dtoh(&xd)?, self.stream.clone_dtoh(&xn)?))
     }
 
@@ -100,7 +100,7 @@ impl CudaBackend {
         }
         let tp = self.stream.clone_htod(&[token as i32, 0])?;
         let y = self.stream.alloc_zeros::<f32>(cols)?;
-        self.embed(&m, &tp, scale, &y)?;
+        self.embed(&m, &tp, 1, scale, &y)?;
         Ok(self.stream.clone_dtoh(&y)?)
     }
 
@@ -162,22 +162,27 @@ impl CudaBackend {
         Ok(self.stream.clone_dtoh(&xd)?)
     }
 
-    /// Decode attention of query `q` (one token, `n_head × head_dim`) at position
-    /// `k.len() / kv_dim - 1` over keys and values of every position so far (row-major
-    /// `[pos][kv_dim]`), which go through the f16 cache store kernel first.
+    /// Attention of the `nq = q.len() / (n_head × head_dim)` queries at the last `nq`
+    /// positions over keys and values of every position so far (row-major `[pos][kv_dim]`),
+    /// which go through the f16 cache store kernel first; keys split over `splits` blocks.
     pub fn attention_host(
         &self,
         shape: &AttnShape,
         q: &[f32],
         k: &[f32],
         v: &[f32],
+        splits: usize,
     ) -> Result<Vec<f32>, CudaError> {
         let kv_dim = shape.kv_dim();
         let n = k.len() / kv_dim;
+        let qdim = shape.n_head * shape.head_dim;
+        let nq = q.len() / qdim;
         if n == 0
             || k.len() != n * kv_dim
             || v.len() != k.len()
-            || q.len() != shape.n_head * shape.head_dim
+            || nq == 0
+            || nq > n
+            || q.len() != nq * qdim
         {
             return Err(CudaError::InvalidArgument(
                 "attention inputs disagree in shape".into(),
@@ -192,9 +197,38 @@ impl CudaBackend {
         }
         let qd = self.stream.clone_htod(q)?;
         let out = self.stream.alloc_zeros::<f32>(q.len())?;
-        let scores = self.stream.alloc_zeros::<f32>(shape.n_head * n)?;
-        let tp = self.stream.clone_htod(&[0i32, (n - 1) as i32])?;
-        self.attention(shape, &qd, &kc, &vc, &out, &scores, &tp)?;
+        let part = self
+            .stream
+            .alloc_zeros::<f32>(nq * shape.n_head * splits.max(1) * (shape.head_dim + 2))?;
+        let tp = self.stream.clone_htod(&[0i32, (n - nq) as i32])?;
+        self.attention(shape, &qd, &kc, &vc, &out, &part, &tp, nq, splits)?;
         Ok(self.stream.clone_dtoh(&out)?)
+    }
+
+    /// `x · Wᵀ` for `n = x.len() / cols` token rows and a `rows × cols` matrix of `ty`,
+    /// through the batched-prefill path (f16 dequantization, f16 activations, cuBLAS).
+    pub fn matmul_host(
+        &self,
+        ty: GgmlType,
+        w: &[u8],
+        rows: usize,
+        cols: usize,
+        x: &[f32],
+    ) -> Result<Vec<f32>, CudaError> {
+        let m = self.upload_matrix(ty, rows, cols, w)?;
+        let n = x.len() / cols;
+        if n == 0 || x.len() != n * cols {
+            return Err(CudaError::InvalidArgument(format!(
+                "x has {} values, not rows of {cols}",
+                x.len()
+            )));
+        }
+        let xd = self.stream.clone_htod(x)?;
+        let x16 = self.stream.alloc_zeros::<u16>(n * cols)?;
+        let w16 = self.stream.alloc_zeros::<u16>(rows * cols)?;
+        let y = self.stream.alloc_zeros::<f32>(n * rows)?;
+        self.to_f16(&xd, &x16, n * cols)?;
+        self.matmul(&m, &x16, n, &y, &w16)?;
+        Ok(self.stream.clone_dtoh(&y)?)
     }
 }

@@ -13,8 +13,9 @@
 //! API: [`CudaBackend::probe`] / [`CudaBackend::new`] find the device and load the kernels;
 //! [`CudaModel::load`] uploads a host [`ferrite_model::Model`]'s weights once;
 //! [`CudaSession::eval`] runs tokens through an f16 KV cache and returns the last token's
-//! logits. Each decode step is captured once as a CUDA graph and replayed; prefill is a loop
-//! of decode steps in this first slice. [`CudaBackend::launch_counts`] are path markers.
+//! logits. Each decode step is captured once as a CUDA graph and replayed; a prompt of several
+//! tokens goes through batched prefill (weights as f16, cuBLAS GEMMs, one attention launch per
+//! layer for all its queries). [`CudaBackend::launch_counts`] are path markers.
 //!
 //! ```
 //! match ferrite_cuda::CudaBackend::probe() {
@@ -27,6 +28,7 @@
 mod compile;
 mod device;
 mod error;
+mod gemm;
 mod host;
 mod model;
 mod ops;

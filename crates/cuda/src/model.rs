@@ -4,9 +4,12 @@
 //! Q/K/V products, per-head Q/K norms, rope with the layer's base, attention with the
 //! layer's window, optional post-norms, gated FFN, final norm and output product.
 //!
-//! Prefill in this first slice is a loop of decode steps (one token at a time). Each step is
-//! recorded once into a CUDA graph (the token and position live in device memory, so one
-//! graph serves every step) and replayed: one launch per token instead of ~8 per layer.
+//! A decode step is recorded once into a CUDA graph (the token and position live in device
+//! memory, so one graph serves every step) and replayed: one launch per token instead of ~8
+//! per layer. Several tokens at once go through batched prefill (`prefill.rs`: cuBLAS GEMMs
+//! over all of them); without cuBLAS they run as decode steps.
+
+mod prefill;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -48,6 +51,40 @@ pub struct CudaModel {
     layers: Vec<DeviceLayer>,
     weight_bytes: u64,
     upload_ms: f64,
+    f16_cached: bool,
+}
+
+/// Share of the free device memory the f16 copies of the layer matrices may take.
+const F16_CACHE_SHARE: usize = 4;
+
+/// Dequantizes every layer matrix to a kept f16 copy when all of them fit in a quarter of
+/// the free device memory, so prefill runs its GEMMs without dequantizing each matrix per
+/// chunk; returns whether it did.
+fn cache_f16_copies(b: &CudaBackend, layers: &mut [DeviceLayer]) -> Result<bool, CudaError> {
+    fn mats(l: &mut DeviceLayer) -> [&mut DeviceMatrix; 7] {
+        [
+            &mut l.wq,
+            &mut l.wk,
+            &mut l.wv,
+            &mut l.wo,
+            &mut l.w_gate,
+            &mut l.w_up,
+            &mut l.w_down,
+        ]
+    }
+    let bytes: usize = layers
+        .iter_mut()
+        .flat_map(mats)
+        .map(|w| 2 * w.rows * w.cols)
+        .sum();
+    let (free, _) = b.stream.context().mem_get_info()?;
+    if b.blas.is_err() || bytes > free / F16_CACHE_SHARE {
+        return Ok(false);
+    }
+    for w in layers.iter_mut().flat_map(mats) {
+        b.cache_f16(w)?;
+    }
+    Ok(true)
 }
 
 fn upload_matrix(
@@ -98,7 +135,9 @@ fn upload_vector(
 }
 
 impl CudaModel {
-    /// Uploads the weights of `model` (already loaded and checked on the host).
+    /// Uploads the weights of `model` (already loaded and checked on the host). When cuBLAS
+    /// is present and f16 copies of all layer matrices fit in a quarter of the free device
+    /// memory, they are made too (prefill then skips per-chunk dequantization).
     pub fn load(backend: Arc<CudaBackend>, model: &Model) -> Result<CudaModel, CudaError> {
         let start = Instant::now();
         let c = model.config().clone();
@@ -111,7 +150,7 @@ impl CudaModel {
             None => None,
         };
         let output_norm = upload_vector(b, g, "output_norm.weight", c.d_model)?;
-        let mut layers = Vec::with_capacity(c.n_layer);
+        let mut layers: Vec<DeviceLayer> = Vec::with_capacity(c.n_layer);
         for i in 0..c.n_layer {
             let n = |s: &str| format!("blk.{i}.{s}.weight");
             let opt = |s: &str, len: usize, wanted: bool| {
@@ -137,6 +176,7 @@ impl CudaModel {
                 post_ffn_norm: opt("post_ffw_norm", c.d_model, c.post_norms)?,
             });
         }
+        let f16_cached = cache_f16_copies(b, &mut layers)?;
         b.synchronize()?;
         let mut weight_bytes = embed.data.len() as u64;
         weight_bytes += output.as_ref().map_or(0, |o| o.data.len() as u64);
@@ -154,7 +194,13 @@ impl CudaModel {
             layers,
             weight_bytes,
             upload_ms: start.elapsed().as_secs_f64() * 1e3,
+            f16_cached,
         })
+    }
+
+    /// Whether the layer matrices have f16 copies for prefill (see [`CudaModel::load`]).
+    pub fn f16_cached(&self) -> bool {
+        self.f16_cached
     }
 
     /// The configuration.
@@ -197,8 +243,15 @@ struct Buffers {
     o: CudaSlice<f32>,
     gate: CudaSlice<f32>,
     up: CudaSlice<f32>,
-    scores: CudaSlice<f32>,
+    /// Partial results of split decode attention.
+    part: CudaSlice<f32>,
     logits: CudaSlice<f32>,
+}
+
+/// Key splits of decode attention: enough blocks over the KV heads to fill the device's
+/// SMs at long contexts, each split at least one 32-key tile of the context.
+fn decode_splits(n_kv_head: usize, ctx: usize) -> usize {
+    (256 / n_kv_head.max(1)).clamp(1, 64).min(ctx.div_ceil(32))
 }
 
 /// One timeline over a [`CudaModel`]: an f16 KV cache of `ctx` positions.
@@ -212,6 +265,10 @@ pub struct CudaSession<'m> {
     tp: CudaSlice<i32>,
     /// The captured decode step, made at the first step.
     graph: Option<StepGraph>,
+    /// Key splits of decode attention.
+    splits: usize,
+    /// Buffers of batched prefill, made at the first prompt of several tokens.
+    prefill: Option<prefill::PrefillBufs>,
 }
 
 /// A captured decode step. CUDA graph handles may be used from any thread provided calls on
@@ -241,6 +298,7 @@ impl<'m> CudaSession<'m> {
         }
         let c = &model.config;
         let s = &model.backend.stream;
+        let splits = decode_splits(c.n_kv_head, ctx);
         let mut kv = Vec::with_capacity(c.n_layer);
         for _ in 0..c.n_layer {
             kv.push((
@@ -258,7 +316,7 @@ impl<'m> CudaSession<'m> {
             o: s.alloc_zeros(c.d_model)?,
             gate: s.alloc_zeros(c.d_ff)?,
             up: s.alloc_zeros(c.d_ff)?,
-            scores: s.alloc_zeros(c.n_head * ctx)?,
+            part: s.alloc_zeros(c.n_head * splits * (c.head_dim + 2))?,
             logits: s.alloc_zeros(c.n_vocab)?,
         };
         Ok(CudaSession {
@@ -269,6 +327,8 @@ impl<'m> CudaSession<'m> {
             buf,
             tp: s.alloc_zeros(2)?,
             graph: None,
+            splits,
+            prefill: None,
         })
     }
 
@@ -308,12 +368,19 @@ impl<'m> CudaSession<'m> {
             )));
         }
         let start = self.n_past;
-        for &t in tokens {
-            if let Err(e) = self.step(t) {
-                self.n_past = start;
-                return Err(e);
-            }
-            self.n_past += 1;
+        let batched = tokens.len() > 1 && self.model.backend.blas.is_ok();
+        let run = if batched {
+            self.prefill(tokens)
+        } else {
+            tokens.iter().try_for_each(|&t| {
+                self.step(t)?;
+                self.n_past += 1;
+                Ok(())
+            })
+        };
+        if let Err(e) = run {
+            self.n_past = start;
+            return Err(e);
         }
         let m = self.model;
         let b = &*m.backend;
@@ -360,7 +427,7 @@ impl<'m> CudaSession<'m> {
         let b = &*m.backend;
         let u = &self.buf;
         let tp = &self.tp;
-        b.embed(&m.embed, tp, c.embed_scale, &u.x)?;
+        b.embed(&m.embed, tp, 1, c.embed_scale, &u.x)?;
         if let Some(l0) = m.layers.first() {
             b.rms_norm(&u.x, &l0.attn_norm, &u.xn, 1, c.rms_eps)?;
         }
@@ -374,6 +441,7 @@ impl<'m> CudaSession<'m> {
             let shape = AttnShape::new(c.n_head, c.n_kv_head, c.head_dim, c.attn_scale, lc.window)?;
             let (kc, vc) = &self.kv[l];
             b.rope_store(
+                1,
                 &shape,
                 &u.q,
                 &u.k,
@@ -384,7 +452,7 @@ impl<'m> CudaSession<'m> {
                 lc.rope_base,
                 c.rope_style,
             )?;
-            b.attention(&shape, &u.q, kc, vc, &u.att, &u.scores, tp)?;
+            b.attention(&shape, &u.q, kc, vc, &u.att, &u.part, tp, 1, self.splits)?;
             b.matvec(&lw.wo, &u.att, &u.o)?;
             b.residual_norm(
                 &u.x,
@@ -392,6 +460,7 @@ impl<'m> CudaSession<'m> {
                 lw.post_attn_norm.as_ref(),
                 &lw.ffn_norm,
                 &u.xn,
+                1,
                 c.rms_eps,
             )?;
             b.matvec_gated(c.activation, &lw.w_gate, &lw.w_up, &u.xn, &u.gate, &u.up)?;
@@ -403,6 +472,7 @@ impl<'m> CudaSession<'m> {
                 lw.post_ffn_norm.as_ref(),
                 next,
                 &u.xn,
+                1,
                 c.rms_eps,
             )?;
         }

@@ -15,17 +15,58 @@ use crate::{CudaBackend, CudaError};
 
 /// Rows per block of the matvec kernels (one warp each).
 const MATVEC_ROWS_PER_BLOCK: usize = 4;
-/// Largest head size the attention kernel's shared query buffer holds.
-pub(crate) const MAX_HEAD_DIM: usize = 512;
+/// Keys per tile of the attention kernel (ATT_TK in attention.cu).
+const ATT_TILE: usize = 32;
+/// Most (query × head) rows one attention block holds.
+const ATT_MAX_ROWS: usize = 32;
+/// Most query values (rows × head_dim) one attention block holds in shared memory.
+const ATT_MAX_ROW_VALUES: usize = 4096;
 
 fn i32_of(v: usize, what: &str) -> Result<i32, CudaError> {
     i32::try_from(v).map_err(|_| CudaError::InvalidArgument(format!("{what} {v} is too large")))
 }
 
-/// Launch shape of the matvec kernels for `rows` rows.
-fn matvec_grid(rows: usize) -> LaunchConfig {
+/// Rows from which a warp takes several rows at once (`MV_MAX_ROWS` in matvec.cu for the
+/// plain product, two for the gated one): large matrices, where the activation loads from
+/// L1, not DRAM, limit a one-row warp, and there are still enough warps to fill the device.
+const MULTI_ROW_FROM: usize = 2048;
+
+/// Rows per warp of the plain and the gated matvec for a matrix of `rows` rows: the most
+/// for very tall matrices, two for tall ones, else one.
+fn rows_per_warp(rows: usize, max: usize) -> usize {
+    if rows >= 4 * MULTI_ROW_FROM {
+        max
+    } else if rows >= MULTI_ROW_FROM {
+        2.min(max)
+    } else {
+        1
+    }
+}
+
+/// Warps in flight the plain matvec aims for (132 SMs × 32).
+const MATVEC_WARPS_WANTED: usize = 4224;
+
+/// Warps sharing each row group of the plain matvec (1, 2 or 4): enough for
+/// MATVEC_WARPS_WANTED warps, but never so many that a lane has no unit of the row.
+fn warps_per_row(rows: usize, nr: usize, units: usize) -> usize {
+    let want = (MATVEC_WARPS_WANTED * nr).div_ceil(rows.max(1));
+    let most = (units / 32).clamp(1, MATVEC_ROWS_PER_BLOCK);
+    let mut ks = 1;
+    while ks < want && ks * 2 <= most {
+        ks *= 2;
+    }
+    ks
+}
+
+/// log2 of the values per unit of the matvec kernels (SH in matvec.cu).
+fn unit_shift(ty: GgmlType) -> usize {
+    if ty == GgmlType::Q4_K { 6 } else { 5 }
+}
+
+/// Launch shape of the matvec kernels for `rows` rows, `nr` per warp.
+fn matvec_grid(rows: usize, nr: usize) -> LaunchConfig {
     LaunchConfig {
-        grid_dim: (rows.div_ceil(MATVEC_ROWS_PER_BLOCK) as u32, 1, 1),
+        grid_dim: (rows.div_ceil(MATVEC_ROWS_PER_BLOCK * nr) as u32, 1, 1),
         block_dim: (32 * MATVEC_ROWS_PER_BLOCK as u32, 1, 1),
         shared_mem_bytes: 0,
     }
@@ -59,6 +100,8 @@ pub(crate) struct DeviceMatrix {
     pub(crate) cols: usize,
     pub(crate) row_bytes: u64,
     pub(crate) data: CudaSlice<u8>,
+    /// A dequantized f16 copy (row-major) kept for prefill GEMMs when memory allows.
+    pub(crate) f16: Option<CudaSlice<u16>>,
 }
 
 impl CudaBackend {
@@ -84,6 +127,7 @@ impl CudaBackend {
             cols,
             row_bytes,
             data: self.stream.clone_htod(data)?,
+            f16: None,
         })
     }
 
@@ -96,14 +140,20 @@ impl CudaBackend {
     ) -> Result<(), CudaError> {
         let name = weight_kernels(w.ty).map_or("none", |k| k.matvec);
         let (rows, cols) = (w.rows as i32, w.cols as i32);
-        let cfg = matvec_grid(w.rows);
+        let nr = rows_per_warp(w.rows, 4);
+        let ks = warps_per_row(w.rows, nr, w.cols >> unit_shift(w.ty));
+        let (nr32, ks32) = (nr as i32, ks as i32);
+        let mut cfg = matvec_grid(w.rows, nr);
+        cfg.grid_dim.0 = (w.rows.div_ceil(nr) * ks).div_ceil(MATVEC_ROWS_PER_BLOCK) as u32;
         let mut b = self.kernel(name)?;
         b.arg(&w.data)
             .arg(x)
             .arg(y)
             .arg(&rows)
             .arg(&cols)
-            .arg(&w.row_bytes);
+            .arg(&w.row_bytes)
+            .arg(&nr32)
+            .arg(&ks32);
         // SAFETY: the kernel reads rows × row_bytes bytes of `w.data` (checked at upload),
         // cols values of `x` and writes rows values of `y`; callers size x and y for that.
         unsafe { b.launch(cfg) }?;
@@ -151,7 +201,7 @@ impl CudaBackend {
             .arg(&first.row_bytes);
         // SAFETY: matrix i (absent ones have 0 rows and are never read) gets rows r_i of
         // row_bytes each, all checked at upload; x has cols values and y_i r_i values.
-        unsafe { b.launch(matvec_grid(total)) }?;
+        unsafe { b.launch(matvec_grid(total, 1)) }?;
         Ok(())
     }
 
@@ -177,6 +227,8 @@ impl CudaBackend {
             Activation::Silu => 0i32,
             Activation::GeluTanh => 1,
         };
+        let nr = rows_per_warp(wg.rows, 2);
+        let nr32 = nr as i32;
         let mut b = self.kernel(k.gated)?;
         b.arg(&wg.data)
             .arg(&wu.data)
@@ -185,14 +237,16 @@ impl CudaBackend {
             .arg(&rows)
             .arg(&cols)
             .arg(&wg.row_bytes)
-            .arg(&a);
+            .arg(&a)
+            .arg(&nr32);
         // SAFETY: both matrices have rows × row_bytes bytes (same shape, checked at
         // upload); x has cols values and y rows values.
-        unsafe { b.launch(matvec_grid(wg.rows)) }?;
+        unsafe { b.launch(matvec_grid(wg.rows, nr)) }?;
         Ok(())
     }
 
-    /// End of a sub-layer: `x += post_norm?(o)`, then `xn = rms_norm(x) · next_w`.
+    /// End of a sub-layer over `rows` token rows: `x += post_norm?(o)`, then
+    /// `xn = rms_norm(x) · next_w`.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn residual_norm(
         &self,
@@ -201,12 +255,21 @@ impl CudaBackend {
         post_w: Option<&CudaSlice<f32>>,
         next_w: &CudaSlice<f32>,
         xn: &CudaSlice<f32>,
+        rows: usize,
         eps: f32,
     ) -> Result<(), CudaError> {
         let dim = next_w.len() as i32;
+        if [x.len(), o.len(), xn.len()]
+            .iter()
+            .any(|&l| l < rows * next_w.len())
+        {
+            return Err(CudaError::InvalidArgument(format!(
+                "residual_norm buffers smaller than {rows} rows"
+            )));
+        }
         let has_post = i32::from(post_w.is_some());
         let cfg = LaunchConfig {
-            grid_dim: (1, 1, 1),
+            grid_dim: (rows as u32, 1, 1),
             block_dim: (1024, 1, 1),
             shared_mem_bytes: 0,
         };
@@ -219,15 +282,17 @@ impl CudaBackend {
             .arg(xn)
             .arg(&dim)
             .arg(&eps);
-        // SAFETY: every buffer holds dim values (the session sizes them by d_model).
+        // SAFETY: every buffer holds rows × dim values (checked above).
         unsafe { b.launch(cfg) }?;
         Ok(())
     }
 
-    /// Rope of q and k at position `tp[1]` and the f16 store of k and v at that cache row.
+    /// Rope of `n` tokens' q and k at positions `tp[1]..tp[1]+n` and the f16 store of their
+    /// k and v at those cache rows.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn rope_store(
         &self,
+        n: usize,
         shape: &AttnShape,
         q: &CudaSlice<f32>,
         k: &CudaSlice<f32>,
@@ -249,6 +314,16 @@ impl CudaBackend {
         );
         let half = i32::from(style == RopeStyle::HalfSplit);
         let threads = ((shape.n_head + shape.n_kv_head) * shape.head_dim / 2).max(kv_dim);
+        if q.len() < n * shape.n_head * shape.head_dim
+            || k.len() < n * kv_dim
+            || v.len() < n * kv_dim
+        {
+            return Err(CudaError::InvalidArgument(format!(
+                "rope_store buffers below {n} rows"
+            )));
+        }
+        let mut cfg = grid_1d(threads);
+        cfg.grid_dim.1 = n as u32;
         let mut b = self.kernel("rope_store_f16")?;
         b.arg(q)
             .arg(k)
@@ -261,31 +336,42 @@ impl CudaBackend {
             .arg(tp)
             .arg(&base)
             .arg(&half);
-        // SAFETY: touches n_head × head_dim values of q, kv_dim of k and v, and row tp[1] of
-        // both caches; callers keep tp[1] below the cache's rows.
-        unsafe { b.launch(grid_1d(threads)) }?;
+        // SAFETY: touches n rows of n_head × head_dim values of q and kv_dim of k and v
+        // (checked above), and rows tp[1]..tp[1]+n of both caches; callers keep those below
+        // the cache's rows.
+        unsafe { b.launch(cfg) }?;
         Ok(())
     }
 
-    /// `y[..cols] = scale · W[tp[0], :]`; the caller checks the token against the rows.
+    /// Row `i` of `y` = `scale · W[tokens[i], :]` for `i < n`; the caller checks the tokens
+    /// against the rows (decode passes `tp`, whose first value is the token).
     pub(crate) fn embed(
         &self,
         w: &DeviceMatrix,
-        tp: &CudaSlice<i32>,
+        tokens: &CudaSlice<i32>,
+        n: usize,
         scale: f32,
         y: &CudaSlice<f32>,
     ) -> Result<(), CudaError> {
+        if tokens.len() < n || y.len() < n * w.cols {
+            return Err(CudaError::InvalidArgument(format!(
+                "embed buffers below {n} rows"
+            )));
+        }
         let name = weight_kernels(w.ty).map_or("none", |k| k.embed);
         let cols = w.cols as i32;
+        let mut cfg = grid_1d(w.cols);
+        cfg.grid_dim.1 = n as u32;
         let mut b = self.kernel(name)?;
         b.arg(&w.data)
             .arg(y)
-            .arg(tp)
+            .arg(tokens)
             .arg(&cols)
             .arg(&w.row_bytes)
             .arg(&scale);
-        // SAFETY: reads one row (callers keep tp[0] < rows) and writes cols values of y.
-        unsafe { b.launch(grid_1d(w.cols)) }?;
+        // SAFETY: reads n rows (callers keep the tokens < rows) and writes n × cols values
+        // of y (checked above).
+        unsafe { b.launch(cfg) }?;
         Ok(())
     }
 
@@ -388,7 +474,10 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// Decode attention of one query (n_head heads) over cache rows `..=tp[1]`.
+    /// Attention of `nq` consecutive queries (rows of `q`, `n_head × head_dim` each) at
+    /// positions `tp[1]..` over cache rows up to each query's own, into `out`. With
+    /// `splits > 1` (decode), keys are split over that many blocks whose partial results go
+    /// to `part` (`nq × n_head × splits × (head_dim + 2)` values) and are merged after.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn attention(
         &self,
@@ -397,43 +486,82 @@ impl CudaBackend {
         kc: &CudaSlice<u16>,
         vc: &CudaSlice<u16>,
         out: &CudaSlice<f32>,
-        scores: &CudaSlice<f32>,
+        part: &CudaSlice<f32>,
         tp: &CudaSlice<i32>,
+        nq: usize,
+        splits: usize,
     ) -> Result<(), CudaError> {
-        let ctx = kc.len() / shape.kv_dim().max(1);
-        if scores.len() < shape.n_head * ctx {
+        let hd = shape.head_dim;
+        let n_rep = shape.n_head / shape.n_kv_head;
+        let qdim = shape.n_head * hd;
+        if nq == 0 || splits == 0 || q.len() < nq * qdim || out.len() < nq * qdim {
             return Err(CudaError::InvalidArgument(format!(
-                "attention scores smaller than {} heads × {ctx}",
+                "attention of {nq} queries in {splits} splits"
+            )));
+        }
+        if splits > 1 && part.len() < nq * shape.n_head * splits * (hd + 2) {
+            return Err(CudaError::InvalidArgument(format!(
+                "attention partials smaller than {nq} × {} heads × {splits} splits",
                 shape.n_head
             )));
         }
-        let (nh, nkv, hd) = (
-            shape.n_head as i32,
-            shape.n_kv_head as i32,
-            shape.head_dim as i32,
-        );
-        let (win, c) = (shape.window.unwrap_or(0) as i32, ctx as i32);
-        let cfg = LaunchConfig {
-            grid_dim: (shape.n_head as u32, 1, 1),
-            block_dim: (128, 1, 1),
-            shared_mem_bytes: 0,
+        // Queries per block: enough rows (query × head) to reuse each loaded key, within
+        // the shared-memory budget checked by AttnShape::new.
+        let qt = if nq == 1 {
+            1
+        } else {
+            (ATT_MAX_ROWS / n_rep)
+                .min(ATT_MAX_ROW_VALUES / (n_rep * hd))
+                .clamp(1, nq)
         };
-        let mut b = self.kernel("attn_decode_f16")?;
+        let cap = qt * n_rep;
+        let smem = (2 * cap * hd + cap * ATT_TILE + 3 * cap) * 4;
+        let cfg = LaunchConfig {
+            grid_dim: (
+                shape.n_kv_head as u32,
+                nq.div_ceil(qt) as u32,
+                splits as u32,
+            ),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: smem as u32,
+        };
+        let (nh, nkv, hd32) = (shape.n_head as i32, shape.n_kv_head as i32, hd as i32);
+        let (nq32, qt32, sp32) = (i32_of(nq, "queries")?, qt as i32, splits as i32);
+        let win = shape.window.map_or(0, |w| w.min(i32::MAX as usize) as i32);
+        let min_chunk = ATT_TILE as i32;
+        let mut b = self.kernel("attn_f16")?;
         b.arg(q)
             .arg(kc)
             .arg(vc)
             .arg(out)
-            .arg(scores)
+            .arg(part)
             .arg(&nh)
             .arg(&nkv)
-            .arg(&hd)
+            .arg(&hd32)
             .arg(tp)
+            .arg(&nq32)
+            .arg(&qt32)
             .arg(&win)
-            .arg(&c)
-            .arg(&shape.scale);
-        // SAFETY: reads rows ..=tp[1] of the caches (callers keep tp[1] < ctx), writes n_head × ctx scores and
-        // n_head × head_dim outputs; head_dim ≤ MAX_HEAD_DIM is checked by AttnShape::new.
+            .arg(&shape.scale)
+            .arg(&sp32)
+            .arg(&min_chunk);
+        // SAFETY: reads nq query rows (checked above) and cache rows up to tp[1] + nq - 1
+        // (callers keep that below the cache's rows); writes nq rows of out or, with
+        // splits > 1, nq × n_head × splits partials (checked above). Shared memory is sized
+        // from the same qt and head_dim the kernel uses.
         unsafe { b.launch(cfg) }?;
+        if splits > 1 {
+            let cfg = LaunchConfig {
+                grid_dim: ((nq * shape.n_head) as u32, 1, 1),
+                block_dim: (hd.next_multiple_of(32).min(256) as u32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let mut b = self.kernel("attn_combine")?;
+            b.arg(part).arg(out).arg(&hd32).arg(&sp32);
+            // SAFETY: reads the partials written above and writes nq × n_head × head_dim
+            // values of out (both checked above).
+            unsafe { b.launch(cfg) }?;
+        }
         Ok(())
     }
 }
@@ -445,7 +573,8 @@ pub struct AttnShape {
     pub n_head: usize,
     /// KV heads (divides n_head).
     pub n_kv_head: usize,
-    /// Values per head (at most 512).
+    /// Values per head (a multiple of 8; the heads sharing a KV head hold at most 4096
+    /// values together, and there are at most 32 of them).
     pub head_dim: usize,
     /// Multiplier of q·k.
     pub scale: f32,
@@ -465,7 +594,9 @@ impl AttnShape {
         if n_kv_head == 0
             || !n_head.is_multiple_of(n_kv_head)
             || head_dim == 0
-            || head_dim > MAX_HEAD_DIM
+            || !head_dim.is_multiple_of(8)
+            || n_head / n_kv_head > ATT_MAX_ROWS
+            || n_head / n_kv_head * head_dim > ATT_MAX_ROW_VALUES
         {
             return Err(CudaError::InvalidArgument(format!(
                 "attention {n_head} heads / {n_kv_head} KV heads of {head_dim}"

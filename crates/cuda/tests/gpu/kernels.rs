@@ -41,9 +41,9 @@ fn naive_matvec(w: &[f32], rows: usize, cols: usize, x: &[f32]) -> Vec<f64> {
 fn shapes(ty: GgmlType) -> Vec<(usize, usize)> {
     let k = matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K);
     let cols: &[usize] = if k {
-        &[256, 768, 2304, 9216]
+        &[256, 768, 2304, 4096, 9216]
     } else {
-        &[32, 96, 576, 1056]
+        &[32, 96, 576, 1056, 2080]
     };
     let mut v = Vec::new();
     for &c in cols {
@@ -51,6 +51,10 @@ fn shapes(ty: GgmlType) -> Vec<(usize, usize)> {
             v.push((r, c));
         }
     }
+    // Past MULTI_ROW_FROM (two, then four rows per warp), not a multiple of the rows per
+    // block; the wide shapes above with few rows split each row over 2 or 4 warps.
+    v.push((2053, cols[1]));
+    v.push((8195, cols[0]));
     v
 }
 
@@ -192,33 +196,40 @@ fn gated_activations_and_add_match_cpu() {
     assert_close("add", &got, &want, 1e-6);
 }
 
+/// Attention of the `q.len() / (n_head × head_dim)` queries at the last positions.
 fn naive_attention(shape: &AttnShape, q: &[f32], k: &[f32], v: &[f32]) -> Vec<f64> {
     let hd = shape.head_dim;
     let kvd = shape.kv_dim();
     let n = k.len() / kvd;
-    let pos = n - 1;
+    let qdim = shape.n_head * hd;
+    let nq = q.len() / qdim;
     let h16 = |x: f32| f64::from(half::f16::from_f32(x).to_f32());
-    let mut out = vec![0f64; shape.n_head * hd];
-    for h in 0..shape.n_head {
-        let g = h / (shape.n_head / shape.n_kv_head);
-        let vis: Vec<usize> = (0..=pos)
-            .filter(|&j| shape.window.is_none_or(|w| pos - j < w))
-            .collect();
-        let s: Vec<f64> = vis
-            .iter()
-            .map(|&j| {
-                (0..hd)
-                    .map(|d| f64::from(q[h * hd + d]) * h16(k[j * kvd + g * hd + d]))
-                    .sum::<f64>()
-                    * f64::from(shape.scale)
-            })
-            .collect();
-        let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
-        for (i, &j) in vis.iter().enumerate() {
-            let p = (s[i] - m).exp() / z;
-            for d in 0..hd {
-                out[h * hd + d] += p * h16(v[j * kvd + g * hd + d]);
+    let mut out = vec![0f64; q.len()];
+    for qi in 0..nq {
+        let pos = n - nq + qi;
+        for h in 0..shape.n_head {
+            let g = h / (shape.n_head / shape.n_kv_head);
+            let vis: Vec<usize> = (0..=pos)
+                .filter(|&j| shape.window.is_none_or(|w| pos - j < w))
+                .collect();
+            let s: Vec<f64> = vis
+                .iter()
+                .map(|&j| {
+                    (0..hd)
+                        .map(|d| {
+                            f64::from(q[qi * qdim + h * hd + d]) * h16(k[j * kvd + g * hd + d])
+                        })
+                        .sum::<f64>()
+                        * f64::from(shape.scale)
+                })
+                .collect();
+            let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
+            for (i, &j) in vis.iter().enumerate() {
+                let p = (s[i] - m).exp() / z;
+                for d in 0..hd {
+                    out[qi * qdim + h * hd + d] += p * h16(v[j * kvd + g * hd + d]);
+                }
             }
         }
     }
@@ -235,25 +246,60 @@ fn attention_matches_naive_with_causal_and_window_masks() {
         (4, 1, 256, Some(4), 11),
         (4, 1, 256, Some(512), 700),
         (2, 2, 32, None, 300),
+        (32, 8, 128, None, 1000),
     ];
     for (nh, nkv, hd, window, n) in cases {
         let shape = AttnShape::new(nh, nkv, hd, 1.0 / (hd as f32).sqrt(), window).unwrap();
-        let q: Vec<f32> = pseudo(nh * hd, 1).iter().map(|v| v * 3.0).collect();
         let k = pseudo(n * shape.kv_dim(), 2);
         let v = pseudo(n * shape.kv_dim(), 3);
-        let got = b.attention_host(&shape, &q, &k, &v).unwrap();
-        let want = naive_attention(&shape, &q, &k, &v);
-        assert_close(
-            &format!("attention {nh}/{nkv}x{hd} {window:?} n={n}"),
-            &got,
-            &want,
-            1e-5,
-        );
+        // Decode (one query, keys in 1, 3 or 64 splits) and prefill (many queries, causal).
+        for (nq, splits) in [(1, 1), (1, 3), (1, 64), (n.min(45), 1), (n, 1)] {
+            let q: Vec<f32> = pseudo(nq * nh * hd, 1).iter().map(|v| v * 3.0).collect();
+            let got = b.attention_host(&shape, &q, &k, &v, splits).unwrap();
+            let want = naive_attention(&shape, &q, &k, &v);
+            assert_close(
+                &format!("attention {nh}/{nkv}x{hd} {window:?} n={n} queries {nq} splits {splits}"),
+                &got,
+                &want,
+                1e-5,
+            );
+        }
     }
     let counts = b.launch_counts();
-    for k in ["attn_decode_f16", "kv_store_f16"] {
+    for k in ["attn_f16", "attn_combine", "kv_store_f16"] {
         assert!(counts[k] > 0, "{k} never ran");
     }
+}
+
+#[test]
+fn prefill_matmul_matches_f16_rounded_product() {
+    let Some(b) = backend() else { return };
+    let h16 = |x: f32| half::f16::from_f32(x).to_f32();
+    for ty in TYPES {
+        for (rows, cols) in shapes(ty).into_iter().filter(|&(r, _)| r != 1) {
+            let (q, deq) = quantized(ty, rows, cols, 41);
+            let w16: Vec<f32> = deq.iter().map(|&v| h16(v)).collect();
+            for n in [1, 5, 33] {
+                let x = pseudo(n * cols, 42);
+                let got = b.matmul_host(ty, &q, rows, cols, &x).unwrap();
+                let mut want = Vec::with_capacity(n * rows);
+                for t in 0..n {
+                    let xt: Vec<f32> = x[t * cols..(t + 1) * cols]
+                        .iter()
+                        .map(|&v| h16(v))
+                        .collect();
+                    want.extend(naive_matvec(&w16, rows, cols, &xt));
+                }
+                assert_close(
+                    &format!("matmul {ty} {rows}x{cols} n={n}"),
+                    &got,
+                    &want,
+                    1e-4,
+                );
+            }
+        }
+    }
+    assert!(b.launch_counts()["gemm_f16"] > 0, "cuBLAS never ran");
 }
 
 #[test]
@@ -265,7 +311,7 @@ fn fused_gated_matvec_matches_cpu() {
         } else {
             96
         };
-        for rows in [1, 33] {
+        for rows in [1, 33, 2049] {
             let (qg, dg) = quantized(ty, rows, cols, 21);
             let (qu, du) = quantized(ty, rows, cols, 22);
             let x = pseudo(cols, 23);

@@ -1,0 +1,170 @@
+//! Batched prefill: a prompt goes through the model a chunk of tokens at a time. Each
+//! weight matrix is dequantized to f16 once per chunk and multiplied with all the chunk's
+//! tokens by cuBLAS; norms, rope, the KV store and attention (causal, sliding window) run
+//! on all rows in one launch each. Leaves the last token's final norm in the session's
+//! decode buffer, where the output product reads it.
+
+use cudarc::driver::CudaSlice;
+
+use super::{CudaModel, CudaSession};
+use crate::{AttnShape, CudaError};
+
+/// Most tokens one prefill pass holds; longer prompts go in chunks of this many.
+const PREFILL_CHUNK: usize = 512;
+
+/// Activation buffers of one prefill chunk (one row per token) and the f16 scratch.
+#[derive(Debug)]
+pub(super) struct PrefillBufs {
+    cap: usize,
+    tokens: CudaSlice<i32>,
+    x: CudaSlice<f32>,
+    xn: CudaSlice<f32>,
+    q: CudaSlice<f32>,
+    k: CudaSlice<f32>,
+    v: CudaSlice<f32>,
+    att: CudaSlice<f32>,
+    o: CudaSlice<f32>,
+    gate: CudaSlice<f32>,
+    up: CudaSlice<f32>,
+    /// f16 activations, the GEMMs' token operand.
+    x16: CudaSlice<u16>,
+    /// One dequantized weight matrix, the GEMMs' weight operand.
+    w16: CudaSlice<u16>,
+}
+
+impl PrefillBufs {
+    fn new(m: &CudaModel, cap: usize) -> Result<PrefillBufs, CudaError> {
+        let c = &m.config;
+        let s = &m.backend.stream;
+        let widest = c.d_model.max(c.q_dim()).max(c.d_ff);
+        let biggest = m
+            .layers
+            .iter()
+            .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down])
+            .filter(|w| w.f16.is_none())
+            .map(|w| w.rows * w.cols)
+            .max()
+            .unwrap_or(1);
+        Ok(PrefillBufs {
+            cap,
+            tokens: s.alloc_zeros(cap)?,
+            x: s.alloc_zeros(cap * c.d_model)?,
+            xn: s.alloc_zeros(cap * c.d_model)?,
+            q: s.alloc_zeros(cap * c.q_dim())?,
+            k: s.alloc_zeros(cap * c.kv_dim())?,
+            v: s.alloc_zeros(cap * c.kv_dim())?,
+            att: s.alloc_zeros(cap * c.q_dim())?,
+            o: s.alloc_zeros(cap * c.d_model)?,
+            gate: s.alloc_zeros(cap * c.d_ff)?,
+            up: s.alloc_zeros(cap * c.d_ff)?,
+            x16: s.alloc_zeros(cap * widest)?,
+            w16: s.alloc_zeros(biggest)?,
+        })
+    }
+}
+
+impl CudaSession<'_> {
+    /// Runs `tokens` (checked by `eval`) at positions `n_past..` in chunks, advancing
+    /// `n_past` per chunk.
+    pub(super) fn prefill(&mut self, tokens: &[u32]) -> Result<(), CudaError> {
+        let cap = PREFILL_CHUNK.min(self.ctx);
+        if self.prefill.as_ref().is_none_or(|p| p.cap < cap) {
+            self.prefill = Some(PrefillBufs::new(self.model, cap)?);
+        }
+        let Some(mut pb) = self.prefill.take() else {
+            return Err(CudaError::InvalidArgument("no prefill buffers".into()));
+        };
+        let mut run = Ok(());
+        for chunk in tokens.chunks(pb.cap) {
+            run = self.prefill_chunk(&mut pb, chunk);
+            if run.is_err() {
+                break;
+            }
+            self.n_past += chunk.len();
+        }
+        self.prefill = Some(pb);
+        run
+    }
+
+    /// One chunk of at most `pb.cap` tokens at positions `n_past..`.
+    fn prefill_chunk(&mut self, pb: &mut PrefillBufs, toks: &[u32]) -> Result<(), CudaError> {
+        let m = self.model;
+        let c = &m.config;
+        let b = &*m.backend;
+        let n = toks.len();
+        let ids: Vec<i32> = toks.iter().map(|&t| t as i32).collect();
+        b.stream
+            .memcpy_htod(&ids[..], &mut pb.tokens.slice_mut(..n))?;
+        let tp = [0i32, self.n_past as i32];
+        b.stream.memcpy_htod(&tp[..], &mut self.tp)?;
+        let tp = &self.tp;
+        b.embed(&m.embed, &pb.tokens, n, c.embed_scale, &pb.x)?;
+        if let Some(l0) = m.layers.first() {
+            b.rms_norm(&pb.x, &l0.attn_norm, &pb.xn, n, c.rms_eps)?;
+        }
+        let (w16, x16) = (&pb.w16, &pb.x16);
+        for (l, lw) in m.layers.iter().enumerate() {
+            let lc = &c.layers[l];
+            b.to_f16(&pb.xn, x16, n * c.d_model)?;
+            b.matmul(&lw.wq, x16, n, &pb.q, w16)?;
+            b.matmul(&lw.wk, x16, n, &pb.k, w16)?;
+            b.matmul(&lw.wv, x16, n, &pb.v, w16)?;
+            if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
+                b.rms_norm(&pb.q, qn, &pb.q, n * c.n_head, c.rms_eps)?;
+                b.rms_norm(&pb.k, kn, &pb.k, n * c.n_kv_head, c.rms_eps)?;
+            }
+            let shape = AttnShape::new(c.n_head, c.n_kv_head, c.head_dim, c.attn_scale, lc.window)?;
+            let (kc, vc) = &self.kv[l];
+            b.rope_store(
+                n,
+                &shape,
+                &pb.q,
+                &pb.k,
+                &pb.v,
+                kc,
+                vc,
+                tp,
+                lc.rope_base,
+                c.rope_style,
+            )?;
+            b.attention(&shape, &pb.q, kc, vc, &pb.att, &self.buf.part, tp, n, 1)?;
+            b.to_f16(&pb.att, x16, n * c.q_dim())?;
+            b.matmul(&lw.wo, x16, n, &pb.o, w16)?;
+            b.residual_norm(
+                &pb.x,
+                &pb.o,
+                lw.post_attn_norm.as_ref(),
+                &lw.ffn_norm,
+                &pb.xn,
+                n,
+                c.rms_eps,
+            )?;
+            b.to_f16(&pb.xn, x16, n * c.d_model)?;
+            b.matmul(&lw.w_gate, x16, n, &pb.gate, w16)?;
+            b.matmul(&lw.w_up, x16, n, &pb.up, w16)?;
+            b.gated(c.activation, &pb.gate, &pb.up, n * c.d_ff)?;
+            b.to_f16(&pb.gate, x16, n * c.d_ff)?;
+            b.matmul(&lw.w_down, x16, n, &pb.o, w16)?;
+            let next = m
+                .layers
+                .get(l + 1)
+                .map_or(&m.output_norm, |nl| &nl.attn_norm);
+            b.residual_norm(
+                &pb.x,
+                &pb.o,
+                lw.post_ffn_norm.as_ref(),
+                next,
+                &pb.xn,
+                n,
+                c.rms_eps,
+            )?;
+        }
+        if m.layers.is_empty() {
+            b.rms_norm(&pb.x, &m.output_norm, &pb.xn, n, c.rms_eps)?;
+        }
+        let d = c.d_model;
+        b.stream
+            .memcpy_dtod(&pb.xn.slice((n - 1) * d..n * d), &mut self.buf.xn)?;
+        Ok(())
+    }
+}
