@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use anyhow::Context;
-use ferrite_cuda::{CudaBackend, CudaModel, CudaSession, DeviceInfo};
+use ferrite_cuda::{CudaBackend, CudaError, CudaModel, CudaSession, DeviceInfo};
 use ferrite_engine::{GenerateError, Timeline};
 use ferrite_model::{Model, Session};
 
@@ -38,7 +38,14 @@ pub fn load_cuda(arg: BackendArg, model: &Model) -> anyhow::Result<Option<CudaLo
         (_, Ok(info)) => info,
     };
     let backend: Arc<CudaBackend> = CudaBackend::new()?;
-    let model = CudaModel::load(backend, model).context("uploading the model to the GPU")?;
+    let model = match CudaModel::load(backend, model) {
+        Ok(m) => m,
+        Err(CudaError::UnsupportedFeature(what)) if arg == BackendArg::Auto => {
+            eprintln!("note: the CUDA backend does not implement {what} yet; running on the CPU");
+            return Ok(None);
+        }
+        Err(e) => return Err(e).context("uploading the model to the GPU"),
+    };
     Ok(Some(CudaLoaded { model, info }))
 }
 

@@ -19,7 +19,7 @@ const STRING_PREVIEW: usize = 120;
 /// Arguments of `ferrite inspect`.
 #[derive(clap::Args)]
 pub struct InspectArgs {
-    /// Model: a known name or a path to a .gguf file.
+    /// Model: a known name, a path to a .gguf file, or a Hugging Face model directory.
     model: String,
     /// Print everything as JSON (arrays in full).
     #[arg(long)]

@@ -39,7 +39,7 @@ pub enum KvArg {
 /// Options shared by every command that loads a model and generates.
 #[derive(clap::Args)]
 pub struct ModelArgs {
-    /// Model: a known name or a path to a .gguf file.
+    /// Model: a known name, a path to a .gguf file, or a Hugging Face model directory.
     #[arg(short = 'm', long, default_value = DEFAULT_MODEL)]
     pub model: String,
     /// Context size in tokens (KV cache capacity).

@@ -31,6 +31,9 @@ pub enum CudaError {
         /// Its type.
         ty: GgmlType,
     },
+    /// A model feature the CUDA forward pass does not implement (it would run, but wrongly).
+    #[error("the CUDA backend does not implement {0} yet; use --backend cpu")]
+    UnsupportedFeature(&'static str),
     /// A shape the kernels cannot handle or a call with bad arguments.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),

@@ -141,6 +141,20 @@ impl CudaModel {
     pub fn load(backend: Arc<CudaBackend>, model: &Model) -> Result<CudaModel, CudaError> {
         let start = Instant::now();
         let c = model.config().clone();
+        // Refuse what the device forward pass would silently skip: a model that loads must
+        // compute what the CPU backend computes.
+        for (present, feature) in [
+            (c.qkv_bias || c.out_bias, "attention biases (qwen2)"),
+            (
+                c.rope_freq_factors.is_some(),
+                "rope frequency factors (llama 3 rope scaling)",
+            ),
+            (c.moe.is_some(), "mixture-of-experts layers"),
+        ] {
+            if present {
+                return Err(CudaError::UnsupportedFeature(feature));
+            }
+        }
         let g = model.gguf();
         let b = &*backend;
         AttnShape::new(c.n_head, c.n_kv_head, c.head_dim, c.attn_scale, None)?;
