@@ -6,15 +6,18 @@
 //! chunk), and returns the logits the caller asked for.
 
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use ferrite_cpu::{ThreadPool, matmul};
+use ferrite_quant::kernels::{GatedAct, gated_act};
+use ferrite_quant::simd_level;
 
 use crate::ModelError;
 use crate::attention::{AttnScratch, AttnShape, attend};
 use crate::config::Activation;
 use crate::kv::{KvCache, KvType, try_vec};
 use crate::model::{Model, Weight};
-use crate::ops::{add_assign, gelu_tanh, rms_norm, rope, silu};
+use crate::ops::{add_assign, rms_norm, rope};
 
 /// Most tokens one forward chunk processes; bounds the scratch memory of long prompts.
 pub const PREFILL_CHUNK: usize = 256;
@@ -365,31 +368,30 @@ impl<'m> Session<'m> {
             mm(&lw.w_gate, xn, gate)?;
             mm(&lw.w_up, xn, up)?;
             let act = match c.activation {
-                Activation::Silu => silu,
-                Activation::GeluTanh => gelu_tanh,
+                Activation::Silu => GatedAct::Silu,
+                Activation::GeluTanh => GatedAct::GeluTanh,
             };
+            // Element-wise, the same bits wherever an element falls, so the split over the
+            // pool (disjoint ranges, a multiple of 16) does not depend on the thread count.
+            let level = simd_level();
             if n == 1 {
-                for (g, &u) in gate.iter_mut().zip(up.iter()) {
-                    *g = act(*g) * u;
-                }
+                gated_act(level, act, gate, up).map_err(ferrite_cpu::CpuError::from)?;
             } else {
-                // In prefill the activation (tanh for Gemma) costs as much as a small
-                // matmul: split it over the pool in disjoint element ranges, so the result
-                // does not depend on the thread count.
-                let per = gate.len().div_ceil(pool.n_threads()).max(1);
-                let parts: Vec<Mutex<(&mut [f32], &[f32])>> = gate
-                    .chunks_mut(per)
-                    .zip(up.chunks(per))
-                    .map(Mutex::new)
-                    .collect();
-                pool.run(|thread, _| {
-                    if let Some(Ok(mut part)) = parts.get(thread).map(Mutex::lock) {
-                        let (g, u) = &mut *part;
-                        for (g, &u) in g.iter_mut().zip(u.iter()) {
-                            *g = act(*g) * u;
+                let per = gate.len().div_ceil(16 * pool.n_threads()).max(1) * 16;
+                let parts = Mutex::new(gate.chunks_mut(per).zip(up.chunks(per)));
+                let failed = AtomicBool::new(false);
+                pool.run(|_, _| {
+                    while let Some((g, u)) = parts.lock().ok().and_then(|mut it| it.next()) {
+                        if gated_act(level, act, g, u).is_err() {
+                            failed.store(true, Ordering::Relaxed);
                         }
                     }
                 });
+                if failed.into_inner() {
+                    return Err(ModelError::InvalidArgument(
+                        "activation kernel rejected its level".into(),
+                    ));
+                }
             }
             mm(&lw.w_down, gate, o)?;
             if let Some(w) = &lw.post_ffn_norm {

@@ -8,6 +8,7 @@
 //! one. Dequantization is bit-exact at every level. So, at one level, a matrix product gives
 //! the same bits whether it runs as a matvec, a tiled GEMM, on any thread, in any tile.
 
+mod attn;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
 #[cfg(target_arch = "x86_64")]
@@ -17,6 +18,10 @@ pub(crate) mod avx512;
 #[cfg(target_arch = "x86_64")]
 mod avx512_dequant;
 pub(crate) mod scalar;
+mod vmath;
+
+pub use attn::weighted_rows;
+pub use vmath::{GatedAct, gated_act, gelu_tanh_ref, silu_ref, softmax_scaled};
 
 use crate::{QuantError, SimdLevel};
 use ferrite_gguf::GgmlType;
