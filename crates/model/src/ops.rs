@@ -59,6 +59,71 @@ pub fn rope(x: &mut [f32], head_dim: usize, pos: usize, base: f32, style: RopeSt
     }
 }
 
+/// The cosines and sines [`rope`] uses at consecutive positions, computed once per chunk
+/// and rope base instead of once per layer and per Q/K row (the f64 `powf`/`sin`/`cos`
+/// were a tenth of Gemma 3's prefill).
+#[derive(Debug, Clone, Default)]
+pub struct RopeTable {
+    base: f32,
+    head_dim: usize,
+    pos0: usize,
+    /// Per position: `head_dim / 2` cosines then `head_dim / 2` sines.
+    cs: Vec<f32>,
+}
+
+impl RopeTable {
+    /// Fills the table for positions `pos0..pos0 + n` (reusing its memory). Each value is
+    /// exactly the one [`rope`] computes.
+    pub fn fill(&mut self, head_dim: usize, base: f32, pos0: usize, n: usize) {
+        let half = head_dim / 2;
+        self.base = base;
+        self.head_dim = head_dim;
+        self.pos0 = pos0;
+        self.cs.clear();
+        self.cs.resize(n * 2 * half, 0.0);
+        for i in 0..half {
+            let inv_freq = f64::from(base).powf(-((2 * i) as f64) / head_dim as f64);
+            for (t, row) in self.cs.chunks_exact_mut(2 * half).enumerate() {
+                let angle = (pos0 + t) as f64 * inv_freq;
+                row[i] = angle.cos() as f32;
+                row[half + i] = angle.sin() as f32;
+            }
+        }
+    }
+
+    /// Whether the table holds `head_dim`-wide rows for `base` at `pos0..pos0 + n`.
+    pub fn covers(&self, head_dim: usize, base: f32, pos0: usize, n: usize) -> bool {
+        self.base.to_bits() == base.to_bits()
+            && self.head_dim == head_dim
+            && self.pos0 == pos0
+            && self.cs.len() >= n * 2 * (head_dim / 2)
+    }
+
+    /// [`rope`] of one token's row `x` at table position `t` (absolute `pos0 + t`).
+    pub fn apply(&self, x: &mut [f32], t: usize, style: RopeStyle) {
+        let hd = self.head_dim;
+        if hd < 2 {
+            return;
+        }
+        let half = hd / 2;
+        let Some(row) = self.cs.get(t * 2 * half..(t + 1) * 2 * half) else {
+            return;
+        };
+        let (cos, sin) = row.split_at(half);
+        for head in x.chunks_exact_mut(hd) {
+            for i in 0..half {
+                let (a, b) = match style {
+                    RopeStyle::Interleaved => (2 * i, 2 * i + 1),
+                    RopeStyle::HalfSplit => (i, i + half),
+                };
+                let (x0, x1) = (head[a], head[b]);
+                head[a] = x0 * cos[i] - x1 * sin[i];
+                head[b] = x0 * sin[i] + x1 * cos[i];
+            }
+        }
+    }
+}
+
 /// SiLU (swish): `x · sigmoid(x)`.
 pub fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
@@ -134,6 +199,27 @@ mod tests {
                     assert!(close(x[h * 4 + b], x0 * th.sin() + x1 * th.cos(), 1e-6));
                 }
             }
+        }
+    }
+
+    #[test]
+    fn rope_table_gives_the_bits_of_rope() {
+        let orig: Vec<f32> = (0..24).map(|i| (i as f32 - 11.0) * 0.31).collect();
+        for style in [RopeStyle::Interleaved, RopeStyle::HalfSplit] {
+            let mut table = RopeTable::default();
+            table.fill(8, 1e4, 37, 5);
+            assert!(table.covers(8, 1e4, 37, 5) && !table.covers(8, 1e6, 37, 5));
+            for t in 0..5 {
+                let (mut a, mut b) = (orig.clone(), orig.clone());
+                rope(&mut a, 8, 37 + t, 1e4, style);
+                table.apply(&mut b, t, style);
+                assert_eq!(a, b, "{style:?} t={t}");
+            }
+            // Test of the test: one position off must differ.
+            let (mut a, mut b) = (orig.clone(), orig.clone());
+            rope(&mut a, 8, 38, 1e4, style);
+            table.apply(&mut b, 0, style);
+            assert_ne!(a, b);
         }
     }
 

@@ -17,7 +17,7 @@ use crate::attention::{AttnScratch, AttnShape, attend};
 use crate::config::Activation;
 use crate::kv::{KvCache, KvType, try_vec};
 use crate::model::{Model, Weight};
-use crate::ops::{add_assign, rms_norm, rope};
+use crate::ops::{RopeTable, add_assign, rms_norm, rope};
 
 /// Most tokens one forward chunk processes; bounds the scratch memory of long prompts.
 pub const PREFILL_CHUNK: usize = 256;
@@ -75,6 +75,8 @@ struct Scratch {
     gate: Vec<f32>,
     up: Vec<f32>,
     attn: AttnScratch,
+    /// Rope tables of the chunk, one per distinct rope base among the layers.
+    rope: Vec<RopeTable>,
 }
 
 /// A KV cache plus positions over one model: the state of one conversation.
@@ -128,6 +130,7 @@ impl<'m> Session<'m> {
             gate: vec![0.0; chunk * c.d_ff],
             up: vec![0.0; chunk * c.d_ff],
             attn: AttnScratch::new(ctx, c.kv_dim(), chunk * c.q_dim())?,
+            rope: Vec::new(),
         };
         Ok(Session {
             model,
@@ -311,6 +314,20 @@ impl<'m> Session<'m> {
                 row.iter_mut().for_each(|v| *v *= c.embed_scale);
             }
         }
+        // One rope table per distinct base for this chunk's positions (reusing memory).
+        let mut n_tables = 0;
+        for lc in &c.layers {
+            let have = s.rope[..n_tables]
+                .iter()
+                .any(|r| r.covers(c.head_dim, lc.rope_base, pos0, n));
+            if !have {
+                if n_tables == s.rope.len() {
+                    s.rope.push(RopeTable::default());
+                }
+                s.rope[n_tables].fill(c.head_dim, lc.rope_base, pos0, n);
+                n_tables += 1;
+            }
+        }
         let mm = |w: &Weight, x: &[f32], y: &mut [f32]| -> Result<(), ModelError> {
             matmul(pool, m.matrix(w), x, n, y)?;
             Ok(())
@@ -332,12 +349,26 @@ impl<'m> Session<'m> {
                 rms_norm(q, qn, c.rms_eps);
                 rms_norm(k, kn, c.rms_eps);
             }
+            let Some(table) = s.rope[..n_tables]
+                .iter()
+                .find(|r| r.covers(c.head_dim, lc.rope_base, pos0, n))
+            else {
+                return Err(ModelError::InvalidArgument("rope table missing".into()));
+            };
             for t in 0..n {
-                let pos = pos0 + t;
-                let qr = &mut q[t * c.q_dim()..(t + 1) * c.q_dim()];
-                rope(qr, c.head_dim, pos, lc.rope_base, c.rope_style);
+                table.apply(&mut q[t * c.q_dim()..(t + 1) * c.q_dim()], t, c.rope_style);
                 let kr = &mut k[t * c.kv_dim()..(t + 1) * c.kv_dim()];
-                rope(kr, c.head_dim, pos + rope_shift, lc.rope_base, c.rope_style);
+                if rope_shift == 0 {
+                    table.apply(kr, t, c.rope_style);
+                } else {
+                    rope(
+                        kr,
+                        c.head_dim,
+                        pos0 + t + rope_shift,
+                        lc.rope_base,
+                        c.rope_style,
+                    );
+                }
             }
             self.kv.store(l, pos0, k, v);
             let shape = AttnShape {
