@@ -98,13 +98,7 @@ pub fn attend(
     let span = hi_all - lo_all;
     let n_threads = pool.n_threads();
     widen(pool, cache, layer, hd, n_kv, lo_all..hi_all, scratch);
-    // Whole groups per item when there are enough items to keep every thread busy (prefill);
-    // single heads otherwise (decode), which gives the same bits.
-    let block = if n * n_kv >= 4 * n_threads {
-        group.clamp(1, MAX_TILE)
-    } else {
-        1
-    };
+    let block = head_block(n * n_kv, group, n_threads);
     let blocks_per_group = group.div_ceil(block);
     let (kbuf, vbuf, obuf) = (&scratch.k, &scratch.v, &scratch.out);
     let items = n * n_kv * blocks_per_group;
@@ -160,6 +154,20 @@ pub fn attend(
     for (o, bits) in out[..items_out].iter_mut().zip(obuf) {
         *o = f32::from_bits(bits.load(Ordering::Relaxed));
     }
+}
+
+/// Query heads per work item: a divisor of the group size (at most [`MAX_TILE`]) that
+/// minimises the heads the busiest thread computes, the larger block on ties (more reuse
+/// of each loaded key). Prefill gets whole groups; decode splits groups so that every
+/// thread has work. Any choice gives the same bits.
+fn head_block(units: usize, group: usize, n_threads: usize) -> usize {
+    (1..=group.clamp(1, MAX_TILE))
+        .filter(|h| group.is_multiple_of(*h))
+        .min_by_key(|&h| {
+            let items = units * (group / h);
+            (items.div_ceil(n_threads) * h, usize::MAX - h)
+        })
+        .unwrap_or(1)
 }
 
 /// Widens the keys and values of `range` for every KV head into the scratch, the
@@ -286,6 +294,83 @@ mod tests {
                 (f64::from(a) - b).abs() < 1e-5,
                 "{window:?} {pos0} {n} at {i}: {a} vs {b}"
             );
+        }
+    }
+
+    #[test]
+    fn head_blocks_balance_threads() {
+        // Gemma 3 decode (1 KV head, group 4, 2 threads): two blocks of 2.
+        assert_eq!(head_block(1, 4, 2), 2);
+        // SmolLM2 decode (3 KV heads, group 3): single heads, 5 vs 4 per thread.
+        assert_eq!(head_block(3, 3, 2), 1);
+        // Prefill: whole groups.
+        assert_eq!(head_block(256, 4, 2), 4);
+        assert_eq!(head_block(768, 3, 2), 3);
+        // Groups larger than a tile use a divisor that fits.
+        assert_eq!(head_block(256, 8, 2), 4);
+        assert_eq!(head_block(256, 1, 2), 1);
+    }
+
+    /// Runs `attend` over `len` positions either as one chunk or token by token.
+    fn run_attend(shape: &AttnShape, threads: usize, len: usize, one_by_one: bool) -> Vec<f32> {
+        let row = shape.n_kv_head * shape.head_dim;
+        let qw = shape.n_head * shape.head_dim;
+        let (k, v, q) = (
+            pseudo(len * row, 7),
+            pseudo(len * row, 8),
+            pseudo(len * qw, 9),
+        );
+        let mut cache = KvCache::new(KvType::F16, 1, len, row).unwrap();
+        cache.store(0, 0, &k, &v);
+        let mut scratch = AttnScratch::new(len, row, q.len()).unwrap();
+        let pool = ThreadPool::new(threads).unwrap();
+        let mut out = vec![f32::NAN; q.len()];
+        if one_by_one {
+            for t in 0..len {
+                let o = &mut out[t * qw..(t + 1) * qw];
+                attend(
+                    &pool,
+                    shape,
+                    &cache,
+                    0,
+                    t,
+                    &q[t * qw..(t + 1) * qw],
+                    o,
+                    &mut scratch,
+                );
+            }
+        } else {
+            attend(&pool, shape, &cache, 0, 0, &q, &mut out, &mut scratch);
+        }
+        out
+    }
+
+    #[test]
+    fn prefill_decode_and_threads_give_identical_bits_at_model_shapes() {
+        // SmolLM2-like (group 3, head dim 64) and Gemma-3-like (group 4, head dim 256,
+        // window): head blocking differs between these runs, the bits must not.
+        for shape in [
+            AttnShape {
+                n_head: 6,
+                n_kv_head: 2,
+                head_dim: 64,
+                scale: 0.125,
+                window: None,
+            },
+            AttnShape {
+                n_head: 4,
+                n_kv_head: 1,
+                head_dim: 256,
+                scale: 0.0625,
+                window: Some(13),
+            },
+        ] {
+            let want = run_attend(&shape, 1, 37, false);
+            assert!(want.iter().all(|v| v.is_finite()));
+            for (threads, one) in [(2, false), (1, true), (2, true), (3, false)] {
+                let got = run_attend(&shape, threads, 37, one);
+                assert_eq!(got, want, "{shape:?} threads={threads} one_by_one={one}");
+            }
         }
     }
 
