@@ -67,10 +67,69 @@ crate::block::impl_block!(ChunkF16, 32);
 struct ChunkBf16([u8; 32]);
 crate::block::impl_block!(ChunkBf16, 32);
 
+/// One block of each of four rows into their accumulators: decode all four blocks, then
+/// interleave the four FMA chains chunk by chunk (one row's chain alone is latency-bound).
+/// Right for small blocks; `$n = 16` would need 64 registers (see [`block4_q4k`]).
+macro_rules! block4_whole {
+    ($dec:ident, $n:expr, $blocks:expr, $xs:expr, $acc:expr) => {{
+        let [b0, b1, b2, b3] = $blocks;
+        let xs: &[f32] = $xs;
+        let acc: &mut [__m512; 4] = $acc;
+        let mut v = [[_mm512_setzero_ps(); $n]; 4];
+        $dec!(b0, &mut v[0]);
+        $dec!(b1, &mut v[1]);
+        $dec!(b2, &mut v[2]);
+        $dec!(b3, &mut v[3]);
+        for c in 0..$n {
+            // SAFETY: xs holds 16 * $n values, so chunk c is in bounds.
+            let xv = unsafe { _mm512_loadu_ps(xs.as_ptr().add(16 * c)) };
+            for (a, vr) in acc.iter_mut().zip(&v) {
+                *a = _mm512_fmadd_ps(vr[c], xv, *a);
+            }
+        }
+    }};
+}
+
+/// [`block4_whole`] for Q4_K, a quarter block (64 values) at a time: decoding four whole
+/// 256-value blocks needs 64 vector registers and spilled half of them to the stack on
+/// every block. Each quarter decodes exactly as [`dec_q4k`] and the FMAs of each row run in
+/// the same chunk order, so the bits are the same.
+macro_rules! block4_q4k {
+    ($dec:ident, $n:expr, $blocks:expr, $xs:expr, $acc:expr) => {{
+        let bs: [&BlockQ4K; 4] = $blocks;
+        let xs: &[f32] = $xs;
+        let acc: &mut [__m512; 4] = $acc;
+        let sm: [[f32; 16]; 4] =
+            std::array::from_fn(|r| k4_scales(f16_le(bs[r].d), f16_le(bs[r].dmin), &bs[r].scales));
+        for c in 0..4 {
+            let mut v = [[_mm512_setzero_ps(); 4]; 4];
+            for (vr, (b, s)) in v.iter_mut().zip(bs.iter().zip(&sm)) {
+                let (da, mma) = (s[2 * c], s[8 + 2 * c]);
+                let (db, mmb) = (s[2 * c + 1], s[9 + 2 * c]);
+                for h in 0..2 {
+                    let (lo, hi) = nibbles(load16(&b.qs, 32 * c + 16 * h));
+                    vr[h] = kaffine(lo, da, mma);
+                    vr[2 + h] = kaffine(hi, db, mmb);
+                }
+            }
+            for i in 0..4 {
+                // SAFETY: xs holds 256 values and 16 * (4c + i) + 16 <= 256.
+                let xv = unsafe { _mm512_loadu_ps(xs.as_ptr().add(16 * (4 * c + i))) };
+                for (a, vr) in acc.iter_mut().zip(&v) {
+                    *a = _mm512_fmadd_ps(vr[i], xv, *a);
+                }
+            }
+        }
+    }};
+}
+
 /// Generates, for one format, the dequantizer and the fused matvec around its decoder
 /// `$dec(&block, &mut [__m512; $n])`, plus their safe wrappers.
 macro_rules! format_kernels {
     ($block:ty, $n:expr, $dec:ident, $deq:ident, $mv:ident, $reference:path) => {
+        format_kernels!($block, $n, $dec, $deq, $mv, $reference, block4_whole);
+    };
+    ($block:ty, $n:expr, $dec:ident, $deq:ident, $mv:ident, $reference:path, $block4:ident) => {
         fn $deq(src: &[u8], dst: &mut [f32]) {
             #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
             fn imp(src: &[u8], dst: &mut [f32]) {
@@ -114,12 +173,7 @@ macro_rules! format_kernels {
             fn four(r: [&[$block]; 4], x: &[f32], nb: usize) -> [f32; 4] {
                 let [r0, r1, r2, r3] = r;
                 let (r0, r1, r2, r3) = (&r0[..nb], &r1[..nb], &r2[..nb], &r3[..nb]);
-                let (mut a0, mut a1, mut a2, mut a3) = (
-                    _mm512_setzero_ps(),
-                    _mm512_setzero_ps(),
-                    _mm512_setzero_ps(),
-                    _mm512_setzero_ps(),
-                );
+                let mut acc = [_mm512_setzero_ps(); 4];
                 // The four rows are usually adjacent in memory, and each is short (a few
                 // KiB), too short for the hardware prefetcher to lock on to four separate
                 // streams: prefetch the linear region PF bytes ahead of the group's
@@ -135,25 +189,11 @@ macro_rules! format_kernels {
                         _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(fetched));
                         fetched += 64;
                     }
-                    // Decode the four rows' blocks first, then interleave the four FMA
-                    // chains chunk by chunk: one row's chain alone is latency-bound.
-                    let mut v = [[_mm512_setzero_ps(); $n]; 4];
-                    $dec!(&r0[bi], &mut v[0]);
-                    $dec!(&r1[bi], &mut v[1]);
-                    $dec!(&r2[bi], &mut v[2]);
-                    $dec!(&r3[bi], &mut v[3]);
-                    let xs = &xs[..16 * $n];
-                    for c in 0..$n {
-                        // SAFETY: xs holds 16 * $n values, so chunk c is in bounds.
-                        let xv = unsafe { _mm512_loadu_ps(xs.as_ptr().add(16 * c)) };
-                        a0 = _mm512_fmadd_ps(v[0][c], xv, a0);
-                        a1 = _mm512_fmadd_ps(v[1][c], xv, a1);
-                        a2 = _mm512_fmadd_ps(v[2][c], xv, a2);
-                        a3 = _mm512_fmadd_ps(v[3][c], xv, a3);
-                    }
+                    let blocks = [&r0[bi], &r1[bi], &r2[bi], &r3[bi]];
+                    $block4!($dec, $n, blocks, &xs[..16 * $n], &mut acc);
                 }
                 use super::avx512::hsum;
-                [hsum(a0), hsum(a1), hsum(a2), hsum(a3)]
+                [hsum(acc[0]), hsum(acc[1]), hsum(acc[2]), hsum(acc[3])]
             }
             /// One row.
             #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
@@ -622,7 +662,8 @@ format_kernels!(
     dec_q4k,
     q4k_deq,
     q4k_mv,
-    crate::kquants::dequant_q4k_ref
+    crate::kquants::dequant_q4k_ref,
+    block4_q4k
 );
 format_kernels!(
     BlockQ5K,
