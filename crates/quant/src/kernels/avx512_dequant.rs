@@ -97,24 +97,33 @@ macro_rules! block4_whole {
 macro_rules! block4_q4k {
     ($dec:ident, $n:expr, $blocks:expr, $xs:expr, $acc:expr) => {{
         let bs: [&BlockQ4K; 4] = $blocks;
-        let xs: &[f32] = $xs;
-        let acc: &mut [__m512; 4] = $acc;
         let sm: [[f32; 16]; 4] =
             std::array::from_fn(|r| k4_scales(f16_le(bs[r].d), f16_le(bs[r].dmin), &bs[r].scales));
-        for c in 0..4 {
-            let mut v = [[_mm512_setzero_ps(); 4]; 4];
-            for (vr, (b, s)) in v.iter_mut().zip(bs.iter().zip(&sm)) {
-                let (da, mma) = (s[2 * c], s[8 + 2 * c]);
-                let (db, mmb) = (s[2 * c + 1], s[9 + 2 * c]);
-                for h in 0..2 {
-                    let (lo, hi) = nibbles(load16(&b.qs, 32 * c + 16 * h));
-                    vr[h] = kaffine(lo, da, mma);
-                    vr[2 + h] = kaffine(hi, db, mmb);
-                }
-            }
+        block4_quarters!($xs, $acc, 4, |r, c| q4k_quarter!(bs[r], &sm[r], c));
+    }};
+}
+
+/// [`block4_q4k`] for Q6_K (same reason, same argument for the bits).
+macro_rules! block4_q6k {
+    ($dec:ident, $n:expr, $blocks:expr, $xs:expr, $acc:expr) => {{
+        let bs: [&BlockQ6K; 4] = $blocks;
+        let d: [f32; 4] = std::array::from_fn(|r| f16_le(bs[r].d));
+        block4_quarters!($xs, $acc, 4, |r, g| q6k_quarter!(bs[r], d[r], g / 2, g % 2));
+    }};
+}
+
+/// Runs `$quarter(row, q)` (four vectors: values `64q..64q + 64` of that row's block) for
+/// each of `$nq` quarters and four rows, and feeds them to the four accumulators in chunk
+/// order.
+macro_rules! block4_quarters {
+    ($xs:expr, $acc:expr, $nq:expr, |$r:ident, $q:ident| $quarter:expr) => {{
+        let xs: &[f32] = $xs;
+        let acc: &mut [__m512; 4] = $acc;
+        for $q in 0..$nq {
+            let v: [[__m512; 4]; 4] = std::array::from_fn(|$r| $quarter);
             for i in 0..4 {
-                // SAFETY: xs holds 256 values and 16 * (4c + i) + 16 <= 256.
-                let xv = unsafe { _mm512_loadu_ps(xs.as_ptr().add(16 * (4 * c + i))) };
+                // SAFETY: xs holds 64 * $nq values and 16 * (4q + i) + 16 <= 64 * $nq.
+                let xv = unsafe { _mm512_loadu_ps(xs.as_ptr().add(16 * (4 * $q + i))) };
                 for (a, vr) in acc.iter_mut().zip(&v) {
                     *a = _mm512_fmadd_ps(vr[i], xv, *a);
                 }
@@ -458,14 +467,25 @@ macro_rules! dec_q4k {
         let v: &mut [__m512; 16] = $v;
         let sm = k4_scales(f16_le(b.d), f16_le(b.dmin), &b.scales);
         for c in 0..4 {
-            let (da, mma) = (sm[2 * c], sm[8 + 2 * c]);
-            let (db, mmb) = (sm[2 * c + 1], sm[9 + 2 * c]);
-            for h in 0..2 {
-                let (lo, hi) = nibbles(load16(&b.qs, 32 * c + 16 * h));
-                v[4 * c + h] = kaffine(lo, da, mma);
-                v[4 * c + 2 + h] = kaffine(hi, db, mmb);
-            }
+            let q = q4k_quarter!(b, &sm, c);
+            v[4 * c..4 * c + 4].copy_from_slice(&q);
         }
+    }};
+}
+
+/// Values `64c..64c + 64` of a `BlockQ4K` as four vectors, given its [`k4_scales`].
+macro_rules! q4k_quarter {
+    ($b:expr, $sm:expr, $c:expr) => {{
+        let (b, sm, c): (&BlockQ4K, &[f32; 16], usize) = ($b, $sm, $c);
+        let (da, mma) = (sm[2 * c], sm[8 + 2 * c]);
+        let (db, mmb) = (sm[2 * c + 1], sm[9 + 2 * c]);
+        let mut v = [_mm512_setzero_ps(); 4];
+        for h in 0..2 {
+            let (lo, hi) = nibbles(load16(&b.qs, 32 * c + 16 * h));
+            v[h] = kaffine(lo, da, mma);
+            v[2 + h] = kaffine(hi, db, mmb);
+        }
+        v
     }};
 }
 
@@ -507,43 +527,54 @@ macro_rules! dec_q6k {
         let b: &BlockQ6K = $b;
         let v: &mut [__m512; 16] = $v;
         let d = f16_le(b.d);
-        // Whole 64-value groups at byte width (AVX-512BW), widened only at the end: the
-        // shifts act on 16-bit words, and the masks drop the bits that cross bytes.
+        for c in 0..2 {
+            for half in 0..2 {
+                let g0 = 8 * c + 4 * half;
+                v[g0..g0 + 4].copy_from_slice(&q6k_quarter!(b, d, c, half));
+            }
+        }
+    }};
+}
+
+/// Values `128c + 64 half..` + 64 of a `BlockQ6K` as four vectors. Whole 64-value groups at
+/// byte width (AVX-512BW), widened only at the end: the shifts act on 16-bit words, and the
+/// masks drop the bits that cross bytes.
+macro_rules! q6k_quarter {
+    ($b:expr, $d:expr, $c:expr, $half:expr) => {{
+        let (b, d, c, half): (&BlockQ6K, f32, usize, usize) = ($b, $d, $c, $half);
         let m4 = _mm512_set1_epi8(0x0f);
         let m2 = _mm512_set1_epi8(0x03);
         let off = _mm512_set1_epi8(32);
-        for c in 0..2 {
-            let ql = load64(&b.ql, 64 * c);
-            // SAFETY: bytes 32c..32c+32 of the 64-byte qh are in bounds.
-            let qh = unsafe { _mm256_loadu_si256(b.qh.as_ptr().add(32 * c).cast()) };
-            let qh = _mm512_broadcast_i64x4(qh);
-            for half in 0..2 {
-                let lo = if half == 0 {
-                    ql
-                } else {
-                    _mm512_srli_epi16::<4>(ql)
-                };
-                let lo = _mm512_and_si512(lo, m4);
-                // Values 0..32 of this 64 take qh bits 4*half, values 32..64 bits 4*half+2.
-                let sh = _mm512_inserti64x4::<1>(
-                    _mm512_set1_epi16(4 * half as i16),
-                    _mm256_set1_epi16(4 * half as i16 + 2),
-                );
-                let hi = _mm512_and_si512(_mm512_srlv_epi16(qh, sh), m2);
-                let q = _mm512_sub_epi8(_mm512_or_si512(lo, _mm512_slli_epi16::<4>(hi)), off);
-                let g0 = 8 * c + 4 * half;
-                let parts = [
-                    _mm512_extracti32x4_epi32::<0>(q),
-                    _mm512_extracti32x4_epi32::<1>(q),
-                    _mm512_extracti32x4_epi32::<2>(q),
-                    _mm512_extracti32x4_epi32::<3>(q),
-                ];
-                for (i, part) in parts.into_iter().enumerate() {
-                    let dl = d * f32::from(b.scales[g0 + i] as i8);
-                    v[g0 + i] = scaled(_mm512_cvtepi8_epi32(part), dl);
-                }
-            }
+        let ql = load64(&b.ql, 64 * c);
+        // SAFETY: bytes 32c..32c+32 of the 64-byte qh are in bounds.
+        let qh = unsafe { _mm256_loadu_si256(b.qh.as_ptr().add(32 * c).cast()) };
+        let qh = _mm512_broadcast_i64x4(qh);
+        let lo = if half == 0 {
+            ql
+        } else {
+            _mm512_srli_epi16::<4>(ql)
+        };
+        let lo = _mm512_and_si512(lo, m4);
+        // Values 0..32 of this 64 take qh bits 4*half, values 32..64 bits 4*half+2.
+        let sh = _mm512_inserti64x4::<1>(
+            _mm512_set1_epi16(4 * half as i16),
+            _mm256_set1_epi16(4 * half as i16 + 2),
+        );
+        let hi = _mm512_and_si512(_mm512_srlv_epi16(qh, sh), m2);
+        let q = _mm512_sub_epi8(_mm512_or_si512(lo, _mm512_slli_epi16::<4>(hi)), off);
+        let g0 = 8 * c + 4 * half;
+        let parts = [
+            _mm512_extracti32x4_epi32::<0>(q),
+            _mm512_extracti32x4_epi32::<1>(q),
+            _mm512_extracti32x4_epi32::<2>(q),
+            _mm512_extracti32x4_epi32::<3>(q),
+        ];
+        let mut v = [_mm512_setzero_ps(); 4];
+        for (i, part) in parts.into_iter().enumerate() {
+            let dl = d * f32::from(b.scales[g0 + i] as i8);
+            v[i] = scaled(_mm512_cvtepi8_epi32(part), dl);
         }
+        v
     }};
 }
 
@@ -679,7 +710,8 @@ format_kernels!(
     dec_q6k,
     q6k_deq,
     q6k_mv,
-    crate::kquants::dequant_q6k_ref
+    crate::kquants::dequant_q6k_ref,
+    block4_q6k
 );
 format_kernels!(
     BlockIq4Nl,
