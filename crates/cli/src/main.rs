@@ -9,6 +9,7 @@ mod bench;
 mod inspect;
 mod models;
 mod pull;
+mod quantize;
 mod run;
 mod score;
 mod serve;
@@ -45,6 +46,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Write a random-weight model of a given shape.
     Synth(synth::SynthArgs),
+    /// Rewrite a GGUF model with another quantization mix (q8_0, q4_k_m, ...).
+    Quantize(quantize::QuantizeArgs),
 }
 
 /// A reader that closes our stdout early (`ferrite tokenize --json … | head`) makes the next
@@ -79,6 +82,7 @@ fn main() {
         Command::Serve(args) => serve::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Synth(args) => synth::run(args),
+        Command::Quantize(args) => quantize::run(args),
     };
     match result {
         Ok(code) => std::process::exit(code),

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use ferrite_cuda::CudaSession;
 use ferrite_engine::{Finish, Flow, Sampler, SamplerConfig, Timeline};
+use ferrite_kvstore::Compat;
 use ferrite_model::{KvType, LoadOptions, Model, Precision, Session};
 use ferrite_tokenizer::{ChatRequest, ChatTemplate, Tokenizer};
 
@@ -110,6 +111,15 @@ pub struct RunArgs {
     /// How many alternatives `--dump-logprobs` records per token.
     #[arg(long, default_value_t = 5)]
     logprobs_top_k: usize,
+    /// Restore a session file (KV cache and chat so far) before the prompt: in chat mode
+    /// the prompt continues the saved conversation; with `--raw` the saved tokens are only
+    /// reused where the new prompt starts with them. A file of another model or setting is
+    /// reported and ignored. CPU backend only.
+    #[arg(long)]
+    load_session: Option<PathBuf>,
+    /// Save the session (KV cache, tokens and chat) to this file after generating.
+    #[arg(long)]
+    save_session: Option<PathBuf>,
 }
 
 /// A loaded model with its tokenizer and thread pool.
@@ -128,6 +138,8 @@ pub struct Loaded {
     pub cuda: Option<CudaLoaded>,
     /// Wall time of loading.
     pub load_time: Duration,
+    /// The model file.
+    pub path: PathBuf,
 }
 
 impl Loaded {
@@ -163,6 +175,7 @@ impl Loaded {
             ctx: args.ctx,
             cuda,
             load_time: start.elapsed(),
+            path,
         })
     }
 
@@ -247,23 +260,36 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
             if template.is_none() && !args.raw {
                 eprintln!("note: this model has no chat template; running plain completion");
             }
-            let ids = match &template {
-                Some(t) => {
-                    let messages = initial_messages(args.system.as_deref());
-                    encode_chat(&loaded, t, &messages, &prompt)?
+            let mut messages = initial_messages(args.system.as_deref());
+            let mut held = Vec::new();
+            if let Some(path) = &args.load_session
+                && let Some((tokens, saved)) = try_load(&loaded, &mut session, path)?
+            {
+                held = tokens;
+                if let Some(saved) = saved.filter(|_| template.is_some()) {
+                    messages = saved;
                 }
+            }
+            let ids = match &template {
+                Some(t) => encode_chat(&loaded, t, &messages, &prompt)?,
                 None => loaded.tokenizer.encode(&prompt, true, true),
             };
+            // Reuse the restored tokens up to the first that differs.
+            let common = common_prefix(&held, &ids);
+            session.truncate(common);
+            if args.load_session.is_some() {
+                eprintln!("session: reusing {common} of {} prompt tokens", ids.len());
+            }
             let mut clocks = Clocks::default();
             let mut sampler = Sampler::new(sampler_config(&args, &loaded))?;
             let mut dump = open_dump(&args)?;
             let start = Instant::now();
             let mut ttft = None;
-            generate(
+            let generated = generate(
                 &loaded,
                 &mut session,
                 &mut sampler,
-                &ids,
+                &ids[common..],
                 &mut clocks,
                 &mut ttft,
                 start,
@@ -272,6 +298,12 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
             )?;
             println!();
             report(&loaded, &clocks, ttft);
+            if let Some(path) = &args.save_session {
+                let reply = loaded.tokenizer.decode(&generated, false)?;
+                messages.push(serde_json::json!({"role": "user", "content": prompt}));
+                messages.push(serde_json::json!({"role": "assistant", "content": reply}));
+                save_session(&loaded, &session, path, &messages)?;
+            }
         }
         None => {
             let Some(template) = template else {
@@ -440,6 +472,95 @@ fn report(loaded: &Loaded, clocks: &Clocks, ttft: Option<Duration>) {
     eprintln!("{}", loaded.backend_line());
 }
 
+/// Length of the shared prefix of the held tokens and a prompt, leaving at least the last
+/// prompt token to evaluate (its logits pick the first new token).
+fn common_prefix(held: &[u32], ids: &[u32]) -> usize {
+    held.iter()
+        .zip(ids)
+        .take_while(|(a, b)| a == b)
+        .count()
+        .min(ids.len().saturating_sub(1))
+}
+
+/// The CPU session inside `session`, or an error naming the limitation.
+fn cpu_session<'a, 'm>(session: &'a mut AnySession<'m>) -> anyhow::Result<&'a mut Session<'m>> {
+    match session {
+        AnySession::Cpu(s) => Ok(s),
+        AnySession::Cuda(_) => bail!("session files need the CPU backend (use --backend cpu)"),
+    }
+}
+
+/// What a session file must agree with: this model file, precision, KV type and context.
+fn session_compat(loaded: &Loaded) -> anyhow::Result<Compat> {
+    let cache = crate::models::models_dir().ok();
+    let sha = ferrite_kvstore::model_sha256(&loaded.path, cache.as_deref())
+        .with_context(|| format!("hashing {}", loaded.path.display()))?;
+    Ok(Compat::for_session(
+        &loaded.model,
+        sha,
+        loaded.kv,
+        loaded.ctx,
+    ))
+}
+
+/// Writes the session's KV cache, tokens and chat messages to `path` (atomically).
+fn save_session(
+    loaded: &Loaded,
+    session: &AnySession<'_>,
+    path: &std::path::Path,
+    messages: &[serde_json::Value],
+) -> anyhow::Result<()> {
+    let AnySession::Cpu(session) = session else {
+        bail!("session files need the CPU backend (use --backend cpu)");
+    };
+    let state = session.export_state(session.n_past())?;
+    let meta = serde_json::to_vec(&serde_json::json!({ "messages": messages }))?;
+    let bytes = ferrite_kvstore::write_snapshot(path, &session_compat(loaded)?, &state, &meta)
+        .with_context(|| format!("saving the session to {}", path.display()))?;
+    eprintln!(
+        "session: saved {} tokens ({bytes} bytes) to {}",
+        state.n_tokens(),
+        path.display()
+    );
+    Ok(())
+}
+
+/// Restores a session file into `session`: its tokens and, when it has them, its chat
+/// messages. A file that cannot be used (another model or setting, damaged, missing) is
+/// reported and `None` returned, so the caller starts fresh.
+#[allow(clippy::type_complexity)]
+fn try_load(
+    loaded: &Loaded,
+    session: &mut AnySession<'_>,
+    path: &std::path::Path,
+) -> anyhow::Result<Option<(Vec<u32>, Option<Vec<serde_json::Value>>)>> {
+    let compat = session_compat(loaded)?;
+    let session = cpu_session(session)?;
+    let snap = match ferrite_kvstore::read_snapshot(path, &compat) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!(
+                "note: not using session file {}: {e}; starting fresh",
+                path.display()
+            );
+            return Ok(None);
+        }
+    };
+    let n = snap.state.n_tokens();
+    if let Err(e) = session.import_state(&snap.state, n) {
+        eprintln!(
+            "note: not using session file {}: {e}; starting fresh",
+            path.display()
+        );
+        return Ok(None);
+    }
+    let messages = serde_json::from_slice::<serde_json::Value>(&snap.meta)
+        .ok()
+        .and_then(|v| v.get("messages").and_then(|m| m.as_array()).cloned());
+    eprintln!("session: restored {n} tokens from {}", path.display());
+    Ok(Some((snap.state.tokens, messages)))
+}
+
 /// The interactive chat: the whole conversation is re-rendered each turn and only the part
 /// after the longest common prefix with the session's tokens is evaluated.
 fn chat_repl(
@@ -452,8 +573,15 @@ fn chat_repl(
     // Tokens the session holds, for reusing the common prefix of the next turn.
     let mut cached: Vec<u32> = Vec::new();
     let mut sampler = Sampler::new(sampler_config(args, loaded))?;
+    if let Some(path) = &args.load_session
+        && let Some((tokens, saved)) = try_load(loaded, session, path)?
+    {
+        cached = tokens;
+        messages = saved.unwrap_or(messages);
+    }
     eprintln!(
-        "chat with {} — /reset clears the conversation, /exit quits",
+        "chat with {} — /reset clears the conversation, /save F and /load F store and \
+         restore it, /exit quits",
         args.model.model
     );
     let stdin = std::io::stdin();
@@ -476,14 +604,28 @@ fn chat_repl(
             "" => continue,
             _ => {}
         }
+        if let Some(path) = line.trim().strip_prefix("/save ") {
+            match save_session(loaded, session, path.trim().as_ref(), &messages) {
+                Ok(()) => eprintln!("(saved to {})", path.trim()),
+                Err(e) => eprintln!("error: {e:#}"),
+            }
+            continue;
+        }
+        if let Some(path) = line.trim().strip_prefix("/load ") {
+            match try_load(loaded, session, path.trim().as_ref()) {
+                Ok(Some((tokens, saved))) => {
+                    cached = tokens;
+                    messages = saved.unwrap_or_else(|| initial_messages(args.system.as_deref()));
+                    eprintln!("(loaded {} tokens from {})", cached.len(), path.trim());
+                }
+                Ok(None) => {}
+                Err(e) => eprintln!("error: {e:#}"),
+            }
+            continue;
+        }
         let ids = encode_chat(loaded, template, &messages, line)?;
         // Reuse the cached conversation up to the first token that differs.
-        let common = cached
-            .iter()
-            .zip(&ids)
-            .take_while(|(a, b)| a == b)
-            .count()
-            .min(ids.len().saturating_sub(1));
+        let common = common_prefix(&cached, &ids);
         session.truncate(common);
         let mut clocks = Clocks::default();
         let mut ttft = None;

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::Context;
+use ferrite_server::engine::prefix::PrefixCacheConfig;
 use ferrite_server::engine::{Engine, EngineConfig};
 use ferrite_server::{AppState, ServerConfig, router};
 
@@ -49,6 +50,16 @@ pub struct ServeArgs {
     /// that long prompts cause to running streams).
     #[arg(long, default_value_t = 128)]
     prefill_chunk: usize,
+    /// Keep prompt-prefix checkpoints (KV snapshots) in this directory, so a restarted
+    /// server, or another one sharing the directory, reuses them.
+    #[arg(long)]
+    kv_disk_dir: Option<PathBuf>,
+    /// Disk budget of `--kv-disk-dir` in MiB; least recently used files are evicted.
+    #[arg(long, default_value_t = 4096, requires = "kv_disk_dir")]
+    kv_disk_space_mb: u64,
+    /// Memory budget in MiB of the prefix cache shared by all slots (0 = off).
+    #[arg(long, default_value_t = 512)]
+    kv_mem_space_mb: u64,
 }
 
 fn read_key(path: &Path) -> anyhow::Result<String> {
@@ -126,6 +137,14 @@ async fn serve(args: ServeArgs, api_key: Option<String>) -> anyhow::Result<i32> 
     let load_state = state.clone();
     let (ctx, parallel, queue, prefill_chunk) =
         (args.ctx, args.parallel, args.queue, args.prefill_chunk);
+    let prefix_cache = PrefixCacheConfig {
+        memory_bytes: args.kv_mem_space_mb << 20,
+        disk: args
+            .kv_disk_dir
+            .clone()
+            .map(|dir| (dir, args.kv_disk_space_mb << 20)),
+        ..PrefixCacheConfig::default()
+    };
     let loader = tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
         let path = crate::models::resolve(&model_arg)?;
         let (model_id, aliases) = model_names(&model_arg, &path);
@@ -139,6 +158,7 @@ async fn serve(args: ServeArgs, api_key: Option<String>) -> anyhow::Result<i32> 
             threads,
             queue_limit: queue,
             prefill_chunk,
+            prefix_cache,
         })?;
         eprintln!(
             "model {model_id} ready ({}; ctx {} x {parallel} slots, {threads} threads) in {} ms",

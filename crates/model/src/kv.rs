@@ -32,7 +32,7 @@ pub enum KvType {
 }
 
 #[derive(Debug)]
-enum Store {
+pub(crate) enum Store {
     F16(Vec<f16>),
     F32(Vec<f32>),
 }
@@ -40,9 +40,9 @@ enum Store {
 /// Key/value rows for `n_layer` layers and `ctx` positions.
 #[derive(Debug)]
 pub struct KvCache {
-    store: Store,
+    pub(crate) store: Store,
     ctx: usize,
-    row: usize,
+    pub(crate) row: usize,
 }
 
 impl KvCache {
@@ -73,7 +73,7 @@ impl KvCache {
         }
     }
 
-    fn offset(&self, layer: usize, value: bool, pos: usize) -> usize {
+    pub(crate) fn offset(&self, layer: usize, value: bool, pos: usize) -> usize {
         ((layer * 2 + usize::from(value)) * self.ctx + pos) * self.row
     }
 

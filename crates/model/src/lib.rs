@@ -30,6 +30,7 @@
 #![deny(missing_docs)]
 
 pub mod attention;
+mod batch;
 pub mod config;
 mod error;
 pub mod kv;
@@ -37,14 +38,17 @@ mod model;
 pub mod ops;
 pub mod reference;
 mod session;
+mod snapshot;
 
 #[cfg(test)]
 mod fixture_tests;
 #[cfg(test)]
 mod testutil;
 
+pub use batch::Batch;
 pub use config::{Activation, Arch, LayerConfig, ModelConfig};
 pub use error::ModelError;
 pub use kv::{KvCache, KvType};
 pub use model::{LoadOptions, Model, Precision};
 pub use session::{Logits, Outputs, PREFILL_CHUNK, Session};
+pub use snapshot::SessionState;

@@ -77,44 +77,47 @@ pub fn rope(x: &mut [f32], head_dim: usize, pos: usize, base: f32, style: RopeSt
     }
 }
 
-/// The cosines and sines [`rope`] uses at consecutive positions, computed once per chunk
-/// and rope base instead of once per layer and per Q/K row (the f64 `powf`/`sin`/`cos`
-/// were a tenth of Gemma 3's prefill).
+/// The cosines and sines [`rope`] uses at the positions of the rows of one forward pass,
+/// computed once per pass and rope base instead of once per layer and per Q/K row (the f64
+/// `powf`/`sin`/`cos` were a tenth of Gemma 3's prefill).
 #[derive(Debug, Clone, Default)]
 pub struct RopeTable {
     base: f32,
     head_dim: usize,
-    pos0: usize,
-    /// Per position: `head_dim / 2` cosines then `head_dim / 2` sines.
+    rows: usize,
+    /// Per row: `head_dim / 2` cosines then `head_dim / 2` sines.
     cs: Vec<f32>,
+    /// `base^(-2i / head_dim)` for each pair `i`.
+    inv_freq: Vec<f64>,
 }
 
 impl RopeTable {
-    /// Fills the table for positions `pos0..pos0 + n` (reusing its memory). Each value is
-    /// exactly the one [`rope`] computes.
-    pub fn fill(&mut self, head_dim: usize, base: f32, pos0: usize, n: usize) {
+    /// Fills the table with one row per position of `positions`, in order (reusing its
+    /// memory). Each value is exactly the one [`rope`] computes.
+    pub fn fill(&mut self, head_dim: usize, base: f32, positions: impl IntoIterator<Item = usize>) {
         let half = head_dim / 2;
+        self.inv_freq.clear();
+        self.inv_freq
+            .extend((0..half).map(|i| f64::from(base).powf(-((2 * i) as f64) / head_dim as f64)));
+        let inv_freq = &self.inv_freq;
         self.base = base;
         self.head_dim = head_dim;
-        self.pos0 = pos0;
         self.cs.clear();
-        self.cs.resize(n * 2 * half, 0.0);
-        for i in 0..half {
-            let inv_freq = f64::from(base).powf(-((2 * i) as f64) / head_dim as f64);
-            for (t, row) in self.cs.chunks_exact_mut(2 * half).enumerate() {
-                let angle = (pos0 + t) as f64 * inv_freq;
-                row[i] = angle.cos() as f32;
-                row[half + i] = angle.sin() as f32;
+        self.rows = 0;
+        for pos in positions {
+            for &f in inv_freq {
+                self.cs.push((pos as f64 * f).cos() as f32);
             }
+            for &f in inv_freq {
+                self.cs.push((pos as f64 * f).sin() as f32);
+            }
+            self.rows += 1;
         }
     }
 
-    /// Whether the table holds `head_dim`-wide rows for `base` at `pos0..pos0 + n`.
-    pub fn covers(&self, head_dim: usize, base: f32, pos0: usize, n: usize) -> bool {
-        self.base.to_bits() == base.to_bits()
-            && self.head_dim == head_dim
-            && self.pos0 == pos0
-            && self.cs.len() >= n * 2 * (head_dim / 2)
+    /// Whether the table holds at least `rows` rows of `head_dim` for `base`.
+    pub fn covers(&self, head_dim: usize, base: f32, rows: usize) -> bool {
+        self.base.to_bits() == base.to_bits() && self.head_dim == head_dim && self.rows >= rows
     }
 
     /// [`rope`] of one token's row `x` at table position `t` (absolute `pos0 + t`).
@@ -244,8 +247,10 @@ mod tests {
         let orig: Vec<f32> = (0..24).map(|i| (i as f32 - 11.0) * 0.31).collect();
         for style in [RopeStyle::Interleaved, RopeStyle::HalfSplit] {
             let mut table = RopeTable::default();
-            table.fill(8, 1e4, 37, 5);
-            assert!(table.covers(8, 1e4, 37, 5) && !table.covers(8, 1e6, 37, 5));
+            table.fill(8, 1e4, 37..42);
+            assert!(
+                table.covers(8, 1e4, 5) && !table.covers(8, 1e6, 5) && !table.covers(8, 1e4, 6)
+            );
             for t in 0..5 {
                 let (mut a, mut b) = (orig.clone(), orig.clone());
                 rope(&mut a, 8, 37 + t, 1e4, style);

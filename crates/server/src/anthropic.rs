@@ -131,6 +131,7 @@ async fn message(
         max_tokens: (max_tokens as usize).min(generate::room(backend.as_ref(), prompt.len())),
         stop,
         logprobs: None,
+        prompt_logprobs: false,
     };
     let rx = generate::submit_n(backend.as_ref(), &prompt, &opts, 1)?
         .pop()
@@ -192,7 +193,7 @@ fn message_events(
                     GenEvent::Started { cached_tokens } => *cached_tokens,
                     _ => 0,
                 };
-                let usage = Usage { prompt_tokens: prompt_len, cached_tokens: cached, completion_tokens: 0 };
+                let usage = Usage { prompt_tokens: prompt_len, cached_tokens: cached, ..Usage::default() };
                 yield named("message_start", json!({"type": "message_start", "message": {
                     "id": id, "type": "message", "role": "assistant", "model": model, "content": [],
                     "stop_reason": null, "stop_sequence": null, "usage": usage_json(usage)}}));

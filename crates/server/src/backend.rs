@@ -55,6 +55,10 @@ pub struct GenRequest {
     pub stop: Vec<String>,
     /// Number of alternatives to report per token; `None` reports no logprobs at all.
     pub logprobs: Option<usize>,
+    /// Also report the logprob of every prompt token after the first (with `logprobs`
+    /// alternatives) as [`GenEvent::PromptLogprobs`]. The whole prompt is then evaluated:
+    /// no cached prefix is reused.
+    pub prompt_logprobs: bool,
 }
 
 /// Log-probability of a generated token and its best alternatives.
@@ -77,6 +81,29 @@ pub enum FinishReason {
     Length,
 }
 
+/// Where the reused prompt prefix of a request came from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CacheSource {
+    /// Nothing was reused.
+    #[default]
+    None,
+    /// The KV of a slot or the shared in-memory prefix cache.
+    Memory,
+    /// A snapshot file of the disk cache (`--kv-disk-dir`).
+    Disk,
+}
+
+impl CacheSource {
+    /// The name used in responses and logs: `none`, `memory` or `disk`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CacheSource::None => "none",
+            CacheSource::Memory => "memory",
+            CacheSource::Disk => "disk",
+        }
+    }
+}
+
 /// Token counts of a finished generation.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Usage {
@@ -84,6 +111,8 @@ pub struct Usage {
     pub prompt_tokens: usize,
     /// Prompt tokens whose KV was reused from an earlier request.
     pub cached_tokens: usize,
+    /// Where those tokens came from.
+    pub cache_source: CacheSource,
     /// Generated tokens.
     pub completion_tokens: usize,
 }
@@ -107,6 +136,10 @@ pub enum GenEvent {
         /// Prompt tokens whose KV was reused.
         cached_tokens: usize,
     },
+    /// Logprobs of prompt tokens `1..`, in order, possibly split over several events (one
+    /// per prefill chunk); all arrive before the first [`GenEvent::Token`]. Only sent when
+    /// [`GenRequest::prompt_logprobs`] asks for them.
+    PromptLogprobs(Vec<TokenLogprob>),
     /// One generated token. `text` is the text released by this token; it may be empty while
     /// a multi-byte character or a possible stop string is held back.
     Token {

@@ -217,7 +217,9 @@ fn anthropic_blocks(
     Ok(())
 }
 
-/// Responses API `instructions` + `input` → template messages.
+/// Responses API `instructions` + `input` → template messages. Input items are messages,
+/// `function_call` items (the model's earlier tool calls, merged into one assistant message
+/// with `tool_calls`) and `function_call_output` items (`tool` messages answering them).
 pub fn responses_input(instructions: Option<&str>, input: &Value) -> Result<Vec<Value>, ApiError> {
     let mut out = Vec::new();
     if let Some(s) = instructions {
@@ -237,26 +239,24 @@ pub fn responses_input(instructions: Option<&str>, input: &Value) -> Result<Vec<
                 let m = item.as_object().ok_or_else(|| {
                     ApiError::invalid_param(&at, "each input item must be an object")
                 })?;
-                let kind = m.get("type").and_then(Value::as_str).unwrap_or("message");
-                if kind != "message" {
-                    return Err(ApiError::invalid_param(
-                        &at,
-                        format!("input item type '{kind}' is not supported"),
-                    ));
-                }
-                let role = match role_of(m, &at)? {
-                    "developer" | "system" => "system",
-                    r @ ("user" | "assistant") => r,
-                    other => {
+                match m.get("type").and_then(Value::as_str).unwrap_or("message") {
+                    "message" => out.push(responses_message(m, &at)?),
+                    "function_call" => push_function_call(&mut out, m, &at)?,
+                    "function_call_output" => {
+                        let call_id = required_str(m, "call_id", &at)?;
+                        let output = content_text(m.get("output").unwrap_or(&Value::Null), &at)?
+                            .ok_or_else(|| ApiError::missing(&format!("{at}.output")))?;
+                        out.push(
+                            json!({"role": "tool", "tool_call_id": call_id, "content": output}),
+                        );
+                    }
+                    kind => {
                         return Err(ApiError::invalid_param(
-                            &format!("{at}.role"),
-                            format!("unknown role '{other}'"),
+                            &at,
+                            format!("input item type '{kind}' is not supported"),
                         ));
                     }
-                };
-                let text = content_text(m.get("content").unwrap_or(&Value::Null), &at)?
-                    .ok_or_else(|| ApiError::missing(&format!("{at}.content")))?;
-                out.push(json!({"role": role, "content": text}));
+                }
             }
         }
         _ => {
@@ -267,6 +267,56 @@ pub fn responses_input(instructions: Option<&str>, input: &Value) -> Result<Vec<
         }
     }
     Ok(out)
+}
+
+fn responses_message(m: &Map<String, Value>, at: &str) -> Result<Value, ApiError> {
+    let role = match role_of(m, at)? {
+        "developer" | "system" => "system",
+        r @ ("user" | "assistant") => r,
+        other => {
+            return Err(ApiError::invalid_param(
+                &format!("{at}.role"),
+                format!("unknown role '{other}'"),
+            ));
+        }
+    };
+    let text = content_text(m.get("content").unwrap_or(&Value::Null), at)?
+        .ok_or_else(|| ApiError::missing(&format!("{at}.content")))?;
+    Ok(json!({"role": role, "content": text}))
+}
+
+fn required_str<'a>(m: &'a Map<String, Value>, key: &str, at: &str) -> Result<&'a str, ApiError> {
+    match m.get(key) {
+        Some(Value::String(s)) => Ok(s),
+        None | Some(Value::Null) => Err(ApiError::missing(&format!("{at}.{key}"))),
+        Some(_) => Err(ApiError::invalid_param(
+            &format!("{at}.{key}"),
+            format!("'{key}' must be a string"),
+        )),
+    }
+}
+
+/// A `function_call` item joins the assistant message right before it (so text and the
+/// calls of one turn stay one message), or starts a new one.
+fn push_function_call(
+    out: &mut Vec<Value>,
+    m: &Map<String, Value>,
+    at: &str,
+) -> Result<(), ApiError> {
+    let call_id = required_str(m, "call_id", at)?;
+    let name = required_str(m, "name", at)?;
+    let args = required_str(m, "arguments", at)?;
+    let call = json!({"id": call_id, "type": "function",
+        "function": {"name": name, "arguments": args}});
+    let call = template_tool_calls(&json!([call]))[0].clone();
+    match out.last_mut() {
+        Some(last) if last["role"] == "assistant" => match last.get_mut("tool_calls") {
+            Some(Value::Array(calls)) => calls.push(call),
+            _ => last["tool_calls"] = json!([call]),
+        },
+        _ => out.push(json!({"role": "assistant", "content": "", "tool_calls": [call]})),
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -318,5 +368,31 @@ mod tests {
         assert_eq!(responses_input(None, &items).unwrap()[0]["content"], "x");
         assert!(responses_input(None, &json!(5)).is_err());
         assert!(responses_input(None, &json!([{"type": "function_call"}])).is_err());
+        assert!(responses_input(None, &json!([{"type": "web_search_call"}])).is_err());
+    }
+
+    #[test]
+    fn responses_function_items_become_tool_calls_and_tool_messages() {
+        let items = json!([
+            {"role": "user", "content": "weather?"},
+            {"type": "function_call", "call_id": "c1", "name": "get", "arguments": "{\"city\":\"Oslo\"}"},
+            {"type": "function_call", "call_id": "c2", "name": "get", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": "rain"},
+        ]);
+        let out = responses_input(None, &items).unwrap();
+        assert_eq!(out.len(), 3);
+        assert_eq!(out[1]["role"], "assistant");
+        let calls = out[1]["tool_calls"].as_array().unwrap();
+        assert_eq!(calls.len(), 2);
+        assert_eq!(calls[0]["id"], "c1");
+        // Templates get the arguments as an object.
+        assert_eq!(calls[0]["function"]["arguments"]["city"], "Oslo");
+        assert_eq!(
+            out[2],
+            json!({"role": "tool", "tool_call_id": "c1", "content": "rain"})
+        );
+        let no_id = json!([{"type": "function_call_output", "output": "x"}]);
+        let e = responses_input(None, &no_id).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("input[0].call_id"));
     }
 }

@@ -98,6 +98,8 @@ pub struct GenOptions {
     pub stop: Vec<String>,
     /// Logprob alternatives, when logprobs were requested.
     pub logprobs: Option<usize>,
+    /// Report prompt-token logprobs too (completions `echo` with `logprobs`).
+    pub prompt_logprobs: bool,
 }
 
 /// Read temperature, top_p, top_k, min_p, penalties and seed from an OpenAI-style body;
@@ -148,6 +150,7 @@ pub fn submit_n(
                     max_tokens: opts.max_tokens,
                     stop: opts.stop.clone(),
                     logprobs: opts.logprobs,
+                    prompt_logprobs: opts.prompt_logprobs,
                 })
                 .map_err(submit_error)
         })
@@ -170,6 +173,8 @@ pub struct Finished {
     pub text: String,
     /// Per-token logprobs (when requested).
     pub logprobs: Vec<TokenLogprob>,
+    /// Logprobs of prompt tokens `1..` (when requested).
+    pub prompt_logprobs: Vec<TokenLogprob>,
     /// Generated token ids.
     pub tokens: Vec<u32>,
     /// Why it ended.
@@ -188,6 +193,10 @@ impl Finished {
     pub fn apply(&mut self, ev: GenEvent, log: &RequestLog) -> Result<(String, bool), ApiError> {
         match ev {
             GenEvent::Started { .. } => Ok((String::new(), false)),
+            GenEvent::PromptLogprobs(items) => {
+                self.prompt_logprobs.extend(items);
+                Ok((String::new(), false))
+            }
             GenEvent::Token { id, text, logprob } => {
                 log.first_token();
                 self.tokens.push(id);
@@ -245,7 +254,10 @@ pub fn total_usage(items: &[Finished]) -> Usage {
     let mut u = Usage::default();
     for f in items {
         u.prompt_tokens = f.usage.prompt_tokens;
-        u.cached_tokens = u.cached_tokens.max(f.usage.cached_tokens);
+        if f.usage.cached_tokens > u.cached_tokens {
+            u.cached_tokens = f.usage.cached_tokens;
+            u.cache_source = f.usage.cache_source;
+        }
         u.completion_tokens += f.usage.completion_tokens;
     }
     u

@@ -15,20 +15,20 @@ use tower::ServiceExt;
 use crate::testing::Fake;
 use crate::{AppState, Backend, ServerConfig, router};
 
-const REPLY: &str = "Hello from fake.";
+pub(crate) const REPLY: &str = "Hello from fake.";
 
-fn app_with(fake: Fake, config: ServerConfig) -> (Router, Arc<Fake>) {
+pub(crate) fn app_with(fake: Fake, config: ServerConfig) -> (Router, Arc<Fake>) {
     let state = AppState::new(config);
     let fake = Arc::new(fake);
     assert!(state.set_backend(fake.clone()));
     (router(state), fake)
 }
 
-fn app() -> Router {
+pub(crate) fn app() -> Router {
     app_with(Fake::new(REPLY), ServerConfig::default()).0
 }
 
-async fn send(
+pub(crate) async fn send(
     app: &Router,
     method: &str,
     path: &str,
@@ -52,7 +52,7 @@ async fn send(
     (status, String::from_utf8(bytes.to_vec()).unwrap())
 }
 
-async fn post(app: &Router, path: &str, body: Value) -> (StatusCode, Value) {
+pub(crate) async fn post(app: &Router, path: &str, body: Value) -> (StatusCode, Value) {
     let (status, text) = send(app, "POST", path, &body.to_string(), &[]).await;
     (
         status,
@@ -64,7 +64,7 @@ async fn get(app: &Router, path: &str) -> (StatusCode, String) {
     send(app, "GET", path, "", &[]).await
 }
 
-fn chat_body(extra: Value) -> Value {
+pub(crate) fn chat_body(extra: Value) -> Value {
     let mut b = json!({"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], "temperature": 0});
     for (k, v) in extra.as_object().unwrap() {
         b[k] = v.clone();
@@ -74,7 +74,7 @@ fn chat_body(extra: Value) -> Value {
 
 /// Split an SSE body into events, checking the exact framing: every event ends with a blank
 /// line and every line is `event: …`, `data: …` or a comment.
-fn sse_events(body: &str) -> Vec<(Option<String>, String)> {
+pub(crate) fn sse_events(body: &str) -> Vec<(Option<String>, String)> {
     assert!(
         body.ends_with("\n\n"),
         "SSE body must end with a blank line: {body:?}"
@@ -274,8 +274,15 @@ async fn completions_plain_echo_tokens_logprobs_stream() {
     assert_eq!(v["usage"]["prompt_tokens"], 3);
     let (_, v) = post(&app, "/v1/completions", json!({"model": "fake-model", "prompt": [84, 102], "max_tokens": 2, "echo": true, "logprobs": 1})).await;
     assert_eq!(v["choices"][0]["text"], "SeHe");
-    assert_eq!(v["choices"][0]["logprobs"]["tokens"], json!(["H", "e"]));
-    assert_eq!(v["choices"][0]["logprobs"]["text_offset"], json!([2, 3]));
+    // echo with logprobs covers the prompt tokens too (the first has no logprob).
+    assert_eq!(
+        v["choices"][0]["logprobs"]["tokens"],
+        json!(["S", "e", "H", "e"])
+    );
+    assert_eq!(
+        v["choices"][0]["logprobs"]["text_offset"],
+        json!([0, 1, 2, 3])
+    );
     let (_, v) = post(
         &app,
         "/v1/completions",
@@ -436,7 +443,8 @@ async fn bad_input_is_400_and_server_stays_healthy() {
         ("/v1/chat/completions", chat_body(json!({"top_logprobs": 3})).to_string(), Some("top_logprobs")),
         ("/v1/completions", json!({"model": "fake-model"}).to_string(), Some("prompt")),
         ("/v1/completions", json!({"model": "fake-model", "prompt": [1, -4]}).to_string(), Some("prompt")),
-        ("/v1/completions", json!({"model": "fake-model", "prompt": ["a", "b"]}).to_string(), Some("prompt")),
+        ("/v1/completions", json!({"model": "fake-model", "prompt": ["a", 5]}).to_string(), Some("prompt")),
+        ("/v1/completions", json!({"model": "fake-model", "prompt": []}).to_string(), Some("prompt")),
         ("/v1/completions", json!({"model": "fake-model", "prompt": ""}).to_string(), Some("prompt")),
         ("/v1/responses", json!({"model": "fake-model"}).to_string(), Some("input")),
         ("/v1/responses", json!({"model": "fake-model", "input": 7}).to_string(), Some("input")),

@@ -35,6 +35,8 @@ pub mod engine;
 mod error;
 mod generate;
 #[cfg(test)]
+mod http_api_tests;
+#[cfg(test)]
 mod http_tests;
 mod metrics;
 mod openai;
@@ -50,8 +52,8 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 pub use backend::{
-    Backend, BackendError, ChatPrompt, EngineStats, FinishReason, GenEvent, GenRequest,
-    SamplingParams, SubmitError, Timings, TokenLogprob, Usage,
+    Backend, BackendError, CacheSource, ChatPrompt, EngineStats, FinishReason, GenEvent,
+    GenRequest, SamplingParams, SubmitError, Timings, TokenLogprob, Usage,
 };
 pub use error::{ApiError, Flavor};
 pub use routes::router;

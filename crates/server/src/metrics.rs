@@ -157,9 +157,10 @@ impl Drop for Entry {
             let t = &self.timings;
             let _ = write!(
                 line,
-                " in={} cached={} out={} queue={}ms prefill={}ms decode={}ms",
+                " in={} cached={} cache={} out={} queue={}ms prefill={}ms decode={}ms",
                 u.prompt_tokens,
                 u.cached_tokens,
+                u.cache_source.as_str(),
                 u.completion_tokens,
                 t.queue.as_millis(),
                 t.prefill.as_millis(),
@@ -248,8 +249,12 @@ impl RequestLog {
             prompt_tokens: usage.prompt_tokens,
             cached_tokens: 0,
             completion_tokens: 0,
+            cache_source: usage.cache_source,
         });
-        u.cached_tokens = u.cached_tokens.max(usage.cached_tokens);
+        if usage.cached_tokens > u.cached_tokens {
+            u.cached_tokens = usage.cached_tokens;
+            u.cache_source = usage.cache_source;
+        }
         u.completion_tokens += usage.completion_tokens;
         e.timings.queue = e.timings.queue.max(timings.queue);
         e.timings.prefill = e.timings.prefill.max(timings.prefill);
@@ -289,6 +294,7 @@ mod tests {
                 prompt_tokens: 5,
                 cached_tokens: 3,
                 completion_tokens: 2,
+                ..Usage::default()
             },
             Timings::default(),
         );

@@ -38,6 +38,7 @@ pub fn usage_json(u: Usage) -> Value {
         "completion_tokens": u.completion_tokens,
         "total_tokens": u.prompt_tokens + u.completion_tokens,
         "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+        "ferrite": {"cache_source": u.cache_source.as_str(), "cached_tokens": u.cached_tokens},
     })
 }
 
@@ -80,6 +81,7 @@ fn options(
         max_tokens: max_tokens.map_or(room, |m| (m as usize).min(room)),
         stop,
         logprobs,
+        prompt_logprobs: false,
     })
 }
 
@@ -289,49 +291,109 @@ pub async fn completions(
         .unwrap_or_else(|e| e.into_response(Flavor::OpenAi))
 }
 
-/// The single prompt of a completions request: a string, a token array, or a one-element
-/// array of either.
-fn completion_prompt(obj: &Obj, backend: &dyn crate::Backend) -> Result<Vec<u32>, ApiError> {
+/// Most prompts in one completions request, and most choices (prompts × `n`).
+const MAX_PROMPTS: usize = 32;
+const MAX_CHOICES: usize = 64;
+
+/// The prompts of a completions request: a string, a token array, or an array of either
+/// (one choice group per prompt, as OpenAI's legacy API does).
+fn completion_prompts(obj: &Obj, backend: &dyn crate::Backend) -> Result<Vec<Vec<u32>>, ApiError> {
     let v = field(obj, "prompt").ok_or_else(|| ApiError::missing("prompt"))?;
-    let one = match v {
-        Value::Array(items) if items.len() == 1 && !items[0].is_number() => &items[0],
-        Value::Array(items) if items.iter().any(|i| !i.is_number()) => {
-            return Err(ApiError::invalid_param(
-                "prompt",
-                "only one prompt per request is supported (a string or an array of token ids)",
-            ));
-        }
-        other => other,
-    };
-    match one {
+    let one = |p: &Value| match p {
         Value::String(s) => Ok(backend.tokenize(s, true, true)),
-        Value::Array(_) => generate::token_array(one, "prompt", backend),
+        Value::Array(_) => generate::token_array(p, "prompt", backend),
         _ => Err(ApiError::invalid_param(
             "prompt",
-            "'prompt' must be a string or an array of token ids",
+            "each prompt must be a string or an array of token ids",
         )),
+    };
+    let prompts: Vec<Vec<u32>> = match v {
+        Value::String(_) => vec![one(v)?],
+        Value::Array(items) if items.iter().all(Value::is_number) => vec![one(v)?],
+        Value::Array(items) if items.iter().any(Value::is_number) => {
+            return Err(ApiError::invalid_param(
+                "prompt",
+                "'prompt' mixes token ids with other prompts; use an array of token arrays",
+            ));
+        }
+        Value::Array(items) => items.iter().map(one).collect::<Result<_, _>>()?,
+        _ => {
+            return Err(ApiError::invalid_param(
+                "prompt",
+                "'prompt' must be a string, an array of token ids, or an array of those",
+            ));
+        }
+    };
+    if prompts.is_empty() || prompts.len() > MAX_PROMPTS {
+        return Err(ApiError::invalid_param(
+            "prompt",
+            format!("between 1 and {MAX_PROMPTS} prompts are supported per request"),
+        ));
     }
+    Ok(prompts)
 }
 
 fn completion_logprobs(f: &Finished, offset0: usize) -> Value {
+    legacy_logprobs(None, f.logprobs.iter(), offset0)
+}
+
+/// The legacy `logprobs` object over `items`; `first` is the text of an echoed first prompt
+/// token, which has no logprob (nothing precedes it) and gets nulls.
+fn legacy_logprobs<'a>(
+    first: Option<&str>,
+    items: impl Iterator<Item = &'a TokenLogprob>,
+    offset0: usize,
+) -> Value {
     let mut offset = offset0;
-    let mut offsets = Vec::with_capacity(f.logprobs.len());
-    for l in &f.logprobs {
+    let (mut tokens, mut lps, mut tops, mut offsets) = (vec![], vec![], vec![], vec![]);
+    if let Some(t) = first {
+        tokens.push(json!(t));
+        lps.push(Value::Null);
+        tops.push(Value::Null);
+        offsets.push(offset);
+        offset += t.len();
+    }
+    for l in items {
+        tokens.push(json!(l.token));
+        lps.push(json!(l.logprob));
+        let mut m = serde_json::Map::new();
+        for (t, p) in &l.top {
+            m.insert(t.clone(), json!(p));
+        }
+        tops.push(Value::Object(m));
         offsets.push(offset);
         offset += l.token.len();
     }
-    json!({
-        "tokens": f.logprobs.iter().map(|l| l.token.clone()).collect::<Vec<_>>(),
-        "token_logprobs": f.logprobs.iter().map(|l| l.logprob).collect::<Vec<_>>(),
-        "top_logprobs": f.logprobs.iter().map(|l| {
-            let mut m = serde_json::Map::new();
-            for (t, p) in &l.top {
-                m.insert(t.clone(), json!(p));
-            }
-            Value::Object(m)
-        }).collect::<Vec<_>>(),
-        "text_offset": offsets,
-    })
+    json!({"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets})
+}
+
+/// Logprobs of an echoed choice: the prompt's tokens, then (unless the client asked for no
+/// tokens) the generated ones.
+fn echo_logprobs(f: &Finished, first: &str, scoring_only: bool) -> Value {
+    let generated = if scoring_only {
+        &[][..]
+    } else {
+        &f.logprobs[..]
+    };
+    legacy_logprobs(Some(first), f.prompt_logprobs.iter().chain(generated), 0)
+}
+
+/// Usage of a completions request: every prompt counted once, completions added; the
+/// cache source is that of the prompt with the most reused tokens.
+fn completion_usage(done: &[Finished], n: usize) -> Usage {
+    let mut u = Usage::default();
+    let mut most_cached = 0;
+    for group in done.chunks(n.max(1)) {
+        let g = generate::total_usage(group);
+        u.prompt_tokens += g.prompt_tokens;
+        u.cached_tokens += g.cached_tokens;
+        u.completion_tokens += g.completion_tokens;
+        if g.cached_tokens > most_cached {
+            most_cached = g.cached_tokens;
+            u.cache_source = g.cache_source;
+        }
+    }
+    u
 }
 
 async fn completion(
@@ -342,70 +404,140 @@ async fn completion(
     let obj = body_object(body)?;
     let backend = state.backend()?.clone();
     let model = generate::check_model(backend.as_ref(), &obj, true)?;
-    let prompt = completion_prompt(&obj, backend.as_ref())?;
-    generate::check_prompt(backend.as_ref(), &prompt, "prompt")?;
+    let prompts = completion_prompts(&obj, backend.as_ref())?;
+    for p in &prompts {
+        generate::check_prompt(backend.as_ref(), p, "prompt")?;
+    }
     let n = opt_u64(&obj, "n", 1, 16)?.unwrap_or(1) as usize;
+    if prompts.len() * n > MAX_CHOICES {
+        return Err(ApiError::invalid_param(
+            "n",
+            format!("at most {MAX_CHOICES} choices (prompts times n) per request"),
+        ));
+    }
     let stream = opt_bool(&obj, "stream")?.unwrap_or(false);
     let usage_chunk = include_usage(&obj)?;
     let echo = opt_bool(&obj, "echo")?.unwrap_or(false);
     let logprobs = opt_u64(&obj, "logprobs", 0, 5)?.map(|k| k as usize);
     // The legacy API's default is 16 tokens.
     let max_tokens = opt_u64(&obj, "max_tokens", 0, u32::MAX as u64)?.unwrap_or(16);
-    let room = generate::room(backend.as_ref(), prompt.len());
-    let opts = options(&obj, Some(max_tokens), room, logprobs)?;
-    let prefix = if echo {
-        backend
-            .detokenize(&prompt)
-            .map_err(|e| ApiError::invalid_param("prompt", e.to_string()))?
-    } else {
-        String::new()
-    };
+    // `echo` with `logprobs` scores the prompt. With max_tokens 0 (the usual scoring call)
+    // the engine still samples one token after the prompt; it is dropped here.
+    let echo_lp = echo && logprobs.is_some();
+    let scoring_only = echo_lp && max_tokens == 0;
+    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+    let mut opts = options(
+        &obj,
+        Some(max_tokens),
+        generate::room(backend.as_ref(), longest),
+        logprobs,
+    )?;
+    opts.prompt_logprobs = echo_lp;
+    // Each choice's echoed prompt text and the text of its first prompt token, in choice
+    // order (prompt-major).
+    let mut prefixes = Vec::with_capacity(prompts.len() * n);
+    let mut firsts = Vec::with_capacity(prompts.len() * n);
+    for p in &prompts {
+        let text = if echo {
+            backend
+                .detokenize(p)
+                .map_err(|e| ApiError::invalid_param("prompt", e.to_string()))?
+        } else {
+            String::new()
+        };
+        prefixes.extend(std::iter::repeat_n(text, n));
+        let first = if echo_lp {
+            backend
+                .detokenize(&p[..1])
+                .map_err(|e| ApiError::invalid_param("prompt", e.to_string()))?
+        } else {
+            String::new()
+        };
+        firsts.extend(std::iter::repeat_n(first, n));
+    }
     let meta = Meta {
         id: generate::new_id("cmpl-", log.id()),
         created: generate::unix_now(),
         model,
     };
-    if opts.max_tokens == 0 {
+    if max_tokens == 0 && !scoring_only {
         // Nothing to generate (e.g. echo only): answer without touching the engine.
         let usage = Usage {
-            prompt_tokens: prompt.len(),
+            prompt_tokens: prompts.iter().map(Vec::len).sum(),
             ..Usage::default()
         };
         log.add_usage(usage, Default::default());
-        let choices: Vec<Value> = (0..n).map(|i| json!({"index": i, "text": prefix, "logprobs": null, "finish_reason": "length"})).collect();
+        let choices: Vec<Value> = prefixes.iter().enumerate().map(|(i, text)| json!({"index": i, "text": text, "logprobs": null, "finish_reason": "length"})).collect();
         return Ok(Json(
             json!({"id": meta.id, "object": "text_completion", "created": meta.created,
             "model": meta.model, "choices": choices, "usage": usage_json(usage)}),
         )
         .into_response());
     }
-    let rxs = generate::submit_n(backend.as_ref(), &prompt, &opts, n)?;
+    let mut rxs = Vec::with_capacity(prefixes.len());
+    for p in &prompts {
+        opts.max_tokens = (max_tokens as usize)
+            .max(usize::from(scoring_only))
+            .min(generate::room(backend.as_ref(), p.len()));
+        rxs.extend(generate::submit_n(backend.as_ref(), p, &opts, n)?);
+    }
     log.start_generation();
     if stream {
         return Ok(sse(
             &state,
-            completion_events(log, rxs, meta, usage_chunk, prefix, logprobs.is_some()),
+            completion_events(
+                log,
+                rxs,
+                meta,
+                usage_chunk,
+                Echo {
+                    prefixes,
+                    firsts: echo_lp.then_some(firsts),
+                    scoring_only,
+                },
+                n,
+                logprobs.is_some(),
+            ),
         ));
     }
     let done = generate::collect_all(rxs, &log).await?;
     log.finish();
     let choices: Vec<Value> = done
         .iter()
+        .zip(prefixes.iter().zip(&firsts))
         .enumerate()
-        .map(|(i, f)| {
-            json!({
-                "index": i,
-                "text": format!("{prefix}{}", f.text),
-                "logprobs": if logprobs.is_some() { completion_logprobs(f, prefix.len()) } else { Value::Null },
-                "finish_reason": generate::finish_name(f.finish),
-            })
+        .map(|(i, (f, (prefix, first)))| {
+            let lp = match logprobs {
+                None => Value::Null,
+                Some(_) if echo_lp => echo_logprobs(f, first, scoring_only),
+                Some(_) => completion_logprobs(f, prefix.len()),
+            };
+            let (text, finish) = if scoring_only {
+                ("", "length")
+            } else {
+                (f.text.as_str(), generate::finish_name(f.finish))
+            };
+            json!({"index": i, "text": format!("{prefix}{text}"), "logprobs": lp, "finish_reason": finish})
         })
         .collect();
+    let mut usage = completion_usage(&done, n);
+    if scoring_only {
+        usage.completion_tokens = 0;
+    }
     Ok(Json(json!({
         "id": meta.id, "object": "text_completion", "created": meta.created, "model": meta.model,
-        "choices": choices, "usage": usage_json(generate::total_usage(&done)),
+        "choices": choices, "usage": usage_json(usage),
     }))
     .into_response())
+}
+
+/// What a completions stream echoes: each choice's prompt text and, when prompt logprobs
+/// were asked for, the text of its first prompt token (logprob-less); `scoring_only` drops
+/// the one token sampled for a `max_tokens: 0` request.
+struct Echo {
+    prefixes: Vec<String>,
+    firsts: Option<Vec<String>>,
+    scoring_only: bool,
 }
 
 fn completion_events(
@@ -413,18 +545,28 @@ fn completion_events(
     rxs: Vec<UnboundedReceiver<GenEvent>>,
     meta: Meta,
     usage_chunk: bool,
-    prefix: String,
+    echo: Echo,
+    per_prompt: usize,
     logprobs: bool,
 ) -> impl Stream<Item = Event> + Send + 'static {
     let n = rxs.len();
+    let Echo {
+        prefixes,
+        firsts,
+        scoring_only,
+    } = echo;
     async_stream::stream! {
         let chunk = |i: usize, text: &str, lp: Value, finish: Value| {
             json!({"id": meta.id, "object": "text_completion", "created": meta.created, "model": meta.model,
                 "choices": [{"index": i, "text": text, "logprobs": lp, "finish_reason": finish}]})
         };
-        if !prefix.is_empty() {
-            for i in 0..n {
-                yield data(&chunk(i, &prefix, Value::Null, Value::Null));
+        // With prompt logprobs the echo waits for them (they come before the first token).
+        let mut echoed: Vec<bool> = (0..n).map(|_| firsts.is_some()).collect();
+        if firsts.is_none() {
+            for (i, prefix) in prefixes.iter().enumerate() {
+                if !prefix.is_empty() {
+                    yield data(&chunk(i, prefix, Value::Null, Value::Null));
+                }
             }
         }
         let mut map = merged(rxs);
@@ -432,12 +574,25 @@ fn completion_events(
         let mut done = 0;
         while let Some((i, ev)) = map.next().await {
             let before = states[i].logprobs.len();
+            let prompt_side = matches!(ev, GenEvent::Started { .. } | GenEvent::PromptLogprobs(_));
             match states[i].apply(ev, &log) {
                 Err(e) => {
                     yield data(&e.body(Flavor::OpenAi));
                     return;
                 }
                 Ok((text, last)) => {
+                    if let Some(firsts) = &firsts && !prompt_side && echoed[i] {
+                        echoed[i] = false;
+                        let lp = legacy_logprobs(Some(&firsts[i]), states[i].prompt_logprobs.iter(), 0);
+                        yield data(&chunk(i, &prefixes[i], lp, Value::Null));
+                    }
+                    if scoring_only {
+                        if last {
+                            done += 1;
+                            yield data(&chunk(i, "", Value::Null, json!("length")));
+                        }
+                        continue;
+                    }
                     let lp = if logprobs && states[i].logprobs.len() > before {
                         let one = Finished { logprobs: states[i].logprobs[before..].to_vec(), ..Finished::default() };
                         completion_logprobs(&one, 0)
@@ -459,8 +614,12 @@ fn completion_events(
             return;
         }
         if usage_chunk {
+            let mut usage = completion_usage(&states, per_prompt);
+            if scoring_only {
+                usage.completion_tokens = 0;
+            }
             yield data(&json!({"id": meta.id, "object": "text_completion", "created": meta.created,
-                "model": meta.model, "choices": [], "usage": usage_json(generate::total_usage(&states))}));
+                "model": meta.model, "choices": [], "usage": usage_json(usage)}));
         }
         log.finish();
         yield Event::default().data("[DONE]");

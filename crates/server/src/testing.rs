@@ -25,6 +25,8 @@ pub struct Fake {
     pub start_delay: Duration,
     pub submitted: AtomicUsize,
     pub dead: std::sync::atomic::AtomicBool,
+    /// Prompt of the latest submitted request.
+    pub last_prompt: std::sync::Mutex<Vec<u32>>,
     live: Arc<AtomicUsize>,
     running: Arc<AtomicUsize>,
     permits: Arc<Semaphore>,
@@ -45,6 +47,7 @@ impl Fake {
             start_delay: Duration::ZERO,
             submitted: AtomicUsize::new(0),
             dead: std::sync::atomic::AtomicBool::new(false),
+            last_prompt: std::sync::Mutex::new(Vec::new()),
             live: Arc::new(AtomicUsize::new(0)),
             running: Arc::new(AtomicUsize::new(0)),
             permits: Arc::new(Semaphore::new(slots)),
@@ -90,7 +93,18 @@ impl Backend for Fake {
         for m in &chat.messages {
             let role = m["role"].as_str().unwrap_or("?");
             let content = m["content"].as_str().unwrap_or("");
-            out.push_str(&format!("{role}: {content}\n"));
+            out.push_str(&format!("{role}: {content}"));
+            for call in m["tool_calls"].as_array().into_iter().flatten() {
+                let f = &call["function"];
+                out.push_str(&format!(
+                    " [call {} {}({})]",
+                    call["id"], f["name"], f["arguments"]
+                ));
+            }
+            if let Some(id) = m["tool_call_id"].as_str() {
+                out.push_str(&format!(" [answers {id}]"));
+            }
+            out.push('\n');
         }
         if chat.tools.is_some() {
             out.push_str("tools: yes\n");
@@ -106,6 +120,9 @@ impl Backend for Fake {
             });
         }
         self.submitted.fetch_add(1, Ordering::SeqCst);
+        if let Ok(mut last) = self.last_prompt.lock() {
+            last.clone_from(&req.prompt);
+        }
         self.live.fetch_add(1, Ordering::SeqCst);
         let live_guard = Count(self.live.clone());
         let running = self.running.clone();
@@ -123,6 +140,26 @@ impl Backend for Fake {
             tokio::time::sleep(start_delay).await;
             if tx.send(GenEvent::Started { cached_tokens: 0 }).is_err() {
                 return;
+            }
+            if req.prompt_logprobs {
+                // Every prompt token after the first scores -1, its best alternative "~" -2.
+                let items = req.prompt[1..]
+                    .iter()
+                    .map(|&id| {
+                        let piece = ((id.saturating_sub(1)) as u8 as char).to_string();
+                        TokenLogprob {
+                            token: piece.clone(),
+                            logprob: -1.0,
+                            top: [(piece, -1.0), ("~".to_string(), -2.0)]
+                                .into_iter()
+                                .take(req.logprobs.unwrap_or(0))
+                                .collect(),
+                        }
+                    })
+                    .collect();
+                if tx.send(GenEvent::PromptLogprobs(items)).is_err() {
+                    return;
+                }
             }
             let mut scanner = StopScanner::new(&req.stop);
             let mut n = 0;
@@ -193,6 +230,7 @@ fn done(
             prompt_tokens: req.prompt.len(),
             cached_tokens: 0,
             completion_tokens: n,
+            ..Usage::default()
         },
         timings: Timings::default(),
     }

@@ -5,6 +5,7 @@
 //! the HTTP side shares only the tokenizer (for tokenize/render) and the occupancy counters.
 
 mod model;
+pub mod prefix;
 pub mod scheduler;
 
 use std::path::PathBuf;
@@ -40,6 +41,8 @@ pub struct EngineConfig {
     pub queue_limit: usize,
     /// Most prompt tokens evaluated per scheduler step, over all slots.
     pub prefill_chunk: usize,
+    /// The prefix cache shared by all slots (memory and optionally disk).
+    pub prefix_cache: prefix::PrefixCacheConfig,
 }
 
 /// Why the engine could not start.

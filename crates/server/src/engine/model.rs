@@ -9,6 +9,7 @@ use ferrite_engine::{Sampler, SamplerConfig};
 use ferrite_model::{KvType, LoadOptions, Model, Outputs, Session};
 use ferrite_tokenizer::{TokenType, Tokenizer};
 
+use super::prefix::PrefixCache;
 use super::scheduler::{Counters, Job, Limits, Picked, Picker, Runtime, Scheduler, Sequence};
 use super::{Engine, EngineConfig, EngineError};
 use crate::backend::GenRequest;
@@ -25,6 +26,11 @@ impl Sequence for Session<'_> {
         logits
             .last()
             .ok_or_else(|| "the model returned no logits".to_string())
+    }
+
+    fn eval_all(&mut self, tokens: &[u32]) -> Result<Vec<f32>, String> {
+        let logits = self.eval(tokens, Outputs::All).map_err(|e| e.to_string())?;
+        Ok(logits.data.to_vec())
     }
 }
 
@@ -155,13 +161,49 @@ fn engine_thread(
         n_ctx,
         prefill_chunk: cfg.prefill_chunk,
     };
-    Scheduler::new(&rt, sessions, counters, limits).run(&jobs);
+    let mut scheduler = Scheduler::new(&rt, sessions, counters, limits);
+    match prefix_cache(&cfg, &model, n_ctx) {
+        Some(cache) => scheduler.with_prefix_store(Box::new(cache)).run(&jobs),
+        None => scheduler.run(&jobs),
+    }
+}
+
+/// The shared prefix cache, or `None` when both its memory and disk parts are off. A disk
+/// directory that cannot be used is reported and the server runs without it.
+fn prefix_cache(cfg: &EngineConfig, model: &Model, n_ctx: usize) -> Option<PrefixCache> {
+    let mut pc = cfg.prefix_cache.clone();
+    let sha = match &pc.disk {
+        Some((dir, _)) => match ferrite_kvstore::model_sha256(&cfg.model_path, Some(dir)) {
+            Ok(sha) => sha,
+            Err(e) => {
+                eprintln!("kv-cache: disk cache disabled: hashing the model: {e}");
+                pc.disk = None;
+                [0; 32]
+            }
+        },
+        None => [0; 32],
+    };
+    if pc.memory_bytes == 0 && pc.disk.is_none() {
+        return None;
+    }
+    let compat = ferrite_kvstore::Compat::for_session(model, sha, KvType::F16, n_ctx);
+    match PrefixCache::new(pc, compat) {
+        Ok(c) => Some(c),
+        Err(e) => {
+            eprintln!("kv-cache: prefix cache disabled: {e}");
+            None
+        }
+    }
 }
 
 impl Engine {
     /// Load the model on a new engine thread and return once it is ready to serve.
     pub fn start(cfg: EngineConfig) -> Result<Engine, EngineError> {
-        if cfg.parallel == 0 || cfg.n_ctx < 2 || cfg.prefill_chunk == 0 {
+        if cfg.parallel == 0
+            || cfg.n_ctx < 2
+            || cfg.prefill_chunk == 0
+            || cfg.prefix_cache.block == 0
+        {
             return Err(EngineError::Config(format!(
                 "parallel={} ctx={} prefill_chunk={}",
                 cfg.parallel, cfg.n_ctx, cfg.prefill_chunk

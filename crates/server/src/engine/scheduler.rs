@@ -19,7 +19,9 @@ use std::time::Instant;
 
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::backend::{FinishReason, GenEvent, GenRequest, Timings, TokenLogprob, Usage};
+use crate::backend::{
+    CacheSource, FinishReason, GenEvent, GenRequest, Timings, TokenLogprob, Usage,
+};
 use crate::stops::StopScanner;
 
 /// One KV timeline.
@@ -28,6 +30,27 @@ pub trait Sequence {
     fn truncate(&mut self, n: usize);
     /// Append `tokens` and return the logits after the last one.
     fn eval_last(&mut self, tokens: &[u32]) -> Result<&[f32], String>;
+    /// Append `tokens` and return the logits after each of them, row after row. The
+    /// default evaluates one token at a time; real sessions do it in one pass.
+    fn eval_all(&mut self, tokens: &[u32]) -> Result<Vec<f32>, String> {
+        let mut out = Vec::new();
+        for t in tokens {
+            out.extend_from_slice(self.eval_last(std::slice::from_ref(t))?);
+        }
+        Ok(out)
+    }
+}
+
+/// A prefix cache shared by all slots (memory, disk): restores a prompt's longest cached
+/// prefix into a slot's sequence and keeps checkpoints of finished sequences.
+pub trait PrefixStore<S> {
+    /// If the cache holds a prefix of `prompt` longer than `have` tokens (and shorter than
+    /// the prompt), load it into `seq` and return its length and origin; `seq` then holds
+    /// exactly `prompt[..n]`. On `None`, `seq` is unchanged.
+    fn restore(&mut self, seq: &mut S, prompt: &[u32], have: usize)
+    -> Option<(usize, CacheSource)>;
+    /// Offer a checkpoint of `seq`, which holds exactly `tokens`.
+    fn checkpoint(&mut self, seq: &S, tokens: &[u32]);
 }
 
 /// A sampled token.
@@ -125,6 +148,7 @@ struct Active {
     /// Prompt tokens already in the KV.
     fed: usize,
     cached: usize,
+    source: CacheSource,
     generated: Vec<u32>,
     /// The sampled token not yet evaluated.
     pending: Option<u32>,
@@ -139,6 +163,43 @@ struct Slot<S> {
     active: Option<Active>,
 }
 
+/// Logprobs of the prompt tokens that the rows of `all` (logits after prompt positions
+/// `fed..fed + n`) predict: row `j` scores prompt token `fed + j + 1`, when there is one.
+fn prompt_logprobs(
+    all: &[f32],
+    req: &GenRequest,
+    fed: usize,
+    n: usize,
+    rt: &dyn Runtime,
+) -> Vec<TokenLogprob> {
+    let k = req.logprobs.unwrap_or(0);
+    let vocab = all.len() / n.max(1);
+    all.chunks_exact(vocab.max(1))
+        .enumerate()
+        .filter_map(|(j, row)| {
+            let target = *req.prompt.get(fed + j + 1)?;
+            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let lse = max + row.iter().map(|&x| (x - max).exp()).sum::<f32>().ln();
+            let mut top: Vec<usize> = (0..row.len()).collect();
+            if k > 0 && k < top.len() {
+                top.select_nth_unstable_by(k - 1, |&x, &y| row[y].total_cmp(&row[x]));
+            }
+            top.truncate(k);
+            top.sort_by(|&x, &y| row[y].total_cmp(&row[x]));
+            Some(TokenLogprob {
+                token: rt.decode(&[target]),
+                logprob: row
+                    .get(target as usize)
+                    .map_or(f32::NEG_INFINITY, |&x| x - lse),
+                top: top
+                    .into_iter()
+                    .map(|id| (rt.decode(&[id as u32]), row[id] - lse))
+                    .collect(),
+            })
+        })
+        .collect()
+}
+
 fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
@@ -150,9 +211,16 @@ pub struct Scheduler<'r, S> {
     waiting: VecDeque<Job>,
     counters: Arc<Counters>,
     limits: Limits,
+    store: Option<Box<dyn PrefixStore<S> + 'r>>,
 }
 
 impl<'r, S: Sequence> Scheduler<'r, S> {
+    /// Adds a prefix cache shared by all slots.
+    pub fn with_prefix_store(mut self, store: Box<dyn PrefixStore<S> + 'r>) -> Self {
+        self.store = Some(store);
+        self
+    }
+
     /// A scheduler over these sequences.
     pub fn new(rt: &'r dyn Runtime, seqs: Vec<S>, counters: Arc<Counters>, limits: Limits) -> Self {
         Scheduler {
@@ -168,6 +236,7 @@ impl<'r, S: Sequence> Scheduler<'r, S> {
             waiting: VecDeque::new(),
             counters,
             limits,
+            store: None,
         }
     }
 
@@ -245,9 +314,29 @@ impl<'r, S: Sequence> Scheduler<'r, S> {
             };
             let slot = &mut self.slots[i];
             // The last prompt token is always evaluated again: its logits pick the first token.
-            let cached = common_prefix(&slot.tokens, &job.req.prompt).min(job.req.prompt.len() - 1);
+            // Prompt logprobs need the logits of every prompt position: nothing is reused.
+            let reuse = !job.req.prompt_logprobs;
+            let mut cached = if reuse {
+                common_prefix(&slot.tokens, &job.req.prompt).min(job.req.prompt.len() - 1)
+            } else {
+                0
+            };
             slot.seq.truncate(cached);
             slot.tokens.truncate(cached);
+            let mut source = if cached > 0 {
+                CacheSource::Memory
+            } else {
+                CacheSource::None
+            };
+            if let Some((n, from)) = self
+                .store
+                .as_mut()
+                .filter(|_| reuse)
+                .and_then(|st| st.restore(&mut slot.seq, &job.req.prompt, cached))
+            {
+                slot.tokens = job.req.prompt[..n].to_vec();
+                (cached, source) = (n, from);
+            }
             if job
                 .tx
                 .send(GenEvent::Started {
@@ -266,6 +355,7 @@ impl<'r, S: Sequence> Scheduler<'r, S> {
                 text: TextTail::default(),
                 fed: cached,
                 cached,
+                source,
                 generated: Vec::new(),
                 pending: None,
                 admitted: Instant::now(),
@@ -318,12 +408,26 @@ impl<'r, S: Sequence> Scheduler<'r, S> {
         } else {
             return;
         };
-        let logits = match slot.seq.eval_last(&input) {
-            Ok(l) => l,
-            Err(e) => return self.fail(i, e),
+        let (fed, prompt_lp) = (a.fed, a.job.req.prompt_logprobs && a.fed < prompt_len);
+        let mut all = Vec::new();
+        let logits = if prompt_lp {
+            all = match slot.seq.eval_all(&input) {
+                Ok(l) => l,
+                Err(e) => return self.fail(i, e),
+            };
+            &all[all.len() - all.len() / input.len()..]
+        } else {
+            match slot.seq.eval_last(&input) {
+                Ok(l) => l,
+                Err(e) => return self.fail(i, e),
+            }
         };
         slot.tokens.extend_from_slice(&input);
         let a = slot.active.as_mut().expect("checked above");
+        if prompt_lp {
+            let items = prompt_logprobs(&all, &a.job.req, fed, input.len(), self.rt);
+            let _ = a.job.tx.send(GenEvent::PromptLogprobs(items));
+        }
         if a.fed < prompt_len {
             a.fed += input.len();
             if a.fed < prompt_len {
@@ -389,6 +493,7 @@ impl<'r, S: Sequence> Scheduler<'r, S> {
                     prompt_tokens: prompt_len,
                     cached_tokens: a.cached,
                     completion_tokens: a.generated.len(),
+                    cache_source: a.source,
                 },
                 timings: Timings {
                     queue: a.admitted.duration_since(a.job.queued_at),
@@ -398,6 +503,11 @@ impl<'r, S: Sequence> Scheduler<'r, S> {
             };
             if let Some(a) = self.release(i) {
                 let _ = a.job.tx.send(done);
+            }
+            // After the answer went out: the client does not wait for the checkpoint.
+            if let Some(store) = self.store.as_mut() {
+                let slot = &self.slots[i];
+                store.checkpoint(&slot.seq, &slot.tokens);
             }
         }
     }
@@ -513,6 +623,7 @@ mod tests {
                 max_tokens,
                 stop: stop.iter().map(|x| x.to_string()).collect(),
                 logprobs: Some(1),
+                prompt_logprobs: false,
             },
             tx,
             queued_at: Instant::now(),
@@ -533,6 +644,7 @@ mod tests {
                     return (text, Some(ev), cached);
                 }
                 GenEvent::Failed(e) => panic!("failed: {e}"),
+                GenEvent::PromptLogprobs(_) => {}
             }
         }
         (text, None, cached)
@@ -558,6 +670,54 @@ mod tests {
             }) => (*finish, stop_sequence.clone(), *usage),
             other => panic!("no Done: {other:?}"),
         }
+    }
+
+    #[test]
+    fn prompt_logprobs_score_every_prompt_token_and_skip_the_cache() {
+        let (mut s, _, _) = toy_sched(1, 64, 2);
+        let prompt = [1u32, 2, 3, 7];
+        // Warm the slot with the same prompt: a scoring request must not reuse it.
+        let mut warm = job(&mut s, &prompt, 1, &[]);
+        run_all(&mut s);
+        drain(&mut warm);
+        let (tx, mut rx) = unbounded_channel();
+        s.counters.inflight.fetch_add(1, Ordering::SeqCst);
+        s.waiting.push_back(Job {
+            req: GenRequest {
+                prompt: prompt.to_vec(),
+                sampling: SamplingParams::default(),
+                max_tokens: 1,
+                stop: Vec::new(),
+                logprobs: Some(1),
+                prompt_logprobs: true,
+            },
+            tx,
+            queued_at: Instant::now(),
+        });
+        run_all(&mut s);
+        let mut items = Vec::new();
+        let mut cached = None;
+        while let Ok(ev) = rx.try_recv() {
+            match ev {
+                GenEvent::Started { cached_tokens } => cached = Some(cached_tokens),
+                GenEvent::PromptLogprobs(v) => {
+                    assert!(items.len() < 3, "prompt logprobs after the first token");
+                    items.extend(v);
+                }
+                _ => {}
+            }
+        }
+        assert_eq!(cached, Some(0));
+        // Toy logits: 5 for last+1, 0 for the 15 others (independent f64 log-softmax).
+        let lse = (5f64.exp() + 15.0).ln();
+        let want = [("c", 5.0 - lse), ("d", 5.0 - lse), ("h", -lse)];
+        assert_eq!(items.len(), want.len());
+        for (got, (tok, lp)) in items.iter().zip(want) {
+            assert_eq!(got.token, tok);
+            assert!((f64::from(got.logprob) - lp).abs() < 1e-5, "{got:?}");
+            assert_eq!(got.top.len(), 1);
+        }
+        assert_eq!(items[2].top[0].0, "e");
     }
 
     #[test]
@@ -777,6 +937,7 @@ mod tests {
             max_tokens,
             stop: Vec::new(),
             logprobs: None,
+            prompt_logprobs: false,
         };
         s.waiting.push_back(Job {
             req,

@@ -1,0 +1,265 @@
+//! HTTP-layer tests of the OpenAI API details beyond the basics (issue #5): Responses API
+//! function tools with their round trip, multi-prompt completions, and `echo` with prompt
+//! logprobs. Same fake engine and helpers as `http_tests`.
+
+use axum::http::StatusCode;
+use serde_json::{Value, json};
+
+use crate::ServerConfig;
+use crate::http_tests::{app_with, post, send, sse_events};
+use crate::testing::Fake;
+
+const CALL_REPLY: &str =
+    "<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}</tool_call>";
+
+fn weather_tool() -> Value {
+    json!({"type": "function", "name": "get_weather", "description": "Weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}})
+}
+
+#[tokio::test]
+async fn responses_tool_call_becomes_a_function_call_item_and_round_trips() {
+    let (app, fake) = app_with(Fake::new(CALL_REPLY), ServerConfig::default());
+    let body =
+        json!({"model": "fake-model", "input": "weather in Oslo?", "tools": [weather_tool()]});
+    let (status, v) = post(&app, "/v1/responses", body).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["status"], "completed");
+    assert_eq!(v["tools"][0]["name"], "get_weather");
+    let out = v["output"].as_array().unwrap();
+    assert_eq!(out.len(), 1, "only the call, no empty message: {v}");
+    assert_eq!(out[0]["type"], "function_call");
+    assert_eq!(out[0]["name"], "get_weather");
+    assert_eq!(out[0]["status"], "completed");
+    let args: Value = serde_json::from_str(out[0]["arguments"].as_str().unwrap()).unwrap();
+    assert_eq!(args, json!({"city": "Oslo"}));
+    let call_id = out[0]["call_id"].as_str().unwrap().to_string();
+    assert!(call_id.starts_with("call_"), "{call_id}");
+    // The tools reached the template.
+    let prompt = fake.last_prompt.lock().unwrap().clone();
+    let rendered = String::from_utf8(prompt.iter().map(|&t| (t - 1) as u8).collect()).unwrap();
+    assert!(rendered.contains("tools: yes"), "{rendered}");
+
+    // Round trip: the call and its output go back as input items.
+    let next = json!({"model": "fake-model", "tools": [weather_tool()], "input": [
+        {"role": "user", "content": "weather in Oslo?"},
+        out[0].clone(),
+        {"type": "function_call_output", "call_id": call_id, "output": "rain, 7 C"},
+    ]});
+    let (status, v) = post(&app, "/v1/responses", next).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let prompt = fake.last_prompt.lock().unwrap().clone();
+    let rendered = String::from_utf8(prompt.iter().map(|&t| (t - 1) as u8).collect()).unwrap();
+    assert!(
+        rendered.contains(&format!("[call \"{call_id}\" \"get_weather\"")),
+        "{rendered}"
+    );
+    assert!(
+        rendered.contains(&format!("tool: rain, 7 C [answers {call_id}]")),
+        "{rendered}"
+    );
+
+    // tool_choice "none": the same reply stays plain text.
+    let body = json!({"model": "fake-model", "input": "x", "tools": [weather_tool()], "tool_choice": "none"});
+    let (_, v) = post(&app, "/v1/responses", body).await;
+    assert_eq!(v["output"][0]["type"], "message");
+    assert_eq!(v["output"][0]["content"][0]["text"], CALL_REPLY);
+}
+
+#[tokio::test]
+async fn responses_tool_call_streams_function_call_events() {
+    let reply = format!("Checking. {CALL_REPLY}");
+    let (app, _) = app_with(Fake::new(&reply), ServerConfig::default());
+    let body =
+        json!({"model": "fake-model", "input": "x", "tools": [weather_tool()], "stream": true});
+    let (status, text) = send(&app, "POST", "/v1/responses", &body.to_string(), &[]).await;
+    assert_eq!(status, StatusCode::OK);
+    let events = sse_events(&text);
+    let names: Vec<&str> = events.iter().map(|(n, _)| n.as_deref().unwrap()).collect();
+    let data: Vec<Value> = events
+        .iter()
+        .map(|(_, d)| serde_json::from_str(d).unwrap())
+        .collect();
+    let deltas: String = data
+        .iter()
+        .filter(|d| d["type"] == "response.output_text.delta")
+        .map(|d| d["delta"].as_str().unwrap())
+        .collect();
+    assert_eq!(deltas, "Checking. ", "no tool-call markup leaks into text");
+    let tail: Vec<&str> = names
+        .iter()
+        .copied()
+        .filter(|n| !n.ends_with("output_text.delta"))
+        .collect();
+    assert_eq!(
+        tail,
+        [
+            "response.created",
+            "response.in_progress",
+            "response.output_item.added",
+            "response.content_part.added",
+            "response.output_text.done",
+            "response.content_part.done",
+            "response.output_item.done",
+            "response.output_item.added",
+            "response.function_call_arguments.delta",
+            "response.function_call_arguments.done",
+            "response.output_item.done",
+            "response.completed",
+        ]
+    );
+    let args = data
+        .iter()
+        .find(|d| d["type"] == "response.function_call_arguments.done")
+        .unwrap();
+    assert_eq!(args["output_index"], 1);
+    let done = data.last().unwrap();
+    let out = done["response"]["output"].as_array().unwrap();
+    assert_eq!(out[0]["content"][0]["text"], "Checking. ");
+    assert_eq!(out[1]["type"], "function_call");
+    assert_eq!(
+        out[1]["call_id"],
+        args["item_id"].as_str().unwrap().replace("fc_", "call_")
+    );
+    for (k, d) in data.iter().enumerate() {
+        assert_eq!(d["sequence_number"], k);
+    }
+}
+
+#[tokio::test]
+async fn responses_refuses_non_function_tools() {
+    let (app, _) = app_with(Fake::new("x"), ServerConfig::default());
+    for (tools, param) in [
+        (json!([{"type": "web_search"}]), "tools[0].type"),
+        (json!([{"type": "function"}]), "tools[0].name"),
+    ] {
+        let body = json!({"model": "fake-model", "input": "x", "tools": tools});
+        let (status, v) = post(&app, "/v1/responses", body).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
+        assert_eq!(v["error"]["param"], param);
+    }
+    let body = json!({"model": "fake-model", "input": "x", "tool_choice": "sometimes"});
+    let (status, v) = post(&app, "/v1/responses", body).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
+}
+
+#[tokio::test]
+async fn completions_take_several_prompts_with_choices_grouped_per_prompt() {
+    let (app, _) = app_with(Fake::new("Hello"), ServerConfig::default());
+    let body = json!({"model": "fake-model", "prompt": ["ab", "xyz"], "n": 2, "max_tokens": 3, "echo": true});
+    let (status, v) = post(&app, "/v1/completions", body).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let texts: Vec<&str> = v["choices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            assert_eq!(c["index"], i);
+            c["text"].as_str().unwrap()
+        })
+        .collect();
+    assert_eq!(texts, ["abHel", "abHel", "xyzHel", "xyzHel"]);
+    // Each prompt counted once: 2 + 3 prompt tokens, 4 choices of 3 tokens.
+    assert_eq!(v["usage"]["prompt_tokens"], 5);
+    assert_eq!(v["usage"]["completion_tokens"], 12);
+
+    let body =
+        json!({"model": "fake-model", "prompt": [[98, 99], [100]], "max_tokens": 1, "echo": true});
+    let (_, v) = post(&app, "/v1/completions", body).await;
+    assert_eq!(v["choices"][0]["text"], "abH");
+    assert_eq!(v["choices"][1]["text"], "cH");
+
+    let body = json!({"model": "fake-model", "prompt": ["ab", "c"], "max_tokens": 2, "echo": true,
+        "stream": true, "stream_options": {"include_usage": true}});
+    let (_, text) = send(&app, "POST", "/v1/completions", &body.to_string(), &[]).await;
+    let events = sse_events(&text);
+    assert_eq!(events.last().unwrap().1, "[DONE]");
+    let mut per_choice = [String::new(), String::new()];
+    let mut finished = [false, false];
+    let mut usage = Value::Null;
+    for (_, d) in &events[..events.len() - 1] {
+        let v: Value = serde_json::from_str(d).unwrap();
+        if let Some(c) = v["choices"].as_array().and_then(|c| c.first()) {
+            let i = c["index"].as_u64().unwrap() as usize;
+            per_choice[i].push_str(c["text"].as_str().unwrap());
+            finished[i] |= !c["finish_reason"].is_null();
+        } else {
+            usage = v["usage"].clone();
+        }
+    }
+    assert_eq!(per_choice, ["abHe", "cHe"]);
+    assert_eq!(finished, [true, true]);
+    assert_eq!(usage["prompt_tokens"], 3);
+    assert_eq!(usage["completion_tokens"], 4);
+
+    let many: Vec<&str> = vec!["a"; 33];
+    let (status, v) = post(
+        &app,
+        "/v1/completions",
+        json!({"model": "fake-model", "prompt": many}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
+    let body = json!({"model": "fake-model", "prompt": vec!["a"; 8], "n": 9});
+    let (status, v) = post(&app, "/v1/completions", body).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
+    assert_eq!(v["error"]["param"], "n");
+}
+
+#[tokio::test]
+async fn echo_with_logprobs_scores_the_prompt() {
+    let (app, _) = app_with(Fake::new("Hello"), ServerConfig::default());
+    // The classic scoring call: echo, logprobs, no new tokens.
+    let body = json!({"model": "fake-model", "prompt": "Say", "max_tokens": 0, "echo": true, "logprobs": 1});
+    let (status, v) = post(&app, "/v1/completions", body).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let c = &v["choices"][0];
+    assert_eq!(c["text"], "Say");
+    assert_eq!(c["finish_reason"], "length");
+    let lp = &c["logprobs"];
+    assert_eq!(lp["tokens"], json!(["S", "a", "y"]));
+    assert_eq!(lp["token_logprobs"], json!([null, -1.0, -1.0]));
+    assert_eq!(lp["top_logprobs"], json!([null, {"a": -1.0}, {"y": -1.0}]));
+    assert_eq!(lp["text_offset"], json!([0, 1, 2]));
+    assert_eq!(v["usage"]["prompt_tokens"], 3);
+    assert_eq!(v["usage"]["completion_tokens"], 0);
+
+    // With generation: prompt entries, then the generated ones, offsets running on.
+    let body = json!({"model": "fake-model", "prompt": "Sa", "max_tokens": 2, "echo": true, "logprobs": 0});
+    let (_, v) = post(&app, "/v1/completions", body).await;
+    let c = &v["choices"][0];
+    assert_eq!(c["text"], "SaHe");
+    assert_eq!(c["logprobs"]["tokens"], json!(["S", "a", "H", "e"]));
+    assert_eq!(
+        c["logprobs"]["token_logprobs"],
+        json!([null, -1.0, -0.5, -0.5])
+    );
+    assert_eq!(c["logprobs"]["text_offset"], json!([0, 1, 2, 3]));
+    assert_eq!(v["usage"]["completion_tokens"], 2);
+
+    // Streaming: the echo chunk carries the prompt logprobs and comes first.
+    let body = json!({"model": "fake-model", "prompt": "Sa", "max_tokens": 0, "echo": true,
+        "logprobs": 1, "stream": true});
+    let (_, text) = send(&app, "POST", "/v1/completions", &body.to_string(), &[]).await;
+    let events = sse_events(&text);
+    assert_eq!(events.last().unwrap().1, "[DONE]");
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|(_, d)| serde_json::from_str(d).unwrap())
+        .collect();
+    assert_eq!(chunks.len(), 2, "{chunks:?}");
+    assert_eq!(chunks[0]["choices"][0]["text"], "Sa");
+    assert_eq!(
+        chunks[0]["choices"][0]["logprobs"]["token_logprobs"],
+        json!([null, -1.0])
+    );
+    assert_eq!(chunks[1]["choices"][0]["text"], "");
+    assert_eq!(chunks[1]["choices"][0]["finish_reason"], "length");
+
+    // echo without logprobs and max_tokens 0 still answers without the engine.
+    let body = json!({"model": "fake-model", "prompt": "Sa", "max_tokens": 0, "echo": true});
+    let (_, v) = post(&app, "/v1/completions", body).await;
+    assert_eq!(v["choices"][0]["text"], "Sa");
+    assert!(v["choices"][0]["logprobs"].is_null());
+}
