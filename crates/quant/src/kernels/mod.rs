@@ -209,14 +209,19 @@ pub fn gemm_f32(
         });
     }
     let mut part = [0f32; MAX_TILE * MAX_TILE];
-    for t0 in (0..nt).step_by(MAX_TILE) {
-        let tn = MAX_TILE.min(nt - t0);
-        let xs: [&[f32]; MAX_TILE] =
-            std::array::from_fn(|j| &x[(t0 + j.min(tn - 1)) * k..(t0 + j.min(tn - 1) + 1) * k]);
-        for i0 in (0..nr).step_by(MAX_TILE) {
-            let rn = MAX_TILE.min(nr - i0);
-            let ws: [&[f32]; MAX_TILE] =
-                std::array::from_fn(|i| &w[(i0 + i.min(rn - 1)) * k..(i0 + i.min(rn - 1) + 1) * k]);
+    for (tb, xblock) in x.chunks(MAX_TILE * k).enumerate() {
+        let mut xs: [&[f32]; MAX_TILE] = [&[]; MAX_TILE];
+        for (slot, row) in xs.iter_mut().zip(xblock.chunks_exact(k)) {
+            *slot = row;
+        }
+        let tn = xblock.len() / k;
+        let orows = &mut out[tb * MAX_TILE * nr..(tb * MAX_TILE + tn) * nr];
+        for (ib, wblock) in w.chunks(MAX_TILE * k).enumerate() {
+            let mut ws: [&[f32]; MAX_TILE] = [&[]; MAX_TILE];
+            for (slot, row) in ws.iter_mut().zip(wblock.chunks_exact(k)) {
+                *slot = row;
+            }
+            let rn = wblock.len() / k;
             let (ws, xs) = (&ws[..rn], &xs[..tn]);
             match level {
                 SimdLevel::Scalar => scalar::tile(ws, xs, k, &mut part),
@@ -230,9 +235,9 @@ pub fn gemm_f32(
                 #[cfg(not(target_arch = "x86_64"))]
                 _ => scalar::tile(ws, xs, k, &mut part),
             }
-            for j in 0..tn {
-                let o = &mut out[(t0 + j) * nr + i0..(t0 + j) * nr + i0 + rn];
-                for (i, v) in o.iter_mut().enumerate() {
+            let i0 = ib * MAX_TILE;
+            for (j, orow) in orows.chunks_exact_mut(nr).enumerate() {
+                for (i, v) in orow[i0..i0 + rn].iter_mut().enumerate() {
                     *v = part[i * tn + j];
                 }
             }
