@@ -6,6 +6,7 @@
 
 mod backend;
 mod bench;
+mod convert;
 mod inspect;
 mod models;
 mod pull;
@@ -48,6 +49,8 @@ enum Command {
     Synth(synth::SynthArgs),
     /// Rewrite a GGUF model with another quantization mix (q8_0, q4_k_m, ...).
     Quantize(quantize::QuantizeArgs),
+    /// Convert a Hugging Face model directory (safetensors) to GGUF.
+    Convert(convert::ConvertArgs),
 }
 
 /// A reader that closes our stdout early (`ferrite tokenize --json … | head`) makes the next
@@ -83,6 +86,7 @@ fn main() {
         Command::Bench(args) => bench::run(args),
         Command::Synth(args) => synth::run(args),
         Command::Quantize(args) => quantize::run(args),
+        Command::Convert(args) => convert::run(args),
     };
     match result {
         Ok(code) => std::process::exit(code),

@@ -95,8 +95,9 @@ pub fn models_dir() -> anyhow::Result<PathBuf> {
     Ok(home.join("models"))
 }
 
-/// Resolve a `-m` argument (a known name or a path to a `.gguf` file) to a local file,
-/// pulling a known model on first use.
+/// Resolve a `-m` argument (a known name, a path to a `.gguf` file, or a Hugging Face model
+/// directory) to a local GGUF file, pulling a known model or converting a directory (once,
+/// into a cache; see `crate::convert::cached`) on first use.
 pub fn resolve(model: &str) -> anyhow::Result<PathBuf> {
     if let Some(known) = known(model) {
         return crate::pull::ensure(known, false);
@@ -104,6 +105,15 @@ pub fn resolve(model: &str) -> anyhow::Result<PathBuf> {
     let path = PathBuf::from(model);
     if path.is_file() {
         return Ok(path);
+    }
+    if path.is_dir() {
+        if !ferrite_convert::is_hf_dir(&path) {
+            anyhow::bail!(
+                "model path {} is a directory without config.json (not a Hugging Face model)",
+                path.display()
+            );
+        }
+        return crate::convert::cached(&path);
     }
     let names: Vec<&str> = KNOWN_MODELS.iter().map(|m| m.name).collect();
     if path.exists() {

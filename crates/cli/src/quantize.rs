@@ -3,7 +3,7 @@
 //! Owns the command line, the progress bar (stderr) and the summary table (stdout); the type
 //! rule and the conversion are `ferrite-quantize`'s (documented in docs/quantize.md).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use ferrite_gguf::Gguf;
@@ -35,7 +35,6 @@ pub fn run(args: QuantizeArgs) -> anyhow::Result<i32> {
     // Parsed here, not by clap, so a bad name is one `error:` line with exit code 1.
     let mix: Mix = args.ty.parse()?;
     let path = crate::models::resolve(&args.input)?;
-    let input = Gguf::open(&path).with_context(|| format!("reading {}", path.display()))?;
     let threads = args
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from))
@@ -45,6 +44,14 @@ pub fn run(args: QuantizeArgs) -> anyhow::Result<i32> {
         threads,
         allow_requantize: args.allow_requantize,
     };
+    quantize_path(&path, &args.output, &opts)?;
+    Ok(0)
+}
+
+/// Quantizes the GGUF at `path` into `output` with a progress bar, then prints the table.
+pub fn quantize_path(path: &Path, output: &Path, opts: &QuantizeOptions) -> anyhow::Result<()> {
+    let input = Gguf::open(path).with_context(|| format!("reading {}", path.display()))?;
+    let (mix, threads) = (opts.mix, opts.threads);
     let total: u64 = input.tensors().iter().map(|t| t.n_bytes).sum();
     let bar = indicatif::ProgressBar::with_draw_target(
         Some(total),
@@ -56,7 +63,7 @@ pub fn run(args: QuantizeArgs) -> anyhow::Result<i32> {
         )
         .context("progress bar template")?,
     );
-    let summary = quantize_file(&input, &args.output, &opts, &mut |p| match p {
+    let summary = quantize_file(&input, output, opts, &mut |p| match p {
         Progress::Tensor {
             name,
             ty,
@@ -66,7 +73,7 @@ pub fn run(args: QuantizeArgs) -> anyhow::Result<i32> {
             bar.set_position(done_bytes);
             bar.set_message(format!("{name} -> {ty}"));
         }
-        Progress::Writing => bar.set_message(format!("writing {}", args.output.display())),
+        Progress::Writing => bar.set_message(format!("writing {}", output.display())),
         _ => {}
     });
     bar.finish_and_clear();
@@ -78,13 +85,13 @@ pub fn run(args: QuantizeArgs) -> anyhow::Result<i32> {
     eprintln!(
         "wrote {} ({mix}, {:.1} MiB from {:.1} MiB of tensors) in {:.1} s, {:.1} MB/s of input, \
          {threads} threads",
-        args.output.display(),
+        output.display(),
         summary.output_bytes as f64 / MIB,
         summary.input_bytes as f64 / MIB,
         summary.elapsed.as_secs_f64(),
         summary.input_bytes as f64 / 1e6 / summary.convert_time.as_secs_f64().max(1e-9),
     );
-    Ok(0)
+    Ok(())
 }
 
 /// The per-type table: tensors, elements, MiB and bits per weight, then a total row.

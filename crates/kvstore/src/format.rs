@@ -57,6 +57,9 @@ impl Compat {
         let arch = match c.arch {
             ferrite_model::Arch::Llama => "llama",
             ferrite_model::Arch::Gemma3 => "gemma3",
+            ferrite_model::Arch::Qwen2 => "qwen2",
+            ferrite_model::Arch::Qwen3 => "qwen3",
+            ferrite_model::Arch::Qwen3Moe => "qwen3moe",
         };
         Compat {
             model_sha256,

@@ -9,10 +9,20 @@
 //!   5 of every 6 layers with rope base 10 000 (llama.cpp and transformers both hard-code
 //!   it; the GGUF stores only the global base), query scale `1/sqrt(key_length)`.
 //!   RMSNorm weights are used as stored: the converter already folded Gemma's `1 + w`.
+//! - `llama` also covers Mistral (optional `llama.attention.sliding_window`),
+//!   Mixtral (expert layers when `llama.expert_count` is set) and Llama 3 (rope frequency
+//!   factors in `rope_freqs.weight`); optional q/k/v biases are used when present.
+//! - `qwen2`: half-split (NeoX) rope, q/k/v biases (required), SiLU FFN.
+//! - `qwen3`: half-split rope, per-head q/k RMSNorm, no biases.
+//! - `qwen3moe`: `qwen3` attention with an expert FFN on every layer.
+//!
+//! MoE, rope-factor, sliding-window and unsupported-feature keys are read in
+//! [`crate::features`].
 
 use ferrite_gguf::Gguf;
 
 use crate::ModelError;
+use crate::features::{self, MoeConfig};
 use crate::ops::RopeStyle;
 
 /// A supported architecture.
@@ -22,6 +32,12 @@ pub enum Arch {
     Llama,
     /// Gemma 3 text models.
     Gemma3,
+    /// Qwen 2 / 2.5 (q/k/v biases).
+    Qwen2,
+    /// Qwen 3 dense (q/k norms).
+    Qwen3,
+    /// Qwen 3 mixture of experts.
+    Qwen3Moe,
 }
 
 /// FFN gate activation.
@@ -57,7 +73,7 @@ pub struct ModelConfig {
     pub n_kv_head: usize,
     /// Values per head.
     pub head_dim: usize,
-    /// FFN hidden width.
+    /// FFN hidden width (of one expert, for MoE models).
     pub d_ff: usize,
     /// Vocabulary size (rows of the embedding).
     pub n_vocab: usize,
@@ -77,6 +93,14 @@ pub struct ModelConfig {
     pub qk_norm: bool,
     /// Attention and FFN outputs are RMS-normalised before the residual add.
     pub post_norms: bool,
+    /// Q, K and V projections add a bias.
+    pub qkv_bias: bool,
+    /// The attention output projection adds a bias.
+    pub out_bias: bool,
+    /// Rope frequency divisors, one per rotated pair (Llama 3 scaling); `None` for plain rope.
+    pub rope_freq_factors: Option<Vec<f32>>,
+    /// Expert FFN settings; `None` for dense FFNs.
+    pub moe: Option<MoeConfig>,
     /// One entry per layer.
     pub layers: Vec<LayerConfig>,
 }
@@ -113,6 +137,9 @@ impl ModelConfig {
         let arch = match arch_name {
             "llama" => Arch::Llama,
             "gemma3" => Arch::Gemma3,
+            "qwen2" => Arch::Qwen2,
+            "qwen3" => Arch::Qwen3,
+            "qwen3moe" => Arch::Qwen3Moe,
             other => return Err(ModelError::UnknownArchitecture(other.to_owned())),
         };
         let a = arch_name;
@@ -136,10 +163,26 @@ impl ModelConfig {
                 "must divide attention.head_count",
             ));
         }
-        let d_ff = positive(
-            &k("feed_forward_length"),
-            usize_key(g, &k("feed_forward_length"))?,
-        )?;
+        let dense_ff = match g.get(&k("feed_forward_length")) {
+            Some(_) => Some(usize_key(g, &k("feed_forward_length"))?),
+            None => None,
+        };
+        let (moe, d_ff) = if arch == Arch::Gemma3 {
+            (None, dense_ff)
+        } else {
+            features::check_unsupported(g, a)?;
+            features::moe(g, a, arch == Arch::Qwen3Moe, dense_ff)?
+        };
+        let ff_key = if moe.is_some() && g.get(&k("expert_feed_forward_length")).is_some() {
+            k("expert_feed_forward_length")
+        } else {
+            k("feed_forward_length")
+        };
+        let d_ff = match d_ff {
+            Some(v) => positive(&ff_key, v)?,
+            // Reports the missing key by name.
+            None => positive(&ff_key, usize_key(g, &ff_key)?)?,
+        };
         let ctx_train = usize_key(g, &k("context_length"))?;
         let rms_eps = g.get_f32(&k("attention.layer_norm_rms_epsilon"))?;
         let rope_base = g.get_f32(&k("rope.freq_base"))?;
@@ -185,31 +228,43 @@ impl ModelConfig {
             }
         };
         let cfg = match arch {
-            Arch::Llama => ModelConfig {
-                arch,
-                n_layer,
-                d_model,
-                n_head,
-                n_kv_head,
-                head_dim,
-                d_ff,
-                n_vocab,
-                ctx_train,
-                rms_eps,
-                rope_style: RopeStyle::Interleaved,
-                attn_scale: 1.0 / (head_dim as f32).sqrt(),
-                embed_scale: 1.0,
-                activation: Activation::Silu,
-                qk_norm: false,
-                post_norms: false,
-                layers: vec![
-                    LayerConfig {
-                        window: None,
-                        rope_base,
-                    };
-                    n_layer
-                ],
-            },
+            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe => {
+                let windows = features::sliding_windows(g, a, n_layer)?;
+                ModelConfig {
+                    arch,
+                    n_layer,
+                    d_model,
+                    n_head,
+                    n_kv_head,
+                    head_dim,
+                    d_ff,
+                    n_vocab,
+                    ctx_train,
+                    rms_eps,
+                    // llama.cpp permutes llama Q/K rows for interleaved rope; Qwen keeps
+                    // Hugging Face's layout (NeoX rope).
+                    rope_style: if arch == Arch::Llama {
+                        RopeStyle::Interleaved
+                    } else {
+                        RopeStyle::HalfSplit
+                    },
+                    attn_scale: 1.0 / (head_dim as f32).sqrt(),
+                    embed_scale: 1.0,
+                    activation: Activation::Silu,
+                    qk_norm: matches!(arch, Arch::Qwen3 | Arch::Qwen3Moe),
+                    post_norms: false,
+                    // Qwen 2 always has them; llama/qwen3 checkpoints with
+                    // `attention_bias = true` carry them too.
+                    qkv_bias: arch == Arch::Qwen2 || g.tensor("blk.0.attn_q.bias").is_some(),
+                    out_bias: g.tensor("blk.0.attn_output.bias").is_some(),
+                    rope_freq_factors: features::rope_freq_factors(g, head_dim)?,
+                    moe,
+                    layers: windows
+                        .into_iter()
+                        .map(|window| LayerConfig { window, rope_base })
+                        .collect(),
+                }
+            }
             Arch::Gemma3 => {
                 let window = positive(
                     &k("attention.sliding_window"),
@@ -248,6 +303,10 @@ impl ModelConfig {
                     activation: Activation::GeluTanh,
                     qk_norm: true,
                     post_norms: true,
+                    qkv_bias: false,
+                    out_bias: false,
+                    rope_freq_factors: None,
+                    moe: None,
                     layers,
                 }
             }
@@ -269,8 +328,8 @@ impl ModelConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testutil::tiny_gguf;
-    use ferrite_gguf::GgmlType;
+    use crate::testutil::{tiny_gguf, with_metadata};
+    use ferrite_gguf::{GgmlType, Value};
 
     fn cfg(arch: &str, skip_key: &str) -> Result<ModelConfig, ModelError> {
         let g = Gguf::from_bytes(tiny_gguf(arch, GgmlType::F32, skip_key, "")).unwrap();
@@ -336,5 +395,125 @@ mod tests {
             err.to_string().contains("gemma3.attention.sliding_window"),
             "{err}"
         );
+    }
+
+    fn cfg_with(variant: &str, extra: Vec<(String, Value)>) -> Result<ModelConfig, ModelError> {
+        let bytes = with_metadata(tiny_gguf(variant, GgmlType::F32, "", ""), extra);
+        ModelConfig::from_gguf(&Gguf::from_bytes(bytes).unwrap())
+    }
+
+    #[test]
+    fn qwen_configs_use_neox_rope_and_their_own_features() {
+        let q2 = cfg("qwen2", "").unwrap();
+        assert_eq!(
+            (q2.arch, q2.rope_style),
+            (Arch::Qwen2, RopeStyle::HalfSplit)
+        );
+        assert!(q2.qkv_bias && !q2.qk_norm && q2.moe.is_none());
+        let q3 = cfg("qwen3", "").unwrap();
+        assert_eq!((q3.arch, q3.head_dim, q3.q_dim()), (Arch::Qwen3, 32, 128));
+        assert!(q3.qk_norm && !q3.qkv_bias);
+        let moe = cfg("qwen3moe", "").unwrap();
+        assert_eq!(moe.arch, Arch::Qwen3Moe);
+        assert_eq!(
+            moe.moe,
+            Some(MoeConfig {
+                n_expert: 4,
+                n_expert_used: 2,
+                norm_topk: false
+            })
+        );
+        // The expert width comes from expert_feed_forward_length, not feed_forward_length.
+        assert_eq!(moe.d_ff, 32);
+        let err = cfg("qwen3moe", "qwen3moe.expert_count").unwrap_err();
+        assert!(err.to_string().contains("qwen3moe.expert_count"), "{err}");
+    }
+
+    #[test]
+    fn llama_variants_mistral_mixtral_llama3() {
+        let mistral = cfg("mistral", "").unwrap();
+        assert_eq!(mistral.arch, Arch::Llama);
+        assert!(mistral.layers.iter().all(|l| l.window == Some(4)));
+        let mixtral = cfg("mixtral", "").unwrap();
+        let m = mixtral.moe.unwrap();
+        // No expert_weights_norm key: renormalise, as llama.cpp does for mixtral.
+        assert_eq!((m.n_expert, m.n_expert_used, m.norm_topk), (4, 2, true));
+        assert_eq!(mixtral.d_ff, 32);
+        let l3 = cfg("llama3", "").unwrap();
+        let f = l3.rope_freq_factors.unwrap();
+        assert_eq!((f.len(), f[0], f[7]), (8, 1.0, 8.0));
+        assert!(cfg("llama", "").unwrap().rope_freq_factors.is_none());
+        let err = cfg("mixtral", "llama.expert_used_count").unwrap_err();
+        assert!(err.to_string().contains("llama.expert_used_count"), "{err}");
+        let err = cfg_with(
+            "mixtral",
+            vec![("llama.expert_used_count".into(), Value::U32(5))],
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("1..=4"), "{err}");
+    }
+
+    #[test]
+    fn sliding_window_pattern_selects_layers() {
+        let pattern = Value::Array(vec![Value::Bool(false), Value::Bool(true)]);
+        let c = cfg_with(
+            "qwen2",
+            vec![
+                ("qwen2.attention.sliding_window".into(), Value::U32(6)),
+                ("qwen2.attention.sliding_window_pattern".into(), pattern),
+            ],
+        )
+        .unwrap();
+        assert_eq!(c.layers[0].window, None);
+        assert_eq!(c.layers[1].window, Some(6));
+        let err = cfg_with(
+            "qwen2",
+            vec![
+                ("qwen2.attention.sliding_window".into(), Value::U32(6)),
+                (
+                    "qwen2.attention.sliding_window_pattern".into(),
+                    Value::U32(3),
+                ),
+            ],
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("qwen2.attention.sliding_window_pattern"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn unsupported_features_are_named() {
+        for (variant, key, value) in [
+            (
+                "llama",
+                "llama.rope.scaling.type",
+                Value::String("yarn".into()),
+            ),
+            ("mixtral", "llama.expert_gating_func", Value::U32(2)),
+            ("qwen3moe", "qwen3moe.expert_shared_count", Value::U32(1)),
+            ("qwen3moe", "qwen3moe.expert_weights_scale", Value::F32(2.5)),
+            ("qwen2", "qwen2.final_logit_softcapping", Value::F32(30.0)),
+        ] {
+            let err = cfg_with(variant, vec![(key.into(), value)]).unwrap_err();
+            assert!(
+                matches!(err, ModelError::Unsupported { key: ref k, .. } if k == key),
+                "{key}: {err}"
+            );
+        }
+        // Neutral values ask for nothing.
+        for (variant, key, value) in [
+            (
+                "llama",
+                "llama.rope.scaling.type",
+                Value::String("none".into()),
+            ),
+            ("mixtral", "llama.expert_gating_func", Value::U32(1)),
+            ("qwen3moe", "qwen3moe.expert_shared_count", Value::U32(0)),
+        ] {
+            cfg_with(variant, vec![(key.into(), value)]).unwrap();
+        }
     }
 }

@@ -6,8 +6,20 @@
 #[non_exhaustive]
 pub enum ModelError {
     /// `general.architecture` names an architecture ferrite does not implement.
-    #[error("unsupported architecture {0:?} (supported: llama, gemma3)")]
+    #[error(
+        "unsupported architecture {0:?} (supported: llama, gemma3, qwen2, qwen3, qwen3moe; \
+         mistral and mixtral are llama)"
+    )]
     UnknownArchitecture(String),
+    /// The file asks for a feature of a supported architecture that ferrite does not
+    /// implement.
+    #[error("unsupported feature: {what} (metadata key {key})")]
+    Unsupported {
+        /// The metadata key or tensor that requests it.
+        key: String,
+        /// What is not supported.
+        what: String,
+    },
     /// A metadata key is missing, has the wrong type or an out-of-range value.
     #[error("metadata: {0}")]
     Gguf(#[from] ferrite_gguf::GgufError),

@@ -3,8 +3,9 @@
 //!
 //! Design: [`Model`] owns the mapped file and validated weight views; a [`Session`] owns
 //! one timeline (KV cache, position, token history, scratch allocated once, so decode steps
-//! allocate nothing). Architecture differences (llama, gemma3) are resolved into plain
-//! flags by [`ModelConfig::from_gguf`], so one forward pass serves both. Every weight
+//! allocate nothing). Architecture differences (llama incl. Mistral/Mixtral/Llama 3, gemma3,
+//! qwen2, qwen3, qwen3moe) are resolved into plain flags by [`ModelConfig::from_gguf`], so one
+//! forward pass serves all; expert FFNs run grouped by expert (see `moe`). Every weight
 //! product goes through `ferrite_cpu::matmul`; attention is spread over the same pool.
 //! Results are bit-identical for any thread count and for prefill vs decode.
 //! [`reference::forward`] is an independent f64 implementation (no KV cache, no
@@ -33,8 +34,10 @@ pub mod attention;
 mod batch;
 pub mod config;
 mod error;
+pub mod features;
 pub mod kv;
 mod model;
+mod moe;
 pub mod ops;
 pub mod reference;
 mod session;
@@ -48,6 +51,7 @@ mod testutil;
 pub use batch::Batch;
 pub use config::{Activation, Arch, LayerConfig, ModelConfig};
 pub use error::ModelError;
+pub use features::MoeConfig;
 pub use kv::{KvCache, KvType};
 pub use model::{LoadOptions, Model, Precision};
 pub use session::{Logits, Outputs, PREFILL_CHUNK, Session};

@@ -13,6 +13,7 @@ use ferrite_gguf::{GgmlType, Gguf};
 
 use crate::ModelError;
 use crate::config::ModelConfig;
+use crate::moe::{Experts, MoeWeights};
 
 /// How weights are held for the matrix products.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -54,11 +55,26 @@ pub(crate) struct LayerWeights {
     pub(crate) q_norm: Option<Vec<f32>>,
     pub(crate) k_norm: Option<Vec<f32>>,
     pub(crate) post_attn_norm: Option<Vec<f32>>,
+    /// Q, K, V biases (Qwen 2), all three or none.
+    pub(crate) qkv_bias: Option<[Vec<f32>; 3]>,
+    /// Attention output bias.
+    pub(crate) out_bias: Option<Vec<f32>>,
     pub(crate) ffn_norm: Vec<f32>,
-    pub(crate) w_gate: Weight,
-    pub(crate) w_up: Weight,
-    pub(crate) w_down: Weight,
+    pub(crate) ffn: Ffn,
     pub(crate) post_ffn_norm: Option<Vec<f32>>,
+}
+
+/// A block's feed-forward network.
+#[derive(Debug)]
+pub(crate) enum Ffn {
+    /// One gated FFN.
+    Dense {
+        gate: Weight,
+        up: Weight,
+        down: Weight,
+    },
+    /// Routed experts.
+    Moe(MoeWeights),
 }
 
 /// A model ready to run: owns the mapped file, the configuration and the weight views.
@@ -175,13 +191,64 @@ impl Model {
                 q_norm: opt_vec("attn_q_norm", c.head_dim, c.qk_norm)?,
                 k_norm: opt_vec("attn_k_norm", c.head_dim, c.qk_norm)?,
                 post_attn_norm: opt_vec("post_attention_norm", c.d_model, c.post_norms)?,
+                qkv_bias: if c.qkv_bias {
+                    let b = |s: &str, len: usize| vector(g, &format!("blk.{i}.{s}.bias"), len);
+                    Some([
+                        b("attn_q", c.q_dim())?,
+                        b("attn_k", c.kv_dim())?,
+                        b("attn_v", c.kv_dim())?,
+                    ])
+                } else {
+                    None
+                },
+                out_bias: if c.out_bias {
+                    Some(vector(g, &format!("blk.{i}.attn_output.bias"), c.d_model)?)
+                } else {
+                    None
+                },
                 ffn_norm: vector(g, &n("ffn_norm"), c.d_model)?,
-                w_gate: matrix(g, &n("ffn_gate"), c.d_ff, c.d_model, p)?,
-                w_up: matrix(g, &n("ffn_up"), c.d_ff, c.d_model, p)?,
-                w_down: matrix(g, &n("ffn_down"), c.d_model, c.d_ff, p)?,
+                ffn: match &c.moe {
+                    None => Ffn::Dense {
+                        gate: matrix(g, &n("ffn_gate"), c.d_ff, c.d_model, p)?,
+                        up: matrix(g, &n("ffn_up"), c.d_ff, c.d_model, p)?,
+                        down: matrix(g, &n("ffn_down"), c.d_model, c.d_ff, p)?,
+                    },
+                    Some(moe) => {
+                        let e = moe.n_expert;
+                        let f32_copy = p == Precision::F32;
+                        Ffn::Moe(MoeWeights {
+                            router: matrix(g, &n("ffn_gate_inp"), e, c.d_model, p)?,
+                            gate: Experts::load(
+                                g,
+                                &n("ffn_gate_exps"),
+                                c.d_ff,
+                                c.d_model,
+                                e,
+                                f32_copy,
+                            )?,
+                            up: Experts::load(
+                                g,
+                                &n("ffn_up_exps"),
+                                c.d_ff,
+                                c.d_model,
+                                e,
+                                f32_copy,
+                            )?,
+                            down: Experts::load(
+                                g,
+                                &n("ffn_down_exps"),
+                                c.d_model,
+                                c.d_ff,
+                                e,
+                                f32_copy,
+                            )?,
+                        })
+                    }
+                },
                 post_ffn_norm: opt_vec("post_ffw_norm", c.d_model, c.post_norms)?,
             });
         }
+        check_all_tensors_used(g, c)?;
         Ok(Model {
             gguf,
             config,
@@ -256,6 +323,69 @@ impl Model {
     }
 }
 
+/// Refuses a file with tensors the forward pass would not read: each one is a feature of the
+/// checkpoint (an FFN bias, a shared expert, ...) that ignoring would silently change the
+/// logits.
+fn check_all_tensors_used(g: &Gguf, c: &ModelConfig) -> Result<(), ModelError> {
+    const GLOBAL: [&str; 4] = [
+        "token_embd.weight",
+        "output.weight",
+        "output_norm.weight",
+        "rope_freqs.weight",
+    ];
+    let mut layer: Vec<&str> = vec!["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output"];
+    layer.push("ffn_norm");
+    if c.moe.is_some() {
+        layer.extend([
+            "ffn_gate_inp",
+            "ffn_gate_exps",
+            "ffn_up_exps",
+            "ffn_down_exps",
+        ]);
+    } else {
+        layer.extend(["ffn_gate", "ffn_up", "ffn_down"]);
+    }
+    if c.qk_norm {
+        layer.extend(["attn_q_norm", "attn_k_norm"]);
+    }
+    if c.post_norms {
+        layer.extend(["post_attention_norm", "post_ffw_norm"]);
+    }
+    let mut biases: Vec<&str> = Vec::new();
+    if c.qkv_bias {
+        biases.extend(["attn_q", "attn_k", "attn_v"]);
+    }
+    if c.out_bias {
+        biases.push("attn_output");
+    }
+    let used = |name: &str| -> bool {
+        if GLOBAL.contains(&name) {
+            return true;
+        }
+        let Some(rest) = name.strip_prefix("blk.") else {
+            return false;
+        };
+        let Some((idx, tail)) = rest.split_once('.') else {
+            return false;
+        };
+        if idx.parse::<usize>().map_or(true, |i| i >= c.n_layer) {
+            return false;
+        }
+        match tail.rsplit_once('.') {
+            Some((base, "weight")) => layer.contains(&base),
+            Some((base, "bias")) => biases.contains(&base),
+            _ => false,
+        }
+    };
+    match g.tensors().iter().find(|t| !used(&t.name)) {
+        Some(t) => Err(ModelError::Unsupported {
+            key: t.name.clone(),
+            what: "a tensor this architecture's forward pass does not use".into(),
+        }),
+        None => Ok(()),
+    }
+}
+
 /// Reinterprets f32 values as their little-endian bytes (the layout GGML F32 tensors use).
 fn f32_bytes(v: &[f32]) -> &[u8] {
     bytemuck::cast_slice(v)
@@ -299,5 +429,54 @@ mod tests {
                 n_vocab: 97
             })
         ));
+    }
+
+    #[test]
+    fn unused_tensors_are_refused_by_name() {
+        // An FFN bias (Llama `mlp_bias = true`) is not implemented: ignoring it would change
+        // the logits silently.
+        let bytes = crate::testutil::with_vectors(
+            tiny_gguf("llama", GgmlType::F32, "", ""),
+            &[("blk.1.ffn_down.bias", vec![0.5; 64])],
+        );
+        let err =
+            Model::from_gguf(Gguf::from_bytes(bytes).unwrap(), LoadOptions::default()).unwrap_err();
+        assert!(
+            matches!(err, ModelError::Unsupported { ref key, .. } if key == "blk.1.ffn_down.bias"),
+            "{err}"
+        );
+        let bytes = crate::testutil::with_vectors(
+            tiny_gguf("llama", GgmlType::F32, "", ""),
+            &[("blk.7.attn_norm.weight", vec![1.0; 64])],
+        );
+        assert!(
+            Model::from_gguf(Gguf::from_bytes(bytes).unwrap(), LoadOptions::default()).is_err()
+        );
+    }
+
+    #[test]
+    fn llama_attention_biases_are_loaded_when_present() {
+        let mut extra = Vec::new();
+        for l in 0..2 {
+            for (s, len) in [
+                ("attn_q", 64),
+                ("attn_k", 32),
+                ("attn_v", 32),
+                ("attn_output", 64),
+            ] {
+                extra.push((format!("blk.{l}.{s}.bias"), vec![0.25; len]));
+            }
+        }
+        let extra: Vec<(&str, Vec<f32>)> =
+            extra.iter().map(|(n, v)| (n.as_str(), v.clone())).collect();
+        let bytes =
+            crate::testutil::with_vectors(tiny_gguf("llama", GgmlType::F32, "", ""), &extra);
+        let m = Model::from_gguf(Gguf::from_bytes(bytes).unwrap(), LoadOptions::default()).unwrap();
+        assert!(m.config().qkv_bias && m.config().out_bias);
+        assert!(
+            m.layers
+                .iter()
+                .all(|l| l.qkv_bias.is_some() && l.out_bias.is_some())
+        );
     }
 }

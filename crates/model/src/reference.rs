@@ -8,6 +8,7 @@ use ferrite_gguf::Gguf;
 
 use crate::ModelError;
 use crate::config::{Activation, ModelConfig};
+use crate::features::MoeConfig;
 use crate::model::Model;
 use crate::ops::RopeStyle;
 
@@ -64,11 +65,19 @@ fn norm(x: &[f64], w: &[f64], eps: f64) -> Vec<f64> {
     y
 }
 
-fn rotate(x: &mut [f64], head_dim: usize, pos: usize, base: f64, style: RopeStyle) {
+fn rotate(
+    x: &mut [f64],
+    head_dim: usize,
+    pos: usize,
+    base: f64,
+    style: RopeStyle,
+    factors: Option<&[f32]>,
+) {
     let half = head_dim / 2;
     for head in x.chunks_mut(head_dim) {
         for i in 0..half {
-            let theta = pos as f64 / base.powf(2.0 * i as f64 / head_dim as f64);
+            let divisor = factors.map_or(1.0, |f| f64::from(f[i]));
+            let theta = pos as f64 / base.powf(2.0 * i as f64 / head_dim as f64) / divisor;
             let (a, b) = match style {
                 RopeStyle::Interleaved => (2 * i, 2 * i + 1),
                 RopeStyle::HalfSplit => (i, i + half),
@@ -78,6 +87,66 @@ fn rotate(x: &mut [f64], head_dim: usize, pos: usize, base: f64, style: RopeStyl
             head[b] = x0 * theta.sin() + x1 * theta.cos();
         }
     }
+}
+
+/// `act(gate) · up`, element by element.
+fn gated(gate: &[f64], up: &[f64], activation: Activation) -> Vec<f64> {
+    gate.iter()
+        .zip(up)
+        .map(|(&gv, &u)| {
+            let a = match activation {
+                Activation::Silu => gv / (1.0 + (-gv).exp()),
+                Activation::GeluTanh => {
+                    let k0 = (2.0 / std::f64::consts::PI).sqrt();
+                    0.5 * gv * (1.0 + (k0 * (gv + 0.044715 * gv * gv * gv)).tanh())
+                }
+            };
+            a * u
+        })
+        .collect()
+}
+
+/// One layer's expert weights, dequantized (stacked: expert `e` is the `e`-th matrix).
+struct Experts {
+    router: Vec<f64>,
+    gate: Vec<f64>,
+    up: Vec<f64>,
+    down: Vec<f64>,
+}
+
+/// Mixture of experts, token by token: softmax over the router logits, the `k` most probable
+/// experts (ties to the lower id), weights optionally renormalised, weighted sum of their
+/// FFN outputs.
+fn experts_ffn(w: &Experts, moe: &MoeConfig, c: &ModelConfig, h: &[f64]) -> Vec<f64> {
+    let (d, ff, ne) = (c.d_model, c.d_ff, moe.n_expert);
+    let mut out = vec![0.0; h.len()];
+    for (x, o) in h.chunks(d).zip(out.chunks_mut(d)) {
+        let logits = linear(&w.router, x, ne, d);
+        let mx = logits.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let z: f64 = logits.iter().map(|l| (l - mx).exp()).sum();
+        let p: Vec<f64> = logits.iter().map(|l| (l - mx).exp() / z).collect();
+        let mut ids: Vec<usize> = (0..ne).collect();
+        // Stable sort: equal probabilities keep the lower id first.
+        ids.sort_by(|&a, &b| p[b].total_cmp(&p[a]));
+        let top = &ids[..moe.n_expert_used];
+        let sum: f64 = top.iter().map(|&e| p[e]).sum();
+        for &e in top {
+            let wt = if moe.norm_topk { p[e] / sum } else { p[e] };
+            let m = ff * d;
+            let gate = linear(&w.gate[e * m..(e + 1) * m], x, ff, d);
+            let up = linear(&w.up[e * m..(e + 1) * m], x, ff, d);
+            let y = linear(
+                &w.down[e * m..(e + 1) * m],
+                &gated(&gate, &up, c.activation),
+                d,
+                ff,
+            );
+            for (a, b) in o.iter_mut().zip(&y) {
+                *a += wt * b;
+            }
+        }
+    }
+    out
 }
 
 /// Runs `tokens` from position 0 through the whole model.
@@ -121,15 +190,24 @@ pub fn forward(model: &Model, tokens: &[u32]) -> Result<RefOutput, ModelError> {
         let h = norm(&x, &w("attn_norm")?, eps);
         let mut q = linear(&w("attn_q")?, &h, qd, d);
         let mut k = linear(&w("attn_k")?, &h, kd, d);
-        let v = linear(&w("attn_v")?, &h, kd, d);
+        let mut v = linear(&w("attn_v")?, &h, kd, d);
+        if c.qkv_bias {
+            for (y, s) in [(&mut q, "attn_q"), (&mut k, "attn_k"), (&mut v, "attn_v")] {
+                let b = load(g, &format!("blk.{l}.{s}.bias"))?;
+                for (i, y) in y.iter_mut().enumerate() {
+                    *y += b[i % b.len()];
+                }
+            }
+        }
         if c.qk_norm {
             q = norm(&q, &w("attn_q_norm")?, eps);
             k = norm(&k, &w("attn_k_norm")?, eps);
         }
         for t in 0..n {
             let base = f64::from(lc.rope_base);
-            rotate(&mut q[t * qd..(t + 1) * qd], hd, t, base, c.rope_style);
-            rotate(&mut k[t * kd..(t + 1) * kd], hd, t, base, c.rope_style);
+            let f = c.rope_freq_factors.as_deref();
+            rotate(&mut q[t * qd..(t + 1) * qd], hd, t, base, c.rope_style, f);
+            rotate(&mut k[t * kd..(t + 1) * kd], hd, t, base, c.rope_style, f);
         }
         let mut att = vec![0.0; n * qd];
         let group = c.n_head / c.n_kv_head;
@@ -158,6 +236,12 @@ pub fn forward(model: &Model, tokens: &[u32]) -> Result<RefOutput, ModelError> {
             }
         }
         let mut o = linear(&w("attn_output")?, &att, d, qd);
+        if c.out_bias {
+            let b = load(g, &format!("blk.{l}.attn_output.bias"))?;
+            for (i, y) in o.iter_mut().enumerate() {
+                *y += b[i % d];
+            }
+        }
         if c.post_norms {
             o = norm(&o, &w("post_attention_norm")?, eps);
         }
@@ -165,23 +249,23 @@ pub fn forward(model: &Model, tokens: &[u32]) -> Result<RefOutput, ModelError> {
             *a += b;
         }
         let h = norm(&x, &w("ffn_norm")?, eps);
-        let gate = linear(&w("ffn_gate")?, &h, c.d_ff, d);
-        let up = linear(&w("ffn_up")?, &h, c.d_ff, d);
-        let act: Vec<f64> = gate
-            .iter()
-            .zip(&up)
-            .map(|(&gv, &u)| {
-                let a = match c.activation {
-                    Activation::Silu => gv / (1.0 + (-gv).exp()),
-                    Activation::GeluTanh => {
-                        let k0 = (2.0 / std::f64::consts::PI).sqrt();
-                        0.5 * gv * (1.0 + (k0 * (gv + 0.044715 * gv * gv * gv)).tanh())
-                    }
+        let mut o = match &c.moe {
+            None => {
+                let gate = linear(&w("ffn_gate")?, &h, c.d_ff, d);
+                let up = linear(&w("ffn_up")?, &h, c.d_ff, d);
+                let act = gated(&gate, &up, c.activation);
+                linear(&w("ffn_down")?, &act, d, c.d_ff)
+            }
+            Some(moe) => {
+                let t = Experts {
+                    router: w("ffn_gate_inp")?,
+                    gate: w("ffn_gate_exps")?,
+                    up: w("ffn_up_exps")?,
+                    down: w("ffn_down_exps")?,
                 };
-                a * u
-            })
-            .collect();
-        let mut o = linear(&w("ffn_down")?, &act, d, c.d_ff);
+                experts_ffn(&t, moe, c, &h)
+            }
+        };
         if c.post_norms {
             o = norm(&o, &w("post_ffw_norm")?, eps);
         }

@@ -15,8 +15,10 @@ use ferrite_quant::simd_level;
 use crate::ModelError;
 use crate::attention::{AttnScratch, AttnShape, attend};
 use crate::config::Activation;
+use crate::features::rope_scaled;
 use crate::kv::{KvCache, KvType, try_vec};
-use crate::model::{Model, Weight};
+use crate::model::{Ffn, Model, Weight};
+use crate::moe::{self, MoeScratch};
 use crate::ops::{RopeTable, add_assign, rms_norm, rope};
 
 /// Most tokens one forward chunk processes; bounds the scratch memory of long prompts.
@@ -77,6 +79,8 @@ pub(crate) struct Scratch {
     up: Vec<f32>,
     /// Rope tables of the rows of one forward pass, one per distinct rope base.
     rope: Vec<RopeTable>,
+    /// Expert routing and grouping buffers (MoE models only).
+    moe: Option<MoeScratch>,
 }
 
 impl Scratch {
@@ -93,6 +97,10 @@ impl Scratch {
             gate: vec![0.0; rows * c.d_ff],
             up: vec![0.0; rows * c.d_ff],
             rope: Vec::new(),
+            moe: c
+                .moe
+                .as_ref()
+                .map(|m| MoeScratch::new(m, rows, c.d_model, c.d_ff)),
         }
     }
 
@@ -140,6 +148,12 @@ pub(crate) struct Faults {
     rope_shift: usize,
     /// A layer whose attention residual is dropped.
     skip_attn_residual: Option<usize>,
+    /// Leave out the q/k/v biases.
+    drop_qkv_bias: bool,
+    /// Plain rope even when the model has frequency factors.
+    ignore_rope_factors: bool,
+    /// Route every row to one expert instead of the top k.
+    top_one_expert: bool,
 }
 
 /// A KV cache plus positions over one model: the state of one conversation.
@@ -171,6 +185,12 @@ pub(crate) enum Mutation {
     /// Rotate keys one position too far (shifting queries and keys together would be
     /// invisible: rope attention depends only on relative positions).
     RopeKeysOffByOne,
+    /// Leave out the q/k/v biases.
+    DropQkvBias,
+    /// Ignore the rope frequency factors (plain rope).
+    IgnoreRopeFactors,
+    /// Route every token to its single best expert instead of the top k.
+    TopOneExpert,
 }
 
 impl<'m> Session<'m> {
@@ -221,6 +241,13 @@ impl<'m> Session<'m> {
     /// The model.
     pub fn model(&self) -> &'m Model {
         self.model
+    }
+
+    /// Path marker of MoE models: `(expert FFN runs, token rows they processed)` since the
+    /// session was created; `None` for dense models. A decode step of a top-k model adds
+    /// exactly `(k, k)` per layer: only the selected experts ran.
+    pub fn experts_run(&self) -> Option<(usize, usize)> {
+        self.s.moe.as_ref().map(|m| (m.experts_run, m.expert_rows))
     }
 
     /// Forgets every cached token after the first `n` (no-op when `n >= n_past`). Entries
@@ -393,6 +420,9 @@ impl<'m> Session<'m> {
                 Some(Mutation::SkipAttnResidual(l)) => Some(l),
                 _ => None,
             },
+            drop_qkv_bias: self.mutation == Some(Mutation::DropQkvBias),
+            ignore_rope_factors: self.mutation == Some(Mutation::IgnoreRopeFactors),
+            top_one_expert: self.mutation == Some(Mutation::TopOneExpert),
         };
         #[cfg(not(test))]
         Faults::default()
@@ -444,6 +474,16 @@ pub(crate) fn forward_rows(
         let n = tokens.len();
         let d = c.d_model;
         let rope_shift = faults.rope_shift;
+        let rope_factors = c
+            .rope_freq_factors
+            .as_ref()
+            .filter(|_| !faults.ignore_rope_factors);
+        let moe_cfg = c.moe.map(|mut moe| {
+            if faults.top_one_expert {
+                moe.n_expert_used = 1;
+            }
+            moe
+        });
 
         for (t, &tok) in tokens.iter().enumerate() {
             let row = &mut s.x[t * d..(t + 1) * d];
@@ -484,25 +524,44 @@ pub(crate) fn forward_rows(
             mm(&lw.wq, xn, q)?;
             mm(&lw.wk, xn, k)?;
             mm(&lw.wv, xn, v)?;
+            let bias = lw.qkv_bias.as_ref().filter(|_| !faults.drop_qkv_bias);
+            if let Some([bq, bk, bv]) = bias {
+                for (y, b) in [(&mut *q, bq), (&mut *k, bk), (&mut *v, bv)] {
+                    for row in y.chunks_exact_mut(b.len()) {
+                        add_assign(row, b);
+                    }
+                }
+            }
             if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
                 rms_norm(q, qn, c.rms_eps);
                 rms_norm(k, kn, c.rms_eps);
             }
-            let Some(table) = s.rope[..n_tables]
-                .iter()
-                .find(|r| r.covers(c.head_dim, lc.rope_base, n))
-            else {
-                return Err(ModelError::InvalidArgument("rope table missing".into()));
+            // Scaled-frequency rope (rope_factors) computes its own angles.
+            let table = match rope_factors {
+                Some(_) => None,
+                None => Some(
+                    s.rope[..n_tables]
+                        .iter()
+                        .find(|r| r.covers(c.head_dim, lc.rope_base, n))
+                        .ok_or_else(|| ModelError::InvalidArgument("rope table missing".into()))?,
+                ),
             };
             let mut t = 0;
             for seg in segs.iter() {
                 for pos in seg.pos0..seg.pos0 + seg.len {
-                    table.apply(&mut q[t * c.q_dim()..(t + 1) * c.q_dim()], t, c.rope_style);
+                    let qr = &mut q[t * c.q_dim()..(t + 1) * c.q_dim()];
                     let kr = &mut k[t * c.kv_dim()..(t + 1) * c.kv_dim()];
-                    if rope_shift == 0 {
-                        table.apply(kr, t, c.rope_style);
-                    } else {
-                        rope(kr, c.head_dim, pos + rope_shift, lc.rope_base, c.rope_style);
+                    let kpos = pos + rope_shift;
+                    if let Some(f) = rope_factors {
+                        rope_scaled(qr, c.head_dim, pos, lc.rope_base, c.rope_style, f);
+                        rope_scaled(kr, c.head_dim, kpos, lc.rope_base, c.rope_style, f);
+                    } else if let Some(table) = table {
+                        table.apply(qr, t, c.rope_style);
+                        if rope_shift == 0 {
+                            table.apply(kr, t, c.rope_style);
+                        } else {
+                            rope(kr, c.head_dim, kpos, lc.rope_base, c.rope_style);
+                        }
                     }
                     t += 1;
                 }
@@ -528,6 +587,11 @@ pub(crate) fn forward_rows(
             let att = &s.att[..n * c.q_dim()];
             let o = &mut s.o[..n * d];
             mm(&lw.wo, att, o)?;
+            if let Some(b) = &lw.out_bias {
+                for row in o.chunks_exact_mut(d) {
+                    add_assign(row, b);
+                }
+            }
             if let Some(w) = &lw.post_attn_norm {
                 rms_norm(o, w, c.rms_eps);
             }
@@ -537,36 +601,54 @@ pub(crate) fn forward_rows(
 
             xn.copy_from_slice(x);
             rms_norm(xn, &lw.ffn_norm, c.rms_eps);
-            let (gate, up) = (&mut s.gate[..n * c.d_ff], &mut s.up[..n * c.d_ff]);
-            mm(&lw.w_gate, xn, gate)?;
-            mm(&lw.w_up, xn, up)?;
-            let act = match c.activation {
-                Activation::Silu => GatedAct::Silu,
-                Activation::GeluTanh => GatedAct::GeluTanh,
-            };
-            // Element-wise, the same bits wherever an element falls, so the split over the
-            // pool (disjoint ranges, a multiple of 16) does not depend on the thread count.
-            let level = simd_level();
-            if n == 1 {
-                gated_act(level, act, gate, up).map_err(ferrite_cpu::CpuError::from)?;
-            } else {
-                let per = gate.len().div_ceil(16 * pool.n_threads()).max(1) * 16;
-                let parts = Mutex::new(gate.chunks_mut(per).zip(up.chunks(per)));
-                let failed = AtomicBool::new(false);
-                pool.run(|_, _| {
-                    while let Some((g, u)) = parts.lock().ok().and_then(|mut it| it.next()) {
-                        if gated_act(level, act, g, u).is_err() {
-                            failed.store(true, Ordering::Relaxed);
+            match &lw.ffn {
+                Ffn::Dense {
+                    gate: w_gate,
+                    up: w_up,
+                    down: w_down,
+                } => {
+                    let (gate, up) = (&mut s.gate[..n * c.d_ff], &mut s.up[..n * c.d_ff]);
+                    mm(w_gate, xn, gate)?;
+                    mm(w_up, xn, up)?;
+                    let act = match c.activation {
+                        Activation::Silu => GatedAct::Silu,
+                        Activation::GeluTanh => GatedAct::GeluTanh,
+                    };
+                    // Element-wise, the same bits wherever an element falls, so the split
+                    // over the pool (disjoint ranges, a multiple of 16) does not depend on
+                    // the thread count.
+                    let level = simd_level();
+                    if n == 1 {
+                        gated_act(level, act, gate, up).map_err(ferrite_cpu::CpuError::from)?;
+                    } else {
+                        let per = gate.len().div_ceil(16 * pool.n_threads()).max(1) * 16;
+                        let parts = Mutex::new(gate.chunks_mut(per).zip(up.chunks(per)));
+                        let failed = AtomicBool::new(false);
+                        pool.run(|_, _| {
+                            while let Some((g, u)) = parts.lock().ok().and_then(|mut it| it.next())
+                            {
+                                if gated_act(level, act, g, u).is_err() {
+                                    failed.store(true, Ordering::Relaxed);
+                                }
+                            }
+                        });
+                        if failed.into_inner() {
+                            return Err(ModelError::InvalidArgument(
+                                "activation kernel rejected its level".into(),
+                            ));
                         }
                     }
-                });
-                if failed.into_inner() {
-                    return Err(ModelError::InvalidArgument(
-                        "activation kernel rejected its level".into(),
-                    ));
+                    mm(w_down, gate, o)?;
+                }
+                Ffn::Moe(mw) => {
+                    let (Some(cfg), Some(ms)) = (&moe_cfg, s.moe.as_mut()) else {
+                        return Err(ModelError::InvalidArgument(
+                            "expert weights without expert settings".into(),
+                        ));
+                    };
+                    moe::ffn(pool, m, mw, cfg, c.activation, xn, n, o, ms)?;
                 }
             }
-            mm(&lw.w_down, gate, o)?;
             if let Some(w) = &lw.post_ffn_norm {
                 rms_norm(o, w, c.rms_eps);
             }
@@ -583,7 +665,7 @@ pub(crate) fn forward_rows(
 pub(crate) mod tests {
     use super::*;
     use crate::reference;
-    use crate::testutil::{VOCAB, tiny_model};
+    use crate::testutil::{N_EXPERT, VARIANTS, VOCAB, tiny_model};
     use crate::{Model, Precision};
     use ferrite_gguf::GgmlType;
 
@@ -633,7 +715,7 @@ pub(crate) mod tests {
     #[test]
     fn optimized_matches_naive_reference_per_layer() {
         let pool = ThreadPool::new(2).unwrap();
-        for arch in ["llama", "gemma3"] {
+        for arch in VARIANTS {
             for (wty, p) in [
                 (GgmlType::F32, Precision::Default),
                 (GgmlType::Q8_0, Precision::Default),
@@ -641,11 +723,61 @@ pub(crate) mod tests {
             ] {
                 let m = tiny_model(arch, wty, p);
                 let mut s = Session::new(&m, &pool, 64, KvType::F32).unwrap();
-                // 11 tokens: more than gemma's window of 4, so the sliding mask matters.
+                // 11 tokens: more than the window of 4 (gemma3, mistral), so the sliding
+                // mask matters.
                 let worst = worst_vs_naive(&m, &mut s, &tokens(11));
                 assert!(worst < 1e-5, "{arch} {wty} {p:?}: {worst:e}");
             }
         }
+    }
+
+    #[test]
+    fn arch_mutations_fail_the_naive_comparison() {
+        // Test of the test for each architecture feature: leaving it out must push the
+        // comparison far past its bound (1e-5).
+        let pool = ThreadPool::new(1).unwrap();
+        for (arch, mutation) in [
+            ("qwen2", Mutation::DropQkvBias),
+            ("llama3", Mutation::IgnoreRopeFactors),
+            ("mixtral", Mutation::TopOneExpert),
+            ("qwen3moe", Mutation::TopOneExpert),
+        ] {
+            let m = tiny_model(arch, GgmlType::F32, Precision::Default);
+            let mut s = Session::new(&m, &pool, 64, KvType::F32).unwrap();
+            let clean = worst_vs_naive(&m, &mut s, &tokens(8));
+            assert!(clean < 1e-5, "{arch}: {clean:e}");
+            s.mutation = Some(mutation);
+            let worst = worst_vs_naive(&m, &mut s, &tokens(8));
+            assert!(worst > 1e-3, "{arch} {mutation:?} not caught: {worst:e}");
+        }
+    }
+
+    #[test]
+    fn moe_decode_runs_only_the_selected_experts_and_prefill_groups_by_expert() {
+        let pool = ThreadPool::new(2).unwrap();
+        for arch in ["mixtral", "qwen3moe"] {
+            let m = tiny_model(arch, GgmlType::Q8_0, Precision::Default);
+            let (k, n_layer) = (m.config().moe.unwrap().n_expert_used, m.config().n_layer);
+            let mut s = Session::new(&m, &pool, 64, KvType::F16).unwrap();
+            assert_eq!(s.experts_run(), Some((0, 0)));
+            let n = 20;
+            s.eval(&tokens(n), Outputs::Last).unwrap();
+            let (runs, rows) = s.experts_run().unwrap();
+            // Each layer runs each expert at most once over all its tokens, and every
+            // token passes through exactly k experts.
+            assert!(runs <= N_EXPERT * n_layer, "{arch}: {runs} expert runs");
+            assert_eq!(rows, n * k * n_layer, "{arch}");
+            s.eval(&[7], Outputs::Last).unwrap();
+            let (runs2, rows2) = s.experts_run().unwrap();
+            assert_eq!(
+                (runs2 - runs, rows2 - rows),
+                (k * n_layer, k * n_layer),
+                "{arch}"
+            );
+        }
+        let dense = tiny_model("llama", GgmlType::F32, Precision::Default);
+        let s = Session::new(&dense, &pool, 8, KvType::F16).unwrap();
+        assert_eq!(s.experts_run(), None);
     }
 
     #[test]
@@ -682,7 +814,7 @@ pub(crate) mod tests {
     #[test]
     fn prefill_chunks_and_decode_agree() {
         let pool = ThreadPool::new(2).unwrap();
-        for arch in ["llama", "gemma3"] {
+        for arch in ["llama", "gemma3", "mixtral", "qwen3moe", "qwen2", "mistral"] {
             let m = tiny_model(arch, GgmlType::Q8_0, Precision::Default);
             let n = PREFILL_CHUNK + 44;
             let toks = tokens(n);
@@ -819,7 +951,7 @@ pub(crate) mod tests {
     fn thread_count_does_not_change_logits() {
         let p1 = ThreadPool::new(1).unwrap();
         let p2 = ThreadPool::new(2).unwrap();
-        for arch in ["llama", "gemma3"] {
+        for arch in VARIANTS {
             let m = tiny_model(arch, GgmlType::Q8_0, Precision::Default);
             let toks = tokens(20);
             let a = Session::new(&m, &p1, 32, KvType::F16)

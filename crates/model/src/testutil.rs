@@ -1,5 +1,9 @@
-//! Tiny synthetic models for unit tests: a llama-like and a gemma3-like GGUF built in memory
-//! with pseudo-random weights, small enough that the naive reference runs in milliseconds.
+//! Tiny synthetic models for unit tests, built in memory with pseudo-random weights, small
+//! enough that the naive reference runs in milliseconds: `llama`, `gemma3`, and the variants
+//! `mistral` (llama + sliding window 4), `llama3` (llama + `rope_freqs.weight`), `mixtral`
+//! (llama + 4 experts, top-2), `qwen2` (q/k/v biases), `qwen3` (q/k norms, head dim 32 with
+//! 4 heads on d=64), `qwen3moe` (qwen3 attention, 4 experts, top-2, not renormalised),
+//! `llama_bias` (llama + q/k/v/o biases, Llama's `attention_bias = true`).
 
 use ferrite_gguf::{GgmlType, Gguf, GgufWriter, Value};
 
@@ -20,11 +24,30 @@ pub(crate) fn pseudo(n: usize, seed: u64) -> Vec<f32> {
 
 pub(crate) const VOCAB: usize = 97;
 
-/// Builds the GGUF bytes of a tiny model. `skip_key` / `skip_tensor` leave one entry out.
-pub(crate) fn tiny_gguf(arch: &str, wty: GgmlType, skip_key: &str, skip_tensor: &str) -> Vec<u8> {
+/// Experts of the MoE variants.
+pub(crate) const N_EXPERT: usize = 4;
+
+/// Builds the GGUF bytes of a tiny model of `variant` (see the module doc). `skip_key` /
+/// `skip_tensor` leave one entry out.
+pub(crate) fn tiny_gguf(
+    variant: &str,
+    wty: GgmlType,
+    skip_key: &str,
+    skip_tensor: &str,
+) -> Vec<u8> {
+    let arch = match variant {
+        "mistral" | "llama3" | "mixtral" | "llama_bias" => "llama",
+        other => other,
+    };
     let gemma = arch == "gemma3";
+    let qwen3 = matches!(arch, "qwen3" | "qwen3moe");
+    let moe = matches!(variant, "mixtral" | "qwen3moe");
     let (d, n_head, n_kv, hd, ff) = if gemma {
         (64, 4, 1, 32, 128)
+    } else if qwen3 {
+        (64, 4, 2, 32, if moe { 32 } else { 128 })
+    } else if moe {
+        (64, 4, 2, 16, 32)
     } else {
         (64, 4, 2, 16, 128)
     };
@@ -52,7 +75,22 @@ pub(crate) fn tiny_gguf(arch: &str, wty: GgmlType, skip_key: &str, skip_tensor: 
             Value::F32(if gemma { 1e6 } else { 1e4 }),
         ),
     ];
-    if gemma {
+    match variant {
+        "mistral" => meta.push((format!("{arch}.attention.sliding_window"), Value::U32(4))),
+        "mixtral" | "qwen3moe" => {
+            meta.push((format!("{arch}.expert_count"), Value::U32(N_EXPERT as u32)));
+            meta.push((format!("{arch}.expert_used_count"), Value::U32(2)));
+        }
+        _ => {}
+    }
+    if variant == "qwen3moe" {
+        meta.push((
+            format!("{arch}.expert_feed_forward_length"),
+            Value::U32(ff as u32),
+        ));
+        meta.push((format!("{arch}.expert_weights_norm"), Value::Bool(false)));
+    }
+    if gemma || qwen3 {
         meta.push((
             format!("{arch}.attention.key_length"),
             Value::U32(hd as u32),
@@ -61,6 +99,8 @@ pub(crate) fn tiny_gguf(arch: &str, wty: GgmlType, skip_key: &str, skip_tensor: 
             format!("{arch}.attention.value_length"),
             Value::U32(hd as u32),
         ));
+    }
+    if gemma {
         meta.push((format!("{arch}.attention.sliding_window"), Value::U32(4)));
     }
     let mut w = GgufWriter::new();
@@ -71,36 +111,65 @@ pub(crate) fn tiny_gguf(arch: &str, wty: GgmlType, skip_key: &str, skip_tensor: 
     }
     let mut seed = 1;
     let mut tensors: Vec<(String, GgmlType, Vec<u64>, Vec<u8>)> = Vec::new();
-    let mut add_matrix = |name: String, rows: usize, cols: usize, seed: &mut u64| {
+    // `stack` > 1 makes a stacked expert tensor of `stack` matrices.
+    let mut add_stack = |name: String, rows: usize, cols: usize, stack: usize, seed: &mut u64| {
         *seed += 1;
         let scale = 1.5 / (cols as f32).sqrt();
-        let v: Vec<f32> = pseudo(rows * cols, *seed)
+        let v: Vec<f32> = pseudo(rows * cols * stack, *seed)
             .iter()
             .map(|x| x * scale)
             .collect();
         let bytes = if wty == GgmlType::F32 {
             v.iter().flat_map(|x| x.to_le_bytes()).collect()
         } else {
-            let mut q =
-                vec![0u8; wty.row_bytes((rows * cols) as u64).expect("whole blocks") as usize];
+            let n = (rows * cols * stack) as u64;
+            let mut q = vec![0u8; wty.row_bytes(n).expect("whole blocks") as usize];
             ferrite_quant::quantize(wty, &v, &mut q).expect("quantize");
             q
         };
-        tensors.push((name, wty, vec![cols as u64, rows as u64], bytes));
+        let mut dims = vec![cols as u64, rows as u64];
+        if stack > 1 {
+            dims.push(stack as u64);
+        }
+        tensors.push((name, wty, dims, bytes));
     };
-    add_matrix("token_embd.weight".into(), VOCAB, d, &mut seed);
+    add_stack("token_embd.weight".into(), VOCAB, d, 1, &mut seed);
     let mut norms: Vec<(String, usize)> = vec![("output_norm.weight".into(), d)];
+    let mut biases: Vec<(String, usize)> = Vec::new();
     for l in 0..n_layer as usize {
         let n = |s: &str| format!("blk.{l}.{s}.weight");
-        add_matrix(n("attn_q"), n_head * hd, d, &mut seed);
-        add_matrix(n("attn_k"), n_kv * hd, d, &mut seed);
-        add_matrix(n("attn_v"), n_kv * hd, d, &mut seed);
-        add_matrix(n("attn_output"), d, n_head * hd, &mut seed);
-        add_matrix(n("ffn_gate"), ff, d, &mut seed);
-        add_matrix(n("ffn_up"), ff, d, &mut seed);
-        add_matrix(n("ffn_down"), d, ff, &mut seed);
+        add_stack(n("attn_q"), n_head * hd, d, 1, &mut seed);
+        add_stack(n("attn_k"), n_kv * hd, d, 1, &mut seed);
+        add_stack(n("attn_v"), n_kv * hd, d, 1, &mut seed);
+        add_stack(n("attn_output"), d, n_head * hd, 1, &mut seed);
+        if moe {
+            add_stack(n("ffn_gate_inp"), N_EXPERT, d, 1, &mut seed);
+            add_stack(n("ffn_gate_exps"), ff, d, N_EXPERT, &mut seed);
+            add_stack(n("ffn_up_exps"), ff, d, N_EXPERT, &mut seed);
+            add_stack(n("ffn_down_exps"), d, ff, N_EXPERT, &mut seed);
+        } else {
+            add_stack(n("ffn_gate"), ff, d, 1, &mut seed);
+            add_stack(n("ffn_up"), ff, d, 1, &mut seed);
+            add_stack(n("ffn_down"), d, ff, 1, &mut seed);
+        }
         norms.push((n("attn_norm"), d));
         norms.push((n("ffn_norm"), d));
+        if qwen3 {
+            norms.push((n("attn_q_norm"), hd));
+            norms.push((n("attn_k_norm"), hd));
+        }
+        if variant == "llama_bias" {
+            biases.push((format!("blk.{l}.attn_output.bias"), d));
+        }
+        if arch == "qwen2" || variant == "llama_bias" {
+            for (s, len) in [
+                ("attn_q", n_head * hd),
+                ("attn_k", n_kv * hd),
+                ("attn_v", n_kv * hd),
+            ] {
+                biases.push((format!("blk.{l}.{s}.bias"), len));
+            }
+        }
         if gemma {
             norms.push((n("attn_q_norm"), hd));
             norms.push((n("attn_k_norm"), hd));
@@ -116,6 +185,26 @@ pub(crate) fn tiny_gguf(arch: &str, wty: GgmlType, skip_key: &str, skip_tensor: 
             .collect();
         tensors.push((name, GgmlType::F32, vec![len as u64], v));
     }
+    for (name, len) in biases {
+        seed += 1;
+        let v: Vec<u8> = pseudo(len, seed)
+            .iter()
+            .flat_map(|x| (0.5 * x).to_le_bytes())
+            .collect();
+        tensors.push((name, GgmlType::F32, vec![len as u64], v));
+    }
+    if variant == "llama3" {
+        // Llama 3 style divisors: 1 for the fastest pairs, up to 8 for the slowest.
+        let f: Vec<u8> = (0..hd / 2)
+            .flat_map(|i| (1.0f32 + 7.0 * i as f32 / (hd / 2 - 1) as f32).to_le_bytes())
+            .collect();
+        tensors.push((
+            "rope_freqs.weight".into(),
+            GgmlType::F32,
+            vec![(hd / 2) as u64],
+            f,
+        ));
+    }
     for (name, ty, dims, data) in tensors {
         if name != skip_tensor {
             w.add_tensor(name, ty, &dims, data).expect("tensor");
@@ -124,8 +213,59 @@ pub(crate) fn tiny_gguf(arch: &str, wty: GgmlType, skip_key: &str, skip_tensor: 
     w.to_bytes().expect("gguf bytes")
 }
 
-/// A tiny model of `arch` ("llama" or "gemma3") with weights of type `wty`.
+/// Every variant [`tiny_gguf`] builds.
+pub(crate) const VARIANTS: [&str; 9] = [
+    "llama",
+    "gemma3",
+    "mistral",
+    "llama3",
+    "mixtral",
+    "qwen2",
+    "qwen3",
+    "qwen3moe",
+    "llama_bias",
+];
+
+/// A tiny model of `arch` (a variant of [`tiny_gguf`]) with weights of type `wty`.
 pub(crate) fn tiny_model(arch: &str, wty: GgmlType, precision: Precision) -> Model {
     let g = Gguf::from_bytes(tiny_gguf(arch, wty, "", "")).expect("tiny gguf parses");
     Model::from_gguf(g, LoadOptions { precision }).expect("tiny model loads")
+}
+
+/// `bytes` (a GGUF) with metadata `extra` added or replacing keys of the same name.
+pub(crate) fn with_metadata(bytes: Vec<u8>, extra: Vec<(String, Value)>) -> Vec<u8> {
+    let g = Gguf::from_bytes(bytes).expect("gguf parses");
+    let mut w = GgufWriter::new();
+    for (k, v) in g.metadata() {
+        if !extra.iter().any(|(e, _)| e == k) {
+            w.add_metadata(k.clone(), v.clone()).expect("metadata");
+        }
+    }
+    for (k, v) in extra {
+        w.add_metadata(k, v).expect("metadata");
+    }
+    for t in g.tensors() {
+        w.add_tensor(t.name.clone(), t.ty, &t.dims, g.tensor_data(t).to_vec())
+            .expect("tensor");
+    }
+    w.to_bytes().expect("gguf bytes")
+}
+
+/// `bytes` (a GGUF) with f32 tensors `extra` (`name`, values) added as 1-D tensors.
+pub(crate) fn with_vectors(bytes: Vec<u8>, extra: &[(&str, Vec<f32>)]) -> Vec<u8> {
+    let g = Gguf::from_bytes(bytes).expect("gguf parses");
+    let mut w = GgufWriter::new();
+    for (k, v) in g.metadata() {
+        w.add_metadata(k.clone(), v.clone()).expect("metadata");
+    }
+    for t in g.tensors() {
+        w.add_tensor(t.name.clone(), t.ty, &t.dims, g.tensor_data(t).to_vec())
+            .expect("tensor");
+    }
+    for (name, v) in extra {
+        let data: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        w.add_tensor(*name, GgmlType::F32, &[v.len() as u64], data)
+            .expect("tensor");
+    }
+    w.to_bytes().expect("gguf bytes")
 }

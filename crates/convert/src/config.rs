@@ -1,0 +1,604 @@
+//! `config.json` → architecture and GGUF hyper-parameter metadata.
+//!
+//! Which GGUF architecture a Hugging Face class becomes, and the keys written, follow
+//! llama.cpp's converter (see docs/gguf-conventions.md): Llama, Mistral and Mixtral all become
+//! `llama` (Q/K rows permuted for interleaved rope; Mixtral adds expert counts), Qwen 2/3
+//! become `qwen2`/`qwen3`, Qwen3-MoE becomes `qwen3moe` (neox rope, no permutation). Missing
+//! optional keys take the defaults transformers' config classes use, so the GGUF describes
+//! the model transformers would build. Anything that would change the computation and is
+//! not handled (another activation, partial rope, a rope scaling other than llama3,
+//! interleaved dense/MoE layers) is refused by name rather than dropped.
+
+use ferrite_gguf::Value;
+use serde_json::{Map, Value as Json};
+
+use crate::ConvertError;
+
+/// A supported Hugging Face model family.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Family {
+    /// `LlamaForCausalLM`.
+    Llama,
+    /// `MistralForCausalLM`.
+    Mistral,
+    /// `MixtralForCausalLM`.
+    Mixtral,
+    /// `Qwen2ForCausalLM`.
+    Qwen2,
+    /// `Qwen3ForCausalLM`.
+    Qwen3,
+    /// `Qwen3MoeForCausalLM`.
+    Qwen3Moe,
+}
+
+impl Family {
+    fn from_config(cfg: &Map<String, Json>) -> Result<Family, ConvertError> {
+        let class = cfg
+            .get("architectures")
+            .and_then(Json::as_array)
+            .and_then(|a| a.first())
+            .and_then(Json::as_str);
+        let by_class = class.and_then(|c| {
+            Some(match c {
+                "LlamaForCausalLM" => Family::Llama,
+                "MistralForCausalLM" => Family::Mistral,
+                "MixtralForCausalLM" => Family::Mixtral,
+                "Qwen2ForCausalLM" => Family::Qwen2,
+                "Qwen3ForCausalLM" => Family::Qwen3,
+                "Qwen3MoeForCausalLM" => Family::Qwen3Moe,
+                _ => return None,
+            })
+        });
+        if let Some(f) = by_class {
+            return Ok(f);
+        }
+        let model_type = cfg.get("model_type").and_then(Json::as_str);
+        match (class, model_type) {
+            (None, Some("llama")) => Ok(Family::Llama),
+            (None, Some("mistral")) => Ok(Family::Mistral),
+            (None, Some("mixtral")) => Ok(Family::Mixtral),
+            (None, Some("qwen2")) => Ok(Family::Qwen2),
+            (None, Some("qwen3")) => Ok(Family::Qwen3),
+            (None, Some("qwen3_moe")) => Ok(Family::Qwen3Moe),
+            (Some(c), _) => Err(ConvertError::UnsupportedArchitecture(c.to_owned())),
+            (None, Some(t)) => Err(ConvertError::UnsupportedArchitecture(t.to_owned())),
+            (None, None) => Err(ConvertError::BadConfig {
+                key: "architectures".into(),
+                reason: "neither architectures nor model_type is present".into(),
+            }),
+        }
+    }
+
+    /// The GGUF `general.architecture` this family is written as.
+    pub fn gguf_arch(self) -> &'static str {
+        match self {
+            Family::Llama | Family::Mistral | Family::Mixtral => "llama",
+            Family::Qwen2 => "qwen2",
+            Family::Qwen3 => "qwen3",
+            Family::Qwen3Moe => "qwen3moe",
+        }
+    }
+
+    /// Whether llama.cpp permutes this family's Q/K rows (interleaved rope in GGUF).
+    pub fn permutes_qk(self) -> bool {
+        matches!(self, Family::Llama | Family::Mistral | Family::Mixtral)
+    }
+
+    /// transformers' default `rope_theta`.
+    fn default_rope_theta(self) -> f64 {
+        match self {
+            Family::Mixtral => 1e6,
+            _ => 1e4,
+        }
+    }
+
+    /// transformers' default `max_position_embeddings`.
+    fn default_ctx(self) -> u64 {
+        match self {
+            Family::Llama => 2048,
+            Family::Mistral | Family::Mixtral => 4096 * 32,
+            Family::Qwen2 | Family::Qwen3 | Family::Qwen3Moe => 32768,
+        }
+    }
+
+    /// transformers' default `rms_norm_eps`.
+    fn default_rms_eps(self) -> f64 {
+        match self {
+            Family::Mixtral => 1e-5,
+            _ => 1e-6,
+        }
+    }
+}
+
+/// Llama 3 rope scaling parameters (`rope_scaling.rope_type = "llama3"`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Llama3Rope {
+    /// `factor`.
+    pub factor: f64,
+    /// `low_freq_factor`.
+    pub low_freq_factor: f64,
+    /// `high_freq_factor`.
+    pub high_freq_factor: f64,
+    /// `original_max_position_embeddings`.
+    pub original_ctx: f64,
+}
+
+/// Mixture-of-experts settings.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Experts {
+    /// Experts per layer.
+    pub count: usize,
+    /// Experts chosen per token.
+    pub used: usize,
+    /// Hidden width of one expert when it differs from `intermediate_size` (Qwen3-MoE).
+    pub ff: Option<usize>,
+    /// Whether the chosen experts' weights are renormalised to sum to 1 (Qwen3-MoE's
+    /// `norm_topk_prob`; Mixtral always renormalises and has no key).
+    pub norm_topk: Option<bool>,
+}
+
+/// Sliding-window attention settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SlidingWindow {
+    /// Window length in tokens.
+    pub window: usize,
+    /// Per layer: whether it uses the window (all true for Mistral).
+    pub layers: Vec<bool>,
+}
+
+/// A parsed `config.json`: the family and every hyper-parameter the GGUF needs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HfConfig {
+    /// Model family.
+    pub family: Family,
+    /// Transformer blocks.
+    pub n_layer: usize,
+    /// Residual width.
+    pub d_model: usize,
+    /// FFN hidden width (of a dense FFN, or of each Mixtral expert).
+    pub d_ff: usize,
+    /// Query heads.
+    pub n_head: usize,
+    /// Key/value heads.
+    pub n_kv_head: usize,
+    /// Values per head.
+    pub head_dim: usize,
+    /// Whether `head_dim` was given explicitly (then `key_length`/`value_length` are written).
+    pub head_dim_explicit: bool,
+    /// `vocab_size`.
+    pub n_vocab: usize,
+    /// Training context length.
+    pub ctx: u64,
+    /// RMSNorm epsilon.
+    pub rms_eps: f64,
+    /// Rope base.
+    pub rope_theta: f64,
+    /// Llama 3 rope scaling, if configured.
+    pub llama3_rope: Option<Llama3Rope>,
+    /// Output projection shares the embedding matrix.
+    pub tie_embeddings: bool,
+    /// MoE settings, for MoE families.
+    pub experts: Option<Experts>,
+    /// Sliding-window attention, if any layer uses it.
+    pub sliding_window: Option<SlidingWindow>,
+}
+
+fn bad(key: &str, reason: impl Into<String>) -> ConvertError {
+    ConvertError::BadConfig {
+        key: key.to_owned(),
+        reason: reason.into(),
+    }
+}
+
+fn get_usize(cfg: &Map<String, Json>, key: &str) -> Result<Option<usize>, ConvertError> {
+    match cfg.get(key) {
+        None | Some(Json::Null) => Ok(None),
+        Some(v) => v
+            .as_u64()
+            .and_then(|n| usize::try_from(n).ok())
+            .map(Some)
+            .ok_or_else(|| bad(key, format!("expected a non-negative integer, got {v}"))),
+    }
+}
+
+fn need_usize(cfg: &Map<String, Json>, key: &str) -> Result<usize, ConvertError> {
+    match get_usize(cfg, key)? {
+        Some(0) => Err(bad(key, "must be positive")),
+        Some(n) => Ok(n),
+        None => Err(bad(key, "missing")),
+    }
+}
+
+fn get_f64(cfg: &Map<String, Json>, key: &str) -> Result<Option<f64>, ConvertError> {
+    match cfg.get(key) {
+        None | Some(Json::Null) => Ok(None),
+        Some(v) => v
+            .as_f64()
+            .map(Some)
+            .ok_or_else(|| bad(key, format!("expected a number, got {v}"))),
+    }
+}
+
+fn get_bool(cfg: &Map<String, Json>, key: &str) -> Result<Option<bool>, ConvertError> {
+    match cfg.get(key) {
+        None | Some(Json::Null) => Ok(None),
+        Some(Json::Bool(b)) => Ok(Some(*b)),
+        Some(v) => Err(bad(key, format!("expected a boolean, got {v}"))),
+    }
+}
+
+impl HfConfig {
+    /// Parses the text of a `config.json`.
+    pub fn from_json(text: &str) -> Result<HfConfig, ConvertError> {
+        let json: Json = serde_json::from_str(text).map_err(|e| ConvertError::Json {
+            path: "config.json".into(),
+            reason: e.to_string(),
+        })?;
+        let Json::Object(cfg) = json else {
+            return Err(bad("", "config.json is not a JSON object"));
+        };
+        Self::from_map(&cfg)
+    }
+
+    fn from_map(cfg: &Map<String, Json>) -> Result<HfConfig, ConvertError> {
+        let family = Family::from_config(cfg)?;
+        let act = cfg
+            .get("hidden_act")
+            .and_then(Json::as_str)
+            .unwrap_or("silu");
+        if act != "silu" {
+            return Err(ConvertError::UnsupportedFeature(format!(
+                "hidden_act {act:?} (only silu)"
+            )));
+        }
+        let n_layer = need_usize(cfg, "num_hidden_layers")?;
+        let d_model = need_usize(cfg, "hidden_size")?;
+        let d_ff = need_usize(cfg, "intermediate_size")?;
+        let n_head = need_usize(cfg, "num_attention_heads")?;
+        let n_kv_head = get_usize(cfg, "num_key_value_heads")?.unwrap_or(n_head);
+        if n_kv_head == 0 || n_head % n_kv_head != 0 {
+            return Err(bad(
+                "num_key_value_heads",
+                "must be positive and divide num_attention_heads",
+            ));
+        }
+        let explicit = get_usize(cfg, "head_dim")?;
+        let head_dim = match explicit {
+            Some(0) => return Err(bad("head_dim", "must be positive")),
+            Some(h) => h,
+            None if d_model % n_head == 0 => d_model / n_head,
+            None => {
+                return Err(bad(
+                    "hidden_size",
+                    "not a multiple of num_attention_heads and no head_dim",
+                ));
+            }
+        };
+        if head_dim % 2 != 0 {
+            return Err(bad("head_dim", "must be even for rope"));
+        }
+        let n_vocab = need_usize(cfg, "vocab_size")?;
+        let ctx =
+            get_usize(cfg, "max_position_embeddings")?.map_or(family.default_ctx(), |c| c as u64);
+        let rms_eps = get_f64(cfg, "rms_norm_eps")?.unwrap_or(family.default_rms_eps());
+        let (rope_theta, llama3_rope) = rope(cfg, family)?;
+        let tie_embeddings = get_bool(cfg, "tie_word_embeddings")?.unwrap_or(false);
+        let experts = experts(cfg, family)?;
+        let sliding_window = sliding_window(cfg, family, n_layer)?;
+        Ok(HfConfig {
+            family,
+            n_layer,
+            d_model,
+            d_ff,
+            n_head,
+            n_kv_head,
+            head_dim,
+            head_dim_explicit: explicit.is_some(),
+            n_vocab,
+            ctx,
+            rms_eps,
+            rope_theta,
+            llama3_rope,
+            tie_embeddings,
+            experts,
+            sliding_window,
+        })
+    }
+
+    /// The `{arch}.*` hyper-parameter metadata, in llama.cpp's order.
+    pub fn metadata(&self) -> Vec<(String, Value)> {
+        let arch = self.family.gguf_arch();
+        let k = |s: &str| format!("{arch}.{s}");
+        let u = |n: usize| Value::U32(n as u32);
+        let mut m = vec![
+            (k("block_count"), u(self.n_layer)),
+            (k("context_length"), Value::U32(self.ctx as u32)),
+            (k("embedding_length"), u(self.d_model)),
+            (k("feed_forward_length"), u(self.d_ff)),
+            (k("attention.head_count"), u(self.n_head)),
+            (k("attention.head_count_kv"), u(self.n_kv_head)),
+            (k("rope.freq_base"), Value::F32(self.rope_theta as f32)),
+            (
+                k("attention.layer_norm_rms_epsilon"),
+                Value::F32(self.rms_eps as f32),
+            ),
+        ];
+        if let Some(e) = &self.experts {
+            m.push((k("expert_count"), u(e.count)));
+            m.push((k("expert_used_count"), u(e.used)));
+        }
+        if self.head_dim_explicit {
+            m.push((k("attention.key_length"), u(self.head_dim)));
+            m.push((k("attention.value_length"), u(self.head_dim)));
+        }
+        if self.family.gguf_arch() == "llama" {
+            m.push((k("vocab_size"), u(self.n_vocab)));
+            m.push((k("rope.dimension_count"), u(self.head_dim)));
+        }
+        if let Some(e) = &self.experts {
+            if let Some(ff) = e.ff {
+                m.push((k("expert_feed_forward_length"), u(ff)));
+            }
+            if let Some(norm) = e.norm_topk {
+                m.push((k("expert_weights_norm"), Value::Bool(norm)));
+            }
+        }
+        if let Some(sw) = &self.sliding_window {
+            m.push((k("attention.sliding_window"), u(sw.window)));
+            if !sw.layers.iter().all(|&l| l) {
+                m.push((
+                    k("attention.sliding_window_pattern"),
+                    Value::Array(sw.layers.iter().map(|&l| Value::Bool(l)).collect()),
+                ));
+            }
+        }
+        m
+    }
+
+    /// The `rope_freqs.weight` values (one per rotated pair) for Llama 3 rope scaling:
+    /// the divisor applied to each base frequency, as llama.cpp computes it (in f32).
+    pub fn rope_freqs(&self) -> Option<Vec<f32>> {
+        let r = self.llama3_rope?;
+        let dim = self.head_dim;
+        let base = self.rope_theta as f32;
+        let low_wavelen = (r.original_ctx / r.low_freq_factor) as f32;
+        let high_wavelen = (r.original_ctx / r.high_freq_factor) as f32;
+        let factor = r.factor as f32;
+        Some(
+            (0..dim / 2)
+                .map(|i| {
+                    let freq = 1.0 / base.powf((2 * i) as f32 / dim as f32);
+                    let wavelen = 2.0 * std::f32::consts::PI / freq;
+                    if wavelen < high_wavelen {
+                        1.0
+                    } else if wavelen > low_wavelen {
+                        factor
+                    } else {
+                        let smooth = (r.original_ctx as f32 / wavelen - r.low_freq_factor as f32)
+                            / (r.high_freq_factor - r.low_freq_factor) as f32;
+                        1.0 / ((1.0 - smooth) / factor + smooth)
+                    }
+                })
+                .collect(),
+        )
+    }
+}
+
+/// Rope base and scaling. transformers 5 writes `rope_parameters` (with `rope_theta` inside);
+/// older configs write `rope_theta` and `rope_scaling` (`type` or `rope_type`).
+fn rope(
+    cfg: &Map<String, Json>,
+    family: Family,
+) -> Result<(f64, Option<Llama3Rope>), ConvertError> {
+    if let Some(f) = get_f64(cfg, "partial_rotary_factor")?
+        && f != 1.0
+    {
+        return Err(ConvertError::UnsupportedFeature(format!(
+            "partial_rotary_factor {f}"
+        )));
+    }
+    let empty = Map::new();
+    let (key, params) = match (cfg.get("rope_parameters"), cfg.get("rope_scaling")) {
+        (Some(Json::Object(p)), _) => ("rope_parameters", p),
+        (_, Some(Json::Object(p))) => ("rope_scaling", p),
+        (None | Some(Json::Null), None | Some(Json::Null)) => ("rope_scaling", &empty),
+        _ => return Err(bad("rope_scaling", "expected an object or null")),
+    };
+    let theta = match get_f64(params, "rope_theta")? {
+        Some(t) => t,
+        None => get_f64(cfg, "rope_theta")?.unwrap_or(family.default_rope_theta()),
+    };
+    let kind = params
+        .get("rope_type")
+        .or_else(|| params.get("type"))
+        .and_then(Json::as_str)
+        .unwrap_or("default");
+    let scaling = match kind {
+        "default" => None,
+        "llama3" => {
+            let f = |k: &str, default: f64| -> Result<f64, ConvertError> {
+                Ok(get_f64(params, k)
+                    .map_err(|_| bad(&format!("{key}.{k}"), "expected a number"))?
+                    .unwrap_or(default))
+            };
+            let r = Llama3Rope {
+                factor: f("factor", 8.0)?,
+                low_freq_factor: f("low_freq_factor", 1.0)?,
+                high_freq_factor: f("high_freq_factor", 4.0)?,
+                original_ctx: f("original_max_position_embeddings", 8192.0)?,
+            };
+            if r.high_freq_factor <= r.low_freq_factor || r.factor <= 0.0 {
+                return Err(bad(
+                    key,
+                    "llama3 rope needs high_freq_factor > low_freq_factor and factor > 0",
+                ));
+            }
+            Some(r)
+        }
+        other => {
+            return Err(ConvertError::UnsupportedFeature(format!(
+                "{key} type {other:?} (supported: default, llama3)"
+            )));
+        }
+    };
+    Ok((theta, scaling))
+}
+
+fn experts(cfg: &Map<String, Json>, family: Family) -> Result<Option<Experts>, ConvertError> {
+    match family {
+        Family::Mixtral => Ok(Some(Experts {
+            count: need_usize(cfg, "num_local_experts")?,
+            used: need_usize(cfg, "num_experts_per_tok")?,
+            ff: None,
+            norm_topk: None,
+        })),
+        Family::Qwen3Moe => {
+            if get_usize(cfg, "decoder_sparse_step")?.unwrap_or(1) != 1 {
+                return Err(ConvertError::UnsupportedFeature(
+                    "decoder_sparse_step other than 1 (dense layers between MoE layers)".into(),
+                ));
+            }
+            if cfg
+                .get("mlp_only_layers")
+                .and_then(Json::as_array)
+                .is_some_and(|a| !a.is_empty())
+            {
+                return Err(ConvertError::UnsupportedFeature(
+                    "mlp_only_layers (dense layers in a MoE model)".into(),
+                ));
+            }
+            // transformers 5 renamed `num_experts` to `num_local_experts`; accept both.
+            let count = match get_usize(cfg, "num_experts")? {
+                Some(n) if n > 0 => n,
+                _ => need_usize(cfg, "num_local_experts")?,
+            };
+            Ok(Some(Experts {
+                count,
+                used: need_usize(cfg, "num_experts_per_tok")?,
+                ff: Some(need_usize(cfg, "moe_intermediate_size")?),
+                norm_topk: Some(get_bool(cfg, "norm_topk_prob")?.unwrap_or(false)),
+            }))
+        }
+        _ => Ok(None),
+    }
+    .and_then(|e| match e {
+        Some(e) if e.used == 0 || e.used > e.count => Err(bad(
+            "num_experts_per_tok",
+            "must be between 1 and the expert count",
+        )),
+        other => Ok(other),
+    })
+}
+
+/// Mistral and Mixtral slide on every layer when `sliding_window` is set; Qwen only with
+/// `use_sliding_window`, on the layers `layer_types` marks (else from `max_window_layers`
+/// on), as transformers decides.
+fn sliding_window(
+    cfg: &Map<String, Json>,
+    family: Family,
+    n_layer: usize,
+) -> Result<Option<SlidingWindow>, ConvertError> {
+    let window = get_usize(cfg, "sliding_window")?;
+    let layers = match family {
+        Family::Llama => return Ok(None),
+        Family::Mistral | Family::Mixtral => vec![true; n_layer],
+        Family::Qwen2 | Family::Qwen3 | Family::Qwen3Moe => {
+            if !get_bool(cfg, "use_sliding_window")?.unwrap_or(false) {
+                return Ok(None);
+            }
+            match cfg.get("layer_types").and_then(Json::as_array) {
+                Some(types) if types.len() == n_layer => types
+                    .iter()
+                    .map(|t| t.as_str() == Some("sliding_attention"))
+                    .collect(),
+                Some(_) => return Err(bad("layer_types", "length differs from num_hidden_layers")),
+                None => {
+                    let from = get_usize(cfg, "max_window_layers")?.unwrap_or(n_layer);
+                    (0..n_layer).map(|i| i >= from).collect()
+                }
+            }
+        }
+    };
+    Ok(match window {
+        Some(w) if w > 0 && layers.iter().any(|&l| l) => Some(SlidingWindow { window: w, layers }),
+        _ => None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(extra: &str) -> Result<HfConfig, ConvertError> {
+        HfConfig::from_json(&format!(
+            r#"{{"architectures":["LlamaForCausalLM"],"num_hidden_layers":2,"hidden_size":64,
+            "intermediate_size":128,"num_attention_heads":4,"num_key_value_heads":2,
+            "vocab_size":100{extra}}}"#
+        ))
+    }
+
+    #[test]
+    fn llama_defaults_and_keys() {
+        let c = cfg("").unwrap();
+        assert_eq!((c.head_dim, c.rope_theta, c.ctx), (16, 1e4, 2048));
+        let m = c.metadata();
+        let keys: Vec<&str> = m.iter().map(|(k, _)| k.as_str()).collect();
+        assert!(keys.contains(&"llama.rope.dimension_count"));
+        assert!(!keys.contains(&"llama.attention.key_length"));
+    }
+
+    #[test]
+    fn unknown_architecture_and_rope_type_are_named() {
+        let e = HfConfig::from_json(r#"{"architectures":["GPTNeoXForCausalLM"]}"#).unwrap_err();
+        assert!(e.to_string().contains("GPTNeoXForCausalLM"), "{e}");
+        let e = cfg(r#","rope_scaling":{"type":"yarn","factor":4.0}"#).unwrap_err();
+        assert!(e.to_string().contains("\"yarn\""), "{e}");
+        let e = cfg(r#","hidden_act":"gelu""#).unwrap_err();
+        assert!(e.to_string().contains("gelu"), "{e}");
+    }
+
+    #[test]
+    fn llama3_rope_factors_follow_the_published_formula() {
+        // Independent f64 evaluation of the Llama 3 formula for one head of 16.
+        let c = cfg(
+            r#","rope_theta":500000.0,"rope_scaling":{"rope_type":"llama3","factor":8.0,
+            "low_freq_factor":1.0,"high_freq_factor":4.0,"original_max_position_embeddings":64}"#,
+        )
+        .unwrap();
+        let got = c.rope_freqs().unwrap();
+        assert_eq!(got.len(), 8);
+        for (i, g) in got.iter().enumerate() {
+            let freq = 500000f64.powf(-(2.0 * i as f64) / 16.0);
+            let wl = 2.0 * std::f64::consts::PI / freq;
+            let want = if wl < 16.0 {
+                1.0
+            } else if wl > 64.0 {
+                8.0
+            } else {
+                let s = (64.0 / wl - 1.0) / 3.0;
+                1.0 / ((1.0 - s) / 8.0 + s)
+            };
+            assert!(
+                (f64::from(*g) - want).abs() < 1e-4 * want,
+                "{i}: {g} vs {want}"
+            );
+        }
+        assert!(got.contains(&1.0) && got.contains(&8.0), "{got:?}");
+    }
+
+    #[test]
+    fn qwen_sliding_window_only_when_enabled() {
+        let q = |extra: &str| {
+            HfConfig::from_json(&format!(
+                r#"{{"architectures":["Qwen2ForCausalLM"],"num_hidden_layers":4,"hidden_size":64,
+                "intermediate_size":128,"num_attention_heads":4,"vocab_size":100,
+                "sliding_window":32,"max_window_layers":2{extra}}}"#
+            ))
+            .unwrap()
+        };
+        assert_eq!(q("").sliding_window, None);
+        let sw = q(r#","use_sliding_window":true"#).sliding_window.unwrap();
+        assert_eq!(sw.layers, [false, false, true, true]);
+    }
+}

@@ -1,0 +1,189 @@
+//! Checkpoint tensor names → GGUF tensor names, as llama.cpp's gguf-py tensor map spells
+//! them (`token_embd`, `blk.N.attn_q`, `blk.N.ffn_gate_exps`, ...).
+//!
+//! Per-expert tensors (`mlp.experts.E.gate_proj.weight`, Mixtral's
+//! `block_sparse_moe.experts.E.w1.weight`) and transformers 5's fused expert tensors
+//! (`mlp.experts.gate_up_proj`, `mlp.experts.down_proj`) are reported as such, so the
+//! caller can stack or split them into llama.cpp's 3-D `ffn_{gate,up,down}_exps`.
+
+/// Which expert matrix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) enum ExpertPart {
+    Gate,
+    Up,
+    Down,
+}
+
+impl ExpertPart {
+    pub(crate) fn gguf_name(self, layer: usize) -> String {
+        let p = match self {
+            ExpertPart::Gate => "gate",
+            ExpertPart::Up => "up",
+            ExpertPart::Down => "down",
+        };
+        format!("blk.{layer}.ffn_{p}_exps.weight")
+    }
+}
+
+/// What a checkpoint tensor becomes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Mapped {
+    /// One GGUF tensor of the same data.
+    Plain(String),
+    /// Expert `expert`'s matrix of one layer; stacked with its siblings.
+    Expert {
+        layer: usize,
+        expert: usize,
+        part: ExpertPart,
+    },
+    /// transformers 5's `[experts, 2·ff, d]` gate and up projections of one layer.
+    FusedGateUp { layer: usize },
+    /// transformers 5's `[experts, d, ff]` down projections of one layer.
+    FusedDown { layer: usize },
+    /// Not model weights (rope caches).
+    Skip,
+}
+
+/// Maps one checkpoint name; `None` when it has no GGUF name.
+pub(crate) fn map(name: &str) -> Option<Mapped> {
+    let plain = |s: &str| Some(Mapped::Plain(s.to_owned()));
+    match name {
+        "model.embed_tokens.weight" => return plain("token_embd.weight"),
+        "model.norm.weight" => return plain("output_norm.weight"),
+        "lm_head.weight" => return plain("output.weight"),
+        _ => {}
+    }
+    let rest = name.strip_prefix("model.layers.")?;
+    let (layer, rest) = rest.split_once('.')?;
+    let layer: usize = layer.parse().ok()?;
+    if rest.ends_with("rotary_emb.inv_freq") {
+        return Some(Mapped::Skip);
+    }
+    let (stem, suffix) = match rest.strip_suffix(".weight") {
+        Some(s) => (s, "weight"),
+        None => match rest.strip_suffix(".bias") {
+            Some(s) => (s, "bias"),
+            // transformers 5 fused experts carry no suffix.
+            None => (rest, ""),
+        },
+    };
+    let moe = stem
+        .strip_prefix("mlp.")
+        .or_else(|| stem.strip_prefix("block_sparse_moe."));
+    if let Some(moe) = moe
+        && suffix != "bias"
+        && let Some(m) = map_moe(layer, moe, suffix)
+    {
+        return Some(m);
+    }
+    let gguf = match stem {
+        "input_layernorm" => "attn_norm",
+        "post_attention_layernorm" => "ffn_norm",
+        "self_attn.q_proj" => "attn_q",
+        "self_attn.k_proj" => "attn_k",
+        "self_attn.v_proj" => "attn_v",
+        "self_attn.o_proj" => "attn_output",
+        "self_attn.q_norm" => "attn_q_norm",
+        "self_attn.k_norm" => "attn_k_norm",
+        "mlp.gate_proj" => "ffn_gate",
+        "mlp.up_proj" => "ffn_up",
+        "mlp.down_proj" => "ffn_down",
+        _ => return None,
+    };
+    if suffix.is_empty() {
+        return None;
+    }
+    Some(Mapped::Plain(format!("blk.{layer}.{gguf}.{suffix}")))
+}
+
+fn map_moe(layer: usize, moe: &str, suffix: &str) -> Option<Mapped> {
+    match (moe, suffix) {
+        ("gate", "weight") => {
+            return Some(Mapped::Plain(format!("blk.{layer}.ffn_gate_inp.weight")));
+        }
+        ("experts.gate_up_proj", _) => return Some(Mapped::FusedGateUp { layer }),
+        ("experts.down_proj", _) => return Some(Mapped::FusedDown { layer }),
+        _ => {}
+    }
+    if suffix != "weight" {
+        return None;
+    }
+    let (expert, part) = moe.strip_prefix("experts.")?.split_once('.')?;
+    let expert: usize = expert.parse().ok()?;
+    let part = match part {
+        "gate_proj" | "w1" => ExpertPart::Gate,
+        "up_proj" | "w3" => ExpertPart::Up,
+        "down_proj" | "w2" => ExpertPart::Down,
+        _ => return None,
+    };
+    Some(Mapped::Expert {
+        layer,
+        expert,
+        part,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plain(s: &str) -> Option<Mapped> {
+        Some(Mapped::Plain(s.into()))
+    }
+
+    #[test]
+    fn maps_dense_names_like_gguf_py() {
+        assert_eq!(map("model.embed_tokens.weight"), plain("token_embd.weight"));
+        assert_eq!(
+            map("model.layers.3.self_attn.q_proj.bias"),
+            plain("blk.3.attn_q.bias")
+        );
+        assert_eq!(
+            map("model.layers.0.self_attn.k_norm.weight"),
+            plain("blk.0.attn_k_norm.weight")
+        );
+        assert_eq!(
+            map("model.layers.1.post_attention_layernorm.weight"),
+            plain("blk.1.ffn_norm.weight")
+        );
+        assert_eq!(
+            map("model.layers.1.self_attn.rotary_emb.inv_freq"),
+            Some(Mapped::Skip)
+        );
+        assert_eq!(map("model.layers.x.mlp.up_proj.weight"), None);
+        assert_eq!(map("vision_tower.weight"), None);
+    }
+
+    #[test]
+    fn maps_expert_names_of_both_moe_families() {
+        assert_eq!(
+            map("model.layers.2.block_sparse_moe.gate.weight"),
+            plain("blk.2.ffn_gate_inp.weight")
+        );
+        assert_eq!(
+            map("model.layers.2.mlp.gate.weight"),
+            plain("blk.2.ffn_gate_inp.weight")
+        );
+        assert_eq!(
+            map("model.layers.2.block_sparse_moe.experts.7.w3.weight"),
+            Some(Mapped::Expert {
+                layer: 2,
+                expert: 7,
+                part: ExpertPart::Up
+            })
+        );
+        assert_eq!(
+            map("model.layers.0.mlp.experts.1.down_proj.weight"),
+            Some(Mapped::Expert {
+                layer: 0,
+                expert: 1,
+                part: ExpertPart::Down
+            })
+        );
+        assert_eq!(
+            map("model.layers.5.mlp.experts.gate_up_proj"),
+            Some(Mapped::FusedGateUp { layer: 5 })
+        );
+        assert_eq!(ExpertPart::Gate.gguf_name(4), "blk.4.ffn_gate_exps.weight");
+    }
+}

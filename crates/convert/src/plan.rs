@@ -1,0 +1,322 @@
+//! The tensor plan: which GGUF tensors a checkpoint becomes, their shapes and stored types
+//! (known from the safetensors headers alone), and, one tensor at a time, their bytes.
+//!
+//! Describing and producing are separate so a writer can lay out the whole file (header,
+//! offsets) before reading any weight, then produce and write one tensor at a time.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
+use ferrite_gguf::GgmlType;
+use ferrite_safetensors::{Checkpoint, TensorRef};
+
+use crate::names::{self, ExpertPart, Mapped};
+use crate::{ConvertError, HfConfig, tensors};
+
+/// One output tensor before its data is produced.
+pub(crate) enum Item {
+    Plain {
+        gguf: String,
+        hf: String,
+    },
+    Stack {
+        layer: usize,
+        part: ExpertPart,
+    },
+    FusedHalf {
+        layer: usize,
+        gate: bool,
+        hf: String,
+    },
+    FusedDown {
+        layer: usize,
+        hf: String,
+    },
+}
+
+/// What an item becomes: GGUF name, stored type and row-major (PyTorch-order) shape.
+pub(crate) struct Described {
+    pub gguf: String,
+    pub src: GgmlType,
+    pub shape: Vec<u64>,
+}
+
+/// Per (layer, expert matrix): the checkpoint name of each expert's tensor.
+pub(crate) type Stacks = BTreeMap<(usize, ExpertPart), Vec<Option<String>>>;
+
+/// The items of a checkpoint, in checkpoint order (a stacked expert tensor where its first
+/// expert appears), with the set checked for completeness.
+pub(crate) struct Plan<'a> {
+    c: &'a HfConfig,
+    checkpoint: &'a Checkpoint,
+    pub items: Vec<Item>,
+    stacks: Stacks,
+}
+
+impl<'a> Plan<'a> {
+    /// Maps every checkpoint tensor and checks the set is complete.
+    pub fn new(c: &'a HfConfig, checkpoint: &'a Checkpoint) -> Result<Plan<'a>, ConvertError> {
+        let mut items = Vec::new();
+        let mut stacks = Stacks::new();
+        let n_experts = c.experts.map_or(0, |e| e.count);
+        for hf in checkpoint.names() {
+            let mapped = names::map(hf).ok_or_else(|| ConvertError::UnmappedTensor(hf.into()))?;
+            let layer = hf
+                .strip_prefix("model.layers.")
+                .and_then(|r| r.split('.').next())
+                .and_then(|l| l.parse::<usize>().ok());
+            if layer.is_some_and(|l| l >= c.n_layer) {
+                return Err(ConvertError::BadTensor {
+                    tensor: hf.into(),
+                    reason: format!("layer index beyond num_hidden_layers {}", c.n_layer),
+                });
+            }
+            let expert_tensor = matches!(
+                mapped,
+                Mapped::Expert { .. } | Mapped::FusedGateUp { .. } | Mapped::FusedDown { .. }
+            );
+            if expert_tensor && n_experts == 0 {
+                // Expert weights in a model whose config declares no experts.
+                return Err(ConvertError::UnmappedTensor(hf.into()));
+            }
+            match mapped {
+                Mapped::Skip => {}
+                Mapped::Plain(gguf) => {
+                    if gguf == "output.weight" && c.tie_embeddings {
+                        continue;
+                    }
+                    items.push(Item::Plain {
+                        gguf,
+                        hf: hf.into(),
+                    });
+                }
+                Mapped::Expert {
+                    layer,
+                    expert,
+                    part,
+                } => {
+                    if expert >= n_experts {
+                        return Err(ConvertError::BadTensor {
+                            tensor: hf.into(),
+                            reason: format!("expert index beyond num_experts {n_experts}"),
+                        });
+                    }
+                    let slots = stacks.entry((layer, part)).or_insert_with(|| {
+                        items.push(Item::Stack { layer, part });
+                        vec![None; n_experts]
+                    });
+                    slots[expert] = Some(hf.into());
+                }
+                Mapped::FusedGateUp { layer } => {
+                    for gate in [true, false] {
+                        items.push(Item::FusedHalf {
+                            layer,
+                            gate,
+                            hf: hf.into(),
+                        });
+                    }
+                }
+                Mapped::FusedDown { layer } => items.push(Item::FusedDown {
+                    layer,
+                    hf: hf.into(),
+                }),
+            }
+        }
+        for ((layer, part), slots) in &stacks {
+            if let Some(missing) = slots.iter().position(Option::is_none) {
+                return Err(ConvertError::MissingTensor(format!(
+                    "layer {layer} expert {missing} {part:?} projection"
+                )));
+            }
+        }
+        if checkpoint.get("model.embed_tokens.weight").is_none() {
+            return Err(ConvertError::MissingTensor(
+                "model.embed_tokens.weight".into(),
+            ));
+        }
+        if !c.tie_embeddings && checkpoint.get("lm_head.weight").is_none() {
+            return Err(ConvertError::MissingTensor(
+                "lm_head.weight (tie_word_embeddings is false)".into(),
+            ));
+        }
+        Ok(Plan {
+            c,
+            checkpoint,
+            items,
+            stacks,
+        })
+    }
+
+    fn tensor(&self, hf: &str) -> Result<TensorRef<'a>, ConvertError> {
+        self.checkpoint
+            .get(hf)
+            .ok_or_else(|| ConvertError::MissingTensor(hf.to_owned()))
+    }
+
+    fn expert_names(&self, layer: usize, part: ExpertPart) -> impl Iterator<Item = &String> {
+        self.stacks
+            .get(&(layer, part))
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+            .iter()
+            .flatten()
+    }
+
+    /// Rope heads of a tensor whose rows llama.cpp permutes (Q and K of the llama family).
+    fn permute_heads(&self, gguf: &str) -> Option<usize> {
+        if !self.c.family.permutes_qk() {
+            None
+        } else if is_blk_tensor(gguf, "attn_q") {
+            Some(self.c.n_head)
+        } else if is_blk_tensor(gguf, "attn_k") {
+            Some(self.c.n_kv_head)
+        } else {
+            None
+        }
+    }
+
+    /// Name, stored type and shape of `item`, from the headers only; every check on dtypes
+    /// and shapes happens here.
+    pub fn describe(&self, item: &Item) -> Result<Described, ConvertError> {
+        match item {
+            Item::Plain { gguf, hf } => {
+                let t = self.tensor(hf)?;
+                let src = float_type(hf, &t)?;
+                if let Some(n_head) = self.permute_heads(gguf) {
+                    let rows = t.info.shape.first().copied().unwrap_or(0);
+                    if rows != (n_head * self.c.head_dim) as u64 {
+                        return Err(ConvertError::BadTensor {
+                            tensor: hf.clone(),
+                            reason: format!(
+                                "{rows} rows, expected {n_head} heads of {}",
+                                self.c.head_dim
+                            ),
+                        });
+                    }
+                }
+                Ok(Described {
+                    gguf: gguf.clone(),
+                    src,
+                    shape: t.info.shape.clone(),
+                })
+            }
+            Item::Stack { layer, part } => {
+                let mut first: Option<(GgmlType, Vec<u64>)> = None;
+                let mut n = 0u64;
+                for hf in self.expert_names(*layer, *part) {
+                    let t = self.tensor(hf)?;
+                    let ty = float_type(hf, &t)?;
+                    let (src, shape) = first.get_or_insert_with(|| (ty, t.info.shape.clone()));
+                    if *src != ty || *shape != t.info.shape || shape.len() != 2 {
+                        return Err(ConvertError::BadTensor {
+                            tensor: hf.clone(),
+                            reason:
+                                "experts of one layer differ in dtype or shape, or are not matrices"
+                                    .into(),
+                        });
+                    }
+                    n += 1;
+                }
+                let Some((src, shape)) = first else {
+                    return Err(ConvertError::MissingTensor(part.gguf_name(*layer)));
+                };
+                Ok(Described {
+                    gguf: part.gguf_name(*layer),
+                    src,
+                    shape: [vec![n], shape].concat(),
+                })
+            }
+            Item::FusedHalf { layer, gate, hf } => {
+                let t = self.tensor(hf)?;
+                let src = float_type(hf, &t)?;
+                let &[e, two_ff, d] = t.info.shape.as_slice() else {
+                    return Err(fused_shape(hf));
+                };
+                if two_ff % 2 != 0 {
+                    return Err(fused_shape(hf));
+                }
+                let part = if *gate {
+                    ExpertPart::Gate
+                } else {
+                    ExpertPart::Up
+                };
+                Ok(Described {
+                    gguf: part.gguf_name(*layer),
+                    src,
+                    shape: vec![e, two_ff / 2, d],
+                })
+            }
+            Item::FusedDown { layer, hf } => {
+                let t = self.tensor(hf)?;
+                let src = float_type(hf, &t)?;
+                if t.info.shape.len() != 3 {
+                    return Err(fused_shape(hf));
+                }
+                Ok(Described {
+                    gguf: ExpertPart::Down.gguf_name(*layer),
+                    src,
+                    shape: t.info.shape.clone(),
+                })
+            }
+        }
+    }
+
+    /// The stored-type bytes of `item` (described as `d`), in GGUF layout: borrowed from the
+    /// mapped file when nothing moves.
+    pub fn bytes(&self, item: &Item, d: &Described) -> Result<Cow<'a, [u8]>, ConvertError> {
+        Ok(match item {
+            Item::Plain { gguf, hf } => {
+                let data = self.tensor(hf)?.data;
+                match self.permute_heads(gguf) {
+                    None => Cow::Borrowed(data),
+                    Some(n_head) => {
+                        let rows = d.shape.first().copied().unwrap_or(0) as usize;
+                        Cow::Owned(tensors::permute_rows(data, rows, n_head))
+                    }
+                }
+            }
+            Item::Stack { layer, part } => {
+                let mut data = Vec::new();
+                for hf in self.expert_names(*layer, *part) {
+                    data.extend_from_slice(self.tensor(hf)?.data);
+                }
+                Cow::Owned(data)
+            }
+            Item::FusedHalf { gate, hf, .. } => {
+                let (e, ff) = (d.shape[0] as usize, d.shape[1] as usize);
+                let (from, to) = if *gate { (0, ff) } else { (ff, 2 * ff) };
+                Cow::Owned(tensors::slice_rows_per_block(
+                    self.tensor(hf)?.data,
+                    e,
+                    2 * ff,
+                    from,
+                    to,
+                ))
+            }
+            Item::FusedDown { hf, .. } => Cow::Borrowed(self.tensor(hf)?.data),
+        })
+    }
+}
+
+/// Whether `gguf` is `blk.N.<role>.weight` or `.bias`.
+fn is_blk_tensor(gguf: &str, role: &str) -> bool {
+    gguf.starts_with("blk.")
+        && (gguf.ends_with(&format!(".{role}.weight")) || gguf.ends_with(&format!(".{role}.bias")))
+}
+
+fn float_type(hf: &str, t: &TensorRef<'_>) -> Result<GgmlType, ConvertError> {
+    tensors::ggml_of(t.info.dtype).ok_or_else(|| ConvertError::BadTensor {
+        tensor: hf.to_owned(),
+        reason: format!(
+            "dtype {} (only F32, F16 and BF16 weights convert)",
+            t.info.dtype
+        ),
+    })
+}
+
+fn fused_shape(hf: &str) -> ConvertError {
+    ConvertError::BadTensor {
+        tensor: hf.to_owned(),
+        reason: "fused expert tensor must be [experts, 2·ff, d] (gate_up) or 3-D (down)".into(),
+    }
+}

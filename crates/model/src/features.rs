@@ -1,0 +1,266 @@
+//! Architecture features beyond the dense llama/gemma3 block, read from GGUF metadata with
+//! the keys and tensors llama.cpp's converter writes:
+//!
+//! - mixture of experts: `{arch}.expert_count`, `{arch}.expert_used_count`,
+//!   `{arch}.expert_feed_forward_length` (qwen3moe; mixtral stores the expert width in
+//!   `{arch}.feed_forward_length`), optional `{arch}.expert_weights_norm` (whether the
+//!   selected experts' weights are renormalised to sum 1: Hugging Face's `norm_topk_prob`;
+//!   absent means true, as llama.cpp hard-codes for mixtral and qwen3moe);
+//! - Llama 3 rope scaling: the `rope_freqs.weight` tensor (`head_dim / 2` divisors of the
+//!   rope frequencies, computed by the converter from `rope_scaling`);
+//! - sliding window (Mistral, Qwen with `use_sliding_window`): `{arch}.attention.sliding_window`,
+//!   on every layer or, with the bool array `{arch}.attention.sliding_window_pattern`, on the
+//!   layers marked true.
+//!
+//! Features ferrite does not implement (rope scaling types, other gating functions, shared
+//! experts, soft-capping, ...) are refused with [`ModelError::Unsupported`] naming the key,
+//! rather than silently producing wrong logits.
+
+use ferrite_gguf::{Gguf, Value};
+
+use crate::ModelError;
+
+/// Mixture-of-experts settings of a model whose FFNs are all expert layers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MoeConfig {
+    /// Experts per layer.
+    pub n_expert: usize,
+    /// Experts each token uses (top-k).
+    pub n_expert_used: usize,
+    /// Renormalise the top-k routing weights to sum 1.
+    pub norm_topk: bool,
+}
+
+fn unsupported(key: &str, what: &str) -> ModelError {
+    ModelError::Unsupported {
+        key: key.to_owned(),
+        what: what.to_owned(),
+    }
+}
+
+fn count(g: &Gguf, key: &str) -> Result<Option<usize>, ModelError> {
+    match g.get(key) {
+        None => Ok(None),
+        Some(_) => {
+            let v = g.get_u32(key)?;
+            usize::try_from(v)
+                .map(Some)
+                .map_err(|_| ModelError::BadMetadata {
+                    key: key.to_owned(),
+                    reason: "does not fit in usize".into(),
+                })
+        }
+    }
+}
+
+/// The MoE settings of architecture `a` (`None` for a dense model) and the FFN width the
+/// forward pass uses (the expert width for MoE models, `dense_ff` otherwise).
+pub(crate) fn moe(
+    g: &Gguf,
+    a: &str,
+    required: bool,
+    dense_ff: Option<usize>,
+) -> Result<(Option<MoeConfig>, Option<usize>), ModelError> {
+    let k = |s: &str| format!("{a}.{s}");
+    let n_expert = count(g, &k("expert_count"))?.filter(|&n| n > 0);
+    let Some(n_expert) = n_expert else {
+        if required {
+            return Err(ModelError::BadMetadata {
+                key: k("expert_count"),
+                reason: "missing: this architecture is a mixture of experts".into(),
+            });
+        }
+        return Ok((None, dense_ff));
+    };
+    let used_key = k("expert_used_count");
+    let n_expert_used = count(g, &used_key)?.ok_or_else(|| ModelError::BadMetadata {
+        key: used_key.clone(),
+        reason: "missing".into(),
+    })?;
+    if n_expert_used == 0 || n_expert_used > n_expert {
+        return Err(ModelError::BadMetadata {
+            key: used_key,
+            reason: format!("must be in 1..={n_expert}"),
+        });
+    }
+    let norm_key = k("expert_weights_norm");
+    let norm_topk = match g.get(&norm_key) {
+        None => true,
+        Some(_) => g.get_bool(&norm_key)?,
+    };
+    let ff = count(g, &k("expert_feed_forward_length"))?.or(dense_ff);
+    Ok((
+        Some(MoeConfig {
+            n_expert,
+            n_expert_used,
+            norm_topk,
+        }),
+        ff,
+    ))
+}
+
+/// Llama 3 rope frequency divisors from `rope_freqs.weight`, if the file has it.
+pub(crate) fn rope_freq_factors(g: &Gguf, head_dim: usize) -> Result<Option<Vec<f32>>, ModelError> {
+    const NAME: &str = "rope_freqs.weight";
+    let Some(t) = g.tensor(NAME) else {
+        return Ok(None);
+    };
+    if t.dims != [(head_dim / 2) as u64] {
+        return Err(ModelError::TensorShape {
+            name: NAME.into(),
+            got: t.dims.clone(),
+            expected: vec![(head_dim / 2) as u64],
+        });
+    }
+    let f = crate::model::dequantize_tensor(g, NAME)?;
+    if f.iter().any(|v| !v.is_finite() || *v <= 0.0) {
+        return Err(ModelError::BadMetadata {
+            key: NAME.into(),
+            reason: "rope frequency factors must be finite and positive".into(),
+        });
+    }
+    Ok(Some(f))
+}
+
+/// Refuses metadata that asks for behaviour the forward pass does not implement.
+pub(crate) fn check_unsupported(g: &Gguf, a: &str) -> Result<(), ModelError> {
+    let k = |s: &str| format!("{a}.{s}");
+    let key = k("rope.scaling.type");
+    if let Some(v) = g.get(&key)
+        && v.as_str() != Some("none")
+    {
+        return Err(unsupported(
+            &key,
+            &format!("rope scaling {v:?} (only Llama 3 frequency factors are supported)"),
+        ));
+    }
+    let key = k("expert_gating_func");
+    // llama.cpp's enum: 1 = softmax (the only one mixtral and qwen3moe use).
+    if let Some(v) = g.get(&key)
+        && v.as_integer() != Some(1)
+    {
+        return Err(unsupported(&key, "expert gating other than softmax"));
+    }
+    let key = k("expert_weights_scale");
+    if let Some(v) = g.get(&key)
+        && v.as_f32() != Some(1.0)
+    {
+        return Err(unsupported(&key, "scaled expert weights"));
+    }
+    for (s, what) in [
+        ("expert_shared_count", "shared experts"),
+        ("expert_shared_feed_forward_length", "shared experts"),
+        ("attn_logit_softcapping", "attention logit soft-capping"),
+        ("final_logit_softcapping", "final logit soft-capping"),
+    ] {
+        let key = k(s);
+        if let Some(v) = g.get(&key)
+            && !is_neutral(v)
+        {
+            return Err(unsupported(&key, what));
+        }
+    }
+    Ok(())
+}
+
+/// Per-layer sliding windows: `{arch}.attention.sliding_window` (absent: none), on every
+/// layer, or on the layers whose entry of the bool array
+/// `{arch}.attention.sliding_window_pattern` is true (Qwen's `layer_types`).
+pub(crate) fn sliding_windows(
+    g: &Gguf,
+    a: &str,
+    n_layer: usize,
+) -> Result<Vec<Option<usize>>, ModelError> {
+    let key = format!("{a}.attention.sliding_window");
+    let Some(w) = count(g, &key)? else {
+        return Ok(vec![None; n_layer]);
+    };
+    if w == 0 {
+        return Err(ModelError::BadMetadata {
+            key,
+            reason: "must be positive".into(),
+        });
+    }
+    let pkey = format!("{a}.attention.sliding_window_pattern");
+    match g.get(&pkey) {
+        None => Ok(vec![Some(w); n_layer]),
+        Some(Value::Array(items)) if items.len() == n_layer => items
+            .iter()
+            .map(|v| match v {
+                Value::Bool(true) => Ok(Some(w)),
+                Value::Bool(false) => Ok(None),
+                _ => Err(unsupported(
+                    &pkey,
+                    "a window pattern that is not a bool per layer",
+                )),
+            })
+            .collect(),
+        Some(_) => Err(unsupported(
+            &pkey,
+            "a window pattern that is not a bool per layer",
+        )),
+    }
+}
+
+/// A value that asks for nothing: zero (a disabled cap or count) or an empty array.
+fn is_neutral(v: &Value) -> bool {
+    match v {
+        Value::Array(a) => a.is_empty(),
+        _ => v.as_integer() == Some(0) || matches!(v.as_f32(), Some(x) if x == 0.0),
+    }
+}
+
+/// Rotary embedding with per-pair frequency divisors (Llama 3 scaling): pair `i` of each head
+/// turns by `pos · base^(-2i/head_dim) / factors[i]`. Otherwise identical to
+/// [`crate::ops::rope`], which the unscaled models keep using unchanged.
+pub(crate) fn rope_scaled(
+    x: &mut [f32],
+    head_dim: usize,
+    pos: usize,
+    base: f32,
+    style: crate::ops::RopeStyle,
+    factors: &[f32],
+) {
+    use crate::ops::RopeStyle;
+    let half = head_dim / 2;
+    for (i, &f) in factors.iter().enumerate().take(half) {
+        let inv_freq = f64::from(base).powf(-((2 * i) as f64) / head_dim as f64) / f64::from(f);
+        let angle = pos as f64 * inv_freq;
+        let (sin, cos) = (angle.sin() as f32, angle.cos() as f32);
+        let (a, b) = match style {
+            RopeStyle::Interleaved => (2 * i, 2 * i + 1),
+            RopeStyle::HalfSplit => (i, i + half),
+        };
+        for head in x.chunks_exact_mut(head_dim) {
+            let (x0, x1) = (head[a], head[b]);
+            head[a] = x0 * cos - x1 * sin;
+            head[b] = x0 * sin + x1 * cos;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::{RopeStyle, rope};
+
+    #[test]
+    fn rope_scaled_divides_each_pair_frequency() {
+        let orig: Vec<f32> = (0..16).map(|i| (i as f32 - 7.5) * 0.3).collect();
+        for style in [RopeStyle::Interleaved, RopeStyle::HalfSplit] {
+            // Unit factors: exactly plain rope.
+            let (mut a, mut b) = (orig.clone(), orig.clone());
+            rope(&mut a, 8, 5, 500.0, style);
+            rope_scaled(&mut b, 8, 5, 500.0, style, &[1.0; 4]);
+            assert_eq!(a, b);
+            // Factor f on pair i at position p turns like position p / f.
+            let mut c = orig.clone();
+            rope_scaled(&mut c, 8, 6, 500.0, style, &[2.0; 4]);
+            let mut d = orig.clone();
+            rope(&mut d, 8, 3, 500.0, style);
+            for (x, y) in c.iter().zip(&d) {
+                assert!((x - y).abs() < 1e-6, "{style:?}: {x} vs {y}");
+            }
+        }
+    }
+}

@@ -1,0 +1,350 @@
+#!/usr/bin/env python3
+"""Make the tiny random Hugging Face models and reference logits under fixtures/arch/.
+
+Each model is a randomly initialised transformers checkpoint (seed fixed) of one architecture
+ferrite supports: llama (plain, and with Llama 3 rope scaling), mistral (sliding window shorter
+than the prompts), qwen2 (q/k/v biases), qwen3 (q/k norms, head_dim != hidden/heads), qwen3moe
+and mixtral (mixture of experts, top-2). Weights are drawn with a larger spread than the
+transformers default so the logits are far from uniform: a top-1 that wins by a wide margin
+survives f16 and Q8_0 rounding, so the tests can demand top-1 agreement.
+
+Outputs per model, in fixtures/arch/<name>/:
+  config.json, model.safetensors (float32; the `mistral` model is stored in bfloat16 and its
+  reference logits are computed from exactly those bf16 values), tokenizer.json and
+  tokenizer_config.json (one byte-level BPE trained here on fixtures/reference/GPL-3.txt,
+  shared by all models, with a ChatML chat template), generation_config.json,
+  logits-<name>.jsonl (the logits fixture schema of fixtures/reference/README.md), and
+  logits-<name>.f32: the raw float32 logits (little-endian) of every scored step, full
+  vocabulary, in line order then step order, for a max |delta logit| check.
+
+Run (needs torch, transformers, safetensors, tokenizers, numpy):
+  python3 scripts/make_arch_fixtures.py [OUT_DIR]          # default fixtures/arch
+"""
+
+import copy
+import json
+import math
+import pathlib
+import sys
+
+import numpy as np
+import torch
+import transformers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+N_GEN = 32
+TOP_K = 20
+MIN_MARGIN = 0.02
+# Spread of the hidden matrices (times 1/sqrt(fan_in)). Larger gains make random networks
+# chaotic: 1.5 let Q8_0 rounding of the weights alone flip up to 9% of the top-1s.
+HIDDEN_GAIN = 0.8
+SEED = 20261129
+VOCAB = 512
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+COMMON = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    rms_norm_eps=1e-6,
+    bos_token_id=None,
+    eos_token_id=2,
+    pad_token_id=0,
+)
+
+# name -> (config class name, extra config, tie embeddings, storage dtype)
+MODELS = {
+    "llama": ("LlamaConfig", dict(num_hidden_layers=3, intermediate_size=96, rope_theta=10000.0), False, torch.float32),
+    "llama3": (
+        "LlamaConfig",
+        dict(
+            rope_theta=500000.0,
+            # original context 48 tokens: every frequency with a wavelength over 12 positions
+            # is slowed down (by up to 8x), so the scaling changes logits from position 1 on.
+            rope_scaling=dict(
+                rope_type="llama3",
+                factor=8.0,
+                low_freq_factor=1.0,
+                high_freq_factor=4.0,
+                original_max_position_embeddings=48,
+            ),
+        ),
+        True,
+        torch.float32,
+    ),
+    "mistral": (
+        "MistralConfig",
+        dict(sliding_window=8, rope_theta=10000.0, head_dim=16),
+        False,
+        torch.bfloat16,
+    ),
+    "qwen2": ("Qwen2Config", dict(rope_theta=1000000.0, use_sliding_window=False), True, torch.float32),
+    "qwen3": (
+        "Qwen3Config",
+        dict(head_dim=32, rope_theta=1000000.0, use_sliding_window=False, attention_bias=False),
+        True,
+        torch.float32,
+    ),
+    "qwen3moe": (
+        "Qwen3MoeConfig",
+        dict(
+            head_dim=16,
+            rope_theta=1000000.0,
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            norm_topk_prob=True,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+            use_sliding_window=False,
+            output_router_logits=False,
+        ),
+        False,
+        torch.float32,
+    ),
+    "mixtral": (
+        "MixtralConfig",
+        dict(
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            intermediate_size=32,
+            rope_theta=1000000.0,
+            sliding_window=None,
+            output_router_logits=False,
+        ),
+        False,
+        torch.float32,
+    ),
+}
+
+PROMPTS = [
+    ("plain", "The licenses for most software are designed to take away your freedom"),
+    ("plain", "1, 2, 3, 4, 5, 6, 7,"),
+    ("chat_template", [{"role": "user", "content": "Can you share and change it?"}]),
+    (
+        "plain",
+        "When we speak of free software, we are referring to freedom, not price. Our General "
+        "Public Licenses are designed to make sure that you have the freedom to distribute "
+        "copies of free software (and charge for them if you wish), that you receive source "
+        "code or can get it if you want it, that you can change the software or use pieces of "
+        "it in new free programs, and that you know you can do these things.",
+    ),
+]
+
+
+def train_tokenizer(out: pathlib.Path) -> transformers.PreTrainedTokenizerFast:
+    """A byte-level BPE of VOCAB tokens (GPT-2 regex, specials first: ids 0, 1, 2)."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB,
+        special_tokens=SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    text = (ROOT / "fixtures/reference/GPL-3.txt").read_text(encoding="utf-8")
+    tok.train_from_iterator(text.split("\n\n"), trainer)
+    assert tok.get_vocab_size() == VOCAB, tok.get_vocab_size()
+    out.mkdir(parents=True, exist_ok=True)
+    tok.save(str(out / "tokenizer.json"))
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_file=str(out / "tokenizer.json"),
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def init_weights(model: torch.nn.Module, gen: torch.Generator) -> None:
+    """Weights with unit-scale activations; norms and biases away from their neutral values."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=gen))
+            elif name.endswith("bias"):
+                p.copy_(0.5 * torch.randn(p.shape, generator=gen))
+            elif "embed_tokens" in name or "lm_head" in name:
+                # Unit-scale output rows give logits with a spread of ~sqrt(hidden): clear
+                # top-1 margins.
+                p.copy_(torch.randn(p.shape, generator=gen))
+            elif p.dim() >= 2:
+                fan_in = p.shape[-1]
+                p.copy_(torch.randn(p.shape, generator=gen) * (HIDDEN_GAIN / math.sqrt(fan_in)))
+            else:
+                p.copy_(torch.randn(p.shape, generator=gen))
+
+
+def make_model(name: str, spec, attempt: int, drop=None) -> torch.nn.Module:
+    """The model `name`, weights drawn with seed number `attempt`; `drop` names a config key
+    reset to None (the feature turned off)."""
+    cls_name, extra, tie, dtype = spec
+    args = {**COMMON, **extra, "tie_word_embeddings": tie}
+    if drop is not None:
+        args[drop] = None
+    cfg = getattr(transformers, cls_name)(**args)
+    torch.manual_seed(SEED)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation="eager")
+    gen = torch.Generator().manual_seed(SEED + sum(map(ord, name)) + 1000 * attempt)
+    init_weights(model, gen)
+    if dtype != torch.float32:
+        # The reference runs on exactly the stored (rounded) values. Only the parameters are
+        # rounded: `model.to(dtype)` would also round buffers such as rope's inv_freq, which
+        # a loader recomputes in float32.
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(p.to(dtype).to(torch.float32))
+    return model.eval()
+
+
+def q8_0_round(w: torch.Tensor) -> torch.Tensor:
+    """`w` rounded as GGML Q8_0 stores it: blocks of 32, int8 values, f16 scale max/127."""
+    x = w.reshape(-1, 32)
+    d = (x.abs().max(dim=1, keepdim=True).values / 127).half().float()
+    q = torch.where(d > 0, (x / d).round().clamp(-127, 127), torch.zeros_like(x))
+    return (q * d).reshape(w.shape)
+
+
+@torch.no_grad()
+def q8_0_keeps_top1(model, lines) -> bool:
+    """Whether every recorded greedy token stays the argmax with Q8_0-rounded matrices."""
+    q = copy.deepcopy(model)
+    for name, p in q.named_parameters():
+        # Routers (`mlp.gate`, `block_sparse_moe.gate`) stay float: llama.cpp's quantize and
+        # ferrite's keep `ffn_gate_inp` unquantized.
+        if p.dim() >= 2 and p.shape[-1] % 32 == 0 and not name.endswith(".gate.weight"):
+            p.copy_(q8_0_round(p))
+    for line in lines:
+        ids = line["prompt_ids"] + line["generated_ids"]
+        n = len(line["prompt_ids"])
+        top = logits_of(q, ids)[n - 1 : n - 1 + N_GEN].argmax(dim=-1).tolist()
+        if top != line["generated_ids"]:
+            return False
+    return True
+
+
+@torch.no_grad()
+def logits_of(model, ids):
+    return model(torch.tensor([ids])).logits[0].to(torch.float32)
+
+
+# A feature whose effect the fixture must show: turning it off changes the recorded logits.
+FEATURE_KEYS = {"llama3": "rope_scaling", "mistral": "sliding_window"}
+
+
+def check_feature_matters(name: str, spec, attempt: int, model, ids) -> None:
+    if name not in FEATURE_KEYS:
+        return
+    plain = make_model(name, spec, attempt, drop=FEATURE_KEYS[name])
+    delta = float((logits_of(model, ids) - logits_of(plain, ids)).abs().max())
+    print(f"{name}: max |delta logit| without {FEATURE_KEYS[name]} = {delta:.3f}")
+    assert delta > 0.5, f"{name}: {FEATURE_KEYS[name]} does not change the logits"
+
+
+def record(model, tok, name: str):
+    """The fixture lines of `model` and the raw logits of every scored step."""
+    lines, raw = [], []
+    for i, (kind, prompt) in enumerate(PROMPTS):
+        line = {"id": f"arch-{name}-{i:03d}", "kind": kind}
+        if kind == "chat_template":
+            line["messages"] = prompt
+            prompt = tok.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+        prompt_ids = tok.encode(prompt, add_special_tokens=True)
+        line["prompt"] = prompt
+        line["prompt_ids"] = prompt_ids
+        ids = list(prompt_ids)
+        for _ in range(N_GEN):
+            last = logits_of(model, ids)[-1]
+            # argmax, ties to the lowest id
+            ids.append(int(torch.nonzero(last == last.max())[0]))
+        gen_ids = ids[len(prompt_ids):]
+        full = logits_of(model, ids)[len(prompt_ids) - 1 : len(prompt_ids) - 1 + N_GEN]
+        logp = torch.log_softmax(full, dim=-1)
+        steps, consistent, margin = [], True, math.inf
+        for s in range(N_GEN):
+            top = torch.topk(logp[s], TOP_K)
+            pairs = [[int(t), round(float(v), 6)] for v, t in zip(top.values, top.indices)]
+            steps.append({"token": gen_ids[s], "logprob": round(float(logp[s][gen_ids[s]]), 6), "top": pairs})
+            consistent &= int(torch.argmax(full[s])) == gen_ids[s]
+            margin = min(margin, float(top.values[0] - top.values[1]))
+        eos = [j for j, t in enumerate(gen_ids) if t in (0, 2)]
+        line.update(
+            generated_ids=gen_ids,
+            generated_text=tok.decode(gen_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False),
+            steps=steps,
+            eos_index=eos[0] if eos else None,
+            argmax_consistent=consistent,
+            min_top1_margin=round(margin, 6),
+        )
+        lines.append(line)
+        raw.append(full.numpy().astype("<f4"))
+    return lines, raw
+
+
+def write(out: pathlib.Path, name: str, lines, raw) -> None:
+    with open(out / f"logits-{name}.jsonl", "w", encoding="utf-8") as f:
+        for line in lines:
+            f.write(json.dumps(line, ensure_ascii=True) + "\n")
+    np.concatenate(raw).tofile(out / f"logits-{name}.f32")
+
+
+def main() -> None:
+    out_root = pathlib.Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "fixtures/arch"
+    torch.set_num_threads(1)
+    tok_dir = out_root / ".tokenizer"
+    tok = train_tokenizer(tok_dir)
+    for name, spec in MODELS.items():
+        out = out_root / name
+        out.mkdir(parents=True, exist_ok=True)
+        # Redraw the weights until no greedy step is a near-tie (margin under MIN_MARGIN) and
+        # Q8_0 rounding of the weights keeps every top-1: otherwise a top-1 check on a
+        # quantized model would measure the random network's chaos, not the engine.
+        for attempt in range(50):
+            model = make_model(name, spec, attempt)
+            lines, raw = record(model, tok, name)
+            margin = min(line["min_top1_margin"] for line in lines)
+            if margin >= MIN_MARGIN and q8_0_keeps_top1(model, lines):
+                break
+        else:
+            raise SystemExit(f"{name}: no draw without near-ties")
+        model.save_pretrained(out, safe_serialization=True)
+        if spec[3] != torch.float32:
+            # save_pretrained writes float32; store the rounded weights in their own dtype.
+            from safetensors.torch import load_file, save_file
+
+            st = out / "model.safetensors"
+            tensors = {k: v.to(spec[3]) for k, v in load_file(st).items()}
+            save_file(tensors, st, metadata={"format": "pt"})
+            cfg = json.loads((out / "config.json").read_text())
+            cfg["dtype"] = "bfloat16"
+            (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+        tok.save_pretrained(out)
+        # transformers 5 keeps the template in chat_template.jinja; older readers look in
+        # tokenizer_config.json, so it is in both (same text).
+        tc_path = out / "tokenizer_config.json"
+        tc = json.loads(tc_path.read_text())
+        tc["chat_template"] = CHAT_TEMPLATE
+        tc_path.write_text(json.dumps(tc, indent=2, sort_keys=True) + "\n")
+        write(out, name, lines, raw)
+        check_feature_matters(name, spec, attempt, model, tok.encode(PROMPTS[-1][1]))
+        n_params = sum(p.numel() for p in model.parameters())
+        print(f"{name}: {n_params} parameters, draw {attempt}, min top-1 margin {margin}")
+    for p in tok_dir.iterdir():
+        p.unlink()
+    tok_dir.rmdir()
+
+
+if __name__ == "__main__":
+    main()
