@@ -5,7 +5,7 @@
 //! to the FMAs, streaming each weight byte once. Prefill dequantizes a tile of weight rows
 //! (bit-exact, SIMD) into the thread's reusable f32 scratch and multiplies that tile
 //! against all tokens with the register-blocked f32 kernel
-//! ([`ferrite_quant::kernels::dot_tile`]), so weights are decoded once per call whatever
+//! ([`ferrite_quant::kernels::gemm_f32`]), so weights are decoded once per call whatever
 //! the token count and the work is compute-bound.
 //!
 //! Determinism: every output is computed by exactly one thread in the canonical order of
@@ -14,7 +14,7 @@
 //! in the batch.
 
 use ferrite_gguf::GgmlType;
-use ferrite_quant::kernels::{MAX_TILE, dequant_fn, dot_tile, matvec};
+use ferrite_quant::kernels::{MAX_TILE, dequant_fn, gemm_f32, matvec};
 use ferrite_quant::{SimdLevel, simd_level};
 
 use crate::{CpuError, ThreadPool};
@@ -111,45 +111,35 @@ pub fn matmul_with(
             }
             return;
         }
-        if scratch.len() < tile_rows * cols {
-            scratch.resize(tile_rows * cols, 0.0);
+        // The scratch holds the dequantized tile, then the products of one token block.
+        let tile_len = tile_rows * cols;
+        let need = tile_len + MAX_TILE * tile_rows;
+        if scratch.len() < need {
+            scratch.resize(need, 0.0);
         }
+        let (tile_buf, part) = scratch.split_at_mut(tile_len);
         let mut r0 = start;
         while r0 < end {
             let nr = tile_rows.min(end - r0);
-            let tile = &mut scratch[..nr * cols];
+            let tile = &mut tile_buf[..nr * cols];
             deq(&w.data[r0 * rb..(r0 + nr) * rb], tile);
             let tile = &*tile;
             let mut t0 = 0;
             while t0 < n_tokens {
                 let nt = MAX_TILE.min(n_tokens - t0);
-                let mut xs: [&[f32]; MAX_TILE] = [&[]; MAX_TILE];
-                for (j, xr) in xs.iter_mut().take(nt).enumerate() {
-                    *xr = &x[(t0 + j) * cols..(t0 + j + 1) * cols];
-                }
-                let mut i0 = 0;
-                while i0 < nr {
-                    let ni = MAX_TILE.min(nr - i0);
-                    let mut ws: [&[f32]; MAX_TILE] = [&[]; MAX_TILE];
-                    for (i, wr) in ws.iter_mut().take(ni).enumerate() {
-                        *wr = &tile[(i0 + i) * cols..(i0 + i + 1) * cols];
+                let xs = &x[t0 * cols..(t0 + nt) * cols];
+                let part = &mut part[..nt * nr];
+                if gemm_f32(level, tile, xs, cols, part).is_err() {
+                    failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                } else {
+                    for (j, prow) in part.chunks_exact(nr).enumerate() {
+                        // SAFETY: (t0 + j) * rows + r0 + nr <= n_tokens * rows == y.len()
+                        // (checked above), and rows r0..r0 + nr lie in this thread's
+                        // [start, end) range, which no other thread writes; `y` is borrowed
+                        // mutably for the whole call, which outlives `run`.
+                        let dst = unsafe { out.slice((t0 + j) * rows + r0, nr) };
+                        dst.copy_from_slice(prow);
                     }
-                    let mut part = [0f32; MAX_TILE * MAX_TILE];
-                    if dot_tile(level, &ws[..ni], &xs[..nt], cols, &mut part).is_err() {
-                        failed.store(true, std::sync::atomic::Ordering::Relaxed);
-                    } else {
-                        for i in 0..ni {
-                            for j in 0..nt {
-                                let idx = (t0 + j) * rows + r0 + i0 + i;
-                                // SAFETY: idx < n_tokens * rows == y.len() (checked above),
-                                // and row r0 + i0 + i lies in this thread's [start, end)
-                                // range, which no other thread writes; `y` is borrowed
-                                // mutably for the whole call, which outlives `run`.
-                                unsafe { out.write(idx, part[i * nt + j]) };
-                            }
-                        }
-                    }
-                    i0 += ni;
                 }
                 t0 += nt;
             }
@@ -178,15 +168,6 @@ fn tile_rows(cols: usize, n_tokens: usize) -> usize {
 struct OutPtr(*mut f32);
 
 impl OutPtr {
-    /// Writes element `idx`.
-    ///
-    /// # Safety
-    /// `idx` is in bounds of the borrowed output and no other thread accesses it meanwhile.
-    unsafe fn write(&self, idx: usize, v: f32) {
-        // SAFETY: forwarded caller contract.
-        unsafe { self.0.add(idx).write(v) }
-    }
-
     /// The elements `start..start + len` as a slice.
     ///
     /// # Safety

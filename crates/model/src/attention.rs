@@ -3,18 +3,18 @@
 //!
 //! A query at absolute position `p` sees keys at positions `kv` with `kv <= p` and, when a
 //! window `w` is set, `p - kv < w` (transformers' `kv > q - w`, llama.cpp's standard SWA).
-//! Keys and values of one KV head are widened once per chunk into scratch and shared by every
-//! query head of its group (grouped-query attention).
+//! Keys and values of one KV head are widened once per chunk into scratch (in parallel) and
+//! shared by every query head of its group (grouped-query attention).
 
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use ferrite_cpu::ThreadPool;
-use ferrite_quant::kernels::{axpy, dot_f32};
+use ferrite_quant::kernels::{MAX_TILE, dot_tile, softmax_scaled, weighted_rows};
 use ferrite_quant::simd_level;
 
 use crate::ModelError;
 use crate::kv::{KvCache, try_vec};
-use crate::ops::softmax;
 
 /// Shape and masking of one layer's attention.
 #[derive(Debug, Clone, Copy)]
@@ -70,9 +70,14 @@ fn first_visible(pos: usize, window: Option<usize>) -> usize {
 /// Attention for `n` consecutive queries at positions `pos0..pos0+n` of `layer`.
 ///
 /// `q` holds `n × n_head × head_dim` rotated queries; the cache must already hold keys and
-/// values for positions `..pos0+n`. Writes `n × n_head × head_dim` values to `out`. The
-/// `(query, head)` pairs are spread over the pool's threads; each pair is computed by one
-/// thread in a fixed order, so the result does not depend on the thread count.
+/// values for positions `..pos0+n`. Writes `n × n_head × head_dim` values to `out`.
+///
+/// Work items are (token, block of query heads of one KV group): a block's heads share the
+/// widened key and value rows, so each key row is loaded once for all of them
+/// ([`dot_tile`] for the scores, [`weighted_rows`] for the values). Items are spread over
+/// the pool's threads. Per head the arithmetic is the same whatever the blocking and the
+/// thread (tiles are bit-identical to single dot products, value sums run in key order), so
+/// the result depends neither on the thread count nor on how many tokens share the call.
 #[allow(clippy::too_many_arguments)]
 pub fn attend(
     pool: &ThreadPool,
@@ -86,59 +91,120 @@ pub fn attend(
 ) {
     let hd = shape.head_dim;
     let n = q.len() / (shape.n_head * hd);
-    let group = shape.n_head / shape.n_kv_head.max(1);
+    let n_kv = shape.n_kv_head.max(1);
+    let group = shape.n_head / n_kv;
     let lo_all = first_visible(pos0, shape.window);
     let hi_all = pos0 + n;
     let span = hi_all - lo_all;
-    for g in 0..shape.n_kv_head {
-        let r = g * span * hd..(g + 1) * span * hd;
-        cache.load_head(
-            layer,
-            false,
-            g,
-            hd,
-            lo_all..hi_all,
-            &mut scratch.k[r.clone()],
-        );
-        cache.load_head(layer, true, g, hd, lo_all..hi_all, &mut scratch.v[r]);
-    }
-    let (kbuf, vbuf, obuf) = (&scratch.k, &scratch.v, &scratch.out);
-    let items = n * shape.n_head;
     let n_threads = pool.n_threads();
+    widen(pool, cache, layer, hd, n_kv, lo_all..hi_all, scratch);
+    let block = head_block(n * n_kv, group, n_threads);
+    let blocks_per_group = group.div_ceil(block);
+    let (kbuf, vbuf, obuf) = (&scratch.k, &scratch.v, &scratch.out);
+    let items = n * n_kv * blocks_per_group;
     let level = simd_level();
-    pool.run(|thread, scores: &mut Vec<f32>| {
+    pool.run(|thread, buf: &mut Vec<f32>| {
         for item in (thread..items).step_by(n_threads) {
-            let (t, h) = (item / shape.n_head, item % shape.n_head);
-            let g = h / group;
+            let t = item / (n_kv * blocks_per_group);
+            let g = item / blocks_per_group % n_kv;
+            let h0 = g * group + item % blocks_per_group * block;
+            let nh = block.min((g + 1) * group - h0);
             let pos = pos0 + t;
             let lo = first_visible(pos, shape.window) - lo_all;
             let hi = pos + 1 - lo_all;
-            let kg = &kbuf[g * span * hd..(g + 1) * span * hd];
-            let vg = &vbuf[g * span * hd..(g + 1) * span * hd];
-            let qh = &q[item * hd..(item + 1) * hd];
-            // The pool's scratch holds the scores, then (after them) the output row.
-            scores.resize((hi - lo) + hd, 0.0);
-            let (sc, o) = scores.split_at_mut(hi - lo);
-            // The SIMD kernels cannot fail here: `level` came from `simd_level`, which
-            // only returns levels the CPU has; a failure would leave zeros, caught by the
-            // fixture tests.
-            for (s, j) in sc.iter_mut().zip(lo..hi) {
-                *s = dot_f32(level, qh, &kg[j * hd..(j + 1) * hd]).unwrap_or(0.0) * shape.scale;
+            let len = hi - lo;
+            let kg = &kbuf[(g * span + lo) * hd..(g * span + hi) * hd];
+            let vg = &vbuf[(g * span + lo) * hd..(g * span + hi) * hd];
+            let row = t * shape.n_head;
+            let qs: [&[f32]; MAX_TILE] = std::array::from_fn(|i| {
+                let h = (h0 + i).min(h0 + nh - 1);
+                &q[(row + h) * hd..(row + h + 1) * hd]
+            });
+            // The pool's scratch holds the scores of the block's heads, then their output.
+            buf.resize(nh * (len + hd), 0.0);
+            let (sc, o) = buf.split_at_mut(nh * len);
+            // The kernels cannot fail here: `level` came from `simd_level`, which only
+            // returns levels the CPU has, and every shape is in range; a failure would leave
+            // zeros, caught by the fixture tests.
+            let mut part = [0f32; MAX_TILE * MAX_TILE];
+            for j0 in (0..len).step_by(MAX_TILE) {
+                let nk = MAX_TILE.min(len - j0);
+                let ks: [&[f32]; MAX_TILE] =
+                    std::array::from_fn(|i| &kg[(j0 + i.min(nk - 1)) * hd..][..hd]);
+                let _ = dot_tile(level, &qs[..nh], &ks[..nk], hd, &mut part);
+                for i in 0..nh {
+                    sc[i * len + j0..i * len + j0 + nk]
+                        .copy_from_slice(&part[i * nk..(i + 1) * nk]);
+                }
             }
-            softmax(sc);
-            o.fill(0.0);
-            for (&p, j) in sc.iter().zip(lo..hi) {
-                let _ = axpy(level, p, &vg[j * hd..(j + 1) * hd], o);
+            for s in sc.chunks_exact_mut(len) {
+                let _ = softmax_scaled(level, shape.scale, s);
             }
-            for (dst, &v) in obuf[item * hd..(item + 1) * hd].iter().zip(o.iter()) {
-                dst.store(v.to_bits(), Ordering::Relaxed);
+            let ps: [&[f32]; MAX_TILE] =
+                std::array::from_fn(|i| &sc[i.min(nh - 1) * len..(i.min(nh - 1) + 1) * len]);
+            let _ = weighted_rows(level, &ps[..nh], vg, hd, hd, o);
+            let dst = &obuf[(row + h0) * hd..(row + h0 + nh) * hd];
+            for (d, &v) in dst.iter().zip(o.iter()) {
+                d.store(v.to_bits(), Ordering::Relaxed);
             }
         }
     });
     // `run` has joined every thread, so these loads see all stores.
-    for (o, bits) in out[..items * hd].iter_mut().zip(obuf) {
+    let items_out = n * shape.n_head * hd;
+    for (o, bits) in out[..items_out].iter_mut().zip(obuf) {
         *o = f32::from_bits(bits.load(Ordering::Relaxed));
     }
+}
+
+/// Query heads per work item: a divisor of the group size (at most [`MAX_TILE`]) that
+/// minimises the heads the busiest thread computes, the larger block on ties (more reuse
+/// of each loaded key). Prefill gets whole groups; decode splits groups so that every
+/// thread has work. Any choice gives the same bits.
+fn head_block(units: usize, group: usize, n_threads: usize) -> usize {
+    (1..=group.clamp(1, MAX_TILE))
+        .filter(|h| group.is_multiple_of(*h))
+        .min_by_key(|&h| {
+            let items = units * (group / h);
+            (items.div_ceil(n_threads) * h, usize::MAX - h)
+        })
+        .unwrap_or(1)
+}
+
+/// Widens the keys and values of `range` for every KV head into the scratch, the
+/// (head, key or value) parts handed out to the pool's threads as they free up (each part
+/// is a plain copy or exact conversion, so who does it does not matter).
+fn widen(
+    pool: &ThreadPool,
+    cache: &KvCache,
+    layer: usize,
+    hd: usize,
+    n_kv: usize,
+    range: std::ops::Range<usize>,
+    scratch: &mut AttnScratch,
+) {
+    let span = range.len();
+    let size = span * hd;
+    let k = scratch.k[..n_kv * size]
+        .chunks_mut(size.max(1))
+        .map(|d| (false, d));
+    let v = scratch.v[..n_kv * size]
+        .chunks_mut(size.max(1))
+        .map(|d| (true, d));
+    let parts = k.enumerate().chain(v.enumerate());
+    let load = |(g, (value, dst)): (usize, (bool, &mut [f32]))| {
+        cache.load_head(layer, value, g, hd, range.clone(), dst);
+    };
+    // Small spans (decode near the start) are not worth waking the pool.
+    if n_kv * size < 1 << 14 {
+        parts.for_each(load);
+        return;
+    }
+    let parts = Mutex::new(parts);
+    pool.run(|_, _| {
+        while let Some(part) = parts.lock().ok().and_then(|mut it| it.next()) {
+            load(part);
+        }
+    });
 }
 
 #[cfg(test)]
@@ -228,6 +294,83 @@ mod tests {
                 (f64::from(a) - b).abs() < 1e-5,
                 "{window:?} {pos0} {n} at {i}: {a} vs {b}"
             );
+        }
+    }
+
+    #[test]
+    fn head_blocks_balance_threads() {
+        // Gemma 3 decode (1 KV head, group 4, 2 threads): two blocks of 2.
+        assert_eq!(head_block(1, 4, 2), 2);
+        // SmolLM2 decode (3 KV heads, group 3): single heads, 5 vs 4 per thread.
+        assert_eq!(head_block(3, 3, 2), 1);
+        // Prefill: whole groups.
+        assert_eq!(head_block(256, 4, 2), 4);
+        assert_eq!(head_block(768, 3, 2), 3);
+        // Groups larger than a tile use a divisor that fits.
+        assert_eq!(head_block(256, 8, 2), 4);
+        assert_eq!(head_block(256, 1, 2), 1);
+    }
+
+    /// Runs `attend` over `len` positions either as one chunk or token by token.
+    fn run_attend(shape: &AttnShape, threads: usize, len: usize, one_by_one: bool) -> Vec<f32> {
+        let row = shape.n_kv_head * shape.head_dim;
+        let qw = shape.n_head * shape.head_dim;
+        let (k, v, q) = (
+            pseudo(len * row, 7),
+            pseudo(len * row, 8),
+            pseudo(len * qw, 9),
+        );
+        let mut cache = KvCache::new(KvType::F16, 1, len, row).unwrap();
+        cache.store(0, 0, &k, &v);
+        let mut scratch = AttnScratch::new(len, row, q.len()).unwrap();
+        let pool = ThreadPool::new(threads).unwrap();
+        let mut out = vec![f32::NAN; q.len()];
+        if one_by_one {
+            for t in 0..len {
+                let o = &mut out[t * qw..(t + 1) * qw];
+                attend(
+                    &pool,
+                    shape,
+                    &cache,
+                    0,
+                    t,
+                    &q[t * qw..(t + 1) * qw],
+                    o,
+                    &mut scratch,
+                );
+            }
+        } else {
+            attend(&pool, shape, &cache, 0, 0, &q, &mut out, &mut scratch);
+        }
+        out
+    }
+
+    #[test]
+    fn prefill_decode_and_threads_give_identical_bits_at_model_shapes() {
+        // SmolLM2-like (group 3, head dim 64) and Gemma-3-like (group 4, head dim 256,
+        // window): head blocking differs between these runs, the bits must not.
+        for shape in [
+            AttnShape {
+                n_head: 6,
+                n_kv_head: 2,
+                head_dim: 64,
+                scale: 0.125,
+                window: None,
+            },
+            AttnShape {
+                n_head: 4,
+                n_kv_head: 1,
+                head_dim: 256,
+                scale: 0.0625,
+                window: Some(13),
+            },
+        ] {
+            let want = run_attend(&shape, 1, 37, false);
+            assert!(want.iter().all(|v| v.is_finite()));
+            for (threads, one) in [(2, false), (1, true), (2, true), (3, false)] {
+                let got = run_attend(&shape, threads, 37, one);
+                assert_eq!(got, want, "{shape:?} threads={threads} one_by_one={one}");
+            }
         }
     }
 

@@ -6,8 +6,11 @@
 //! chunk), and returns the logits the caller asked for.
 
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use ferrite_cpu::{ThreadPool, matmul};
+use ferrite_quant::kernels::{GatedAct, gated_act};
+use ferrite_quant::simd_level;
 
 use crate::ModelError;
 use crate::attention::{AttnScratch, AttnShape, attend};
@@ -16,7 +19,7 @@ use crate::features::rope_scaled;
 use crate::kv::{KvCache, KvType, try_vec};
 use crate::model::{Ffn, Model, Weight};
 use crate::moe::{self, MoeScratch};
-use crate::ops::{add_assign, gelu_tanh, rms_norm, rope, silu};
+use crate::ops::{RopeTable, add_assign, rms_norm, rope};
 
 /// Most tokens one forward chunk processes; bounds the scratch memory of long prompts.
 pub const PREFILL_CHUNK: usize = 256;
@@ -74,6 +77,8 @@ pub(crate) struct Scratch {
     o: Vec<f32>,
     gate: Vec<f32>,
     up: Vec<f32>,
+    /// Rope tables of the rows of one forward pass, one per distinct rope base.
+    rope: Vec<RopeTable>,
     /// Expert routing and grouping buffers (MoE models only).
     moe: Option<MoeScratch>,
 }
@@ -91,6 +96,7 @@ impl Scratch {
             o: vec![0.0; rows * c.d_model],
             gate: vec![0.0; rows * c.d_ff],
             up: vec![0.0; rows * c.d_ff],
+            rope: Vec::new(),
             moe: c
                 .moe
                 .as_ref()
@@ -486,6 +492,21 @@ pub(crate) fn forward_rows(
                 row.iter_mut().for_each(|v| *v *= c.embed_scale);
             }
         }
+        // One rope table per distinct base for these rows' positions (reusing memory).
+        let mut n_tables = 0;
+        for lc in &c.layers {
+            let have = s.rope[..n_tables]
+                .iter()
+                .any(|r| r.covers(c.head_dim, lc.rope_base, n));
+            if !have {
+                if n_tables == s.rope.len() {
+                    s.rope.push(RopeTable::default());
+                }
+                let positions = segs.iter().flat_map(|g| g.pos0..g.pos0 + g.len);
+                s.rope[n_tables].fill(c.head_dim, lc.rope_base, positions);
+                n_tables += 1;
+            }
+        }
         let mm = |w: &Weight, x: &[f32], y: &mut [f32]| -> Result<(), ModelError> {
             matmul(pool, m.matrix(w), x, n, y)?;
             Ok(())
@@ -515,6 +536,16 @@ pub(crate) fn forward_rows(
                 rms_norm(q, qn, c.rms_eps);
                 rms_norm(k, kn, c.rms_eps);
             }
+            // Scaled-frequency rope (rope_factors) computes its own angles.
+            let table = match rope_factors {
+                Some(_) => None,
+                None => Some(
+                    s.rope[..n_tables]
+                        .iter()
+                        .find(|r| r.covers(c.head_dim, lc.rope_base, n))
+                        .ok_or_else(|| ModelError::InvalidArgument("rope table missing".into()))?,
+                ),
+            };
             let mut t = 0;
             for seg in segs.iter() {
                 for pos in seg.pos0..seg.pos0 + seg.len {
@@ -524,9 +555,13 @@ pub(crate) fn forward_rows(
                     if let Some(f) = rope_factors {
                         rope_scaled(qr, c.head_dim, pos, lc.rope_base, c.rope_style, f);
                         rope_scaled(kr, c.head_dim, kpos, lc.rope_base, c.rope_style, f);
-                    } else {
-                        rope(qr, c.head_dim, pos, lc.rope_base, c.rope_style);
-                        rope(kr, c.head_dim, kpos, lc.rope_base, c.rope_style);
+                    } else if let Some(table) = table {
+                        table.apply(qr, t, c.rope_style);
+                        if rope_shift == 0 {
+                            table.apply(kr, t, c.rope_style);
+                        } else {
+                            rope(kr, c.head_dim, kpos, lc.rope_base, c.rope_style);
+                        }
                     }
                     t += 1;
                 }
@@ -576,31 +611,32 @@ pub(crate) fn forward_rows(
                     mm(w_gate, xn, gate)?;
                     mm(w_up, xn, up)?;
                     let act = match c.activation {
-                        Activation::Silu => silu,
-                        Activation::GeluTanh => gelu_tanh,
+                        Activation::Silu => GatedAct::Silu,
+                        Activation::GeluTanh => GatedAct::GeluTanh,
                     };
+                    // Element-wise, the same bits wherever an element falls, so the split
+                    // over the pool (disjoint ranges, a multiple of 16) does not depend on
+                    // the thread count.
+                    let level = simd_level();
                     if n == 1 {
-                        for (g, &u) in gate.iter_mut().zip(up.iter()) {
-                            *g = act(*g) * u;
-                        }
+                        gated_act(level, act, gate, up).map_err(ferrite_cpu::CpuError::from)?;
                     } else {
-                        // In prefill the activation (tanh for Gemma) costs as much as a small
-                        // matmul: split it over the pool in disjoint element ranges, so the result
-                        // does not depend on the thread count.
-                        let per = gate.len().div_ceil(pool.n_threads()).max(1);
-                        let parts: Vec<Mutex<(&mut [f32], &[f32])>> = gate
-                            .chunks_mut(per)
-                            .zip(up.chunks(per))
-                            .map(Mutex::new)
-                            .collect();
-                        pool.run(|thread, _| {
-                            if let Some(Ok(mut part)) = parts.get(thread).map(Mutex::lock) {
-                                let (g, u) = &mut *part;
-                                for (g, &u) in g.iter_mut().zip(u.iter()) {
-                                    *g = act(*g) * u;
+                        let per = gate.len().div_ceil(16 * pool.n_threads()).max(1) * 16;
+                        let parts = Mutex::new(gate.chunks_mut(per).zip(up.chunks(per)));
+                        let failed = AtomicBool::new(false);
+                        pool.run(|_, _| {
+                            while let Some((g, u)) = parts.lock().ok().and_then(|mut it| it.next())
+                            {
+                                if gated_act(level, act, g, u).is_err() {
+                                    failed.store(true, Ordering::Relaxed);
                                 }
                             }
                         });
+                        if failed.into_inner() {
+                            return Err(ModelError::InvalidArgument(
+                                "activation kernel rejected its level".into(),
+                            ));
+                        }
                     }
                     mm(w_down, gate, o)?;
                 }

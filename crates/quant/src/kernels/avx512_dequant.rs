@@ -67,10 +67,78 @@ crate::block::impl_block!(ChunkF16, 32);
 struct ChunkBf16([u8; 32]);
 crate::block::impl_block!(ChunkBf16, 32);
 
+/// One block of each of four rows into their accumulators: decode all four blocks, then
+/// interleave the four FMA chains chunk by chunk (one row's chain alone is latency-bound).
+/// Right for small blocks; `$n = 16` would need 64 registers (see [`block4_q4k`]).
+macro_rules! block4_whole {
+    ($dec:ident, $n:expr, $blocks:expr, $xs:expr, $acc:expr) => {{
+        let [b0, b1, b2, b3] = $blocks;
+        let xs: &[f32] = $xs;
+        let acc: &mut [__m512; 4] = $acc;
+        let mut v = [[_mm512_setzero_ps(); $n]; 4];
+        $dec!(b0, &mut v[0]);
+        $dec!(b1, &mut v[1]);
+        $dec!(b2, &mut v[2]);
+        $dec!(b3, &mut v[3]);
+        for c in 0..$n {
+            // SAFETY: xs holds 16 * $n values, so chunk c is in bounds.
+            let xv = unsafe { _mm512_loadu_ps(xs.as_ptr().add(16 * c)) };
+            for (a, vr) in acc.iter_mut().zip(&v) {
+                *a = _mm512_fmadd_ps(vr[c], xv, *a);
+            }
+        }
+    }};
+}
+
+/// [`block4_whole`] for Q4_K, a quarter block (64 values) at a time: decoding four whole
+/// 256-value blocks needs 64 vector registers and spilled half of them to the stack on
+/// every block. Each quarter decodes exactly as [`dec_q4k`] and the FMAs of each row run in
+/// the same chunk order, so the bits are the same.
+macro_rules! block4_q4k {
+    ($dec:ident, $n:expr, $blocks:expr, $xs:expr, $acc:expr) => {{
+        let bs: [&BlockQ4K; 4] = $blocks;
+        let sm: [[f32; 16]; 4] =
+            std::array::from_fn(|r| k4_scales(f16_le(bs[r].d), f16_le(bs[r].dmin), &bs[r].scales));
+        block4_quarters!($xs, $acc, 4, |r, c| q4k_quarter!(bs[r], &sm[r], c));
+    }};
+}
+
+/// [`block4_q4k`] for Q6_K (same reason, same argument for the bits).
+macro_rules! block4_q6k {
+    ($dec:ident, $n:expr, $blocks:expr, $xs:expr, $acc:expr) => {{
+        let bs: [&BlockQ6K; 4] = $blocks;
+        let d: [f32; 4] = std::array::from_fn(|r| f16_le(bs[r].d));
+        block4_quarters!($xs, $acc, 4, |r, g| q6k_quarter!(bs[r], d[r], g / 2, g % 2));
+    }};
+}
+
+/// Runs `$quarter(row, q)` (four vectors: values `64q..64q + 64` of that row's block) for
+/// each of `$nq` quarters and four rows, and feeds them to the four accumulators in chunk
+/// order.
+macro_rules! block4_quarters {
+    ($xs:expr, $acc:expr, $nq:expr, |$r:ident, $q:ident| $quarter:expr) => {{
+        let xs: &[f32] = $xs;
+        let acc: &mut [__m512; 4] = $acc;
+        for $q in 0..$nq {
+            let v: [[__m512; 4]; 4] = std::array::from_fn(|$r| $quarter);
+            for i in 0..4 {
+                // SAFETY: xs holds 64 * $nq values and 16 * (4q + i) + 16 <= 64 * $nq.
+                let xv = unsafe { _mm512_loadu_ps(xs.as_ptr().add(16 * (4 * $q + i))) };
+                for (a, vr) in acc.iter_mut().zip(&v) {
+                    *a = _mm512_fmadd_ps(vr[i], xv, *a);
+                }
+            }
+        }
+    }};
+}
+
 /// Generates, for one format, the dequantizer and the fused matvec around its decoder
 /// `$dec(&block, &mut [__m512; $n])`, plus their safe wrappers.
 macro_rules! format_kernels {
     ($block:ty, $n:expr, $dec:ident, $deq:ident, $mv:ident, $reference:path) => {
+        format_kernels!($block, $n, $dec, $deq, $mv, $reference, block4_whole);
+    };
+    ($block:ty, $n:expr, $dec:ident, $deq:ident, $mv:ident, $reference:path, $block4:ident) => {
         fn $deq(src: &[u8], dst: &mut [f32]) {
             #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
             fn imp(src: &[u8], dst: &mut [f32]) {
@@ -114,12 +182,7 @@ macro_rules! format_kernels {
             fn four(r: [&[$block]; 4], x: &[f32], nb: usize) -> [f32; 4] {
                 let [r0, r1, r2, r3] = r;
                 let (r0, r1, r2, r3) = (&r0[..nb], &r1[..nb], &r2[..nb], &r3[..nb]);
-                let (mut a0, mut a1, mut a2, mut a3) = (
-                    _mm512_setzero_ps(),
-                    _mm512_setzero_ps(),
-                    _mm512_setzero_ps(),
-                    _mm512_setzero_ps(),
-                );
+                let mut acc = [_mm512_setzero_ps(); 4];
                 // The four rows are usually adjacent in memory, and each is short (a few
                 // KiB), too short for the hardware prefetcher to lock on to four separate
                 // streams: prefetch the linear region PF bytes ahead of the group's
@@ -135,25 +198,11 @@ macro_rules! format_kernels {
                         _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(fetched));
                         fetched += 64;
                     }
-                    // Decode the four rows' blocks first, then interleave the four FMA
-                    // chains chunk by chunk: one row's chain alone is latency-bound.
-                    let mut v = [[_mm512_setzero_ps(); $n]; 4];
-                    $dec!(&r0[bi], &mut v[0]);
-                    $dec!(&r1[bi], &mut v[1]);
-                    $dec!(&r2[bi], &mut v[2]);
-                    $dec!(&r3[bi], &mut v[3]);
-                    let xs = &xs[..16 * $n];
-                    for c in 0..$n {
-                        // SAFETY: xs holds 16 * $n values, so chunk c is in bounds.
-                        let xv = unsafe { _mm512_loadu_ps(xs.as_ptr().add(16 * c)) };
-                        a0 = _mm512_fmadd_ps(v[0][c], xv, a0);
-                        a1 = _mm512_fmadd_ps(v[1][c], xv, a1);
-                        a2 = _mm512_fmadd_ps(v[2][c], xv, a2);
-                        a3 = _mm512_fmadd_ps(v[3][c], xv, a3);
-                    }
+                    let blocks = [&r0[bi], &r1[bi], &r2[bi], &r3[bi]];
+                    $block4!($dec, $n, blocks, &xs[..16 * $n], &mut acc);
                 }
                 use super::avx512::hsum;
-                [hsum(a0), hsum(a1), hsum(a2), hsum(a3)]
+                [hsum(acc[0]), hsum(acc[1]), hsum(acc[2]), hsum(acc[3])]
             }
             /// One row.
             #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
@@ -418,14 +467,25 @@ macro_rules! dec_q4k {
         let v: &mut [__m512; 16] = $v;
         let sm = k4_scales(f16_le(b.d), f16_le(b.dmin), &b.scales);
         for c in 0..4 {
-            let (da, mma) = (sm[2 * c], sm[8 + 2 * c]);
-            let (db, mmb) = (sm[2 * c + 1], sm[9 + 2 * c]);
-            for h in 0..2 {
-                let (lo, hi) = nibbles(load16(&b.qs, 32 * c + 16 * h));
-                v[4 * c + h] = kaffine(lo, da, mma);
-                v[4 * c + 2 + h] = kaffine(hi, db, mmb);
-            }
+            let q = q4k_quarter!(b, &sm, c);
+            v[4 * c..4 * c + 4].copy_from_slice(&q);
         }
+    }};
+}
+
+/// Values `64c..64c + 64` of a `BlockQ4K` as four vectors, given its [`k4_scales`].
+macro_rules! q4k_quarter {
+    ($b:expr, $sm:expr, $c:expr) => {{
+        let (b, sm, c): (&BlockQ4K, &[f32; 16], usize) = ($b, $sm, $c);
+        let (da, mma) = (sm[2 * c], sm[8 + 2 * c]);
+        let (db, mmb) = (sm[2 * c + 1], sm[9 + 2 * c]);
+        let mut v = [_mm512_setzero_ps(); 4];
+        for h in 0..2 {
+            let (lo, hi) = nibbles(load16(&b.qs, 32 * c + 16 * h));
+            v[h] = kaffine(lo, da, mma);
+            v[2 + h] = kaffine(hi, db, mmb);
+        }
+        v
     }};
 }
 
@@ -467,43 +527,54 @@ macro_rules! dec_q6k {
         let b: &BlockQ6K = $b;
         let v: &mut [__m512; 16] = $v;
         let d = f16_le(b.d);
-        // Whole 64-value groups at byte width (AVX-512BW), widened only at the end: the
-        // shifts act on 16-bit words, and the masks drop the bits that cross bytes.
+        for c in 0..2 {
+            for half in 0..2 {
+                let g0 = 8 * c + 4 * half;
+                v[g0..g0 + 4].copy_from_slice(&q6k_quarter!(b, d, c, half));
+            }
+        }
+    }};
+}
+
+/// Values `128c + 64 half..` + 64 of a `BlockQ6K` as four vectors. Whole 64-value groups at
+/// byte width (AVX-512BW), widened only at the end: the shifts act on 16-bit words, and the
+/// masks drop the bits that cross bytes.
+macro_rules! q6k_quarter {
+    ($b:expr, $d:expr, $c:expr, $half:expr) => {{
+        let (b, d, c, half): (&BlockQ6K, f32, usize, usize) = ($b, $d, $c, $half);
         let m4 = _mm512_set1_epi8(0x0f);
         let m2 = _mm512_set1_epi8(0x03);
         let off = _mm512_set1_epi8(32);
-        for c in 0..2 {
-            let ql = load64(&b.ql, 64 * c);
-            // SAFETY: bytes 32c..32c+32 of the 64-byte qh are in bounds.
-            let qh = unsafe { _mm256_loadu_si256(b.qh.as_ptr().add(32 * c).cast()) };
-            let qh = _mm512_broadcast_i64x4(qh);
-            for half in 0..2 {
-                let lo = if half == 0 {
-                    ql
-                } else {
-                    _mm512_srli_epi16::<4>(ql)
-                };
-                let lo = _mm512_and_si512(lo, m4);
-                // Values 0..32 of this 64 take qh bits 4*half, values 32..64 bits 4*half+2.
-                let sh = _mm512_inserti64x4::<1>(
-                    _mm512_set1_epi16(4 * half as i16),
-                    _mm256_set1_epi16(4 * half as i16 + 2),
-                );
-                let hi = _mm512_and_si512(_mm512_srlv_epi16(qh, sh), m2);
-                let q = _mm512_sub_epi8(_mm512_or_si512(lo, _mm512_slli_epi16::<4>(hi)), off);
-                let g0 = 8 * c + 4 * half;
-                let parts = [
-                    _mm512_extracti32x4_epi32::<0>(q),
-                    _mm512_extracti32x4_epi32::<1>(q),
-                    _mm512_extracti32x4_epi32::<2>(q),
-                    _mm512_extracti32x4_epi32::<3>(q),
-                ];
-                for (i, part) in parts.into_iter().enumerate() {
-                    let dl = d * f32::from(b.scales[g0 + i] as i8);
-                    v[g0 + i] = scaled(_mm512_cvtepi8_epi32(part), dl);
-                }
-            }
+        let ql = load64(&b.ql, 64 * c);
+        // SAFETY: bytes 32c..32c+32 of the 64-byte qh are in bounds.
+        let qh = unsafe { _mm256_loadu_si256(b.qh.as_ptr().add(32 * c).cast()) };
+        let qh = _mm512_broadcast_i64x4(qh);
+        let lo = if half == 0 {
+            ql
+        } else {
+            _mm512_srli_epi16::<4>(ql)
+        };
+        let lo = _mm512_and_si512(lo, m4);
+        // Values 0..32 of this 64 take qh bits 4*half, values 32..64 bits 4*half+2.
+        let sh = _mm512_inserti64x4::<1>(
+            _mm512_set1_epi16(4 * half as i16),
+            _mm256_set1_epi16(4 * half as i16 + 2),
+        );
+        let hi = _mm512_and_si512(_mm512_srlv_epi16(qh, sh), m2);
+        let q = _mm512_sub_epi8(_mm512_or_si512(lo, _mm512_slli_epi16::<4>(hi)), off);
+        let g0 = 8 * c + 4 * half;
+        let parts = [
+            _mm512_extracti32x4_epi32::<0>(q),
+            _mm512_extracti32x4_epi32::<1>(q),
+            _mm512_extracti32x4_epi32::<2>(q),
+            _mm512_extracti32x4_epi32::<3>(q),
+        ];
+        let mut v = [_mm512_setzero_ps(); 4];
+        for (i, part) in parts.into_iter().enumerate() {
+            let dl = d * f32::from(b.scales[g0 + i] as i8);
+            v[i] = scaled(_mm512_cvtepi8_epi32(part), dl);
         }
+        v
     }};
 }
 
@@ -622,7 +693,8 @@ format_kernels!(
     dec_q4k,
     q4k_deq,
     q4k_mv,
-    crate::kquants::dequant_q4k_ref
+    crate::kquants::dequant_q4k_ref,
+    block4_q4k
 );
 format_kernels!(
     BlockQ5K,
@@ -638,7 +710,8 @@ format_kernels!(
     dec_q6k,
     q6k_deq,
     q6k_mv,
-    crate::kquants::dequant_q6k_ref
+    crate::kquants::dequant_q6k_ref,
+    block4_q6k
 );
 format_kernels!(
     BlockIq4Nl,

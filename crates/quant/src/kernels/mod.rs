@@ -8,6 +8,7 @@
 //! one. Dequantization is bit-exact at every level. So, at one level, a matrix product gives
 //! the same bits whether it runs as a matvec, a tiled GEMM, on any thread, in any tile.
 
+mod attn;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
 #[cfg(target_arch = "x86_64")]
@@ -17,6 +18,10 @@ pub(crate) mod avx512;
 #[cfg(target_arch = "x86_64")]
 mod avx512_dequant;
 pub(crate) mod scalar;
+mod vmath;
+
+pub use attn::weighted_rows;
+pub use vmath::{GatedAct, gated_act, gelu_tanh_ref, silu_ref, softmax_scaled};
 
 use crate::{QuantError, SimdLevel};
 use ferrite_gguf::GgmlType;
@@ -179,6 +184,64 @@ pub fn dot_tile(
         SimdLevel::Avx512 => unsafe { avx512::tile(w, x, k, out) },
         #[cfg(not(target_arch = "x86_64"))]
         _ => scalar::tile(w, x, k, out),
+    }
+    Ok(())
+}
+
+/// `out[t * nr + r] = dot(w row r, x row t)` for the `nr = w.len() / k` weight rows and
+/// `nt = x.len() / k` activation rows (both row-major, `k` values each): a whole block of
+/// [`dot_tile`]s with the level checked once and no per-tile dispatch, bit-identical to
+/// [`dot_tile`] and [`dot_f32`] on every pair of rows.
+pub fn gemm_f32(
+    level: SimdLevel,
+    w: &[f32],
+    x: &[f32],
+    k: usize,
+    out: &mut [f32],
+) -> Result<(), QuantError> {
+    check_level(level)?;
+    let (nr, nt) = (w.len() / k.max(1), x.len() / k.max(1));
+    if k == 0 || !w.len().is_multiple_of(k) || !x.len().is_multiple_of(k) || out.len() < nr * nt {
+        return Err(QuantError::BadTile {
+            rows: nr,
+            cols: nt,
+            k,
+        });
+    }
+    let mut part = [0f32; MAX_TILE * MAX_TILE];
+    for (tb, xblock) in x.chunks(MAX_TILE * k).enumerate() {
+        let mut xs: [&[f32]; MAX_TILE] = [&[]; MAX_TILE];
+        for (slot, row) in xs.iter_mut().zip(xblock.chunks_exact(k)) {
+            *slot = row;
+        }
+        let tn = xblock.len() / k;
+        let orows = &mut out[tb * MAX_TILE * nr..(tb * MAX_TILE + tn) * nr];
+        for (ib, wblock) in w.chunks(MAX_TILE * k).enumerate() {
+            let mut ws: [&[f32]; MAX_TILE] = [&[]; MAX_TILE];
+            for (slot, row) in ws.iter_mut().zip(wblock.chunks_exact(k)) {
+                *slot = row;
+            }
+            let rn = wblock.len() / k;
+            let (ws, xs) = (&ws[..rn], &xs[..tn]);
+            match level {
+                SimdLevel::Scalar => scalar::tile(ws, xs, k, &mut part),
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: level checked available; 1..=4 rows each side of exactly k values;
+                // part has room for 16 products.
+                SimdLevel::Avx2 => unsafe { avx2::tile(ws, xs, k, &mut part) },
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: as above, for the AVX-512 set.
+                SimdLevel::Avx512 => unsafe { avx512::tile(ws, xs, k, &mut part) },
+                #[cfg(not(target_arch = "x86_64"))]
+                _ => scalar::tile(ws, xs, k, &mut part),
+            }
+            let i0 = ib * MAX_TILE;
+            for (j, orow) in orows.chunks_exact_mut(nr).enumerate() {
+                for (i, v) in orow[i0..i0 + rn].iter_mut().enumerate() {
+                    *v = part[i * tn + j];
+                }
+            }
+        }
     }
     Ok(())
 }
@@ -418,5 +481,56 @@ impl RowAcc {
             #[cfg(not(target_arch = "x86_64"))]
             _ => 0.0,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pseudo(n: usize, seed: u32) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(2_654_435_761).wrapping_add(3);
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 17;
+                s ^= s << 5;
+                (s % 20_000) as f32 / 10_000.0 - 1.0
+            })
+            .collect()
+    }
+
+    #[test]
+    fn gemm_equals_dot_f32_bit_for_bit() {
+        // Row and token counts: 1, not multiples of the tile, several tiles; k with and
+        // without a tail past the vector width.
+        for level in SimdLevel::ALL.into_iter().filter(|l| l.is_available()) {
+            for (nr, nt, k) in [(1, 1, 16), (5, 3, 17), (9, 7, 640), (4, 4, 7), (13, 6, 96)] {
+                let w = pseudo(nr * k, 1);
+                let x = pseudo(nt * k, 2);
+                let mut out = vec![f32::NAN; nr * nt];
+                gemm_f32(level, &w, &x, k, &mut out).unwrap();
+                for t in 0..nt {
+                    for r in 0..nr {
+                        let want = dot_f32(level, &w[r * k..(r + 1) * k], &x[t * k..(t + 1) * k]);
+                        assert_eq!(
+                            out[t * nr + r].to_bits(),
+                            want.unwrap().to_bits(),
+                            "{level} nr={nr} nt={nt} k={k} r={r} t={t}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn gemm_rejects_ragged_operands() {
+        let level = SimdLevel::Scalar;
+        let mut out = [0f32; 4];
+        assert!(gemm_f32(level, &[0.0; 5], &[0.0; 4], 2, &mut out).is_err());
+        assert!(gemm_f32(level, &[0.0; 4], &[0.0; 4], 0, &mut out).is_err());
+        assert!(gemm_f32(level, &[0.0; 8], &[0.0; 8], 2, &mut out[..3]).is_err());
+        assert!(gemm_f32(level, &[0.0; 4], &[0.0; 4], 2, &mut out).is_ok());
     }
 }

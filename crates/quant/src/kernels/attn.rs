@@ -1,0 +1,349 @@
+//! The value half of attention: probability-weighted sums of value rows for up to
+//! [`MAX_TILE`] query heads that share those rows (one grouped-query group).
+//!
+//! Why a kernel: summing one value row at a time into an output row in memory (an `axpy`
+//! per key) loads and stores the output for every key. Here the outputs of all heads stay in
+//! registers across the keys, each loaded value vector is used by every head, and a key's
+//! contribution is one fused multiply-add per lane, in key order, starting from zero: per
+//! element exactly the sequence of `axpy` calls from a zeroed output, so results are the
+//! same bits whichever heads are blocked together.
+
+use crate::{QuantError, SimdLevel};
+
+use super::{MAX_TILE, check_level};
+
+/// `out[h * hd + d] = Σ_j p[h][j] · v[j * stride + d]` for `h < p.len()`, `d < hd`, over
+/// `j < n` where every `p[h]` has `n` values. See the module docs for the order.
+pub fn weighted_rows(
+    level: SimdLevel,
+    p: &[&[f32]],
+    v: &[f32],
+    stride: usize,
+    hd: usize,
+    out: &mut [f32],
+) -> Result<(), QuantError> {
+    check_level(level)?;
+    let n = p.first().map_or(0, |r| r.len());
+    let rows_fit = n == 0
+        || (n - 1)
+            .checked_mul(stride)
+            .and_then(|o| o.checked_add(hd))
+            .is_some_and(|e| e <= v.len());
+    if p.is_empty()
+        || p.len() > MAX_TILE
+        || p.iter().any(|r| r.len() != n)
+        || out.len() < p.len() * hd
+        || !rows_fit
+    {
+        return Err(QuantError::BadTile {
+            rows: p.len(),
+            cols: n,
+            k: hd,
+        });
+    }
+    let out = &mut out[..p.len() * hd];
+    out.fill(0.0);
+    let done = match level {
+        SimdLevel::Scalar => 0,
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: check_level proved AVX2/FMA/F16C; shapes checked above.
+        SimdLevel::Avx2 => unsafe { x86::weighted_avx2(p, v, stride, hd, out) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: check_level proved the AVX-512 set; shapes checked above.
+        SimdLevel::Avx512 => unsafe { x86::weighted_avx512(p, v, stride, hd, out) },
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => 0,
+    };
+    // Columns the vector body did not cover: the scalar level adds products separately
+    // (its axpy), the SIMD levels fuse them (their axpy tail).
+    for (h, ph) in p.iter().enumerate() {
+        let o = &mut out[h * hd..(h + 1) * hd];
+        for (j, &pj) in ph.iter().enumerate() {
+            let row = &v[j * stride..j * stride + hd];
+            for d in done..hd {
+                o[d] = if level == SimdLevel::Scalar {
+                    o[d] + pj * row[d]
+                } else {
+                    pj.mul_add(row[d], o[d])
+                };
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    //! Vector bodies: columns in blocks of four vectors, all heads' accumulators for the
+    //! block in registers while the keys stream past.
+
+    use std::arch::x86_64::*;
+
+    /// Returns the number of leading columns written (a multiple of 16).
+    ///
+    /// # Safety
+    /// AVX-512 available; `p.len() <= 4`, all `p[h]` of equal length `n`, row `j` of `v`
+    /// at `j * stride` holds `hd` values for `j < n`, `out` holds `p.len() * hd` zeros.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    pub(super) unsafe fn weighted_avx512(
+        p: &[&[f32]],
+        v: &[f32],
+        stride: usize,
+        hd: usize,
+        out: &mut [f32],
+    ) -> usize {
+        macro_rules! go {
+            ($($h:literal),*) => {
+                match p.len() {
+                    // SAFETY: forwarded contract; H equals p.len().
+                    $($h => unsafe { block512::<$h>(p, v, stride, hd, out) },)*
+                    _ => 0,
+                }
+            };
+        }
+        go!(1, 2, 3, 4)
+    }
+
+    /// # Safety
+    /// As [`weighted_avx512`], with `p.len() == H`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    unsafe fn block512<const H: usize>(
+        p: &[&[f32]],
+        v: &[f32],
+        stride: usize,
+        hd: usize,
+        out: &mut [f32],
+    ) -> usize {
+        let full = hd - hd % 16;
+        let mut c0 = 0;
+        while c0 < full {
+            let nv = ((full - c0) / 16).min(4);
+            // SAFETY: forwarded contract; columns c0..c0 + 16 nv lie within hd.
+            unsafe {
+                match nv {
+                    4 => cols512::<H, 4>(p, v, stride, hd, c0, out),
+                    3 => cols512::<H, 3>(p, v, stride, hd, c0, out),
+                    2 => cols512::<H, 2>(p, v, stride, hd, c0, out),
+                    _ => cols512::<H, 1>(p, v, stride, hd, c0, out),
+                }
+            }
+            c0 += 16 * nv;
+        }
+        full
+    }
+
+    /// Columns `c0..c0 + 16 NV` of every head (constant sizes keep the `H x NV`
+    /// accumulators in registers).
+    ///
+    /// # Safety
+    /// As [`block512`], with `c0 + 16 NV <= hd`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    #[allow(clippy::needless_range_loop)] // j indexes every head's row and the value rows
+    unsafe fn cols512<const H: usize, const NV: usize>(
+        p: &[&[f32]],
+        v: &[f32],
+        stride: usize,
+        hd: usize,
+        c0: usize,
+        out: &mut [f32],
+    ) {
+        let mut acc = [[_mm512_setzero_ps(); NV]; H];
+        for j in 0..p[0].len() {
+            let mut vv = [_mm512_setzero_ps(); NV];
+            for (c, x) in vv.iter_mut().enumerate() {
+                // SAFETY: j * stride + c0 + 16 c + 16 <= j * stride + hd <= v.len().
+                *x = unsafe { _mm512_loadu_ps(v.as_ptr().add(j * stride + c0 + 16 * c)) };
+            }
+            for (h, a) in acc.iter_mut().enumerate() {
+                let pv = _mm512_set1_ps(p[h][j]);
+                for (x, &w) in a.iter_mut().zip(&vv) {
+                    *x = _mm512_fmadd_ps(pv, w, *x);
+                }
+            }
+        }
+        for (h, a) in acc.iter().enumerate() {
+            for (c, x) in a.iter().enumerate() {
+                // SAFETY: h * hd + c0 + 16 c + 16 <= h * hd + hd <= out.len().
+                unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(h * hd + c0 + 16 * c), *x) };
+            }
+        }
+    }
+
+    /// Returns the number of leading columns written (a multiple of 8).
+    ///
+    /// # Safety
+    /// AVX2/FMA/F16C available; otherwise as [`weighted_avx512`].
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn weighted_avx2(
+        p: &[&[f32]],
+        v: &[f32],
+        stride: usize,
+        hd: usize,
+        out: &mut [f32],
+    ) -> usize {
+        macro_rules! go {
+            ($($h:literal),*) => {
+                match p.len() {
+                    // SAFETY: forwarded contract; H equals p.len().
+                    $($h => unsafe { block256::<$h>(p, v, stride, hd, out) },)*
+                    _ => 0,
+                }
+            };
+        }
+        go!(1, 2, 3, 4)
+    }
+
+    /// # Safety
+    /// As [`weighted_avx2`], with `p.len() == H`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn block256<const H: usize>(
+        p: &[&[f32]],
+        v: &[f32],
+        stride: usize,
+        hd: usize,
+        out: &mut [f32],
+    ) -> usize {
+        let full = hd - hd % 8;
+        let mut c0 = 0;
+        while c0 < full {
+            let nv = ((full - c0) / 8).min(2);
+            // SAFETY: forwarded contract; columns c0..c0 + 8 nv lie within hd.
+            unsafe {
+                if nv == 2 {
+                    cols256::<H, 2>(p, v, stride, hd, c0, out);
+                } else {
+                    cols256::<H, 1>(p, v, stride, hd, c0, out);
+                }
+            }
+            c0 += 8 * nv;
+        }
+        full
+    }
+
+    /// Columns `c0..c0 + 8 NV` of every head.
+    ///
+    /// # Safety
+    /// As [`block256`], with `c0 + 8 NV <= hd`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[allow(clippy::needless_range_loop)] // j indexes every head's row and the value rows
+    unsafe fn cols256<const H: usize, const NV: usize>(
+        p: &[&[f32]],
+        v: &[f32],
+        stride: usize,
+        hd: usize,
+        c0: usize,
+        out: &mut [f32],
+    ) {
+        let mut acc = [[_mm256_setzero_ps(); NV]; H];
+        for j in 0..p[0].len() {
+            let mut vv = [_mm256_setzero_ps(); NV];
+            for (c, x) in vv.iter_mut().enumerate() {
+                // SAFETY: j * stride + c0 + 8 c + 8 <= j * stride + hd <= v.len().
+                *x = unsafe { _mm256_loadu_ps(v.as_ptr().add(j * stride + c0 + 8 * c)) };
+            }
+            for (h, a) in acc.iter_mut().enumerate() {
+                let pv = _mm256_set1_ps(p[h][j]);
+                for (x, &w) in a.iter_mut().zip(&vv) {
+                    *x = _mm256_fmadd_ps(pv, w, *x);
+                }
+            }
+        }
+        for (h, a) in acc.iter().enumerate() {
+            for (c, x) in a.iter().enumerate() {
+                // SAFETY: h * hd + c0 + 8 c + 8 <= h * hd + hd <= out.len().
+                unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(h * hd + c0 + 8 * c), *x) };
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::axpy;
+
+    fn levels() -> Vec<SimdLevel> {
+        [SimdLevel::Scalar, SimdLevel::Avx2, SimdLevel::Avx512]
+            .into_iter()
+            .filter(|l| l.is_available())
+            .collect()
+    }
+
+    fn pseudo(n: usize, seed: u32) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(2_654_435_761).wrapping_add(7);
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 17;
+                s ^= s << 5;
+                (s % 20_000) as f32 / 10_000.0 - 1.0
+            })
+            .collect()
+    }
+
+    /// The oracle: one `axpy` per key into a zeroed row, at the same level.
+    fn by_axpy(level: SimdLevel, p: &[f32], v: &[f32], stride: usize, hd: usize) -> Vec<f32> {
+        let mut o = vec![0.0; hd];
+        for (j, &pj) in p.iter().enumerate() {
+            axpy(level, pj, &v[j * stride..j * stride + hd], &mut o).unwrap();
+        }
+        o
+    }
+
+    #[test]
+    fn equals_one_axpy_per_key_bit_for_bit() {
+        // head dims: under one vector, odd, one and several column blocks, Gemma's 256;
+        // key counts: 1, odd; head blocks 1..=4; a stride wider than a head (GQA rows).
+        for level in levels() {
+            for hd in [1usize, 7, 16, 24, 64, 72, 256] {
+                for n in [1usize, 5, 33] {
+                    for heads in 1..=MAX_TILE {
+                        let stride = hd + 3;
+                        let v = pseudo(n * stride, hd as u32);
+                        let ps: Vec<Vec<f32>> =
+                            (0..heads).map(|h| pseudo(n, 100 + h as u32)).collect();
+                        let refs: Vec<&[f32]> = ps.iter().map(Vec::as_slice).collect();
+                        let mut out = vec![f32::NAN; heads * hd];
+                        weighted_rows(level, &refs, &v, stride, hd, &mut out).unwrap();
+                        for h in 0..heads {
+                            let want = by_axpy(level, &ps[h], &v, stride, hd);
+                            assert_eq!(
+                                &out[h * hd..(h + 1) * hd],
+                                &want[..],
+                                "{level} hd={hd} n={n} heads={heads} h={h}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_bitwise_oracle_sees_a_dropped_key() {
+        // Test of the test: leaving out the last key's contribution must break equality.
+        let level = crate::simd_level();
+        let (hd, n) = (64, 9);
+        let v = pseudo(n * hd, 3);
+        let p = pseudo(n, 4);
+        let mut out = vec![0.0; hd];
+        weighted_rows(level, &[&p[..n - 1]], &v, hd, hd, &mut out).unwrap();
+        assert_ne!(out, by_axpy(level, &p, &v, hd, hd));
+    }
+
+    #[test]
+    fn rejects_bad_shapes() {
+        let v = [0.0f32; 8];
+        let mut out = [0.0f32; 8];
+        let p: &[f32] = &[0.5f32; 2];
+        let level = SimdLevel::Scalar;
+        assert!(weighted_rows(level, &[], &v, 4, 4, &mut out).is_err());
+        assert!(weighted_rows(level, &[p; 5], &v, 4, 4, &mut out).is_err());
+        assert!(weighted_rows(level, &[p, &p[..1]], &v, 4, 4, &mut out).is_err());
+        assert!(weighted_rows(level, &[p], &v, 5, 4, &mut out).is_err());
+        assert!(weighted_rows(level, &[p; 3], &v, 4, 4, &mut out).is_err());
+        assert!(weighted_rows(level, &[p], &v, 4, 4, &mut out).is_ok());
+    }
+}
