@@ -1,13 +1,16 @@
-//! `ferrite bench`: a context-frontier sweep in one process, written as a receipt, and
-//! `ferrite bench --compare` to judge two receipts.
+//! `ferrite bench`: a context-frontier sweep in one process, written as a receipt,
+//! `ferrite bench --compare` to judge two receipts, and `ferrite bench serve` to load a
+//! running server.
 //!
 //! This file owns the command line and the receipt's header; the timed loop is in
 //! `bench/sweep.rs`, the file format in `bench/receipt.rs`, the judging in
-//! `bench/compare.rs`.
+//! `bench/compare.rs`, the server load in `bench/serve.rs` (over `bench/http.rs`).
 
 mod compare;
+mod http;
 mod prompt;
 mod receipt;
+mod serve;
 mod sweep;
 
 use std::path::PathBuf;
@@ -19,7 +22,10 @@ use receipt::Receipt;
 
 /// Arguments of `ferrite bench`.
 #[derive(clap::Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct BenchArgs {
+    #[command(subcommand)]
+    mode: Option<BenchMode>,
     #[command(flatten)]
     model: ModelArgs,
     /// First context frontier (prompt tokens before the first decode).
@@ -42,9 +48,10 @@ pub struct BenchArgs {
     /// deterministic text.
     #[arg(long)]
     prompt_file: Option<PathBuf>,
-    /// Concurrent sequences; only 1 is supported until the batched engine lands.
-    #[arg(long, default_value_t = 1)]
-    batch: usize,
+    /// Batch sizes (comma-separated): sequences decoded together in one forward pass per
+    /// step; each size gets its own receipt rows. Sizes above 1 run on the CPU backend.
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    batch: Vec<usize>,
     /// Timed sweeps; the receipt gives median, min and max over them.
     #[arg(long, default_value_t = 3)]
     runs: usize,
@@ -72,17 +79,23 @@ pub struct BenchArgs {
     allow_regression: bool,
 }
 
+/// What `ferrite bench` measures instead of the in-process sweep.
+#[derive(clap::Subcommand)]
+enum BenchMode {
+    /// Load a running OpenAI-compatible server with concurrent streaming completions.
+    Serve(serve::ServeBenchArgs),
+}
+
 /// Run `ferrite bench`; returns the process exit code.
 pub fn run(args: BenchArgs) -> anyhow::Result<i32> {
+    if let Some(BenchMode::Serve(serve_args)) = args.mode {
+        return serve::run(serve_args);
+    }
     if let Some(paths) = &args.compare {
         return run_compare(paths, args.allow_regression);
     }
-    if args.batch != 1 {
-        bail!(
-            "--batch {} is not supported yet: the batched engine is still in progress; \
-             use --batch 1",
-            args.batch
-        );
+    if args.batch.is_empty() || args.batch.contains(&0) {
+        bail!("--batch needs sizes of at least 1");
     }
     let frontiers = sweep::frontiers(args.ctx_start, args.ctx_max, args.step_mul, args.step_incr)?;
     if args.gen_tokens == 0 {
@@ -121,7 +134,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<i32> {
     };
     // The header (commit, date, load average) describes the state when measuring began.
     let header = header(&args, &loaded, &path, &plan)?;
-    let rows = sweep::run(&loaded, &tokens, &plan)?;
+    let rows = sweep::run(&loaded, &tokens, &plan, &args.batch)?;
     let receipt = Receipt { header, rows };
     if let Some(csv) = &args.csv {
         std::fs::write(csv, receipt.to_csv())
@@ -250,13 +263,14 @@ fn key_values(line: &str) -> Vec<(String, String)> {
 fn print_table(r: &Receipt) {
     use receipt::col;
     println!(
-        "{:>8} {:>9} {:>10} {:>14} {:>14}",
-        "frontier", "load_ms", "ttft_ms", "prefill_tok/s", "decode_tok/s"
+        "{:>8} {:>5} {:>9} {:>10} {:>14} {:>14}",
+        "frontier", "batch", "load_ms", "ttft_ms", "prefill_tok/s", "decode_tok/s"
     );
     for row in &r.rows {
         println!(
-            "{:>8} {:>9.0} {:>10.1} {:>14.1} {:>14.1}",
+            "{:>8} {:>5} {:>9.0} {:>10.1} {:>14.1} {:>14.1}",
             row[col("frontier")],
+            row[col("batch")],
             row[col("load_ms")],
             row[col("ttft_ms_median")],
             row[col("prefill_tps_median")],

@@ -254,11 +254,51 @@ fn cold_teacher_forced_json_prefills_from_zero() {
 }
 
 #[test]
-fn batch_above_one_is_a_clear_error() {
-    let out = common::run(&["bench", "-m", "/nonexistent.gguf", "--batch", "2"]);
+fn batch_sizes_each_get_rows_and_zero_is_refused() {
+    let model = common::pull("smollm2-135m-instruct");
+    let out = common::run(&[
+        "bench",
+        "-m",
+        model.to_str().unwrap(),
+        "--ctx-start",
+        "16",
+        "--ctx-max",
+        "32",
+        "--gen-tokens",
+        "3",
+        "--runs",
+        "1",
+        "--warmup",
+        "0",
+        "--batch",
+        "1,3",
+        "--teacher-forced",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", common::text(&out));
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = j["rows"].as_array().unwrap();
+    let keys: Vec<(f64, f64)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r["frontier"].as_f64().unwrap(),
+                r["batch"].as_f64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(keys, [(16.0, 1.0), (32.0, 1.0), (16.0, 3.0), (32.0, 3.0)]);
+    for row in rows {
+        for k in ["prefill_tps_median", "decode_tps_median", "ttft_ms_median"] {
+            let v = row[k].as_f64().unwrap();
+            assert!(v.is_finite() && v > 0.0, "{k} = {v}");
+        }
+    }
+
+    let out = common::run(&["bench", "-m", "/nonexistent.gguf", "--batch", "2,0"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains("batched engine"),
+        common::text(&out).contains("--batch needs sizes"),
         "{}",
         common::text(&out)
     );

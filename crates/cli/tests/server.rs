@@ -503,3 +503,92 @@ fn serve_rejects_bad_flags_and_models() {
         assert!(!text.contains("panicked"), "{args:?}: {text}");
     }
 }
+
+/// Read the data rows of a `bench serve` CSV receipt as column → value maps.
+fn bench_rows(csv: &str) -> Vec<std::collections::HashMap<String, f64>> {
+    let mut lines = csv.lines().filter(|l| !l.starts_with('#'));
+    let header: Vec<&str> = lines.next().expect("csv header").split(',').collect();
+    lines
+        .map(|l| {
+            header
+                .iter()
+                .zip(l.split(','))
+                .map(|(k, v)| (k.to_string(), v.parse().expect("numeric cell")))
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn bench_serve_measures_every_level_and_counts_failures() {
+    let server = start();
+    let url = format!("http://{}", server.addr);
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("serve.csv");
+    let out = common::run(&[
+        "bench",
+        "serve",
+        "--url",
+        &url,
+        "--concurrency",
+        "1,3",
+        "--prompt-tokens",
+        "24",
+        "--max-tokens",
+        "4",
+        "--rounds",
+        "1",
+        "--csv",
+        csv.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = std::fs::read_to_string(&csv).unwrap();
+    assert!(text.contains(&format!("# model: {MODEL}")), "{text}");
+    let rows = bench_rows(&text);
+    assert_eq!(rows.len(), 2, "{text}");
+    for (row, conc) in rows.iter().zip([1.0, 3.0]) {
+        assert_eq!(row["concurrency"], conc);
+        assert_eq!(row["requests"], conc);
+        assert_eq!(row["errors"], 0.0);
+        // The server's own count of the prompt: the request aims at about 24 tokens.
+        assert!((12.0..=48.0).contains(&row["prompt_tokens_mean"]), "{text}");
+        assert!(row["completion_tokens"] >= conc && row["completion_tokens"] <= 4.0 * conc);
+        assert!(
+            row["aggregate_tps"] > 0.0 && row["ttft_ms_p50"] > 0.0,
+            "{text}"
+        );
+    }
+
+    // A rejected request is a counted failure and a non-zero exit, never a silent zero.
+    let out = common::run(&[
+        "bench",
+        "serve",
+        "--url",
+        &url,
+        "--concurrency",
+        "2",
+        "--prompt-tokens",
+        "8",
+        "--max-tokens",
+        "2",
+        "--rounds",
+        "1",
+        "--model",
+        "no-such-model",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("2 of 2 requests failed") && stderr.contains("HTTP 400"),
+        "{stderr}"
+    );
+
+    // Nothing listening: a clear error line, exit 1.
+    let out = common::run(&["bench", "serve", "--url", "http://127.0.0.1:9"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("error:"));
+}

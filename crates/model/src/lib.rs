@@ -30,6 +30,7 @@
 #![deny(missing_docs)]
 
 pub mod attention;
+mod batch;
 pub mod config;
 mod error;
 pub mod kv;
@@ -44,6 +45,7 @@ mod fixture_tests;
 #[cfg(test)]
 mod testutil;
 
+pub use batch::Batch;
 pub use config::{Activation, Arch, LayerConfig, ModelConfig};
 pub use error::ModelError;
 pub use kv::{KvCache, KvType};

@@ -59,11 +59,12 @@ impl<'a> Logits<'a> {
     }
 }
 
-/// Scratch activations for one chunk.
+/// Scratch activations for the rows of one forward pass (the tokens of one chunk, or one
+/// token from each session of a batch).
 #[derive(Debug)]
-struct Scratch {
+pub(crate) struct Scratch {
     x: Vec<f32>,
-    xn: Vec<f32>,
+    pub(crate) xn: Vec<f32>,
     q: Vec<f32>,
     k: Vec<f32>,
     v: Vec<f32>,
@@ -71,7 +72,68 @@ struct Scratch {
     o: Vec<f32>,
     gate: Vec<f32>,
     up: Vec<f32>,
-    attn: AttnScratch,
+}
+
+impl Scratch {
+    /// Buffers for up to `rows` rows of model `c`.
+    pub(crate) fn new(c: &crate::ModelConfig, rows: usize) -> Scratch {
+        Scratch {
+            x: vec![0.0; rows * c.d_model],
+            xn: vec![0.0; rows * c.d_model],
+            q: vec![0.0; rows * c.q_dim()],
+            k: vec![0.0; rows * c.kv_dim()],
+            v: vec![0.0; rows * c.kv_dim()],
+            att: vec![0.0; rows * c.q_dim()],
+            o: vec![0.0; rows * c.d_model],
+            gate: vec![0.0; rows * c.d_ff],
+            up: vec![0.0; rows * c.d_ff],
+        }
+    }
+
+    /// Moves residual rows `rows[i]` to row `i`; `rows` must be increasing (so `rows[i] >= i`
+    /// and no row is overwritten before it is read).
+    pub(crate) fn gather_rows(&mut self, rows: &[usize], d: usize) {
+        for (i, &r) in rows.iter().enumerate() {
+            self.x.copy_within(r * d..(r + 1) * d, i * d);
+        }
+    }
+
+    /// Normalizes rows `from..n` of the final residual stream into `xn[..(n - from) * d]`
+    /// and writes their logits to `out`.
+    pub(crate) fn logits(
+        &mut self,
+        m: &Model,
+        pool: &ThreadPool,
+        from: usize,
+        n: usize,
+        out: &mut [f32],
+    ) -> Result<(), ModelError> {
+        let c = m.config();
+        let (d, rows) = (c.d_model, n - from);
+        let xn = &mut self.xn[..rows * d];
+        xn.copy_from_slice(&self.x[from * d..n * d]);
+        rms_norm(xn, &m.output_norm, c.rms_eps);
+        matmul(pool, m.matrix(m.output_weight()), xn, rows, out)?;
+        Ok(())
+    }
+}
+
+/// The rows of one session inside a forward pass: `len` consecutive new tokens at positions
+/// `pos0..pos0 + len`, attending over (and appending to) that session's own cache.
+pub(crate) struct Segment<'a> {
+    pub(crate) kv: &'a mut KvCache,
+    pub(crate) attn: &'a mut AttnScratch,
+    pub(crate) pos0: usize,
+    pub(crate) len: usize,
+}
+
+/// Deliberate defects of the forward pass; always `Faults::default()` outside tests.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Faults {
+    /// Extra positions keys are rotated by.
+    rope_shift: usize,
+    /// A layer whose attention residual is dropped.
+    skip_attn_residual: Option<usize>,
 }
 
 /// A KV cache plus positions over one model: the state of one conversation.
@@ -85,6 +147,7 @@ pub struct Session<'m> {
     pub(crate) history: Vec<u32>,
     chunk: usize,
     s: Scratch,
+    attn: AttnScratch,
     pub(crate) logits: Vec<f32>,
     /// `Some(end)` when `logits[end - n_vocab..end]` are the logits after token `n_past - 1`
     /// (kept for snapshots; see `crate::snapshot`).
@@ -117,18 +180,8 @@ impl<'m> Session<'m> {
         }
         let c = model.config();
         let chunk = PREFILL_CHUNK.min(ctx);
-        let s = Scratch {
-            x: vec![0.0; chunk * c.d_model],
-            xn: vec![0.0; chunk * c.d_model],
-            q: vec![0.0; chunk * c.q_dim()],
-            k: vec![0.0; chunk * c.kv_dim()],
-            v: vec![0.0; chunk * c.kv_dim()],
-            att: vec![0.0; chunk * c.q_dim()],
-            o: vec![0.0; chunk * c.d_model],
-            gate: vec![0.0; chunk * c.d_ff],
-            up: vec![0.0; chunk * c.d_ff],
-            attn: AttnScratch::new(ctx, c.kv_dim(), chunk * c.q_dim())?,
-        };
+        let s = Scratch::new(c, chunk);
+        let attn = AttnScratch::new(ctx, c.kv_dim(), chunk * c.q_dim())?;
         Ok(Session {
             model,
             pool,
@@ -141,6 +194,7 @@ impl<'m> Session<'m> {
             },
             chunk,
             s,
+            attn,
             logits: vec![0.0; c.n_vocab],
             next_logits_end: None,
             #[cfg(test)]
@@ -298,17 +352,92 @@ impl<'m> Session<'m> {
         first: usize,
         hidden: &mut Option<&mut Vec<Vec<f32>>>,
     ) -> Result<(), ModelError> {
-        let m = self.model;
+        let n = tokens.len();
+        let faults = self.faults();
+        let mut segment = [Segment {
+            kv: &mut self.kv,
+            attn: &mut self.attn,
+            pos0: self.n_past,
+            len: n,
+        }];
+        forward_rows(
+            self.model,
+            self.pool,
+            &mut self.s,
+            tokens,
+            &mut segment,
+            hidden,
+            faults,
+        )?;
+        if out_from < n {
+            let n_vocab = self.model.config().n_vocab;
+            let at = (done + out_from - first) * n_vocab;
+            let y = &mut self.logits[at..at + (n - out_from) * n_vocab];
+            self.s.logits(self.model, self.pool, out_from, n, y)?;
+        }
+        Ok(())
+    }
+
+    /// The defects a test planted in this session.
+    fn faults(&self) -> Faults {
+        #[cfg(test)]
+        return Faults {
+            rope_shift: usize::from(self.mutation == Some(Mutation::RopeKeysOffByOne)),
+            skip_attn_residual: match self.mutation {
+                Some(Mutation::SkipAttnResidual(l)) => Some(l),
+                _ => None,
+            },
+        };
+        #[cfg(not(test))]
+        Faults::default()
+    }
+
+    /// The thread pool this session computes on.
+    pub(crate) fn pool(&self) -> &'m ThreadPool {
+        self.pool
+    }
+
+    /// This session's part of a batched forward pass: `len` new tokens at its next
+    /// positions.
+    pub(crate) fn segment(&mut self, len: usize) -> Segment<'_> {
+        Segment {
+            kv: &mut self.kv,
+            attn: &mut self.attn,
+            pos0: self.n_past,
+            len,
+        }
+    }
+
+    /// Records `tokens` as evaluated after a batched forward pass wrote their cache rows;
+    /// `logits` are those after the last of them (kept for [`Session::next_logits`]).
+    pub(crate) fn advance(&mut self, tokens: &[u32], logits: &[f32]) {
+        self.n_past += tokens.len();
+        self.history.extend_from_slice(tokens);
+        if self.logits.len() < logits.len() {
+            self.logits.resize(logits.len(), 0.0);
+        }
+        self.logits[..logits.len()].copy_from_slice(logits);
+        self.next_logits_end = Some(logits.len());
+    }
+}
+
+/// The transformer layers over `tokens`, which are the rows of `segs` in order. Leaves the
+/// final residual stream in the scratch for [`Scratch::logits`]. Every row's result depends
+/// only on its own token, position and session cache, never on the other rows.
+pub(crate) fn forward_rows(
+    m: &Model,
+    pool: &ThreadPool,
+    s: &mut Scratch,
+    tokens: &[u32],
+    segs: &mut [Segment<'_>],
+    hidden: &mut Option<&mut Vec<Vec<f32>>>,
+    faults: Faults,
+) -> Result<(), ModelError> {
+    {
         let c = m.config();
         let n = tokens.len();
         let d = c.d_model;
-        let pos0 = self.n_past;
-        let s = &mut self.s;
-        let pool = self.pool;
-        #[cfg(test)]
-        let rope_shift = usize::from(self.mutation == Some(Mutation::RopeKeysOffByOne));
-        #[cfg(not(test))]
-        let rope_shift = 0;
+        let rope_shift = faults.rope_shift;
 
         for (t, &tok) in tokens.iter().enumerate() {
             let row = &mut s.x[t * d..(t + 1) * d];
@@ -338,14 +467,16 @@ impl<'m> Session<'m> {
                 rms_norm(q, qn, c.rms_eps);
                 rms_norm(k, kn, c.rms_eps);
             }
-            for t in 0..n {
-                let pos = pos0 + t;
-                let qr = &mut q[t * c.q_dim()..(t + 1) * c.q_dim()];
-                rope(qr, c.head_dim, pos, lc.rope_base, c.rope_style);
-                let kr = &mut k[t * c.kv_dim()..(t + 1) * c.kv_dim()];
-                rope(kr, c.head_dim, pos + rope_shift, lc.rope_base, c.rope_style);
+            let mut t = 0;
+            for seg in segs.iter() {
+                for pos in seg.pos0..seg.pos0 + seg.len {
+                    let qr = &mut q[t * c.q_dim()..(t + 1) * c.q_dim()];
+                    rope(qr, c.head_dim, pos, lc.rope_base, c.rope_style);
+                    let kr = &mut k[t * c.kv_dim()..(t + 1) * c.kv_dim()];
+                    rope(kr, c.head_dim, pos + rope_shift, lc.rope_base, c.rope_style);
+                    t += 1;
+                }
             }
-            self.kv.store(l, pos0, k, v);
             let shape = AttnShape {
                 n_head: c.n_head,
                 n_kv_head: c.n_kv_head,
@@ -353,18 +484,24 @@ impl<'m> Session<'m> {
                 scale: c.attn_scale,
                 window: lc.window,
             };
-            let att = &mut s.att[..n * c.q_dim()];
-            attend(pool, &shape, &self.kv, l, pos0, q, att, &mut s.attn);
+            let mut row = 0;
+            for seg in segs.iter_mut() {
+                let (kv, qd) = (row * c.kv_dim()..(row + seg.len) * c.kv_dim(), c.q_dim());
+                seg.kv.store(l, seg.pos0, &k[kv.clone()], &v[kv]);
+                let (qs, att) = (
+                    &q[row * qd..(row + seg.len) * qd],
+                    &mut s.att[row * qd..(row + seg.len) * qd],
+                );
+                attend(pool, &shape, seg.kv, l, seg.pos0, qs, att, seg.attn);
+                row += seg.len;
+            }
+            let att = &s.att[..n * c.q_dim()];
             let o = &mut s.o[..n * d];
             mm(&lw.wo, att, o)?;
             if let Some(w) = &lw.post_attn_norm {
                 rms_norm(o, w, c.rms_eps);
             }
-            #[cfg(test)]
-            let skip = self.mutation == Some(Mutation::SkipAttnResidual(l));
-            #[cfg(not(test))]
-            let skip = false;
-            if !skip {
+            if faults.skip_attn_residual != Some(l) {
                 add_assign(x, o);
             }
 
@@ -408,16 +545,6 @@ impl<'m> Session<'m> {
             if let Some(h) = hidden.as_deref_mut() {
                 h[l].extend_from_slice(x);
             }
-        }
-
-        if out_from < n {
-            let rows = n - out_from;
-            let xn = &mut s.xn[..rows * d];
-            xn.copy_from_slice(&s.x[out_from * d..n * d]);
-            rms_norm(xn, &m.output_norm, c.rms_eps);
-            let at = (done + out_from - first) * c.n_vocab;
-            let y = &mut self.logits[at..at + rows * c.n_vocab];
-            matmul(pool, m.matrix(m.output_weight()), xn, rows, y)?;
         }
         Ok(())
     }

@@ -1,6 +1,11 @@
-//! The timed loop of `ferrite bench`: for each run, walk the frontiers, prefill up to each
-//! (extending the previous frontier, or from 0 with `--cold`), then decode a fixed number of
-//! tokens; keep the four clocks apart.
+//! The timed loop of `ferrite bench`: for each batch size and run, walk the frontiers,
+//! prefill up to each (extending the previous frontier, or from 0 with `--cold`), then decode
+//! a fixed number of tokens; keep the four clocks apart.
+//!
+//! Batch 1 drives one session of the chosen backend. A batch of B drives B CPU sessions
+//! through [`ferrite_model::Batch`]: every step evaluates one token (or one prefill chunk)
+//! of each sequence in a single forward pass, and the rates are aggregate over the B
+//! sequences.
 //!
 //! Decoding never stops early on an end-of-turn token: every run evaluates exactly the same
 //! number of tokens, so runs are comparable. Tokens generated at one frontier are dropped
@@ -11,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use ferrite_engine::{Sampler, SamplerConfig, Timeline};
+use ferrite_model::{Batch, PREFILL_CHUNK, Session};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use super::receipt::COLUMNS;
@@ -74,9 +80,114 @@ struct Sample {
     decode_tps: f64,
 }
 
-/// Runs the plan; returns one receipt row per frontier (batch 1).
-pub fn run(loaded: &Loaded, prompt: &[u32], plan: &Plan) -> anyhow::Result<Vec<Vec<f64>>> {
-    let mut session = loaded.any_session()?;
+/// What one batch size's sweep drives: one session, or several stepped together.
+enum Lane<'m> {
+    One(AnySession<'m>),
+    Many {
+        sessions: Vec<Session<'m>>,
+        batch: Box<Batch>,
+    },
+}
+
+impl<'m> Lane<'m> {
+    fn new(loaded: &'m Loaded, batch: usize) -> anyhow::Result<Lane<'m>> {
+        if batch == 1 {
+            return Ok(Lane::One(loaded.any_session()?));
+        }
+        if loaded.cuda.is_some() {
+            bail!(
+                "--batch {batch}: batched decoding runs on the CPU backend only for now \
+                 (pass --backend cpu)"
+            );
+        }
+        let sessions = (0..batch)
+            .map(|_| loaded.session())
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        Ok(Lane::Many {
+            sessions,
+            batch: Box::new(Batch::new(PREFILL_CHUNK.max(batch))?),
+        })
+    }
+
+    fn truncate(&mut self, n: usize) {
+        match self {
+            Lane::One(s) => s.truncate(n),
+            Lane::Many { sessions, .. } => sessions.iter_mut().for_each(|s| s.truncate(n)),
+        }
+    }
+
+    /// Sequences stepped together.
+    fn width(&self) -> usize {
+        match self {
+            Lane::One(_) => 1,
+            Lane::Many { sessions, .. } => sessions.len(),
+        }
+    }
+
+    /// Evaluates `tokens` in every sequence and samples each one's next token.
+    fn eval_sample(&mut self, sampler: &mut Sampler, tokens: &[u32]) -> anyhow::Result<Vec<u32>> {
+        match self {
+            Lane::One(s) => Ok(vec![sampler.sample(s.eval_last(tokens)?, &[])?.token]),
+            Lane::Many { sessions, batch } => {
+                // Each step gives every sequence an equal share of the batch's rows.
+                let share = (batch.max_rows() / sessions.len()).max(1);
+                let mut next = Vec::new();
+                for piece in tokens.chunks(share) {
+                    let mut refs: Vec<&mut Session<'m>> = sessions.iter_mut().collect();
+                    let inputs = vec![piece; refs.len()];
+                    let logits = batch.step(&mut refs, &inputs)?;
+                    next = (0..logits.n_rows())
+                        .map(|r| {
+                            let row = logits.row(r).context("batch returned too few rows")?;
+                            Ok(sampler.sample(row, &[])?.token)
+                        })
+                        .collect::<anyhow::Result<Vec<u32>>>()?;
+                }
+                Ok(next)
+            }
+        }
+    }
+
+    /// Feeds token `feed[i]` to sequence `i` and samples each one's next token.
+    fn step(&mut self, sampler: &mut Sampler, feed: &[u32]) -> anyhow::Result<Vec<u32>> {
+        match self {
+            Lane::One(_) => self.eval_sample(sampler, feed),
+            Lane::Many { sessions, batch } => {
+                let mut refs: Vec<&mut Session<'m>> = sessions.iter_mut().collect();
+                let inputs: Vec<&[u32]> = feed.chunks(1).collect();
+                let logits = batch.step(&mut refs, &inputs)?;
+                (0..logits.n_rows())
+                    .map(|r| {
+                        let row = logits.row(r).context("batch returned too few rows")?;
+                        Ok(sampler.sample(row, &[])?.token)
+                    })
+                    .collect()
+            }
+        }
+    }
+}
+
+/// Runs the plan for every batch size; returns one receipt row per (frontier, batch).
+pub fn run(
+    loaded: &Loaded,
+    prompt: &[u32],
+    plan: &Plan,
+    batches: &[usize],
+) -> anyhow::Result<Vec<Vec<f64>>> {
+    let mut rows = Vec::new();
+    for &b in batches {
+        let mut lane = Lane::new(loaded, b)?;
+        rows.extend(run_lane(loaded, &mut lane, prompt, plan)?);
+    }
+    Ok(rows)
+}
+
+fn run_lane(
+    loaded: &Loaded,
+    lane: &mut Lane<'_>,
+    prompt: &[u32],
+    plan: &Plan,
+) -> anyhow::Result<Vec<Vec<f64>>> {
     let mut sampler = Sampler::new(SamplerConfig::default())?;
     let total = (plan.warmup + plan.runs) * plan.frontiers.len();
     let bar = ProgressBar::new(total as u64);
@@ -89,22 +200,22 @@ pub fn run(loaded: &Loaded, prompt: &[u32], plan: &Plan) -> anyhow::Result<Vec<V
     for run in 0..plan.warmup + plan.runs {
         let warm = run < plan.warmup;
         bar.set_prefix(if warm {
-            format!("warmup {}/{}", run + 1, plan.warmup)
+            format!("batch {} warmup {}/{}", lane.width(), run + 1, plan.warmup)
         } else {
-            format!("run {}/{}", run + 1 - plan.warmup, plan.runs)
+            format!(
+                "batch {} run {}/{}",
+                lane.width(),
+                run + 1 - plan.warmup,
+                plan.runs
+            )
         });
-        session.reset();
+        lane.truncate(0);
         let mut prev = 0;
         for (i, &frontier) in plan.frontiers.iter().enumerate() {
             bar.set_message(format!("ctx {frontier}"));
-            let from = if plan.cold {
-                session.reset();
-                0
-            } else {
-                session.truncate(prev);
-                prev
-            };
-            let s = one_frontier(&mut session, &mut sampler, prompt, from, frontier, plan)?;
+            let from = if plan.cold { 0 } else { prev };
+            lane.truncate(from);
+            let s = one_frontier(lane, &mut sampler, prompt, from, frontier, plan)?;
             if !warm {
                 samples[i].push(s);
             }
@@ -128,7 +239,7 @@ pub fn run(loaded: &Loaded, prompt: &[u32], plan: &Plan) -> anyhow::Result<Vec<V
         let decode = stats(&|s| s.decode_tps);
         let mut row = vec![
             frontier as f64,
-            1.0,
+            lane.width() as f64,
             from as f64,
             (frontier - from) as f64,
             plan.gen_tokens as f64,
@@ -144,35 +255,33 @@ pub fn run(loaded: &Loaded, prompt: &[u32], plan: &Plan) -> anyhow::Result<Vec<V
     Ok(rows)
 }
 
-/// Prefill `prompt[from..frontier]`, then decode `gen_tokens` tokens.
+/// Prefill `prompt[from..frontier]` in every sequence, then decode `gen_tokens` tokens;
+/// rates count the tokens of all sequences. The prefill clock includes sampling the first
+/// token (as time to first token does).
 fn one_frontier(
-    session: &mut AnySession<'_>,
+    lane: &mut Lane<'_>,
     sampler: &mut Sampler,
     prompt: &[u32],
     from: usize,
     frontier: usize,
     plan: &Plan,
 ) -> anyhow::Result<Sample> {
+    let width = lane.width();
     let start = Instant::now();
-    let row = session.eval_last(&prompt[from..frontier])?;
-    let prefill = start.elapsed();
-    let mut next = sampler.sample(row, &[])?.token;
+    let mut next = lane.eval_sample(sampler, &prompt[from..frontier])?;
     let ttft = start.elapsed();
     let decode_start = Instant::now();
     for i in 0..plan.gen_tokens {
-        let feed = if plan.teacher_forced {
-            prompt[frontier + i]
-        } else {
-            next
-        };
-        let row = session.eval_last(&[feed])?;
-        next = sampler.sample(row, &[])?.token;
+        if plan.teacher_forced {
+            next.fill(prompt[frontier + i]);
+        }
+        next = lane.step(sampler, &next)?;
     }
     let decode = decode_start.elapsed();
     Ok(Sample {
         ttft,
-        prefill_tps: rate(frontier - from, prefill),
-        decode_tps: rate(plan.gen_tokens, decode),
+        prefill_tps: rate(width * (frontier - from), ttft),
+        decode_tps: rate(width * plan.gen_tokens, decode),
     })
 }
 

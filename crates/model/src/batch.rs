@@ -1,0 +1,249 @@
+//! Several sessions of one model stepped in a single forward pass: the continuous-batching
+//! primitive behind `ferrite serve` and `ferrite bench --batch`.
+//!
+//! Every weight matrix is streamed once for all rows of the step, while each session's rows
+//! attend only over that session's own cache. A row's result never depends on the other
+//! rows, so a session stepped in a batch gets the logits it would get stepped alone with
+//! the same token counts — the property the batching tests pin bit for bit.
+
+use crate::ModelError;
+use crate::session::{Faults, Logits, Scratch, Segment, Session, forward_rows};
+
+/// Scratch for stepping up to `max_rows` new tokens in total per call, over any number of
+/// sessions; allocated once and reused every step.
+#[derive(Debug)]
+pub struct Batch {
+    max_rows: usize,
+    s: Option<Scratch>,
+    logits: Vec<f32>,
+}
+
+impl Batch {
+    /// A batch that evaluates at most `max_rows` tokens per [`Batch::step`].
+    pub fn new(max_rows: usize) -> Result<Batch, ModelError> {
+        if max_rows == 0 {
+            return Err(ModelError::InvalidArgument("batch of 0 rows".into()));
+        }
+        Ok(Batch {
+            max_rows,
+            s: None,
+            logits: Vec::new(),
+        })
+    }
+
+    /// Most tokens one step evaluates.
+    pub fn max_rows(&self) -> usize {
+        self.max_rows
+    }
+
+    /// Evaluates `inputs[i]` (one or more new tokens) in `sessions[i]` for every `i`, in
+    /// one forward pass, and returns the logits of each session's last new token: row `i`
+    /// belongs to `sessions[i]`. All sessions must share one model. On error no session
+    /// changes.
+    pub fn step(
+        &mut self,
+        sessions: &mut [&mut Session<'_>],
+        inputs: &[&[u32]],
+    ) -> Result<Logits<'_>, ModelError> {
+        let Some(first) = sessions.first() else {
+            return Err(ModelError::InvalidArgument("no sessions to step".into()));
+        };
+        if inputs.len() != sessions.len() {
+            return Err(ModelError::InvalidArgument(format!(
+                "{} inputs for {} sessions",
+                inputs.len(),
+                sessions.len()
+            )));
+        }
+        let model = first.model();
+        let c = model.config();
+        let rows: usize = inputs.iter().map(|t| t.len()).sum();
+        if rows > self.max_rows {
+            return Err(ModelError::InvalidArgument(format!(
+                "{rows} tokens exceed the batch's {} rows",
+                self.max_rows
+            )));
+        }
+        for (s, t) in sessions.iter().zip(inputs) {
+            if !std::ptr::eq(s.model(), model) {
+                return Err(ModelError::InvalidArgument(
+                    "a batch steps sessions of one model only".into(),
+                ));
+            }
+            if t.is_empty() {
+                return Err(ModelError::InvalidArgument("no tokens to evaluate".into()));
+            }
+            if s.n_past() + t.len() > s.ctx() {
+                return Err(ModelError::ContextFull {
+                    n_past: s.n_past(),
+                    n_new: t.len(),
+                    ctx: s.ctx(),
+                });
+            }
+            if let Some(&token) = t.iter().find(|&&x| x as usize >= c.n_vocab) {
+                return Err(ModelError::TokenOutOfRange {
+                    token,
+                    n_vocab: c.n_vocab,
+                });
+            }
+        }
+        let tokens: Vec<u32> = inputs.concat();
+        let scratch = self.s.get_or_insert_with(|| Scratch::new(c, self.max_rows));
+        let pool = first.pool();
+        let mut segs: Vec<Segment<'_>> = sessions
+            .iter_mut()
+            .zip(inputs)
+            .map(|(s, t)| s.segment(t.len()))
+            .collect();
+        forward_rows(
+            model,
+            pool,
+            scratch,
+            &tokens,
+            &mut segs,
+            &mut None,
+            Faults::default(),
+        )?;
+        drop(segs);
+        // Only each session's last row needs logits: gather those rows to the front.
+        let d = c.d_model;
+        let n_vocab = c.n_vocab;
+        let mut end = 0;
+        let mut lasts = Vec::with_capacity(inputs.len());
+        for t in inputs {
+            end += t.len();
+            lasts.push(end - 1);
+        }
+        scratch.gather_rows(&lasts, d);
+        self.logits.resize(lasts.len() * n_vocab, 0.0);
+        scratch.logits(model, pool, 0, lasts.len(), &mut self.logits)?;
+        for ((s, t), row) in sessions
+            .iter_mut()
+            .zip(inputs)
+            .zip(self.logits.chunks_exact(n_vocab))
+        {
+            s.advance(t, row);
+        }
+        Ok(Logits {
+            first: 0,
+            n_vocab,
+            data: &self.logits,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use ferrite_cpu::ThreadPool;
+    use ferrite_gguf::GgmlType;
+
+    use super::*;
+    use crate::testutil::{VOCAB, tiny_model};
+    use crate::{KvType, Outputs, Precision};
+
+    fn prompt(len: usize, seed: usize) -> Vec<u32> {
+        (0..len)
+            .map(|i| ((i * 31 + seed * 17 + 5) % VOCAB) as u32)
+            .collect()
+    }
+
+    /// Each session's next tokens, stepped alone: the isolated oracle.
+    fn alone(m: &crate::Model, pool: &ThreadPool, p: &[u32], steps: &[&[u32]]) -> Vec<Vec<f32>> {
+        let mut s = Session::new(m, pool, 128, KvType::F16).unwrap();
+        s.eval(p, Outputs::Last).unwrap();
+        steps
+            .iter()
+            .map(|t| s.eval(t, Outputs::Last).unwrap().last().unwrap().to_vec())
+            .collect()
+    }
+
+    #[test]
+    fn batched_steps_equal_isolated_steps_bit_for_bit() {
+        let pool = ThreadPool::new(2).unwrap();
+        for (arch, ty) in [("llama", GgmlType::Q4_1), ("gemma3", GgmlType::Q5_0)] {
+            let m = tiny_model(arch, ty, Precision::Default);
+            // Prompts of different lengths; the third session takes a 5-token chunk in the
+            // second step while the others decode one token (continuous batching).
+            let prompts = [prompt(3, 0), prompt(40, 1), prompt(17, 2), prompt(1, 3)];
+            let steps: [[Vec<u32>; 4]; 3] = [
+                [vec![7], vec![8], vec![9], vec![10]],
+                [vec![11], vec![12], prompt(5, 9), vec![13]],
+                [vec![14], vec![15], vec![16], vec![17]],
+            ];
+            let want: Vec<Vec<Vec<f32>>> = (0..4)
+                .map(|i| {
+                    let mine: Vec<&[u32]> = steps.iter().map(|st| st[i].as_slice()).collect();
+                    alone(&m, &pool, &prompts[i], &mine)
+                })
+                .collect();
+            let mut sessions: Vec<Session<'_>> = prompts
+                .iter()
+                .map(|_| Session::new(&m, &pool, 128, KvType::F16).unwrap())
+                .collect();
+            let mut batch = Batch::new(64).unwrap();
+            // The prompts themselves go through one batched step too.
+            {
+                let mut refs: Vec<&mut Session<'_>> = sessions.iter_mut().collect();
+                let inputs: Vec<&[u32]> = prompts.iter().map(Vec::as_slice).collect();
+                batch.step(&mut refs, &inputs).unwrap();
+            }
+            for (k, st) in steps.iter().enumerate() {
+                let mut refs: Vec<&mut Session<'_>> = sessions.iter_mut().collect();
+                let inputs: Vec<&[u32]> = st.iter().map(Vec::as_slice).collect();
+                let got = batch.step(&mut refs, &inputs).unwrap();
+                assert_eq!(got.n_rows(), 4);
+                for (i, w) in want.iter().enumerate() {
+                    assert!(
+                        got.row(i).unwrap() == w[k].as_slice(),
+                        "{arch}: session {i} step {k} differs from its isolated run"
+                    );
+                }
+            }
+            for ((s, p), w) in sessions.iter().zip(&prompts).zip(&want) {
+                assert_eq!(s.n_past(), p.len() + 2 + if p.len() == 17 { 5 } else { 1 });
+                // Snapshots read the session's own copy of its latest logits.
+                assert!(s.next_logits() == Some(w[2].as_slice()));
+            }
+        }
+    }
+
+    #[test]
+    fn a_row_from_the_wrong_session_is_detected() {
+        // Planted defect for the oracle above: swapping two sessions' tokens must change
+        // their logits, or the bit-for-bit comparison would prove nothing.
+        let pool = ThreadPool::new(1).unwrap();
+        let m = tiny_model("llama", GgmlType::Q8_0, Precision::Default);
+        let want = alone(&m, &pool, &prompt(6, 0), &[&[3]]);
+        let mut a = Session::new(&m, &pool, 32, KvType::F16).unwrap();
+        let mut b = Session::new(&m, &pool, 32, KvType::F16).unwrap();
+        a.eval(&prompt(6, 0), Outputs::Last).unwrap();
+        b.eval(&prompt(6, 1), Outputs::Last).unwrap();
+        let mut batch = Batch::new(4).unwrap();
+        let got = batch.step(&mut [&mut b, &mut a], &[&[3], &[3]]).unwrap();
+        assert!(got.row(1).unwrap() == want[0].as_slice());
+        assert!(got.row(0).unwrap() != want[0].as_slice());
+    }
+
+    #[test]
+    fn bad_steps_are_errors_and_change_nothing() {
+        let pool = ThreadPool::new(1).unwrap();
+        let m = tiny_model("llama", GgmlType::Q8_0, Precision::Default);
+        let other = tiny_model("llama", GgmlType::Q8_0, Precision::Default);
+        let mut a = Session::new(&m, &pool, 8, KvType::F16).unwrap();
+        let mut b = Session::new(&other, &pool, 8, KvType::F16).unwrap();
+        let mut batch = Batch::new(4).unwrap();
+        assert!(Batch::new(0).is_err());
+        assert!(batch.step(&mut [], &[]).is_err());
+        assert!(batch.step(&mut [&mut a], &[]).is_err());
+        assert!(batch.step(&mut [&mut a], &[&[]]).is_err());
+        assert!(batch.step(&mut [&mut a], &[&[1, 2, 3, 4, 5]]).is_err());
+        assert!(batch.step(&mut [&mut a], &[&[VOCAB as u32]]).is_err());
+        assert!(batch.step(&mut [&mut a, &mut b], &[&[1], &[1]]).is_err());
+        a.eval(&prompt(8, 0), Outputs::Last).unwrap();
+        assert!(matches!(
+            batch.step(&mut [&mut a], &[&[1]]),
+            Err(ModelError::ContextFull { .. })
+        ));
+        assert_eq!((a.n_past(), b.n_past()), (8, 0));
+    }
+}
