@@ -251,3 +251,17 @@ fn memory_cache_is_shared_across_slots() {
     assert_eq!(seen[0], (192, "memory".to_string()));
     assert_eq!(seen[1], (0, "none".to_string()));
 }
+
+/// Two servers on one directory: a checkpoint written by one after the other started is
+/// found by the other (its index is refreshed from the directory on a miss).
+#[test]
+fn servers_sharing_a_directory_reuse_each_others_checkpoints() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = tokens(300, 21);
+    let a = start(Some(dir.path()), &[]);
+    let b = start(Some(dir.path()), &[]);
+    let (text, _, _) = complete(&a, &p);
+    wait_written(&a, 1);
+    let (again, cached, source) = complete(&b, &p);
+    assert_eq!((again, cached, source.as_str()), (text, 256, "disk"));
+}
