@@ -384,6 +384,14 @@ impl<'m> PrefixStore<Session<'m>> for PrefixCache {
             },
         };
         if let Some(d) = self.disk.as_mut().filter(|_| !on_disk) {
+            // A covering memory entry may hold more than `len` tokens: name the file by
+            // everything it holds, so file names always match their contents.
+            let hashes = if state.n_tokens() == len {
+                hashes
+            } else {
+                chain_hashes(self.seed, &state.tokens, block)
+            };
+            let key = hashes.last().copied().unwrap_or(key);
             let path = d.cache.path_for(key);
             match d.writer.as_ref().map(|w| w.try_send((key, state))) {
                 Some(Ok(())) => {
