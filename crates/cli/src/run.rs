@@ -492,7 +492,10 @@ fn cpu_session<'a, 'm>(session: &'a mut AnySession<'m>) -> anyhow::Result<&'a mu
 
 /// What a session file must agree with: this model file, precision, KV type and context.
 fn session_compat(loaded: &Loaded) -> anyhow::Result<Compat> {
-    let cache = crate::models::models_dir().ok();
+    // Digests are remembered under the ferrite home (next to models/), keyed by file version.
+    let cache = crate::models::models_dir()
+        .ok()
+        .and_then(|d| d.parent().map(std::path::Path::to_path_buf));
     let sha = ferrite_kvstore::model_sha256(&loaded.path, cache.as_deref())
         .with_context(|| format!("hashing {}", loaded.path.display()))?;
     Ok(Compat::for_session(

@@ -65,6 +65,14 @@ fn complete(server: &Server, prompt: &[u32]) -> (String, u64, String) {
     )
 }
 
+fn metric(server: &Server, name: &str) -> u64 {
+    let text = server.get("/metrics").body;
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("metric {name} missing:\n{text}"))
+}
+
 fn snapshots(dir: &Path) -> Vec<PathBuf> {
     let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
         .unwrap()
@@ -73,6 +81,19 @@ fn snapshots(dir: &Path) -> Vec<PathBuf> {
         .collect();
     v.sort();
     v
+}
+
+/// Waits until the server's log contains `needle`.
+fn wait_log(server: &Server, needle: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !server.log().contains(needle) {
+        assert!(
+            Instant::now() < deadline,
+            "no {needle:?} in:\n{}",
+            server.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// Waits until the server logged its `n`-th checkpoint write.
@@ -108,6 +129,7 @@ fn restart_reuses_disk_and_an_edit_reuses_only_the_unchanged_prefix() {
     let (text, cached, source) = complete(&first, &p);
     assert_eq!((cached, source.as_str()), (0, "none"));
     wait_written(&first, 1);
+    assert_eq!(metric(&first, "ferrite_kv_disk_written_total"), 1);
     drop(first);
     assert_eq!(snapshots(dir.path()).len(), 1);
 
@@ -119,7 +141,11 @@ fn restart_reuses_disk_and_an_edit_reuses_only_the_unchanged_prefix() {
         (again.as_str(), cached, source.as_str()),
         (text.as_str(), 384, "disk")
     );
-    assert!(second.log().contains("cache=disk"), "{}", second.log());
+    // The request's log line (and its counters) are written as its handler finishes,
+    // which may be just after the client has the answer.
+    wait_log(&second, "cache=disk");
+    assert_eq!(metric(&second, "ferrite_cache_disk_hits_total"), 1);
+    assert_eq!(metric(&second, "ferrite_kv_disk_rejected_total"), 0);
     drop(second);
 
     // An edit at token 300: a new server reuses only the whole blocks before it.
@@ -201,6 +227,7 @@ fn killed_writer_leaves_no_file_that_is_used() {
         "{}",
         server.log()
     );
+    assert_eq!(metric(&server, "ferrite_kv_disk_rejected_total"), 1);
 }
 
 /// The memory cache is shared by all slots: a prompt whose slot was since reused for other
@@ -223,4 +250,18 @@ fn memory_cache_is_shared_across_slots() {
     }
     assert_eq!(seen[0], (192, "memory".to_string()));
     assert_eq!(seen[1], (0, "none".to_string()));
+}
+
+/// Two servers on one directory: a checkpoint written by one after the other started is
+/// found by the other (its index is refreshed from the directory on a miss).
+#[test]
+fn servers_sharing_a_directory_reuse_each_others_checkpoints() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = tokens(300, 21);
+    let a = start(Some(dir.path()), &[]);
+    let b = start(Some(dir.path()), &[]);
+    let (text, _, _) = complete(&a, &p);
+    wait_written(&a, 1);
+    let (again, cached, source) = complete(&b, &p);
+    assert_eq!((again, cached, source.as_str()), (text, 256, "disk"));
 }

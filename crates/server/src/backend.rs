@@ -196,6 +196,10 @@ pub struct EngineStats {
     pub slots_active: usize,
     /// Requests waiting for a slot.
     pub queue_depth: usize,
+    /// Disk-cache snapshot files written since start.
+    pub kv_disk_written: u64,
+    /// Disk-cache snapshot files rejected since start (another model or setting, damaged).
+    pub kv_disk_rejected: u64,
 }
 
 /// A chat to render into prompt text with the model's template.

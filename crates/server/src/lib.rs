@@ -13,6 +13,10 @@
 //! `/detokenize`. Errors use each API's own JSON shape; streams are SSE with keep-alive
 //! comments.
 //!
+//! Prefix reuse ([`engine::prefix`]): besides each slot's own KV, a block-hashed cache of
+//! finished sequences shared by all slots (memory, and snapshot files with `--kv-disk-dir`
+//! that survive restarts); responses report `cache_source` and `cached_tokens`.
+//!
 //! Scheduling ([`engine::scheduler`]): up to N slots each keeping its KV cache, a bounded
 //! FIFO queue (429 when full), longest-prefix slot reuse, a shared per-step prefill budget,
 //! and one decode token per active slot per step. Slots are evaluated one after another:

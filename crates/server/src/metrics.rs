@@ -21,6 +21,7 @@ pub struct Metrics {
     cached_tokens: AtomicU64,
     generated_tokens: AtomicU64,
     cache_hits: AtomicU64,
+    disk_cache_hits: AtomicU64,
     cancelled: AtomicU64,
 }
 
@@ -63,6 +64,11 @@ impl Metrics {
                 &self.cache_hits,
             ),
             (
+                "ferrite_cache_disk_hits_total",
+                "Generation requests whose reused prefix came from the disk cache.",
+                &self.disk_cache_hits,
+            ),
+            (
                 "ferrite_cancelled_requests_total",
                 "Generation requests whose client went away.",
                 &self.cancelled,
@@ -90,6 +96,24 @@ impl Metrics {
                 stats.slots_total,
             ),
         ];
+        let engine_counters = [
+            (
+                "ferrite_kv_disk_written_total",
+                "Disk-cache snapshot files written.",
+                stats.kv_disk_written,
+            ),
+            (
+                "ferrite_kv_disk_rejected_total",
+                "Disk-cache snapshot files rejected (other model or setting, damaged).",
+                stats.kv_disk_rejected,
+            ),
+        ];
+        for (name, help, value) in engine_counters {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}"
+            );
+        }
         for (name, help, value) in gauges {
             let _ = writeln!(
                 out,
@@ -178,6 +202,9 @@ impl Drop for Entry {
                 .fetch_add(u.completion_tokens as u64, Ordering::Relaxed);
             if u.cached_tokens > 0 {
                 m.cache_hits.fetch_add(1, Ordering::Relaxed);
+                if u.cache_source == crate::CacheSource::Disk {
+                    m.disk_cache_hits.fetch_add(1, Ordering::Relaxed);
+                }
             }
         }
         if self.generation && !self.finished && self.status < 400 {

@@ -211,6 +211,7 @@ impl Backend for Fake {
             slots_total: self.slots,
             slots_active: running,
             queue_depth: live.saturating_sub(running),
+            ..EngineStats::default()
         }
     }
 }

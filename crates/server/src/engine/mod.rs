@@ -72,6 +72,7 @@ pub struct Engine {
     bos_text: Option<String>,
     jobs: Sender<Job>,
     counters: Arc<Counters>,
+    cache_stats: Arc<prefix::CacheStats>,
     thread: std::thread::JoinHandle<()>,
 }
 
@@ -89,6 +90,8 @@ impl Engine {
             slots_total: self.config.parallel,
             slots_active: active,
             queue_depth: inflight.saturating_sub(active),
+            kv_disk_written: self.cache_stats.written.load(Ordering::Relaxed),
+            kv_disk_rejected: self.cache_stats.rejected.load(Ordering::Relaxed),
         }
     }
 }

@@ -9,7 +9,7 @@ use ferrite_engine::{Sampler, SamplerConfig};
 use ferrite_model::{KvType, LoadOptions, Model, Outputs, Session};
 use ferrite_tokenizer::{TokenType, Tokenizer};
 
-use super::prefix::PrefixCache;
+use super::prefix::{CacheStats, PrefixCache};
 use super::scheduler::{Counters, Job, Limits, Picked, Picker, Runtime, Scheduler, Sequence};
 use super::{Engine, EngineConfig, EngineError};
 use crate::backend::GenRequest;
@@ -109,6 +109,7 @@ fn engine_thread(
     ready: SyncSender<Ready>,
     jobs: Receiver<Job>,
     counters: Arc<Counters>,
+    cache_stats: Arc<CacheStats>,
 ) {
     let model = match Model::load(&cfg.model_path, LoadOptions::default()) {
         Ok(m) => m,
@@ -162,7 +163,7 @@ fn engine_thread(
         prefill_chunk: cfg.prefill_chunk,
     };
     let mut scheduler = Scheduler::new(&rt, sessions, counters, limits);
-    match prefix_cache(&cfg, &model, n_ctx) {
+    match prefix_cache(&cfg, &model, n_ctx, cache_stats) {
         Some(cache) => scheduler.with_prefix_store(Box::new(cache)).run(&jobs),
         None => scheduler.run(&jobs),
     }
@@ -170,7 +171,12 @@ fn engine_thread(
 
 /// The shared prefix cache, or `None` when both its memory and disk parts are off. A disk
 /// directory that cannot be used is reported and the server runs without it.
-fn prefix_cache(cfg: &EngineConfig, model: &Model, n_ctx: usize) -> Option<PrefixCache> {
+fn prefix_cache(
+    cfg: &EngineConfig,
+    model: &Model,
+    n_ctx: usize,
+    stats: Arc<CacheStats>,
+) -> Option<PrefixCache> {
     let mut pc = cfg.prefix_cache.clone();
     let sha = match &pc.disk {
         Some((dir, _)) => match ferrite_kvstore::model_sha256(&cfg.model_path, Some(dir)) {
@@ -187,7 +193,7 @@ fn prefix_cache(cfg: &EngineConfig, model: &Model, n_ctx: usize) -> Option<Prefi
         return None;
     }
     let compat = ferrite_kvstore::Compat::for_session(model, sha, KvType::F16, n_ctx);
-    match PrefixCache::new(pc, compat) {
+    match PrefixCache::new(pc, compat, stats) {
         Ok(c) => Some(c),
         Err(e) => {
             eprintln!("kv-cache: prefix cache disabled: {e}");
@@ -214,9 +220,13 @@ impl Engine {
         let counters = Arc::new(Counters::default());
         let thread_cfg = cfg.clone();
         let thread_counters = counters.clone();
+        let cache_stats = Arc::new(CacheStats::default());
+        let thread_stats = cache_stats.clone();
         let thread = std::thread::Builder::new()
             .name("ferrite-engine".into())
-            .spawn(move || engine_thread(thread_cfg, ready_tx, jobs_rx, thread_counters))
+            .spawn(move || {
+                engine_thread(thread_cfg, ready_tx, jobs_rx, thread_counters, thread_stats)
+            })
             .map_err(|e| EngineError::Thread(e.to_string()))?;
         let (tokenizer, n_ctx) = ready_rx
             .recv()
@@ -234,6 +244,7 @@ impl Engine {
             bos_text,
             jobs: jobs_tx,
             counters,
+            cache_stats,
             thread,
         })
     }

@@ -193,10 +193,13 @@ pub struct PrefixCache {
 impl PrefixCache {
     /// A cache for sessions described by `compat` (its fields seed the block hashes, so
     /// keys of different models or settings never meet). Opens the disk directory when
-    /// configured and indexes the usable files in it.
-    pub fn new(cfg: PrefixCacheConfig, compat: Compat) -> std::io::Result<PrefixCache> {
+    /// configured and indexes the usable files in it. Counts go to `stats`.
+    pub fn new(
+        cfg: PrefixCacheConfig,
+        compat: Compat,
+        stats: Arc<CacheStats>,
+    ) -> std::io::Result<PrefixCache> {
         let seed = compat_seed(&compat);
-        let stats = Arc::new(CacheStats::default());
         let disk = match &cfg.disk {
             None => None,
             Some((dir, budget)) => {
@@ -381,6 +384,14 @@ impl<'m> PrefixStore<Session<'m>> for PrefixCache {
             },
         };
         if let Some(d) = self.disk.as_mut().filter(|_| !on_disk) {
+            // A covering memory entry may hold more than `len` tokens: name the file by
+            // everything it holds, so file names always match their contents.
+            let hashes = if state.n_tokens() == len {
+                hashes
+            } else {
+                chain_hashes(self.seed, &state.tokens, block)
+            };
+            let key = hashes.last().copied().unwrap_or(key);
             let path = d.cache.path_for(key);
             match d.writer.as_ref().map(|w| w.try_send((key, state))) {
                 Some(Ok(())) => {
@@ -445,7 +456,7 @@ mod tests {
             assert_eq!(last_bits(s, &b[256..]), want, "{src:?}");
         };
         {
-            let mut cache = PrefixCache::new(cfg.clone(), compat.clone()).unwrap();
+            let mut cache = PrefixCache::new(cfg.clone(), compat.clone(), Arc::default()).unwrap();
             let mut first = Session::new(&model, &pool, ctx, KvType::F16).unwrap();
             first.eval(&a, Outputs::Last).unwrap();
             cache.checkpoint(&first, &a);
@@ -454,14 +465,14 @@ mod tests {
             assert_eq!(cache.restore(&mut s, &b, 256), None);
         } // dropping the cache waits for the disk writer
         for _ in 0..2 {
-            let mut cache = PrefixCache::new(cfg.clone(), compat.clone()).unwrap();
+            let mut cache = PrefixCache::new(cfg.clone(), compat.clone(), Arc::default()).unwrap();
             check(&mut cache, &mut s, CacheSource::Disk);
             check(&mut cache, &mut s, CacheSource::Memory);
         }
         // An edit at token 100 keeps only the first block.
         let mut edited = a.clone();
         edited[100] += 1;
-        let mut cache = PrefixCache::new(cfg.clone(), compat.clone()).unwrap();
+        let mut cache = PrefixCache::new(cfg.clone(), compat.clone(), Arc::default()).unwrap();
         assert_eq!(
             cache.restore(&mut s, &edited, 0),
             Some((64, CacheSource::Disk))
@@ -472,7 +483,7 @@ mod tests {
             ctx: 1024,
             ..compat.clone()
         };
-        let mut cache = PrefixCache::new(cfg.clone(), other).unwrap();
+        let mut cache = PrefixCache::new(cfg.clone(), other, Arc::default()).unwrap();
         assert_eq!(cache.restore(&mut s, &b, 0), None);
         assert_eq!(cache.stats().rejected.load(Ordering::Relaxed), 1);
         let files = DiskCache::open(dir.path(), 1 << 30)
@@ -486,7 +497,7 @@ mod tests {
         let at = bytes.len() / 2;
         bytes[at] ^= 0x10;
         std::fs::write(&files[0].path, &bytes).unwrap();
-        let mut cache = PrefixCache::new(cfg.clone(), compat.clone()).unwrap();
+        let mut cache = PrefixCache::new(cfg.clone(), compat.clone(), Arc::default()).unwrap();
         assert_eq!(cache.restore(&mut s, &b, 0), None);
         assert_eq!(cache.stats().rejected.load(Ordering::Relaxed), 1);
         assert!(!files[0].path.exists());
