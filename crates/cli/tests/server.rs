@@ -252,7 +252,8 @@ fn anthropic_messages_and_responses() {
 #[test]
 fn concurrent_streams_match_sequential_and_disconnects_free_slots() {
     let server = start();
-    let prompts: Vec<String> = (0..8)
+    // 32 streams over 4 slots: most wait in the queue, and every step batches the slots.
+    let prompts: Vec<String> = (0..32)
         .map(|i| format!("Write one short sentence about the number {i}."))
         .collect();
     let sequential: Vec<String> = prompts
@@ -285,6 +286,8 @@ fn concurrent_streams_match_sequential_and_disconnects_free_slots() {
     for (i, (a, b)) in sequential.iter().zip(&concurrent).enumerate() {
         assert_eq!(a, b, "prompt {i} differs under concurrency");
     }
+    // Path marker: the concurrent requests really shared batched forward passes.
+    assert!(metric(&server, "ferrite_batched_steps_total") > 0.0);
     assert!(
         sequential
             .iter()

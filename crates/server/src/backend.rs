@@ -200,6 +200,8 @@ pub struct EngineStats {
     pub kv_disk_written: u64,
     /// Disk-cache snapshot files rejected since start (another model or setting, damaged).
     pub kv_disk_rejected: u64,
+    /// Steps that evaluated two or more slots in one batched forward pass.
+    pub batched_steps: u64,
 }
 
 /// A chat to render into prompt text with the model's template.

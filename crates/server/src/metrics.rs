@@ -107,6 +107,11 @@ impl Metrics {
                 "Disk-cache snapshot files rejected (other model or setting, damaged).",
                 stats.kv_disk_rejected,
             ),
+            (
+                "ferrite_batched_steps_total",
+                "Engine steps that evaluated several slots in one forward pass.",
+                stats.batched_steps,
+            ),
         ];
         for (name, help, value) in engine_counters {
             let _ = writeln!(

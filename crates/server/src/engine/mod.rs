@@ -92,6 +92,7 @@ impl Engine {
             queue_depth: inflight.saturating_sub(active),
             kv_disk_written: self.cache_stats.written.load(Ordering::Relaxed),
             kv_disk_rejected: self.cache_stats.rejected.load(Ordering::Relaxed),
+            batched_steps: self.counters.batched_steps.load(Ordering::Relaxed) as u64,
         }
     }
 }

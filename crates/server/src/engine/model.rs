@@ -6,11 +6,13 @@ use std::sync::mpsc::{Receiver, SyncSender, channel, sync_channel};
 
 use ferrite_cpu::ThreadPool;
 use ferrite_engine::{Sampler, SamplerConfig};
-use ferrite_model::{KvType, LoadOptions, Model, Outputs, Session};
+use ferrite_model::{Batch, KvType, LoadOptions, Model, Outputs, Session};
 use ferrite_tokenizer::{TokenType, Tokenizer};
 
 use super::prefix::{CacheStats, PrefixCache};
-use super::scheduler::{Counters, Job, Limits, Picked, Picker, Runtime, Scheduler, Sequence};
+use super::scheduler::{
+    BatchEval, Counters, Job, Limits, Picked, Picker, Runtime, Scheduler, Sequence,
+};
 use super::{Engine, EngineConfig, EngineError};
 use crate::backend::GenRequest;
 
@@ -31,6 +33,23 @@ impl Sequence for Session<'_> {
     fn eval_all(&mut self, tokens: &[u32]) -> Result<Vec<f32>, String> {
         let logits = self.eval(tokens, Outputs::All).map_err(|e| e.to_string())?;
         Ok(logits.data.to_vec())
+    }
+}
+
+/// Continuous batching over real sessions: every step's slots share one forward pass
+/// through a [`Batch`] made once (bit-identical to stepping them one by one).
+struct SessionBatch(Batch);
+
+impl<'m> BatchEval<Session<'m>> for SessionBatch {
+    fn eval_many(
+        &mut self,
+        seqs: &mut [&mut Session<'m>],
+        inputs: &[&[u32]],
+    ) -> Result<Vec<Vec<f32>>, String> {
+        let logits = self.0.step(seqs, inputs).map_err(|e| e.to_string())?;
+        Ok((0..logits.n_rows())
+            .filter_map(|r| logits.row(r).map(<[f32]>::to_vec))
+            .collect())
     }
 }
 
@@ -151,6 +170,14 @@ fn engine_thread(
             return;
         }
     };
+    // A step holds at most the prefill budget plus one decode token per slot.
+    let batch = match Batch::new(cfg.prefill_chunk.max(1) + cfg.parallel) {
+        Ok(b) => b,
+        Err(e) => {
+            let _ = ready.send(Err(EngineError::Load(format!("creating the batch: {e}"))));
+            return;
+        }
+    };
     if ready.send(Ok((tokenizer.clone(), n_ctx))).is_err() {
         return;
     }
@@ -162,7 +189,8 @@ fn engine_thread(
         n_ctx,
         prefill_chunk: cfg.prefill_chunk,
     };
-    let mut scheduler = Scheduler::new(&rt, sessions, counters, limits);
+    let mut scheduler =
+        Scheduler::new(&rt, sessions, counters, limits).with_batcher(Box::new(SessionBatch(batch)));
     match prefix_cache(&cfg, &model, n_ctx, cache_stats) {
         Some(cache) => scheduler.with_prefix_store(Box::new(cache)).run(&jobs),
         None => scheduler.run(&jobs),
