@@ -32,6 +32,8 @@ pub enum ArchArg {
     Llama,
     /// Gemma 3.
     Gemma3,
+    /// Qwen 3 dense (q/k norms, neox rope).
+    Qwen3,
 }
 
 /// Weight type mixes.
@@ -249,9 +251,11 @@ fn tensor_specs(args: &SynthArgs, s: &Shape) -> Vec<Spec> {
         let n = |r: &str| format!("blk.{l}.{r}.weight");
         norm(n("attn_norm"), s.hidden);
         norm(n("ffn_norm"), s.hidden);
-        if args.arch == ArchArg::Gemma3 {
+        if matches!(args.arch, ArchArg::Gemma3 | ArchArg::Qwen3) {
             norm(n("attn_q_norm"), hd);
             norm(n("attn_k_norm"), hd);
+        }
+        if args.arch == ArchArg::Gemma3 {
             norm(n("post_attention_norm"), s.hidden);
             norm(n("post_ffw_norm"), s.hidden);
         }
@@ -263,6 +267,7 @@ fn model_metadata(args: &SynthArgs, s: &Shape) -> Vec<(String, Value)> {
     let arch = match args.arch {
         ArchArg::Llama => "llama",
         ArchArg::Gemma3 => "gemma3",
+        ArchArg::Qwen3 => "qwen3",
     };
     let u = |v: usize| Value::U32(u32::try_from(v).unwrap_or(u32::MAX));
     let k = |key: &str| format!("{arch}.{key}");
@@ -301,6 +306,10 @@ fn model_metadata(args: &SynthArgs, s: &Shape) -> Vec<(String, Value)> {
             (k("attention.layer_norm_rms_epsilon"), Value::F32(1e-6)),
             (k("rope.freq_base"), Value::F32(1_000_000.0)),
             (k("attention.sliding_window"), u(512)),
+        ]),
+        ArchArg::Qwen3 => m.extend([
+            (k("attention.layer_norm_rms_epsilon"), Value::F32(1e-6)),
+            (k("rope.freq_base"), Value::F32(1_000_000.0)),
         ]),
     }
     m

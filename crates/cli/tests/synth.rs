@@ -232,3 +232,24 @@ fn preset_shape_with_a_flag_override() {
     );
     assert!(!types.contains(&"Q4_K"), "{types:?}");
 }
+
+#[test]
+fn tiny_qwen3_loads_as_qwen3_and_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("q.gguf");
+    let mut args = TINY.to_vec();
+    args.extend(["--arch", "qwen3", "--vocab", "300", "--type", "q8_0"]);
+    synth(&out, &args);
+    let g = ferrite_gguf::Gguf::open(&out).unwrap();
+    assert_eq!(
+        g.get_str("general.architecture").unwrap(),
+        "qwen3",
+        "written as qwen3"
+    );
+    // Qwen 3's q/k norms are present, Gemma's post norms are not.
+    assert!(g.tensor("blk.0.attn_q_norm.weight").is_some());
+    assert!(g.tensor("blk.0.post_attention_norm.weight").is_none());
+    let m = ferrite_model::Model::load(&out, ferrite_model::LoadOptions::default()).unwrap();
+    assert_eq!(m.config().arch, ferrite_model::Arch::Qwen3);
+    loads_and_runs(&out);
+}
