@@ -121,6 +121,24 @@ fn vector(g: &Gguf, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
     dequantize_tensor(g, name)
 }
 
+/// Index of tensor `name` in the file's table, after checking its GGUF dims are `dims`.
+pub(crate) fn find_tensor(g: &Gguf, name: &str, dims: &[u64]) -> Result<usize, ModelError> {
+    let tensor = g
+        .tensors()
+        .iter()
+        .position(|t| t.name == name)
+        .ok_or_else(|| ModelError::MissingTensor(name.to_owned()))?;
+    let t = &g.tensors()[tensor];
+    if t.dims != dims {
+        return Err(ModelError::TensorShape {
+            name: name.to_owned(),
+            got: t.dims.clone(),
+            expected: dims.to_vec(),
+        });
+    }
+    Ok(tensor)
+}
+
 fn matrix(
     g: &Gguf,
     name: &str,
@@ -128,19 +146,8 @@ fn matrix(
     cols: usize,
     precision: Precision,
 ) -> Result<Weight, ModelError> {
-    let tensor = g
-        .tensors()
-        .iter()
-        .position(|t| t.name == name)
-        .ok_or_else(|| ModelError::MissingTensor(name.to_owned()))?;
+    let tensor = find_tensor(g, name, &[cols as u64, rows as u64])?;
     let t = &g.tensors()[tensor];
-    if t.dims != [cols as u64, rows as u64] {
-        return Err(ModelError::TensorShape {
-            name: name.to_owned(),
-            got: t.dims.clone(),
-            expected: vec![cols as u64, rows as u64],
-        });
-    }
     let f32_copy = match precision {
         Precision::Default => None,
         Precision::F32 => Some(dequantize_tensor(g, name)?),

@@ -51,20 +51,9 @@ impl Experts {
         n_expert: usize,
         f32_copy: bool,
     ) -> Result<Experts, ModelError> {
-        let tensor = g
-            .tensors()
-            .iter()
-            .position(|t| t.name == name)
-            .ok_or_else(|| ModelError::MissingTensor(name.to_owned()))?;
-        let t = &g.tensors()[tensor];
         let want = [cols as u64, rows as u64, n_expert as u64];
-        if t.dims != want {
-            return Err(ModelError::TensorShape {
-                name: name.to_owned(),
-                got: t.dims.clone(),
-                expected: want.to_vec(),
-            });
-        }
+        let tensor = crate::model::find_tensor(g, name, &want)?;
+        let t = &g.tensors()[tensor];
         Ok(Experts {
             tensor,
             ty: t.ty,

@@ -57,12 +57,40 @@ pub enum RopeStyle {
 /// Pair `i` of a head turns by `pos · base^(-2i/head_dim)`. The angle is computed in f64 and
 /// reused across heads, so no scratch memory is needed.
 pub fn rope(x: &mut [f32], head_dim: usize, pos: usize, base: f32, style: RopeStyle) {
+    rotate(x, head_dim, pos, base, style, None);
+}
+
+/// [`rope`] with per-pair frequency divisors (Llama 3 scaling): pair `i` turns by
+/// `pos · base^(-2i/head_dim) / factors[i]`. Dividing by 1 is exact, so factors of 1 give
+/// [`rope`]'s bits.
+pub fn rope_scaled(
+    x: &mut [f32],
+    head_dim: usize,
+    pos: usize,
+    base: f32,
+    style: RopeStyle,
+    factors: &[f32],
+) {
+    rotate(x, head_dim, pos, base, style, Some(factors));
+}
+
+fn rotate(
+    x: &mut [f32],
+    head_dim: usize,
+    pos: usize,
+    base: f32,
+    style: RopeStyle,
+    factors: Option<&[f32]>,
+) {
     if head_dim < 2 {
         return;
     }
     let half = head_dim / 2;
     for i in 0..half {
-        let inv_freq = f64::from(base).powf(-((2 * i) as f64) / head_dim as f64);
+        let divisor = factors
+            .and_then(|f| f.get(i))
+            .map_or(1.0, |&f| f64::from(f));
+        let inv_freq = f64::from(base).powf(-((2 * i) as f64) / head_dim as f64) / divisor;
         let angle = pos as f64 * inv_freq;
         let (sin, cos) = (angle.sin() as f32, angle.cos() as f32);
         let (a, b) = match style {
@@ -296,6 +324,26 @@ mod tests {
         let s: f64 = e.iter().sum();
         for i in 0..3 {
             assert!(close(x[i], e[i] / s, 1e-6));
+        }
+    }
+
+    #[test]
+    fn rope_scaled_divides_each_pair_frequency() {
+        let orig: Vec<f32> = (0..16).map(|i| (i as f32 - 7.5) * 0.3).collect();
+        for style in [RopeStyle::Interleaved, RopeStyle::HalfSplit] {
+            // Unit factors: exactly plain rope.
+            let (mut a, mut b) = (orig.clone(), orig.clone());
+            rope(&mut a, 8, 5, 500.0, style);
+            rope_scaled(&mut b, 8, 5, 500.0, style, &[1.0; 4]);
+            assert_eq!(a, b);
+            // Factor f on pair i at position p turns like position p / f.
+            let mut c = orig.clone();
+            rope_scaled(&mut c, 8, 6, 500.0, style, &[2.0; 4]);
+            let mut d = orig.clone();
+            rope(&mut d, 8, 3, 500.0, style);
+            for (x, y) in c.iter().zip(&d) {
+                assert!((x - y).abs() < 1e-6, "{style:?}: {x} vs {y}");
+            }
         }
     }
 }

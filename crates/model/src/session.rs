@@ -15,11 +15,10 @@ use ferrite_quant::simd_level;
 use crate::ModelError;
 use crate::attention::{AttnScratch, AttnShape, attend};
 use crate::config::Activation;
-use crate::features::rope_scaled;
 use crate::kv::{KvCache, KvType, try_vec};
 use crate::model::{Ffn, Model, Weight};
 use crate::moe::{self, MoeScratch};
-use crate::ops::{RopeTable, add_assign, rms_norm, rope};
+use crate::ops::{RopeTable, add_assign, rms_norm, rope, rope_scaled};
 
 /// Most tokens one forward chunk processes; bounds the scratch memory of long prompts.
 pub const PREFILL_CHUNK: usize = 256;
