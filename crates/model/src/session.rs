@@ -468,196 +468,193 @@ pub(crate) fn forward_rows(
     hidden: &mut Option<&mut Vec<Vec<f32>>>,
     faults: Faults,
 ) -> Result<(), ModelError> {
-    {
-        let c = m.config();
-        let n = tokens.len();
-        let d = c.d_model;
-        let rope_shift = faults.rope_shift;
-        let rope_factors = c
-            .rope_freq_factors
-            .as_ref()
-            .filter(|_| !faults.ignore_rope_factors);
-        let moe_cfg = c.moe.map(|mut moe| {
-            if faults.top_one_expert {
-                moe.n_expert_used = 1;
-            }
-            moe
-        });
+    let c = m.config();
+    let n = tokens.len();
+    let d = c.d_model;
+    let rope_shift = faults.rope_shift;
+    let rope_factors = c
+        .rope_freq_factors
+        .as_ref()
+        .filter(|_| !faults.ignore_rope_factors);
+    let moe_cfg = c.moe.map(|mut moe| {
+        if faults.top_one_expert {
+            moe.n_expert_used = 1;
+        }
+        moe
+    });
 
-        for (t, &tok) in tokens.iter().enumerate() {
-            let row = &mut s.x[t * d..(t + 1) * d];
-            m.embed_row(tok, row)?;
-            if c.embed_scale != 1.0 {
-                row.iter_mut().for_each(|v| *v *= c.embed_scale);
-            }
+    for (t, &tok) in tokens.iter().enumerate() {
+        let row = &mut s.x[t * d..(t + 1) * d];
+        m.embed_row(tok, row)?;
+        if c.embed_scale != 1.0 {
+            row.iter_mut().for_each(|v| *v *= c.embed_scale);
         }
-        // One rope table per distinct base for these rows' positions (reusing memory).
-        let mut n_tables = 0;
-        for lc in &c.layers {
-            let have = s.rope[..n_tables]
-                .iter()
-                .any(|r| r.covers(c.head_dim, lc.rope_base, n));
-            if !have {
-                if n_tables == s.rope.len() {
-                    s.rope.push(RopeTable::default());
-                }
-                let positions = segs.iter().flat_map(|g| g.pos0..g.pos0 + g.len);
-                s.rope[n_tables].fill(c.head_dim, lc.rope_base, positions);
-                n_tables += 1;
+    }
+    // One rope table per distinct base for these rows' positions (reusing memory).
+    let mut n_tables = 0;
+    for lc in &c.layers {
+        let have = s.rope[..n_tables]
+            .iter()
+            .any(|r| r.covers(c.head_dim, lc.rope_base, n));
+        if !have {
+            if n_tables == s.rope.len() {
+                s.rope.push(RopeTable::default());
             }
+            let positions = segs.iter().flat_map(|g| g.pos0..g.pos0 + g.len);
+            s.rope[n_tables].fill(c.head_dim, lc.rope_base, positions);
+            n_tables += 1;
         }
-        let mm = |w: &Weight, x: &[f32], y: &mut [f32]| -> Result<(), ModelError> {
-            matmul(pool, m.matrix(w), x, n, y)?;
-            Ok(())
-        };
-        for (l, lw) in m.layers.iter().enumerate() {
-            let lc = &c.layers[l];
-            let (x, xn) = (&mut s.x[..n * d], &mut s.xn[..n * d]);
-            xn.copy_from_slice(x);
-            rms_norm(xn, &lw.attn_norm, c.rms_eps);
-            let (q, k, v) = (
-                &mut s.q[..n * c.q_dim()],
-                &mut s.k[..n * c.kv_dim()],
-                &mut s.v[..n * c.kv_dim()],
-            );
-            mm(&lw.wq, xn, q)?;
-            mm(&lw.wk, xn, k)?;
-            mm(&lw.wv, xn, v)?;
-            let bias = lw.qkv_bias.as_ref().filter(|_| !faults.drop_qkv_bias);
-            if let Some([bq, bk, bv]) = bias {
-                for (y, b) in [(&mut *q, bq), (&mut *k, bk), (&mut *v, bv)] {
-                    for row in y.chunks_exact_mut(b.len()) {
-                        add_assign(row, b);
-                    }
-                }
-            }
-            if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
-                rms_norm(q, qn, c.rms_eps);
-                rms_norm(k, kn, c.rms_eps);
-            }
-            // Scaled-frequency rope (rope_factors) computes its own angles.
-            let table = match rope_factors {
-                Some(_) => None,
-                None => Some(
-                    s.rope[..n_tables]
-                        .iter()
-                        .find(|r| r.covers(c.head_dim, lc.rope_base, n))
-                        .ok_or_else(|| ModelError::InvalidArgument("rope table missing".into()))?,
-                ),
-            };
-            let mut t = 0;
-            for seg in segs.iter() {
-                for pos in seg.pos0..seg.pos0 + seg.len {
-                    let qr = &mut q[t * c.q_dim()..(t + 1) * c.q_dim()];
-                    let kr = &mut k[t * c.kv_dim()..(t + 1) * c.kv_dim()];
-                    let kpos = pos + rope_shift;
-                    if let Some(f) = rope_factors {
-                        rope_scaled(qr, c.head_dim, pos, lc.rope_base, c.rope_style, f);
-                        rope_scaled(kr, c.head_dim, kpos, lc.rope_base, c.rope_style, f);
-                    } else if let Some(table) = table {
-                        table.apply(qr, t, c.rope_style);
-                        if rope_shift == 0 {
-                            table.apply(kr, t, c.rope_style);
-                        } else {
-                            rope(kr, c.head_dim, kpos, lc.rope_base, c.rope_style);
-                        }
-                    }
-                    t += 1;
-                }
-            }
-            let shape = AttnShape {
-                n_head: c.n_head,
-                n_kv_head: c.n_kv_head,
-                head_dim: c.head_dim,
-                scale: c.attn_scale,
-                window: lc.window,
-            };
-            let mut row = 0;
-            for seg in segs.iter_mut() {
-                let (kv, qd) = (row * c.kv_dim()..(row + seg.len) * c.kv_dim(), c.q_dim());
-                seg.kv.store(l, seg.pos0, &k[kv.clone()], &v[kv]);
-                let (qs, att) = (
-                    &q[row * qd..(row + seg.len) * qd],
-                    &mut s.att[row * qd..(row + seg.len) * qd],
-                );
-                attend(pool, &shape, seg.kv, l, seg.pos0, qs, att, seg.attn);
-                row += seg.len;
-            }
-            let att = &s.att[..n * c.q_dim()];
-            let o = &mut s.o[..n * d];
-            mm(&lw.wo, att, o)?;
-            if let Some(b) = &lw.out_bias {
-                for row in o.chunks_exact_mut(d) {
+    }
+    let mm = |w: &Weight, x: &[f32], y: &mut [f32]| -> Result<(), ModelError> {
+        matmul(pool, m.matrix(w), x, n, y)?;
+        Ok(())
+    };
+    for (l, lw) in m.layers.iter().enumerate() {
+        let lc = &c.layers[l];
+        let (x, xn) = (&mut s.x[..n * d], &mut s.xn[..n * d]);
+        xn.copy_from_slice(x);
+        rms_norm(xn, &lw.attn_norm, c.rms_eps);
+        let (q, k, v) = (
+            &mut s.q[..n * c.q_dim()],
+            &mut s.k[..n * c.kv_dim()],
+            &mut s.v[..n * c.kv_dim()],
+        );
+        mm(&lw.wq, xn, q)?;
+        mm(&lw.wk, xn, k)?;
+        mm(&lw.wv, xn, v)?;
+        let bias = lw.qkv_bias.as_ref().filter(|_| !faults.drop_qkv_bias);
+        if let Some([bq, bk, bv]) = bias {
+            for (y, b) in [(&mut *q, bq), (&mut *k, bk), (&mut *v, bv)] {
+                for row in y.chunks_exact_mut(b.len()) {
                     add_assign(row, b);
                 }
             }
-            if let Some(w) = &lw.post_attn_norm {
-                rms_norm(o, w, c.rms_eps);
-            }
-            if faults.skip_attn_residual != Some(l) {
-                add_assign(x, o);
-            }
-
-            xn.copy_from_slice(x);
-            rms_norm(xn, &lw.ffn_norm, c.rms_eps);
-            match &lw.ffn {
-                Ffn::Dense {
-                    gate: w_gate,
-                    up: w_up,
-                    down: w_down,
-                } => {
-                    let (gate, up) = (&mut s.gate[..n * c.d_ff], &mut s.up[..n * c.d_ff]);
-                    mm(w_gate, xn, gate)?;
-                    mm(w_up, xn, up)?;
-                    let act = match c.activation {
-                        Activation::Silu => GatedAct::Silu,
-                        Activation::GeluTanh => GatedAct::GeluTanh,
-                    };
-                    // Element-wise, the same bits wherever an element falls, so the split
-                    // over the pool (disjoint ranges, a multiple of 16) does not depend on
-                    // the thread count.
-                    let level = simd_level();
-                    if n == 1 {
-                        gated_act(level, act, gate, up).map_err(ferrite_cpu::CpuError::from)?;
+        }
+        if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
+            rms_norm(q, qn, c.rms_eps);
+            rms_norm(k, kn, c.rms_eps);
+        }
+        // Scaled-frequency rope (rope_factors) computes its own angles.
+        let table = match rope_factors {
+            Some(_) => None,
+            None => Some(
+                s.rope[..n_tables]
+                    .iter()
+                    .find(|r| r.covers(c.head_dim, lc.rope_base, n))
+                    .ok_or_else(|| ModelError::InvalidArgument("rope table missing".into()))?,
+            ),
+        };
+        let mut t = 0;
+        for seg in segs.iter() {
+            for pos in seg.pos0..seg.pos0 + seg.len {
+                let qr = &mut q[t * c.q_dim()..(t + 1) * c.q_dim()];
+                let kr = &mut k[t * c.kv_dim()..(t + 1) * c.kv_dim()];
+                let kpos = pos + rope_shift;
+                if let Some(f) = rope_factors {
+                    rope_scaled(qr, c.head_dim, pos, lc.rope_base, c.rope_style, f);
+                    rope_scaled(kr, c.head_dim, kpos, lc.rope_base, c.rope_style, f);
+                } else if let Some(table) = table {
+                    table.apply(qr, t, c.rope_style);
+                    if rope_shift == 0 {
+                        table.apply(kr, t, c.rope_style);
                     } else {
-                        let per = gate.len().div_ceil(16 * pool.n_threads()).max(1) * 16;
-                        let parts = Mutex::new(gate.chunks_mut(per).zip(up.chunks(per)));
-                        let failed = AtomicBool::new(false);
-                        pool.run(|_, _| {
-                            while let Some((g, u)) = parts.lock().ok().and_then(|mut it| it.next())
-                            {
-                                if gated_act(level, act, g, u).is_err() {
-                                    failed.store(true, Ordering::Relaxed);
-                                }
-                            }
-                        });
-                        if failed.into_inner() {
-                            return Err(ModelError::InvalidArgument(
-                                "activation kernel rejected its level".into(),
-                            ));
-                        }
+                        rope(kr, c.head_dim, kpos, lc.rope_base, c.rope_style);
                     }
-                    mm(w_down, gate, o)?;
                 }
-                Ffn::Moe(mw) => {
-                    let (Some(cfg), Some(ms)) = (&moe_cfg, s.moe.as_mut()) else {
-                        return Err(ModelError::InvalidArgument(
-                            "expert weights without expert settings".into(),
-                        ));
-                    };
-                    moe::ffn(pool, m, mw, cfg, c.activation, xn, n, o, ms)?;
-                }
-            }
-            if let Some(w) = &lw.post_ffn_norm {
-                rms_norm(o, w, c.rms_eps);
-            }
-            add_assign(x, o);
-            if let Some(h) = hidden.as_deref_mut() {
-                h[l].extend_from_slice(x);
+                t += 1;
             }
         }
-        Ok(())
+        let shape = AttnShape {
+            n_head: c.n_head,
+            n_kv_head: c.n_kv_head,
+            head_dim: c.head_dim,
+            scale: c.attn_scale,
+            window: lc.window,
+        };
+        let mut row = 0;
+        for seg in segs.iter_mut() {
+            let (kv, qd) = (row * c.kv_dim()..(row + seg.len) * c.kv_dim(), c.q_dim());
+            seg.kv.store(l, seg.pos0, &k[kv.clone()], &v[kv]);
+            let (qs, att) = (
+                &q[row * qd..(row + seg.len) * qd],
+                &mut s.att[row * qd..(row + seg.len) * qd],
+            );
+            attend(pool, &shape, seg.kv, l, seg.pos0, qs, att, seg.attn);
+            row += seg.len;
+        }
+        let att = &s.att[..n * c.q_dim()];
+        let o = &mut s.o[..n * d];
+        mm(&lw.wo, att, o)?;
+        if let Some(b) = &lw.out_bias {
+            for row in o.chunks_exact_mut(d) {
+                add_assign(row, b);
+            }
+        }
+        if let Some(w) = &lw.post_attn_norm {
+            rms_norm(o, w, c.rms_eps);
+        }
+        if faults.skip_attn_residual != Some(l) {
+            add_assign(x, o);
+        }
+
+        xn.copy_from_slice(x);
+        rms_norm(xn, &lw.ffn_norm, c.rms_eps);
+        match &lw.ffn {
+            Ffn::Dense {
+                gate: w_gate,
+                up: w_up,
+                down: w_down,
+            } => {
+                let (gate, up) = (&mut s.gate[..n * c.d_ff], &mut s.up[..n * c.d_ff]);
+                mm(w_gate, xn, gate)?;
+                mm(w_up, xn, up)?;
+                let act = match c.activation {
+                    Activation::Silu => GatedAct::Silu,
+                    Activation::GeluTanh => GatedAct::GeluTanh,
+                };
+                // Element-wise, the same bits wherever an element falls, so the split
+                // over the pool (disjoint ranges, a multiple of 16) does not depend on
+                // the thread count.
+                let level = simd_level();
+                if n == 1 {
+                    gated_act(level, act, gate, up).map_err(ferrite_cpu::CpuError::from)?;
+                } else {
+                    let per = gate.len().div_ceil(16 * pool.n_threads()).max(1) * 16;
+                    let parts = Mutex::new(gate.chunks_mut(per).zip(up.chunks(per)));
+                    let failed = AtomicBool::new(false);
+                    pool.run(|_, _| {
+                        while let Some((g, u)) = parts.lock().ok().and_then(|mut it| it.next()) {
+                            if gated_act(level, act, g, u).is_err() {
+                                failed.store(true, Ordering::Relaxed);
+                            }
+                        }
+                    });
+                    if failed.into_inner() {
+                        return Err(ModelError::InvalidArgument(
+                            "activation kernel rejected its level".into(),
+                        ));
+                    }
+                }
+                mm(w_down, gate, o)?;
+            }
+            Ffn::Moe(mw) => {
+                let (Some(cfg), Some(ms)) = (&moe_cfg, s.moe.as_mut()) else {
+                    return Err(ModelError::InvalidArgument(
+                        "expert weights without expert settings".into(),
+                    ));
+                };
+                moe::ffn(pool, m, mw, cfg, c.activation, xn, n, o, ms)?;
+            }
+        }
+        if let Some(w) = &lw.post_ffn_norm {
+            rms_norm(o, w, c.rms_eps);
+        }
+        add_assign(x, o);
+        if let Some(h) = hidden.as_deref_mut() {
+            h[l].extend_from_slice(x);
+        }
     }
+    Ok(())
 }
 
 #[cfg(test)]
