@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use ferrite_engine::{Sampler, SamplerConfig, Timeline};
-use ferrite_model::{Batch, PREFILL_CHUNK, Session};
+use ferrite_model::{Batch, Logits, PREFILL_CHUNK, Session};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use super::receipt::COLUMNS;
@@ -135,13 +135,7 @@ impl<'m> Lane<'m> {
                 for piece in tokens.chunks(share) {
                     let mut refs: Vec<&mut Session<'m>> = sessions.iter_mut().collect();
                     let inputs = vec![piece; refs.len()];
-                    let logits = batch.step(&mut refs, &inputs)?;
-                    next = (0..logits.n_rows())
-                        .map(|r| {
-                            let row = logits.row(r).context("batch returned too few rows")?;
-                            Ok(sampler.sample(row, &[])?.token)
-                        })
-                        .collect::<anyhow::Result<Vec<u32>>>()?;
+                    next = sample_rows(sampler, batch.step(&mut refs, &inputs)?)?;
                 }
                 Ok(next)
             }
@@ -155,16 +149,20 @@ impl<'m> Lane<'m> {
             Lane::Many { sessions, batch } => {
                 let mut refs: Vec<&mut Session<'m>> = sessions.iter_mut().collect();
                 let inputs: Vec<&[u32]> = feed.chunks(1).collect();
-                let logits = batch.step(&mut refs, &inputs)?;
-                (0..logits.n_rows())
-                    .map(|r| {
-                        let row = logits.row(r).context("batch returned too few rows")?;
-                        Ok(sampler.sample(row, &[])?.token)
-                    })
-                    .collect()
+                sample_rows(sampler, batch.step(&mut refs, &inputs)?)
             }
         }
     }
+}
+
+/// The next token of every sequence of a batched step, one per logits row.
+fn sample_rows(sampler: &mut Sampler, logits: Logits<'_>) -> anyhow::Result<Vec<u32>> {
+    (0..logits.n_rows())
+        .map(|r| {
+            let row = logits.row(r).context("batch returned too few rows")?;
+            Ok(sampler.sample(row, &[])?.token)
+        })
+        .collect()
 }
 
 /// Runs the plan for every batch size; returns one receipt row per (frontier, batch).
