@@ -197,11 +197,15 @@ fn preview(v: &Value) -> String {
             format!("{cut:?}{more}")
         }
         Value::Array(items) if items.len() > ARRAY_PREVIEW => {
-            let head: Vec<String> = items[..ARRAY_PREVIEW].iter().map(preview).collect();
+            let head: Vec<String> = items
+                .values()
+                .take(ARRAY_PREVIEW)
+                .map(|v| preview(&v))
+                .collect();
             format!("[{} items: {}, …]", items.len(), head.join(", "))
         }
         Value::Array(items) => {
-            let all: Vec<String> = items.iter().map(preview).collect();
+            let all: Vec<String> = items.values().map(|v| preview(&v)).collect();
             format!("[{}]", all.join(", "))
         }
         // f32 through JSON would print its f64 widening (9.999999747378752e-6 for 1e-5).
@@ -224,7 +228,9 @@ fn scalar_json(v: &Value) -> serde_json::Value {
         Value::F64(x) => json!(x),
         Value::Bool(x) => json!(x),
         Value::String(s) => json!(s),
-        Value::Array(items) => serde_json::Value::Array(items.iter().map(scalar_json).collect()),
+        Value::Array(items) => {
+            serde_json::Value::Array(items.values().map(|v| scalar_json(&v)).collect())
+        }
     }
 }
 

@@ -9,7 +9,7 @@
 //! not handled (another activation, partial rope, a rope scaling other than llama3,
 //! interleaved dense/MoE layers) is refused by name rather than dropped.
 
-use ferrite_gguf::Value;
+use ferrite_gguf::{Array, Value};
 use serde_json::{Map, Value as Json};
 
 use crate::ConvertError;
@@ -349,7 +349,7 @@ impl HfConfig {
             if !sw.layers.iter().all(|&l| l) {
                 m.push((
                     k("attention.sliding_window_pattern"),
-                    Value::Array(sw.layers.iter().map(|&l| Value::Bool(l)).collect()),
+                    Value::Array(Array::Bool(sw.layers.clone())),
                 ));
             }
         }

@@ -11,7 +11,7 @@
 
 use std::path::Path;
 
-use ferrite_gguf::Value;
+use ferrite_gguf::{Array, Value};
 use serde_json::Value as Json;
 
 use crate::ConvertError;
@@ -213,15 +213,15 @@ pub(crate) fn base_metadata(
         ("tokenizer.ggml.pre".into(), Value::String("default".into())),
         (
             "tokenizer.ggml.tokens".into(),
-            Value::Array(tokens.into_iter().map(Value::String).collect()),
+            Value::Array(Array::String(tokens.into_iter().collect())),
         ),
         (
             "tokenizer.ggml.scores".into(),
-            Value::Array(scores.into_iter().map(Value::F32).collect()),
+            Value::Array(Array::F32(scores)),
         ),
         (
             "tokenizer.ggml.token_type".into(),
-            Value::Array(types.into_iter().map(Value::I32).collect()),
+            Value::Array(Array::I32(types)),
         ),
     ])
 }

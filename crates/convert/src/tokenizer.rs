@@ -17,7 +17,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use ferrite_gguf::Value;
+use ferrite_gguf::{Array, Value};
 use serde_json::{Map, Value as Json};
 
 use crate::{ConvertError, spm};
@@ -102,8 +102,7 @@ pub(crate) fn metadata(
     let pre = pre_tokenizer(&tok)?;
     let (tokens, types) = vocabulary(&tok, model, n_vocab)?;
     let merges = merges(model)?;
-    let str_list =
-        |items: Vec<String>| Value::Array(items.into_iter().map(Value::String).collect());
+    let str_list = |items: Vec<String>| Value::Array(Array::String(items.into_iter().collect()));
     let mut m = vec![
         (
             "tokenizer.ggml.model".to_owned(),
@@ -113,7 +112,7 @@ pub(crate) fn metadata(
         ("tokenizer.ggml.tokens".to_owned(), str_list(tokens)),
         (
             "tokenizer.ggml.token_type".to_owned(),
-            Value::Array(types.into_iter().map(Value::I32).collect()),
+            Value::Array(Array::I32(types)),
         ),
         ("tokenizer.ggml.merges".to_owned(), str_list(merges)),
     ];

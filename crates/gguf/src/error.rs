@@ -232,17 +232,6 @@ pub enum GgufError {
         /// The value, printed.
         value: String,
     },
-    /// The writer was given an array whose items are not all of one type (GGUF arrays are
-    /// homogeneous).
-    #[error("metadata key {key:?}: array mixes {first} and {other} items")]
-    MixedArray {
-        /// The key holding the array.
-        key: String,
-        /// The first item's type.
-        first: String,
-        /// A differing item's type.
-        other: String,
-    },
     /// The writer was given tensor bytes of the wrong length for the tensor's type and shape.
     #[error("tensor {tensor:?}: {actual} data bytes given, type and shape need {expected}")]
     TensorDataSize {

@@ -32,6 +32,7 @@
 
 #![deny(missing_docs)]
 
+mod array;
 mod error;
 mod parse;
 mod reader;
@@ -40,6 +41,7 @@ mod types;
 mod value;
 mod writer;
 
+pub use array::{Array, Strings};
 pub use error::GgufError;
 pub use parse::{ALIGNMENT_KEY, DEFAULT_ALIGNMENT, MAGIC, MAX_ARRAY_DEPTH};
 pub use reader::Gguf;

@@ -3,15 +3,16 @@
 //! The design rule is that nothing is allocated that the file cannot back: every count
 //! (metadata entries, tensors, array items) is checked against the bytes left divided by the
 //! smallest encoding of one item, and every string length against the bytes left, before a
-//! `Vec` or `String` is created. Memory use is therefore linear in the file size (at most
-//! `size_of::<Value>()` = 32 bytes per encoded byte, for `u8` arrays), and array nesting is
-//! capped so the stack is bounded too.
+//! `Vec` or `String` is created. Memory use is therefore linear in the file size: arrays are
+//! typed vectors (an item costs about its encoding), the worst ratio is a handful of bytes
+//! per encoded byte for many tiny keys, and array nesting is capped so the stack is bounded
+//! too.
 
 use std::collections::HashMap;
 
 use crate::tensor::{MAX_DIMS, TensorInfo, check_layout};
 use crate::value::{min_encoded_size, type_id};
-use crate::{GgmlType, GgufError, Value};
+use crate::{Array, GgmlType, GgufError, Strings, Value};
 
 /// The bytes every GGUF file starts with.
 pub const MAGIC: [u8; 4] = *b"GGUF";
@@ -25,6 +26,9 @@ pub const ALIGNMENT_KEY: &str = "general.alignment";
 /// Deepest array nesting accepted (an array of arrays is depth 2). Real files use at most 2;
 /// the cap keeps a small hostile file from recursing the parser off the stack.
 pub const MAX_ARRAY_DEPTH: usize = 8;
+
+/// What an array item is called in truncation errors.
+const ARRAY_ITEM: &str = "array item";
 
 /// Smallest encoding of one metadata entry: key length (8) + value type (4) + 1-byte value.
 const MIN_KV_SIZE: u64 = 13;
@@ -102,13 +106,112 @@ impl<'a> Cursor<'a> {
     }
 
     fn string(&mut self, what: &'static str) -> Result<String, GgufError> {
+        self.str(what).map(str::to_owned)
+    }
+
+    /// A length-prefixed UTF-8 string, borrowed from the buffer.
+    fn str(&mut self, what: &'static str) -> Result<&'a str, GgufError> {
         let offset = self.offset();
         let len = self.u64(what)?;
         let bytes = self.take(len, what)?;
-        match std::str::from_utf8(bytes) {
-            Ok(s) => Ok(s.to_owned()),
-            Err(_) => Err(GgufError::InvalidUtf8 { offset }),
+        std::str::from_utf8(bytes).map_err(|_| GgufError::InvalidUtf8 { offset })
+    }
+
+    /// `count` fixed-size little-endian items.
+    fn items<T, const N: usize>(
+        &mut self,
+        count: usize,
+        decode: fn([u8; N]) -> T,
+    ) -> Result<Vec<T>, GgufError> {
+        let mut out = Vec::with_capacity(count);
+        for _ in 0..count {
+            out.push(decode(self.array(ARRAY_ITEM)?));
         }
+        Ok(out)
+    }
+
+    fn bool(&mut self, key: &str) -> Result<bool, GgufError> {
+        let offset = self.offset();
+        match self.array::<1>(ARRAY_ITEM)?[0] {
+            0 => Ok(false),
+            1 => Ok(true),
+            byte => Err(GgufError::InvalidBool {
+                key: key.to_owned(),
+                byte,
+                offset,
+            }),
+        }
+    }
+
+    /// An array value (element type, count, items); `ty_offset` is where its type id was
+    /// read and `depth` counts the enclosing arrays.
+    fn array_value(&mut self, ty_offset: u64, key: &str, depth: usize) -> Result<Array, GgufError> {
+        if depth >= MAX_ARRAY_DEPTH {
+            return Err(GgufError::NestingTooDeep {
+                key: key.to_owned(),
+                max: MAX_ARRAY_DEPTH,
+                offset: ty_offset,
+            });
+        }
+        let elem_offset = self.offset();
+        let elem_ty = self.u32("array element type")?;
+        let min_item = min_encoded_size(elem_ty).ok_or_else(|| GgufError::UnknownValueType {
+            key: key.to_owned(),
+            type_id: elem_ty,
+            offset: elem_offset,
+        })?;
+        let count = self.count(ARRAY_ITEM, min_item)?;
+        self.array_items(elem_ty, elem_offset, count, key, depth)
+    }
+
+    /// The items of an array whose element type `elem_ty` (read at `elem_offset`) and
+    /// `count` have been read and checked; `depth` counts the enclosing arrays.
+    fn array_items(
+        &mut self,
+        elem_ty: u32,
+        elem_offset: u64,
+        count: usize,
+        key: &str,
+        depth: usize,
+    ) -> Result<Array, GgufError> {
+        Ok(match elem_ty {
+            type_id::U8 => Array::U8(self.items(count, u8::from_le_bytes)?),
+            type_id::I8 => Array::I8(self.items(count, i8::from_le_bytes)?),
+            type_id::U16 => Array::U16(self.items(count, u16::from_le_bytes)?),
+            type_id::I16 => Array::I16(self.items(count, i16::from_le_bytes)?),
+            type_id::U32 => Array::U32(self.items(count, u32::from_le_bytes)?),
+            type_id::I32 => Array::I32(self.items(count, i32::from_le_bytes)?),
+            type_id::F32 => Array::F32(self.items(count, f32::from_le_bytes)?),
+            type_id::U64 => Array::U64(self.items(count, u64::from_le_bytes)?),
+            type_id::I64 => Array::I64(self.items(count, i64::from_le_bytes)?),
+            type_id::F64 => Array::F64(self.items(count, f64::from_le_bytes)?),
+            type_id::BOOL => Array::Bool(
+                (0..count)
+                    .map(|_| self.bool(key))
+                    .collect::<Result<_, _>>()?,
+            ),
+            type_id::STRING => {
+                let mut out = Strings::with_capacity(count);
+                for _ in 0..count {
+                    out.push(self.str("string value")?);
+                }
+                Array::String(out)
+            }
+            type_id::ARRAY => {
+                let mut out = Vec::with_capacity(count);
+                for _ in 0..count {
+                    out.push(self.array_value(elem_offset, key, depth + 1)?);
+                }
+                Array::Array(out)
+            }
+            _ => {
+                return Err(GgufError::UnknownValueType {
+                    key: key.to_owned(),
+                    type_id: elem_ty,
+                    offset: elem_offset,
+                });
+            }
+        })
     }
 
     fn value(
@@ -130,44 +233,9 @@ impl<'a> Cursor<'a> {
             type_id::U64 => Value::U64(u64::from_le_bytes(self.array(WHAT)?)),
             type_id::I64 => Value::I64(i64::from_le_bytes(self.array(WHAT)?)),
             type_id::F64 => Value::F64(f64::from_le_bytes(self.array(WHAT)?)),
-            type_id::BOOL => {
-                let offset = self.offset();
-                match self.array::<1>(WHAT)?[0] {
-                    0 => Value::Bool(false),
-                    1 => Value::Bool(true),
-                    byte => {
-                        return Err(GgufError::InvalidBool {
-                            key: key.to_owned(),
-                            byte,
-                            offset,
-                        });
-                    }
-                }
-            }
+            type_id::BOOL => Value::Bool(self.bool(key)?),
             type_id::STRING => Value::String(self.string("string value")?),
-            type_id::ARRAY => {
-                if depth >= MAX_ARRAY_DEPTH {
-                    return Err(GgufError::NestingTooDeep {
-                        key: key.to_owned(),
-                        max: MAX_ARRAY_DEPTH,
-                        offset: ty_offset,
-                    });
-                }
-                let elem_offset = self.offset();
-                let elem_ty = self.u32("array element type")?;
-                let min_item =
-                    min_encoded_size(elem_ty).ok_or_else(|| GgufError::UnknownValueType {
-                        key: key.to_owned(),
-                        type_id: elem_ty,
-                        offset: elem_offset,
-                    })?;
-                let count = self.count("array item", min_item)?;
-                let mut items = Vec::with_capacity(count);
-                for _ in 0..count {
-                    items.push(self.value(elem_ty, elem_offset, key, depth + 1)?);
-                }
-                Value::Array(items)
-            }
+            type_id::ARRAY => Value::Array(self.array_value(ty_offset, key, depth)?),
             _ => {
                 return Err(GgufError::UnknownValueType {
                     key: key.to_owned(),

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use crate::parse::{Parsed, parse};
-use crate::{GgufError, TensorInfo, Value};
+use crate::{Array, GgufError, Strings, TensorInfo, Value};
 
 /// Where the file's bytes live.
 enum Storage {
@@ -176,7 +176,7 @@ impl Gguf {
             .ok_or_else(|| wrong_type(key, "string", value))
     }
 
-    fn array(&self, key: &str, expected: &'static str) -> Result<&[Value], GgufError> {
+    fn array(&self, key: &str, expected: &'static str) -> Result<&Array, GgufError> {
         let value = self.require(key)?;
         value
             .as_array()
@@ -185,42 +185,43 @@ impl Gguf {
 
     /// `key` as an array of strings.
     pub fn get_str_array(&self, key: &str) -> Result<Vec<&str>, GgufError> {
-        self.typed_array(key, "array of string", |v| Ok(v.as_str()))
+        Ok(self.get_strings(key)?.iter().collect())
+    }
+
+    /// `key` as an array of strings, as stored (no per-item allocation).
+    pub fn get_strings(&self, key: &str) -> Result<&Strings, GgufError> {
+        const EXPECTED: &str = "array of string";
+        let array = self.array(key, EXPECTED)?;
+        array
+            .as_strings()
+            .ok_or_else(|| wrong_items(key, EXPECTED, array))
     }
 
     /// `key` as an array of `f32`: items may be f32, f64 or integers, as for
     /// [`Gguf::get_f32`].
     pub fn get_f32_array(&self, key: &str) -> Result<Vec<f32>, GgufError> {
-        self.typed_array(key, "array of f32", |v| Ok(v.as_f32()))
+        const EXPECTED: &str = "array of f32";
+        let array = self.array(key, EXPECTED)?;
+        array
+            .floats()
+            .ok_or_else(|| wrong_items(key, EXPECTED, array))
     }
 
     /// `key` as an array of `i32`: items may be any integer type whose values fit.
     pub fn get_i32_array(&self, key: &str) -> Result<Vec<i32>, GgufError> {
-        self.typed_array(key, "array of i32", |v| {
-            v.as_integer()
-                .map(|int| {
-                    i32::try_from(int).map_err(|_| GgufError::OutOfRange {
-                        key: key.to_owned(),
-                        expected: "i32",
-                        value: int.to_string(),
-                    })
+        const EXPECTED: &str = "array of i32";
+        let array = self.array(key, EXPECTED)?;
+        let ints = array
+            .integers()
+            .ok_or_else(|| wrong_items(key, EXPECTED, array))?;
+        ints.into_iter()
+            .map(|int| {
+                i32::try_from(int).map_err(|_| GgufError::OutOfRange {
+                    key: key.to_owned(),
+                    expected: "i32",
+                    value: int.to_string(),
                 })
-                .transpose()
-        })
-    }
-
-    /// Converts every item of the array at `key` with `convert`; an item it does not accept
-    /// (`Ok(None)`) is a wrong-type error naming `expected`.
-    fn typed_array<'a, T>(
-        &'a self,
-        key: &str,
-        expected: &'static str,
-        convert: impl Fn(&'a Value) -> Result<Option<T>, GgufError>,
-    ) -> Result<Vec<T>, GgufError> {
-        let value = self.require(key)?;
-        self.array(key, expected)?
-            .iter()
-            .map(|v| convert(v)?.ok_or_else(|| wrong_type(key, expected, value)))
+            })
             .collect()
     }
 
@@ -247,6 +248,14 @@ impl Gguf {
     }
 }
 
+fn wrong_items(key: &str, expected: &'static str, actual: &Array) -> GgufError {
+    GgufError::WrongType {
+        key: key.to_owned(),
+        expected,
+        actual: actual.type_name(),
+    }
+}
+
 fn wrong_type(key: &str, expected: &'static str, actual: &Value) -> GgufError {
     GgufError::WrongType {
         key: key.to_owned(),
@@ -264,7 +273,10 @@ mod tests {
         let mut w = GgufWriter::new();
         w.add_metadata("general.architecture", Value::String("test".into()))
             .unwrap()
-            .add_metadata("tokens", Value::Array(vec![Value::String("a".into())]))
+            .add_metadata(
+                "tokens",
+                Value::Array(Array::String(["a"].into_iter().collect())),
+            )
             .unwrap();
         w.add_tensor("t", GgmlType::F32, &[4], vec![7u8; 16])
             .unwrap();

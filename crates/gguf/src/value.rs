@@ -1,10 +1,10 @@
 //! Metadata values: the [`Value`] enum, the GGUF value type ids, and lossless conversions
 //! used by the typed getters.
 //!
-//! Arrays are `Value::Array(Vec<Value>)`. GGUF arrays are homogeneous: the reader only ever
-//! produces arrays whose items share one variant, and the writer refuses mixed ones. The
-//! element type of an *empty* array is not kept (the writer stores empty arrays as `u8`),
-//! because no consumer needs it and a plain `Vec` keeps matching simple.
+//! Arrays are `Value::Array(`[`Array`]`)`: one typed vector per array, so an array is
+//! homogeneous by construction and keeps its element type even when empty.
+
+use crate::Array;
 
 /// One metadata value as stored in a GGUF file.
 #[derive(Debug, Clone, PartialEq)]
@@ -27,8 +27,8 @@ pub enum Value {
     Bool(bool),
     /// GGUF type 8 (u64 length, UTF-8 bytes).
     String(String),
-    /// GGUF type 9: element type, u64 count, items; all items have the same variant.
-    Array(Vec<Value>),
+    /// GGUF type 9: element type, u64 count, items of that type.
+    Array(Array),
     /// GGUF type 10.
     U64(u64),
     /// GGUF type 11.
@@ -113,10 +113,7 @@ impl Value {
     /// A short type description for messages: `u32`, `string`, `array of string`, ...
     pub fn type_name(&self) -> String {
         match self {
-            Value::Array(items) => match items.first() {
-                Some(first) => format!("array of {}", first.type_name()),
-                None => "empty array".to_owned(),
-            },
+            Value::Array(items) => items.type_name(),
             other => type_id_name(other.type_id()).to_owned(),
         }
     }
@@ -156,7 +153,7 @@ impl Value {
     }
 
     /// The items, if this is an array.
-    pub fn as_array(&self) -> Option<&[Value]> {
+    pub fn as_array(&self) -> Option<&Array> {
         match self {
             Value::Array(items) => Some(items),
             _ => None,
@@ -176,7 +173,7 @@ impl std::fmt::Display for Value {
             Value::F32(v) => write!(f, "{v}"),
             Value::Bool(v) => write!(f, "{v}"),
             Value::String(v) => write!(f, "{v:?}"),
-            Value::Array(items) => write!(f, "[{} items of {}]", items.len(), self.type_name()),
+            Value::Array(items) => write!(f, "[{} items of {}]", items.len(), items.type_name()),
             Value::U64(v) => write!(f, "{v}"),
             Value::I64(v) => write!(f, "{v}"),
             Value::F64(v) => write!(f, "{v}"),
@@ -200,7 +197,7 @@ mod tests {
             Value::F32(0.0),
             Value::Bool(false),
             Value::String(String::new()),
-            Value::Array(vec![]),
+            Value::Array(Array::U8(vec![])),
             Value::U64(0),
             Value::I64(0),
             Value::F64(0.0),
@@ -224,12 +221,12 @@ mod tests {
 
     #[test]
     fn type_names_describe_arrays() {
-        let a = Value::Array(vec![Value::String("a".into())]);
-        assert_eq!(a.type_name(), "array of string");
+        let a = Array::String(["a"].into_iter().collect());
+        assert_eq!(Value::Array(a.clone()).type_name(), "array of string");
         assert_eq!(
-            Value::Array(vec![a]).type_name(),
+            Value::Array(Array::Array(vec![a])).type_name(),
             "array of array of string"
         );
-        assert_eq!(Value::Array(vec![]).type_name(), "empty array");
+        assert_eq!(Value::Array(Array::F32(vec![])).type_name(), "array of f32");
     }
 }

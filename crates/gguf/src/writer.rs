@@ -14,8 +14,7 @@ use crate::parse::{
     ALIGNMENT_KEY, DEFAULT_ALIGNMENT, MAGIC, MAX_ARRAY_DEPTH, alignment_from_value,
 };
 use crate::tensor::{TensorInfo, checked_n_bytes};
-use crate::value::type_id;
-use crate::{GgmlType, GgufError, Value};
+use crate::{Array, GgmlType, GgufError, Value};
 
 /// The format version the writer emits.
 pub const WRITE_VERSION: u32 = 3;
@@ -224,27 +223,48 @@ fn put_value(out: &mut Vec<u8>, value: &Value) {
         Value::F32(v) => out.extend_from_slice(&v.to_le_bytes()),
         Value::Bool(v) => out.push(u8::from(*v)),
         Value::String(s) => put_string(out, s),
-        Value::Array(items) => {
-            // An empty array's element type is not represented; u8 is as good as any.
-            let elem = items.first().map_or(type_id::U8, Value::type_id);
-            out.extend_from_slice(&elem.to_le_bytes());
-            out.extend_from_slice(&(items.len() as u64).to_le_bytes());
-            for item in items {
-                put_value(out, item);
-            }
-        }
+        Value::Array(items) => put_array(out, items),
         Value::U64(v) => out.extend_from_slice(&v.to_le_bytes()),
         Value::I64(v) => out.extend_from_slice(&v.to_le_bytes()),
         Value::F64(v) => out.extend_from_slice(&v.to_le_bytes()),
     }
 }
 
-/// Checks that every array in `value` is homogeneous and nested no deeper than the reader
-/// accepts. `depth` counts the arrays enclosing `value`.
+fn put_array(out: &mut Vec<u8>, array: &Array) {
+    fn each<T: Copy, const N: usize>(out: &mut Vec<u8>, items: &[T], le: fn(T) -> [u8; N]) {
+        for &item in items {
+            out.extend_from_slice(&le(item));
+        }
+    }
+    out.extend_from_slice(&array.elem_type_id().to_le_bytes());
+    out.extend_from_slice(&(array.len() as u64).to_le_bytes());
+    match array {
+        Array::U8(v) => out.extend_from_slice(v),
+        Array::I8(v) => each(out, v, i8::to_le_bytes),
+        Array::U16(v) => each(out, v, u16::to_le_bytes),
+        Array::I16(v) => each(out, v, i16::to_le_bytes),
+        Array::U32(v) => each(out, v, u32::to_le_bytes),
+        Array::I32(v) => each(out, v, i32::to_le_bytes),
+        Array::F32(v) => each(out, v, f32::to_le_bytes),
+        Array::Bool(v) => out.extend(v.iter().map(|&b| u8::from(b))),
+        Array::String(v) => v.iter().for_each(|s| put_string(out, s)),
+        Array::Array(v) => v.iter().for_each(|a| put_array(out, a)),
+        Array::U64(v) => each(out, v, u64::to_le_bytes),
+        Array::I64(v) => each(out, v, i64::to_le_bytes),
+        Array::F64(v) => each(out, v, f64::to_le_bytes),
+    }
+}
+
+/// Checks that arrays in `value` nest no deeper than the reader accepts. `depth` counts
+/// the arrays enclosing `value`.
 fn check_value(key: &str, value: &Value, depth: usize) -> Result<(), GgufError> {
-    let Value::Array(items) = value else {
-        return Ok(());
-    };
+    match value {
+        Value::Array(a) => check_array(key, a, depth),
+        _ => Ok(()),
+    }
+}
+
+fn check_array(key: &str, array: &Array, depth: usize) -> Result<(), GgufError> {
     if depth >= MAX_ARRAY_DEPTH {
         return Err(GgufError::NestingTooDeep {
             key: key.to_owned(),
@@ -252,18 +272,12 @@ fn check_value(key: &str, value: &Value, depth: usize) -> Result<(), GgufError> 
             offset: 0,
         });
     }
-    if let Some(first) = items.first()
-        && let Some(other) = items.iter().find(|v| v.type_id() != first.type_id())
-    {
-        return Err(GgufError::MixedArray {
-            key: key.to_owned(),
-            first: first.type_name(),
-            other: other.type_name(),
-        });
+    match array {
+        Array::Array(items) => items
+            .iter()
+            .try_for_each(|a| check_array(key, a, depth + 1)),
+        _ => Ok(()),
     }
-    items
-        .iter()
-        .try_for_each(|v| check_value(key, v, depth + 1))
 }
 
 #[cfg(test)]
@@ -315,15 +329,11 @@ mod tests {
             w.add_metadata("k", Value::U8(2)).unwrap_err(),
             GgufError::DuplicateKey { .. }
         ));
-        let mixed = Value::Array(vec![Value::U8(1), Value::I8(1)]);
-        assert!(matches!(
-            w.add_metadata("m", mixed).unwrap_err(),
-            GgufError::MixedArray { .. }
-        ));
-        let mut deep = Value::Array(vec![]);
+        let mut deep = Array::U8(vec![]);
         for _ in 0..MAX_ARRAY_DEPTH {
-            deep = Value::Array(vec![deep]);
+            deep = Array::Array(vec![deep]);
         }
+        let deep = Value::Array(deep);
         assert!(matches!(
             w.add_metadata("deep", deep).unwrap_err(),
             GgufError::NestingTooDeep { .. }

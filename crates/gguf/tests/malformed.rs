@@ -6,7 +6,7 @@
 mod common;
 
 use common::{FIRST_KEY_OFFSET, Raw, Rng, mutate, sample_bytes, sample_writer};
-use ferrite_gguf::{GgmlType, Gguf, GgufError, MAX_ARRAY_DEPTH, Value};
+use ferrite_gguf::{Array, GgmlType, Gguf, GgufError, MAX_ARRAY_DEPTH, Value};
 
 fn parse(bytes: Vec<u8>) -> Result<Gguf, GgufError> {
     Gguf::from_bytes(bytes)
@@ -379,11 +379,14 @@ fn caps_array_nesting() {
         r.build()
     };
     let g = parse(nested(MAX_ARRAY_DEPTH)).expect("the deepest allowed nesting parses");
-    let mut v = g.get("deep").unwrap();
+    let mut v = g.get("deep").unwrap().as_array().unwrap();
     for _ in 1..MAX_ARRAY_DEPTH {
-        v = &v.as_array().unwrap()[0];
+        let Array::Array(items) = v else {
+            panic!("level is not an array of arrays: {v:?}")
+        };
+        v = &items[0];
     }
-    assert_eq!(v, &Value::Array(vec![]));
+    assert_eq!(v, &Array::U8(vec![]));
     let e = err(nested(MAX_ARRAY_DEPTH + 1));
     assert!(
         matches!(&e, GgufError::NestingTooDeep { key, .. } if key == "deep"),

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use ferrite_gguf::{ALL_TYPES, GgmlType, Gguf, GgufWriter, Value};
+use ferrite_gguf::{ALL_TYPES, Array, GgmlType, Gguf, GgufWriter, Value};
 use proptest::prelude::*;
 
 /// Bitwise equality, so NaN payloads and -0.0 count.
@@ -13,7 +13,12 @@ fn same(a: &Value, b: &Value) -> bool {
         (Value::F32(x), Value::F32(y)) => x.to_bits() == y.to_bits(),
         (Value::F64(x), Value::F64(y)) => x.to_bits() == y.to_bits(),
         (Value::Array(x), Value::Array(y)) => {
-            x.len() == y.len() && x.iter().zip(y).all(|(x, y)| same(x, y))
+            x.elem_type_id() == y.elem_type_id()
+                && x.len() == y.len()
+                && (0..x.len()).all(|i| match (x.get(i), y.get(i)) {
+                    (Some(a), Some(b)) => same(&a, &b),
+                    _ => false,
+                })
         }
         _ => a == b,
     }
@@ -43,17 +48,41 @@ fn scalar(ty: u32) -> BoxedStrategy<Value> {
 
 const SCALAR_TYPES: [u32; 12] = [0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 12];
 
-/// A homogeneous array, possibly of arrays (each inner array with its own item type).
-fn array(depth: u32) -> BoxedStrategy<Value> {
-    let flat = prop::sample::select(&SCALAR_TYPES[..])
-        .prop_flat_map(|ty| prop::collection::vec(scalar(ty), 0..6))
-        .prop_map(Value::Array);
+/// An array of items of one scalar type, chosen at random.
+fn flat_array() -> BoxedStrategy<Array> {
+    fn of<T: Arbitrary + 'static>(wrap: fn(Vec<T>) -> Array) -> BoxedStrategy<Array> {
+        prop::collection::vec(any::<T>(), 0..6)
+            .prop_map(wrap)
+            .boxed()
+    }
+    let f32s = prop::collection::vec(any::<u32>().prop_map(f32::from_bits), 0..6);
+    let f64s = prop::collection::vec(any::<u64>().prop_map(f64::from_bits), 0..6);
+    prop_oneof![
+        of(Array::U8),
+        of(Array::I8),
+        of(Array::U16),
+        of(Array::I16),
+        of(Array::U32),
+        of(Array::I32),
+        f32s.prop_map(Array::F32),
+        of(Array::Bool),
+        prop::collection::vec(any::<String>(), 0..6)
+            .prop_map(|v| Array::String(v.into_iter().collect())),
+        of(Array::U64),
+        of(Array::I64),
+        f64s.prop_map(Array::F64),
+    ]
+    .boxed()
+}
+
+/// An array, possibly of arrays (each inner array with its own item type).
+fn array(depth: u32) -> BoxedStrategy<Array> {
     if depth == 0 {
-        return flat.boxed();
+        return flat_array();
     }
     prop_oneof![
-        3 => flat,
-        1 => prop::collection::vec(array(depth - 1), 0..4).prop_map(Value::Array),
+        3 => flat_array(),
+        1 => prop::collection::vec(array(depth - 1), 0..4).prop_map(Array::Array),
     ]
     .boxed()
 }
@@ -61,7 +90,7 @@ fn array(depth: u32) -> BoxedStrategy<Value> {
 fn value() -> BoxedStrategy<Value> {
     prop_oneof![
         3 => prop::sample::select(&SCALAR_TYPES[..]).prop_flat_map(scalar),
-        1 => array(2),
+        1 => array(2).prop_map(Value::Array),
     ]
     .boxed()
 }

@@ -329,7 +329,7 @@ impl ModelConfig {
 mod tests {
     use super::*;
     use crate::testutil::{tiny_gguf, with_metadata};
-    use ferrite_gguf::{GgmlType, Value};
+    use ferrite_gguf::{Array, GgmlType, Value};
 
     fn cfg(arch: &str, skip_key: &str) -> Result<ModelConfig, ModelError> {
         let g = Gguf::from_bytes(tiny_gguf(arch, GgmlType::F32, skip_key, "")).unwrap();
@@ -455,7 +455,7 @@ mod tests {
 
     #[test]
     fn sliding_window_pattern_selects_layers() {
-        let pattern = Value::Array(vec![Value::Bool(false), Value::Bool(true)]);
+        let pattern = Value::Array(Array::Bool(vec![false, true]));
         let c = cfg_with(
             "qwen2",
             vec![

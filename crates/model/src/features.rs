@@ -16,7 +16,7 @@
 //! experts, soft-capping, ...) are refused with [`ModelError::Unsupported`] naming the key,
 //! rather than silently producing wrong logits.
 
-use ferrite_gguf::{Gguf, Value};
+use ferrite_gguf::{Array, Gguf, Value};
 
 use crate::ModelError;
 
@@ -184,17 +184,10 @@ pub(crate) fn sliding_windows(
     let pkey = format!("{a}.attention.sliding_window_pattern");
     match g.get(&pkey) {
         None => Ok(vec![Some(w); n_layer]),
-        Some(Value::Array(items)) if items.len() == n_layer => items
+        Some(Value::Array(Array::Bool(per_layer))) if per_layer.len() == n_layer => Ok(per_layer
             .iter()
-            .map(|v| match v {
-                Value::Bool(true) => Ok(Some(w)),
-                Value::Bool(false) => Ok(None),
-                _ => Err(unsupported(
-                    &pkey,
-                    "a window pattern that is not a bool per layer",
-                )),
-            })
-            .collect(),
+            .map(|&windowed| windowed.then_some(w))
+            .collect()),
         Some(_) => Err(unsupported(
             &pkey,
             "a window pattern that is not a bool per layer",

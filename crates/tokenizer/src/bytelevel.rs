@@ -8,6 +8,8 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 
+use ferrite_gguf::Strings;
+
 use crate::error::{Result, TokenizerError};
 use crate::hash::FxMap;
 use crate::pretok::PreTokenizer;
@@ -67,12 +69,12 @@ pub(crate) struct ByteLevelBpe {
 
 impl ByteLevelBpe {
     /// Build from the vocabulary and `"left right"` merges in rank order.
-    pub(crate) fn new(pre: PreTokenizer, tokens: &[String], merges: &[String]) -> Result<Self> {
+    pub(crate) fn new(pre: PreTokenizer, tokens: &Strings, merges: &[String]) -> Result<Self> {
         let vocab: FxMap<&str, u32> = tokens
             .iter()
             .enumerate()
             .rev() // the lowest id wins for duplicated pieces
-            .map(|(i, t)| (t.as_str(), i as u32))
+            .map(|(i, t)| (t, i as u32))
             .collect();
         let byte_chars = byte_to_char_table();
         let mut byte_ids = [None; 256];
@@ -266,7 +268,7 @@ mod tests {
             .collect();
         ByteLevelBpe::new(
             PreTokenizer::from_name("gpt-2").expect("known"),
-            &tokens,
+            &tokens.iter().collect(),
             &merges,
         )
         .expect("toy vocabulary")
@@ -305,10 +307,10 @@ mod tests {
 
     #[test]
     fn rejects_merge_with_missing_piece() {
-        let tokens = vec!["a".to_string(), "b".to_string()];
+        let tokens = ["a", "b"];
         let err = ByteLevelBpe::new(
             PreTokenizer::from_name("gpt-2").expect("known"),
-            &tokens,
+            &tokens.iter().collect(),
             &["a b".to_string()],
         );
         assert!(matches!(

@@ -30,7 +30,7 @@ impl TokenizerSpec {
         Ok(Self {
             model: gguf.get_str("tokenizer.ggml.model")?.to_owned(),
             pre: optional(gguf, "tokenizer.ggml.pre", Gguf::get_str)?.map(str::to_owned),
-            tokens: owned(gguf.get_str_array("tokenizer.ggml.tokens")?),
+            tokens: gguf.get_strings("tokenizer.ggml.tokens")?.clone(),
             scores: optional(gguf, "tokenizer.ggml.scores", Gguf::get_f32_array)?,
             token_types: optional(gguf, "tokenizer.ggml.token_type", Gguf::get_i32_array)?,
             merges: optional(gguf, "tokenizer.ggml.merges", Gguf::get_str_array)?
@@ -50,17 +50,12 @@ impl TokenizerSpec {
 
 #[cfg(test)]
 mod tests {
-    use ferrite_gguf::{GgufWriter, Value};
+    use ferrite_gguf::{Array, GgufWriter, Value};
 
     use crate::{Tokenizer, TokenizerError};
 
     fn strings(items: &[&str]) -> Value {
-        Value::Array(
-            items
-                .iter()
-                .map(|s| Value::String((*s).to_owned()))
-                .collect(),
-        )
+        Value::Array(Array::String(items.iter().collect()))
     }
 
     fn file(pre: &str, add_bos: Value) -> ferrite_gguf::Gguf {
@@ -71,12 +66,7 @@ mod tests {
             ("tokenizer.ggml.tokens", strings(&["<s>", "a", "b", "ab"])),
             (
                 "tokenizer.ggml.token_type",
-                Value::Array(vec![
-                    Value::I32(3),
-                    Value::I32(1),
-                    Value::I32(1),
-                    Value::I32(1),
-                ]),
+                Value::Array(Array::I32(vec![3, 1, 1, 1])),
             ),
             ("tokenizer.ggml.merges", strings(&["a b"])),
             ("tokenizer.ggml.bos_token_id", Value::U32(0)),

@@ -18,7 +18,7 @@
 //! let spec = TokenizerSpec {
 //!     model: "gpt2".into(),
 //!     pre: Some("gpt-2".into()),
-//!     tokens: ["<|end|>", "h", "i", "hi"].map(String::from).to_vec(),
+//!     tokens: ["<|end|>", "h", "i", "hi"].into_iter().collect(),
 //!     token_types: Some(vec![3, 1, 1, 1]),
 //!     merges: vec!["h i".into()],
 //!     ..TokenizerSpec::default()
@@ -39,6 +39,7 @@ mod error;
 mod gguf;
 mod hash;
 mod json;
+mod pieces;
 mod pretok;
 mod spec;
 mod special;
@@ -48,6 +49,7 @@ mod time;
 
 pub use decode::StreamDecoder;
 pub use error::{Result, TokenizerError};
+pub use ferrite_gguf::Strings;
 pub use spec::{TokenType, TokenizerSpec};
 pub use template::{ChatRequest, ChatTemplate};
 
@@ -69,7 +71,7 @@ enum Model {
 pub struct Tokenizer {
     model: Model,
     special: SpecialMatcher,
-    tokens: Vec<String>,
+    tokens: Strings,
     types: Vec<TokenType>,
     bytes: TokenBytes,
     bos_id: Option<u32>,
@@ -144,7 +146,7 @@ impl Tokenizer {
                 .zip(&types)
                 .enumerate()
                 .filter(|(_, (_, ty))| matches!(ty, TokenType::Control | TokenType::UserDefined))
-                .map(|(i, (t, ty))| (t.as_str(), i as u32, *ty == TokenType::Control)),
+                .map(|(i, (t, ty))| (t, i as u32, *ty == TokenType::Control)),
         );
         let bytes = if is_spm {
             TokenBytes::new(spec.tokens.iter().zip(&types).map(|(t, ty)| {
@@ -219,7 +221,7 @@ impl Tokenizer {
 
     /// The piece text of a token as stored in the vocabulary (e.g. `Ġthe`, `▁the`, `<0x0A>`).
     pub fn piece(&self, id: u32) -> Option<&str> {
-        self.tokens.get(id as usize).map(String::as_str)
+        self.tokens.get(id as usize)
     }
 
     /// The type of a token.
@@ -268,7 +270,7 @@ impl Tokenizer {
             .iter()
             .zip(&self.types)
             .enumerate()
-            .filter(|(_, (t, ty))| **ty == TokenType::Control && TURN_ENDS.contains(&t.as_str()))
+            .filter(|(_, (t, ty))| **ty == TokenType::Control && TURN_ENDS.contains(t))
             .map(|(i, _)| i as u32)
             .chain(self.eos_id)
             .collect();
@@ -315,7 +317,7 @@ mod tests {
         Tokenizer::from_spec(TokenizerSpec {
             model: "gpt2".into(),
             pre: Some("smollm".into()),
-            tokens,
+            tokens: tokens.iter().collect(),
             token_types: Some(types),
             merges: ["Ġ t", "h e", "Ġt he"].map(String::from).to_vec(),
             ..TokenizerSpec::default()
@@ -337,7 +339,7 @@ mod tests {
         }
         Tokenizer::from_spec(TokenizerSpec {
             model: "llama".into(),
-            tokens,
+            tokens: tokens.iter().collect(),
             token_types: Some(types),
             scores: Some(scores),
             bos_id: Some(0),

@@ -1,6 +1,8 @@
 //! The plain-data description of a tokenizer (what a GGUF file's `tokenizer.*` metadata holds),
 //! kept separate from the GGUF reader so tokenizers can be built from synthetic data in tests.
 
+use ferrite_gguf::Strings;
+
 /// Role of a token in the vocabulary (`tokenizer.ggml.token_type`, llama.cpp numbering).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -44,7 +46,7 @@ pub struct TokenizerSpec {
     /// `tokenizer.ggml.pre`: pre-tokenizer name (byte-level BPE only).
     pub pre: Option<String>,
     /// `tokenizer.ggml.tokens`: the piece text of every token, indexed by id.
-    pub tokens: Vec<String>,
+    pub tokens: Strings,
     /// `tokenizer.ggml.scores`: merge priority of every piece (SentencePiece-style BPE).
     pub scores: Option<Vec<f32>>,
     /// `tokenizer.ggml.token_type`: llama.cpp token type codes (see [`TokenType`]).

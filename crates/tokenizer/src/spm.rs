@@ -9,8 +9,9 @@
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
-use crate::hash::FxMap;
+use ferrite_gguf::Strings;
 
+use crate::pieces::PieceIndex;
 use crate::spec::TokenType;
 
 /// The SentencePiece word-boundary marker that stands for a space.
@@ -20,7 +21,7 @@ pub(crate) const SPACE_MARK: char = '▁';
 #[derive(Debug)]
 pub(crate) struct SpmBpe {
     /// Pieces BPE may produce (normal, user-defined, unused) → id.
-    pieces: FxMap<String, u32>,
+    pieces: PieceIndex,
     scores: Vec<f32>,
     /// `<0xNN>` token of each byte.
     byte_ids: [Option<u32>; 256],
@@ -68,27 +69,24 @@ const NONE: usize = usize::MAX;
 impl SpmBpe {
     /// Build from the vocabulary; `scores` and `types` have one entry per token.
     pub(crate) fn new(
-        tokens: &[String],
+        tokens: &Strings,
         scores: Vec<f32>,
         types: &[TokenType],
         unk_id: Option<u32>,
         add_space_prefix: bool,
     ) -> Self {
-        let mut pieces = FxMap::default();
-        pieces.reserve(tokens.len());
+        let pieces = PieceIndex::new(tokens, |id| {
+            matches!(
+                types.get(id),
+                Some(TokenType::Normal | TokenType::UserDefined | TokenType::Unused)
+            )
+        });
         let mut byte_ids = [None; 256];
         for (i, (tok, ty)) in tokens.iter().zip(types).enumerate() {
-            let id = i as u32;
-            match ty {
-                TokenType::Normal | TokenType::UserDefined | TokenType::Unused => {
-                    pieces.entry(tok.clone()).or_insert(id);
-                }
-                TokenType::Byte => {
-                    if let Some(b) = parse_byte_piece(tok) {
-                        byte_ids[usize::from(b)].get_or_insert(id);
-                    }
-                }
-                TokenType::Control | TokenType::Unknown => {}
+            if *ty == TokenType::Byte
+                && let Some(b) = parse_byte_piece(tok)
+            {
+                byte_ids[usize::from(b)].get_or_insert(i as u32);
             }
         }
         Self {
@@ -153,7 +151,7 @@ impl SpmBpe {
         while i != NONE {
             let s = syms[i];
             let piece = &norm[s.start..s.end];
-            if let Some(&id) = self.pieces.get(piece) {
+            if let Some(id) = self.pieces.get(piece) {
                 out.push(id);
             } else {
                 for b in piece.bytes() {
@@ -172,7 +170,7 @@ impl SpmBpe {
             return;
         }
         let right = syms[left.next];
-        if let Some(&id) = self.pieces.get(&norm[left.start..right.end]) {
+        if let Some(id) = self.pieces.get(&norm[left.start..right.end]) {
             let score = self.scores.get(id as usize).copied().unwrap_or(f32::MIN);
             heap.push(Candidate {
                 score,
@@ -208,7 +206,13 @@ mod tests {
             scores.push(0.0);
             types.push(TokenType::Byte);
         }
-        SpmBpe::new(&tokens, scores, &types, None, add_space_prefix)
+        SpmBpe::new(
+            &tokens.iter().collect(),
+            scores,
+            &types,
+            None,
+            add_space_prefix,
+        )
     }
 
     #[test]

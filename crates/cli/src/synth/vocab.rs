@@ -7,7 +7,7 @@
 //! piece already present with one more letter, so every merge is valid.
 
 use anyhow::{Context, bail};
-use ferrite_gguf::{Gguf, Value};
+use ferrite_gguf::{Array, Gguf, Value};
 
 /// The end-of-text control token of the made-up vocabulary.
 const EOT: &str = "<|endoftext|>";
@@ -63,7 +63,7 @@ pub fn synthesize(vocab: usize) -> anyhow::Result<Vec<(String, Value)>> {
         }
         level = next_level;
     }
-    let strings = |v: Vec<String>| Value::Array(v.into_iter().map(Value::String).collect());
+    let strings = |v: Vec<String>| Value::Array(Array::String(v.into_iter().collect()));
     meta.extend([
         (
             "tokenizer.ggml.model".to_owned(),
@@ -76,7 +76,7 @@ pub fn synthesize(vocab: usize) -> anyhow::Result<Vec<(String, Value)>> {
         ("tokenizer.ggml.tokens".to_owned(), strings(tokens)),
         (
             "tokenizer.ggml.token_type".to_owned(),
-            Value::Array(types.into_iter().map(Value::I32).collect()),
+            Value::Array(Array::I32(types)),
         ),
         ("tokenizer.ggml.merges".to_owned(), strings(merges)),
         (

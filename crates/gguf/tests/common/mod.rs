@@ -3,7 +3,7 @@
 
 #![allow(dead_code)] // Each test binary uses a different subset.
 
-use ferrite_gguf::{GgmlType, GgufWriter, Value};
+use ferrite_gguf::{Array, GgmlType, GgufWriter, Value};
 
 /// Offset of the first metadata key: magic (4) + version (4) + tensor count (8) + kv count (8).
 pub const FIRST_KEY_OFFSET: u64 = 24;
@@ -27,26 +27,21 @@ pub fn sample_writer() -> GgufWriter<'static> {
         ("f64", Value::F64(1e-300)),
         (
             "tokens",
-            Value::Array(
-                ["<s>", "</s>", "hello", ""]
-                    .map(|s| Value::String(s.into()))
-                    .to_vec(),
-            ),
+            Value::Array(Array::String(
+                ["<s>", "</s>", "hello", ""].into_iter().collect(),
+            )),
         ),
-        (
-            "scores",
-            Value::Array(vec![Value::F32(-1.5), Value::F32(0.0)]),
-        ),
-        ("types", Value::Array(vec![Value::I32(1), Value::I32(-3)])),
+        ("scores", Value::Array(Array::F32(vec![-1.5, 0.0]))),
+        ("types", Value::Array(Array::I32(vec![1, -3]))),
         (
             "nested",
-            Value::Array(vec![
-                Value::Array(vec![Value::U16(1), Value::U16(2)]),
-                Value::Array(vec![Value::String("x".into())]),
-                Value::Array(vec![]),
-            ]),
+            Value::Array(Array::Array(vec![
+                Array::U16(vec![1, 2]),
+                Array::String(["x"].into_iter().collect()),
+                Array::Bool(vec![]),
+            ])),
         ),
-        ("empty", Value::Array(vec![])),
+        ("empty", Value::Array(Array::U8(vec![]))),
     ];
     for (k, v) in entries {
         w.add_metadata(k, v).expect("valid sample metadata");
