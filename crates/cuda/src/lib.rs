@@ -25,6 +25,7 @@
 //! ```
 #![deny(missing_docs)]
 
+mod arch_ops;
 mod compile;
 mod device;
 mod error;
