@@ -25,8 +25,9 @@ use crate::model::argmax;
 
 /// Bound on max |Δ logit| (f32 weights; the fixtures' logits spread about ±40). Prefill
 /// rounds activations and attention weights to f16 for its GEMMs and both sides keep f16
-/// KV caches, so the two backends differ by a few 1e-3 relative at most.
-const MAX_DLOGIT: f64 = 0.08;
+/// KV caches. Seen on an H200: 6.4e-3 (mixtral) to 1.06e-2 (qwen2); the planted defects
+/// (bias not added, top-k picking the smallest, rope factors ignored) gave 3.3 to 21.
+const MAX_DLOGIT: f64 = 0.03;
 /// Teacher-forced decode steps after each prompt.
 const STEPS: usize = 12;
 
