@@ -5,7 +5,9 @@
 // MoE routing never leaves the device, so a decode step stays one CUDA graph: the router
 // logits (matvec_rows_<type>), then moe_route picks each token's experts into `sel` and
 // their weights into `wts`; the expert kernels read `sel` to find the selected experts'
-// matrices inside the stacked tensor. Only those experts' bytes are read.
+// matrices inside the stacked tensor. Only those experts' bytes are read. Long prompts
+// instead group their (token, slot) pairs by expert on the host and run one cuBLAS GEMM per
+// used expert (moe_gather_f16 before, moe_combine after).
 
 // Adds the q, k and v biases to `n` token rows of q (qd values each), k and v (kvd each).
 extern "C" __global__ void qkv_bias_f32(float* q, float* k, float* v,
@@ -68,6 +70,35 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int* __re
     // The same operations give the same bits: each picked probability again, unmarked.
     for (int slot = 0; slot < k; slot++)
         w[slot] = (float)(exp((double)(l[s[slot]] - mx)) / sum * scale);
+}
+
+// Grouped prefill: row r of `out` (f16) is the normalised row of token order[r] / k, where
+// `order` lists the (token, slot) pairs grouped by expert; `rows` pairs of `cols` values.
+extern "C" __global__ void moe_gather_f16(const float* __restrict__ xn,
+                                          const int* __restrict__ order, u16* __restrict__ out,
+                                          int cols, int k, int rows) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long long)rows * cols) return;
+    long long r = i / cols;
+    int c = (int)(i - r * cols);
+    out[i] = f2h(xn[(long long)(order[r] / k) * cols + c]);
+}
+
+// Grouped prefill's end: out[t, c] = sum over slots s (in order) of
+// wts[t*k+s] * ys[pos[t*k+s], c], where pos is the grouped row of each pair; `n` tokens.
+extern "C" __global__ void moe_combine(const float* __restrict__ ys, const int* __restrict__ pos,
+                                       const float* __restrict__ wts, float* __restrict__ out,
+                                       int cols, int k, int n) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long long)n * cols) return;
+    long long t = i / cols;
+    int c = (int)(i - t * cols);
+    float acc = 0.0f;
+    for (int s = 0; s < k; s++) {
+        long long p = t * k + s;
+        acc += wts[p] * ys[(long long)pos[p] * cols + c];
+    }
+    out[i] = acc;
 }
 
 #define FERRITE_MOE(NAME, SH)                                                              \

@@ -292,4 +292,93 @@ impl CudaBackend {
         unsafe { b.launch(expert_grid(w.rows, n)) }?;
         Ok(())
     }
+
+    /// Expert `e` of `w` as `rows × cols` f16 values, row-major, into `out`.
+    pub(crate) fn dequant_expert_f16(
+        &self,
+        w: &DeviceExperts,
+        e: usize,
+        out: &CudaSlice<u16>,
+    ) -> Result<(), CudaError> {
+        let n = w.rows * w.cols;
+        if e >= w.n_expert || out.len() < n {
+            return Err(CudaError::InvalidArgument(format!(
+                "expert {e} of {} into {} f16 values",
+                w.n_expert,
+                out.len()
+            )));
+        }
+        let eb = w.expert_bytes as usize;
+        let expert = w.data.slice(e * eb..(e + 1) * eb);
+        let name = weight_kernels(w.ty).map_or("none", |k| k.dequant_f16);
+        let (rows, cols) = (w.rows as i32, w.cols as i32);
+        let mut b = self.kernel(name)?;
+        b.arg(&expert)
+            .arg(out)
+            .arg(&rows)
+            .arg(&cols)
+            .arg(&w.row_bytes);
+        // SAFETY: reads the expert's rows × row_bytes bytes (the view) and writes rows × cols
+        // values of out (checked above).
+        unsafe { b.launch(grid_1d(n)) }?;
+        Ok(())
+    }
+
+    /// Row `r < rows` of `out` (f16) = row `order[r] / k` of `xn` (`cols` values each).
+    pub(crate) fn moe_gather_f16(
+        &self,
+        xn: &CudaSlice<f32>,
+        order: &CudaSlice<i32>,
+        out: &CudaSlice<u16>,
+        cols: usize,
+        k: usize,
+        rows: usize,
+    ) -> Result<(), CudaError> {
+        if order.len() < rows || out.len() < rows * cols || xn.len() < rows.div_ceil(k) * cols {
+            return Err(CudaError::InvalidArgument(format!(
+                "gather of {rows} expert rows: buffers too small"
+            )));
+        }
+        let (c32, k32, r32) = (cols as i32, k as i32, rows as i32);
+        let mut b = self.kernel("moe_gather_f16")?;
+        b.arg(xn).arg(order).arg(out).arg(&c32).arg(&k32).arg(&r32);
+        // SAFETY: the order holds pair ids < rows (a permutation made by the caller), so the
+        // token rows read are < rows / k of xn; writes rows × cols values (checked above).
+        unsafe { b.launch(grid_1d(rows * cols)) }?;
+        Ok(())
+    }
+
+    /// `out[t] = Σ_s wts[t·k+s] · ys[pos[t·k+s]]` for `n` tokens of `cols` values.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn moe_combine(
+        &self,
+        ys: &CudaSlice<f32>,
+        pos: &CudaSlice<i32>,
+        wts: &CudaSlice<f32>,
+        out: &CudaSlice<f32>,
+        cols: usize,
+        k: usize,
+        n: usize,
+    ) -> Result<(), CudaError> {
+        let pairs = n * k;
+        if pos.len() < pairs || wts.len() < pairs || ys.len() < pairs * cols || out.len() < n * cols
+        {
+            return Err(CudaError::InvalidArgument(format!(
+                "combine of {n} tokens: buffers too small"
+            )));
+        }
+        let (c32, k32, n32) = (cols as i32, k as i32, n as i32);
+        let mut b = self.kernel("moe_combine")?;
+        b.arg(ys)
+            .arg(pos)
+            .arg(wts)
+            .arg(out)
+            .arg(&c32)
+            .arg(&k32)
+            .arg(&n32);
+        // SAFETY: pos holds grouped rows < pairs (the caller's permutation), so ys reads stay
+        // inside its pairs × cols values; writes n × cols values of out (checked above).
+        unsafe { b.launch(grid_1d(n * cols)) }?;
+        Ok(())
+    }
 }

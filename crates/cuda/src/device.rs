@@ -98,6 +98,8 @@ const KERNELS: &[&str] = &[
     "qkv_bias_f32",
     "add_bias_f32",
     "moe_route",
+    "moe_gather_f16",
+    "moe_combine",
 ];
 
 /// Suffix of the matvec/embed kernels for a weight type; `None` when unsupported.

@@ -2,8 +2,8 @@
 //! weight matrix is dequantized to f16 once per chunk and multiplied with all the chunk's
 //! tokens by cuBLAS; norms, rope, the KV store and attention (causal, sliding window) run
 //! on all rows in one launch each. Leaves the last token's final norm in the session's
-//! decode buffer, where the output product reads it. Expert layers run `moe.rs` over all the
-//! chunk's rows instead of GEMMs.
+//! decode buffer, where the output product reads it. Expert layers run `moe.rs` (grouped by
+//! expert for long chunks).
 
 use cudarc::driver::CudaSlice;
 
@@ -163,12 +163,12 @@ impl CudaSession<'_> {
                     b.matmul(down, x16, n, &pb.o, w16)?;
                 }
                 DeviceFfn::Moe(mw) => {
-                    let (Some(cfg), Some(mb)) = (&c.moe, &pb.moe) else {
+                    let (Some(cfg), Some(mb)) = (&c.moe, pb.moe.as_mut()) else {
                         return Err(CudaError::InvalidArgument(
                             "expert weights without expert settings".into(),
                         ));
                     };
-                    moe::ffn(b, cfg, c.activation, mw, mb, &pb.xn, n, &pb.o)?;
+                    moe::prefill_ffn(b, cfg, c.activation, mw, mb, &pb.xn, n, &pb.o)?;
                 }
             }
             let next = m

@@ -7,7 +7,9 @@
 //! backend on the same file and machine (both f16 KV caches), top-1 agreement 1.0 and max
 //! |Δ logit| ≤ [`MAX_DLOGIT`]; the same prompt fed to CUDA one token at a time (decode
 //! steps only) against the prefilled timeline, within the same bound; and the launch
-//! counters of the extra kernels as path markers (a fresh backend per model).
+//! counters of the extra kernels as path markers (a fresh backend per model). The MoE
+//! prompts (20–156 tokens, top-2) take both prefill paths: per-pair expert products below
+//! 64 (token, slot) pairs, expert-grouped GEMMs above.
 //!
 //! The fixture directory: `$FERRITE_ARCH_FIXTURES`, else `fixtures/arch` under the current
 //! directory (the repository root on the GPU machine), else the one next to this crate.
@@ -176,6 +178,9 @@ fn mixtral_experts_match_cpu() {
             "moe_route",
             "moe_gated_f32",
             "moe_down_f32",
+            "moe_gather_f16",
+            "moe_combine",
+            "gemm_f16",
             "graph_step",
         ],
         &["qkv_bias_f32", "matvec_gated_f32"],
@@ -191,6 +196,9 @@ fn qwen3moe_experts_match_cpu() {
             "moe_route",
             "moe_gated_f32",
             "moe_down_f32",
+            "moe_gather_f16",
+            "moe_combine",
+            "gemm_f16",
             "graph_step",
         ],
         &["qkv_bias_f32", "matvec_gated_f32"],
