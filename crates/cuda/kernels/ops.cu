@@ -96,11 +96,14 @@ extern "C" __global__ void residual_norm_f32(float* x, float* o, const float* po
 // Rope of the query heads and key heads of token blockIdx.y at position tp[1] + blockIdx.y,
 // plus the f16 store of its rotated keys and its values into that row of the caches, in one
 // launch. Threads 0..(nq+nk)*half rotate one pair each; threads 0..kv_dim also store one
-// value. q, k and v hold one row per token.
-extern "C" __global__ void rope_store_f16(float* q, float* k, const float* __restrict__ v,
-                                          u16* kc, u16* vc, int n_head, int n_kv_head,
-                                          int head_dim, const int* __restrict__ tp, float base,
-                                          int half_split) {
+// value. q, k and v hold one row per token. With `factors` (Llama 3 rope scaling, head_dim/2
+// divisors; null otherwise) pair i turns by pos * base^(-2i/head_dim) / factors[i], in
+// double as ferrite_model's rope_scaled does.
+static __device__ __forceinline__ void rope_store(float* q, float* k, const float* __restrict__ v,
+                                                  u16* kc, u16* vc, int n_head, int n_kv_head,
+                                                  int head_dim, const int* __restrict__ tp,
+                                                  float base, int half_split,
+                                                  const float* __restrict__ factors) {
     int pos = tp[1] + blockIdx.y;
     int half = head_dim / 2;
     int kv_dim = n_kv_head * head_dim;
@@ -113,6 +116,7 @@ extern "C" __global__ void rope_store_f16(float* q, float* k, const float* __res
     if (t >= (n_head + n_kv_head) * half) return;
     int h = t / half, i = t % half;
     double inv_freq = pow((double)base, -(double)(2 * i) / (double)head_dim);
+    if (factors) inv_freq /= (double)factors[i];
     double ang = (double)pos * inv_freq;
     float s = (float)sin(ang), c = (float)cos(ang);
     int a = half_split ? i : 2 * i;
@@ -129,6 +133,23 @@ extern "C" __global__ void rope_store_f16(float* q, float* k, const float* __res
         kc[at + a] = f2h(y0);
         kc[at + b] = f2h(y1);
     }
+}
+
+// rope_store with plain frequencies.
+extern "C" __global__ void rope_store_f16(float* q, float* k, const float* __restrict__ v,
+                                          u16* kc, u16* vc, int n_head, int n_kv_head,
+                                          int head_dim, const int* __restrict__ tp, float base,
+                                          int half_split) {
+    rope_store(q, k, v, kc, vc, n_head, n_kv_head, head_dim, tp, base, half_split, nullptr);
+}
+
+// rope_store with Llama 3 frequency divisors.
+extern "C" __global__ void rope_store_scaled_f16(float* q, float* k, const float* __restrict__ v,
+                                                 u16* kc, u16* vc, int n_head, int n_kv_head,
+                                                 int head_dim, const int* __restrict__ tp,
+                                                 float base, int half_split,
+                                                 const float* __restrict__ factors) {
+    rope_store(q, k, v, kc, vc, n_head, n_kv_head, head_dim, tp, base, half_split, factors);
 }
 
 // f32 activations rounded to f16 (the GEMM inputs of batched prefill).

@@ -10,11 +10,12 @@ use cudarc::nvrtc::{CompileOptions, Ptx, compile_ptx_with_opts};
 use crate::CudaError;
 
 /// Every kernel source, concatenated in this order into one NVRTC program.
-const SOURCES: [&str; 4] = [
+const SOURCES: [&str; 5] = [
     include_str!("../kernels/common.cuh"),
     include_str!("../kernels/matvec.cu"),
     include_str!("../kernels/ops.cu"),
     include_str!("../kernels/attention.cu"),
+    include_str!("../kernels/moe.cu"),
 ];
 
 /// The full program text.
@@ -132,6 +133,10 @@ mod tests {
             "rms_norm_f32",
             "rope_f32",
             "attn_f16",
+            "FERRITE_MOE(q4_k",
+            "moe_route",
+            "qkv_bias_f32",
+            "rope_store_scaled_f16",
         ] {
             assert!(p.contains(k), "{k}");
         }

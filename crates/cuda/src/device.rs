@@ -32,36 +32,57 @@ const KERNELS: &[&str] = &[
     "matvec_gated_q4_1",
     "embed_q4_1",
     "dequant_f16_q4_1",
+    "matvec_rows_q4_1",
+    "moe_gated_q4_1",
+    "moe_down_q4_1",
     "matvec_q8_0",
     "matvec3_q8_0",
     "matvec_gated_q8_0",
     "embed_q8_0",
     "dequant_f16_q8_0",
+    "matvec_rows_q8_0",
+    "moe_gated_q8_0",
+    "moe_down_q8_0",
     "matvec_q5_0",
     "matvec3_q5_0",
     "matvec_gated_q5_0",
     "embed_q5_0",
     "dequant_f16_q5_0",
+    "matvec_rows_q5_0",
+    "moe_gated_q5_0",
+    "moe_down_q5_0",
     "matvec_q4_k",
     "matvec3_q4_k",
     "matvec_gated_q4_k",
     "embed_q4_k",
     "dequant_f16_q4_k",
+    "matvec_rows_q4_k",
+    "moe_gated_q4_k",
+    "moe_down_q4_k",
     "matvec_q6_k",
     "matvec3_q6_k",
     "matvec_gated_q6_k",
     "embed_q6_k",
     "dequant_f16_q6_k",
+    "matvec_rows_q6_k",
+    "moe_gated_q6_k",
+    "moe_down_q6_k",
     "matvec_f32",
     "matvec3_f32",
     "matvec_gated_f32",
     "embed_f32",
     "dequant_f16_f32",
+    "matvec_rows_f32",
+    "moe_gated_f32",
+    "moe_down_f32",
     "matvec_f16",
     "matvec3_f16",
     "matvec_gated_f16",
     "embed_f16",
     "dequant_f16_f16",
+    "matvec_rows_f16",
+    "moe_gated_f16",
+    "moe_down_f16",
     "rms_norm_f32",
     "rope_f32",
     "gate_silu_f32",
@@ -73,6 +94,12 @@ const KERNELS: &[&str] = &[
     "f32_to_f16",
     "residual_norm_f32",
     "rope_store_f16",
+    "rope_store_scaled_f16",
+    "qkv_bias_f32",
+    "add_bias_f32",
+    "moe_route",
+    "moe_gather_f16",
+    "moe_combine",
 ];
 
 /// Suffix of the matvec/embed kernels for a weight type; `None` when unsupported.
@@ -102,6 +129,12 @@ pub(crate) struct WeightKernels {
     pub(crate) embed: &'static str,
     /// The whole matrix as f16.
     pub(crate) dequant_f16: &'static str,
+    /// One product per token row (the MoE router).
+    pub(crate) rows: &'static str,
+    /// Gated input of the selected experts.
+    pub(crate) moe_gated: &'static str,
+    /// Weighted down products of the selected experts.
+    pub(crate) moe_down: &'static str,
 }
 
 macro_rules! weight_kernels {
@@ -112,6 +145,9 @@ macro_rules! weight_kernels {
             gated: concat!("matvec_gated_", $s),
             embed: concat!("embed_", $s),
             dequant_f16: concat!("dequant_f16_", $s),
+            rows: concat!("matvec_rows_", $s),
+            moe_gated: concat!("moe_gated_", $s),
+            moe_down: concat!("moe_down_", $s),
         }
     };
 }
@@ -315,7 +351,16 @@ mod tests {
             let s = kernel_suffix(ty).unwrap();
             let k = weight_kernels(ty).unwrap();
             assert_eq!(k.matvec, format!("matvec_{s}"));
-            for name in [k.matvec, k.matvec3, k.gated, k.embed, k.dequant_f16] {
+            for name in [
+                k.matvec,
+                k.matvec3,
+                k.gated,
+                k.embed,
+                k.dequant_f16,
+                k.rows,
+                k.moe_gated,
+                k.moe_down,
+            ] {
                 assert!(KERNELS.contains(&name), "{name}");
             }
         }

@@ -60,16 +60,17 @@ impl CudaBackend {
     }
 
     /// `y[n × rows] = x[n × cols] · Wᵀ` for a row-major f16 `W` of `rows × cols` and f16
-    /// activations `x` (one token per row); f32 accumulation and output.
+    /// activations `x` (one token per row); f32 accumulation and output. Any of the three
+    /// may be a view into a larger buffer (the expert groups of MoE prefill).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn gemm_f16(
         &self,
-        w16: &CudaSlice<u16>,
+        w16: &impl DevicePtr<u16>,
         rows: usize,
         cols: usize,
-        x16: &CudaSlice<u16>,
+        x16: &impl DevicePtr<u16>,
         n: usize,
-        y: &CudaSlice<f32>,
+        y: &impl DevicePtr<f32>,
     ) -> Result<(), CudaError> {
         let blas = self
             .blas

@@ -15,7 +15,9 @@
 //! [`CudaSession::eval`] runs tokens through an f16 KV cache and returns the last token's
 //! logits. Each decode step is captured once as a CUDA graph and replayed; a prompt of several
 //! tokens goes through batched prefill (weights as f16, cuBLAS GEMMs, one attention launch per
-//! layer for all its queries). [`CudaBackend::launch_counts`] are path markers.
+//! layer for all its queries). Qwen 2's attention biases, Llama 3's rope frequency factors
+//! and mixture-of-experts layers (routing on the device, only the selected experts read)
+//! run on the device too. [`CudaBackend::launch_counts`] are path markers.
 //!
 //! ```
 //! match ferrite_cuda::CudaBackend::probe() {
@@ -25,6 +27,7 @@
 //! ```
 #![deny(missing_docs)]
 
+mod arch_ops;
 mod compile;
 mod device;
 mod error;

@@ -1,14 +1,16 @@
 //! [`CudaModel`] (the weights uploaded once, quantized blocks kept as stored) and
 //! [`CudaSession`] (an f16 KV cache and the decode loop). The forward pass mirrors
 //! `ferrite_model::Session` step for step: embedding (times Gemma's scale), pre-norms,
-//! Q/K/V products, per-head Q/K norms, rope with the layer's base, attention with the
-//! layer's window, optional post-norms, gated FFN, final norm and output product.
+//! Q/K/V products (plus Qwen 2's biases), per-head Q/K norms, rope with the layer's base
+//! (and Llama 3's frequency divisors), attention with the layer's window, optional
+//! post-norms, gated FFN or mixture of experts (`moe.rs`), final norm and output product.
 //!
 //! A decode step is recorded once into a CUDA graph (the token and position live in device
 //! memory, so one graph serves every step) and replayed: one launch per token instead of ~8
 //! per layer. Several tokens at once go through batched prefill (`prefill.rs`: cuBLAS GEMMs
 //! over all of them); without cuBLAS they run as decode steps.
 
+mod moe;
 mod prefill;
 
 use std::sync::Arc;
@@ -17,10 +19,24 @@ use std::time::Instant;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaGraph, CudaSlice};
 use ferrite_gguf::Gguf;
-use ferrite_model::{Model, ModelConfig};
+use ferrite_model::{Model, ModelConfig, MoeConfig};
 
+use crate::arch_ops::MOE_MAX_EXPERTS;
 use crate::ops::DeviceMatrix;
 use crate::{AttnShape, CudaBackend, CudaError};
+
+/// The FFN of one block.
+#[derive(Debug)]
+enum DeviceFfn {
+    /// One gated FFN.
+    Dense {
+        gate: DeviceMatrix,
+        up: DeviceMatrix,
+        down: DeviceMatrix,
+    },
+    /// Routed experts.
+    Moe(moe::DeviceMoe),
+}
 
 /// Device weights of one block.
 #[derive(Debug)]
@@ -30,14 +46,36 @@ struct DeviceLayer {
     wk: DeviceMatrix,
     wv: DeviceMatrix,
     wo: DeviceMatrix,
+    /// Q, K, V biases (Qwen 2).
+    qkv_bias: Option<[CudaSlice<f32>; 3]>,
+    /// Attention output bias.
+    out_bias: Option<CudaSlice<f32>>,
     q_norm: Option<CudaSlice<f32>>,
     k_norm: Option<CudaSlice<f32>>,
     post_attn_norm: Option<CudaSlice<f32>>,
     ffn_norm: CudaSlice<f32>,
-    w_gate: DeviceMatrix,
-    w_up: DeviceMatrix,
-    w_down: DeviceMatrix,
+    ffn: DeviceFfn,
     post_ffn_norm: Option<CudaSlice<f32>>,
+}
+
+impl DeviceLayer {
+    /// The plain matrices (attention, and the FFN's when dense).
+    fn matrices_mut(&mut self) -> Vec<&mut DeviceMatrix> {
+        let mut v = vec![&mut self.wq, &mut self.wk, &mut self.wv, &mut self.wo];
+        if let DeviceFfn::Dense { gate, up, down } = &mut self.ffn {
+            v.extend([gate, up, down]);
+        }
+        v
+    }
+
+    /// The plain matrices (attention, and the FFN's when dense).
+    fn matrices(&self) -> Vec<&DeviceMatrix> {
+        let mut v = vec![&self.wq, &self.wk, &self.wv, &self.wo];
+        if let DeviceFfn::Dense { gate, up, down } = &self.ffn {
+            v.extend([gate, up, down]);
+        }
+        v
+    }
 }
 
 /// A model whose weights live on the device.
@@ -49,7 +87,11 @@ pub struct CudaModel {
     output: Option<DeviceMatrix>,
     output_norm: CudaSlice<f32>,
     layers: Vec<DeviceLayer>,
+    /// Llama 3 rope frequency divisors (`head_dim / 2`).
+    rope_factors: Option<CudaSlice<f32>>,
     weight_bytes: u64,
+    /// Bytes of the expert layers a decode step does not read (the unselected experts).
+    unread_expert_bytes: u64,
     upload_ms: f64,
     f16_cached: bool,
 }
@@ -61,27 +103,16 @@ const F16_CACHE_SHARE: usize = 4;
 /// the free device memory, so prefill runs its GEMMs without dequantizing each matrix per
 /// chunk; returns whether it did.
 fn cache_f16_copies(b: &CudaBackend, layers: &mut [DeviceLayer]) -> Result<bool, CudaError> {
-    fn mats(l: &mut DeviceLayer) -> [&mut DeviceMatrix; 7] {
-        [
-            &mut l.wq,
-            &mut l.wk,
-            &mut l.wv,
-            &mut l.wo,
-            &mut l.w_gate,
-            &mut l.w_up,
-            &mut l.w_down,
-        ]
-    }
     let bytes: usize = layers
-        .iter_mut()
-        .flat_map(mats)
+        .iter()
+        .flat_map(DeviceLayer::matrices)
         .map(|w| 2 * w.rows * w.cols)
         .sum();
     let (free, _) = b.stream.context().mem_get_info()?;
     if b.blas.is_err() || bytes > free / F16_CACHE_SHARE {
         return Ok(false);
     }
-    for w in layers.iter_mut().flat_map(mats) {
+    for w in layers.iter_mut().flat_map(DeviceLayer::matrices_mut) {
         b.cache_f16(w)?;
     }
     Ok(true)
@@ -134,6 +165,17 @@ fn upload_vector(
     Ok(b.stream.clone_htod(&v)?)
 }
 
+/// The first feature of a model with expert settings `moe` that the device forward pass
+/// does not implement, if any: a model that loads must compute what the CPU backend
+/// computes. (Biases, Llama 3 rope factors and expert layers are implemented; the CPU
+/// loader already refuses what neither backend implements, such as shared experts.)
+fn unsupported_feature(moe: Option<&MoeConfig>) -> Option<&'static str> {
+    match moe {
+        Some(m) if m.n_expert > MOE_MAX_EXPERTS => Some("more than 4096 experts per layer"),
+        _ => None,
+    }
+}
+
 impl CudaModel {
     /// Uploads the weights of `model` (already loaded and checked on the host). When cuBLAS
     /// is present and f16 copies of all layer matrices fit in a quarter of the free device
@@ -141,19 +183,8 @@ impl CudaModel {
     pub fn load(backend: Arc<CudaBackend>, model: &Model) -> Result<CudaModel, CudaError> {
         let start = Instant::now();
         let c = model.config().clone();
-        // Refuse what the device forward pass would silently skip: a model that loads must
-        // compute what the CPU backend computes.
-        for (present, feature) in [
-            (c.qkv_bias || c.out_bias, "attention biases (qwen2)"),
-            (
-                c.rope_freq_factors.is_some(),
-                "rope frequency factors (llama 3 rope scaling)",
-            ),
-            (c.moe.is_some(), "mixture-of-experts layers"),
-        ] {
-            if present {
-                return Err(CudaError::UnsupportedFeature(feature));
-            }
+        if let Some(feature) = unsupported_feature(c.moe.as_ref()) {
+            return Err(CudaError::UnsupportedFeature(feature));
         }
         let g = model.gguf();
         let b = &*backend;
@@ -174,29 +205,59 @@ impl CudaModel {
                     Ok(None)
                 }
             };
+            let bias = |s: &str, len: usize| upload_vector(b, g, &format!("blk.{i}.{s}.bias"), len);
+            let ffn = match &c.moe {
+                None => DeviceFfn::Dense {
+                    gate: upload_matrix(b, g, &n("ffn_gate"), c.d_ff, c.d_model)?,
+                    up: upload_matrix(b, g, &n("ffn_up"), c.d_ff, c.d_model)?,
+                    down: upload_matrix(b, g, &n("ffn_down"), c.d_model, c.d_ff)?,
+                },
+                Some(moe) => DeviceFfn::Moe(moe::load(b, g, &c, moe, i)?),
+            };
             layers.push(DeviceLayer {
                 attn_norm: upload_vector(b, g, &n("attn_norm"), c.d_model)?,
                 wq: upload_matrix(b, g, &n("attn_q"), c.q_dim(), c.d_model)?,
                 wk: upload_matrix(b, g, &n("attn_k"), c.kv_dim(), c.d_model)?,
                 wv: upload_matrix(b, g, &n("attn_v"), c.kv_dim(), c.d_model)?,
                 wo: upload_matrix(b, g, &n("attn_output"), c.d_model, c.q_dim())?,
+                qkv_bias: if c.qkv_bias {
+                    Some([
+                        bias("attn_q", c.q_dim())?,
+                        bias("attn_k", c.kv_dim())?,
+                        bias("attn_v", c.kv_dim())?,
+                    ])
+                } else {
+                    None
+                },
+                out_bias: if c.out_bias {
+                    Some(bias("attn_output", c.d_model)?)
+                } else {
+                    None
+                },
                 q_norm: opt("attn_q_norm", c.head_dim, c.qk_norm)?,
                 k_norm: opt("attn_k_norm", c.head_dim, c.qk_norm)?,
                 post_attn_norm: opt("post_attention_norm", c.d_model, c.post_norms)?,
                 ffn_norm: upload_vector(b, g, &n("ffn_norm"), c.d_model)?,
-                w_gate: upload_matrix(b, g, &n("ffn_gate"), c.d_ff, c.d_model)?,
-                w_up: upload_matrix(b, g, &n("ffn_up"), c.d_ff, c.d_model)?,
-                w_down: upload_matrix(b, g, &n("ffn_down"), c.d_model, c.d_ff)?,
+                ffn,
                 post_ffn_norm: opt("post_ffw_norm", c.d_model, c.post_norms)?,
             });
         }
+        let rope_factors = match &c.rope_freq_factors {
+            Some(f) => Some(b.stream.clone_htod(f)?),
+            None => None,
+        };
         let f16_cached = cache_f16_copies(b, &mut layers)?;
         b.synchronize()?;
         let mut weight_bytes = embed.data.len() as u64;
         weight_bytes += output.as_ref().map_or(0, |o| o.data.len() as u64);
+        let mut unread_expert_bytes = 0;
         for l in &layers {
-            for m in [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down] {
+            for m in l.matrices() {
                 weight_bytes += m.data.len() as u64;
+            }
+            if let (DeviceFfn::Moe(mw), Some(cfg)) = (&l.ffn, &c.moe) {
+                weight_bytes += mw.bytes();
+                unread_expert_bytes += mw.bytes() - mw.decode_bytes(cfg.n_expert_used);
             }
         }
         Ok(CudaModel {
@@ -206,7 +267,9 @@ impl CudaModel {
             output,
             output_norm,
             layers,
+            rope_factors,
             weight_bytes,
+            unread_expert_bytes,
             upload_ms: start.elapsed().as_secs_f64() * 1e3,
             f16_cached,
         })
@@ -228,7 +291,8 @@ impl CudaModel {
     }
 
     /// Bytes of matrix weights read by one decode step (embedding row excluded, output
-    /// product included): the numerator of the bandwidth floor.
+    /// product included, only the selected experts of expert layers): the numerator of the
+    /// bandwidth floor.
     pub fn decode_weight_bytes(&self) -> u64 {
         let out = self.output.as_ref().unwrap_or(&self.embed);
         let tied_extra = if self.output.is_none() {
@@ -236,7 +300,7 @@ impl CudaModel {
         } else {
             0
         };
-        self.weight_bytes - self.embed.data.len() as u64 + tied_extra
+        self.weight_bytes - self.embed.data.len() as u64 + tied_extra - self.unread_expert_bytes
     }
 
     /// Milliseconds spent uploading the weights.
@@ -260,6 +324,8 @@ struct Buffers {
     /// Partial results of split decode attention.
     part: CudaSlice<f32>,
     logits: CudaSlice<f32>,
+    /// Routing and expert buffers of one token (MoE models).
+    moe: Option<moe::MoeBufs>,
 }
 
 /// Key splits of decode attention: enough blocks over the KV heads to fill the device's
@@ -332,6 +398,10 @@ impl<'m> CudaSession<'m> {
             up: s.alloc_zeros(c.d_ff)?,
             part: s.alloc_zeros(c.n_head * splits * (c.head_dim + 2))?,
             logits: s.alloc_zeros(c.n_vocab)?,
+            moe: match &c.moe {
+                Some(cfg) => Some(moe::MoeBufs::new(&model.backend, c, cfg, 1)?),
+                None => None,
+            },
         };
         Ok(CudaSession {
             model,
@@ -448,6 +518,9 @@ impl<'m> CudaSession<'m> {
         for (l, lw) in m.layers.iter().enumerate() {
             let lc = &c.layers[l];
             b.matvec_multi(&[&lw.wq, &lw.wk, &lw.wv], &u.xn, &[&u.q, &u.k, &u.v])?;
+            if let Some([bq, bk, bv]) = &lw.qkv_bias {
+                b.qkv_bias(&u.q, &u.k, &u.v, [bq, bk, bv], 1)?;
+            }
             if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
                 b.rms_norm(&u.q, qn, &u.q, c.n_head, c.rms_eps)?;
                 b.rms_norm(&u.k, kn, &u.k, c.n_kv_head, c.rms_eps)?;
@@ -465,9 +538,13 @@ impl<'m> CudaSession<'m> {
                 tp,
                 lc.rope_base,
                 c.rope_style,
+                m.rope_factors.as_ref(),
             )?;
             b.attention(&shape, &u.q, kc, vc, &u.att, &u.part, tp, 1, self.splits)?;
             b.matvec(&lw.wo, &u.att, &u.o)?;
+            if let Some(ob) = &lw.out_bias {
+                b.add_bias(&u.o, ob, 1)?;
+            }
             b.residual_norm(
                 &u.x,
                 &u.o,
@@ -477,8 +554,20 @@ impl<'m> CudaSession<'m> {
                 1,
                 c.rms_eps,
             )?;
-            b.matvec_gated(c.activation, &lw.w_gate, &lw.w_up, &u.xn, &u.gate, &u.up)?;
-            b.matvec(&lw.w_down, &u.gate, &u.o)?;
+            match &lw.ffn {
+                DeviceFfn::Dense { gate, up, down } => {
+                    b.matvec_gated(c.activation, gate, up, &u.xn, &u.gate, &u.up)?;
+                    b.matvec(down, &u.gate, &u.o)?;
+                }
+                DeviceFfn::Moe(mw) => {
+                    let (Some(cfg), Some(mb)) = (&c.moe, &u.moe) else {
+                        return Err(CudaError::InvalidArgument(
+                            "expert weights without expert settings".into(),
+                        ));
+                    };
+                    moe::ffn(b, cfg, c.activation, mw, mb, &u.xn, 1, &u.o)?;
+                }
+            }
             let next = m.layers.get(l + 1).map_or(&m.output_norm, |n| &n.attn_norm);
             b.residual_norm(
                 &u.x,
@@ -508,5 +597,18 @@ mod tests {
         send_sync::<CudaModel>();
         send_sync::<CudaBackend>();
         send::<CudaSession<'static>>();
+    }
+
+    #[test]
+    fn only_routing_beyond_the_kernel_is_refused() {
+        let moe = |n_expert| MoeConfig {
+            n_expert,
+            n_expert_used: 2,
+            norm_topk: true,
+        };
+        assert_eq!(unsupported_feature(None), None);
+        assert_eq!(unsupported_feature(Some(&moe(128))), None);
+        assert_eq!(unsupported_feature(Some(&moe(MOE_MAX_EXPERTS))), None);
+        assert!(unsupported_feature(Some(&moe(MOE_MAX_EXPERTS + 1))).is_some());
     }
 }

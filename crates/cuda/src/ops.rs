@@ -288,7 +288,8 @@ impl CudaBackend {
     }
 
     /// Rope of `n` tokens' q and k at positions `tp[1]..tp[1]+n` and the f16 store of their
-    /// k and v at those cache rows.
+    /// k and v at those cache rows; with `factors` (`head_dim / 2` Llama 3 divisors), the
+    /// scaled-frequency rope.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn rope_store(
         &self,
@@ -302,8 +303,14 @@ impl CudaBackend {
         tp: &CudaSlice<i32>,
         base: f32,
         style: RopeStyle,
+        factors: Option<&CudaSlice<f32>>,
     ) -> Result<(), CudaError> {
         let kv_dim = shape.kv_dim();
+        if factors.is_some_and(|f| f.len() < shape.head_dim / 2) {
+            return Err(CudaError::InvalidArgument(
+                "fewer rope factors than head_dim / 2".into(),
+            ));
+        }
         if kc.len() != vc.len() {
             return Err(CudaError::InvalidArgument("K and V caches differ".into()));
         }
@@ -324,7 +331,12 @@ impl CudaBackend {
         }
         let mut cfg = grid_1d(threads);
         cfg.grid_dim.1 = n as u32;
-        let mut b = self.kernel("rope_store_f16")?;
+        let name = if factors.is_some() {
+            "rope_store_scaled_f16"
+        } else {
+            "rope_store_f16"
+        };
+        let mut b = self.kernel(name)?;
         b.arg(q)
             .arg(k)
             .arg(v)
@@ -336,9 +348,12 @@ impl CudaBackend {
             .arg(tp)
             .arg(&base)
             .arg(&half);
+        if let Some(f) = factors {
+            b.arg(f);
+        }
         // SAFETY: touches n rows of n_head × head_dim values of q and kv_dim of k and v
         // (checked above), and rows tp[1]..tp[1]+n of both caches; callers keep those below
-        // the cache's rows.
+        // the cache's rows. The factors hold head_dim / 2 values (checked above).
         unsafe { b.launch(cfg) }?;
         Ok(())
     }

@@ -2,11 +2,12 @@
 //! weight matrix is dequantized to f16 once per chunk and multiplied with all the chunk's
 //! tokens by cuBLAS; norms, rope, the KV store and attention (causal, sliding window) run
 //! on all rows in one launch each. Leaves the last token's final norm in the session's
-//! decode buffer, where the output product reads it.
+//! decode buffer, where the output product reads it. Expert layers run `moe.rs` (grouped by
+//! expert for long chunks).
 
 use cudarc::driver::CudaSlice;
 
-use super::{CudaModel, CudaSession};
+use super::{CudaModel, CudaSession, DeviceFfn, DeviceLayer, moe};
 use crate::{AttnShape, CudaError};
 
 /// Most tokens one prefill pass holds; longer prompts go in chunks of this many.
@@ -30,6 +31,8 @@ pub(super) struct PrefillBufs {
     x16: CudaSlice<u16>,
     /// One dequantized weight matrix, the GEMMs' weight operand.
     w16: CudaSlice<u16>,
+    /// Routing and expert buffers of the chunk (MoE models).
+    moe: Option<moe::MoeBufs>,
 }
 
 impl PrefillBufs {
@@ -40,7 +43,7 @@ impl PrefillBufs {
         let biggest = m
             .layers
             .iter()
-            .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down])
+            .flat_map(DeviceLayer::matrices)
             .filter(|w| w.f16.is_none())
             .map(|w| w.rows * w.cols)
             .max()
@@ -59,6 +62,10 @@ impl PrefillBufs {
             up: s.alloc_zeros(cap * c.d_ff)?,
             x16: s.alloc_zeros(cap * widest)?,
             w16: s.alloc_zeros(biggest)?,
+            moe: match &c.moe {
+                Some(cfg) => Some(moe::MoeBufs::new(&m.backend, c, cfg, cap)?),
+                None => None,
+            },
         })
     }
 }
@@ -109,6 +116,9 @@ impl CudaSession<'_> {
             b.matmul(&lw.wq, x16, n, &pb.q, w16)?;
             b.matmul(&lw.wk, x16, n, &pb.k, w16)?;
             b.matmul(&lw.wv, x16, n, &pb.v, w16)?;
+            if let Some([bq, bk, bv]) = &lw.qkv_bias {
+                b.qkv_bias(&pb.q, &pb.k, &pb.v, [bq, bk, bv], n)?;
+            }
             if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
                 b.rms_norm(&pb.q, qn, &pb.q, n * c.n_head, c.rms_eps)?;
                 b.rms_norm(&pb.k, kn, &pb.k, n * c.n_kv_head, c.rms_eps)?;
@@ -126,10 +136,14 @@ impl CudaSession<'_> {
                 tp,
                 lc.rope_base,
                 c.rope_style,
+                m.rope_factors.as_ref(),
             )?;
             b.attention(&shape, &pb.q, kc, vc, &pb.att, &self.buf.part, tp, n, 1)?;
             b.to_f16(&pb.att, x16, n * c.q_dim())?;
             b.matmul(&lw.wo, x16, n, &pb.o, w16)?;
+            if let Some(ob) = &lw.out_bias {
+                b.add_bias(&pb.o, ob, n)?;
+            }
             b.residual_norm(
                 &pb.x,
                 &pb.o,
@@ -139,12 +153,24 @@ impl CudaSession<'_> {
                 n,
                 c.rms_eps,
             )?;
-            b.to_f16(&pb.xn, x16, n * c.d_model)?;
-            b.matmul(&lw.w_gate, x16, n, &pb.gate, w16)?;
-            b.matmul(&lw.w_up, x16, n, &pb.up, w16)?;
-            b.gated(c.activation, &pb.gate, &pb.up, n * c.d_ff)?;
-            b.to_f16(&pb.gate, x16, n * c.d_ff)?;
-            b.matmul(&lw.w_down, x16, n, &pb.o, w16)?;
+            match &lw.ffn {
+                DeviceFfn::Dense { gate, up, down } => {
+                    b.to_f16(&pb.xn, x16, n * c.d_model)?;
+                    b.matmul(gate, x16, n, &pb.gate, w16)?;
+                    b.matmul(up, x16, n, &pb.up, w16)?;
+                    b.gated(c.activation, &pb.gate, &pb.up, n * c.d_ff)?;
+                    b.to_f16(&pb.gate, x16, n * c.d_ff)?;
+                    b.matmul(down, x16, n, &pb.o, w16)?;
+                }
+                DeviceFfn::Moe(mw) => {
+                    let (Some(cfg), Some(mb)) = (&c.moe, pb.moe.as_mut()) else {
+                        return Err(CudaError::InvalidArgument(
+                            "expert weights without expert settings".into(),
+                        ));
+                    };
+                    moe::prefill_ffn(b, cfg, c.activation, mw, mb, &pb.xn, n, &pb.o)?;
+                }
+            }
             let next = m
                 .layers
                 .get(l + 1)

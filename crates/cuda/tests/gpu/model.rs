@@ -12,7 +12,7 @@ use ferrite_model::{KvType, Model, Outputs, Session};
 use crate::synth::{self, Spec};
 use crate::{backend, err_tuple};
 
-fn argmax(v: &[f32]) -> usize {
+pub fn argmax(v: &[f32]) -> usize {
     let mut best = 0;
     for (i, &x) in v.iter().enumerate() {
         if x > v[best] {
