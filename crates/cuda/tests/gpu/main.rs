@@ -1,10 +1,12 @@
 //! The GPU test lane, selected by `FERRITE_TEST_CUDA=1`: every kernel against the CPU on
-//! boundary shapes, then whole synthetic models against `ferrite_model::Session`.
+//! boundary shapes, then whole synthetic models against `ferrite_model::Session`, then
+//! session state export/import (`session.rs`).
 //! With the variable set and no device the tests FAIL; without it each prints
 //! `skipped: FERRITE_TEST_CUDA not set`.
 
 mod kernels;
 mod model;
+mod session;
 mod synth;
 
 use std::sync::{Arc, OnceLock};
