@@ -16,6 +16,9 @@
 //! logits. Each decode step is captured once as a CUDA graph and replayed; a prompt of several
 //! tokens goes through batched prefill (weights as f16, cuBLAS GEMMs, one attention launch per
 //! layer for all its queries). [`CudaBackend::launch_counts`] are path markers.
+//! [`CudaSession::export_state`] / [`CudaSession::import_state`] copy a session's tokens,
+//! f16 KV rows and next-token logits to and from a host [`ferrite_model::SessionState`]
+//! (what `ferrite-kvstore` writes to disk).
 //!
 //! ```
 //! match ferrite_cuda::CudaBackend::probe() {
