@@ -9,7 +9,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use ferrite_cuda::{CudaBackend, CudaError, CudaModel, CudaSession, DeviceInfo};
 use ferrite_engine::{GenerateError, Timeline};
-use ferrite_model::{Model, Session};
+use ferrite_model::{Model, Session, SessionState};
 
 /// `--backend` on the command line.
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -82,6 +82,29 @@ impl AnySession<'_> {
             AnySession::Cpu(s) => s.reset(),
             AnySession::Cuda(c) => c.session.reset(),
         }
+    }
+
+    /// The state of every cached position (for a session file).
+    pub fn export_state(&self) -> anyhow::Result<SessionState> {
+        Ok(match self {
+            AnySession::Cpu(s) => s.export_state(s.n_past())?,
+            AnySession::Cuda(c) => c.session.export_state(c.session.n_past())?,
+        })
+    }
+
+    /// Replaces the session's contents with all of `state`; on error the session is
+    /// unchanged.
+    pub fn import_state(&mut self, state: &SessionState) -> anyhow::Result<()> {
+        let n = state.n_tokens();
+        match self {
+            AnySession::Cpu(s) => s.import_state(state, n)?,
+            AnySession::Cuda(c) => {
+                c.session.import_state(state, n)?;
+                // A later `eval_last` overwrites these; until then they mirror the device.
+                c.logits = state.logits.clone().unwrap_or_default();
+            }
+        }
+        Ok(())
     }
 }
 

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use ferrite_cuda::CudaSession;
 use ferrite_engine::{Finish, Flow, Sampler, SamplerConfig, Timeline};
-use ferrite_kvstore::Compat;
+use ferrite_kvstore::{Compat, SnapshotBackend};
 use ferrite_model::{KvType, LoadOptions, Model, Precision, Session};
 use ferrite_tokenizer::{ChatRequest, ChatTemplate, Tokenizer};
 
@@ -114,7 +114,7 @@ pub struct RunArgs {
     /// Restore a session file (KV cache and chat so far) before the prompt: in chat mode
     /// the prompt continues the saved conversation; with `--raw` the saved tokens are only
     /// reused where the new prompt starts with them. A file of another model or setting is
-    /// reported and ignored. CPU backend only.
+    /// reported and ignored, as is a file written by the other backend (CPU or CUDA).
     #[arg(long)]
     load_session: Option<PathBuf>,
     /// Save the session (KV cache, tokens and chat) to this file after generating.
@@ -482,15 +482,8 @@ fn common_prefix(held: &[u32], ids: &[u32]) -> usize {
         .min(ids.len().saturating_sub(1))
 }
 
-/// The CPU session inside `session`, or an error naming the limitation.
-fn cpu_session<'a, 'm>(session: &'a mut AnySession<'m>) -> anyhow::Result<&'a mut Session<'m>> {
-    match session {
-        AnySession::Cpu(s) => Ok(s),
-        AnySession::Cuda(_) => bail!("session files need the CPU backend (use --backend cpu)"),
-    }
-}
-
-/// What a session file must agree with: this model file, precision, KV type and context.
+/// What a session file must agree with: this model file, precision, KV type, context and
+/// backend (the CUDA cache is always f16; see docs/kv-snapshot-format.md on backends).
 fn session_compat(loaded: &Loaded) -> anyhow::Result<Compat> {
     // Digests are remembered under the ferrite home (next to models/), keyed by file version.
     let cache = crate::models::models_dir()
@@ -498,12 +491,13 @@ fn session_compat(loaded: &Loaded) -> anyhow::Result<Compat> {
         .and_then(|d| d.parent().map(std::path::Path::to_path_buf));
     let sha = ferrite_kvstore::model_sha256(&loaded.path, cache.as_deref())
         .with_context(|| format!("hashing {}", loaded.path.display()))?;
-    Ok(Compat::for_session(
-        &loaded.model,
-        sha,
-        loaded.kv,
-        loaded.ctx,
-    ))
+    Ok(match loaded.cuda {
+        Some(_) => Compat {
+            backend: SnapshotBackend::Cuda,
+            ..Compat::for_session(&loaded.model, sha, KvType::F16, loaded.ctx)
+        },
+        None => Compat::for_session(&loaded.model, sha, loaded.kv, loaded.ctx),
+    })
 }
 
 /// Writes the session's KV cache, tokens and chat messages to `path` (atomically).
@@ -513,10 +507,7 @@ fn save_session(
     path: &std::path::Path,
     messages: &[serde_json::Value],
 ) -> anyhow::Result<()> {
-    let AnySession::Cpu(session) = session else {
-        bail!("session files need the CPU backend (use --backend cpu)");
-    };
-    let state = session.export_state(session.n_past())?;
+    let state = session.export_state()?;
     let meta = serde_json::to_vec(&serde_json::json!({ "messages": messages }))?;
     let bytes = ferrite_kvstore::write_snapshot(path, &session_compat(loaded)?, &state, &meta)
         .with_context(|| format!("saving the session to {}", path.display()))?;
@@ -537,8 +528,10 @@ fn try_load(
     session: &mut AnySession<'_>,
     path: &std::path::Path,
 ) -> anyhow::Result<Option<(Vec<u32>, Option<Vec<serde_json::Value>>)>> {
+    let sha_start = Instant::now();
     let compat = session_compat(loaded)?;
-    let session = cpu_session(session)?;
+    let sha_ms = sha_start.elapsed().as_secs_f64() * 1e3;
+    let read_start = Instant::now();
     let snap = match ferrite_kvstore::read_snapshot(path, &compat) {
         Ok(s) => s,
         Err(e) => {
@@ -549,14 +542,22 @@ fn try_load(
             return Ok(None);
         }
     };
+    let read_ms = read_start.elapsed().as_secs_f64() * 1e3;
     let n = snap.state.n_tokens();
-    if let Err(e) = session.import_state(&snap.state, n) {
+    let import_start = Instant::now();
+    if let Err(e) = session.import_state(&snap.state) {
         eprintln!(
-            "note: not using session file {}: {e}; starting fresh",
+            "note: not using session file {}: {e:#}; starting fresh",
             path.display()
         );
         return Ok(None);
     }
+    eprintln!(
+        "session: model sha256 {sha_ms:.1} ms, read and checked {} KV bytes in {read_ms:.1} ms, \
+         restored in {:.1} ms",
+        snap.state.kv.len(),
+        import_start.elapsed().as_secs_f64() * 1e3
+    );
     let messages = serde_json::from_slice::<serde_json::Value>(&snap.meta)
         .ok()
         .and_then(|v| v.get("messages").and_then(|m| m.as_array()).cloned());

@@ -37,6 +37,10 @@ pub enum CudaError {
     /// A shape the kernels cannot handle or a call with bad arguments.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// A session state that does not fit the session importing it (KV type, layer count,
+    /// row width, context, token ids or logits length); the session is left unchanged.
+    #[error("session state: {0}")]
+    SessionState(String),
     /// Reading the model (metadata, tensors, dequantizing norms) failed.
     #[error(transparent)]
     Model(#[from] ferrite_model::ModelError),

@@ -18,6 +18,9 @@
 //! layer for all its queries). Qwen 2's attention biases, Llama 3's rope frequency factors
 //! and mixture-of-experts layers (routing on the device, only the selected experts read)
 //! run on the device too. [`CudaBackend::launch_counts`] are path markers.
+//! [`CudaSession::export_state`] / [`CudaSession::import_state`] copy a session's tokens,
+//! f16 KV rows and next-token logits to and from a host [`ferrite_model::SessionState`]
+//! (what `ferrite-kvstore` writes to disk).
 //!
 //! ```
 //! match ferrite_cuda::CudaBackend::probe() {

@@ -12,6 +12,7 @@
 
 mod moe;
 mod prefill;
+mod state;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -349,6 +350,10 @@ pub struct CudaSession<'m> {
     splits: usize,
     /// Buffers of batched prefill, made at the first prompt of several tokens.
     prefill: Option<prefill::PrefillBufs>,
+    /// Token ids at positions `0..n_past` (exported with the KV rows, see `state.rs`).
+    history: Vec<u32>,
+    /// Whether `buf.logits` holds the logits after token `n_past - 1`.
+    has_logits: bool,
 }
 
 /// A captured decode step. CUDA graph handles may be used from any thread provided calls on
@@ -413,6 +418,8 @@ impl<'m> CudaSession<'m> {
             graph: None,
             splits,
             prefill: None,
+            history: Vec::new(),
+            has_logits: false,
         })
     }
 
@@ -423,12 +430,16 @@ impl<'m> CudaSession<'m> {
 
     /// Forgets all cached tokens.
     pub fn reset(&mut self) {
-        self.n_past = 0;
+        self.truncate(0);
     }
 
     /// Forgets cached tokens after the first `n`.
     pub fn truncate(&mut self, n: usize) {
+        if n < self.n_past {
+            self.has_logits = false;
+        }
         self.n_past = self.n_past.min(n);
+        self.history.truncate(self.n_past);
     }
 
     /// Runs `tokens` at positions `n_past..` and returns the logits of the last one.
@@ -452,6 +463,7 @@ impl<'m> CudaSession<'m> {
             )));
         }
         let start = self.n_past;
+        self.has_logits = false;
         let batched = tokens.len() > 1 && self.model.backend.blas.is_ok();
         let run = if batched {
             self.prefill(tokens)
@@ -466,6 +478,7 @@ impl<'m> CudaSession<'m> {
             self.n_past = start;
             return Err(e);
         }
+        self.history.extend_from_slice(tokens);
         let m = self.model;
         let b = &*m.backend;
         b.matvec(
@@ -473,7 +486,9 @@ impl<'m> CudaSession<'m> {
             &self.buf.xn,
             &self.buf.logits,
         )?;
-        Ok(b.stream.clone_dtoh(&self.buf.logits)?)
+        let logits = b.stream.clone_dtoh(&self.buf.logits)?;
+        self.has_logits = true;
+        Ok(logits)
     }
 
     /// One token at position `n_past` (both checked by `eval`): writes them to `tp`, then

@@ -40,6 +40,7 @@ pub fn compat_seed(c: &Compat) -> u64 {
         u64::from(c.n_layer),
         u64::from(c.kv_row),
         u64::from(c.n_vocab),
+        u64::from(c.backend.code()),
     ];
     for x in c
         .model_sha256
@@ -246,6 +247,15 @@ mod tests {
             ..c.clone()
         };
         assert_ne!(compat_seed(&c), compat_seed(&other));
+        let gpu = Compat {
+            backend: crate::SnapshotBackend::Cuda,
+            ..c.clone()
+        };
+        assert_ne!(
+            compat_seed(&c),
+            compat_seed(&gpu),
+            "the backend is in the seed"
+        );
     }
 
     fn set_used(path: &Path, secs_ago: u64) {

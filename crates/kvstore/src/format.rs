@@ -1,4 +1,4 @@
-//! The snapshot file format (version 1), byte by byte in docs/kv-snapshot-format.md:
+//! The snapshot file format (version 2), byte by byte in docs/kv-snapshot-format.md:
 //! a fixed 224-byte header sealed by its own SHA-256, then the payload (token ids, KV rows,
 //! optional logits, optional application metadata) sealed by the SHA-256 in the header.
 //!
@@ -16,11 +16,52 @@ use crate::KvStoreError;
 /// The first eight bytes of every snapshot file.
 pub const MAGIC: [u8; 8] = *b"FRKVSNAP";
 /// The format version this build writes and reads.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 /// Size of the fixed header in bytes.
 pub const HEADER_LEN: usize = 224;
 /// The ferrite version recorded in (and required of) snapshots.
 pub const FERRITE_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The compute backend whose kernels produced a snapshot's KV rows and logits. The CPU
+/// and CUDA backends round differently (f32 accumulation order, f16 GEMM inputs in CUDA
+/// prefill), so their rows for the same tokens differ in low bits; a snapshot is only
+/// restored on the backend that wrote it (see docs/kv-snapshot-format.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum SnapshotBackend {
+    /// The CPU backend (`ferrite-model`).
+    #[default]
+    Cpu,
+    /// The CUDA backend (`ferrite-cuda`).
+    Cuda,
+}
+
+impl SnapshotBackend {
+    /// The header byte of this backend.
+    pub fn code(self) -> u8 {
+        match self {
+            SnapshotBackend::Cpu => 0,
+            SnapshotBackend::Cuda => 1,
+        }
+    }
+
+    /// The backend of a header byte, if known.
+    pub fn from_code(code: u8) -> Option<SnapshotBackend> {
+        match code {
+            0 => Some(SnapshotBackend::Cpu),
+            1 => Some(SnapshotBackend::Cuda),
+            _ => None,
+        }
+    }
+
+    /// The backend's name as the CLI spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            SnapshotBackend::Cpu => "cpu",
+            SnapshotBackend::Cuda => "cuda",
+        }
+    }
+}
 
 /// Everything a snapshot must agree on with the session that restores it. Two sessions
 /// with equal `Compat` compute bit-identical KV rows for the same tokens.
@@ -42,11 +83,14 @@ pub struct Compat {
     pub kv_row: u32,
     /// Vocabulary size (length of the logits).
     pub n_vocab: u32,
+    /// The backend that computes the session's KV rows.
+    pub backend: SnapshotBackend,
 }
 
 impl Compat {
-    /// The compat block of sessions of `model` (whose file has digest `model_sha256`, see
-    /// [`crate::model_sha256`]) with a KV cache of type `kv_type` and `ctx` positions.
+    /// The compat block of CPU sessions of `model` (whose file has digest `model_sha256`,
+    /// see [`crate::model_sha256`]) with a KV cache of type `kv_type` and `ctx` positions;
+    /// set [`Compat::backend`] for another backend.
     pub fn for_session(
         model: &ferrite_model::Model,
         model_sha256: [u8; 32],
@@ -73,6 +117,7 @@ impl Compat {
             n_layer: c.n_layer as u32,
             kv_row: c.kv_dim() as u32,
             n_vocab: c.n_vocab as u32,
+            backend: SnapshotBackend::Cpu,
         }
     }
 }
@@ -205,6 +250,7 @@ pub fn encode(
     h[80..96].copy_from_slice(&padded::<16>(&compat.arch));
     h[96] = kv_code(compat.kv_type);
     h[97] = compat.precision;
+    h[98] = compat.backend.code();
     h[100..104].copy_from_slice(&compat.n_layer.to_le_bytes());
     h[104..108].copy_from_slice(&compat.kv_row.to_le_bytes());
     h[108..112].copy_from_slice(&compat.n_vocab.to_le_bytes());
@@ -250,8 +296,10 @@ pub fn parse_header(h: &[u8; HEADER_LEN], file_len: u64) -> Result<Header, KvSto
         1 => KvType::F32,
         x => return Err(KvStoreError::Corrupt(format!("unknown KV type code {x}"))),
     };
-    if h[98..100] != [0, 0] {
-        return Err(KvStoreError::Corrupt("reserved bytes are not zero".into()));
+    let backend = SnapshotBackend::from_code(h[98])
+        .ok_or_else(|| KvStoreError::Corrupt(format!("unknown backend code {}", h[98])))?;
+    if h[99] != 0 {
+        return Err(KvStoreError::Corrupt("reserved byte is not zero".into()));
     }
     let mut model_sha256 = [0u8; 32];
     model_sha256.copy_from_slice(&h[48..80]);
@@ -264,6 +312,7 @@ pub fn parse_header(h: &[u8; HEADER_LEN], file_len: u64) -> Result<Header, KvSto
         n_layer: le_u32(h, 100),
         kv_row: le_u32(h, 104),
         n_vocab: le_u32(h, 108),
+        backend,
     };
     let mut payload_sha256 = [0u8; 32];
     payload_sha256.copy_from_slice(&h[160..192]);
@@ -316,7 +365,7 @@ pub fn parse_header(h: &[u8; HEADER_LEN], file_len: u64) -> Result<Header, KvSto
 pub fn check_compat(header: &Header, want: &Compat) -> Result<(), KvStoreError> {
     let got = &header.compat;
     let hex = |b: &[u8; 32]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
-    let fields: [(&'static str, String, String); 9] = [
+    let fields: [(&'static str, String, String); 10] = [
         (
             "ferrite version",
             FERRITE_VERSION.into(),
@@ -353,6 +402,11 @@ pub fn check_compat(header: &Header, want: &Compat) -> Result<(), KvStoreError> 
             "vocabulary size",
             want.n_vocab.to_string(),
             got.n_vocab.to_string(),
+        ),
+        (
+            "backend",
+            want.backend.name().into(),
+            got.backend.name().into(),
         ),
     ];
     for (field, expected, found) in fields {
@@ -469,6 +523,7 @@ pub(crate) mod tests {
             n_layer: 3,
             kv_row: 5,
             n_vocab: 11,
+            backend: SnapshotBackend::Cpu,
         };
         let bytes = SessionState::kv_bytes(ty, 3, 5, n).unwrap();
         let state = SessionState {
@@ -573,6 +628,13 @@ pub(crate) mod tests {
                     ..c.clone()
                 },
             ),
+            (
+                "backend",
+                Compat {
+                    backend: SnapshotBackend::Cuda,
+                    ..c.clone()
+                },
+            ),
         ];
         for (name, want) in variants {
             match dec(&b, &want) {
@@ -591,13 +653,56 @@ pub(crate) mod tests {
                 ..
             })
         ));
-        let mut v = b.clone();
-        v[8] = 2;
-        reseal(&mut v);
-        assert!(matches!(
-            dec(&v, &c),
-            Err(KvStoreError::Version { found: 2, .. })
-        ));
+        // Version 1 files (no backend byte) are refused, not guessed: a version error,
+        // which caches leave alone rather than delete.
+        for found in [1, 3] {
+            let mut v = b.clone();
+            v[8] = found as u8;
+            reseal(&mut v);
+            assert!(
+                matches!(dec(&v, &c), Err(KvStoreError::Version { found: f, .. }) if f == found)
+            );
+        }
+    }
+
+    #[test]
+    fn snapshots_are_refused_on_the_other_backend() {
+        // A CUDA-written file read by a CPU session and the reverse: valid files, the
+        // backend field differs, so a mismatch (left in place by caches, not deleted).
+        let (cpu, s) = sample(5, KvType::F16, true);
+        let cuda = Compat {
+            backend: SnapshotBackend::Cuda,
+            ..cpu.clone()
+        };
+        for (writer, reader) in [(&cuda, &cpu), (&cpu, &cuda)] {
+            let b = bytes_of(writer, &s, b"m");
+            assert_eq!(b[98], writer.backend.code());
+            assert_eq!(dec(&b, writer).unwrap().state, s);
+            match dec(&b, reader) {
+                Err(
+                    e @ KvStoreError::Mismatch {
+                        field: "backend", ..
+                    },
+                ) => assert!(!e.is_corrupt()),
+                other => panic!("{other:?}"),
+            }
+            let err = read_tokens(&mut &b[..], b.len() as u64, reader).unwrap_err();
+            assert!(matches!(
+                err,
+                KvStoreError::Mismatch {
+                    field: "backend",
+                    ..
+                }
+            ));
+        }
+        // An unknown backend code with a valid checksum is damage, as is a set reserved byte.
+        let b = bytes_of(&cpu, &s, b"");
+        for (at, x) in [(98, 2u8), (99, 1)] {
+            let mut v = b.clone();
+            v[at] = x;
+            reseal(&mut v);
+            assert!(dec(&v, &cpu).unwrap_err().is_corrupt(), "byte {at}");
+        }
     }
 
     /// Recomputes the header checksum after a test edited header fields.

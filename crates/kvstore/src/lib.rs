@@ -4,7 +4,8 @@
 //! layer's K/V rows of the used prefix, the next-token logits when known) plus opaque
 //! application bytes, in a versioned binary file (docs/kv-snapshot-format.md). The header
 //! names everything that makes KV rows reusable ([`Compat`]: model file SHA-256,
-//! architecture, weight precision, KV type, context size, shape) and the ferrite version;
+//! architecture, weight precision, KV type, context size, shape, the backend that computed
+//! the rows) and the ferrite version;
 //! a snapshot is used only when all of it matches, and only after both checksums (header
 //! and payload) hold.
 //!
@@ -15,10 +16,11 @@
 //! evicts least-recently-used files within a byte budget, never the one just written.
 //!
 //! ```
-//! use ferrite_kvstore::{Compat, decode, encode};
+//! use ferrite_kvstore::{Compat, SnapshotBackend, decode, encode};
 //! use ferrite_model::{KvType, SessionState};
 //! let compat = Compat { model_sha256: [0; 32], arch: "llama".into(), precision: 0,
-//!     kv_type: KvType::F16, ctx: 8, n_layer: 1, kv_row: 2, n_vocab: 4 };
+//!     kv_type: KvType::F16, ctx: 8, n_layer: 1, kv_row: 2, n_vocab: 4,
+//!     backend: SnapshotBackend::Cpu };
 //! let state = SessionState { kv_type: KvType::F16, n_layer: 1, row: 2, tokens: vec![3],
 //!     kv: vec![0; 8], logits: None };
 //! let mut bytes = Vec::new();
@@ -41,6 +43,6 @@ pub use file::{
     PARTIAL_SUFFIX, model_sha256, read_snapshot, read_snapshot_tokens, write_atomic, write_snapshot,
 };
 pub use format::{
-    Compat, FERRITE_VERSION, FORMAT_VERSION, HEADER_LEN, Header, MAGIC, Snapshot, check_compat,
-    decode, encode, parse_header, read_header, read_tokens,
+    Compat, FERRITE_VERSION, FORMAT_VERSION, HEADER_LEN, Header, MAGIC, Snapshot, SnapshotBackend,
+    check_compat, decode, encode, parse_header, read_header, read_tokens,
 };

@@ -7,7 +7,7 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use ferrite_kvstore::{Compat, HEADER_LEN, KvStoreError, decode, encode};
+use ferrite_kvstore::{Compat, HEADER_LEN, KvStoreError, SnapshotBackend, decode, encode};
 use ferrite_model::{KvType, SessionState};
 use sha2::{Digest, Sha256};
 
@@ -41,6 +41,7 @@ fn sample() -> (Compat, Vec<u8>) {
         n_layer: 4,
         kv_row: 8,
         n_vocab: 50,
+        backend: SnapshotBackend::Cpu,
     };
     let n = 20;
     let state = SessionState {

@@ -1,5 +1,6 @@
 //! The GPU test lane, selected by `FERRITE_TEST_CUDA=1`: every kernel against the CPU on
-//! boundary shapes, then whole synthetic models against `ferrite_model::Session`.
+//! boundary shapes, then whole synthetic models against `ferrite_model::Session`, then
+//! session state export/import (`session.rs`).
 //! With the variable set and no device the tests FAIL; without it each prints
 //! `skipped: FERRITE_TEST_CUDA not set`. `arch.rs` runs the tiny transformers models of
 //! fixtures/arch (q/k/v biases, Llama 3 rope factors, mixture of experts).
@@ -7,6 +8,7 @@
 mod arch;
 mod kernels;
 mod model;
+mod session;
 mod synth;
 
 use std::sync::{Arc, OnceLock};
