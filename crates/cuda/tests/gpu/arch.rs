@@ -44,11 +44,11 @@ fn fixture_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/arch")
 }
 
-/// The f32 GGUF of fixture `name` and its prompts.
-fn load(name: &str) -> (Model, Vec<Vec<u32>>) {
+/// The GGUF of fixture `name` with matrices as `ty`, and its prompts.
+fn load(name: &str, ty: OutType) -> (Model, Vec<Vec<u32>>) {
     let dir = fixture_root().join(name);
     let hf = HfModel::open(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
-    let (w, _) = hf.to_gguf(OutType::F32, &mut |_| {}).unwrap();
+    let (w, _) = hf.to_gguf(ty, &mut |_| {}).unwrap();
     let g = Gguf::from_bytes(w.to_bytes().unwrap()).unwrap();
     let m = Model::from_gguf(g, LoadOptions::default()).unwrap();
     let lines = std::fs::read_to_string(dir.join(format!("logits-{name}.jsonl"))).unwrap();
@@ -77,14 +77,14 @@ fn max_abs(a: &[f32], b: &[f32]) -> f64 {
         .fold(0.0, f64::max)
 }
 
-/// Runs fixture `name` (see the module doc); asserts the kernels in `markers` ran and
-/// those in `absent` did not.
-fn check(name: &str, markers: &[&str], absent: &[&str]) {
+/// Runs fixture `name` with matrices as `ty` (see the module doc); asserts the kernels in
+/// `markers` ran and those in `absent` did not.
+fn check(name: &str, ty: OutType, markers: &[&str], absent: &[&str]) {
     if backend().is_none() {
         return;
     }
     let b = CudaBackend::new().unwrap();
-    let (m, prompts) = load(name);
+    let (m, prompts) = load(name, ty);
     let pool = ThreadPool::with_default_threads().unwrap();
     let cm = CudaModel::load(b.clone(), &m).unwrap();
     let (mut vs_cpu, mut dec_vs_pre, mut agree, mut total) = (0.0f64, 0.0f64, 0usize, 0usize);
@@ -155,6 +155,7 @@ fn check(name: &str, markers: &[&str], absent: &[&str]) {
 fn qwen2_biases_match_cpu() {
     check(
         "qwen2",
+        OutType::F32,
         &["qkv_bias_f32", "rope_store_f16", "graph_step", "gemm_f16"],
         &["rope_store_scaled_f16", "moe_route"],
     );
@@ -164,6 +165,7 @@ fn qwen2_biases_match_cpu() {
 fn llama3_rope_factors_match_cpu() {
     check(
         "llama3",
+        OutType::F32,
         &["rope_store_scaled_f16", "graph_step", "gemm_f16"],
         &["rope_store_f16", "qkv_bias_f32", "moe_route"],
     );
@@ -173,6 +175,7 @@ fn llama3_rope_factors_match_cpu() {
 fn mixtral_experts_match_cpu() {
     check(
         "mixtral",
+        OutType::F32,
         &[
             "matvec_rows_f32",
             "moe_route",
@@ -191,6 +194,7 @@ fn mixtral_experts_match_cpu() {
 fn qwen3moe_experts_match_cpu() {
     check(
         "qwen3moe",
+        OutType::F32,
         &[
             "matvec_rows_f32",
             "moe_route",
@@ -203,4 +207,18 @@ fn qwen3moe_experts_match_cpu() {
         ],
         &["qkv_bias_f32", "matvec_gated_f32"],
     );
+}
+
+/// Quantized expert stacks: the same comparison with every matrix as Q8_0 (both backends
+/// read the same blocks), so the expert kernels of a quantized type are the ones checked.
+#[test]
+fn quantized_experts_match_cpu() {
+    for name in ["mixtral", "qwen3moe"] {
+        check(
+            name,
+            OutType::Q8_0,
+            &["moe_route", "moe_gated_q8_0", "moe_down_q8_0", "graph_step"],
+            &["moe_gated_f32", "moe_down_f32"],
+        );
+    }
 }
