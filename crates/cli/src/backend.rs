@@ -3,13 +3,31 @@
 //!
 //! `auto` uses CUDA when a device answers the probe and the CPU otherwise; an explicit
 //! `cuda` without a device is an error, never a silent fallback.
+//!
+//! Plain greedy decoding on CUDA picks the token on the device (one id back per step, not
+//! the logits row); `FERRITE_CUDA_HOST_SAMPLING=1` turns that off (for comparisons).
+//! `FERRITE_CUDA_ACT=f32|int8|int8x2` chooses what the decode products read (see
+//! `ferrite_cuda::Activations`); the backend line reports both as `act=` and `greedy=`.
 
 use std::sync::Arc;
 
 use anyhow::Context;
 use ferrite_cuda::{CudaBackend, CudaError, CudaModel, CudaSession, DeviceInfo};
-use ferrite_engine::{GenerateError, Timeline};
+use ferrite_engine::{GenerateError, SampleError, Sampled, Timeline};
 use ferrite_model::{Model, Session, SessionState};
+
+/// Set to `1`, CUDA greedy decoding copies the logits back and samples on the host.
+const HOST_SAMPLING_ENV: &str = "FERRITE_CUDA_HOST_SAMPLING";
+
+/// Where CUDA greedy decoding picks its tokens: `device`, or `host` under
+/// `FERRITE_CUDA_HOST_SAMPLING=1`.
+pub fn greedy_where() -> &'static str {
+    if host_sampling() { "host" } else { "device" }
+}
+
+fn host_sampling() -> bool {
+    std::env::var_os(HOST_SAMPLING_ENV).is_some_and(|v| v == "1")
+}
 
 /// `--backend` on the command line.
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -134,5 +152,28 @@ impl Timeline for AnySession<'_> {
             AnySession::Cpu(s) => Timeline::ctx(s.as_ref()),
             AnySession::Cuda(c) => c.ctx,
         }
+    }
+
+    fn eval_greedy(&mut self, tokens: &[u32]) -> Result<Option<Sampled>, GenerateError> {
+        let AnySession::Cuda(c) = self else {
+            return Ok(None);
+        };
+        if host_sampling() {
+            return Ok(None);
+        }
+        let g = c
+            .session
+            .eval_greedy(tokens)
+            .map_err(|e| GenerateError::Backend(e.to_string()))?;
+        // The row stays on the device; no stale host copy outlives the step.
+        c.logits.clear();
+        if let Some(index) = g.first_nan {
+            return Err(SampleError::NanLogit { index }.into());
+        }
+        Ok(Some(Sampled {
+            token: g.token,
+            logprob: g.logprob,
+            top: Vec::new(),
+        }))
     }
 }

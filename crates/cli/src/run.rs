@@ -200,9 +200,12 @@ impl Loaded {
     pub fn backend_line(&self) -> String {
         if let Some(cuda) = &self.cuda {
             let (major, minor) = cuda.info.compute_capability;
+            let act = cuda.model.backend().activations().name();
             return format!(
-                "backend=cuda device=\"{}\" cc={major}.{minor} graphs=on kv=f16",
-                cuda.info.name
+                "backend=cuda device=\"{}\" cc={major}.{minor} graphs=on kv=f16 act={act} \
+                 greedy={}",
+                cuda.info.name,
+                crate::backend::greedy_where()
             );
         }
         let kv = match self.kv {

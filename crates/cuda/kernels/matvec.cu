@@ -75,14 +75,17 @@ static __device__ __forceinline__ float deq_f16(const u8* __restrict__ r, int i)
     return h2f(ld16(r + 2 * i));
 }
 
-#define FERRITE_MATVEC(NAME, DEQ, SH)                                                      \
+// The three decode products of one unit kind: KN names the kernels, x is XT values
+// (f32, or int8 blocks for the _i8 kernels of matvec_i8.cu), XLOAD(x, cols, u) loads unit
+// u's activations into an XV and UNIT(row, u, xv) is the unit's dot product.
+#define FERRITE_MATVEC_CORE(KN, XT, XV, XLOAD, UNIT, SH)                                   \
     /* Each warp takes `nr` (1..MV_MAX_ROWS) consecutive rows: the activation values a     \
        lane loads serve all of them, which matters once L1 traffic for x, not DRAM, is     \
        the limit (wide matrices). `ks` (1, 2 or 4) warps of a block share those rows and   \
        split their units, so matrices with few rows still have enough warps; their sums    \
        meet in shared memory. Rows past the end repeat the last row, unwritten. */         \
-    extern "C" __global__ void matvec_##NAME(const u8* __restrict__ w,                     \
-                                             const float* __restrict__ x,                  \
+    extern "C" __global__ void matvec_##KN(const u8* __restrict__ w,                     \
+                                             const XT* __restrict__ x,                     \
                                              float* __restrict__ y, int rows, int cols,    \
                                              unsigned long long row_bytes, int nr, int ks) {\
         __shared__ float red[4][MV_MAX_ROWS];                                              \
@@ -100,9 +103,9 @@ static __device__ __forceinline__ float deq_f16(const u8* __restrict__ r, int i)
         }                                                                                  \
         int units = live ? cols >> SH : 0;                                                 \
         for (int u = lane + 32 * slice; u < units; u += 32 * ks) {                         \
-            xv_##NAME xv = xload_##NAME(x, u);                                             \
+            XV xv = XLOAD(x, cols, u);                                             \
             _Pragma("unroll") for (int i = 0; i < MV_MAX_ROWS; i++) {                      \
-                if (i < nr) acc[i] += unit_##NAME(r[i], u, xv);                            \
+                if (i < nr) acc[i] += UNIT(r[i], u, xv);                            \
             }                                                                              \
         }                                                                                  \
         _Pragma("unroll") for (int i = 0; i < MV_MAX_ROWS; i++) {                          \
@@ -123,9 +126,9 @@ static __device__ __forceinline__ float deq_f16(const u8* __restrict__ r, int i)
     }                                                                                      \
     /* Up to three matrices of one type and width over the same x (Q, K, V): rows          \
        0..r0 go to y0, the next r1 to y1, the next r2 to y2. One row per warp. */          \
-    extern "C" __global__ void matvec3_##NAME(                                             \
+    extern "C" __global__ void matvec3_##KN(                                             \
         const u8* __restrict__ w0, const u8* __restrict__ w1, const u8* __restrict__ w2,   \
-        const float* __restrict__ x, float* __restrict__ y0, float* __restrict__ y1,       \
+        const XT* __restrict__ x, float* __restrict__ y0, float* __restrict__ y1,       \
         float* __restrict__ y2, int r0, int r1, int r2, int cols,                          \
         unsigned long long row_bytes) {                                                    \
         int row = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5);                     \
@@ -144,14 +147,14 @@ static __device__ __forceinline__ float deq_f16(const u8* __restrict__ r, int i)
         const u8* r = w + (unsigned long long)row * row_bytes;                             \
         float acc = 0.0f;                                                                  \
         int units = cols >> SH;                                                            \
-        for (int u = lane; u < units; u += 32) acc += unit_##NAME(r, u, xload_##NAME(x, u));                \
+        for (int u = lane; u < units; u += 32) acc += UNIT(r, u, XLOAD(x, cols, u));                \
         acc = warp_sum(acc);                                                               \
         if (lane == 0) y[row] = acc;                                                       \
     }                                                                                      \
     /* Gated FFN input: y[r] = act(Wg[r,:].x) * (Wu[r,:].x), act 0 = SiLU, 1 = GELU-tanh.  \
        Each warp takes `nr` (1 or 2) consecutive rows of both matrices. */                 \
-    extern "C" __global__ void matvec_gated_##NAME(                                        \
-        const u8* __restrict__ wg, const u8* __restrict__ wu, const float* __restrict__ x, \
+    extern "C" __global__ void matvec_gated_##KN(                                        \
+        const u8* __restrict__ wg, const u8* __restrict__ wu, const XT* __restrict__ x,    \
         float* __restrict__ y, int rows, int cols, unsigned long long row_bytes, int act,  \
         int nr) {                                                                          \
         int row = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5) * nr;                \
@@ -162,12 +165,12 @@ static __device__ __forceinline__ float deq_f16(const u8* __restrict__ r, int i)
         float g0 = 0.0f, u0 = 0.0f, g1 = 0.0f, u1 = 0.0f;                                  \
         int units = cols >> SH;                                                            \
         for (int u = lane; u < units; u += 32) {                                           \
-            xv_##NAME xv = xload_##NAME(x, u);                                             \
-            g0 += unit_##NAME(wg + o0, u, xv);                                              \
-            u0 += unit_##NAME(wu + o0, u, xv);                                              \
+            XV xv = XLOAD(x, cols, u);                                             \
+            g0 += UNIT(wg + o0, u, xv);                                              \
+            u0 += UNIT(wu + o0, u, xv);                                              \
             if (nr > 1) {                                                                  \
-                g1 += unit_##NAME(wg + o1, u, xv);                                          \
-                u1 += unit_##NAME(wu + o1, u, xv);                                          \
+                g1 += UNIT(wg + o1, u, xv);                                          \
+                u1 += UNIT(wu + o1, u, xv);                                          \
             }                                                                              \
         }                                                                                  \
         g0 = warp_sum(g0);                                                                 \
@@ -178,7 +181,11 @@ static __device__ __forceinline__ float deq_f16(const u8* __restrict__ r, int i)
             u1 = warp_sum(u1);                                                             \
             if (lane == 0 && row + 1 < rows) y[row + 1] = gate_act(g1, act) * u1;          \
         }                                                                                  \
-    }                                                                                      \
+    }
+
+// The f32-activation kernels of a weight type, its embedding lookup and f16 dequantization.
+#define FERRITE_MATVEC(NAME, DEQ, SH)                                                      \
+    FERRITE_MATVEC_CORE(NAME, float, xv_##NAME, xload_##NAME, unit_##NAME, SH)             \
     /* Row tokens[blockIdx.y] into row blockIdx.y of y (decode passes tp, whose first  \
        value is the token, so a captured graph serves every step). */                      \
     extern "C" __global__ void embed_##NAME(const u8* __restrict__ w, float* __restrict__ y, \
@@ -274,7 +281,7 @@ struct xv_q4_k {
     float4 v[16];
 };
 
-static __device__ __forceinline__ xv_q4_k xload_q4_k(const float* __restrict__ x, int u) {
+static __device__ __forceinline__ xv_q4_k xload_q4_k(const float* __restrict__ x, int, int u) {
     xv_q4_k r;
     const float4* p = (const float4*)(x + (u << 6));
 #pragma unroll
@@ -334,7 +341,7 @@ struct xv_q6_k {
     float4 v[8];
 };
 
-static __device__ __forceinline__ xv_q6_k xload_q6_k(const float* __restrict__ x, int u) {
+static __device__ __forceinline__ xv_q6_k xload_q6_k(const float* __restrict__ x, int, int u) {
     xv_q6_k r;
     const float4* p = (const float4*)(x + (u << 5));
 #pragma unroll
@@ -372,7 +379,7 @@ FERRITE_GENERIC_UNIT(f16, deq_f16)
 // The other types' units read x through the pointer itself.
 #define FERRITE_POINTER_X(NAME)                                                            \
     typedef const float* xv_##NAME;                                                        \
-    static __device__ __forceinline__ const float* xload_##NAME(const float* x, int) {    \
+    static __device__ __forceinline__ const float* xload_##NAME(const float* x, int, int) {\
         return x;                                                                          \
     }
 FERRITE_POINTER_X(q4_1)

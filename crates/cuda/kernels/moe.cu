@@ -116,7 +116,7 @@ extern "C" __global__ void moe_combine(const float* __restrict__ ys, const int* 
         const u8* r = w + (unsigned long long)row * row_bytes;                             \
         float acc = 0.0f;                                                                  \
         int units = cols >> SH;                                                            \
-        for (int u = lane; u < units; u += 32) acc += unit_##NAME(r, u, xload_##NAME(xr, u));\
+        for (int u = lane; u < units; u += 32) acc += unit_##NAME(r, u, xload_##NAME(xr, 0, u));\
         acc = warp_sum(acc);                                                               \
         if (lane == 0) y[(unsigned long long)blockIdx.y * rows + row] = acc;               \
     }                                                                                      \
@@ -137,7 +137,7 @@ extern "C" __global__ void moe_combine(const float* __restrict__ ys, const int* 
         float g = 0.0f, up = 0.0f;                                                         \
         int units = cols >> SH;                                                            \
         for (int u = lane; u < units; u += 32) {                                           \
-            xv_##NAME xv = xload_##NAME(xr, u);                                            \
+            xv_##NAME xv = xload_##NAME(xr, 0, u);                                            \
             g += unit_##NAME(wg + o, u, xv);                                               \
             up += unit_##NAME(wu + o, u, xv);                                              \
         }                                                                                  \
@@ -163,7 +163,7 @@ extern "C" __global__ void moe_combine(const float* __restrict__ ys, const int* 
             const u8* r = w + (unsigned long long)sel[p] * expert_bytes +                  \
                           (unsigned long long)row * row_bytes;                             \
             float acc = 0.0f;                                                              \
-            for (int u = lane; u < units; u += 32) acc += unit_##NAME(r, u, xload_##NAME(xr, u));\
+            for (int u = lane; u < units; u += 32) acc += unit_##NAME(r, u, xload_##NAME(xr, 0, u));\
             out += wts[p] * warp_sum(acc);                                                 \
         }                                                                                  \
         if (lane == 0) y[(unsigned long long)t * rows + row] = out;                        \

@@ -68,10 +68,14 @@ extern "C" __global__ void kv_store_f16(const float* __restrict__ k,
 
 // The end of a sub-layer, one block per token row: optionally RMS-normalise the sub-layer
 // output `o` with `post_w` (Gemma's post norms, when has_post), add it to the residual `x`,
-// then write the next pre-norm `xn = rms_norm(x) * next_w`. Rows of `dim` values.
+// then write the next pre-norm `xn = rms_norm(x) * next_w`. Rows of `dim` values. With
+// `xq` (not null: one row, dim a multiple of 32) xn is also written as int8 blocks in
+// `planes` planes for the _i8/_i8x2 products (matvec_i8.cu): a warp's 32 consecutive values
+// are one block.
 extern "C" __global__ void residual_norm_f32(float* x, float* o, const float* post_w,
                                              int has_post, const float* __restrict__ next_w,
-                                             float* xn, int dim, float eps) {
+                                             float* xn, int dim, float eps,
+                                             u8* __restrict__ xq, int planes) {
     __shared__ float red[32];
     unsigned long long base = (unsigned long long)blockIdx.x * dim;
     x += base;
@@ -90,7 +94,11 @@ extern "C" __global__ void residual_norm_f32(float* x, float* o, const float* po
     for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += x[i] * x[i];
     ss = block_sum(ss, red);
     float inv = rsqrtf(ss / (float)dim + eps);
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) xn[i] = x[i] * inv * next_w[i];
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        float v = x[i] * inv * next_w[i];
+        xn[i] = v;
+        if (xq) q8_block(v, xq, dim, i >> 5, planes);
+    }
 }
 
 // Rope of the query heads and key heads of token blockIdx.y at position tp[1] + blockIdx.y,
@@ -157,4 +165,71 @@ extern "C" __global__ void f32_to_f16(const float* __restrict__ x, u16* __restri
                                       unsigned long long n) {
     unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] = f2h(x[i]);
+}
+
+// Greedy choice over one logits row, in one block of 1024 threads: out[0] = the index of
+// the largest value in IEEE total order (as Rust's f32::total_cmp: -0 < +0), ties to the
+// lowest index; out[1] = the first NaN's index, or -1; out[2] = the bits of the chosen
+// value's log-probability log(exp(x_i) / Σ exp(x_j)), summed in f64 as the CPU sampler does.
+// A (key, ~index) pair packed in 64 bits makes one max reduction pick both.
+static __device__ __forceinline__ unsigned long long shfl_max_u64(unsigned long long v, int o) {
+    u32 lo = __shfl_xor_sync(0xffffffffu, (u32)v, o);
+    u32 hi = __shfl_xor_sync(0xffffffffu, (u32)(v >> 32), o);
+    unsigned long long w = ((unsigned long long)hi << 32) | lo;
+    return w > v ? w : v;
+}
+
+extern "C" __global__ void argmax_f32(const float* __restrict__ x, int n, int* __restrict__ out) {
+    __shared__ unsigned long long best[32];
+    __shared__ int nan_at[32];
+    __shared__ double sums[32];
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    unsigned long long b = 0;
+    int nan = 0x7fffffff;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float v = x[i];
+        if (isnan(v)) {
+            nan = min(nan, i);
+            continue;
+        }
+        int k = __float_as_int(v);
+        k ^= (int)((u32)(k >> 31) >> 1);
+        unsigned long long key =
+            ((unsigned long long)((u32)k ^ 0x80000000u) << 32) | (u32)(0xffffffffu - (u32)i);
+        b = key > b ? key : b;
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        b = shfl_max_u64(b, o);
+        nan = min(nan, __shfl_xor_sync(0xffffffffu, nan, o));
+    }
+    if (lane == 0) {
+        best[w] = b;
+        nan_at[w] = nan;
+    }
+    __syncthreads();
+    int nw = blockDim.x >> 5;
+    b = lane < nw ? best[lane] : 0;
+    nan = lane < nw ? nan_at[lane] : 0x7fffffff;
+    for (int o = 16; o > 0; o >>= 1) {
+        b = shfl_max_u64(b, o);
+        nan = min(nan, __shfl_xor_sync(0xffffffffu, nan, o));
+    }
+    int idx = (int)(0xffffffffu - (u32)b);
+    if (b == 0 || idx < 0 || idx >= n) idx = 0;
+    double m = (double)x[idx];
+    double s = 0.0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float v = x[i];
+        if (!isnan(v)) s += exp((double)v - m);
+    }
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (lane == 0) sums[w] = s;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double t = 0.0;
+        for (int j = 0; j < nw; j++) t += sums[j];
+        out[0] = idx;
+        out[1] = nan == 0x7fffffff ? -1 : nan;
+        out[2] = __float_as_int((float)(-log(t)));
+    }
 }

@@ -10,9 +10,10 @@ use cudarc::nvrtc::{CompileOptions, Ptx, compile_ptx_with_opts};
 use crate::CudaError;
 
 /// Every kernel source, concatenated in this order into one NVRTC program.
-const SOURCES: [&str; 5] = [
+const SOURCES: [&str; 6] = [
     include_str!("../kernels/common.cuh"),
     include_str!("../kernels/matvec.cu"),
+    include_str!("../kernels/matvec_i8.cu"),
     include_str!("../kernels/ops.cu"),
     include_str!("../kernels/attention.cu"),
     include_str!("../kernels/moe.cu"),
@@ -130,6 +131,8 @@ mod tests {
         for k in [
             "FERRITE_MATVEC(q4_k",
             "FERRITE_MATVEC(q8_0",
+            "FERRITE_MATVEC_CORE(i8_q4_k",
+            "quantize_q8_f32",
             "rms_norm_f32",
             "rope_f32",
             "attn_f16",

@@ -6,7 +6,49 @@ use ferrite_gguf::GgmlType;
 use ferrite_model::Activation;
 use ferrite_model::ops::RopeStyle;
 
-use crate::{AttnShape, CudaBackend, CudaError};
+use crate::device::i8_kernels;
+use crate::ops::{ActQ, act_q8_bytes};
+use crate::{AttnShape, CudaBackend, CudaError, Greedy};
+
+/// Activations as the int8 decode products read them (see [`CudaBackend::quantize_act_host`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct QuantizedAct {
+    /// One signed value per activation.
+    pub q: Vec<i8>,
+    /// The second plane (empty with one): the rounding error of `q` in 256ths of `d`.
+    pub q2: Vec<i8>,
+    /// Per block of 32: the scale `d` (a value is `d · (q + q2/256)`) and `d · Σ(q + q2/256)`.
+    pub ds: Vec<(f32, f32)>,
+}
+
+impl QuantizedAct {
+    /// From the device layout of `n` values in `planes` planes.
+    fn from_device(bytes: &[u8], n: usize, planes: usize) -> QuantizedAct {
+        let plane = |p: usize| bytes[p * n..(p + 1) * n].iter().map(|&b| b as i8).collect();
+        let q = plane(0);
+        let q2 = if planes > 1 { plane(1) } else { Vec::new() };
+        let ds = bytes[planes * n..act_q8_bytes(n, planes)]
+            .chunks_exact(8)
+            .map(|c| {
+                let f = |i: usize| f32::from_le_bytes([c[i], c[i + 1], c[i + 2], c[i + 3]]);
+                (f(0), f(4))
+            })
+            .collect();
+        QuantizedAct { q, q2, ds }
+    }
+
+    /// The values the int8 products multiply, `d · (q + q2/256)`, in f64 (exact).
+    pub fn values(&self) -> Vec<f64> {
+        self.q
+            .iter()
+            .enumerate()
+            .map(|(i, &q)| {
+                let lo = self.q2.get(i).map_or(0.0, |&v| f64::from(v) / 256.0);
+                f64::from(self.ds[i / 32].0) * (f64::from(q) + lo)
+            })
+            .collect()
+    }
+}
 
 impl CudaBackend {
     /// `W · x` for a `rows × cols` matrix of `ty` stored as GGUF blocks in `w`.
@@ -27,8 +69,104 @@ impl CudaBackend {
         }
         let xd = self.stream.clone_htod(x)?;
         let y = self.stream.alloc_zeros::<f32>(rows)?;
-        self.matvec(&m, &xd, &y)?;
+        self.matvec(&m, &xd, None, &y)?;
         Ok(self.stream.clone_dtoh(&y)?)
+    }
+
+    /// The device greedy choice over `logits` (the decode path's `argmax_f32`).
+    pub fn argmax_host(&self, logits: &[f32]) -> Result<Greedy, CudaError> {
+        let x = self.stream.clone_htod(logits)?;
+        let pick = self.stream.alloc_zeros::<i32>(3)?;
+        self.argmax(&x, &pick)
+    }
+
+    /// `x` (a multiple of 32 values) quantized to int8 blocks in `planes` (1 or 2) planes
+    /// on the device.
+    pub fn quantize_act_host(&self, x: &[f32], planes: usize) -> Result<QuantizedAct, CudaError> {
+        let xd = self.stream.clone_htod(x)?;
+        let buf = self
+            .stream
+            .alloc_zeros::<u8>(act_q8_bytes(x.len(), planes))?;
+        self.quantize_act(&xd, ActQ { buf: &buf, planes }, x.len())?;
+        Ok(QuantizedAct::from_device(
+            &self.stream.clone_dtoh(&buf)?,
+            x.len(),
+            planes,
+        ))
+    }
+
+    /// Checks an int8 product request; returns the quantized-activation buffer.
+    fn i8_input(
+        &self,
+        ty: GgmlType,
+        planes: usize,
+        x: &[f32],
+        cols: usize,
+    ) -> Result<
+        (
+            cudarc::driver::CudaSlice<f32>,
+            cudarc::driver::CudaSlice<u8>,
+        ),
+        CudaError,
+    > {
+        if i8_kernels(ty, planes).is_none() || x.len() != cols {
+            return Err(CudaError::InvalidArgument(format!(
+                "no int8 product of {ty} in {planes} planes over {} values",
+                x.len()
+            )));
+        }
+        Ok((
+            self.stream.clone_htod(x)?,
+            self.stream.alloc_zeros::<u8>(act_q8_bytes(cols, planes))?,
+        ))
+    }
+
+    /// `W · x` through the int8-activation kernel of `ty` (Q4_1, Q8_0, Q4_K, Q6_K) with x in
+    /// `planes` planes, quantized on the device first; returns the product and that x.
+    pub fn matvec_i8_host(
+        &self,
+        ty: GgmlType,
+        planes: usize,
+        w: &[u8],
+        rows: usize,
+        cols: usize,
+        x: &[f32],
+    ) -> Result<(Vec<f32>, QuantizedAct), CudaError> {
+        let (xd, buf) = self.i8_input(ty, planes, x, cols)?;
+        let m = self.upload_matrix(ty, rows, cols, w)?;
+        let y = self.stream.alloc_zeros::<f32>(rows)?;
+        let xq = ActQ { buf: &buf, planes };
+        self.quantize_act(&xd, xq, cols)?;
+        self.matvec(&m, &xd, Some(xq), &y)?;
+        let q = QuantizedAct::from_device(&self.stream.clone_dtoh(&buf)?, cols, planes);
+        Ok((self.stream.clone_dtoh(&y)?, q))
+    }
+
+    /// [`CudaBackend::gated_matvec_host`] through the int8-activation kernel; also returns
+    /// the quantized x.
+    #[allow(clippy::too_many_arguments)]
+    #[allow(clippy::too_many_arguments)]
+    pub fn gated_matvec_i8_host(
+        &self,
+        act: Activation,
+        ty: GgmlType,
+        planes: usize,
+        wg: &[u8],
+        wu: &[u8],
+        rows: usize,
+        cols: usize,
+        x: &[f32],
+    ) -> Result<(Vec<f32>, QuantizedAct), CudaError> {
+        let (xd, buf) = self.i8_input(ty, planes, x, cols)?;
+        let g = self.upload_matrix(ty, rows, cols, wg)?;
+        let u = self.upload_matrix(ty, rows, cols, wu)?;
+        let y = self.stream.alloc_zeros::<f32>(rows)?;
+        let scratch = self.stream.alloc_zeros::<f32>(rows)?;
+        let xq = ActQ { buf: &buf, planes };
+        self.quantize_act(&xd, xq, cols)?;
+        self.matvec_gated(act, &g, &u, &xd, Some(xq), &y, &scratch)?;
+        let q = QuantizedAct::from_device(&self.stream.clone_dtoh(&buf)?, cols, planes);
+        Ok((self.stream.clone_dtoh(&y)?, q))
     }
 
     /// `act(Wg · x) · (Wu · x)` for two `rows × cols` matrices of `ty` (the fused FFN input).
@@ -54,7 +192,7 @@ impl CudaBackend {
         let xd = self.stream.clone_htod(x)?;
         let y = self.stream.alloc_zeros::<f32>(rows)?;
         let scratch = self.stream.alloc_zeros::<f32>(rows)?;
-        self.matvec_gated(act, &g, &u, &xd, &y, &scratch)?;
+        self.matvec_gated(act, &g, &u, &xd, None, &y, &scratch)?;
         Ok(self.stream.clone_dtoh(&y)?)
     }
 
@@ -78,8 +216,44 @@ impl CudaBackend {
         let pd = post_w.map(|p| self.stream.clone_htod(p)).transpose()?;
         let wd = self.stream.clone_htod(next_w)?;
         let xn = self.stream.alloc_zeros::<f32>(n)?;
-        self.residual_norm(&xd, &od, pd.as_ref(), &wd, &xn, 1, eps)?;
+        self.residual_norm(&xd, &od, pd.as_ref(), &wd, &xn, None, 1, eps)?;
         Ok((self.stream.clone_dtoh(&xd)?, self.stream.clone_dtoh(&xn)?))
+    }
+
+    /// The fused end of a sub-layer with int8 output: returns xn (as
+    /// [`CudaBackend::residual_norm_host`] does, no post norm) and its int8 blocks written by
+    /// the same kernel. `next_w` holds a multiple of 32 values.
+    pub fn residual_norm_q8_host(
+        &self,
+        x: &[f32],
+        o: &[f32],
+        next_w: &[f32],
+        eps: f32,
+        planes: usize,
+    ) -> Result<(Vec<f32>, QuantizedAct), CudaError> {
+        let n = next_w.len();
+        if x.len() != n || o.len() != n {
+            return Err(CudaError::InvalidArgument(
+                "residual_norm lengths differ".into(),
+            ));
+        }
+        let xd = self.stream.clone_htod(x)?;
+        let od = self.stream.clone_htod(o)?;
+        let wd = self.stream.clone_htod(next_w)?;
+        let xn = self.stream.alloc_zeros::<f32>(n)?;
+        let buf = self.stream.alloc_zeros::<u8>(act_q8_bytes(n, planes))?;
+        self.residual_norm(
+            &xd,
+            &od,
+            None,
+            &wd,
+            &xn,
+            Some(ActQ { buf: &buf, planes }),
+            1,
+            eps,
+        )?;
+        let q = QuantizedAct::from_device(&self.stream.clone_dtoh(&buf)?, n, planes);
+        Ok((self.stream.clone_dtoh(&xn)?, q))
     }
 
     /// Row `token` of a `rows × cols` matrix of `ty`, times `scale`.

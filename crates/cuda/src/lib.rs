@@ -18,6 +18,14 @@
 //! layer for all its queries). Qwen 2's attention biases, Llama 3's rope frequency factors
 //! and mixture-of-experts layers (routing on the device, only the selected experts read)
 //! run on the device too. [`CudaBackend::launch_counts`] are path markers.
+//!
+//! Decode products of Q4_1, Q8_0, Q4_K and Q6_K weights read their input vector quantized
+//! once per product input to int8 blocks of 32 and use integer dot products (dp4a):
+//! [`Activations::Int8x2`] (the default: two int8 planes, about 15 bits, within the f32
+//! path's bounds everywhere), [`Activations::Int8`] (one plane: fastest, about 0.5 % noise
+//! per product) or [`Activations::F32`], chosen by `FERRITE_CUDA_ACT` or
+//! [`CudaBackend::set_activations`]. [`CudaSession::eval_greedy`] picks the next token on the
+//! device (the CPU sampler's greedy rule) and copies back one id instead of the logits.
 //! [`CudaSession::export_state`] / [`CudaSession::import_state`] copy a session's tokens,
 //! f16 KV rows and next-token logits to and from a host [`ferrite_model::SessionState`]
 //! (what `ferrite-kvstore` writes to disk).
@@ -40,7 +48,10 @@ mod model;
 mod ops;
 
 pub use compile::CompileReport;
-pub use device::{CudaBackend, DeviceInfo, kernel_suffix};
+pub use device::{
+    ACT_ENV, Activations, CudaBackend, DEFAULT_ACTIVATIONS, DeviceInfo, kernel_suffix,
+};
 pub use error::CudaError;
-pub use model::{CudaModel, CudaSession};
+pub use host::QuantizedAct;
+pub use model::{CudaModel, CudaSession, Greedy};
 pub use ops::AttnShape;

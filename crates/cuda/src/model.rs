@@ -10,9 +10,12 @@
 //! per layer. Several tokens at once go through batched prefill (`prefill.rs`: cuBLAS GEMMs
 //! over all of them); without cuBLAS they run as decode steps.
 
+mod greedy;
 mod moe;
 mod prefill;
 mod state;
+
+pub use greedy::Greedy;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -23,8 +26,8 @@ use ferrite_gguf::Gguf;
 use ferrite_model::{Model, ModelConfig, MoeConfig};
 
 use crate::arch_ops::MOE_MAX_EXPERTS;
-use crate::ops::DeviceMatrix;
-use crate::{AttnShape, CudaBackend, CudaError};
+use crate::ops::{ActQ, DeviceMatrix, act_q8_bytes};
+use crate::{Activations, AttnShape, CudaBackend, CudaError};
 
 /// The FFN of one block.
 #[derive(Debug)]
@@ -325,6 +328,11 @@ struct Buffers {
     /// Partial results of split decode attention.
     part: CudaSlice<f32>,
     logits: CudaSlice<f32>,
+    /// `[token, first NaN or -1, log-probability bits]` of the device greedy choice.
+    pick: CudaSlice<i32>,
+    /// The input of the next product as int8 blocks (`act_q8_bytes` of the widest input,
+    /// two planes).
+    xq: CudaSlice<u8>,
     /// Routing and expert buffers of one token (MoE models).
     moe: Option<moe::MoeBufs>,
 }
@@ -344,8 +352,9 @@ pub struct CudaSession<'m> {
     buf: Buffers,
     /// `[token, position]` of the step being run, read by the kernels.
     tp: CudaSlice<i32>,
-    /// The captured decode step, made at the first step.
-    graph: Option<StepGraph>,
+    /// The captured decode step, made at the first step, and the activations it was
+    /// recorded with.
+    graph: Option<(StepGraph, Activations)>,
     /// Key splits of decode attention.
     splits: usize,
     /// Buffers of batched prefill, made at the first prompt of several tokens.
@@ -403,6 +412,8 @@ impl<'m> CudaSession<'m> {
             up: s.alloc_zeros(c.d_ff)?,
             part: s.alloc_zeros(c.n_head * splits * (c.head_dim + 2))?,
             logits: s.alloc_zeros(c.n_vocab)?,
+            pick: s.alloc_zeros(3)?,
+            xq: s.alloc_zeros(act_q8_bytes(c.d_model.max(c.q_dim()).max(c.d_ff), 2))?,
             moe: match &c.moe {
                 Some(cfg) => Some(moe::MoeBufs::new(&model.backend, c, cfg, 1)?),
                 None => None,
@@ -444,6 +455,13 @@ impl<'m> CudaSession<'m> {
 
     /// Runs `tokens` at positions `n_past..` and returns the logits of the last one.
     pub fn eval(&mut self, tokens: &[u32]) -> Result<Vec<f32>, CudaError> {
+        self.run(tokens)?;
+        let logits = self.model.backend.stream.clone_dtoh(&self.buf.logits)?;
+        Ok(logits)
+    }
+
+    /// Runs `tokens` at positions `n_past..`, leaving the last one's logits in `buf.logits`.
+    fn run(&mut self, tokens: &[u32]) -> Result<(), CudaError> {
         let c = &self.model.config;
         if tokens.is_empty() {
             return Err(CudaError::InvalidArgument("no tokens to evaluate".into()));
@@ -481,14 +499,19 @@ impl<'m> CudaSession<'m> {
         self.history.extend_from_slice(tokens);
         let m = self.model;
         let b = &*m.backend;
+        // Prefill leaves no int8 copy of xn; one launch makes it for every path.
+        let xq = self.act_q(self.activations());
+        if let Some(q) = xq {
+            b.quantize_act(&self.buf.xn, q, c.d_model)?;
+        }
         b.matvec(
             m.output.as_ref().unwrap_or(&m.embed),
             &self.buf.xn,
+            xq,
             &self.buf.logits,
         )?;
-        let logits = b.stream.clone_dtoh(&self.buf.logits)?;
         self.has_logits = true;
-        Ok(logits)
+        Ok(())
     }
 
     /// One token at position `n_past` (both checked by `eval`): writes them to `tp`, then
@@ -497,22 +520,46 @@ impl<'m> CudaSession<'m> {
         let b = &*self.model.backend;
         let tp = [token as i32, self.n_past as i32];
         b.stream.memcpy_htod(&tp[..], &mut self.tp)?;
-        if self.graph.is_none() {
-            self.graph = Some(StepGraph(self.capture()?));
+        let act = self.activations();
+        if self.graph.as_ref().is_none_or(|(_, a)| *a != act) {
+            self.graph = None;
+            self.graph = Some((StepGraph(self.capture(act)?), act));
         }
-        if let Some(StepGraph(g)) = &self.graph {
+        if let Some((StepGraph(g), _)) = &self.graph {
             g.launch()?;
             b.count_graph_step();
         }
         Ok(())
     }
 
+    /// What the decode products read: the backend's setting, for models whose product
+    /// inputs are whole blocks of 32 (f32 otherwise).
+    fn activations(&self) -> Activations {
+        let c = &self.model.config;
+        let whole = [c.d_model, c.q_dim(), c.d_ff]
+            .iter()
+            .all(|n| n.is_multiple_of(32));
+        if whole {
+            self.model.backend.activations()
+        } else {
+            Activations::F32
+        }
+    }
+
+    /// The int8 copy of the product input under `act`, if any.
+    fn act_q(&self, act: Activations) -> Option<ActQ<'_>> {
+        (act.planes() > 0).then_some(ActQ {
+            buf: &self.buf.xq,
+            planes: act.planes(),
+        })
+    }
+
     /// Records one decode step into a CUDA graph.
-    fn capture(&self) -> Result<CudaGraph, CudaError> {
+    fn capture(&self, act: Activations) -> Result<CudaGraph, CudaError> {
         let s = &self.model.backend.stream;
         // Thread-local mode: other threads' unrelated CUDA calls stay legal meanwhile.
         s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
-        let recorded = self.record_step();
+        let recorded = self.record_step(act);
         let graph = s.end_capture(CUgraphInstantiate_flags(0));
         recorded?;
         graph?.ok_or_else(|| CudaError::InvalidArgument("graph capture recorded nothing".into()))
@@ -520,19 +567,28 @@ impl<'m> CudaSession<'m> {
 
     /// Issues the kernels of one step at position `tp[1]` for token `tp[0]`, leaving the
     /// residual stream in `buf.x` and its final norm (the output product's input) in `buf.xn`.
-    fn record_step(&self) -> Result<(), CudaError> {
+    /// With int8 activations, each product input is also quantized into `buf.xq` (by the
+    /// norm that writes it, or right after attention and the gated FFN input) and read from
+    /// there.
+    fn record_step(&self, act: Activations) -> Result<(), CudaError> {
         let m = self.model;
         let c = &m.config;
         let b = &*m.backend;
         let u = &self.buf;
         let tp = &self.tp;
+        let xq = self.act_q(act);
+        let quantize = |x: &CudaSlice<f32>, n: usize| match xq {
+            Some(q) => b.quantize_act(x, q, n),
+            None => Ok(()),
+        };
         b.embed(&m.embed, tp, 1, c.embed_scale, &u.x)?;
         if let Some(l0) = m.layers.first() {
             b.rms_norm(&u.x, &l0.attn_norm, &u.xn, 1, c.rms_eps)?;
+            quantize(&u.xn, c.d_model)?;
         }
         for (l, lw) in m.layers.iter().enumerate() {
             let lc = &c.layers[l];
-            b.matvec_multi(&[&lw.wq, &lw.wk, &lw.wv], &u.xn, &[&u.q, &u.k, &u.v])?;
+            b.matvec_multi(&[&lw.wq, &lw.wk, &lw.wv], &u.xn, xq, &[&u.q, &u.k, &u.v])?;
             if let Some([bq, bk, bv]) = &lw.qkv_bias {
                 b.qkv_bias(&u.q, &u.k, &u.v, [bq, bk, bv], 1)?;
             }
@@ -556,7 +612,8 @@ impl<'m> CudaSession<'m> {
                 m.rope_factors.as_ref(),
             )?;
             b.attention(&shape, &u.q, kc, vc, &u.att, &u.part, tp, 1, self.splits)?;
-            b.matvec(&lw.wo, &u.att, &u.o)?;
+            quantize(&u.att, c.q_dim())?;
+            b.matvec(&lw.wo, &u.att, xq, &u.o)?;
             if let Some(ob) = &lw.out_bias {
                 b.add_bias(&u.o, ob, 1)?;
             }
@@ -566,13 +623,15 @@ impl<'m> CudaSession<'m> {
                 lw.post_attn_norm.as_ref(),
                 &lw.ffn_norm,
                 &u.xn,
+                xq,
                 1,
                 c.rms_eps,
             )?;
             match &lw.ffn {
                 DeviceFfn::Dense { gate, up, down } => {
-                    b.matvec_gated(c.activation, gate, up, &u.xn, &u.gate, &u.up)?;
-                    b.matvec(down, &u.gate, &u.o)?;
+                    b.matvec_gated(c.activation, gate, up, &u.xn, xq, &u.gate, &u.up)?;
+                    quantize(&u.gate, c.d_ff)?;
+                    b.matvec(down, &u.gate, xq, &u.o)?;
                 }
                 DeviceFfn::Moe(mw) => {
                     let (Some(cfg), Some(mb)) = (&c.moe, &u.moe) else {
@@ -590,6 +649,7 @@ impl<'m> CudaSession<'m> {
                 lw.post_ffn_norm.as_ref(),
                 next,
                 &u.xn,
+                xq,
                 1,
                 c.rms_eps,
             )?;

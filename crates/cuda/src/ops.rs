@@ -10,7 +10,7 @@ use ferrite_gguf::GgmlType;
 use ferrite_model::Activation;
 use ferrite_model::ops::RopeStyle;
 
-use crate::device::{grid_1d, kernel_suffix, row_multiple, weight_kernels};
+use crate::device::{grid_1d, i8_kernels, kernel_suffix, row_multiple, weight_kernels};
 use crate::{CudaBackend, CudaError};
 
 /// Rows per block of the matvec kernels (one warp each).
@@ -72,6 +72,21 @@ fn matvec_grid(rows: usize, nr: usize) -> LaunchConfig {
     }
 }
 
+/// Bytes of `n` activations as int8 blocks in `planes` planes: the planes, then an f32
+/// pair per 32 values.
+pub(crate) fn act_q8_bytes(n: usize, planes: usize) -> usize {
+    planes * n + n / 4
+}
+
+/// A product input quantized to int8 blocks (see [`CudaBackend::quantize_act`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ActQ<'a> {
+    /// The planes and the per-block scales.
+    pub(crate) buf: &'a CudaSlice<u8>,
+    /// Int8 planes: 1 or 2.
+    pub(crate) planes: usize,
+}
+
 /// Checks that a `rows × cols` matrix of `ty` fits the kernels; returns its row bytes.
 pub(crate) fn check_matrix(ty: GgmlType, rows: usize, cols: usize) -> Result<u64, CudaError> {
     if kernel_suffix(ty).is_none() {
@@ -131,14 +146,21 @@ impl CudaBackend {
         })
     }
 
-    /// `y[..rows] = W · x[..cols]`.
+    /// `y[..rows] = W · x[..cols]`; with `xq` (x as int8 blocks, see
+    /// [`CudaBackend::quantize_act`]) and a weight type that has int8 kernels, the product
+    /// takes those instead of `x`.
     pub(crate) fn matvec(
         &self,
         w: &DeviceMatrix,
         x: &CudaSlice<f32>,
+        xq: Option<ActQ<'_>>,
         y: &CudaSlice<f32>,
     ) -> Result<(), CudaError> {
-        let name = weight_kernels(w.ty).map_or("none", |k| k.matvec);
+        let i8k = xq.and_then(|q| Some((q.buf, i8_kernels(w.ty, q.planes)?)));
+        let name = match i8k {
+            Some((_, k)) => k.matvec,
+            None => weight_kernels(w.ty).map_or("none", |k| k.matvec),
+        };
         let (rows, cols) = (w.rows as i32, w.cols as i32);
         let nr = rows_per_warp(w.rows, 4);
         let ks = warps_per_row(w.rows, nr, w.cols >> unit_shift(w.ty));
@@ -146,17 +168,50 @@ impl CudaBackend {
         let mut cfg = matvec_grid(w.rows, nr);
         cfg.grid_dim.0 = (w.rows.div_ceil(nr) * ks).div_ceil(MATVEC_ROWS_PER_BLOCK) as u32;
         let mut b = self.kernel(name)?;
-        b.arg(&w.data)
-            .arg(x)
-            .arg(y)
+        b.arg(&w.data);
+        match i8k {
+            Some((q, _)) => b.arg(q),
+            None => b.arg(x),
+        };
+        b.arg(y)
             .arg(&rows)
             .arg(&cols)
             .arg(&w.row_bytes)
             .arg(&nr32)
             .arg(&ks32);
         // SAFETY: the kernel reads rows × row_bytes bytes of `w.data` (checked at upload),
-        // cols values of `x` and writes rows values of `y`; callers size x and y for that.
+        // cols values of `x` (or their int8 blocks in `xq`) and writes rows values of `y`;
+        // callers size x, xq and y for that.
         unsafe { b.launch(cfg) }?;
+        Ok(())
+    }
+
+    /// `xq` = the `n` values of `x` as int8 blocks of 32 in `xq.planes` planes (plane p at
+    /// bytes `p·n..(p+1)·n`) followed by one `(d, d·Σ)` f32 pair per block: what the int8
+    /// decode products read (matvec_i8.cu).
+    pub(crate) fn quantize_act(
+        &self,
+        x: &CudaSlice<f32>,
+        xq: ActQ<'_>,
+        n: usize,
+    ) -> Result<(), CudaError> {
+        if !n.is_multiple_of(32)
+            || !(1..=2).contains(&xq.planes)
+            || x.len() < n
+            || xq.buf.len() < act_q8_bytes(n, xq.planes)
+        {
+            return Err(CudaError::InvalidArgument(format!(
+                "int8 activations of {n} values in {} planes",
+                xq.planes
+            )));
+        }
+        let n32 = i32_of(n, "activations")?;
+        let planes = xq.planes as i32;
+        let mut b = self.kernel("quantize_q8_f32")?;
+        b.arg(x).arg(xq.buf).arg(&n32).arg(&planes);
+        // SAFETY: reads n values of x and writes act_q8_bytes(n, planes) bytes of xq
+        // (checked above).
+        unsafe { b.launch(grid_1d(n)) }?;
         Ok(())
     }
 
@@ -166,6 +221,7 @@ impl CudaBackend {
         &self,
         ws: &[&DeviceMatrix],
         x: &CudaSlice<f32>,
+        xq: Option<ActQ<'_>>,
         ys: &[&CudaSlice<f32>],
     ) -> Result<(), CudaError> {
         let (Some(first), true) = (ws.first(), ws.len() == ys.len() && ws.len() <= 3) else {
@@ -176,22 +232,24 @@ impl CudaBackend {
         let fusable = ws.iter().all(|w| w.ty == first.ty && w.cols == first.cols);
         let Some(k) = weight_kernels(first.ty).filter(|_| fusable) else {
             for (w, y) in ws.iter().zip(ys) {
-                self.matvec(w, x, y)?;
+                self.matvec(w, x, xq, y)?;
             }
             return Ok(());
         };
+        let i8k = xq.and_then(|q| Some((q.buf, i8_kernels(first.ty, q.planes)?)));
         let rows = |i: usize| ws.get(i).map_or(0, |w| w.rows as i32);
         let (r0, r1, r2) = (rows(0), rows(1), rows(2));
         let w = |i: usize| &ws.get(i).unwrap_or(first).data;
         let y = |i: usize| *ys.get(i).unwrap_or(&ys[0]);
         let cols = first.cols as i32;
         let total = ws.iter().map(|w| w.rows).sum::<usize>();
-        let mut b = self.kernel(k.matvec3)?;
-        b.arg(w(0))
-            .arg(w(1))
-            .arg(w(2))
-            .arg(x)
-            .arg(y(0))
+        let mut b = self.kernel(i8k.map_or(k.matvec3, |(_, k8)| k8.matvec3))?;
+        b.arg(w(0)).arg(w(1)).arg(w(2));
+        match i8k {
+            Some((q, _)) => b.arg(q),
+            None => b.arg(x),
+        };
+        b.arg(y(0))
             .arg(y(1))
             .arg(y(2))
             .arg(&r0)
@@ -207,21 +265,24 @@ impl CudaBackend {
 
     /// `y = act(Wg·x) · (Wu·x)`: one launch when the two share type and shape, else two
     /// products and an element-wise pass that uses `scratch` for `Wu·x`.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn matvec_gated(
         &self,
         act: Activation,
         wg: &DeviceMatrix,
         wu: &DeviceMatrix,
         x: &CudaSlice<f32>,
+        xq: Option<ActQ<'_>>,
         y: &CudaSlice<f32>,
         scratch: &CudaSlice<f32>,
     ) -> Result<(), CudaError> {
         let same = wg.ty == wu.ty && wg.rows == wu.rows && wg.cols == wu.cols;
         let Some(k) = weight_kernels(wg.ty).filter(|_| same) else {
-            self.matvec(wg, x, y)?;
-            self.matvec(wu, x, scratch)?;
+            self.matvec(wg, x, xq, y)?;
+            self.matvec(wu, x, xq, scratch)?;
             return self.gated(act, y, scratch, wg.rows);
         };
+        let i8k = xq.and_then(|q| Some((q.buf, i8_kernels(wg.ty, q.planes)?)));
         let (rows, cols) = (wg.rows as i32, wg.cols as i32);
         let a = match act {
             Activation::Silu => 0i32,
@@ -229,11 +290,13 @@ impl CudaBackend {
         };
         let nr = rows_per_warp(wg.rows, 2);
         let nr32 = nr as i32;
-        let mut b = self.kernel(k.gated)?;
-        b.arg(&wg.data)
-            .arg(&wu.data)
-            .arg(x)
-            .arg(y)
+        let mut b = self.kernel(i8k.map_or(k.gated, |(_, k8)| k8.gated))?;
+        b.arg(&wg.data).arg(&wu.data);
+        match i8k {
+            Some((q, _)) => b.arg(q),
+            None => b.arg(x),
+        };
+        b.arg(y)
             .arg(&rows)
             .arg(&cols)
             .arg(&wg.row_bytes)
@@ -246,7 +309,8 @@ impl CudaBackend {
     }
 
     /// End of a sub-layer over `rows` token rows: `x += post_norm?(o)`, then
-    /// `xn = rms_norm(x) · next_w`.
+    /// `xn = rms_norm(x) · next_w`; with `xq` (one row only), also xn as int8 blocks (see
+    /// [`CudaBackend::quantize_act`]).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn residual_norm(
         &self,
@@ -255,6 +319,7 @@ impl CudaBackend {
         post_w: Option<&CudaSlice<f32>>,
         next_w: &CudaSlice<f32>,
         xn: &CudaSlice<f32>,
+        xq: Option<ActQ<'_>>,
         rows: usize,
         eps: f32,
     ) -> Result<(), CudaError> {
@@ -265,6 +330,16 @@ impl CudaBackend {
         {
             return Err(CudaError::InvalidArgument(format!(
                 "residual_norm buffers smaller than {rows} rows"
+            )));
+        }
+        if xq.is_some_and(|q| {
+            rows != 1
+                || !next_w.len().is_multiple_of(32)
+                || !(1..=2).contains(&q.planes)
+                || q.buf.len() < act_q8_bytes(next_w.len(), q.planes)
+        }) {
+            return Err(CudaError::InvalidArgument(format!(
+                "int8 activations of {rows} rows of {dim}"
             )));
         }
         let has_post = i32::from(post_w.is_some());
@@ -282,7 +357,16 @@ impl CudaBackend {
             .arg(xn)
             .arg(&dim)
             .arg(&eps);
-        // SAFETY: every buffer holds rows × dim values (checked above).
+        let null = 0u64;
+        let planes = xq.map_or(0, |q| q.planes as i32);
+        match xq {
+            Some(q) => b.arg(q.buf),
+            None => b.arg(&null),
+        };
+        b.arg(&planes);
+        // SAFETY: every buffer holds rows × dim values (checked above); xq, when given (a
+        // null pointer otherwise, which the kernel tests), holds act_q8_bytes(dim, planes)
+        // bytes.
         unsafe { b.launch(cfg) }?;
         Ok(())
     }

@@ -18,6 +18,32 @@ pub trait Timeline {
     fn n_past(&self) -> usize;
     /// Capacity in tokens.
     fn ctx(&self) -> usize;
+    /// Appends `tokens` and picks the next token greedily where the logits are made (a
+    /// device backend), following [`Sampler`]'s greedy rule; `None`, without evaluating
+    /// anything, when this timeline cannot (the default): the caller then uses
+    /// [`Timeline::eval_last`] and samples on the host. See [`eval_sample`].
+    fn eval_greedy(&mut self, tokens: &[u32]) -> Result<Option<Sampled>, GenerateError> {
+        let _ = tokens;
+        Ok(None)
+    }
+}
+
+/// Appends `tokens` to `session` and samples the next token: on the timeline itself when
+/// the sampler is plain greedy ([`Sampler::is_plain_greedy`]) and the timeline offers
+/// [`Timeline::eval_greedy`], else from the host copy of the logits.
+pub fn eval_sample<T: Timeline + ?Sized>(
+    session: &mut T,
+    sampler: &mut Sampler,
+    tokens: &[u32],
+    history: &[u32],
+) -> Result<Sampled, GenerateError> {
+    if sampler.is_plain_greedy()
+        && let Some(s) = session.eval_greedy(tokens)?
+    {
+        return Ok(s);
+    }
+    let row = session.eval_last(tokens)?;
+    Ok(sampler.sample(row, history)?)
 }
 
 impl Timeline for Session<'_> {
@@ -95,9 +121,8 @@ where
 {
     let mut history = prompt.to_vec();
     let mut tokens = Vec::new();
-    let mut row = session.eval_last(prompt)?;
+    let mut s = eval_sample(session, sampler, prompt, &history)?;
     loop {
-        let s = sampler.sample(row, &history)?;
         if let Some(reason @ StopReason::StopToken(_)) = sampler.stop_reason(s.token, 0) {
             return Ok(Generation {
                 tokens,
@@ -124,6 +149,100 @@ where
                 finish: Finish::ContextFull,
             });
         }
-        row = session.eval_last(&[s.token])?;
+        s = eval_sample(session, sampler, &[s.token], &history)?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::SamplerConfig;
+
+    /// Logits that favour token `(n_past + 1) % 4`; optionally picks greedily itself,
+    /// answering a fixed wrong-looking token so the test sees which path ran.
+    struct Fake {
+        n: usize,
+        row: Vec<f32>,
+        own_greedy: bool,
+        greedy_calls: usize,
+    }
+
+    impl Timeline for Fake {
+        fn eval_last(&mut self, tokens: &[u32]) -> Result<&[f32], GenerateError> {
+            self.n += tokens.len();
+            self.row = (0..4)
+                .map(|i| if i == self.n % 4 { 1.0 } else { 0.0 })
+                .collect();
+            Ok(&self.row)
+        }
+        fn n_past(&self) -> usize {
+            self.n
+        }
+        fn ctx(&self) -> usize {
+            64
+        }
+        fn eval_greedy(&mut self, tokens: &[u32]) -> Result<Option<Sampled>, GenerateError> {
+            if !self.own_greedy {
+                return Ok(None);
+            }
+            self.n += tokens.len();
+            self.greedy_calls += 1;
+            Ok(Some(Sampled {
+                token: 3,
+                logprob: -0.5,
+                top: Vec::new(),
+            }))
+        }
+    }
+
+    fn fake(own_greedy: bool) -> Fake {
+        Fake {
+            n: 0,
+            row: Vec::new(),
+            own_greedy,
+            greedy_calls: 0,
+        }
+    }
+
+    #[test]
+    fn plain_greedy_goes_to_the_timeline_and_anything_else_to_the_host() {
+        let mut greedy = Sampler::new(SamplerConfig::default()).unwrap();
+        assert!(greedy.is_plain_greedy());
+        let mut t = fake(true);
+        assert_eq!(
+            eval_sample(&mut t, &mut greedy, &[1, 2], &[])
+                .unwrap()
+                .token,
+            3
+        );
+        assert_eq!((t.greedy_calls, t.n), (1, 2));
+        // Without a device pick the host samples: argmax of the fake row.
+        let mut h = fake(false);
+        assert_eq!(
+            eval_sample(&mut h, &mut greedy, &[1, 2], &[])
+                .unwrap()
+                .token,
+            2
+        );
+        for cfg in [
+            SamplerConfig {
+                n_logprobs: 2,
+                ..SamplerConfig::default()
+            },
+            SamplerConfig {
+                repeat_penalty: 1.1,
+                ..SamplerConfig::default()
+            },
+            SamplerConfig {
+                temperature: 0.7,
+                ..SamplerConfig::default()
+            },
+        ] {
+            let mut s = Sampler::new(cfg).unwrap();
+            assert!(!s.is_plain_greedy());
+            let mut t = fake(true);
+            eval_sample(&mut t, &mut s, &[1], &[1]).unwrap();
+            assert_eq!(t.greedy_calls, 0);
+        }
     }
 }

@@ -17,7 +17,7 @@ pub mod rng;
 pub mod sampler;
 pub mod score;
 
-pub use generate::{Finish, Flow, GenerateError, Generation, Timeline, generate};
+pub use generate::{Finish, Flow, GenerateError, Generation, Timeline, eval_sample, generate};
 pub use sampler::{
     SampleError, Sampled, Sampler, SamplerConfig, StopReason, find_stop_string, log_sum_exp,
     partial_stop_len, raw_logprobs,

@@ -157,6 +157,18 @@ impl Sampler {
         &self.cfg
     }
 
+    /// Whether [`Sampler::sample`] reduces to the largest logit (ties to the lowest id) with
+    /// no penalties and no top log-probabilities: what a backend may compute where the
+    /// logits are, returning only the token and its log-probability.
+    pub fn is_plain_greedy(&self) -> bool {
+        let c = &self.cfg;
+        c.temperature <= 0.0
+            && c.repeat_penalty == 1.0
+            && c.frequency_penalty == 0.0
+            && c.presence_penalty == 0.0
+            && c.n_logprobs == 0
+    }
+
     /// Chooses the next token from `logits` (one per vocabulary id). `history` is the token
     /// sequence so far (prompt and generated), used by the penalties.
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> Result<Sampled, SampleError> {

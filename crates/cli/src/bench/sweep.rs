@@ -15,7 +15,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use ferrite_engine::{Sampler, SamplerConfig, Timeline};
+use ferrite_engine::{Sampler, SamplerConfig};
 use ferrite_model::{Batch, Logits, PREFILL_CHUNK, Session};
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -127,7 +127,9 @@ impl<'m> Lane<'m> {
     /// Evaluates `tokens` in every sequence and samples each one's next token.
     fn eval_sample(&mut self, sampler: &mut Sampler, tokens: &[u32]) -> anyhow::Result<Vec<u32>> {
         match self {
-            Lane::One(s) => Ok(vec![sampler.sample(s.eval_last(tokens)?, &[])?.token]),
+            Lane::One(s) => Ok(vec![
+                ferrite_engine::eval_sample(s, sampler, tokens, &[])?.token,
+            ]),
             Lane::Many { sessions, batch } => {
                 // Each step gives every sequence an equal share of the batch's rows.
                 let share = (batch.max_rows() / sessions.len()).max(1);

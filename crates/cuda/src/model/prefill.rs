@@ -150,6 +150,7 @@ impl CudaSession<'_> {
                 lw.post_attn_norm.as_ref(),
                 &lw.ffn_norm,
                 &pb.xn,
+                None,
                 n,
                 c.rms_eps,
             )?;
@@ -181,6 +182,7 @@ impl CudaSession<'_> {
                 lw.post_ffn_norm.as_ref(),
                 next,
                 &pb.xn,
+                None,
                 n,
                 c.rms_eps,
             )?;

@@ -5,7 +5,7 @@
 //! Per model, for each fixture prompt and 12 teacher-forced decode steps (the CPU's argmax
 //! fed to both): CUDA logits (batched prefill, then graph decode steps) against the CPU
 //! backend on the same file and machine (both f16 KV caches), top-1 agreement 1.0 and max
-//! |Δ logit| ≤ [`MAX_DLOGIT`]; the same prompt fed to CUDA one token at a time (decode
+//! |Δ logit| ≤ [`MAX_DLOGIT`] (one-plane int8 activations: ≥ 0.98 and [`MAX_DLOGIT_INT8`]); the same prompt fed to CUDA one token at a time (decode
 //! steps only) against the prefilled timeline, within the same bound; and the launch
 //! counters of the extra kernels as path markers (a fresh backend per model). The MoE
 //! prompts (20–156 tokens, top-2) take both prefill paths: per-pair expert products below
@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 
 use ferrite_convert::{HfModel, OutType};
 use ferrite_cpu::ThreadPool;
-use ferrite_cuda::{CudaBackend, CudaModel, CudaSession};
+use ferrite_cuda::{Activations, CudaBackend, CudaModel, CudaSession};
 use ferrite_gguf::Gguf;
 use ferrite_model::{KvType, LoadOptions, Model, Outputs, Session};
 
@@ -30,6 +30,12 @@ use crate::model::argmax;
 /// KV caches. Seen on an H200: 6.4e-3 (mixtral) to 1.06e-2 (qwen2); the planted defects
 /// (bias not added, top-k picking the smallest, rope factors ignored) gave 3.3 to 21.
 const MAX_DLOGIT: f64 = 0.03;
+/// The bound with one-plane int8 activations in the decode products (only the Q8_0
+/// matrices of [`quantized_experts_match_cpu`] take them; f32 matrices have no int8 kernel):
+/// each product input is rounded to 8 bits per block of 32. H200: 0.25 (mixtral, top-1
+/// 52/52) and 0.23 (qwen3moe, 51/52) against 0.008 with f32 activations; the bound leaves
+/// twice that. Two-plane activations are held to [`MAX_DLOGIT`] (H200: 0.0077 / 0.0079).
+const MAX_DLOGIT_INT8: f64 = 0.5;
 /// Teacher-forced decode steps after each prompt.
 const STEPS: usize = 12;
 
@@ -77,13 +83,19 @@ fn max_abs(a: &[f32], b: &[f32]) -> f64 {
         .fold(0.0, f64::max)
 }
 
-/// Runs fixture `name` with matrices as `ty` (see the module doc); asserts the kernels in
-/// `markers` ran and those in `absent` did not.
-fn check(name: &str, ty: OutType, markers: &[&str], absent: &[&str]) {
+/// Runs fixture `name` with matrices as `ty` (see the module doc) and decode products over
+/// `act`; asserts the kernels in `markers` ran and those in `absent` did not.
+fn check(name: &str, ty: OutType, act: Activations, markers: &[&str], absent: &[&str]) {
     if backend().is_none() {
         return;
     }
     let b = CudaBackend::new().unwrap();
+    b.set_activations(act);
+    let bound = if act == Activations::Int8 {
+        MAX_DLOGIT_INT8
+    } else {
+        MAX_DLOGIT
+    };
     let (m, prompts) = load(name, ty);
     let pool = ThreadPool::with_default_threads().unwrap();
     let cm = CudaModel::load(b.clone(), &m).unwrap();
@@ -129,18 +141,26 @@ fn check(name: &str, ty: OutType, markers: &[&str], absent: &[&str]) {
     }
     let counts = b.launch_counts();
     println!(
-        "{name}: CUDA vs CPU max |Δ logit| {vs_cpu:.3e}, top-1 {agree}/{total}; decode-only vs \
+        "{name} ({} activations): CUDA vs CPU max |Δ logit| {vs_cpu:.3e}, top-1 {agree}/{total}; decode-only vs \
          prefill max |Δ logit| {dec_vs_pre:.3e}; markers {:?}",
+        act.name(),
         markers
             .iter()
             .chain(absent)
             .map(|k| (*k, counts[k]))
             .collect::<Vec<_>>()
     );
-    assert_eq!(agree, total, "{name}: top-1 agreement below 1");
-    assert!(vs_cpu <= MAX_DLOGIT, "{name}: CUDA vs CPU {vs_cpu:e}");
+    // One-plane int8 activations may flip a near tie (qwen3moe: 51/52 on the H200); the
+    // issue's fidelity floor, top-1 agreement ≥ 0.98, is what they must keep.
+    let floor = if act == Activations::Int8 {
+        total - total / 50
+    } else {
+        total
+    };
+    assert!(agree >= floor, "{name}: top-1 agreement {agree}/{total}");
+    assert!(vs_cpu <= bound, "{name}: CUDA vs CPU {vs_cpu:e}");
     assert!(
-        dec_vs_pre <= MAX_DLOGIT,
+        dec_vs_pre <= bound,
         "{name}: decode vs prefill {dec_vs_pre:e}"
     );
     for k in markers {
@@ -156,6 +176,7 @@ fn qwen2_biases_match_cpu() {
     check(
         "qwen2",
         OutType::F32,
+        Activations::F32,
         &["qkv_bias_f32", "rope_store_f16", "graph_step", "gemm_f16"],
         &["rope_store_scaled_f16", "moe_route"],
     );
@@ -166,6 +187,7 @@ fn llama3_rope_factors_match_cpu() {
     check(
         "llama3",
         OutType::F32,
+        Activations::F32,
         &["rope_store_scaled_f16", "graph_step", "gemm_f16"],
         &["rope_store_f16", "qkv_bias_f32", "moe_route"],
     );
@@ -176,6 +198,7 @@ fn mixtral_experts_match_cpu() {
     check(
         "mixtral",
         OutType::F32,
+        Activations::F32,
         &[
             "matvec_rows_f32",
             "moe_route",
@@ -195,6 +218,7 @@ fn qwen3moe_experts_match_cpu() {
     check(
         "qwen3moe",
         OutType::F32,
+        Activations::F32,
         &[
             "matvec_rows_f32",
             "moe_route",
@@ -210,14 +234,34 @@ fn qwen3moe_experts_match_cpu() {
 }
 
 /// Quantized expert stacks: the same comparison with every matrix as Q8_0 (both backends
-/// read the same blocks), so the expert kernels of a quantized type are the ones checked.
+/// read the same blocks), so the expert kernels of a quantized type are the ones checked;
+/// with f32 activations, then with two-plane and one-plane int8 activations in the dense
+/// decode products.
 #[test]
 fn quantized_experts_match_cpu() {
     for name in ["mixtral", "qwen3moe"] {
         check(
             name,
             OutType::Q8_0,
+            Activations::F32,
             &["moe_route", "moe_gated_q8_0", "moe_down_q8_0", "graph_step"],
+            &["moe_gated_f32", "moe_down_f32", "quantize_q8_f32"],
+        );
+    }
+    for (name, act) in ["mixtral", "qwen3moe"]
+        .into_iter()
+        .flat_map(|n| [Activations::Int8x2, Activations::Int8].map(|a| (n, a)))
+    {
+        check(
+            name,
+            OutType::Q8_0,
+            act,
+            &[
+                "moe_route",
+                "moe_gated_q8_0",
+                "quantize_q8_f32",
+                "graph_step",
+            ],
             &["moe_gated_f32", "moe_down_f32"],
         );
     }

@@ -19,7 +19,7 @@ const TYPES: [GgmlType; 7] = [
     GgmlType::F16,
 ];
 
-fn quantized(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> (Vec<u8>, Vec<f32>) {
+pub fn quantized(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> (Vec<u8>, Vec<f32>) {
     let v = pseudo(rows * cols, seed);
     let mut q = vec![0u8; ty.row_bytes((rows * cols) as u64).unwrap() as usize];
     ferrite_quant::quantize(ty, &v, &mut q).unwrap();
@@ -28,7 +28,7 @@ fn quantized(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> (Vec<u8>, Vec
     (q, deq)
 }
 
-fn naive_matvec(w: &[f32], rows: usize, cols: usize, x: &[f32]) -> Vec<f64> {
+pub fn naive_matvec(w: &[f32], rows: usize, cols: usize, x: &[f32]) -> Vec<f64> {
     (0..rows)
         .map(|r| {
             (0..cols)
@@ -38,7 +38,7 @@ fn naive_matvec(w: &[f32], rows: usize, cols: usize, x: &[f32]) -> Vec<f64> {
         .collect()
 }
 
-fn shapes(ty: GgmlType) -> Vec<(usize, usize)> {
+pub fn shapes(ty: GgmlType) -> Vec<(usize, usize)> {
     let k = matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K);
     let cols: &[usize] = if k {
         &[256, 768, 2304, 4096, 9216]

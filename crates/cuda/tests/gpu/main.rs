@@ -6,7 +6,9 @@
 //! fixtures/arch (q/k/v biases, Llama 3 rope factors, mixture of experts).
 
 mod arch;
+mod greedy;
 mod kernels;
+mod kernels_i8;
 mod model;
 mod session;
 mod synth;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use ferrite_cpu::ThreadPool;
-use ferrite_cuda::{CudaBackend, CudaModel, CudaSession};
+use ferrite_cuda::{Activations, CudaBackend, CudaModel, CudaSession};
 use ferrite_model::{KvType, Model, Outputs, Session};
 
 use crate::synth::{self, Spec};
@@ -22,6 +22,49 @@ pub fn argmax(v: &[f32]) -> usize {
     best
 }
 
+/// What a comparison must meet.
+#[derive(Debug, Clone, Copy)]
+pub struct Bounds {
+    /// Max |Δ logit| relative to the largest |CPU logit|, per step.
+    pub max_rel: f64,
+    /// 1 − cosine of the logit rows, per step.
+    pub one_minus_cos: f64,
+    /// A top-1 flip is tolerated only where the CPU's own top two are closer than this.
+    pub flip_gap: f32,
+    /// Mean over steps of |Δ log-probability| of the CPU's top-1 token.
+    pub mean_dlogprob: f64,
+}
+
+/// f32 activations: the bound the lane has always used (f16 GEMM rounding in prefill and
+/// f16 KV caches on both sides dominate). Two-plane int8 activations (about 15 bits per
+/// block) are held to it too.
+pub const F32_BOUNDS: Bounds = Bounds {
+    max_rel: 2e-3,
+    one_minus_cos: 1e-5,
+    flip_gap: 1e-3,
+    mean_dlogprob: 0.05,
+};
+
+/// One-plane int8 activations in the decode products (kernels_i8.rs): each product input
+/// is rounded to 8 bits per block of 32, a relative error of up to 1/254 of the block's
+/// largest value per activation, compounded over the layers. Measured on the H200: max rel
+/// 1.53e-2 / 1-cos 1.1e-4 (llama, 13/13 top-1) and 3.18e-2 / 5.5e-4 (gemma3, 12/13: one
+/// flip where the CPU's top two were 0.016 apart), mean |Δ log-prob| 0.009 / 0.015. The
+/// first bound (max rel 3e-2, set from the rounding alone) was too tight for gemma3; this
+/// one leaves about twice the measured values; flips stay limited to near ties.
+pub const INT8_BOUNDS: Bounds = Bounds {
+    max_rel: 6e-2,
+    one_minus_cos: 2e-3,
+    flip_gap: 0.1,
+    mean_dlogprob: 0.05,
+};
+
+fn log_softmax_at(v: &[f32], i: usize) -> f64 {
+    let m = v.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let z: f64 = v.iter().map(|&x| f64::from(x - m).exp()).sum();
+    f64::from(v[i] - m) - z.ln()
+}
+
 /// Runs the comparison; returns (max |Δ logit| over all steps, top-1 agreements, steps).
 /// The GPU takes the prompt in pieces of `piece` tokens (batched prefill from a non-empty
 /// cache when smaller than the prompt).
@@ -32,6 +75,7 @@ fn compare(
     prompt: &[u32],
     piece: usize,
     steps: usize,
+    bounds: Bounds,
 ) -> (f64, usize, usize) {
     let pool = ThreadPool::with_default_threads().unwrap();
     let ctx = prompt.len() + steps + 1;
@@ -48,27 +92,32 @@ fn compare(
     for p in prompt.chunks(piece) {
         got = gpu.eval(p).unwrap();
     }
-    let (mut worst, mut agree) = (0.0f64, 0usize);
+    let (mut worst, mut agree, mut worst_rel, mut worst_cos) = (0.0f64, 0usize, 0.0f64, 0.0f64);
+    let mut dlogprob = 0.0f64;
+    // Every step runs before any verdict, so a failure report carries the whole picture.
+    let mut failures = Vec::new();
     for step in 0..=steps {
         let want64: Vec<f64> = want.iter().map(|&v| f64::from(v)).collect();
         let e = err_tuple(&got, &want64);
         assert!(e.finite, "{what} step {step}: non-finite GPU logits");
         worst = worst.max(e.max_abs);
+        worst_rel = worst_rel.max(e.max_rel);
+        worst_cos = worst_cos.max(1.0 - e.cosine);
         let (tg, tc) = (argmax(&got), argmax(&want));
+        dlogprob += (log_softmax_at(&got, tc) - log_softmax_at(&want, tc)).abs();
         if tg == tc {
             agree += 1;
         } else {
             // A flip is tolerated only at a near tie of the CPU's own top two.
             let gap = want[tc] - want[tg];
-            assert!(
-                gap < 1e-3,
-                "{what} step {step}: GPU top-1 {tg} vs CPU {tc}, gap {gap}"
-            );
+            println!("{what} step {step}: GPU top-1 {tg} vs CPU {tc}, CPU gap {gap}");
+            if gap >= bounds.flip_gap {
+                failures.push(format!("step {step}: top-1 {tg} vs CPU {tc}, gap {gap}"));
+            }
         }
-        assert!(
-            e.max_rel < 2e-3 && e.cosine > 1.0 - 1e-5,
-            "{what} step {step}: logits {e:?}"
-        );
+        if e.max_rel >= bounds.max_rel || 1.0 - e.cosine >= bounds.one_minus_cos {
+            failures.push(format!("step {step}: logits {e:?}"));
+        }
         if step == steps {
             break;
         }
@@ -82,23 +131,43 @@ fn compare(
             .to_vec();
         got = gpu.eval(&next).unwrap();
     }
+    let mean_dlp = dlogprob / (steps + 1) as f64;
     println!(
-        "{what}: max |Δ logit| {worst:.3e} over {} steps, top-1 agreement {agree}/{}",
+        "{what}: max |Δ logit| {worst:.3e} (max rel {worst_rel:.2e}, 1-cos {worst_cos:.2e}) over {} \
+         steps, top-1 agreement {agree}/{}, mean |Δ logprob| of the CPU top-1 {mean_dlp:.2e}",
         steps + 1,
         steps + 1
     );
+    if mean_dlp > bounds.mean_dlogprob {
+        failures.push(format!("mean |Δ logprob| {mean_dlp}"));
+    }
+    assert!(
+        failures.is_empty(),
+        "{what} beyond {bounds:?}: {failures:#?}"
+    );
     (worst, agree, steps + 1)
+}
+
+fn bounds_of(act: Activations) -> Bounds {
+    if act == Activations::Int8 {
+        INT8_BOUNDS
+    } else {
+        F32_BOUNDS
+    }
 }
 
 fn prompt(n: usize, vocab: usize) -> Vec<u32> {
     (0..n).map(|i| ((i * 37 + 11) % vocab) as u32).collect()
 }
 
-/// Runs `s` on a backend of its own, so its launch counters are this model's path markers.
-fn run_spec(s: &Spec) -> Arc<CudaBackend> {
+/// Runs `s` on a backend of its own, so its launch counters are this model's path markers;
+/// decode products read `act`.
+fn run_spec(s: &Spec, act: Activations) -> Arc<CudaBackend> {
     let b = CudaBackend::new().unwrap();
+    b.set_activations(act);
+    let bounds = bounds_of(act);
     let m = synth::model(s);
-    let what = format!("synthetic {}", s.arch);
+    let what = format!("synthetic {} ({} activations)", s.arch, act.name());
     compare(
         &b,
         &m,
@@ -106,6 +175,7 @@ fn run_spec(s: &Spec) -> Arc<CudaBackend> {
         &prompt(12, s.vocab),
         12,
         12,
+        bounds,
     );
     compare(
         &b,
@@ -114,6 +184,7 @@ fn run_spec(s: &Spec) -> Arc<CudaBackend> {
         &prompt(12, s.vocab),
         5,
         12,
+        bounds,
     );
     b
 }
@@ -123,7 +194,8 @@ fn llama_synthetic_matches_cpu() {
     if backend().is_none() {
         return;
     }
-    let counts = run_spec(&synth::llama_small()).launch_counts();
+    let counts = run_spec(&synth::llama_small(), Activations::F32).launch_counts();
+    assert_eq!(counts["matvec_i8_q8_0"] + counts["quantize_q8_f32"], 0);
     for k in [
         "matvec3_q4_1",
         "matvec_gated_q4_1",
@@ -145,7 +217,8 @@ fn gemma3_synthetic_matches_cpu() {
     if backend().is_none() {
         return;
     }
-    let counts = run_spec(&synth::gemma_small()).launch_counts();
+    let counts = run_spec(&synth::gemma_small(), Activations::F32).launch_counts();
+    assert_eq!(counts["matvec_i8_q4_k"] + counts["quantize_q8_f32"], 0);
     for k in [
         "matvec_gated_q4_k",
         "matvec_q4_k",
@@ -160,6 +233,58 @@ fn gemma3_synthetic_matches_cpu() {
     ] {
         assert!(counts[k] > 0, "{k} never ran");
     }
+}
+
+/// The int8 path markers of the llama spec under `prefix` (`i8` or `i8x2`).
+fn llama_int8_run(act: Activations, prefix: &str) {
+    if backend().is_none() {
+        return;
+    }
+    let counts = run_spec(&synth::llama_small(), act).launch_counts();
+    for k in ["matvec3_", "matvec_gated_", "matvec_"]
+        .iter()
+        .map(|p| format!("{p}{prefix}_q4_1"))
+        .chain([format!("matvec_{prefix}_q8_0")])
+    {
+        assert!(counts[k.as_str()] > 0, "{k} never ran");
+    }
+    assert!(counts["quantize_q8_f32"] > 0 && counts["graph_step"] > 0);
+}
+
+/// The int8 path markers of the gemma3 spec under `prefix`.
+fn gemma3_int8_run(act: Activations, prefix: &str) {
+    if backend().is_none() {
+        return;
+    }
+    let counts = run_spec(&synth::gemma_small(), act).launch_counts();
+    for k in ["matvec_gated_", "matvec_"]
+        .iter()
+        .map(|p| format!("{p}{prefix}_q4_k"))
+        .chain([format!("matvec_{prefix}_q6_k")])
+    {
+        assert!(counts[k.as_str()] > 0, "{k} never ran");
+    }
+    assert!(counts["quantize_q8_f32"] > 0 && counts["matvec_q5_0"] > 0);
+}
+
+#[test]
+fn llama_synthetic_int8x2_activations_match_cpu() {
+    llama_int8_run(Activations::Int8x2, "i8x2");
+}
+
+#[test]
+fn gemma3_synthetic_int8x2_activations_match_cpu() {
+    gemma3_int8_run(Activations::Int8x2, "i8x2");
+}
+
+#[test]
+fn llama_synthetic_int8_activations_match_cpu() {
+    llama_int8_run(Activations::Int8, "i8");
+}
+
+#[test]
+fn gemma3_synthetic_int8_activations_match_cpu() {
+    gemma3_int8_run(Activations::Int8, "i8");
 }
 
 #[test]
@@ -187,7 +312,15 @@ fn real_models_match_cpu_when_present() {
         let m = Model::load(&path, Default::default()).unwrap();
         let vocab = m.config().n_vocab;
         let b = CudaBackend::new().unwrap();
-        compare(&b, &m, file, &prompt(20, vocab.min(1000)), 20, 16);
+        compare(
+            &b,
+            &m,
+            file,
+            &prompt(20, vocab.min(1000)),
+            20,
+            16,
+            bounds_of(b.activations()),
+        );
         println!("{file} launches: {:?}", b.launch_counts());
     }
 }
