@@ -14,7 +14,9 @@
 //! in the batch.
 
 use ferrite_gguf::GgmlType;
-use ferrite_quant::kernels::{MAX_TILE, dequant_fn, gemm_f32, matvec};
+use ferrite_quant::kernels::{
+    MAX_TILE, dequant_fn, gemm_f32, has_fused_multi_matvec, matvec, multi_matvec,
+};
 use ferrite_quant::{SimdLevel, simd_level};
 
 use crate::{CpuError, ThreadPool};
@@ -89,6 +91,7 @@ pub fn matmul_with(
     if n_tokens == 0 || w.rows == 0 {
         return Ok(());
     }
+    let multi = n_tokens <= MULTI_MAX_TOKENS && has_fused_multi_matvec(level, w.ty, w.cols);
     let tile_rows = tile_rows(w.cols, n_tokens);
     let n_threads = pool.n_threads();
     let out = OutPtr(y.as_mut_ptr());
@@ -108,6 +111,41 @@ pub fn matmul_with(
             let ys = unsafe { out.slice(start, end - start) };
             if matvec(level, w.ty, &w.data[start * rb..end * rb], x, ys).is_err() {
                 failed.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+            return;
+        }
+        if multi {
+            // A decode batch: every weight block decoded once for a group of columns.
+            let need = n_tokens * MULTI_ROWS;
+            if scratch.len() < need {
+                scratch.resize(need, 0.0);
+            }
+            let mut r0 = start;
+            while r0 < end {
+                let nr = MULTI_ROWS.min(end - r0);
+                let part = &mut scratch[..n_tokens * nr];
+                if multi_matvec(
+                    level,
+                    w.ty,
+                    &w.data[r0 * rb..(r0 + nr) * rb],
+                    x,
+                    n_tokens,
+                    part,
+                )
+                .is_err()
+                {
+                    failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                    return;
+                }
+                for (t, prow) in part.chunks_exact(nr).enumerate() {
+                    // SAFETY: t * rows + r0 + nr <= n_tokens * rows == y.len() (checked
+                    // above), and rows r0..r0 + nr lie in this thread's [start, end) range,
+                    // which no other thread writes; `y` is borrowed mutably for the whole
+                    // call, which outlives `run`.
+                    let dst = unsafe { out.slice(t * rows + r0, nr) };
+                    dst.copy_from_slice(prow);
+                }
+                r0 += nr;
             }
             return;
         }
@@ -154,6 +192,13 @@ pub fn matmul_with(
     }
     Ok(())
 }
+
+/// Largest token count sent to the multi-column matvec; more tokens take the tile GEMM.
+const MULTI_MAX_TOKENS: usize = 16;
+
+/// Output rows per call of the multi-column matvec (its outputs go through the thread's
+/// scratch: `n_tokens * MULTI_ROWS` floats).
+const MULTI_ROWS: usize = 64;
 
 /// Weight rows dequantized per tile: small enough to stay in L1 for few tokens (32 KiB) and
 /// in L2 for prefill (256 KiB), a multiple of the kernel tile.
