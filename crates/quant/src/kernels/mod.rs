@@ -34,14 +34,13 @@ pub type DequantFn = fn(&[u8], &mut [f32]);
 /// A fused kernel: `out[r] = dot(row r, x)` for 1..=4 rows of whole blocks.
 pub(crate) type MatvecFn = fn(&[&[u8]], &[f32], &mut [f32]);
 
-/// A fused multi-column kernel: `out[c * rows.len() + r] = dot(row r, column c)` for
-/// 1..=[`MM_ROWS`] rows of whole blocks and 1..=[`MM_COLS`] activation columns.
-pub(crate) type MatmatFn = fn(&[&[u8]], &[&[f32]], &mut [f32]);
+/// A fused multi-column kernel, `(w, nr, cols, out, stride)`: `out[c * stride + r] =
+/// dot(row r of w, cols[c])` for the `nr` rows of whole blocks in `w` and 1..=[`MM_COLS`]
+/// activation columns.
+pub(crate) type MatmatFn = fn(&[u8], usize, &[&[f32]], &mut [f32], usize);
 
-/// Weight rows per call of a [`MatmatFn`]: with [`MM_COLS`] columns, 16 accumulators.
-pub(crate) const MM_ROWS: usize = 2;
-
-/// Activation columns per call of a [`MatmatFn`].
+/// Activation columns per call of a [`MatmatFn`] (at most 16 accumulators: two rows of
+/// eight columns, or four rows of up to four).
 pub(crate) const MM_COLS: usize = 8;
 
 /// Largest tile [`dot_tile`] accepts in each direction.

@@ -4,10 +4,10 @@
 //! Every output keeps the canonical order of the parent module, so column `t` of
 //! [`multi_matvec`] has exactly the bits of [`matvec`](super::matvec) on column `t` alone
 //! (and of the dequantize-then-GEMM path). AVX-512 uses fused kernels (blocks decoded in
-//! registers, [`MM_ROWS`] rows by [`MM_COLS`] columns per step); other SIMD cases dequantize
+//! registers, a few rows by up to [`MM_COLS`] columns per step); other SIMD cases dequantize
 //! a chunk of four rows into a stack buffer once and run every column over it.
 
-use super::{MM_COLS, MM_ROWS, MatmatFn, ROW_CHUNK, check_level, dequant_fn, matvec, scalar};
+use super::{MM_COLS, MatmatFn, ROW_CHUNK, check_level, dequant_fn, matvec, scalar};
 use crate::{QuantError, SimdLevel};
 use ferrite_gguf::GgmlType;
 
@@ -74,26 +74,18 @@ pub fn multi_matvec(
         return Ok(());
     }
     if let Some(f) = fused_multi(level, ty, k) {
-        let mut part = [0f32; MM_ROWS * MM_COLS];
-        for (g, rows) in w.chunks(MM_ROWS * rb).enumerate() {
-            let mut rs: [&[u8]; MM_ROWS] = [&[]; MM_ROWS];
-            for (slot, row) in rs.iter_mut().zip(rows.chunks_exact(rb)) {
-                *slot = row;
+        // Balanced column groups (17 columns: 6 + 6 + 5, not 8 + 8 + 1), so no group is
+        // left with a lone latency-bound accumulator chain per row.
+        let groups = n.div_ceil(MM_COLS);
+        let mut t0 = 0;
+        for g in 0..groups {
+            let cn = n / groups + usize::from(g < n % groups);
+            let mut cs: [&[f32]; MM_COLS] = [&[]; MM_COLS];
+            for (slot, col) in cs.iter_mut().zip(x[t0 * k..(t0 + cn) * k].chunks_exact(k)) {
+                *slot = col;
             }
-            let rn = rows.len() / rb;
-            let r0 = g * MM_ROWS;
-            for (cg, xs) in x.chunks(MM_COLS * k).enumerate() {
-                let mut cs: [&[f32]; MM_COLS] = [&[]; MM_COLS];
-                for (slot, col) in cs.iter_mut().zip(xs.chunks_exact(k)) {
-                    *slot = col;
-                }
-                let cn = xs.len() / k;
-                f(&rs[..rn], &cs[..cn], &mut part);
-                for (j, p) in part[..rn * cn].chunks_exact(rn).enumerate() {
-                    let t = cg * MM_COLS + j;
-                    y[t * nr + r0..t * nr + r0 + rn].copy_from_slice(p);
-                }
-            }
+            f(w, nr, &cs[..cn], &mut y[t0 * nr..(t0 + cn) * nr], nr);
+            t0 += cn;
         }
         return Ok(());
     }
