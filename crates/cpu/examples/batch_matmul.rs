@@ -5,6 +5,8 @@
 //! Run: `cargo run --release -p ferrite-cpu --example batch_matmul [smollm2|gemma3]
 //! [threads] [n,n,...] [trials]` (`FERRITE_SIMD=avx2|avx512` lowers the SIMD level). With a
 //! single `n` and `trials = 0`, it runs 20 steps untimed, for `perf stat -e instructions`.
+//! With one thread it also reports the thread's CPU time per step (minimum over trials),
+//! which other processes on the machine disturb much less than wall time.
 
 mod common;
 
@@ -12,7 +14,7 @@ use ferrite_cpu::{Matrix, ThreadPool, matmul};
 use ferrite_gguf::GgmlType;
 use ferrite_quant::simd_level;
 
-use common::{Rng, random_weights, time};
+use common::{Rng, random_weights, thread_cpu, time};
 
 /// `(type, rows, cols, how many)` of the matrices of one step.
 fn shapes(model: &str) -> Vec<(GgmlType, usize, usize, usize)> {
@@ -88,14 +90,29 @@ fn main() {
     }
     let mut base = None;
     for &n in &ns {
-        let (med, lo, hi) = time(trials, || step(n));
-        let tps = n as f64 / med;
+        let mut cpu = f64::MAX;
+        let (med, lo, hi) = time(trials, || {
+            let c0 = thread_cpu();
+            step(n);
+            if let (Some(a), Some(b)) = (c0, thread_cpu()) {
+                cpu = cpu.min(b - a);
+            }
+        });
+        // With one thread the work runs on this thread, so its CPU time is the step's.
+        let per_step = if pool.n_threads() == 1 && cpu < f64::MAX {
+            cpu
+        } else {
+            med
+        };
+        let tps = n as f64 / per_step;
         let rel = tps / *base.get_or_insert(tps);
         println!(
-            "n={n:>2}: {:.2} ms/step (min {:.2}, max {:.2}), {tps:.0} tok/s, {rel:.2}x n=1",
+            "n={n:>2}: wall {:.2} ms/step (min {:.2}, max {:.2}), cpu {:.2} ms/step, \
+             {tps:.0} tok/s, {rel:.2}x n=1",
             med * 1e3,
             lo * 1e3,
-            hi * 1e3
+            hi * 1e3,
+            cpu * 1e3
         );
     }
 }

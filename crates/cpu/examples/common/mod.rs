@@ -1,5 +1,7 @@
 //! Helpers shared by the CPU benchmark examples: a deterministic generator, random weight
-//! matrices whose blocks decode to finite values, and a median timer.
+//! matrices whose blocks decode to finite values, a median timer and a thread CPU clock.
+// Each example compiles this module on its own and uses a subset of it.
+#![allow(dead_code)]
 
 use std::time::Instant;
 
@@ -62,6 +64,31 @@ pub fn random_weights(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> 
         }
     }
     v
+}
+
+/// CPU time of the calling thread in seconds (`CLOCK_THREAD_CPUTIME_ID`), where the
+/// platform has it: with one thread and other processes competing for the cores, a steadier
+/// measure than wall time.
+pub fn thread_cpu() -> Option<f64> {
+    #[cfg(all(target_os = "linux", target_pointer_width = "64"))]
+    {
+        #[repr(C)]
+        struct Timespec {
+            sec: i64,
+            nsec: i64,
+        }
+        unsafe extern "C" {
+            fn clock_gettime(clock: i32, tp: *mut Timespec) -> i32;
+        }
+        const CLOCK_THREAD_CPUTIME_ID: i32 = 3;
+        let mut t = Timespec { sec: 0, nsec: 0 };
+        // SAFETY: clock_gettime writes one timespec (two 64-bit fields on 64-bit Linux)
+        // through a valid pointer to a live local.
+        let rc = unsafe { clock_gettime(CLOCK_THREAD_CPUTIME_ID, &mut t) };
+        (rc == 0).then_some(t.sec as f64 + t.nsec as f64 * 1e-9)
+    }
+    #[cfg(not(all(target_os = "linux", target_pointer_width = "64")))]
+    None
 }
 
 /// Median, min, max of `trials` timings of `f` in seconds (after one warm-up call).

@@ -209,46 +209,6 @@ pub(crate) unsafe fn acc_lanes(lanes: &mut [f32; 16], w: &[f32], x: &[f32]) {
     }
 }
 
-/// Four rows by `C` columns: adds `w[r] * x[c]` into the stored lanes `lanes[4 * r + c]`
-/// (all lengths equal, a multiple of 16), one FMA chain per pair. Same per-pair order as
-/// [`acc_lanes`].
-///
-/// # Safety
-/// The CPU must support this level; `C <= 4` and every slice has the length of `x[0]`.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-pub(crate) unsafe fn acc_tile<const C: usize>(
-    lanes: &mut [[f32; 16]; 16],
-    w: [&[f32]; 4],
-    x: [&[f32]; C],
-) {
-    let mut acc = [[_mm512_setzero_ps(); C]; 4];
-    for (r, ar) in acc.iter_mut().enumerate() {
-        for (c, a) in ar.iter_mut().enumerate() {
-            // SAFETY: each lane array holds 16 >= 16 values.
-            *a = unsafe { _mm512_loadu_ps(lanes[4 * r + c].as_ptr()) };
-        }
-    }
-    for i in 0..x[0].len() / 16 {
-        // SAFETY: every slice holds x[0].len() values (caller contract), so chunk i is in
-        // bounds.
-        let xv: [__m512; C] =
-            std::array::from_fn(|c| unsafe { _mm512_loadu_ps(x[c].as_ptr().add(16 * i)) });
-        for (ar, wr) in acc.iter_mut().zip(w) {
-            // SAFETY: as above.
-            let wv = unsafe { _mm512_loadu_ps(wr.as_ptr().add(16 * i)) };
-            for (a, xc) in ar.iter_mut().zip(xv) {
-                *a = _mm512_fmadd_ps(wv, xc, *a);
-            }
-        }
-    }
-    for (r, ar) in acc.iter().enumerate() {
-        for (c, a) in ar.iter().enumerate() {
-            // SAFETY: as above.
-            unsafe { _mm512_storeu_ps(lanes[4 * r + c].as_mut_ptr(), *a) };
-        }
-    }
-}
-
 /// Four rows at once: adds `w[r] * x` into the stored lanes of row `r` (all lengths equal,
 /// a multiple of 16), interleaving the four FMA chains. Same per-row order as
 /// [`acc_lanes`].

@@ -79,7 +79,8 @@ macro_rules! multi_kernel {
                         fetched += 64;
                     }
                     for (row, a) in r.iter().zip(acc.iter_mut()) {
-                        let $b: &$block = &row[bi];
+                        // SAFETY: every row slice holds nb blocks (sliced above), bi < nb.
+                        let $b: &$block = unsafe { row.get_unchecked(bi) };
                         $($prelude)*
                         for $u in 0..$units {
                             let v: [__m512; V] = $unit;

@@ -3,16 +3,16 @@
 //!
 //! Every output keeps the canonical order of the parent module, so column `t` of
 //! [`multi_matvec`] has exactly the bits of [`matvec`](super::matvec) on column `t` alone
-//! (and of the dequantize-then-GEMM path). AVX-512 uses fused kernels (blocks decoded in
-//! registers, a few rows by up to [`MM_COLS`] columns per step); other SIMD cases dequantize
-//! a chunk of four rows into a stack buffer once and run every column over it.
+//! (and of the dequantize-then-GEMM path). AVX-512 has fused kernels (blocks decoded in
+//! registers, a few rows by up to [`MM_COLS`] columns per step) for the common formats;
+//! everything else runs [`matvec`] column by column. A shared-decode AVX2 path that
+//! dequantized four rows into a stack buffer and ran every column over it was measured
+//! slower than the tile GEMM of `ferrite-cpu` (SmolLM2 Q4_1, one thread: 41 vs 37 ms at 8
+//! columns, 67 vs 60 ms at 16), so AVX2 batches stay on the GEMM.
 
-use super::{MM_COLS, MatmatFn, ROW_CHUNK, check_level, dequant_fn, matvec, scalar};
+use super::{MM_COLS, MatmatFn, check_level, matvec};
 use crate::{QuantError, SimdLevel};
 use ferrite_gguf::GgmlType;
-
-/// Columns per pass of the chunked path (its accumulators live on the stack).
-const CHUNK_COLS: usize = 16;
 
 /// The level's fused multi-column kernel for rows of `k` values of `ty`, if it has one that
 /// covers `k` without a partial vector.
@@ -26,14 +26,12 @@ fn fused_multi(level: SimdLevel, ty: GgmlType, k: usize) -> Option<MatmatFn> {
     }
 }
 
-/// Whether [`multi_matvec`] decodes each weight block once per group of columns at `level`
-/// for `ty` with rows of `k` values: always at an available SIMD level for a format it can
-/// dequantize (otherwise it runs [`matvec`] column by column). AVX-512 decodes in registers
-/// for the common formats (see [`multi_matvec`]).
+/// Whether [`multi_matvec`] has a fused kernel at `level` for `ty` with rows of `k` values,
+/// decoding each weight block in registers once per group of up to [`MM_COLS`] columns
+/// (otherwise it runs [`matvec`] column by column): AVX-512, `k` a multiple of 16, and
+/// F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K, IQ4_NL or MXFP4.
 pub fn has_fused_multi_matvec(level: SimdLevel, ty: GgmlType, k: usize) -> bool {
-    level.is_available()
-        && (fused_multi(level, ty, k).is_some()
-            || (level != SimdLevel::Scalar && dequant_fn(level, ty).is_ok()))
+    fused_multi(level, ty, k).is_some()
 }
 
 /// `y[t * nr + r] = dot(row r of w, column t of x)` for `n` columns: `x` holds `n` columns
@@ -89,117 +87,8 @@ pub fn multi_matvec(
         }
         return Ok(());
     }
-    if level != SimdLevel::Scalar {
-        let deq = dequant_fn(level, ty)?;
-        chunked(level, ty, deq, w, rb, x, k, y);
-        return Ok(());
-    }
     for (xt, yt) in x.chunks_exact(k).zip(y.chunks_exact_mut(nr)) {
         matvec(level, ty, w, xt, yt)?;
     }
     Ok(())
-}
-
-/// The non-fused SIMD path: for each group of four rows, each [`ROW_CHUNK`] of the rows is
-/// dequantized once into a stack buffer and multiplied with up to [`CHUNK_COLS`] columns,
-/// the accumulators kept as stored lanes between chunks, the `k % width` tail added one
-/// product at a time: per output the order of [`super::dot_row`]. Shapes are checked by the
-/// caller and `level` is an available SIMD level; `deq` is its (bit-exact) dequantizer.
-#[allow(clippy::too_many_arguments)]
-fn chunked(
-    level: SimdLevel,
-    ty: GgmlType,
-    deq: super::DequantFn,
-    w: &[u8],
-    rb: usize,
-    x: &[f32],
-    k: usize,
-    y: &mut [f32],
-) {
-    let (bs, ts) = (ty.block_size() as usize, ty.type_size() as usize);
-    let (width, group) = match level {
-        SimdLevel::Avx512 => (16, 4),
-        // 16 vector registers: four rows by two columns of accumulators.
-        _ => (8, 2),
-    };
-    let full = k - k % width;
-    let nr = w.len() / rb;
-    let mut buf = [[0f32; ROW_CHUNK]; 4];
-    for (g, rows) in w.chunks(4 * rb).enumerate() {
-        let rn = rows.len() / rb;
-        for (cb, xs) in x.chunks(CHUNK_COLS * k).enumerate() {
-            let cn = xs.len() / k;
-            let cols: [&[f32]; CHUNK_COLS] =
-                std::array::from_fn(|c| if c < cn { &xs[c * k..(c + 1) * k] } else { &[] });
-            let mut lanes = [[[0f32; 16]; 16]; CHUNK_COLS / 2];
-            let mut tail = [[0f32; CHUNK_COLS]; 4];
-            let mut start = 0;
-            while start < k {
-                let len = ROW_CHUNK.min(k - start);
-                for (b, row) in buf.iter_mut().zip(rows.chunks_exact(rb)) {
-                    deq(
-                        &row[start / bs * ts..(start + len) / bs * ts],
-                        &mut b[..len],
-                    );
-                }
-                let vec_len = full.saturating_sub(start).min(len);
-                let ws = buf.each_ref().map(|b| &b[..vec_len]);
-                for (q, l) in lanes.iter_mut().enumerate().take(cn.div_ceil(group)) {
-                    let c0 = q * group;
-                    let xq = |j: usize| &cols[(c0 + j).min(cn - 1)][start..start + vec_len];
-                    acc_group(level, group, l, ws, xq);
-                }
-                for (r, t) in tail.iter_mut().enumerate().take(rn) {
-                    for (c, tc) in t.iter_mut().enumerate().take(cn) {
-                        let xt = &cols[c][start + vec_len..start + len];
-                        *tc = scalar::dot_acc(*tc, &buf[r][vec_len..len], xt);
-                    }
-                }
-                start += len;
-            }
-            for (r, t) in tail.iter().enumerate().take(rn) {
-                for (c, tc) in t.iter().enumerate().take(cn) {
-                    let l = &lanes[c / group][4 * r + c % group];
-                    let t_idx = cb * CHUNK_COLS + c;
-                    y[t_idx * nr + g * 4 + r] = reduce(level, l) + tc;
-                }
-            }
-        }
-    }
-}
-
-/// Adds four buffered rows times `group` columns (`xq(j)`, padded by repeating the last
-/// column, whose extra products are never read) into the stored lanes.
-fn acc_group<'a>(
-    level: SimdLevel,
-    group: usize,
-    lanes: &mut [[f32; 16]; 16],
-    ws: [&[f32]; 4],
-    xq: impl Fn(usize) -> &'a [f32],
-) {
-    match (level, group) {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `chunked` runs only at an available SIMD level; all slices have the
-        // same length, a multiple of the width; at most four columns.
-        (SimdLevel::Avx512, _) => unsafe {
-            super::avx512::acc_tile::<4>(lanes, ws, [xq(0), xq(1), xq(2), xq(3)])
-        },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: as above, for AVX2.
-        (SimdLevel::Avx2, _) => unsafe { super::avx2::acc_tile::<2>(lanes, ws, [xq(0), xq(1)]) },
-        _ => {}
-    }
-}
-
-/// The canonical horizontal reduction of stored lanes at an available SIMD level.
-fn reduce(level: SimdLevel, lanes: &[f32; 16]) -> f32 {
-    match level {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `chunked` runs only at an available SIMD level.
-        SimdLevel::Avx512 => unsafe { super::avx512::reduce_lanes(lanes) },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: as above.
-        SimdLevel::Avx2 => unsafe { super::avx2::reduce_lanes(lanes) },
-        _ => 0.0,
-    }
 }
