@@ -5,81 +5,14 @@
 //! (`FERRITE_SIMD=scalar|avx2|avx512` lowers the SIMD level). Prints one receipt line per
 //! measurement: median of the trials, with min and max.
 
-use std::time::Instant;
+mod common;
 
 use ferrite_cpu::{Matrix, ThreadPool, matmul};
 use ferrite_gguf::GgmlType;
 use ferrite_quant::kernels::has_fused_matvec;
 use ferrite_quant::simd_level;
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn f32(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
-}
-
-/// Offsets of IEEE-half scale fields, so random blocks decode to finite values.
-fn half_fields(ty: GgmlType) -> &'static [usize] {
-    use GgmlType as T;
-    match ty {
-        T::Q4_0 | T::Q5_0 | T::Q8_0 | T::IQ4_NL | T::IQ4_XS => &[0],
-        T::Q4_1 | T::Q5_1 | T::Q4_K | T::Q5_K => &[0, 2],
-        T::Q6_K => &[208],
-        _ => &[],
-    }
-}
-
-fn random_weights(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
-    let ts = ty.type_size() as usize;
-    let n = rows * ty.row_bytes(cols as u64).expect("whole blocks") as usize;
-    let mut v = vec![0u8; n];
-    for c in v.chunks_mut(8) {
-        let r = rng.next().to_le_bytes();
-        c.copy_from_slice(&r[..c.len()]);
-    }
-    let small = half::f16::from_f32(0.01).to_le_bytes();
-    match ty {
-        GgmlType::F32 => {
-            for c in v.chunks_exact_mut(4) {
-                c.copy_from_slice(&(rng.f32() * 0.01).to_le_bytes());
-            }
-        }
-        GgmlType::F16 | GgmlType::BF16 => {
-            for c in v.chunks_exact_mut(2) {
-                c.copy_from_slice(&small);
-            }
-        }
-        _ => {
-            for b in v.chunks_exact_mut(ts) {
-                for &o in half_fields(ty) {
-                    b[o..o + 2].copy_from_slice(&small);
-                }
-            }
-        }
-    }
-    v
-}
-
-/// Median, min, max of `trials` timings of `f` in seconds (after one warm-up call).
-fn time<F: FnMut()>(trials: usize, mut f: F) -> (f64, f64, f64) {
-    f();
-    let mut t: Vec<f64> = (0..trials)
-        .map(|_| {
-            let s = Instant::now();
-            f();
-            s.elapsed().as_secs_f64()
-        })
-        .collect();
-    t.sort_by(f64::total_cmp);
-    (t[t.len() / 2], t[0], t[t.len() - 1])
-}
+use common::{Rng, random_weights, time};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();

@@ -151,6 +151,57 @@ fn thread_counts_give_identical_bits() {
     }
 }
 
+/// A decode batch (2..=17 tokens: the multi-column matvec; 33: the tile GEMM) gives each
+/// token exactly the bits of multiplying it alone, for row counts that split unevenly over
+/// the threads, the kernel's row pairs and the 64-row output groups.
+#[test]
+fn decode_batches_equal_single_token_products() {
+    let mut rng = Rng(7);
+    let pools: Vec<ThreadPool> = (1..=3).map(|n| ThreadPool::new(n).expect("pool")).collect();
+    for level in SimdLevel::ALL.into_iter().filter(|l| l.is_available()) {
+        for ty in [
+            GgmlType::Q4_1,
+            GgmlType::Q8_0,
+            GgmlType::Q4_K,
+            GgmlType::Q5_0,
+            GgmlType::Q6_K,
+            GgmlType::F32,
+        ] {
+            let b = ty.block_size().max(32) as usize;
+            for (rows, cols) in [(37, b), (131, 3 * b)] {
+                let data = random_matrix(&mut rng, ty, rows, cols);
+                let m = Matrix {
+                    ty,
+                    rows,
+                    cols,
+                    data: &data,
+                };
+                for nt in [2, 3, 4, 5, 7, 8, 16, 17, 33] {
+                    let x: Vec<f32> = (0..nt * cols).map(|_| rng.f32()).collect();
+                    let mut alone = vec![0f32; nt * rows];
+                    for (xt, yt) in x.chunks_exact(cols).zip(alone.chunks_exact_mut(rows)) {
+                        matmul_with(&pools[0], level, m, xt, 1, yt).expect("matmul");
+                    }
+                    for p in &pools {
+                        let mut y = vec![f32::NAN; nt * rows];
+                        matmul_with(p, level, m, &x, nt, &mut y).expect("matmul");
+                        for (i, (a, b)) in y.iter().zip(&alone).enumerate() {
+                            assert_eq!(
+                                a.to_bits(),
+                                b.to_bits(),
+                                "{ty} {level} {rows}x{cols} n={nt} threads={} token {} row {}",
+                                p.n_threads(),
+                                i / rows,
+                                i % rows
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn shape_errors_are_reported_not_panicked() {
     let pool = ThreadPool::new(2).expect("pool");

@@ -39,8 +39,8 @@ pub enum CudaError {
     InvalidArgument(String),
     /// A session state that does not fit the session importing it (KV type, layer count,
     /// row width, context, token ids or logits length); the session is left unchanged.
-    #[error("session state: {0}")]
-    SessionState(String),
+    #[error("session state does not fit this session: {0}")]
+    SessionState(#[source] ferrite_model::ModelError),
     /// Reading the model (metadata, tensors, dequantizing norms) failed.
     #[error(transparent)]
     Model(#[from] ferrite_model::ModelError),

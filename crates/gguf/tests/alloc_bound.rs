@@ -14,39 +14,12 @@
 
 mod common;
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
-
 use common::{Raw, Rng, mutate, sample_bytes};
 use ferrite_gguf::Gguf;
-
-struct Counting;
-
-thread_local! {
-    static CURRENT: Cell<usize> = const { Cell::new(0) };
-    static PEAK: Cell<usize> = const { Cell::new(0) };
-}
-
-// SAFETY: forwards every call to the system allocator unchanged; the bookkeeping only
-// touches const-initialised thread-locals without destructors, which never allocate.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let cur = CURRENT.get() + layout.size();
-        CURRENT.set(cur);
-        PEAK.set(PEAK.get().max(cur));
-        // SAFETY: same contract as our caller's.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        CURRENT.set(CURRENT.get().saturating_sub(layout.size()));
-        // SAFETY: same contract as our caller's.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
+use ferrite_testkit::{CountingAlloc, measure};
 
 #[global_allocator]
-static ALLOC: Counting = Counting;
+static ALLOC: CountingAlloc = CountingAlloc;
 
 /// Worst-case heap bytes per input byte, plus a constant for small fixed structures.
 const MAX_RATIO: usize = 10;
@@ -54,10 +27,7 @@ const SLACK: usize = 64 * 1024;
 
 /// Peak heap growth while parsing `bytes` (and dropping the result).
 fn peak_growth(bytes: Vec<u8>) -> usize {
-    let base = CURRENT.get();
-    PEAK.set(base);
-    drop(Gguf::from_bytes(bytes));
-    PEAK.get() - base
+    measure(|| drop(Gguf::from_bytes(bytes))).1.peak_growth
 }
 
 fn assert_bounded(bytes: Vec<u8>, what: &str) -> usize {

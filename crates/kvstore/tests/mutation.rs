@@ -4,32 +4,13 @@
 //! never allocates more than the file's own size (a counting global allocator measures the
 //! largest single allocation).
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
-
 use ferrite_kvstore::{Compat, HEADER_LEN, KvStoreError, SnapshotBackend, decode, encode};
 use ferrite_model::{KvType, SessionState};
+use ferrite_testkit::{CountingAlloc, measure};
 use sha2::{Digest, Sha256};
 
-struct Counting;
-
-static LARGEST: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY: forwards to the system allocator unchanged; only records sizes.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        LARGEST.fetch_max(layout.size(), Ordering::Relaxed);
-        // SAFETY: same contract as our caller's.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: same contract as our caller's.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: CountingAlloc = CountingAlloc;
 
 fn sample() -> (Compat, Vec<u8>) {
     let compat = Compat {
@@ -135,9 +116,8 @@ fn mutated_snapshots_are_rejected_without_panic_or_oversized_allocation() {
         if b == good {
             continue;
         }
-        LARGEST.store(0, Ordering::Relaxed);
-        let res = decode(&mut &b[..], b.len() as u64, &compat);
-        let largest = LARGEST.load(Ordering::Relaxed);
+        let (res, stats) = measure(|| decode(&mut &b[..], b.len() as u64, &compat));
+        let largest = stats.largest;
         assert!(
             largest <= b.len().max(HEADER_LEN) + 4096,
             "case {case}: allocated {largest} for a {}-byte file",

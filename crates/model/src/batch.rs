@@ -16,6 +16,10 @@ pub struct Batch {
     max_rows: usize,
     s: Option<Scratch>,
     logits: Vec<f32>,
+    /// The step's tokens, all sessions' concatenated.
+    tokens: Vec<u32>,
+    /// Row index of each session's last token in the step.
+    lasts: Vec<usize>,
 }
 
 impl Batch {
@@ -28,6 +32,8 @@ impl Batch {
             max_rows,
             s: None,
             logits: Vec::new(),
+            tokens: Vec::with_capacity(max_rows),
+            lasts: Vec::new(),
         })
     }
 
@@ -87,7 +93,8 @@ impl Batch {
                 });
             }
         }
-        let tokens: Vec<u32> = inputs.concat();
+        self.tokens.clear();
+        inputs.iter().for_each(|t| self.tokens.extend_from_slice(t));
         let scratch = self.s.get_or_insert_with(|| Scratch::new(c, self.max_rows));
         let pool = first.pool();
         let mut segs: Vec<Segment<'_>> = sessions
@@ -99,7 +106,7 @@ impl Batch {
             model,
             pool,
             scratch,
-            &tokens,
+            &self.tokens,
             &mut segs,
             &mut None,
             Faults::default(),
@@ -108,15 +115,15 @@ impl Batch {
         // Only each session's last row needs logits: gather those rows to the front.
         let d = c.d_model;
         let n_vocab = c.n_vocab;
+        self.lasts.clear();
         let mut end = 0;
-        let mut lasts = Vec::with_capacity(inputs.len());
         for t in inputs {
             end += t.len();
-            lasts.push(end - 1);
+            self.lasts.push(end - 1);
         }
-        scratch.gather_rows(&lasts, d);
-        self.logits.resize(lasts.len() * n_vocab, 0.0);
-        scratch.logits(model, pool, 0, lasts.len(), &mut self.logits)?;
+        scratch.gather_rows(&self.lasts, d);
+        self.logits.resize(self.lasts.len() * n_vocab, 0.0);
+        scratch.logits(model, pool, 0, self.lasts.len(), &mut self.logits)?;
         for ((s, t), row) in sessions
             .iter_mut()
             .zip(inputs)

@@ -71,6 +71,56 @@ impl SessionState {
         Ok(())
     }
 
+    /// Checks, before anything is written, that the first `n` positions of this state fit a
+    /// cache of `kv_type` with `n_layer` layers of `row`-value rows, a context of `ctx` and a
+    /// vocabulary of `n_vocab`; returns the logits to restore (only when `n` is the whole
+    /// state). Every backend's import runs this same check.
+    pub fn fit(
+        &self,
+        kv_type: KvType,
+        (n_layer, row): (usize, usize),
+        ctx: usize,
+        n_vocab: usize,
+        n: usize,
+    ) -> Result<Option<&[f32]>, ModelError> {
+        self.check()?;
+        let bad = |what: String| {
+            Err(ModelError::InvalidArgument(format!(
+                "session state: {what}"
+            )))
+        };
+        if self.kv_type != kv_type {
+            return bad(format!(
+                "KV type {:?}, the cache holds {kv_type:?}",
+                self.kv_type
+            ));
+        }
+        if (self.n_layer, self.row) != (n_layer, row) {
+            return bad(format!(
+                "{} layers of {}-value rows, model has {n_layer} of {row}",
+                self.n_layer, self.row
+            ));
+        }
+        if n > self.n_tokens() || n > ctx {
+            return bad(format!(
+                "{n} positions requested, state holds {}, context {ctx}",
+                self.n_tokens()
+            ));
+        }
+        if let Some(&token) = self.tokens[..n].iter().find(|&&t| t as usize >= n_vocab) {
+            return Err(ModelError::TokenOutOfRange { token, n_vocab });
+        }
+        match &self.logits {
+            Some(l) if n == self.n_tokens() && n > 0 => {
+                if l.len() != n_vocab {
+                    return bad(format!("{} logits, vocabulary {n_vocab}", l.len()));
+                }
+                Ok(Some(l))
+            }
+            _ => Ok(None),
+        }
+    }
+
     /// Bytes of one block of rows (the keys or the values of one layer) for `n` positions.
     fn block(&self, n: usize) -> usize {
         n * self.row * Self::elem_bytes(self.kv_type)
@@ -138,48 +188,14 @@ impl Session<'_> {
     /// anything is written, so on error the session is unchanged.
     pub fn import_state(&mut self, state: &SessionState, n: usize) -> Result<(), ModelError> {
         let c = self.model().config();
-        state.check()?;
-        let bad = |what: String| {
-            Err(ModelError::InvalidArgument(format!(
-                "session state: {what}"
-            )))
-        };
-        if state.kv_type != self.kv.ty() {
-            return bad(format!(
-                "KV type {:?}, session uses {:?}",
-                state.kv_type,
-                self.kv.ty()
-            ));
-        }
-        if (state.n_layer, state.row) != (c.n_layer, self.kv.row) {
-            return bad(format!(
-                "{} layers of {}-value rows, model has {} of {}",
-                state.n_layer, state.row, c.n_layer, self.kv.row
-            ));
-        }
-        if n > state.n_tokens() || n > self.ctx() {
-            return bad(format!(
-                "{n} positions requested, state holds {}, context {}",
-                state.n_tokens(),
-                self.ctx()
-            ));
-        }
+        let logits = state.fit(
+            self.kv.ty(),
+            (c.n_layer, self.kv.row),
+            self.ctx(),
+            c.n_vocab,
+            n,
+        )?;
         let tokens = &state.tokens[..n];
-        if let Some(&token) = tokens.iter().find(|&&t| t as usize >= c.n_vocab) {
-            return Err(ModelError::TokenOutOfRange {
-                token,
-                n_vocab: c.n_vocab,
-            });
-        }
-        let logits = match &state.logits {
-            Some(l) if n == state.n_tokens() && n > 0 => {
-                if l.len() != c.n_vocab {
-                    return bad(format!("{} logits, vocabulary {}", l.len(), c.n_vocab));
-                }
-                Some(l)
-            }
-            _ => None,
-        };
         self.reset();
         let full = state.block(state.n_tokens());
         let part = state.block(n);

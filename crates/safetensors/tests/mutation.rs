@@ -5,49 +5,20 @@
 
 mod common;
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
-
 use common::{Rng, sample};
 use ferrite_safetensors::SafeTensors;
-
-struct Counting;
-
-thread_local! {
-    static CURRENT: Cell<usize> = const { Cell::new(0) };
-    static PEAK: Cell<usize> = const { Cell::new(0) };
-}
-
-// SAFETY: forwards every call to the system allocator unchanged; the bookkeeping only
-// touches const-initialised thread-locals without destructors, which never allocate.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let cur = CURRENT.get() + layout.size();
-        CURRENT.set(cur);
-        PEAK.set(PEAK.get().max(cur));
-        // SAFETY: same contract as our caller's.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        CURRENT.set(CURRENT.get().saturating_sub(layout.size()));
-        // SAFETY: same contract as our caller's.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
+use ferrite_testkit::{CountingAlloc, measure};
 
 #[global_allocator]
-static ALLOC: Counting = Counting;
+static ALLOC: CountingAlloc = CountingAlloc;
 
 /// Heap bytes per input byte (JSON values and per-tensor records), plus fixed slack.
 const MAX_RATIO: usize = 64;
 const SLACK: usize = 64 * 1024;
 
 fn peak_growth(bytes: Vec<u8>) -> (usize, bool) {
-    let base = CURRENT.get();
-    PEAK.set(base);
-    let ok = SafeTensors::from_bytes("m", bytes).is_ok();
-    (PEAK.get() - base, ok)
+    let (ok, stats) = measure(|| SafeTensors::from_bytes("m", bytes).is_ok());
+    (stats.peak_growth, ok)
 }
 
 fn mutate(rng: &mut Rng, bytes: &mut Vec<u8>) {
@@ -111,10 +82,6 @@ fn mutated_files_never_panic_or_over_allocate() {
 #[test]
 fn mutation_checker_fails_on_a_known_over_allocation() {
     // Test the test: an allocation far beyond the bound is seen by the counter.
-    let base = CURRENT.get();
-    PEAK.set(base);
-    let v = vec![0u8; 10 * 1024 * 1024];
-    let peak = PEAK.get() - base;
-    drop(v);
-    assert!(peak > 1000 * MAX_RATIO + SLACK);
+    let ((), stats) = measure(|| drop(vec![0u8; 10 * 1024 * 1024]));
+    assert!(stats.peak_growth > 1000 * MAX_RATIO + SLACK);
 }

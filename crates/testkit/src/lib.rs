@@ -7,6 +7,8 @@
 //! set (a missing directory fails), else from the in-repo copy. The CLI tests do not use this:
 //! they pull the models with `ferrite pull`.
 //!
+//! [`CountingAlloc`] and [`measure`] bound what parsers allocate on hostile input.
+//!
 //! ```
 //! // `None` (with a printed `skipped:` line) when the file is not in the model cache.
 //! let maybe = ferrite_testkit::real_model("no-such-model.gguf");
@@ -14,6 +16,10 @@
 //! ```
 
 #![deny(missing_docs)]
+
+mod alloc;
+
+pub use alloc::{AllocStats, CountingAlloc, measure};
 
 use std::path::PathBuf;
 

@@ -69,45 +69,10 @@ impl CudaSession<'_> {
     /// the session unchanged ([`CudaError::SessionState`]).
     pub fn import_state(&mut self, state: &SessionState, n: usize) -> Result<(), CudaError> {
         let c = &self.model.config;
-        let bad = |what: String| Err(CudaError::SessionState(what));
-        state
-            .check()
-            .map_err(|e| CudaError::SessionState(e.to_string()))?;
-        if state.kv_type != KvType::F16 {
-            return bad(format!(
-                "KV type {:?}, the CUDA cache holds F16",
-                state.kv_type
-            ));
-        }
-        if (state.n_layer, state.row) != (c.n_layer, c.kv_dim()) {
-            return bad(format!(
-                "{} layers of {}-value rows, model has {} of {}",
-                state.n_layer,
-                state.row,
-                c.n_layer,
-                c.kv_dim()
-            ));
-        }
-        if n > state.n_tokens() || n > self.ctx {
-            return bad(format!(
-                "{n} positions requested, state holds {}, context {}",
-                state.n_tokens(),
-                self.ctx
-            ));
-        }
+        let logits = state
+            .fit(KvType::F16, (c.n_layer, c.kv_dim()), self.ctx, c.n_vocab, n)
+            .map_err(CudaError::SessionState)?;
         let tokens = &state.tokens[..n];
-        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= c.n_vocab) {
-            return bad(format!("token {t} outside a vocabulary of {}", c.n_vocab));
-        }
-        let logits = match &state.logits {
-            Some(l) if n == state.n_tokens() && n > 0 => {
-                if l.len() != c.n_vocab {
-                    return bad(format!("{} logits, vocabulary {}", l.len(), c.n_vocab));
-                }
-                Some(l)
-            }
-            _ => None,
-        };
         self.reset();
         let s = self.model.backend.stream.clone();
         let row = state.row;
@@ -127,7 +92,7 @@ impl CudaSession<'_> {
             }
         }
         if let Some(l) = logits {
-            s.memcpy_htod(&l[..], &mut self.buf.logits)?;
+            s.memcpy_htod(l, &mut self.buf.logits)?;
         }
         self.history.extend_from_slice(tokens);
         self.n_past = n;

@@ -135,7 +135,7 @@ unsafe fn micro<const R: usize, const T: usize>(
 /// reductions were a fifth of a 4 x 4 tile at k = 640).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-fn hsum16(v: &[__m512; 16]) -> [f32; 16] {
+pub(crate) fn hsum16(v: &[__m512; 16]) -> [f32; 16] {
     // Step 1: u[m] = [v[2m] lo256 + hi256, v[2m+1] lo256 + hi256].
     let u: [__m512; 8] = std::array::from_fn(|m| {
         let (a, b) = (v[2 * m], v[2 * m + 1]);

@@ -737,3 +737,7 @@ format_kernels!(
     mxfp4_mv,
     crate::nonlinear::dequant_mxfp4_ref
 );
+
+// After the decoder macros, so they are in textual scope there.
+#[path = "avx512_multi.rs"]
+pub(super) mod multi;

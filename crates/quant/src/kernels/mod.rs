@@ -17,10 +17,12 @@ mod avx2_dequant;
 pub(crate) mod avx512;
 #[cfg(target_arch = "x86_64")]
 mod avx512_dequant;
+mod multi;
 pub(crate) mod scalar;
 mod vmath;
 
 pub use attn::weighted_rows;
+pub use multi::{has_fused_multi_matvec, multi_matvec};
 pub use vmath::{GatedAct, gated_act, gelu_tanh_ref, silu_ref, softmax_scaled};
 
 use crate::{QuantError, SimdLevel};
@@ -31,6 +33,15 @@ pub type DequantFn = fn(&[u8], &mut [f32]);
 
 /// A fused kernel: `out[r] = dot(row r, x)` for 1..=4 rows of whole blocks.
 pub(crate) type MatvecFn = fn(&[&[u8]], &[f32], &mut [f32]);
+
+/// A fused multi-column kernel, `(w, nr, cols, out, stride)`: `out[c * stride + r] =
+/// dot(row r of w, cols[c])` for the `nr` rows of whole blocks in `w` and 1..=[`MM_COLS`]
+/// activation columns.
+pub(crate) type MatmatFn = fn(&[u8], usize, &[&[f32]], &mut [f32], usize);
+
+/// Activation columns per call of a [`MatmatFn`] (at most 16 accumulators: two rows of
+/// eight columns, or four rows of up to four).
+pub(crate) const MM_COLS: usize = 8;
 
 /// Largest tile [`dot_tile`] accepts in each direction.
 pub const MAX_TILE: usize = 4;
