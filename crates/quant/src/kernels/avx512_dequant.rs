@@ -19,6 +19,11 @@ use crate::nonlinear::{
 };
 use ferrite_gguf::GgmlType;
 
+#[macro_use]
+#[path = "avx512_lut.rs"]
+mod lut;
+use lut::{byte_lanes, codes16, five_bit, table_affine, table_kaffine, table_scaled};
+
 /// Prefetch distance of the fused matvec, in bytes. Measured on the 2-core Zen 5 (256 MiB
 /// Q4_0/Q4_K/Q6_K, one thread): none 3.0/1.9/2.2 GB/s, 8 KiB 7.8/6.4/3.3-4.3, 16 KiB
 /// 7.9-10/3.5-4.7/3.4-4.7 (a busy machine: treat as +-30%).
@@ -69,7 +74,7 @@ crate::block::impl_block!(ChunkBf16, 32);
 
 /// One block of each of four rows into their accumulators: decode all four blocks, then
 /// interleave the four FMA chains chunk by chunk (one row's chain alone is latency-bound).
-/// Right for small blocks; `$n = 16` would need 64 registers (see [`block4_q4k`]).
+/// Right for small blocks; `$n = 16` would need 64 registers (see [`block4_q6k`]).
 macro_rules! block4_whole {
     ($dec:ident, $n:expr, $blocks:expr, $xs:expr, $acc:expr) => {{
         let [b0, b1, b2, b3] = $blocks;
@@ -90,20 +95,10 @@ macro_rules! block4_whole {
     }};
 }
 
-/// [`block4_whole`] for Q4_K, a quarter block (64 values) at a time: decoding four whole
+/// [`block4_whole`] for Q6_K, a quarter block (64 values) at a time: decoding four whole
 /// 256-value blocks needs 64 vector registers and spilled half of them to the stack on
-/// every block. Each quarter decodes exactly as [`dec_q4k`] and the FMAs of each row run in
+/// every block. Each quarter decodes exactly as [`dec_q6k`] and the FMAs of each row run in
 /// the same chunk order, so the bits are the same.
-macro_rules! block4_q4k {
-    ($dec:ident, $n:expr, $blocks:expr, $xs:expr, $acc:expr) => {{
-        let bs: [&BlockQ4K; 4] = $blocks;
-        let sm: [[f32; 16]; 4] =
-            std::array::from_fn(|r| k4_scales(f16_le(bs[r].d), f16_le(bs[r].dmin), &bs[r].scales));
-        block4_quarters!($xs, $acc, 4, |r, c| q4k_quarter!(bs[r], &sm[r], c));
-    }};
-}
-
-/// [`block4_q4k`] for Q6_K (same reason, same argument for the bits).
 macro_rules! block4_q6k {
     ($dec:ident, $n:expr, $blocks:expr, $xs:expr, $acc:expr) => {{
         let bs: [&BlockQ6K; 4] = $blocks;
@@ -459,20 +454,6 @@ macro_rules! dec_q8_0 {
     }};
 }
 
-/// Decodes one `BlockQ4K` into `[__m512; 16]` (a macro so it always inlines into the
-/// kernels: as a function LLVM leaves the larger decoders out of line).
-macro_rules! dec_q4k {
-    ($b:expr, $v:expr) => {{
-        let b: &BlockQ4K = $b;
-        let v: &mut [__m512; 16] = $v;
-        let sm = k4_scales(f16_le(b.d), f16_le(b.dmin), &b.scales);
-        for c in 0..4 {
-            let q = q4k_quarter!(b, &sm, c);
-            v[4 * c..4 * c + 4].copy_from_slice(&q);
-        }
-    }};
-}
-
 /// Values `64c..64c + 64` of a `BlockQ4K` as four vectors, given its [`k4_scales`].
 macro_rules! q4k_quarter {
     ($b:expr, $sm:expr, $c:expr) => {{
@@ -650,7 +631,7 @@ format_kernels!(
 format_kernels!(
     BlockQ4_0,
     2,
-    dec_q4_0,
+    lut_q4_0,
     q4_0_deq,
     q4_0_mv,
     crate::legacy::dequant_q4_0_ref
@@ -658,7 +639,7 @@ format_kernels!(
 format_kernels!(
     BlockQ4_1,
     2,
-    dec_q4_1,
+    lut_q4_1,
     q4_1_deq,
     q4_1_mv,
     crate::legacy::dequant_q4_1_ref
@@ -666,7 +647,7 @@ format_kernels!(
 format_kernels!(
     BlockQ5_0,
     2,
-    dec_q5_0,
+    lut_q5_0,
     q5_0_deq,
     q5_0_mv,
     crate::legacy::dequant_q5_0_ref
@@ -674,7 +655,7 @@ format_kernels!(
 format_kernels!(
     BlockQ5_1,
     2,
-    dec_q5_1,
+    lut_q5_1,
     q5_1_deq,
     q5_1_mv,
     crate::legacy::dequant_q5_1_ref
@@ -690,11 +671,11 @@ format_kernels!(
 format_kernels!(
     BlockQ4K,
     16,
-    dec_q4k,
+    lut_q4k,
     q4k_deq,
     q4k_mv,
     crate::kquants::dequant_q4k_ref,
-    block4_q4k
+    block4_lut_q4k
 );
 format_kernels!(
     BlockQ5K,
@@ -716,7 +697,7 @@ format_kernels!(
 format_kernels!(
     BlockIq4Nl,
     2,
-    dec_iq4nl,
+    lut_iq4nl,
     iq4nl_deq,
     iq4nl_mv,
     crate::nonlinear::dequant_iq4nl_ref
