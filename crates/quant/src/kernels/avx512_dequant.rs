@@ -22,7 +22,7 @@ use ferrite_gguf::GgmlType;
 #[macro_use]
 #[path = "avx512_lut.rs"]
 mod lut;
-use lut::{byte_lanes, codes16, five_bit, table_affine, table_kaffine, table_scaled};
+use lut::{byte_lanes, codes16, five_bit, splat_f16, table_affine, table_kaffine, table_scaled};
 
 /// Prefetch distance of the fused matvec, in bytes. Measured on the 2-core Zen 5 (256 MiB
 /// Q4_0/Q4_K/Q6_K, one thread): none 3.0/1.9/2.2 GB/s, 8 KiB 7.8/6.4/3.3-4.3, 16 KiB

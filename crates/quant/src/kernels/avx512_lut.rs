@@ -24,25 +24,33 @@ pub(super) fn codes16(base: f32) -> __m512 {
     )
 }
 
+/// An IEEE half (little-endian bytes) converted to f32 in all 16 lanes: a 16-bit broadcast
+/// load and one vector conversion, exact like [`f16_le`].
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+pub(super) fn splat_f16(h: [u8; 2]) -> __m512 {
+    _mm512_cvtph_ps(_mm256_set1_epi16(i16::from_le_bytes(h)))
+}
+
 /// Table of `d * c` for the 16 codes `c` of `codes` (lanes of exact small integers).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-pub(super) fn table_scaled(codes: __m512, d: f32) -> __m512 {
-    _mm512_mul_ps(_mm512_set1_ps(d), codes)
+pub(super) fn table_scaled(codes: __m512, d: __m512) -> __m512 {
+    _mm512_mul_ps(d, codes)
 }
 
 /// Table of `d * c + m` (two roundings, as the reference) for the codes of `codes`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-pub(super) fn table_affine(codes: __m512, d: f32, m: f32) -> __m512 {
-    _mm512_add_ps(table_scaled(codes, d), _mm512_set1_ps(m))
+pub(super) fn table_affine(codes: __m512, d: __m512, m: __m512) -> __m512 {
+    _mm512_add_ps(table_scaled(codes, d), m)
 }
 
 /// Table of `d * c - m` (two roundings): the k-quant affine step.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 pub(super) fn table_kaffine(codes: __m512, d: f32, m: f32) -> __m512 {
-    _mm512_sub_ps(table_scaled(codes, d), _mm512_set1_ps(m))
+    _mm512_sub_ps(table_scaled(codes, _mm512_set1_ps(d)), _mm512_set1_ps(m))
 }
 
 /// 16 bytes zero-extended to 32-bit index lanes: the low nibble indexes a 16-entry table
@@ -67,7 +75,7 @@ macro_rules! lut_q4_0 {
     ($b:expr, $v:expr) => {{
         let b: &BlockQ4_0 = $b;
         let v: &mut [__m512; 2] = $v;
-        let t = table_scaled(codes16(-8.0), f16_le(b.d));
+        let t = table_scaled(codes16(-8.0), splat_f16(b.d));
         let x = byte_lanes(load16(&b.qs, 0));
         v[0] = _mm512_permutexvar_ps(x, t);
         v[1] = _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(x), t);
@@ -79,7 +87,7 @@ macro_rules! lut_q4_1 {
     ($b:expr, $v:expr) => {{
         let b: &BlockQ4_1 = $b;
         let v: &mut [__m512; 2] = $v;
-        let t = table_affine(codes16(0.0), f16_le(b.d), f16_le(b.m));
+        let t = table_affine(codes16(0.0), splat_f16(b.d), splat_f16(b.m));
         let x = byte_lanes(load16(&b.qs, 0));
         v[0] = _mm512_permutexvar_ps(x, t);
         v[1] = _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(x), t);
@@ -93,7 +101,7 @@ macro_rules! lut_iq4nl {
         let v: &mut [__m512; 2] = $v;
         // SAFETY: the table is exactly 16 readable bytes.
         let kv = unsafe { _mm_loadu_si128(KVALUES_IQ4NL.as_ptr().cast()) };
-        let t = table_scaled(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(kv)), f16_le(b.d));
+        let t = table_scaled(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(kv)), splat_f16(b.d));
         let x = byte_lanes(load16(&b.qs, 0));
         v[0] = _mm512_permutexvar_ps(x, t);
         v[1] = _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(x), t);
@@ -105,7 +113,7 @@ macro_rules! lut_q5_0 {
     ($b:expr, $v:expr) => {{
         let b: &BlockQ5_0 = $b;
         let v: &mut [__m512; 2] = $v;
-        let d = f16_le(b.d);
+        let d = splat_f16(b.d);
         let (t0, t1) = (
             table_scaled(codes16(-16.0), d),
             table_scaled(codes16(0.0), d),
@@ -124,7 +132,7 @@ macro_rules! lut_q5_1 {
     ($b:expr, $v:expr) => {{
         let b: &BlockQ5_1 = $b;
         let v: &mut [__m512; 2] = $v;
-        let (d, m) = (f16_le(b.d), f16_le(b.m));
+        let (d, m) = (splat_f16(b.d), splat_f16(b.m));
         let (t0, t1) = (
             table_affine(codes16(0.0), d, m),
             table_affine(codes16(16.0), d, m),
