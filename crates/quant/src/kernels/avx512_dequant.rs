@@ -24,10 +24,18 @@ use ferrite_gguf::GgmlType;
 mod lut;
 use lut::{byte_lanes, codes16, five_bit, splat_f16, table_affine, table_kaffine, table_scaled};
 
-/// Prefetch distance of the fused matvec, in bytes. Measured on the 2-core Zen 5 (256 MiB
-/// Q4_0/Q4_K/Q6_K, one thread): none 3.0/1.9/2.2 GB/s, 8 KiB 7.8/6.4/3.3-4.3, 16 KiB
-/// 7.9-10/3.5-4.7/3.4-4.7 (a busy machine: treat as +-30%).
+/// Prefetch distance of the fused multi-column kernel, and of the single-column one for
+/// Q4_K, in bytes. Measured on the 2-core Zen 5 (256 MiB Q4_0/Q4_K/Q6_K, one thread): none
+/// 3.0/1.9/2.2 GB/s, 8 KiB 7.8/6.4/3.3-4.3, 16 KiB 7.9-10/3.5-4.7/3.4-4.7 (a busy machine:
+/// treat as +-30%).
 const PF: usize = 8192;
+
+/// Prefetch distance of the single-column fused matvec (table decoders), in bytes.
+/// Measured by thread CPU time (128 MiB, one thread, GB/s for Q8_0/Q4_0/Q4_1/Q5_0/Q4_K/
+/// Q6_K): 8 KiB 14.1/20.3/18.6/17.3/18.0/13.0, 12 KiB 17.9/22.3/19.5/18.7/17.2/14.7,
+/// 16 KiB 21.2/21.7/19.6/18.3/16.8/14.7, 24 KiB 21.4/21.4/19.5/18.5/16.6/14.5, 32 KiB
+/// 20.9/21.2/19.6/18.0/16.4/14.2. So 16 KiB, except Q4_K, which keeps [`PF`].
+const PF_MATVEC: usize = 16384;
 
 /// The AVX-512 dequantizer of `ty`, if one exists.
 pub(super) fn lookup(ty: GgmlType) -> Option<DequantFn> {
@@ -134,6 +142,10 @@ macro_rules! format_kernels {
         format_kernels!($block, $n, $dec, $deq, $mv, $reference, block4_whole);
     };
     ($block:ty, $n:expr, $dec:ident, $deq:ident, $mv:ident, $reference:path, $block4:ident) => {
+        format_kernels!($block, $n, $dec, $deq, $mv, $reference, $block4, PF_MATVEC);
+    };
+    ($block:ty, $n:expr, $dec:ident, $deq:ident, $mv:ident, $reference:path, $block4:ident,
+     $pf:expr) => {
         fn $deq(src: &[u8], dst: &mut [f32]) {
             #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
             fn imp(src: &[u8], dst: &mut [f32]) {
@@ -180,15 +192,15 @@ macro_rules! format_kernels {
                 let mut acc = [_mm512_setzero_ps(); 4];
                 // The four rows are usually adjacent in memory, and each is short (a few
                 // KiB), too short for the hardware prefetcher to lock on to four separate
-                // streams: prefetch the linear region PF bytes ahead of the group's
+                // streams: prefetch the linear region a fixed distance ahead of the group's
                 // frontier instead. Prefetches never fault, and the pointers are formed
                 // with wrapping arithmetic, so running past the end is harmless.
                 let size = std::mem::size_of::<$block>();
                 let base = r0.as_ptr().cast::<i8>();
-                let mut fetched = PF;
+                let mut fetched = $pf;
                 for bi in 0..nb {
                     let xs = &x[16 * $n * bi..];
-                    let frontier = 4 * (bi + 1) * size + PF;
+                    let frontier = 4 * (bi + 1) * size + $pf;
                     while fetched < frontier {
                         _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(fetched));
                         fetched += 64;
@@ -675,7 +687,8 @@ format_kernels!(
     q4k_deq,
     q4k_mv,
     crate::kquants::dequant_q4k_ref,
-    block4_lut_q4k
+    block4_lut_q4k,
+    PF
 );
 format_kernels!(
     BlockQ5K,
