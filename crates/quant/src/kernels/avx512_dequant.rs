@@ -110,8 +110,8 @@ macro_rules! block4_whole {
 macro_rules! block4_q6k {
     ($dec:ident, $n:expr, $blocks:expr, $xs:expr, $acc:expr) => {{
         let bs: [&BlockQ6K; 4] = $blocks;
-        let d: [f32; 4] = std::array::from_fn(|r| f16_le(bs[r].d));
-        block4_quarters!($xs, $acc, 4, |r, g| q6k_quarter!(bs[r], d[r], g / 2, g % 2));
+        let dl: [[f32; 16]; 4] = std::array::from_fn(|r| q6k_scales(f16_le(bs[r].d), &bs[r].scales));
+        block4_quarters!($xs, $acc, 4, |r, g| q6k_quarter!(@ bs[r], &dl[r], g / 2, g % 2));
     }};
 }
 
@@ -322,6 +322,18 @@ fn k4_scales(d: f32, dmin: f32, scales: &[u8; 12]) -> [f32; 16] {
     out
 }
 
+/// The 16 sub-block scales of a Q6_K block, `d * scale` (the scalar path's product, so the
+/// same bits), in one vector multiply instead of sixteen scalar ones and broadcasts.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+fn q6k_scales(d: f32, scales: &[u8; 16]) -> [f32; 16] {
+    let sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(load16(scales, 0)));
+    let mut out = [0f32; 16];
+    // SAFETY: out holds 16 writable f32.
+    unsafe { _mm512_storeu_ps(out.as_mut_ptr(), _mm512_mul_ps(_mm512_set1_ps(d), sc)) };
+    out
+}
+
 /// Loads bytes `at..at + 64` of `b`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
@@ -519,11 +531,11 @@ macro_rules! dec_q6k {
     ($b:expr, $v:expr) => {{
         let b: &BlockQ6K = $b;
         let v: &mut [__m512; 16] = $v;
-        let d = f16_le(b.d);
+        let dl = q6k_scales(f16_le(b.d), &b.scales);
         for c in 0..2 {
             for half in 0..2 {
                 let g0 = 8 * c + 4 * half;
-                v[g0..g0 + 4].copy_from_slice(&q6k_quarter!(b, d, c, half));
+                v[g0..g0 + 4].copy_from_slice(&q6k_quarter!(@ b, &dl, c, half));
             }
         }
     }};
@@ -532,9 +544,21 @@ macro_rules! dec_q6k {
 /// Values `128c + 64 half..` + 64 of a `BlockQ6K` as four vectors. Whole 64-value groups at
 /// byte width (AVX-512BW), widened only at the end: the shifts act on 16-bit words, and the
 /// masks drop the bits that cross bytes.
+///
+/// `q6k_quarter!(b, d, c, half)` computes each sub-block scale `d * scale` as it goes (the
+/// multi-column kernel); `q6k_quarter!(@ b, &dl, c, half)` takes all sixteen from
+/// [`q6k_scales`] (the single-column kernels).
 macro_rules! q6k_quarter {
     ($b:expr, $d:expr, $c:expr, $half:expr) => {{
-        let (b, d, c, half): (&BlockQ6K, f32, usize, usize) = ($b, $d, $c, $half);
+        let (b, d): (&BlockQ6K, f32) = ($b, $d);
+        q6k_quarter!(% b, $c, $half, |g| _mm512_set1_ps(d * f32::from(b.scales[g] as i8)))
+    }};
+    (@ $b:expr, $dl:expr, $c:expr, $half:expr) => {{
+        let dl: &[f32; 16] = $dl;
+        q6k_quarter!(% $b, $c, $half, |g| _mm512_set1_ps(dl[g]))
+    }};
+    (% $b:expr, $c:expr, $half:expr, |$g:ident| $dl:expr) => {{
+        let (b, c, half): (&BlockQ6K, usize, usize) = ($b, $c, $half);
         let m4 = _mm512_set1_epi8(0x0f);
         let m2 = _mm512_set1_epi8(0x03);
         let off = _mm512_set1_epi8(32);
@@ -564,8 +588,8 @@ macro_rules! q6k_quarter {
         ];
         let mut v = [_mm512_setzero_ps(); 4];
         for (i, part) in parts.into_iter().enumerate() {
-            let dl = d * f32::from(b.scales[g0 + i] as i8);
-            v[i] = scaled(_mm512_cvtepi8_epi32(part), dl);
+            let $g = g0 + i;
+            v[i] = _mm512_mul_ps($dl, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(part)));
         }
         v
     }};
