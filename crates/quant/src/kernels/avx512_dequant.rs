@@ -254,9 +254,10 @@ macro_rules! format_kernels {
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 fn f16_le(b: [u8; 2]) -> f32 {
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(
-        u16::from_le_bytes(b),
-    ))))
+    // A broadcast, not an insert into lane 0: LLVM emitted `vpinsrw` merging into whatever
+    // register was free, a false dependency that chained iterations of the kernels (the
+    // one-thread Q8_0 matvec ran at half speed).
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_set1_epi16(i16::from_le_bytes(b))))
 }
 
 /// `d * q` for 16 integer lanes.
@@ -699,7 +700,7 @@ format_kernels!(
 format_kernels!(
     BlockQ8_0,
     2,
-    dec_q8_0,
+    splat_q8_0,
     q8_0_deq,
     q8_0_mv,
     crate::legacy::dequant_q8_0_ref

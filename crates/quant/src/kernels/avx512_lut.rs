@@ -188,3 +188,21 @@ macro_rules! block4_lut_q4k {
         block4_quarters!($xs, $acc, 4, |r, c| lut_q4k_quarter!(bs[r], &sm[r], c));
     }};
 }
+
+/// Decoder of one `BlockQ8_0` into `[__m512; 2]`: [`dec_q8_0`] with the scale splat by
+/// [`splat_f16`].
+macro_rules! splat_q8_0 {
+    ($b:expr, $v:expr) => {{
+        let b: &BlockQ8_0 = $b;
+        let v: &mut [__m512; 2] = $v;
+        let d = splat_f16(b.d);
+        v[0] = _mm512_mul_ps(
+            d,
+            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(load16(&b.qs, 0))),
+        );
+        v[1] = _mm512_mul_ps(
+            d,
+            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(load16(&b.qs, 16))),
+        );
+    }};
+}
