@@ -22,7 +22,7 @@ use ferrite_gguf::GgmlType;
 #[macro_use]
 #[path = "avx512_lut.rs"]
 mod lut;
-use lut::{byte_lanes, codes16, five_bit, splat_f16, table_affine, table_kaffine, table_scaled};
+use lut::{byte_lanes, codes16, five_bit, table_affine, table_kaffine, table_scaled};
 
 /// Prefetch distance of the fused multi-column kernel, and of the single-column one for
 /// Q4_K, in bytes. Measured on the 2-core Zen 5 (256 MiB Q4_0/Q4_K/Q6_K, one thread): none
@@ -110,7 +110,7 @@ macro_rules! block4_whole {
 macro_rules! block4_q6k {
     ($dec:ident, $n:expr, $blocks:expr, $xs:expr, $acc:expr) => {{
         let bs: [&BlockQ6K; 4] = $blocks;
-        let dl: [[f32; 16]; 4] = std::array::from_fn(|r| q6k_scales(f16_le(bs[r].d), &bs[r].scales));
+        let dl: [[f32; 16]; 4] = std::array::from_fn(|r| q6k_scales(splat_f16(bs[r].d), &bs[r].scales));
         block4_quarters!($xs, $acc, 4, |r, g| q6k_quarter!(@ bs[r], &dl[r], g / 2, g % 2));
     }};
 }
@@ -254,10 +254,20 @@ macro_rules! format_kernels {
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 fn f16_le(b: [u8; 2]) -> f32 {
-    // A broadcast, not an insert into lane 0: LLVM emitted `vpinsrw` merging into whatever
-    // register was free, a false dependency that chained iterations of the kernels (the
-    // one-thread Q8_0 matvec ran at half speed).
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_set1_epi16(i16::from_le_bytes(b))))
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(
+        u16::from_le_bytes(b),
+    ))))
+}
+
+/// An IEEE half (little-endian bytes) converted to f32 in all 16 lanes: a 16-bit broadcast
+/// load and one vector conversion, exact like [`f16_le`]. The single-column kernels use it
+/// in their loops: LLVM compiles [`f16_le`] to a `vpinsrw` into lane 0 of whatever register
+/// is free, and where that was an accumulator, the false dependency chained every block's
+/// decode to the previous block's FMAs (the one-thread Q8_0 matvec ran at half speed).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+fn splat_f16(h: [u8; 2]) -> __m512 {
+    _mm512_cvtph_ps(_mm256_set1_epi16(i16::from_le_bytes(h)))
 }
 
 /// `d * q` for 16 integer lanes.
@@ -296,6 +306,26 @@ fn load16(b: &[u8], at: usize) -> __m128i {
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 fn k4_scales(d: f32, dmin: f32, scales: &[u8; 12]) -> [f32; 16] {
+    k4_scales_v(
+        _mm512_mask_blend_ps(0xff00, _mm512_set1_ps(d), _mm512_set1_ps(dmin)),
+        scales,
+    )
+}
+
+/// [`k4_scales`] of a block's own `d` and `dmin` halves, converted by [`splat_f16`].
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+fn k4_scales_h(d: [u8; 2], dmin: [u8; 2], scales: &[u8; 12]) -> [f32; 16] {
+    k4_scales_v(
+        _mm512_mask_blend_ps(0xff00, splat_f16(d), splat_f16(dmin)),
+        scales,
+    )
+}
+
+/// [`k4_scales`] given `d` in lanes 0..8 and `dmin` in lanes 8..16 of `dd`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+fn k4_scales_v(dd: __m512, scales: &[u8; 12]) -> [f32; 16] {
     let mut raw = [0u8; 16];
     raw[..12].copy_from_slice(scales);
     let s = load16(&raw, 0);
@@ -316,7 +346,6 @@ fn k4_scales(d: f32, dmin: f32, scales: &[u8; 12]) -> [f32; 16] {
     let r = _mm_mask_blend_epi8(0x00f0, low6, sc_hi);
     let r = _mm_mask_blend_epi8(0xf000, r, m_hi);
     let f = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(r));
-    let dd = _mm512_mask_blend_ps(0xff00, _mm512_set1_ps(d), _mm512_set1_ps(dmin));
     let mut out = [0f32; 16];
     // SAFETY: out holds 16 writable f32.
     unsafe { _mm512_storeu_ps(out.as_mut_ptr(), _mm512_mul_ps(dd, f)) };
@@ -327,11 +356,11 @@ fn k4_scales(d: f32, dmin: f32, scales: &[u8; 12]) -> [f32; 16] {
 /// same bits), in one vector multiply instead of sixteen scalar ones and broadcasts.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-fn q6k_scales(d: f32, scales: &[u8; 16]) -> [f32; 16] {
+fn q6k_scales(d: __m512, scales: &[u8; 16]) -> [f32; 16] {
     let sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(load16(scales, 0)));
     let mut out = [0f32; 16];
     // SAFETY: out holds 16 writable f32.
-    unsafe { _mm512_storeu_ps(out.as_mut_ptr(), _mm512_mul_ps(_mm512_set1_ps(d), sc)) };
+    unsafe { _mm512_storeu_ps(out.as_mut_ptr(), _mm512_mul_ps(d, sc)) };
     out
 }
 
@@ -532,7 +561,7 @@ macro_rules! dec_q6k {
     ($b:expr, $v:expr) => {{
         let b: &BlockQ6K = $b;
         let v: &mut [__m512; 16] = $v;
-        let dl = q6k_scales(f16_le(b.d), &b.scales);
+        let dl = q6k_scales(splat_f16(b.d), &b.scales);
         for c in 0..2 {
             for half in 0..2 {
                 let g0 = 8 * c + 4 * half;

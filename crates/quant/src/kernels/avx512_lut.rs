@@ -24,14 +24,6 @@ pub(super) fn codes16(base: f32) -> __m512 {
     )
 }
 
-/// An IEEE half (little-endian bytes) converted to f32 in all 16 lanes: a 16-bit broadcast
-/// load and one vector conversion, exact like [`f16_le`].
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-pub(super) fn splat_f16(h: [u8; 2]) -> __m512 {
-    _mm512_cvtph_ps(_mm256_set1_epi16(i16::from_le_bytes(h)))
-}
-
 /// Table of `d * c` for the 16 codes `c` of `codes` (lanes of exact small integers).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
@@ -151,7 +143,7 @@ macro_rules! lut_q4k {
     ($b:expr, $v:expr) => {{
         let b: &BlockQ4K = $b;
         let v: &mut [__m512; 16] = $v;
-        let sm = k4_scales(f16_le(b.d), f16_le(b.dmin), &b.scales);
+        let sm = k4_scales_h(b.d, b.dmin, &b.scales);
         for c in 0..4 {
             let q = lut_q4k_quarter!(b, &sm, c);
             v[4 * c..4 * c + 4].copy_from_slice(&q);
@@ -184,7 +176,7 @@ macro_rules! block4_lut_q4k {
     ($dec:ident, $n:expr, $blocks:expr, $xs:expr, $acc:expr) => {{
         let bs: [&BlockQ4K; 4] = $blocks;
         let sm: [[f32; 16]; 4] =
-            std::array::from_fn(|r| k4_scales(f16_le(bs[r].d), f16_le(bs[r].dmin), &bs[r].scales));
+            std::array::from_fn(|r| k4_scales_h(bs[r].d, bs[r].dmin, &bs[r].scales));
         block4_quarters!($xs, $acc, 4, |r, c| lut_q4k_quarter!(bs[r], &sm[r], c));
     }};
 }
