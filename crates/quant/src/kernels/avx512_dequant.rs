@@ -530,13 +530,12 @@ macro_rules! dec_q5k {
     ($b:expr, $v:expr) => {{
         let b: &BlockQ5K = $b;
         let v: &mut [__m512; 16] = $v;
-        let (d, dmin) = (f16_le(b.d), f16_le(b.dmin));
         let one = _mm512_set1_epi32(1);
         let qh = [
             _mm512_cvtepu8_epi32(load16(&b.qh, 0)),
             _mm512_cvtepu8_epi32(load16(&b.qh, 16)),
         ];
-        let sm = k4_scales(d, dmin, &b.scales);
+        let sm = k4_scales_h(b.d, b.dmin, &b.scales);
         for c in 0..4 {
             let (da, mma) = (sm[2 * c], sm[8 + 2 * c]);
             let (db, mmb) = (sm[2 * c + 1], sm[9 + 2 * c]);
