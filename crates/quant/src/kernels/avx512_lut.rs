@@ -7,12 +7,15 @@
 //! decoders of the parent module, which the multi-column kernel keeps (there the table cost
 //! is not shared over several columns and measured slower).
 //!
+//! Also the single-column Q8_0 decoder, which has no table but takes its scale through
+//! `splat_f16` (see there why that matters).
+//!
 //! `vpermps` reads only the low 4 bits of each index lane, so a byte zero-extended to 32
 //! bits indexes its low nibble as is, and its high nibble after one shift.
 
 use std::arch::x86_64::*;
 
-/// `0.0, 1.0, ..., 15.0`: the 4-bit codes as f32, exact.
+/// `base + 0.0, base + 1.0, ..., base + 15.0`: the codes as f32, exact (small integers).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 pub(super) fn codes16(base: f32) -> __m512 {
@@ -151,7 +154,7 @@ macro_rules! lut_q4k {
     }};
 }
 
-/// Values `64c..64c + 64` of a `BlockQ4K` as four vectors, given its [`k4_scales`]: one
+/// Values `64c..64c + 64` of a `BlockQ4K` as four vectors, given its `k4_scales`: one
 /// 16-entry table `d1 * c - m1` per 32-value sub-block.
 macro_rules! lut_q4k_quarter {
     ($b:expr, $sm:expr, $c:expr) => {{
@@ -181,8 +184,8 @@ macro_rules! block4_lut_q4k {
     }};
 }
 
-/// Decoder of one `BlockQ8_0` into `[__m512; 2]`: [`dec_q8_0`] with the scale splat by
-/// [`splat_f16`].
+/// Decoder of one `BlockQ8_0` into `[__m512; 2]`: `dec_q8_0` with the scale splat by
+/// `splat_f16`.
 macro_rules! splat_q8_0 {
     ($b:expr, $v:expr) => {{
         let b: &BlockQ8_0 = $b;
