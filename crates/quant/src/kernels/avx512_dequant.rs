@@ -19,10 +19,23 @@ use crate::nonlinear::{
 };
 use ferrite_gguf::GgmlType;
 
-/// Prefetch distance of the fused matvec, in bytes. Measured on the 2-core Zen 5 (256 MiB
-/// Q4_0/Q4_K/Q6_K, one thread): none 3.0/1.9/2.2 GB/s, 8 KiB 7.8/6.4/3.3-4.3, 16 KiB
-/// 7.9-10/3.5-4.7/3.4-4.7 (a busy machine: treat as +-30%).
+#[macro_use]
+#[path = "avx512_lut.rs"]
+mod lut;
+use lut::{byte_lanes, codes16, five_bit, table_affine, table_kaffine, table_scaled};
+
+/// Prefetch distance of the fused multi-column kernel, and of the single-column one for
+/// Q4_K, in bytes. Measured on the 2-core Zen 5 (256 MiB Q4_0/Q4_K/Q6_K, one thread): none
+/// 3.0/1.9/2.2 GB/s, 8 KiB 7.8/6.4/3.3-4.3, 16 KiB 7.9-10/3.5-4.7/3.4-4.7 (a busy machine:
+/// treat as +-30%).
 const PF: usize = 8192;
+
+/// Prefetch distance of the single-column fused matvec (table decoders), in bytes.
+/// Measured by thread CPU time (128 MiB, one thread, GB/s for Q8_0/Q4_0/Q4_1/Q5_0/Q4_K/
+/// Q6_K): 8 KiB 14.1/20.3/18.6/17.3/18.0/13.0, 12 KiB 17.9/22.3/19.5/18.7/17.2/14.7,
+/// 16 KiB 21.2/21.7/19.6/18.3/16.8/14.7, 24 KiB 21.4/21.4/19.5/18.5/16.6/14.5, 32 KiB
+/// 20.9/21.2/19.6/18.0/16.4/14.2. So 16 KiB, except Q4_K, which keeps [`PF`].
+const PF_MATVEC: usize = 16384;
 
 /// The AVX-512 dequantizer of `ty`, if one exists.
 pub(super) fn lookup(ty: GgmlType) -> Option<DequantFn> {
@@ -69,7 +82,7 @@ crate::block::impl_block!(ChunkBf16, 32);
 
 /// One block of each of four rows into their accumulators: decode all four blocks, then
 /// interleave the four FMA chains chunk by chunk (one row's chain alone is latency-bound).
-/// Right for small blocks; `$n = 16` would need 64 registers (see [`block4_q4k`]).
+/// Right for small blocks; `$n = 16` would need 64 registers (see [`block4_q6k`]).
 macro_rules! block4_whole {
     ($dec:ident, $n:expr, $blocks:expr, $xs:expr, $acc:expr) => {{
         let [b0, b1, b2, b3] = $blocks;
@@ -90,25 +103,15 @@ macro_rules! block4_whole {
     }};
 }
 
-/// [`block4_whole`] for Q4_K, a quarter block (64 values) at a time: decoding four whole
+/// [`block4_whole`] for Q6_K, a quarter block (64 values) at a time: decoding four whole
 /// 256-value blocks needs 64 vector registers and spilled half of them to the stack on
-/// every block. Each quarter decodes exactly as [`dec_q4k`] and the FMAs of each row run in
+/// every block. Each quarter decodes exactly as [`dec_q6k`] and the FMAs of each row run in
 /// the same chunk order, so the bits are the same.
-macro_rules! block4_q4k {
-    ($dec:ident, $n:expr, $blocks:expr, $xs:expr, $acc:expr) => {{
-        let bs: [&BlockQ4K; 4] = $blocks;
-        let sm: [[f32; 16]; 4] =
-            std::array::from_fn(|r| k4_scales(f16_le(bs[r].d), f16_le(bs[r].dmin), &bs[r].scales));
-        block4_quarters!($xs, $acc, 4, |r, c| q4k_quarter!(bs[r], &sm[r], c));
-    }};
-}
-
-/// [`block4_q4k`] for Q6_K (same reason, same argument for the bits).
 macro_rules! block4_q6k {
     ($dec:ident, $n:expr, $blocks:expr, $xs:expr, $acc:expr) => {{
         let bs: [&BlockQ6K; 4] = $blocks;
-        let d: [f32; 4] = std::array::from_fn(|r| f16_le(bs[r].d));
-        block4_quarters!($xs, $acc, 4, |r, g| q6k_quarter!(bs[r], d[r], g / 2, g % 2));
+        let dl: [[f32; 16]; 4] = std::array::from_fn(|r| q6k_scales(splat_f16(bs[r].d), &bs[r].scales));
+        block4_quarters!($xs, $acc, 4, |r, g| q6k_quarter!(@ bs[r], &dl[r], g / 2, g % 2));
     }};
 }
 
@@ -139,6 +142,10 @@ macro_rules! format_kernels {
         format_kernels!($block, $n, $dec, $deq, $mv, $reference, block4_whole);
     };
     ($block:ty, $n:expr, $dec:ident, $deq:ident, $mv:ident, $reference:path, $block4:ident) => {
+        format_kernels!($block, $n, $dec, $deq, $mv, $reference, $block4, PF_MATVEC);
+    };
+    ($block:ty, $n:expr, $dec:ident, $deq:ident, $mv:ident, $reference:path, $block4:ident,
+     $pf:expr) => {
         fn $deq(src: &[u8], dst: &mut [f32]) {
             #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
             fn imp(src: &[u8], dst: &mut [f32]) {
@@ -185,15 +192,15 @@ macro_rules! format_kernels {
                 let mut acc = [_mm512_setzero_ps(); 4];
                 // The four rows are usually adjacent in memory, and each is short (a few
                 // KiB), too short for the hardware prefetcher to lock on to four separate
-                // streams: prefetch the linear region PF bytes ahead of the group's
+                // streams: prefetch the linear region a fixed distance ahead of the group's
                 // frontier instead. Prefetches never fault, and the pointers are formed
                 // with wrapping arithmetic, so running past the end is harmless.
                 let size = std::mem::size_of::<$block>();
                 let base = r0.as_ptr().cast::<i8>();
-                let mut fetched = PF;
+                let mut fetched = $pf;
                 for bi in 0..nb {
                     let xs = &x[16 * $n * bi..];
-                    let frontier = 4 * (bi + 1) * size + PF;
+                    let frontier = 4 * (bi + 1) * size + $pf;
                     while fetched < frontier {
                         _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(fetched));
                         fetched += 64;
@@ -252,6 +259,17 @@ fn f16_le(b: [u8; 2]) -> f32 {
     ))))
 }
 
+/// An IEEE half (little-endian bytes) converted to f32 in all 16 lanes: a 16-bit broadcast
+/// load and one vector conversion, exact like [`f16_le`]. The single-column kernels use it
+/// in their loops: LLVM compiles [`f16_le`] to a `vpinsrw` into lane 0 of whatever register
+/// is free, and where that was an accumulator, the false dependency chained every block's
+/// decode to the previous block's FMAs (the one-thread Q8_0 matvec ran at half speed).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+fn splat_f16(h: [u8; 2]) -> __m512 {
+    _mm512_cvtph_ps(_mm256_set1_epi16(i16::from_le_bytes(h)))
+}
+
 /// `d * q` for 16 integer lanes.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
@@ -288,6 +306,26 @@ fn load16(b: &[u8], at: usize) -> __m128i {
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 fn k4_scales(d: f32, dmin: f32, scales: &[u8; 12]) -> [f32; 16] {
+    k4_scales_v(
+        _mm512_mask_blend_ps(0xff00, _mm512_set1_ps(d), _mm512_set1_ps(dmin)),
+        scales,
+    )
+}
+
+/// [`k4_scales`] of a block's own `d` and `dmin` halves, converted by [`splat_f16`].
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+fn k4_scales_h(d: [u8; 2], dmin: [u8; 2], scales: &[u8; 12]) -> [f32; 16] {
+    k4_scales_v(
+        _mm512_mask_blend_ps(0xff00, splat_f16(d), splat_f16(dmin)),
+        scales,
+    )
+}
+
+/// [`k4_scales`] given `d` in lanes 0..8 and `dmin` in lanes 8..16 of `dd`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+fn k4_scales_v(dd: __m512, scales: &[u8; 12]) -> [f32; 16] {
     let mut raw = [0u8; 16];
     raw[..12].copy_from_slice(scales);
     let s = load16(&raw, 0);
@@ -308,10 +346,21 @@ fn k4_scales(d: f32, dmin: f32, scales: &[u8; 12]) -> [f32; 16] {
     let r = _mm_mask_blend_epi8(0x00f0, low6, sc_hi);
     let r = _mm_mask_blend_epi8(0xf000, r, m_hi);
     let f = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(r));
-    let dd = _mm512_mask_blend_ps(0xff00, _mm512_set1_ps(d), _mm512_set1_ps(dmin));
     let mut out = [0f32; 16];
     // SAFETY: out holds 16 writable f32.
     unsafe { _mm512_storeu_ps(out.as_mut_ptr(), _mm512_mul_ps(dd, f)) };
+    out
+}
+
+/// The 16 sub-block scales of a Q6_K block, `d * scale` (the scalar path's product, so the
+/// same bits), in one vector multiply instead of sixteen scalar ones and broadcasts.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+fn q6k_scales(d: __m512, scales: &[u8; 16]) -> [f32; 16] {
+    let sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(load16(scales, 0)));
+    let mut out = [0f32; 16];
+    // SAFETY: out holds 16 writable f32.
+    unsafe { _mm512_storeu_ps(out.as_mut_ptr(), _mm512_mul_ps(d, sc)) };
     out
 }
 
@@ -459,20 +508,6 @@ macro_rules! dec_q8_0 {
     }};
 }
 
-/// Decodes one `BlockQ4K` into `[__m512; 16]` (a macro so it always inlines into the
-/// kernels: as a function LLVM leaves the larger decoders out of line).
-macro_rules! dec_q4k {
-    ($b:expr, $v:expr) => {{
-        let b: &BlockQ4K = $b;
-        let v: &mut [__m512; 16] = $v;
-        let sm = k4_scales(f16_le(b.d), f16_le(b.dmin), &b.scales);
-        for c in 0..4 {
-            let q = q4k_quarter!(b, &sm, c);
-            v[4 * c..4 * c + 4].copy_from_slice(&q);
-        }
-    }};
-}
-
 /// Values `64c..64c + 64` of a `BlockQ4K` as four vectors, given its [`k4_scales`].
 macro_rules! q4k_quarter {
     ($b:expr, $sm:expr, $c:expr) => {{
@@ -495,13 +530,12 @@ macro_rules! dec_q5k {
     ($b:expr, $v:expr) => {{
         let b: &BlockQ5K = $b;
         let v: &mut [__m512; 16] = $v;
-        let (d, dmin) = (f16_le(b.d), f16_le(b.dmin));
         let one = _mm512_set1_epi32(1);
         let qh = [
             _mm512_cvtepu8_epi32(load16(&b.qh, 0)),
             _mm512_cvtepu8_epi32(load16(&b.qh, 16)),
         ];
-        let sm = k4_scales(d, dmin, &b.scales);
+        let sm = k4_scales_h(b.d, b.dmin, &b.scales);
         for c in 0..4 {
             let (da, mma) = (sm[2 * c], sm[8 + 2 * c]);
             let (db, mmb) = (sm[2 * c + 1], sm[9 + 2 * c]);
@@ -526,11 +560,11 @@ macro_rules! dec_q6k {
     ($b:expr, $v:expr) => {{
         let b: &BlockQ6K = $b;
         let v: &mut [__m512; 16] = $v;
-        let d = f16_le(b.d);
+        let dl = q6k_scales(splat_f16(b.d), &b.scales);
         for c in 0..2 {
             for half in 0..2 {
                 let g0 = 8 * c + 4 * half;
-                v[g0..g0 + 4].copy_from_slice(&q6k_quarter!(b, d, c, half));
+                v[g0..g0 + 4].copy_from_slice(&q6k_quarter!(@ b, &dl, c, half));
             }
         }
     }};
@@ -539,9 +573,21 @@ macro_rules! dec_q6k {
 /// Values `128c + 64 half..` + 64 of a `BlockQ6K` as four vectors. Whole 64-value groups at
 /// byte width (AVX-512BW), widened only at the end: the shifts act on 16-bit words, and the
 /// masks drop the bits that cross bytes.
+///
+/// `q6k_quarter!(b, d, c, half)` computes each sub-block scale `d * scale` as it goes (the
+/// multi-column kernel); `q6k_quarter!(@ b, &dl, c, half)` takes all sixteen from
+/// [`q6k_scales`] (the single-column kernels).
 macro_rules! q6k_quarter {
     ($b:expr, $d:expr, $c:expr, $half:expr) => {{
-        let (b, d, c, half): (&BlockQ6K, f32, usize, usize) = ($b, $d, $c, $half);
+        let (b, d): (&BlockQ6K, f32) = ($b, $d);
+        q6k_quarter!(% b, $c, $half, |g| _mm512_set1_ps(d * f32::from(b.scales[g] as i8)))
+    }};
+    (@ $b:expr, $dl:expr, $c:expr, $half:expr) => {{
+        let dl: &[f32; 16] = $dl;
+        q6k_quarter!(% $b, $c, $half, |g| _mm512_set1_ps(dl[g]))
+    }};
+    (% $b:expr, $c:expr, $half:expr, |$g:ident| $dl:expr) => {{
+        let (b, c, half): (&BlockQ6K, usize, usize) = ($b, $c, $half);
         let m4 = _mm512_set1_epi8(0x0f);
         let m2 = _mm512_set1_epi8(0x03);
         let off = _mm512_set1_epi8(32);
@@ -571,8 +617,8 @@ macro_rules! q6k_quarter {
         ];
         let mut v = [_mm512_setzero_ps(); 4];
         for (i, part) in parts.into_iter().enumerate() {
-            let dl = d * f32::from(b.scales[g0 + i] as i8);
-            v[i] = scaled(_mm512_cvtepi8_epi32(part), dl);
+            let $g = g0 + i;
+            v[i] = _mm512_mul_ps($dl, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(part)));
         }
         v
     }};
@@ -650,7 +696,7 @@ format_kernels!(
 format_kernels!(
     BlockQ4_0,
     2,
-    dec_q4_0,
+    lut_q4_0,
     q4_0_deq,
     q4_0_mv,
     crate::legacy::dequant_q4_0_ref
@@ -658,7 +704,7 @@ format_kernels!(
 format_kernels!(
     BlockQ4_1,
     2,
-    dec_q4_1,
+    lut_q4_1,
     q4_1_deq,
     q4_1_mv,
     crate::legacy::dequant_q4_1_ref
@@ -666,7 +712,7 @@ format_kernels!(
 format_kernels!(
     BlockQ5_0,
     2,
-    dec_q5_0,
+    lut_q5_0,
     q5_0_deq,
     q5_0_mv,
     crate::legacy::dequant_q5_0_ref
@@ -674,7 +720,7 @@ format_kernels!(
 format_kernels!(
     BlockQ5_1,
     2,
-    dec_q5_1,
+    lut_q5_1,
     q5_1_deq,
     q5_1_mv,
     crate::legacy::dequant_q5_1_ref
@@ -682,7 +728,7 @@ format_kernels!(
 format_kernels!(
     BlockQ8_0,
     2,
-    dec_q8_0,
+    splat_q8_0,
     q8_0_deq,
     q8_0_mv,
     crate::legacy::dequant_q8_0_ref
@@ -690,11 +736,12 @@ format_kernels!(
 format_kernels!(
     BlockQ4K,
     16,
-    dec_q4k,
+    lut_q4k,
     q4k_deq,
     q4k_mv,
     crate::kquants::dequant_q4k_ref,
-    block4_q4k
+    block4_lut_q4k,
+    PF
 );
 format_kernels!(
     BlockQ5K,
@@ -716,7 +763,7 @@ format_kernels!(
 format_kernels!(
     BlockIq4Nl,
     2,
-    dec_iq4nl,
+    lut_iq4nl,
     iq4nl_deq,
     iq4nl_mv,
     crate::nonlinear::dequant_iq4nl_ref
