@@ -274,14 +274,21 @@ fn splat_f16(h: [u8; 2]) -> __m512 {
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 fn scaled(q: __m512i, d: f32) -> __m512 {
-    _mm512_mul_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(q))
+    scaled_v(q, _mm512_set1_ps(d))
 }
 
-/// `d * q + m` (two roundings) for 16 integer lanes.
+/// `d * q` for 16 integer lanes, `d` already in every lane (from [`splat_f16`]).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-fn affine(q: __m512i, d: f32, m: f32) -> __m512 {
-    _mm512_add_ps(scaled(q, d), _mm512_set1_ps(m))
+fn scaled_v(q: __m512i, d: __m512) -> __m512 {
+    _mm512_mul_ps(d, _mm512_cvtepi32_ps(q))
+}
+
+/// `d * q + m` (two roundings) for 16 integer lanes, `d` and `m` in every lane.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+fn affine_v(q: __m512i, d: __m512, m: __m512) -> __m512 {
+    _mm512_add_ps(scaled_v(q, d), m)
 }
 
 /// `d * q - m` (two roundings) for 16 integer lanes: the k-quant affine step.
@@ -300,19 +307,10 @@ fn load16(b: &[u8], at: usize) -> __m128i {
     unsafe { _mm_loadu_si128(s.as_ptr().cast()) }
 }
 
-/// The 8 sub-block scales and 8 mins of a Q4_K/Q5_K block, already multiplied by `d` and
-/// `dmin` (`[d * sc[0..8], dmin * m[0..8]]`), unpacked with byte shuffles instead of eight
-/// scalar [`crate::scale_min_k4`] calls. Same products as the scalar path, so the same bits.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-fn k4_scales(d: f32, dmin: f32, scales: &[u8; 12]) -> [f32; 16] {
-    k4_scales_v(
-        _mm512_mask_blend_ps(0xff00, _mm512_set1_ps(d), _mm512_set1_ps(dmin)),
-        scales,
-    )
-}
-
-/// [`k4_scales`] of a block's own `d` and `dmin` halves, converted by [`splat_f16`].
+/// The 8 sub-block scales and 8 mins of a Q4_K/Q5_K block, already multiplied by its `d`
+/// and `dmin` halves (`[d * sc[0..8], dmin * m[0..8]]`, the halves converted by
+/// [`splat_f16`]), unpacked with byte shuffles instead of eight scalar
+/// [`crate::scale_min_k4`] calls. Same products as the scalar path, so the same bits.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 fn k4_scales_h(d: [u8; 2], dmin: [u8; 2], scales: &[u8; 12]) -> [f32; 16] {
@@ -322,7 +320,7 @@ fn k4_scales_h(d: [u8; 2], dmin: [u8; 2], scales: &[u8; 12]) -> [f32; 16] {
     )
 }
 
-/// [`k4_scales`] given `d` in lanes 0..8 and `dmin` in lanes 8..16 of `dd`.
+/// [`k4_scales_h`] given `d` in lanes 0..8 and `dmin` in lanes 8..16 of `dd`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 fn k4_scales_v(dd: __m512, scales: &[u8; 12]) -> [f32; 16] {
@@ -443,11 +441,11 @@ macro_rules! dec_q4_0 {
     ($b:expr, $v:expr) => {{
         let b: &BlockQ4_0 = $b;
         let v: &mut [__m512; 2] = $v;
-        let d = f16_le(b.d);
+        let d = splat_f16(b.d);
         let eight = _mm512_set1_epi32(8);
         let (lo, hi) = nibbles(load16(&b.qs, 0));
-        v[0] = scaled(_mm512_sub_epi32(lo, eight), d);
-        v[1] = scaled(_mm512_sub_epi32(hi, eight), d);
+        v[0] = scaled_v(_mm512_sub_epi32(lo, eight), d);
+        v[1] = scaled_v(_mm512_sub_epi32(hi, eight), d);
     }};
 }
 
@@ -457,10 +455,10 @@ macro_rules! dec_q4_1 {
     ($b:expr, $v:expr) => {{
         let b: &BlockQ4_1 = $b;
         let v: &mut [__m512; 2] = $v;
-        let (d, m) = (f16_le(b.d), f16_le(b.m));
+        let (d, m) = (splat_f16(b.d), splat_f16(b.m));
         let (lo, hi) = nibbles(load16(&b.qs, 0));
-        v[0] = affine(lo, d, m);
-        v[1] = affine(hi, d, m);
+        v[0] = affine_v(lo, d, m);
+        v[1] = affine_v(hi, d, m);
     }};
 }
 
@@ -470,12 +468,12 @@ macro_rules! dec_q5_0 {
     ($b:expr, $v:expr) => {{
         let b: &BlockQ5_0 = $b;
         let v: &mut [__m512; 2] = $v;
-        let d = f16_le(b.d);
+        let d = splat_f16(b.d);
         let qh = u32::from_le_bytes(b.qh);
         let sixteen = _mm512_set1_epi32(16);
         let (lo, hi) = nibbles(load16(&b.qs, 0));
-        v[0] = scaled(_mm512_sub_epi32(with_fifth_bit(lo, qh as u16), sixteen), d);
-        v[1] = scaled(
+        v[0] = scaled_v(_mm512_sub_epi32(with_fifth_bit(lo, qh as u16), sixteen), d);
+        v[1] = scaled_v(
             _mm512_sub_epi32(with_fifth_bit(hi, (qh >> 16) as u16), sixteen),
             d,
         );
@@ -488,11 +486,11 @@ macro_rules! dec_q5_1 {
     ($b:expr, $v:expr) => {{
         let b: &BlockQ5_1 = $b;
         let v: &mut [__m512; 2] = $v;
-        let (d, m) = (f16_le(b.d), f16_le(b.m));
+        let (d, m) = (splat_f16(b.d), splat_f16(b.m));
         let qh = u32::from_le_bytes(b.qh);
         let (lo, hi) = nibbles(load16(&b.qs, 0));
-        v[0] = affine(with_fifth_bit(lo, qh as u16), d, m);
-        v[1] = affine(with_fifth_bit(hi, (qh >> 16) as u16), d, m);
+        v[0] = affine_v(with_fifth_bit(lo, qh as u16), d, m);
+        v[1] = affine_v(with_fifth_bit(hi, (qh >> 16) as u16), d, m);
     }};
 }
 
@@ -502,13 +500,13 @@ macro_rules! dec_q8_0 {
     ($b:expr, $v:expr) => {{
         let b: &BlockQ8_0 = $b;
         let v: &mut [__m512; 2] = $v;
-        let d = f16_le(b.d);
-        v[0] = scaled(_mm512_cvtepi8_epi32(load16(&b.qs, 0)), d);
-        v[1] = scaled(_mm512_cvtepi8_epi32(load16(&b.qs, 16)), d);
+        let d = splat_f16(b.d);
+        v[0] = scaled_v(_mm512_cvtepi8_epi32(load16(&b.qs, 0)), d);
+        v[1] = scaled_v(_mm512_cvtepi8_epi32(load16(&b.qs, 16)), d);
     }};
 }
 
-/// Values `64c..64c + 64` of a `BlockQ4K` as four vectors, given its [`k4_scales`].
+/// Values `64c..64c + 64` of a `BlockQ4K` as four vectors, given its [`k4_scales_h`].
 macro_rules! q4k_quarter {
     ($b:expr, $sm:expr, $c:expr) => {{
         let (b, sm, c): (&BlockQ4K, &[f32; 16], usize) = ($b, $sm, $c);
@@ -630,10 +628,10 @@ macro_rules! dec_iq4nl {
     ($b:expr, $v:expr) => {{
         let b: &BlockIq4Nl = $b;
         let v: &mut [__m512; 2] = $v;
-        let d = f16_le(b.d);
+        let d = splat_f16(b.d);
         let (lo, hi) = table_nibbles(load16(&b.qs, 0), &KVALUES_IQ4NL);
-        v[0] = scaled(lo, d);
-        v[1] = scaled(hi, d);
+        v[0] = scaled_v(lo, d);
+        v[1] = scaled_v(hi, d);
     }};
 }
 

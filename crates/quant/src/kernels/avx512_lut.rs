@@ -154,7 +154,7 @@ macro_rules! lut_q4k {
     }};
 }
 
-/// Values `64c..64c + 64` of a `BlockQ4K` as four vectors, given its `k4_scales`: one
+/// Values `64c..64c + 64` of a `BlockQ4K` as four vectors, given its `k4_scales_h`: one
 /// 16-entry table `d1 * c - m1` per 32-value sub-block.
 macro_rules! lut_q4k_quarter {
     ($b:expr, $sm:expr, $c:expr) => {{

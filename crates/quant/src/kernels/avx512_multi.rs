@@ -12,8 +12,8 @@ use std::arch::x86_64::*;
 
 use super::super::MatmatFn;
 use super::super::avx512::{hsum, hsum16};
-use super::{PF, f16_le, k4_scales, kaffine, load16, load64, nibbles, scaled};
-use super::{affine, table_nibbles, with_fifth_bit};
+use super::{PF, k4_scales_h, kaffine, load16, load64, nibbles, q6k_scales, splat_f16};
+use super::{affine_v, scaled, scaled_v, table_nibbles, with_fifth_bit};
 use crate::block::cast_blocks;
 use crate::kquants::{BlockQ4K, BlockQ6K};
 use crate::legacy::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0};
@@ -197,8 +197,8 @@ whole_kernel!(q8_0_mm, BlockQ8_0, 2, dec_q8_0);
 whole_kernel!(iq4nl_mm, BlockIq4Nl, 2, dec_iq4nl);
 whole_kernel!(mxfp4_mm, BlockMxfp4, 2, dec_mxfp4);
 multi_kernel!(q4k_mm, BlockQ4K, 16, 4, |b, u| {
-    let sm = k4_scales(f16_le(b.d), f16_le(b.dmin), &b.scales);
+    let sm = k4_scales_h(b.d, b.dmin, &b.scales);
 } => q4k_quarter!(b, &sm, u));
 multi_kernel!(q6k_mm, BlockQ6K, 16, 4, |b, u| {
-    let d = f16_le(b.d);
-} => q6k_quarter!(b, d, u / 2, u % 2));
+    let dl = q6k_scales(splat_f16(b.d), &b.scales);
+} => q6k_quarter!(@ b, &dl, u / 2, u % 2));
