@@ -3,8 +3,9 @@
 //!
 //! A query at absolute position `p` sees keys at positions `kv` with `kv <= p` and, when a
 //! window `w` is set, `p - kv < w` (transformers' `kv > q - w`, llama.cpp's standard SWA).
-//! Keys and values of one KV head are widened once per chunk into scratch (in parallel) and
-//! shared by every query head of its group (grouped-query attention).
+//! Keys and values are widened once per chunk into scratch (in parallel, whole cache rows
+//! in one contiguous conversion) and each KV head's are shared by every query head of its
+//! group (grouped-query attention).
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -34,7 +35,7 @@ pub struct AttnShape {
 /// Scratch for [`attend`], sized once for a session.
 #[derive(Debug)]
 pub struct AttnScratch {
-    /// Widened keys, `[kv head][position][head_dim]`.
+    /// Widened keys, `[position][kv head][head_dim]` (the cache's own layout).
     k: Vec<f32>,
     /// Widened values, same layout.
     v: Vec<f32>,
@@ -130,12 +131,13 @@ pub fn attend_many(pool: &ThreadPool, shape: &AttnShape, layer: usize, jobs: &mu
     let group = shape.n_head / n_kv;
     let n_threads = pool.n_threads();
     let qw = shape.n_head * hd;
+    let kvd = n_kv * hd;
     // Visible key range of each job (all of its queries together).
     let ranges: Vec<std::ops::Range<usize>> = jobs
         .iter()
         .map(|j| first_visible(j.pos0, shape.window)..j.pos0 + j.q.len() / qw.max(1))
         .collect();
-    widen(pool, layer, hd, n_kv, jobs, &ranges);
+    widen(pool, layer, kvd, jobs, &ranges);
     let units: usize = jobs.iter().map(|j| j.q.len() / qw.max(1) * n_kv).sum();
     let block = head_block(units, group, n_threads);
     let blocks_per_group = group.div_ceil(block);
@@ -167,7 +169,6 @@ pub fn attend_many(pool: &ThreadPool, shape: &AttnShape, layer: usize, jobs: &mu
             let ji = starts.partition_point(|&s| s <= item) - 1;
             let (kbuf, vbuf, obuf, q, pos0) = views[ji];
             let lo_all = ranges[ji].start;
-            let span = ranges[ji].len();
             let item = item - starts[ji];
             let t = item / (n_kv * blocks_per_group);
             let g = item / blocks_per_group % n_kv;
@@ -177,8 +178,9 @@ pub fn attend_many(pool: &ThreadPool, shape: &AttnShape, layer: usize, jobs: &mu
             let lo = first_visible(pos, shape.window) - lo_all;
             let hi = pos + 1 - lo_all;
             let len = hi - lo;
-            let kg = &kbuf[(g * span + lo) * hd..(g * span + hi) * hd];
-            let vg = &vbuf[(g * span + lo) * hd..(g * span + hi) * hd];
+            // Head `g`'s rows are `hd` values every `kvd` in the widened cache rows.
+            let kg = &kbuf[lo * kvd + g * hd..(hi - 1) * kvd + (g + 1) * hd];
+            let vg = &vbuf[lo * kvd + g * hd..(hi - 1) * kvd + (g + 1) * hd];
             let row = t * shape.n_head;
             let qs: [&[f32]; MAX_TILE] = std::array::from_fn(|i| {
                 let h = (h0 + i).min(h0 + nh - 1);
@@ -194,7 +196,7 @@ pub fn attend_many(pool: &ThreadPool, shape: &AttnShape, layer: usize, jobs: &mu
             for j0 in (0..len).step_by(MAX_TILE) {
                 let nk = MAX_TILE.min(len - j0);
                 let ks: [&[f32]; MAX_TILE] =
-                    std::array::from_fn(|i| &kg[(j0 + i.min(nk - 1)) * hd..][..hd]);
+                    std::array::from_fn(|i| &kg[(j0 + i.min(nk - 1)) * kvd..][..hd]);
                 let _ = dot_tile(level, &qs[..nh], &ks[..nk], hd, &mut part);
                 for i in 0..nh {
                     sc[i * len + j0..i * len + j0 + nk]
@@ -206,7 +208,7 @@ pub fn attend_many(pool: &ThreadPool, shape: &AttnShape, layer: usize, jobs: &mu
             }
             let ps: [&[f32]; MAX_TILE] =
                 std::array::from_fn(|i| &sc[i.min(nh - 1) * len..(i.min(nh - 1) + 1) * len]);
-            let _ = weighted_rows(level, &ps[..nh], vg, hd, hd, o);
+            let _ = weighted_rows(level, &ps[..nh], vg, kvd, hd, o);
             let dst = &obuf[(row + h0) * hd..(row + h0 + nh) * hd];
             for (d, &v) in dst.iter().zip(o.iter()) {
                 d.store(v.to_bits(), Ordering::Relaxed);
@@ -241,41 +243,33 @@ fn head_block(units: usize, group: usize, n_threads: usize) -> usize {
         .unwrap_or(1)
 }
 
-/// Widens the keys and values of `ranges[i]` for every KV head of job `i` into its
-/// scratch, the (job, head, key or value) parts handed out to the pool's threads as they
-/// free up (each part is a plain copy or exact conversion, so who does it does not matter).
+/// Widens the key and value rows of `ranges[i]` into job `i`'s scratch (all KV heads, the
+/// cache's layout), in parts of at most [`WIDEN_PART`] rows handed out to the pool's
+/// threads as they free up (each part is a plain copy or exact conversion, so who does it
+/// does not matter).
 fn widen(
     pool: &ThreadPool,
     layer: usize,
-    hd: usize,
-    n_kv: usize,
+    kvd: usize,
     jobs: &mut [AttnJob<'_>],
     ranges: &[std::ops::Range<usize>],
 ) {
-    let total: usize = ranges.iter().map(|r| n_kv * r.len() * hd).sum();
+    let total: usize = ranges.iter().map(|r| 2 * r.len() * kvd).sum();
     let parts = jobs.iter_mut().zip(ranges).flat_map(|(j, range)| {
-        let size = range.len() * hd;
         let cache = j.cache;
         let s = &mut *j.scratch;
-        let k = s.k[..n_kv * size]
-            .chunks_mut(size.max(1))
-            .map(|d| (false, d));
-        let v = s.v[..n_kv * size]
-            .chunks_mut(size.max(1))
-            .map(|d| (true, d));
-        k.enumerate()
-            .chain(v.enumerate())
-            .map(move |(g, (value, dst))| (cache, range.clone(), g, value, dst))
+        let size = range.len() * kvd;
+        let halves = [(false, &mut s.k[..size]), (true, &mut s.v[..size])];
+        halves.into_iter().flat_map(move |(value, dst)| {
+            dst.chunks_mut((WIDEN_PART * kvd).max(1))
+                .enumerate()
+                .map(move |(i, d)| {
+                    let from = range.start + i * WIDEN_PART;
+                    (cache, value, from..from + d.len() / kvd.max(1), d)
+                })
+        })
     });
-    let load = |(cache, range, g, value, dst): (
-        &KvCache,
-        std::ops::Range<usize>,
-        usize,
-        bool,
-        &mut [f32],
-    )| {
-        cache.load_head(layer, value, g, hd, range, dst);
-    };
+    let load = |(cache, value, rows, dst): Part<'_>| cache.load_rows(layer, value, rows, dst);
     // Small spans (decode near the start) are not worth waking the pool.
     if total < 1 << 14 {
         parts.for_each(load);
@@ -288,6 +282,12 @@ fn widen(
         }
     });
 }
+
+/// Most cache rows one widening part converts.
+const WIDEN_PART: usize = 64;
+
+/// One widening part: the cache, keys or values, its positions and their destination.
+type Part<'a> = (&'a KvCache, bool, std::ops::Range<usize>, &'a mut [f32]);
 
 #[cfg(test)]
 mod tests {
