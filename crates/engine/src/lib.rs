@@ -15,6 +15,8 @@
 pub mod generate;
 pub mod rng;
 pub mod sampler;
+#[cfg(test)]
+mod sampler_equiv;
 pub mod score;
 
 pub use generate::{Finish, Flow, GenerateError, Generation, Timeline, eval_sample, generate};

@@ -111,6 +111,8 @@ pub struct Sampler {
     cfg: SamplerConfig,
     rng: Rng,
     cand: Vec<(u32, f32)>,
+    /// Sort keys of the candidates ([`desc_key`]), for the filters' ordering.
+    keys: Vec<u64>,
     window: Vec<u32>,
 }
 
@@ -128,6 +130,40 @@ fn check(name: &'static str, value: f32, ok: bool) -> Result<(), SampleError> {
 /// Orders candidates by descending logit, then ascending id, so ties are deterministic.
 fn by_logit_desc(a: &(u32, f32), b: &(u32, f32)) -> std::cmp::Ordering {
     b.1.total_cmp(&a.1).then(a.0.cmp(&b.0))
+}
+
+/// A `u64` whose ascending order is [`by_logit_desc`]'s: the logit's `total_cmp` rank
+/// inverted in the high half, the id in the low half. Sorting plain integers is several
+/// times cheaper than sorting with the comparator, and the order is the same strict total
+/// order, so every filter sees the candidates in the same sequence.
+fn desc_key((id, l): (u32, f32)) -> u64 {
+    let b = l.to_bits();
+    // Sign-magnitude to an unsigned rank increasing with `total_cmp`.
+    let rank = if b >> 31 == 1 { !b } else { b | 0x8000_0000 };
+    (u64::from(!rank) << 32) | u64::from(id)
+}
+
+/// The candidate a [`desc_key`] was made from.
+fn from_key(key: u64) -> (u32, f32) {
+    let rank = !((key >> 32) as u32);
+    let b = if rank >> 31 == 1 {
+        rank & 0x7fff_ffff
+    } else {
+        !rank
+    };
+    (key as u32, f32::from_bits(b))
+}
+
+/// The first greatest logit under `total_cmp` (so the lowest id among equals): greedy
+/// decoding's choice, found without building the candidate list.
+fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, l) in logits.iter().enumerate().skip(1) {
+        if l.total_cmp(&logits[best]).is_gt() {
+            best = i;
+        }
+    }
+    best as u32
 }
 
 impl Sampler {
@@ -148,6 +184,7 @@ impl Sampler {
             cfg,
             rng,
             cand: Vec::new(),
+            keys: Vec::new(),
             window: Vec::new(),
         })
     }
@@ -172,25 +209,7 @@ impl Sampler {
     /// Chooses the next token from `logits` (one per vocabulary id). `history` is the token
     /// sequence so far (prompt and generated), used by the penalties.
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> Result<Sampled, SampleError> {
-        if logits.is_empty() {
-            return Err(SampleError::EmptyLogits);
-        }
-        if let Some(index) = logits.iter().position(|v| v.is_nan()) {
-            return Err(SampleError::NanLogit { index });
-        }
-        self.cand.clear();
-        self.cand
-            .extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)));
-        self.apply_penalties(history);
-        let token = if self.cfg.temperature <= 0.0 {
-            self.cand
-                .iter()
-                .copied()
-                .min_by(by_logit_desc)
-                .map_or(0, |c| c.0)
-        } else {
-            self.draw()
-        };
+        let token = self.next_token(logits, history)?;
         let lse = log_sum_exp(logits);
         let logprob = logits
             .get(token as usize)
@@ -203,11 +222,45 @@ impl Sampler {
         })
     }
 
-    fn apply_penalties(&mut self, history: &[u32]) {
+    /// The token [`Sampler::sample`] would choose (advancing the random stream the same
+    /// way), without the log-probabilities: for callers that report none, it saves a pass
+    /// of `exp` over the whole vocabulary.
+    pub fn next_token(&mut self, logits: &[f32], history: &[u32]) -> Result<u32, SampleError> {
+        if logits.is_empty() {
+            return Err(SampleError::EmptyLogits);
+        }
+        if let Some(index) = logits.iter().position(|v| v.is_nan()) {
+            return Err(SampleError::NanLogit { index });
+        }
+        if self.cfg.temperature <= 0.0 && !self.penalizes() {
+            return Ok(argmax(logits));
+        }
+        self.cand.clear();
+        self.cand
+            .extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)));
+        self.apply_penalties(history);
+        Ok(if self.cfg.temperature <= 0.0 {
+            self.cand
+                .iter()
+                .copied()
+                .min_by(by_logit_desc)
+                .map_or(0, |c| c.0)
+        } else {
+            self.draw()
+        })
+    }
+
+    /// Whether any penalty is on.
+    fn penalizes(&self) -> bool {
         let c = &self.cfg;
-        if c.repeat_penalty == 1.0 && c.frequency_penalty == 0.0 && c.presence_penalty == 0.0 {
+        c.repeat_penalty != 1.0 || c.frequency_penalty != 0.0 || c.presence_penalty != 0.0
+    }
+
+    fn apply_penalties(&mut self, history: &[u32]) {
+        if !self.penalizes() {
             return;
         }
+        let c = &self.cfg;
         let start = if c.penalty_last_n == 0 {
             0
         } else {
@@ -235,11 +288,16 @@ impl Sampler {
     fn draw(&mut self) -> u32 {
         let c = &self.cfg;
         let cand = &mut self.cand;
-        if c.top_k > 0 && c.top_k < cand.len() {
-            cand.select_nth_unstable_by(c.top_k - 1, by_logit_desc);
-            cand.truncate(c.top_k);
+        let keys = &mut self.keys;
+        keys.clear();
+        keys.extend(cand.iter().copied().map(desc_key));
+        if c.top_k > 0 && c.top_k < keys.len() {
+            keys.select_nth_unstable(c.top_k - 1);
+            keys.truncate(c.top_k);
         }
-        cand.sort_unstable_by(by_logit_desc);
+        keys.sort_unstable();
+        cand.clear();
+        cand.extend(keys.iter().copied().map(from_key));
         let max = cand[0].1;
         // Untempered probabilities (unnormalised) for top-p and min-p.
         let weights = |l: f32| (f64::from(l) - f64::from(max)).exp();

@@ -3,8 +3,9 @@
 //!
 //! A query at absolute position `p` sees keys at positions `kv` with `kv <= p` and, when a
 //! window `w` is set, `p - kv < w` (transformers' `kv > q - w`, llama.cpp's standard SWA).
-//! Keys and values of one KV head are widened once per chunk into scratch (in parallel) and
-//! shared by every query head of its group (grouped-query attention).
+//! Keys and values are widened once per chunk into scratch (in parallel, whole cache rows
+//! in one contiguous conversion) and each KV head's are shared by every query head of its
+//! group (grouped-query attention).
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -34,7 +35,7 @@ pub struct AttnShape {
 /// Scratch for [`attend`], sized once for a session.
 #[derive(Debug)]
 pub struct AttnScratch {
-    /// Widened keys, `[kv head][position][head_dim]`.
+    /// Widened keys, `[position][kv head][head_dim]` (the cache's own layout).
     k: Vec<f32>,
     /// Widened values, same layout.
     v: Vec<f32>,
@@ -89,22 +90,86 @@ pub fn attend(
     out: &mut [f32],
     scratch: &mut AttnScratch,
 ) {
+    attend_many(
+        pool,
+        shape,
+        layer,
+        &mut [AttnJob {
+            cache,
+            pos0,
+            q,
+            out,
+            scratch,
+        }],
+    );
+}
+
+/// One sequence's queries in an [`attend_many`] call: the arguments of [`attend`].
+#[derive(Debug)]
+pub struct AttnJob<'a> {
+    /// The sequence's cache, holding keys and values for positions `..pos0 + n`.
+    pub cache: &'a KvCache,
+    /// Position of the first query.
+    pub pos0: usize,
+    /// `n × n_head × head_dim` rotated queries.
+    pub q: &'a [f32],
+    /// `n × n_head × head_dim` outputs.
+    pub out: &'a mut [f32],
+    /// The sequence's scratch.
+    pub scratch: &'a mut AttnScratch,
+}
+
+/// [`attend`] for several sequences at once (the rows of a continuous batch, each over its
+/// own cache): every sequence's keys and values are widened in one pass over the pool and
+/// every sequence's work items share one more, instead of two pool passes per sequence. A
+/// decode batch has only a few items per sequence, so per-sequence passes left the threads
+/// mostly waiting on each other. Each job's output has the same bits as [`attend`] on it
+/// alone: items are the same per-head computations, only handed out differently.
+pub fn attend_many(pool: &ThreadPool, shape: &AttnShape, layer: usize, jobs: &mut [AttnJob<'_>]) {
     let hd = shape.head_dim;
-    let n = q.len() / (shape.n_head * hd);
     let n_kv = shape.n_kv_head.max(1);
     let group = shape.n_head / n_kv;
-    let lo_all = first_visible(pos0, shape.window);
-    let hi_all = pos0 + n;
-    let span = hi_all - lo_all;
     let n_threads = pool.n_threads();
-    widen(pool, cache, layer, hd, n_kv, lo_all..hi_all, scratch);
-    let block = head_block(n * n_kv, group, n_threads);
+    let qw = shape.n_head * hd;
+    let kvd = n_kv * hd;
+    // Visible key range of each job (all of its queries together).
+    let ranges: Vec<std::ops::Range<usize>> = jobs
+        .iter()
+        .map(|j| first_visible(j.pos0, shape.window)..j.pos0 + j.q.len() / qw.max(1))
+        .collect();
+    widen(pool, layer, kvd, jobs, &ranges);
+    let units: usize = jobs.iter().map(|j| j.q.len() / qw.max(1) * n_kv).sum();
+    let block = head_block(units, group, n_threads);
     let blocks_per_group = group.div_ceil(block);
-    let (kbuf, vbuf, obuf) = (&scratch.k, &scratch.v, &scratch.out);
-    let items = n * n_kv * blocks_per_group;
+    // First item of each job, and one past the last item of all.
+    let mut starts = Vec::with_capacity(jobs.len() + 1);
+    let mut items = 0;
+    for j in jobs.iter() {
+        starts.push(items);
+        items += j.q.len() / qw.max(1) * n_kv * blocks_per_group;
+    }
+    starts.push(items);
+    let views: Vec<JobView<'_>> = jobs
+        .iter()
+        .map(|j| {
+            let s = &*j.scratch;
+            (
+                s.k.as_slice(),
+                s.v.as_slice(),
+                s.out.as_slice(),
+                j.q,
+                j.pos0,
+            )
+        })
+        .collect();
     let level = simd_level();
     pool.run(|thread, buf: &mut Vec<f32>| {
         for item in (thread..items).step_by(n_threads) {
+            // The job holding this item: the last whose first item is at or before it.
+            let ji = starts.partition_point(|&s| s <= item) - 1;
+            let (kbuf, vbuf, obuf, q, pos0) = views[ji];
+            let lo_all = ranges[ji].start;
+            let item = item - starts[ji];
             let t = item / (n_kv * blocks_per_group);
             let g = item / blocks_per_group % n_kv;
             let h0 = g * group + item % blocks_per_group * block;
@@ -113,8 +178,9 @@ pub fn attend(
             let lo = first_visible(pos, shape.window) - lo_all;
             let hi = pos + 1 - lo_all;
             let len = hi - lo;
-            let kg = &kbuf[(g * span + lo) * hd..(g * span + hi) * hd];
-            let vg = &vbuf[(g * span + lo) * hd..(g * span + hi) * hd];
+            // Head `g`'s rows are `hd` values every `kvd` in the widened cache rows.
+            let kg = &kbuf[lo * kvd + g * hd..(hi - 1) * kvd + (g + 1) * hd];
+            let vg = &vbuf[lo * kvd + g * hd..(hi - 1) * kvd + (g + 1) * hd];
             let row = t * shape.n_head;
             let qs: [&[f32]; MAX_TILE] = std::array::from_fn(|i| {
                 let h = (h0 + i).min(h0 + nh - 1);
@@ -130,7 +196,7 @@ pub fn attend(
             for j0 in (0..len).step_by(MAX_TILE) {
                 let nk = MAX_TILE.min(len - j0);
                 let ks: [&[f32]; MAX_TILE] =
-                    std::array::from_fn(|i| &kg[(j0 + i.min(nk - 1)) * hd..][..hd]);
+                    std::array::from_fn(|i| &kg[(j0 + i.min(nk - 1)) * kvd..][..hd]);
                 let _ = dot_tile(level, &qs[..nh], &ks[..nk], hd, &mut part);
                 for i in 0..nh {
                     sc[i * len + j0..i * len + j0 + nk]
@@ -142,19 +208,26 @@ pub fn attend(
             }
             let ps: [&[f32]; MAX_TILE] =
                 std::array::from_fn(|i| &sc[i.min(nh - 1) * len..(i.min(nh - 1) + 1) * len]);
-            let _ = weighted_rows(level, &ps[..nh], vg, hd, hd, o);
+            let _ = weighted_rows(level, &ps[..nh], vg, kvd, hd, o);
             let dst = &obuf[(row + h0) * hd..(row + h0 + nh) * hd];
             for (d, &v) in dst.iter().zip(o.iter()) {
                 d.store(v.to_bits(), Ordering::Relaxed);
             }
         }
     });
+    drop(views);
     // `run` has joined every thread, so these loads see all stores.
-    let items_out = n * shape.n_head * hd;
-    for (o, bits) in out[..items_out].iter_mut().zip(obuf) {
-        *o = f32::from_bits(bits.load(Ordering::Relaxed));
+    for j in jobs.iter_mut() {
+        let n_out = j.q.len();
+        for (o, bits) in j.out[..n_out].iter_mut().zip(&j.scratch.out) {
+            *o = f32::from_bits(bits.load(Ordering::Relaxed));
+        }
     }
 }
+
+/// What the pool's threads read of one job: widened keys, widened values, output bits,
+/// queries and the first query's position.
+type JobView<'a> = (&'a [f32], &'a [f32], &'a [AtomicU32], &'a [f32], usize);
 
 /// Query heads per work item: a divisor of the group size (at most [`MAX_TILE`]) that
 /// minimises the heads the busiest thread computes, the larger block on ties (more reuse
@@ -170,32 +243,35 @@ fn head_block(units: usize, group: usize, n_threads: usize) -> usize {
         .unwrap_or(1)
 }
 
-/// Widens the keys and values of `range` for every KV head into the scratch, the
-/// (head, key or value) parts handed out to the pool's threads as they free up (each part
-/// is a plain copy or exact conversion, so who does it does not matter).
+/// Widens the key and value rows of `ranges[i]` into job `i`'s scratch (all KV heads, the
+/// cache's layout), in parts of at most [`WIDEN_PART`] rows handed out to the pool's
+/// threads as they free up (each part is a plain copy or exact conversion, so who does it
+/// does not matter).
 fn widen(
     pool: &ThreadPool,
-    cache: &KvCache,
     layer: usize,
-    hd: usize,
-    n_kv: usize,
-    range: std::ops::Range<usize>,
-    scratch: &mut AttnScratch,
+    kvd: usize,
+    jobs: &mut [AttnJob<'_>],
+    ranges: &[std::ops::Range<usize>],
 ) {
-    let span = range.len();
-    let size = span * hd;
-    let k = scratch.k[..n_kv * size]
-        .chunks_mut(size.max(1))
-        .map(|d| (false, d));
-    let v = scratch.v[..n_kv * size]
-        .chunks_mut(size.max(1))
-        .map(|d| (true, d));
-    let parts = k.enumerate().chain(v.enumerate());
-    let load = |(g, (value, dst)): (usize, (bool, &mut [f32]))| {
-        cache.load_head(layer, value, g, hd, range.clone(), dst);
-    };
+    let total: usize = ranges.iter().map(|r| 2 * r.len() * kvd).sum();
+    let parts = jobs.iter_mut().zip(ranges).flat_map(|(j, range)| {
+        let cache = j.cache;
+        let s = &mut *j.scratch;
+        let size = range.len() * kvd;
+        let halves = [(false, &mut s.k[..size]), (true, &mut s.v[..size])];
+        halves.into_iter().flat_map(move |(value, dst)| {
+            dst.chunks_mut((WIDEN_PART * kvd).max(1))
+                .enumerate()
+                .map(move |(i, d)| {
+                    let from = range.start + i * WIDEN_PART;
+                    (cache, value, from..from + d.len() / kvd.max(1), d)
+                })
+        })
+    });
+    let load = |(cache, value, rows, dst): Part<'_>| cache.load_rows(layer, value, rows, dst);
     // Small spans (decode near the start) are not worth waking the pool.
-    if n_kv * size < 1 << 14 {
+    if total < 1 << 14 {
         parts.for_each(load);
         return;
     }
@@ -206,6 +282,12 @@ fn widen(
         }
     });
 }
+
+/// Most cache rows one widening part converts.
+const WIDEN_PART: usize = 64;
+
+/// One widening part: the cache, keys or values, its positions and their destination.
+type Part<'a> = (&'a KvCache, bool, std::ops::Range<usize>, &'a mut [f32]);
 
 #[cfg(test)]
 mod tests {
@@ -370,6 +452,87 @@ mod tests {
             for (threads, one) in [(2, false), (1, true), (2, true), (3, false)] {
                 let got = run_attend(&shape, threads, 37, one);
                 assert_eq!(got, want, "{shape:?} threads={threads} one_by_one={one}");
+            }
+        }
+    }
+
+    #[test]
+    fn many_sequences_in_one_call_equal_each_alone_bit_for_bit() {
+        // Continuous batching: sequences at different depths, some decoding one token and
+        // one taking a chunk, attended together must each get the bits of a call of their
+        // own, whatever the thread count.
+        for window in [None, Some(50)] {
+            many_equal_alone(AttnShape {
+                n_head: 6,
+                n_kv_head: 2,
+                head_dim: 64,
+                scale: 0.125,
+                window,
+            });
+        }
+    }
+
+    fn many_equal_alone(shape: AttnShape) {
+        let row = shape.n_kv_head * shape.head_dim;
+        let qw = shape.n_head * shape.head_dim;
+        let ctx = 160;
+        // (position of the first query, queries)
+        let seqs = [(0, 1), (150, 1), (40, 7), (3, 1), (97, 1), (120, 2)];
+        let caches: Vec<KvCache> = (0..seqs.len())
+            .map(|i| {
+                let mut c = KvCache::new(KvType::F16, 2, ctx, row).unwrap();
+                let (k, v) = (
+                    pseudo(ctx * row, 20 + i as u32),
+                    pseudo(ctx * row, 40 + i as u32),
+                );
+                c.store(1, 0, &k, &v);
+                c
+            })
+            .collect();
+        let qs: Vec<Vec<f32>> = (0..seqs.len())
+            .map(|i| pseudo(seqs[i].1 * qw, 60 + i as u32))
+            .collect();
+        let alone: Vec<Vec<f32>> = seqs
+            .iter()
+            .zip(&caches)
+            .zip(&qs)
+            .map(|((&(pos0, n), cache), q)| {
+                let mut scratch = AttnScratch::new(ctx, row, n * qw).unwrap();
+                let mut out = vec![f32::NAN; n * qw];
+                let pool = ThreadPool::new(1).unwrap();
+                attend(&pool, &shape, cache, 1, pos0, q, &mut out, &mut scratch);
+                out
+            })
+            .collect();
+        for threads in [1, 2, 3] {
+            let pool = ThreadPool::new(threads).unwrap();
+            let mut scratches: Vec<AttnScratch> = seqs
+                .iter()
+                .map(|&(_, n)| AttnScratch::new(ctx, row, n * qw).unwrap())
+                .collect();
+            let mut outs: Vec<Vec<f32>> =
+                seqs.iter().map(|&(_, n)| vec![f32::NAN; n * qw]).collect();
+            let mut jobs: Vec<AttnJob<'_>> = seqs
+                .iter()
+                .zip(&caches)
+                .zip(&qs)
+                .zip(outs.iter_mut().zip(scratches.iter_mut()))
+                .map(|(((&(pos0, _), cache), q), (out, scratch))| AttnJob {
+                    cache,
+                    pos0,
+                    q,
+                    out,
+                    scratch,
+                })
+                .collect();
+            attend_many(&pool, &shape, 1, &mut jobs);
+            drop(jobs);
+            for (i, (got, want)) in outs.iter().zip(&alone).enumerate() {
+                assert!(want.iter().all(|v| v.is_finite()));
+                assert!(
+                    got == want,
+                    "threads={threads}: sequence {i} differs from its own call"
+                );
             }
         }
     }

@@ -91,24 +91,21 @@ impl KvCache {
         }
     }
 
-    /// Widens the `head_dim` columns of head `head` at positions `range` of the key
-    /// (`value == false`) or value rows of `layer` into `dst` (`range.len() × head_dim`).
-    pub fn load_head(
+    /// Widens the whole key (`value == false`) or value rows of `layer` at positions
+    /// `range` into `dst` (`range.len() × row` values, position-major): one contiguous
+    /// conversion, exact for either element type.
+    pub fn load_rows(
         &self,
         layer: usize,
         value: bool,
-        head: usize,
-        head_dim: usize,
         range: std::ops::Range<usize>,
         dst: &mut [f32],
     ) {
-        for (i, pos) in range.enumerate() {
-            let o = self.offset(layer, value, pos) + head * head_dim;
-            let out = &mut dst[i * head_dim..(i + 1) * head_dim];
-            match &self.store {
-                Store::F16(d) => d[o..o + head_dim].convert_to_f32_slice(out),
-                Store::F32(d) => out.copy_from_slice(&d[o..o + head_dim]),
-            }
+        let o = self.offset(layer, value, range.start);
+        let n = range.len() * self.row;
+        match &self.store {
+            Store::F16(d) => d[o..o + n].convert_to_f32_slice(&mut dst[..n]),
+            Store::F32(d) => dst[..n].copy_from_slice(&d[o..o + n]),
         }
     }
 }
@@ -118,20 +115,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn rows_round_trip_per_layer_and_head() {
+    fn rows_round_trip_per_layer() {
         for ty in [KvType::F16, KvType::F32] {
             let mut kv = KvCache::new(ty, 2, 4, 6).unwrap();
             let k: Vec<f32> = (0..12).map(|i| i as f32).collect();
             let v: Vec<f32> = (0..12).map(|i| -(i as f32)).collect();
             kv.store(1, 2, &k, &v);
-            let mut dst = vec![0.0; 6];
-            kv.load_head(1, false, 1, 3, 2..4, &mut dst);
-            assert_eq!(dst, [3.0, 4.0, 5.0, 9.0, 10.0, 11.0]);
-            kv.load_head(1, true, 0, 3, 3..4, &mut dst[..3]);
-            assert_eq!(&dst[..3], &[-6.0, -7.0, -8.0]);
+            let mut dst = vec![f32::NAN; 12];
+            kv.load_rows(1, false, 2..4, &mut dst);
+            assert_eq!(dst, k);
+            kv.load_rows(1, true, 3..4, &mut dst[..6]);
+            assert_eq!(&dst[..6], &v[6..]);
             // Layer 0 was never written.
-            kv.load_head(0, false, 0, 3, 2..3, &mut dst[..3]);
-            assert_eq!(&dst[..3], &[0.0, 0.0, 0.0]);
+            kv.load_rows(0, false, 2..3, &mut dst[..6]);
+            assert_eq!(&dst[..6], &[0.0; 6]);
             assert_eq!(kv.ty(), ty);
         }
     }
@@ -141,9 +138,9 @@ mod tests {
         let mut kv = KvCache::new(KvType::F16, 1, 1, 1).unwrap();
         kv.store(0, 0, &[1.0 + 1e-4], &[0.1]);
         let mut d = [0.0];
-        kv.load_head(0, false, 0, 1, 0..1, &mut d);
+        kv.load_rows(0, false, 0..1, &mut d);
         assert_eq!(d[0], 1.0);
-        kv.load_head(0, true, 0, 1, 0..1, &mut d);
+        kv.load_rows(0, true, 0..1, &mut d);
         assert_eq!(d[0], f16::from_f32(0.1).to_f32());
     }
 

@@ -1,5 +1,6 @@
 //! One inference timeline over a [`Model`]: the KV cache, the position counter and all
-//! scratch buffers, allocated once in [`Session::new`] so that decode steps allocate nothing.
+//! scratch buffers, allocated once in [`Session::new`] so that decode steps allocate no
+//! buffers (only attention's small per-layer job lists).
 //!
 //! [`Session::eval`] runs the forward pass over any number of new tokens, in chunks of at most
 //! [`PREFILL_CHUNK`] tokens (every weight product is one `ferrite_cpu::matmul` over the
@@ -13,7 +14,7 @@ use ferrite_quant::kernels::{GatedAct, gated_act};
 use ferrite_quant::simd_level;
 
 use crate::ModelError;
-use crate::attention::{AttnScratch, AttnShape, attend};
+use crate::attention::{AttnJob, AttnScratch, AttnShape, attend_many};
 use crate::config::Activation;
 use crate::kv::{KvCache, KvType, try_vec};
 use crate::model::{Ffn, Model, Weight};
@@ -573,15 +574,28 @@ pub(crate) fn forward_rows(
         };
         let mut row = 0;
         for seg in segs.iter_mut() {
-            let (kv, qd) = (row * c.kv_dim()..(row + seg.len) * c.kv_dim(), c.q_dim());
+            let kv = row * c.kv_dim()..(row + seg.len) * c.kv_dim();
             seg.kv.store(l, seg.pos0, &k[kv.clone()], &v[kv]);
-            let (qs, att) = (
-                &q[row * qd..(row + seg.len) * qd],
-                &mut s.att[row * qd..(row + seg.len) * qd],
-            );
-            attend(pool, &shape, seg.kv, l, seg.pos0, qs, att, seg.attn);
             row += seg.len;
         }
+        // All sessions' attention in one pass over the pool (see `attend_many`).
+        let qd = c.q_dim();
+        let (mut qs, mut att) = (&q[..n * qd], &mut s.att[..n * qd]);
+        let mut jobs: Vec<AttnJob<'_>> = Vec::with_capacity(segs.len());
+        for seg in segs.iter_mut() {
+            let (q_seg, q_rest) = qs.split_at(seg.len * qd);
+            let (att_seg, att_rest) = att.split_at_mut(seg.len * qd);
+            (qs, att) = (q_rest, att_rest);
+            jobs.push(AttnJob {
+                cache: &*seg.kv,
+                pos0: seg.pos0,
+                q: q_seg,
+                out: att_seg,
+                scratch: &mut *seg.attn,
+            });
+        }
+        attend_many(pool, &shape, l, &mut jobs);
+        drop(jobs);
         let att = &s.att[..n * c.q_dim()];
         let o = &mut s.o[..n * d];
         mm(&lw.wo, att, o)?;

@@ -53,12 +53,33 @@ impl<'m> BatchEval<Session<'m>> for SessionBatch {
     }
 }
 
-impl Picker for Sampler {
+/// A request's sampler. Log-probabilities cost a pass of `exp` over the whole vocabulary
+/// per token, so they are computed only for requests that asked for them.
+struct RequestSampler {
+    sampler: Sampler,
+    logprobs: bool,
+}
+
+impl Picker for RequestSampler {
     fn pick(&mut self, logits: &[f32], history: &[u32]) -> Result<Picked, String> {
-        let s = self.sample(logits, history).map_err(|e| e.to_string())?;
+        if !self.logprobs {
+            let token = self
+                .sampler
+                .next_token(logits, history)
+                .map_err(|e| e.to_string())?;
+            return Ok(Picked {
+                token,
+                logprob: None,
+                top: Vec::new(),
+            });
+        }
+        let s = self
+            .sampler
+            .sample(logits, history)
+            .map_err(|e| e.to_string())?;
         Ok(Picked {
             token: s.token,
-            logprob: s.logprob,
+            logprob: Some(s.logprob),
             top: s.top,
         })
     }
@@ -89,7 +110,10 @@ impl Runtime for ModelRuntime<'_> {
             stop_ids: Vec::new(),
             n_logprobs: req.logprobs.unwrap_or(0),
         };
-        Ok(Box::new(Sampler::new(cfg).map_err(|e| e.to_string())?))
+        Ok(Box::new(RequestSampler {
+            sampler: Sampler::new(cfg).map_err(|e| e.to_string())?,
+            logprobs: req.logprobs.is_some(),
+        }))
     }
 
     fn is_eog(&self, token: u32) -> bool {
@@ -275,5 +299,40 @@ impl Engine {
             cache_stats,
             thread,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_without_logprobs_get_the_same_tokens_and_no_logprobs() {
+        // The token-only path must follow the same random stream as the full one.
+        let logits: Vec<f32> = (0..500).map(|i| ((i * 37) % 101) as f32 * 0.05).collect();
+        for temperature in [0.0, 0.9] {
+            let cfg = SamplerConfig {
+                temperature,
+                top_p: 0.95,
+                seed: 3,
+                n_logprobs: 2,
+                ..SamplerConfig::default()
+            };
+            let mut with = RequestSampler {
+                sampler: Sampler::new(cfg.clone()).unwrap(),
+                logprobs: true,
+            };
+            let mut without = RequestSampler {
+                sampler: Sampler::new(cfg).unwrap(),
+                logprobs: false,
+            };
+            for _ in 0..20 {
+                let a = with.pick(&logits, &[]).unwrap();
+                let b = without.pick(&logits, &[]).unwrap();
+                assert_eq!(a.token, b.token);
+                assert!(a.logprob.is_some_and(f32::is_finite) && a.top.len() == 2);
+                assert_eq!((b.logprob, b.top.len()), (None, 0));
+            }
+        }
     }
 }

@@ -87,8 +87,8 @@ struct Evaluated {
 pub struct Picked {
     /// Token id.
     pub token: u32,
-    /// Its log-probability.
-    pub logprob: f32,
+    /// Its log-probability; `None` when the request asked for no log-probabilities.
+    pub logprob: Option<f32>,
     /// Best alternatives (id, logprob), as many as requested.
     pub top: Vec<(u32, f32)>,
 }
@@ -554,16 +554,21 @@ impl<'r, S: Sequence> Scheduler<'r, S> {
             a.generated.push(picked.token);
             let piece = a.text.push(picked.token, rt);
             let scanned = a.scanner.push(&piece);
-            let logprob = a.job.req.logprobs.map(|k| TokenLogprob {
-                token: rt.decode(&[picked.token]),
-                logprob: picked.logprob,
-                top: picked
-                    .top
-                    .iter()
-                    .take(k)
-                    .map(|&(id, lp)| (rt.decode(&[id]), lp))
-                    .collect(),
-            });
+            let logprob = a
+                .job
+                .req
+                .logprobs
+                .zip(picked.logprob)
+                .map(|(k, lp)| TokenLogprob {
+                    token: rt.decode(&[picked.token]),
+                    logprob: lp,
+                    top: picked
+                        .top
+                        .iter()
+                        .take(k)
+                        .map(|&(id, lp)| (rt.decode(&[id]), lp))
+                        .collect(),
+                });
             let _ = a.job.tx.send(GenEvent::Token {
                 id: picked.token,
                 text: scanned.text,
@@ -661,7 +666,7 @@ mod tests {
                 .ok_or("no logits")?;
             Ok(Picked {
                 token: i as u32,
-                logprob: -0.1,
+                logprob: Some(-0.1),
                 top: vec![(i as u32, -0.1)],
             })
         }
