@@ -162,7 +162,7 @@ fn sample_rows(sampler: &mut Sampler, logits: Logits<'_>) -> anyhow::Result<Vec<
     (0..logits.n_rows())
         .map(|r| {
             let row = logits.row(r).context("batch returned too few rows")?;
-            Ok(sampler.sample(row, &[])?.token)
+            Ok(sampler.next_token(row, &[])?)
         })
         .collect()
 }
