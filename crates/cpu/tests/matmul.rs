@@ -8,20 +8,7 @@
 use ferrite_cpu::{Matrix, ThreadPool, matmul_with};
 use ferrite_gguf::GgmlType;
 use ferrite_quant::{SimdLevel, dequantize_ref, quantize};
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    /// Uniform in [-1, 1).
-    fn f32(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
-}
+use ferrite_testkit::XorShift as Rng;
 
 const TYPES: [GgmlType; 11] = [
     GgmlType::F32,

@@ -6,6 +6,7 @@
 
 use ferrite_kvstore::{Compat, HEADER_LEN, KvStoreError, SnapshotBackend, decode, encode};
 use ferrite_model::{KvType, SessionState};
+use ferrite_testkit::XorShift as Rng;
 use ferrite_testkit::{CountingAlloc, measure};
 use sha2::{Digest, Sha256};
 
@@ -43,19 +44,6 @@ fn sample() -> (Compat, Vec<u8>) {
 fn reseal(b: &mut [u8]) {
     let sha: [u8; 32] = Sha256::digest(&b[..192]).into();
     b[192..224].copy_from_slice(&sha);
-}
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
 }
 
 /// Values that stress length arithmetic.

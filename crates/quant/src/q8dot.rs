@@ -277,16 +277,7 @@ fn kdot<B>(w: &[B], act: &[u8], decode: impl Fn(&B) -> KBlock) -> f32 {
 mod tests {
     use super::*;
     use crate::{dequantize_ref, quantize};
-
-    struct Rng(u64);
-    impl Rng {
-        fn f32(&mut self) -> f32 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            (self.0 >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        }
-    }
+    use ferrite_testkit::XorShift as Rng;
 
     /// Checks one weight row against the oracle: the f64 dot of the dequantized weights and
     /// the dequantized activations. The integer sums are exact, so only the per-block f32

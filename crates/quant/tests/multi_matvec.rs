@@ -4,19 +4,7 @@
 
 use ferrite_quant::kernels::{has_fused_multi_matvec, matvec, multi_matvec};
 use ferrite_quant::{GgmlType, SimdLevel};
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn f32(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
-}
+use ferrite_testkit::XorShift as Rng;
 
 /// The formats of the two development models plus the other fused AVX-512 kernels and two
 /// formats without one (Q5_K, Q3_K: column by column).
@@ -53,13 +41,15 @@ fn half_fields(ty: GgmlType) -> &'static [usize] {
 fn random_rows(rng: &mut Rng, ty: GgmlType, rows: usize, k: usize) -> Vec<u8> {
     let bs = ty.block_size() as usize;
     let ts = ty.type_size() as usize;
-    let mut v: Vec<u8> = (0..rows * k / bs * ts).map(|_| rng.next() as u8).collect();
+    let mut v: Vec<u8> = (0..rows * k / bs * ts)
+        .map(|_| rng.next_u64() as u8)
+        .collect();
     for b in v.chunks_exact_mut(ts) {
         match ty {
             GgmlType::F32 => b.copy_from_slice(&rng.f32().to_le_bytes()),
             GgmlType::F16 => b.copy_from_slice(&half::f16::from_f32(rng.f32()).to_le_bytes()),
             GgmlType::BF16 => b.copy_from_slice(&half::bf16::from_f32(rng.f32()).to_le_bytes()),
-            GgmlType::MXFP4 => b[0] = 110 + (rng.next() % 30) as u8,
+            GgmlType::MXFP4 => b[0] = 110 + (rng.next_u64() % 30) as u8,
             _ => {
                 for &o in half_fields(ty) {
                     let h = half::f16::from_f32(rng.f32() * 0.05);

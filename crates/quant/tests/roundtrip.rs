@@ -6,22 +6,11 @@
 //! A wrong bit layout in quantize gives errors of order 1, far above every bound.
 
 use ferrite_quant::{GgmlType, dequantize, quantize, supports_quantize};
+use ferrite_testkit::XorShift as Rng;
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn f32(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
-    /// Roughly Gaussian, mean 0.
-    fn gauss(&mut self) -> f32 {
-        self.f32() + self.f32() + self.f32() + self.f32()
-    }
+/// Roughly Gaussian, mean 0.
+fn gauss(rng: &mut Rng) -> f32 {
+    rng.f32() + rng.f32() + rng.f32() + rng.f32()
 }
 
 #[test]
@@ -42,7 +31,7 @@ fn round_trip_error_is_within_format_bounds() {
     ];
     let mut rng = Rng(99);
     let n = 256 * 64;
-    let x: Vec<f32> = (0..n).map(|_| rng.gauss()).collect();
+    let x: Vec<f32> = (0..n).map(|_| gauss(&mut rng)).collect();
     let rms = (x.iter().map(|v| f64::from(*v).powi(2)).sum::<f64>() / n as f64).sqrt();
     for (ty, bound) in bounds {
         assert!(supports_quantize(ty), "{ty}");

@@ -9,19 +9,7 @@ use ferrite_quant::kernels::{
     axpy, dot_f32, dot_row, has_fused_matvec, has_simd_dequantize, matvec,
 };
 use ferrite_quant::{GgmlType, SimdLevel, dequantize_with};
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn f32(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
-}
+use ferrite_testkit::XorShift as Rng;
 
 /// Types with a SIMD dequantizer at the AVX levels (checked below) plus the scalar-only
 /// ones, which must still route correctly at every level.
@@ -74,14 +62,14 @@ fn half_fields(ty: GgmlType) -> &'static [usize] {
 /// `n_blocks` random blocks of `ty` with finite, moderate scales.
 fn random_blocks(rng: &mut Rng, ty: GgmlType, n_blocks: usize) -> Vec<u8> {
     let ts = ty.type_size() as usize;
-    let mut v: Vec<u8> = (0..n_blocks * ts).map(|_| rng.next() as u8).collect();
+    let mut v: Vec<u8> = (0..n_blocks * ts).map(|_| rng.next_u64() as u8).collect();
     for b in v.chunks_exact_mut(ts) {
         match ty {
             GgmlType::F16 => b.copy_from_slice(&half::f16::from_f32(rng.f32() * 4.0).to_le_bytes()),
             GgmlType::BF16 => {
                 b.copy_from_slice(&half::bf16::from_f32(rng.f32() * 4.0).to_le_bytes())
             }
-            GgmlType::MXFP4 => b[0] = 110 + (rng.next() % 30) as u8,
+            GgmlType::MXFP4 => b[0] = 110 + (rng.next_u64() % 30) as u8,
             _ => {
                 for &o in half_fields(ty) {
                     let h = half::f16::from_f32(rng.f32() * 0.05);

@@ -7,7 +7,8 @@
 //! set (a missing directory fails), else from the in-repo copy. The CLI tests do not use this:
 //! they pull the models with `ferrite pull`.
 //!
-//! [`CountingAlloc`] and [`measure`] bound what parsers allocate on hostile input.
+//! [`CountingAlloc`] and [`measure`] bound what parsers allocate on hostile input;
+//! [`XorShift`] is the deterministic generator of test data.
 //!
 //! ```
 //! // `None` (with a printed `skipped:` line) when the file is not in the model cache.
@@ -18,8 +19,10 @@
 #![deny(missing_docs)]
 
 mod alloc;
+mod rng;
 
 pub use alloc::{AllocStats, CountingAlloc, measure};
+pub use rng::XorShift;
 
 use std::path::PathBuf;
 

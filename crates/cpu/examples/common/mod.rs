@@ -7,21 +7,7 @@ use std::time::Instant;
 
 use ferrite_gguf::GgmlType;
 
-/// Xorshift generator (deterministic, no dependency).
-pub struct Rng(pub u64);
-impl Rng {
-    /// Next 64 random bits.
-    pub fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    /// Uniform in [-1, 1).
-    pub fn f32(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
-}
+pub use ferrite_testkit::XorShift as Rng;
 
 /// Offsets of IEEE-half scale fields, so random blocks decode to finite values.
 fn half_fields(ty: GgmlType) -> &'static [usize] {
@@ -40,7 +26,7 @@ pub fn random_weights(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> 
     let n = rows * ty.row_bytes(cols as u64).expect("whole blocks") as usize;
     let mut v = vec![0u8; n];
     for c in v.chunks_mut(8) {
-        let r = rng.next().to_le_bytes();
+        let r = rng.next_u64().to_le_bytes();
         c.copy_from_slice(&r[..c.len()]);
     }
     let small = half::f16::from_f32(0.01).to_le_bytes();
