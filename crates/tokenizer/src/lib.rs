@@ -53,6 +53,8 @@ pub use ferrite_gguf::Strings;
 pub use spec::{TokenType, TokenizerSpec};
 pub use template::{ChatRequest, ChatTemplate};
 
+use std::sync::Arc;
+
 use bytelevel::ByteLevelBpe;
 use decode::TokenBytes;
 use pretok::PreTokenizer;
@@ -71,7 +73,7 @@ enum Model {
 pub struct Tokenizer {
     model: Model,
     special: SpecialMatcher,
-    tokens: Strings,
+    tokens: Arc<Strings>,
     types: Vec<TokenType>,
     bytes: TokenBytes,
     bos_id: Option<u32>,
@@ -84,7 +86,8 @@ pub struct Tokenizer {
 impl Tokenizer {
     /// Build a tokenizer from its metadata.
     pub fn from_spec(spec: TokenizerSpec) -> Result<Self> {
-        let n = spec.tokens.len();
+        let tokens = Arc::new(spec.tokens);
+        let n = tokens.len();
         let types: Vec<TokenType> = match &spec.token_types {
             Some(codes) if codes.len() != n => {
                 return Err(TokenizerError::LengthMismatch {
@@ -125,7 +128,7 @@ impl Tokenizer {
                 });
             }
             Model::Spm(Box::new(SpmBpe::new(
-                &spec.tokens,
+                &tokens,
                 scores,
                 &types,
                 spec.unk_id,
@@ -134,14 +137,10 @@ impl Tokenizer {
         } else {
             // A missing `pre` is llama.cpp's "default"; an unknown one is an error.
             let pre = PreTokenizer::from_name(spec.pre.as_deref().unwrap_or("default"))?;
-            Model::ByteLevel(Box::new(ByteLevelBpe::new(
-                pre,
-                &spec.tokens,
-                &spec.merges,
-            )?))
+            Model::ByteLevel(Box::new(ByteLevelBpe::new(pre, &tokens, &spec.merges)?))
         };
         let special = SpecialMatcher::new(
-            spec.tokens
+            tokens
                 .iter()
                 .zip(&types)
                 .enumerate()
@@ -149,7 +148,7 @@ impl Tokenizer {
                 .map(|(i, (t, ty))| (t, i as u32, *ty == TokenType::Control)),
         );
         let bytes = if is_spm {
-            TokenBytes::new(spec.tokens.iter().zip(&types).map(|(t, ty)| {
+            TokenBytes::new(tokens.iter().zip(&types).map(|(t, ty)| {
                 let b = match (ty, spm::parse_byte_piece(t)) {
                     (TokenType::Byte, Some(b)) => vec![b],
                     _ => t.replace(spm::SPACE_MARK, " ").into_bytes(),
@@ -159,7 +158,7 @@ impl Tokenizer {
         } else {
             let map = bytelevel::char_to_byte_map();
             TokenBytes::new(
-                spec.tokens
+                tokens
                     .iter()
                     .zip(&types)
                     .map(|(t, ty)| (bytelevel::piece_bytes(t, &map), *ty == TokenType::Control)),
@@ -173,7 +172,7 @@ impl Tokenizer {
             add_bos: spec.add_bos.unwrap_or(is_spm),
             add_eos: spec.add_eos.unwrap_or(false),
             chat_template: spec.chat_template,
-            tokens: spec.tokens,
+            tokens,
             types,
             bytes,
         })

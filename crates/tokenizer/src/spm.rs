@@ -9,6 +9,8 @@
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
+use std::sync::Arc;
+
 use ferrite_gguf::Strings;
 
 use crate::pieces::PieceIndex;
@@ -69,7 +71,7 @@ const NONE: usize = usize::MAX;
 impl SpmBpe {
     /// Build from the vocabulary; `scores` and `types` have one entry per token.
     pub(crate) fn new(
-        tokens: &Strings,
+        tokens: &Arc<Strings>,
         scores: Vec<f32>,
         types: &[TokenType],
         unk_id: Option<u32>,
@@ -207,7 +209,7 @@ mod tests {
             types.push(TokenType::Byte);
         }
         SpmBpe::new(
-            &tokens.iter().collect(),
+            &Arc::new(tokens.iter().collect()),
             scores,
             &types,
             None,
