@@ -12,6 +12,7 @@ mod kernels_i8;
 mod model;
 mod session;
 mod synth;
+mod topk;
 
 use std::sync::{Arc, OnceLock};
 
