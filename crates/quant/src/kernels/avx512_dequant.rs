@@ -22,7 +22,9 @@ use ferrite_gguf::GgmlType;
 #[macro_use]
 #[path = "avx512_lut.rs"]
 mod lut;
-use lut::{byte_lanes, codes16, five_bit, table_affine, table_kaffine, table_scaled};
+use lut::{
+    byte_lanes, codes16, five_bit, splat_f16_pair, table_affine, table_kaffine, table_scaled,
+};
 
 /// Prefetch distance of the fused multi-column kernel, and of the single-column one for
 /// Q4_K, in bytes. Measured on the 2-core Zen 5 (256 MiB Q4_0/Q4_K/Q6_K, one thread): none
