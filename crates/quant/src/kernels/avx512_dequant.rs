@@ -22,7 +22,9 @@ use ferrite_gguf::GgmlType;
 #[macro_use]
 #[path = "avx512_lut.rs"]
 mod lut;
-use lut::{byte_lanes, codes16, five_bit, table_affine, table_kaffine, table_scaled};
+use lut::{
+    byte_lanes, codes16, five_bit, splat_f16_pair, table_affine, table_kaffine, table_scaled,
+};
 
 /// Prefetch distance of the fused multi-column kernel, and of the single-column one for
 /// Q4_K, in bytes. Measured on the 2-core Zen 5 (256 MiB Q4_0/Q4_K/Q6_K, one thread): none
@@ -106,12 +108,18 @@ macro_rules! block4_whole {
 /// [`block4_whole`] for Q6_K, a quarter block (64 values) at a time: decoding four whole
 /// 256-value blocks needs 64 vector registers and spilled half of them to the stack on
 /// every block. Each quarter decodes exactly as [`dec_q6k`] and the FMAs of each row run in
-/// the same chunk order, so the bits are the same.
+/// the same chunk order, so the bits are the same. The two halves of each 128-value group
+/// are written out so that `half` is a constant in each: as a run-time value (a loop over
+/// the quarters) its shift counts were rebuilt and range-checked per quarter and row.
 macro_rules! block4_q6k {
     ($dec:ident, $n:expr, $blocks:expr, $xs:expr, $acc:expr) => {{
         let bs: [&BlockQ6K; 4] = $blocks;
         let dl: [[f32; 16]; 4] = std::array::from_fn(|r| q6k_scales(splat_f16(bs[r].d), &bs[r].scales));
-        block4_quarters!($xs, $acc, 4, |r, g| q6k_quarter!(@ bs[r], &dl[r], g / 2, g % 2));
+        let (xs, acc): (&[f32], &mut [__m512; 4]) = ($xs, $acc);
+        for c in 0..2 {
+            block4_quarter!(xs, acc, 2 * c, |r| q6k_quarter!(@ bs[r], &dl[r], c, 0));
+            block4_quarter!(xs, acc, 2 * c + 1, |r| q6k_quarter!(@ bs[r], &dl[r], c, 1));
+        }
     }};
 }
 
@@ -120,16 +128,26 @@ macro_rules! block4_q6k {
 /// order.
 macro_rules! block4_quarters {
     ($xs:expr, $acc:expr, $nq:expr, |$r:ident, $q:ident| $quarter:expr) => {{
-        let xs: &[f32] = $xs;
-        let acc: &mut [__m512; 4] = $acc;
+        let (xs, acc): (&[f32], &mut [__m512; 4]) = ($xs, $acc);
         for $q in 0..$nq {
-            let v: [[__m512; 4]; 4] = std::array::from_fn(|$r| $quarter);
-            for i in 0..4 {
-                // SAFETY: xs holds 64 * $nq values and 16 * (4q + i) + 16 <= 64 * $nq.
-                let xv = unsafe { _mm512_loadu_ps(xs.as_ptr().add(16 * (4 * $q + i))) };
-                for (a, vr) in acc.iter_mut().zip(&v) {
-                    *a = _mm512_fmadd_ps(vr[i], xv, *a);
-                }
+            block4_quarter!(xs, acc, $q, |$r| $quarter);
+        }
+    }};
+}
+
+/// One quarter `$q` of [`block4_quarters`]: `$quarter(row)` gives that row's four vectors
+/// of values `64q..64q + 64`, fed to the four accumulators in chunk order. `xs` holds the
+/// block's 256 activations.
+macro_rules! block4_quarter {
+    ($xs:ident, $acc:ident, $q:expr, |$r:ident| $quarter:expr) => {{
+        let q: usize = $q;
+        let v: [[__m512; 4]; 4] = std::array::from_fn(|$r| $quarter);
+        for i in 0..4 {
+            let xs = &$xs[16 * (4 * q + i)..16 * (4 * q + i) + 16];
+            // SAFETY: xs is exactly 16 values.
+            let xv = unsafe { _mm512_loadu_ps(xs.as_ptr()) };
+            for (a, vr) in $acc.iter_mut().zip(&v) {
+                *a = _mm512_fmadd_ps(vr[i], xv, *a);
             }
         }
     }};

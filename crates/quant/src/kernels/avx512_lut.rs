@@ -27,6 +27,22 @@ pub(super) fn codes16(base: f32) -> __m512 {
     )
 }
 
+/// The two IEEE halves of a Q4_1/Q5_1 block header, `d` (low 16 bits of `dm`) and `m`
+/// (high 16 bits), each converted to f32 in all 16 lanes: one 128-bit conversion of the
+/// pair, then two broadcasts. The same exact conversion as `splat_f16`, in fewer vector
+/// operations than two of those (each a 16-bit broadcast and a 512-bit conversion). The
+/// caller assembles `dm` from the adjacent header bytes, which compiles to one load (taking
+/// the halves as two arrays, LLVM built the word with eight scalar instructions).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+pub(super) fn splat_f16_pair(dm: i32) -> (__m512, __m512) {
+    let h = _mm_cvtph_ps(_mm_cvtsi32_si128(dm));
+    (
+        _mm512_broadcastss_ps(h),
+        _mm512_broadcastss_ps(_mm_movehdup_ps(h)),
+    )
+}
+
 /// Table of `d * c` for the 16 codes `c` of `codes` (lanes of exact small integers).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
@@ -82,7 +98,8 @@ macro_rules! lut_q4_1 {
     ($b:expr, $v:expr) => {{
         let b: &BlockQ4_1 = $b;
         let v: &mut [__m512; 2] = $v;
-        let t = table_affine(codes16(0.0), splat_f16(b.d), splat_f16(b.m));
+        let (d, m) = splat_f16_pair(i32::from_le_bytes([b.d[0], b.d[1], b.m[0], b.m[1]]));
+        let t = table_affine(codes16(0.0), d, m);
         let x = byte_lanes(load16(&b.qs, 0));
         v[0] = _mm512_permutexvar_ps(x, t);
         v[1] = _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(x), t);
@@ -127,7 +144,7 @@ macro_rules! lut_q5_1 {
     ($b:expr, $v:expr) => {{
         let b: &BlockQ5_1 = $b;
         let v: &mut [__m512; 2] = $v;
-        let (d, m) = (splat_f16(b.d), splat_f16(b.m));
+        let (d, m) = splat_f16_pair(i32::from_le_bytes([b.d[0], b.d[1], b.m[0], b.m[1]]));
         let (t0, t1) = (
             table_affine(codes16(0.0), d, m),
             table_affine(codes16(16.0), d, m),
@@ -200,4 +217,45 @@ macro_rules! splat_q8_0 {
             _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(load16(&b.qs, 16))),
         );
     }};
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Lane `i` of `v`.
+    fn lane(v: __m512, i: usize) -> u32 {
+        let mut out = [0f32; 16];
+        // SAFETY: out holds 16 writable f32; only called after the AVX-512 check.
+        unsafe { _mm512_storeu_ps(out.as_mut_ptr(), v) };
+        out[i].to_bits()
+    }
+
+    #[test]
+    fn splat_f16_pair_converts_every_half_like_splat_f16() {
+        if !crate::SimdLevel::Avx512.is_available() {
+            println!("skipped: avx512 not available on this CPU");
+            return;
+        }
+        // Every half as `d`, paired with a different half as `m` (zeros, subnormals,
+        // infinities and NaNs included), against two separate `splat_f16` conversions.
+        for h in 0..=u16::MAX {
+            let m = h.rotate_left(7) ^ 0x8001;
+            let dm = i32::from(h) | (i32::from(m) << 16);
+            // SAFETY: AVX-512 checked above.
+            let (d_v, m_v, d_ref, m_ref) = unsafe {
+                let (a, b) = splat_f16_pair(dm);
+                (
+                    a,
+                    b,
+                    super::super::splat_f16(h.to_le_bytes()),
+                    super::super::splat_f16(m.to_le_bytes()),
+                )
+            };
+            for i in [0, 7, 15] {
+                assert_eq!(lane(d_v, i), lane(d_ref, i), "d {h:#06x} lane {i}");
+                assert_eq!(lane(m_v, i), lane(m_ref, i), "m {m:#06x} lane {i}");
+            }
+        }
+    }
 }
