@@ -59,3 +59,54 @@ static __device__ __forceinline__ float gate_act(float v, int act) {
     float t = tanhf(0.7978845608f * (v + 0.044715f * v * v * v));
     return 0.5f * v * (1.0f + t);
 }
+
+// Quantizes the 32-value block `blk` held one value per lane of a warp (all lanes active)
+// into `xq`, the int8 layout of matvec_i8.cu (n values): d = max|x| / 127, q = x / d
+// rounded. With two planes the rounding error r = x - d·q is quantized again at a 256th of
+// the scale into the second plane, so x ≈ d·(q + q2/256).
+static __device__ __forceinline__ void q8_block(float v, u8* __restrict__ xq, int n, int blk,
+                                                int planes) {
+    int lane = threadIdx.x & 31;
+    float amax = warp_max(fabsf(v));
+    float d = amax / 127.0f;
+    int q = amax > 0.0f ? (int)rintf(v / d) : 0;
+    q = max(-127, min(127, q));
+    float s = warp_sum((float)q);
+    xq[(blk << 5) + lane] = (u8)(q & 255);
+    if (planes > 1) {
+        float r = fmaf(-d, (float)q, v);
+        int q2 = amax > 0.0f ? (int)rintf(r / (d * 0.00390625f)) : 0;
+        q2 = max(-127, min(127, q2));
+        s += warp_sum((float)q2) * 0.00390625f;
+        xq[n + (blk << 5) + lane] = (u8)(q2 & 255);
+    }
+    if (lane == 0) {
+        float2 ds;
+        ds.x = d;
+        ds.y = d * s;
+        ((float2*)(xq + planes * n))[blk] = ds;
+    }
+}
+
+
+// The end of a product whose rows (one value per row in y) are also quantized to int8
+// blocks of 32 rows: every block of the launch covers `per_block` rows inside one group of
+// 32, and the last block of a group to finish (counted in cnt[group], which it resets)
+// quantizes the group. Called by all threads of the block after their writes to y.
+static __device__ void quantize_rows_tail(const float* y, int n, u8* __restrict__ xq,
+                                          int planes, unsigned int* __restrict__ cnt,
+                                          int first_row, int per_block) {
+    __shared__ int last;
+    __threadfence();
+    __syncthreads();
+    int grp = first_row >> 5;
+    if (threadIdx.x == 0) {
+        unsigned int prev = atomicAdd(&cnt[grp], 1u);
+        last = prev == (unsigned int)(32 / per_block - 1);
+        if (last) cnt[grp] = 0u;
+    }
+    __syncthreads();
+    if (!last || threadIdx.x >= 32) return;
+    __threadfence();
+    q8_block(__ldcg(y + (grp << 5) + threadIdx.x), xq, n, grp, planes);
+}

@@ -91,6 +91,9 @@ const KERNELS: &[&str] = &[
     "kv_store_f16",
     "attn_f16",
     "attn_combine",
+    "attn_decode_f16_64",
+    "attn_decode_f16_128",
+    "attn_decode_f16_256",
     "f32_to_f16",
     "residual_norm_f32",
     "rope_store_f16",
@@ -126,6 +129,7 @@ const KERNELS: &[&str] = &[
     "matvec_i8x2_q6_k",
     "matvec3_i8x2_q6_k",
     "matvec_gated_i8x2_q6_k",
+    "matvec3_i8_mixed",
 ];
 
 /// Suffix of the matvec/embed kernels for a weight type; `None` when unsupported.

@@ -50,6 +50,9 @@ impl QuantizedAct {
     }
 }
 
+/// One decode attention launch's output and, when asked for, its int8 copy.
+pub type AttnOutput = (Vec<f32>, Option<QuantizedAct>);
+
 impl CudaBackend {
     /// `W · x` for a `rows × cols` matrix of `ty` stored as GGUF blocks in `w`.
     pub fn matvec_host(
@@ -379,6 +382,133 @@ impl CudaBackend {
         Ok(self.stream.clone_dtoh(&out)?)
     }
 
+    /// Decode attention of one query (`q`: n_head × head_dim values) at the last of the
+    /// positions of `k` and `v` (row-major `[pos][kv_dim]`, stored through the f16 cache
+    /// kernel), keys split over up to `splits` blocks per KV head, the output also quantized
+    /// to int8 in `planes` planes when `planes > 0`. Launched `runs` times on the same
+    /// buffers (the split counters must come back to zero); returns each run's output.
+    #[allow(clippy::too_many_arguments)]
+    pub fn decode_attention_host(
+        &self,
+        shape: &AttnShape,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        splits: usize,
+        planes: usize,
+        runs: usize,
+    ) -> Result<Vec<AttnOutput>, CudaError> {
+        let kv_dim = shape.kv_dim();
+        let n = k.len() / kv_dim;
+        let qdim = shape.n_head * shape.head_dim;
+        if n == 0 || k.len() != n * kv_dim || v.len() != k.len() || q.len() != qdim || planes > 2 {
+            return Err(CudaError::InvalidArgument(
+                "decode attention inputs disagree in shape".into(),
+            ));
+        }
+        let kc = self.stream.clone_htod(&to_f16_bits(k))?;
+        let vc = self.stream.clone_htod(&to_f16_bits(v))?;
+        let qd = self.stream.clone_htod(q)?;
+        let mut out = self.stream.alloc_zeros::<f32>(qdim)?;
+        let part = self
+            .stream
+            .alloc_zeros::<f32>(shape.n_head * splits.max(1) * (shape.head_dim + 2))?;
+        let cnt = self.stream.alloc_zeros::<u32>(shape.n_kv_head)?;
+        let mut buf = self
+            .stream
+            .alloc_zeros::<u8>(act_q8_bytes(qdim, planes.max(1)))?;
+        let tp = self.stream.clone_htod(&[0i32, (n - 1) as i32])?;
+        let mut res = Vec::with_capacity(runs);
+        for _ in 0..runs {
+            // Cleared so that a run that writes nothing cannot pass for its predecessor.
+            self.stream.memset_zeros(&mut out)?;
+            self.stream.memset_zeros(&mut buf)?;
+            let xq = (planes > 0).then_some(ActQ { buf: &buf, planes });
+            self.decode_attention(shape, &qd, &kc, &vc, &out, &part, &cnt, &tp, splits, xq)?;
+            let q8 = match planes {
+                1.. => Some(QuantizedAct::from_device(
+                    &self.stream.clone_dtoh(&buf)?,
+                    qdim,
+                    planes,
+                )),
+                0 => None,
+            };
+            res.push((self.stream.clone_dtoh(&out)?, q8));
+        }
+        Ok(res)
+    }
+
+    /// The gated FFN input through the int8 kernel of `ty` with its output quantized in the
+    /// same launch (rows a multiple of 32), launched `runs` times on the same buffers;
+    /// returns each run's output and its int8 copy.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gated_matvec_i8_q_host(
+        &self,
+        act: Activation,
+        ty: GgmlType,
+        planes: usize,
+        wg: &[u8],
+        wu: &[u8],
+        rows: usize,
+        cols: usize,
+        x: &[f32],
+        runs: usize,
+    ) -> Result<Vec<(Vec<f32>, QuantizedAct)>, CudaError> {
+        let (xd, buf) = self.i8_input(ty, planes, x, cols)?;
+        let g = self.upload_matrix(ty, rows, cols, wg)?;
+        let u = self.upload_matrix(ty, rows, cols, wu)?;
+        let y = self.stream.alloc_zeros::<f32>(rows)?;
+        let scratch = self.stream.alloc_zeros::<f32>(rows)?;
+        let mut ybuf = self.stream.alloc_zeros::<u8>(act_q8_bytes(rows, planes))?;
+        let cnt = self.stream.alloc_zeros::<u32>(rows.div_ceil(32))?;
+        let xq = ActQ { buf: &buf, planes };
+        self.quantize_act(&xd, xq, cols)?;
+        let mut res = Vec::with_capacity(runs);
+        for _ in 0..runs {
+            self.stream.memset_zeros(&mut ybuf)?;
+            let yq = ActQ { buf: &ybuf, planes };
+            self.matvec_gated_q(act, &g, &u, &xd, Some(xq), &y, &scratch, Some((yq, &cnt)))?;
+            let q = QuantizedAct::from_device(&self.stream.clone_dtoh(&ybuf)?, rows, planes);
+            res.push((self.stream.clone_dtoh(&y)?, q));
+        }
+        Ok(res)
+    }
+
+    /// `W_i · x` for two or three matrices `(ty, data, rows)` of width `cols` over x
+    /// quantized to int8 in `planes` planes (one launch when their types differ: the mixed
+    /// Q/K/V kernel); returns the products and that x.
+    pub fn matvec_multi_i8_host(
+        &self,
+        mats: &[(GgmlType, &[u8], usize)],
+        planes: usize,
+        cols: usize,
+        x: &[f32],
+    ) -> Result<(Vec<Vec<f32>>, QuantizedAct), CudaError> {
+        let Some(&(ty0, _, _)) = mats.first() else {
+            return Err(CudaError::InvalidArgument("no matrices".into()));
+        };
+        let (xd, buf) = self.i8_input(ty0, planes, x, cols)?;
+        let ws = mats
+            .iter()
+            .map(|&(ty, w, rows)| self.upload_matrix(ty, rows, cols, w))
+            .collect::<Result<Vec<_>, _>>()?;
+        let ys = mats
+            .iter()
+            .map(|&(_, _, rows)| self.stream.alloc_zeros::<f32>(rows))
+            .collect::<Result<Vec<_>, _>>()?;
+        let xq = ActQ { buf: &buf, planes };
+        self.quantize_act(&xd, xq, cols)?;
+        let wr: Vec<_> = ws.iter().collect();
+        let yr: Vec<_> = ys.iter().collect();
+        self.matvec_multi(&wr, &xd, Some(xq), &yr)?;
+        let q = QuantizedAct::from_device(&self.stream.clone_dtoh(&buf)?, cols, planes);
+        let out = ys
+            .iter()
+            .map(|y| self.stream.clone_dtoh(y))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok((out, q))
+    }
+
     /// `x · Wᵀ` for `n = x.len() / cols` token rows and a `rows × cols` matrix of `ty`,
     /// through the batched-prefill path (f16 dequantization, f16 activations, cuBLAS).
     pub fn matmul_host(
@@ -405,4 +535,11 @@ impl CudaBackend {
         self.matmul(&m, &x16, n, &y, &w16)?;
         Ok(self.stream.clone_dtoh(&y)?)
     }
+}
+
+/// f16 bit patterns of `v` (round to nearest even), as the cache store kernel writes them.
+fn to_f16_bits(v: &[f32]) -> Vec<u16> {
+    v.iter()
+        .map(|&x| half::f16::from_f32(x).to_bits())
+        .collect()
 }

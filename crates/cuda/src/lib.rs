@@ -40,6 +40,7 @@
 
 mod arch_ops;
 mod compile;
+mod decode;
 mod device;
 mod error;
 mod gemm;
@@ -52,6 +53,6 @@ pub use device::{
     ACT_ENV, Activations, CudaBackend, DEFAULT_ACTIVATIONS, DeviceInfo, kernel_suffix,
 };
 pub use error::CudaError;
-pub use host::QuantizedAct;
+pub use host::{AttnOutput, QuantizedAct};
 pub use model::{CudaModel, CudaSession, Greedy};
 pub use ops::AttnShape;

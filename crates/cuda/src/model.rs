@@ -26,6 +26,7 @@ use ferrite_gguf::Gguf;
 use ferrite_model::{Model, ModelConfig, MoeConfig};
 
 use crate::arch_ops::MOE_MAX_EXPERTS;
+use crate::decode::decode_splits;
 use crate::ops::{ActQ, DeviceMatrix, act_q8_bytes};
 use crate::{Activations, AttnShape, CudaBackend, CudaError};
 
@@ -327,20 +328,22 @@ struct Buffers {
     up: CudaSlice<f32>,
     /// Partial results of split decode attention.
     part: CudaSlice<f32>,
+    /// Per KV head, the splits of decode attention done so far (zero between launches).
+    att_cnt: CudaSlice<u32>,
     logits: CudaSlice<f32>,
     /// `[token, first NaN or -1, log-probability bits]` of the device greedy choice.
     pick: CudaSlice<i32>,
     /// The input of the next product as int8 blocks (`act_q8_bytes` of the widest input,
     /// two planes).
     xq: CudaSlice<u8>,
+    /// The gated FFN output as int8 blocks (the down product's input), written while the
+    /// gated product still reads `xq`.
+    xq_ff: CudaSlice<u8>,
+    /// Per group of 32 FFN rows, the blocks of the gated product done so far (zero between
+    /// launches).
+    ffn_cnt: CudaSlice<u32>,
     /// Routing and expert buffers of one token (MoE models).
     moe: Option<moe::MoeBufs>,
-}
-
-/// Key splits of decode attention: enough blocks over the KV heads to fill the device's
-/// SMs at long contexts, each split at least one 32-key tile of the context.
-fn decode_splits(n_kv_head: usize, ctx: usize) -> usize {
-    (256 / n_kv_head.max(1)).clamp(1, 64).min(ctx.div_ceil(32))
 }
 
 /// One timeline over a [`CudaModel`]: an f16 KV cache of `ctx` positions.
@@ -411,9 +414,12 @@ impl<'m> CudaSession<'m> {
             gate: s.alloc_zeros(c.d_ff)?,
             up: s.alloc_zeros(c.d_ff)?,
             part: s.alloc_zeros(c.n_head * splits * (c.head_dim + 2))?,
+            att_cnt: s.alloc_zeros(c.n_kv_head.max(1))?,
             logits: s.alloc_zeros(c.n_vocab)?,
             pick: s.alloc_zeros(3)?,
             xq: s.alloc_zeros(act_q8_bytes(c.d_model.max(c.q_dim()).max(c.d_ff), 2))?,
+            xq_ff: s.alloc_zeros(act_q8_bytes(c.d_ff, 2).max(1))?,
+            ffn_cnt: s.alloc_zeros(c.d_ff.div_ceil(32).max(1))?,
             moe: match &c.moe {
                 Some(cfg) => Some(moe::MoeBufs::new(&model.backend, c, cfg, 1)?),
                 None => None,
@@ -611,8 +617,18 @@ impl<'m> CudaSession<'m> {
                 c.rope_style,
                 m.rope_factors.as_ref(),
             )?;
-            b.attention(&shape, &u.q, kc, vc, &u.att, &u.part, tp, 1, self.splits)?;
-            quantize(&u.att, c.q_dim())?;
+            b.decode_attention(
+                &shape,
+                &u.q,
+                kc,
+                vc,
+                &u.att,
+                &u.part,
+                &u.att_cnt,
+                tp,
+                self.splits,
+                xq,
+            )?;
             b.matvec(&lw.wo, &u.att, xq, &u.o)?;
             if let Some(ob) = &lw.out_bias {
                 b.add_bias(&u.o, ob, 1)?;
@@ -629,9 +645,15 @@ impl<'m> CudaSession<'m> {
             )?;
             match &lw.ffn {
                 DeviceFfn::Dense { gate, up, down } => {
-                    b.matvec_gated(c.activation, gate, up, &u.xn, xq, &u.gate, &u.up)?;
-                    quantize(&u.gate, c.d_ff)?;
-                    b.matvec(down, &u.gate, xq, &u.o)?;
+                    let gq = xq.map(|q| {
+                        let ffq = ActQ {
+                            buf: &u.xq_ff,
+                            planes: q.planes,
+                        };
+                        (ffq, &u.ffn_cnt)
+                    });
+                    b.matvec_gated_q(c.activation, gate, up, &u.xn, xq, &u.gate, &u.up, gq)?;
+                    b.matvec(down, &u.gate, gq.map(|(q, _)| q), &u.o)?;
                 }
                 DeviceFfn::Moe(mw) => {
                     let (Some(cfg), Some(mb)) = (&c.moe, &u.moe) else {

@@ -10,6 +10,7 @@ use ferrite_gguf::GgmlType;
 use ferrite_model::Activation;
 use ferrite_model::ops::RopeStyle;
 
+use crate::decode::i8_type_code;
 use crate::device::{grid_1d, i8_kernels, kernel_suffix, row_multiple, weight_kernels};
 use crate::{CudaBackend, CudaError};
 
@@ -64,7 +65,7 @@ fn unit_shift(ty: GgmlType) -> usize {
 }
 
 /// Launch shape of the matvec kernels for `rows` rows, `nr` per warp.
-fn matvec_grid(rows: usize, nr: usize) -> LaunchConfig {
+pub(crate) fn matvec_grid(rows: usize, nr: usize) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (rows.div_ceil(MATVEC_ROWS_PER_BLOCK * nr) as u32, 1, 1),
         block_dim: (32 * MATVEC_ROWS_PER_BLOCK as u32, 1, 1),
@@ -231,6 +232,13 @@ impl CudaBackend {
         };
         let fusable = ws.iter().all(|w| w.ty == first.ty && w.cols == first.cols);
         let Some(k) = weight_kernels(first.ty).filter(|_| fusable) else {
+            if let Some(q) = xq
+                && ws
+                    .iter()
+                    .all(|w| w.cols == first.cols && i8_type_code(w.ty).is_some())
+            {
+                return self.matvec3_i8_mixed(ws, q, ys);
+            }
             for (w, y) in ws.iter().zip(ys) {
                 self.matvec(w, x, xq, y)?;
             }
@@ -276,14 +284,49 @@ impl CudaBackend {
         y: &CudaSlice<f32>,
         scratch: &CudaSlice<f32>,
     ) -> Result<(), CudaError> {
+        self.matvec_gated_q(act, wg, wu, x, xq, y, scratch, None)
+    }
+
+    /// [`CudaBackend::matvec_gated`] that also quantizes `y` into `yq` (its int8 blocks, see
+    /// [`CudaBackend::quantize_act`]; a buffer other than `xq`'s) with `cnt` (rows / 32
+    /// counters, zero between launches): in the same launch when the kernel is fused,
+    /// else by a separate quantize launch.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn matvec_gated_q(
+        &self,
+        act: Activation,
+        wg: &DeviceMatrix,
+        wu: &DeviceMatrix,
+        x: &CudaSlice<f32>,
+        xq: Option<ActQ<'_>>,
+        y: &CudaSlice<f32>,
+        scratch: &CudaSlice<f32>,
+        yq: Option<(ActQ<'_>, &CudaSlice<u32>)>,
+    ) -> Result<(), CudaError> {
+        let rows = wg.rows;
+        if let Some((q, cnt)) = yq
+            && (!rows.is_multiple_of(32)
+                || !(1..=2).contains(&q.planes)
+                || q.buf.len() < act_q8_bytes(rows, q.planes)
+                || cnt.len() < rows / 32
+                || xq.is_some_and(|x| std::ptr::eq(x.buf, q.buf)))
+        {
+            return Err(CudaError::InvalidArgument(format!(
+                "int8 copy of {rows} gated rows"
+            )));
+        }
         let same = wg.ty == wu.ty && wg.rows == wu.rows && wg.cols == wu.cols;
         let Some(k) = weight_kernels(wg.ty).filter(|_| same) else {
             self.matvec(wg, x, xq, y)?;
             self.matvec(wu, x, xq, scratch)?;
-            return self.gated(act, y, scratch, wg.rows);
+            self.gated(act, y, scratch, rows)?;
+            return match yq {
+                Some((q, _)) => self.quantize_act(y, q, rows),
+                None => Ok(()),
+            };
         };
         let i8k = xq.and_then(|q| Some((q.buf, i8_kernels(wg.ty, q.planes)?)));
-        let (rows, cols) = (wg.rows as i32, wg.cols as i32);
+        let (rows, cols) = (rows as i32, wg.cols as i32);
         let a = match act {
             Activation::Silu => 0i32,
             Activation::GeluTanh => 1,
@@ -302,8 +345,17 @@ impl CudaBackend {
             .arg(&wg.row_bytes)
             .arg(&a)
             .arg(&nr32);
+        let null = 0u64;
+        let planes = yq.map_or(0, |(q, _)| q.planes as i32);
+        match yq {
+            Some((q, cnt)) => b.arg(q.buf).arg(&planes).arg(cnt),
+            None => b.arg(&null).arg(&planes).arg(&null),
+        };
         // SAFETY: both matrices have rows × row_bytes bytes (same shape, checked at
-        // upload); x has cols values and y rows values.
+        // upload); x has cols values and y rows values. With yq (null pointers otherwise,
+        // which the kernel tests), rows is a multiple of 32, yq holds act_q8_bytes(rows,
+        // planes) bytes apart from xq and cnt rows / 32 counters (checked above); each
+        // block of 4·nr rows (4 or 8) lies inside one group of 32.
         unsafe { b.launch(matvec_grid(wg.rows, nr)) }?;
         Ok(())
     }

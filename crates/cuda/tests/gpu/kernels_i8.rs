@@ -27,7 +27,7 @@ const TYPES_I8: [GgmlType; 4] = [
 
 /// Activations with the cases the quantizer must get right: an all-zero block, a block with
 /// one large outlier, a negative extreme and a spread of magnitudes.
-fn activations(n: usize, seed: u64) -> Vec<f32> {
+pub fn activations(n: usize, seed: u64) -> Vec<f32> {
     let mut x: Vec<f32> = pseudo(n, seed)
         .iter()
         .enumerate()
@@ -52,7 +52,7 @@ fn round8(v: f32, step: f32) -> i8 {
 }
 
 /// The quantizer's definition, computed on the host in f32 as the kernel does.
-fn quantize_ref(x: &[f32], planes: usize) -> QuantizedAct {
+pub fn quantize_ref(x: &[f32], planes: usize) -> QuantizedAct {
     let (mut q, mut q2, mut ds) = (Vec::new(), Vec::new(), Vec::new());
     for b in x.chunks(32) {
         let amax = b.iter().fold(0.0f32, |m, v| m.max(v.abs()));
@@ -74,7 +74,7 @@ fn quantize_ref(x: &[f32], planes: usize) -> QuantizedAct {
     QuantizedAct { q, q2, ds }
 }
 
-fn naive_matvec64(w: &[f32], rows: usize, cols: usize, x: &[f64]) -> Vec<f64> {
+pub fn naive_matvec64(w: &[f32], rows: usize, cols: usize, x: &[f64]) -> Vec<f64> {
     (0..rows)
         .map(|r| (0..cols).map(|c| f64::from(w[r * cols + c]) * x[c]).sum())
         .collect()
