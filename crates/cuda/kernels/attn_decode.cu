@@ -11,13 +11,15 @@
 // probabilities passed by shuffle). The V rows of a tile are prefetched into L2 when its
 // keys are loaded. The warps merge in shared memory; with one split the block writes the
 // output, else its partial (acc, max, sum) to `part`, and the last block of head g to
-// arrive (counted in cnt[g], which it resets) merges all ns partials. The block that
+// arrive (counted in cnt[g], which it resets) merges all ns partials (splits <=
+// ATTD_MAX_SPLITS). The block that
 // writes the output also quantizes it to int8 blocks (q8_block, the standalone quantizer's
 // rounding) when xq is not null; head_dim is a multiple of 32, so blocks never straddle
 // heads.
 #define ATTD_WARPS 4
 #define ATTD_MAX_REP 8
 #define ATTD_MIN_KEYS (32 * ATTD_WARPS)
+#define ATTD_MAX_SPLITS 128
 
 template <int DPL>
 struct attd_v {
@@ -181,34 +183,62 @@ static __device__ __forceinline__ void attn_decode(
         }
     }
     if (ns > 1) {
-        // Publish the partial, count this split in; the last one merges them all.
-        __threadfence();
+        // Publish the partial: bar.sync orders the block's writes before thread 0's fence
+        // and count (the grid-barrier pattern); the last split to arrive merges them all,
+        // reading the partials from L2.
         __syncthreads();
         if (threadIdx.x == 0) {
+            __threadfence();
             unsigned int prev = atomicAdd(&cnt[g], 1u);
             last = prev == (unsigned int)(ns - 1);
-            if (last) cnt[g] = 0u;
+            if (last) {
+                cnt[g] = 0u;
+                __threadfence();
+            }
         }
         __syncthreads();
         if (!last) return;
-        __threadfence();
-        for (int i = threadIdx.x; i < n_rep * HD; i += blockDim.x) {
-            int r = i / HD, d = i - r * HD;
-            const float* pp = part + (unsigned long long)(g * n_rep + r) * splits * (HD + 2);
+        __shared__ float sw[ATTD_MAX_REP][ATTD_MAX_SPLITS];
+        const float* pg = part + (unsigned long long)g * n_rep * splits * (HD + 2);
+        for (int i = threadIdx.x; i < n_rep * ns; i += blockDim.x) {
+            int r = i / ns, sp = i - r * ns;
+            sw[r][sp] = __ldcg(pg + ((unsigned long long)r * splits + sp) * (HD + 2) + HD);
+        }
+        __syncthreads();
+        // One warp per query head: each split's weight e^(m_s - M) / L.
+        for (int r = warp; r < n_rep; r += ATTD_WARPS) {
+            const float* pr = pg + (unsigned long long)r * splits * (HD + 2);
             float mx = FERRITE_NEG_INF;
-            for (int s = 0; s < ns; s++) mx = fmaxf(mx, __ldcg(pp + s * (HD + 2) + HD));
-            float sum = 0.0f, a = 0.0f;
-            for (int s = 0; s < ns; s++) {
-                float ms = __ldcg(pp + s * (HD + 2) + HD);
-                if (ms != FERRITE_NEG_INF) {
-                    float e = expf(ms - mx);
-                    sum += __ldcg(pp + s * (HD + 2) + HD + 1) * e;
-                    a += __ldcg(pp + s * (HD + 2) + d) * e;
-                }
+            for (int sp = lane; sp < ns; sp += 32) mx = fmaxf(mx, sw[r][sp]);
+            mx = warp_max(mx);
+            float sum = 0.0f;
+            for (int sp = lane; sp < ns; sp += 32) {
+                float ms = sw[r][sp];
+                float e = ms == FERRITE_NEG_INF ? 0.0f : expf(ms - mx);
+                sum += __ldcg(pr + sp * (HD + 2) + HD + 1) * e;
+                sw[r][sp] = e;
             }
-            float o = sum > 0.0f ? a / sum : 0.0f;
-            out[(unsigned long long)(g * n_rep + r) * HD + d] = o;
-            wacc[0][i] = o;
+            sum = warp_sum(sum);
+            float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+            for (int sp = lane; sp < ns; sp += 32) sw[r][sp] *= inv;
+        }
+        __syncthreads();
+        // Two dimensions per thread, the splits' loads independent (unrolled).
+        for (int i = threadIdx.x; i < n_rep * HD / 2; i += blockDim.x) {
+            int r = i / (HD / 2), d = 2 * (i - r * (HD / 2));
+            const float* pr = pg + (unsigned long long)r * splits * (HD + 2) + d;
+            float ax = 0.0f, ay = 0.0f;
+#pragma unroll 8
+            for (int sp = 0; sp < ns; sp++) {
+                float2 v = __ldcg((const float2*)(pr + sp * (HD + 2)));
+                ax += sw[r][sp] * v.x;
+                ay += sw[r][sp] * v.y;
+            }
+            unsigned long long o = (unsigned long long)(g * n_rep + r) * HD + d;
+            out[o] = ax;
+            out[o + 1] = ay;
+            wacc[0][r * HD + d] = ax;
+            wacc[0][r * HD + d + 1] = ay;
         }
     }
     if (!xq) return;

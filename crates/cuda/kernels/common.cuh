@@ -97,16 +97,20 @@ static __device__ void quantize_rows_tail(const float* y, int n, u8* __restrict_
                                           int planes, unsigned int* __restrict__ cnt,
                                           int first_row, int per_block) {
     __shared__ int last;
-    __threadfence();
     __syncthreads();
     int grp = first_row >> 5;
+    // bar.sync orders the block's writes before thread 0's fence and count (the
+    // grid-barrier pattern); the last block reads the group from L2.
     if (threadIdx.x == 0) {
+        __threadfence();
         unsigned int prev = atomicAdd(&cnt[grp], 1u);
         last = prev == (unsigned int)(32 / per_block - 1);
-        if (last) cnt[grp] = 0u;
+        if (last) {
+            cnt[grp] = 0u;
+            __threadfence();
+        }
     }
     __syncthreads();
     if (!last || threadIdx.x >= 32) return;
-    __threadfence();
     q8_block(__ldcg(y + (grp << 5) + threadIdx.x), xq, n, grp, planes);
 }

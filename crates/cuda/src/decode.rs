@@ -20,7 +20,7 @@ const ATTD_MAX_REP: usize = 8;
 const ATTD_MIN_KEYS: usize = 32 * ATTD_WARPS;
 /// Blocks the decode attention aims for over all KV heads at long contexts.
 const ATTD_BLOCKS_WANTED: usize = 1024;
-/// Most key splits per KV head.
+/// Most key splits per KV head (ATTD_MAX_SPLITS).
 const ATTD_MAX_SPLITS: usize = 128;
 
 /// The decode attention kernel for a shape, if it covers it (head_dim 64, 128 or 256, at
@@ -141,6 +141,7 @@ impl CudaBackend {
             };
         };
         if splits == 0
+            || splits > ATTD_MAX_SPLITS
             || q.len() < qdim
             || out.len() < qdim
             || part.len() < shape.n_head * splits * (hd + 2)
