@@ -152,43 +152,34 @@ static __device__ __forceinline__ float deq_f16(const u8* __restrict__ r, int i)
         if (lane == 0) y[row] = acc;                                                       \
     }                                                                                      \
     /* Gated FFN input: y[r] = act(Wg[r,:].x) * (Wu[r,:].x), act 0 = SiLU, 1 = GELU-tanh.  \
-       Each warp takes `nr` (1 or 2) consecutive rows of both matrices. With xq (else     \
-       null), y is also quantized to int8 blocks there (rows a multiple of 32, counters   \
-       in cnt: see quantize_rows_tail). */                                                \
+       Each warp takes `nr` (1 or 2) consecutive rows of both matrices. */                 \
     extern "C" __global__ void matvec_gated_##KN(                                        \
         const u8* __restrict__ wg, const u8* __restrict__ wu, const XT* __restrict__ x,    \
         float* __restrict__ y, int rows, int cols, unsigned long long row_bytes, int act,  \
-        int nr, u8* __restrict__ xq, int planes, unsigned int* __restrict__ cnt) {         \
+        int nr) {                                                                          \
         int row = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5) * nr;                \
         int lane = threadIdx.x & 31;                                                       \
-        if (row < rows) {                                                                  \
-            unsigned long long o0 = (unsigned long long)row * row_bytes;                   \
-            unsigned long long o1 =                                                        \
-                (unsigned long long)min(row + nr - 1, rows - 1) * row_bytes;               \
-            float g0 = 0.0f, u0 = 0.0f, g1 = 0.0f, u1 = 0.0f;                              \
-            int units = cols >> SH;                                                        \
-            for (int u = lane; u < units; u += 32) {                                       \
-                XV xv = XLOAD(x, cols, u);                                                 \
-                g0 += UNIT(wg + o0, u, xv);                                                \
-                u0 += UNIT(wu + o0, u, xv);                                                \
-                if (nr > 1) {                                                              \
-                    g1 += UNIT(wg + o1, u, xv);                                            \
-                    u1 += UNIT(wu + o1, u, xv);                                            \
-                }                                                                          \
-            }                                                                              \
-            g0 = warp_sum(g0);                                                             \
-            u0 = warp_sum(u0);                                                             \
-            if (lane == 0) y[row] = gate_act(g0, act) * u0;                                \
+        if (row >= rows) return;                                                           \
+        unsigned long long o0 = (unsigned long long)row * row_bytes;                       \
+        unsigned long long o1 = (unsigned long long)min(row + nr - 1, rows - 1) * row_bytes;\
+        float g0 = 0.0f, u0 = 0.0f, g1 = 0.0f, u1 = 0.0f;                                  \
+        int units = cols >> SH;                                                            \
+        for (int u = lane; u < units; u += 32) {                                           \
+            XV xv = XLOAD(x, cols, u);                                             \
+            g0 += UNIT(wg + o0, u, xv);                                              \
+            u0 += UNIT(wu + o0, u, xv);                                              \
             if (nr > 1) {                                                                  \
-                g1 = warp_sum(g1);                                                         \
-                u1 = warp_sum(u1);                                                         \
-                if (lane == 0 && row + 1 < rows) y[row + 1] = gate_act(g1, act) * u1;      \
+                g1 += UNIT(wg + o1, u, xv);                                          \
+                u1 += UNIT(wu + o1, u, xv);                                          \
             }                                                                              \
         }                                                                                  \
-        if (xq) {                                                                          \
-            int per_block = (int)(blockDim.x >> 5) * nr;                                   \
-            quantize_rows_tail(y, rows, xq, planes, cnt, (int)blockIdx.x * per_block,      \
-                               per_block);                                                 \
+        g0 = warp_sum(g0);                                                                 \
+        u0 = warp_sum(u0);                                                                 \
+        if (lane == 0) y[row] = gate_act(g0, act) * u0;                                    \
+        if (nr > 1) {                                                                      \
+            g1 = warp_sum(g1);                                                             \
+            u1 = warp_sum(u1);                                                             \
+            if (lane == 0 && row + 1 < rows) y[row + 1] = gate_act(g1, act) * u1;          \
         }                                                                                  \
     }
 

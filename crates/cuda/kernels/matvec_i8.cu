@@ -4,7 +4,7 @@
 // once per block. This moves a quarter of the f32 activation bytes and replaces four
 // conversions and four FMAs per weight word by one or two integer instructions.
 //
-// Quantized activation layout (q8_block in common.cuh; n values, n a multiple of 32, P planes): bytes p·n..(p+1)·n
+// Quantized activation layout (n values, n a multiple of 32, P planes): bytes p·n..(p+1)·n
 // hold plane p's int8 values in order; from byte P·n, one float2 per block: (d, d · sum of
 // the block's values in units of d). One plane: x' = d·q (8 bits). Two planes (the _i8x2
 // kernels): x' = d·(q + q2/256), the second plane holding the rounding error of the first at
@@ -16,6 +16,33 @@ static __device__ __forceinline__ int dp4a(u32 a, u32 b, int c) {
     int r;
     asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
     return r;
+}
+
+// Quantizes the 32-value block `blk` held one value per lane of a warp (all lanes active)
+// into `xq` (the layout above, n values). With two planes the rounding error r = x - d·q is
+// quantized again at a 256th of the scale into the second plane, so x ≈ d·(q + q2/256).
+static __device__ __forceinline__ void q8_block(float v, u8* __restrict__ xq, int n, int blk,
+                                                int planes) {
+    int lane = threadIdx.x & 31;
+    float amax = warp_max(fabsf(v));
+    float d = amax / 127.0f;
+    int q = amax > 0.0f ? (int)rintf(v / d) : 0;
+    q = max(-127, min(127, q));
+    float s = warp_sum((float)q);
+    xq[(blk << 5) + lane] = (u8)(q & 255);
+    if (planes > 1) {
+        float r = fmaf(-d, (float)q, v);
+        int q2 = amax > 0.0f ? (int)rintf(r / (d * 0.00390625f)) : 0;
+        q2 = max(-127, min(127, q2));
+        s += warp_sum((float)q2) * 0.00390625f;
+        xq[n + (blk << 5) + lane] = (u8)(q2 & 255);
+    }
+    if (lane == 0) {
+        float2 ds;
+        ds.x = d;
+        ds.y = d * s;
+        ((float2*)(xq + planes * n))[blk] = ds;
+    }
 }
 
 // x (n values, n a multiple of 32) to int8 blocks in `planes` (1 or 2) planes, one warp per
@@ -195,53 +222,3 @@ FERRITE_MATVEC_CORE(i8x2_q4_1, u8, xi32<2>, xload_i32<2>, unit_i8_q4_1<2>, 5)
 FERRITE_MATVEC_CORE(i8x2_q8_0, u8, xi32<2>, xload_i32<2>, unit_i8_q8_0<2>, 5)
 FERRITE_MATVEC_CORE(i8x2_q4_k, u8, xi64<2>, xload_i64<2>, unit_i8_q4_k<2>, 6)
 FERRITE_MATVEC_CORE(i8x2_q6_k, u8, xi32<2>, xload_i32<2>, unit_i8_q6_k<2>, 5)
-
-// One row of a matrix of type code ty (0 Q4_1, 1 Q8_0, 2 Q4_K, 3 Q6_K) with x in P planes,
-// the lanes of a warp taking its units in turn; every lane gets the sum.
-template <int P>
-static __device__ float row_i8(int ty, const u8* __restrict__ r, const u8* __restrict__ x,
-                               int cols, int lane) {
-    float acc = 0.0f;
-    if (ty == 0) {
-        for (int u = lane; u < (cols >> 5); u += 32)
-            acc += unit_i8_q4_1<P>(r, u, xload_i32<P>(x, cols, u));
-    } else if (ty == 1) {
-        for (int u = lane; u < (cols >> 5); u += 32)
-            acc += unit_i8_q8_0<P>(r, u, xload_i32<P>(x, cols, u));
-    } else if (ty == 2) {
-        for (int u = lane; u < (cols >> 6); u += 32)
-            acc += unit_i8_q4_k<P>(r, u, xload_i64<P>(x, cols, u));
-    } else {
-        for (int u = lane; u < (cols >> 5); u += 32)
-            acc += unit_i8_q6_k<P>(r, u, xload_i32<P>(x, cols, u));
-    }
-    return warp_sum(acc);
-}
-
-// Up to three matrices of one width but different types (Q4_K_M's Q and K with a Q6_K V)
-// over the same int8 x, in one launch: rows 0..r0 go to y0, the next r1 to y1, the next r2
-// to y2; matrix i has type code t_i (see row_i8) and rows of rb_i bytes. One row per warp.
-extern "C" __global__ void matvec3_i8_mixed(
-    const u8* __restrict__ w0, const u8* __restrict__ w1, const u8* __restrict__ w2,
-    const u8* __restrict__ x, float* __restrict__ y0, float* __restrict__ y1,
-    float* __restrict__ y2, int r0, int r1, int r2, int cols, int t0, int t1, int t2,
-    unsigned long long rb0, unsigned long long rb1, unsigned long long rb2, int planes) {
-    int row = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5);
-    int lane = threadIdx.x & 31;
-    const u8* w;
-    float* y;
-    int ty;
-    unsigned long long rb;
-    if (row < r0) {
-        w = w0; y = y0; ty = t0; rb = rb0;
-    } else if (row < r0 + r1) {
-        row -= r0; w = w1; y = y1; ty = t1; rb = rb1;
-    } else if (row < r0 + r1 + r2) {
-        row -= r0 + r1; w = w2; y = y2; ty = t2; rb = rb2;
-    } else {
-        return;
-    }
-    const u8* r = w + (unsigned long long)row * rb;
-    float acc = planes > 1 ? row_i8<2>(ty, r, x, cols, lane) : row_i8<1>(ty, r, x, cols, lane);
-    if (lane == 0) y[row] = acc;
-}

@@ -138,7 +138,6 @@ mod tests {
             "rope_f32",
             "attn_f16",
             "FERRITE_ATTN_DECODE(128",
-            "matvec3_i8_mixed",
             "FERRITE_MOE(q4_k",
             "moe_route",
             "qkv_bias_f32",

@@ -1,15 +1,11 @@
 //! Launches specialised for the single-token decode step: split attention that merges its
-//! splits and quantizes its output in the same launch (`kernels/attn_decode.cu`), and the
-//! Q/K/V products over int8 activations when their weight types differ (`matvec3_i8_mixed`
-//! in `kernels/matvec_i8.cu`). Shapes the attention kernel does not cover fall back to the
-//! general attention kernel plus separate merge and quantize launches, so callers need not
-//! care.
+//! splits and quantizes its output in the same launch (`kernels/attn_decode.cu`). Shapes the
+//! kernel does not cover fall back to the general attention kernel plus separate merge and
+//! quantize launches, so callers need not care.
 
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
-use ferrite_gguf::GgmlType;
-
-use crate::ops::{ActQ, DeviceMatrix, act_q8_bytes, matvec_grid};
+use crate::ops::{ActQ, act_q8_bytes};
 use crate::{AttnShape, CudaBackend, CudaError};
 
 /// Warps per block of the decode attention kernel (ATTD_WARPS).
@@ -37,17 +33,10 @@ fn decode_kernel(shape: &AttnShape) -> Option<&'static str> {
     }
 }
 
-/// The type code of the mixed-type int8 product (row_i8 in matvec_i8.cu); `None` for types
-/// without int8 kernels.
-pub(crate) fn i8_type_code(ty: GgmlType) -> Option<i32> {
-    match ty {
-        GgmlType::Q4_1 => Some(0),
-        GgmlType::Q8_0 => Some(1),
-        GgmlType::Q4_K => Some(2),
-        GgmlType::Q6_K => Some(3),
-        _ => None,
-    }
-}
+/// Positions from which a decode step uses the split-merging attention kernel: measured on
+/// the H200 (receipt cuda-2026-11-29-4), it loses to the general kernel and its merge launch
+/// at 512 positions and wins at 4096 (8B and SmolLM2 shapes; crossover near 2100-2500).
+pub const DECODE_KERNEL_FROM: usize = 2048;
 
 /// Key splits of decode attention for a cache of `ctx` positions: up to
 /// ATTD_BLOCKS_WANTED blocks over the KV heads, each split at least ATTD_MIN_KEYS keys of
@@ -59,64 +48,13 @@ pub(crate) fn decode_splits(n_kv_head: usize, ctx: usize) -> usize {
 }
 
 impl CudaBackend {
-    /// [`CudaBackend::matvec_multi`] over matrices of one width and different types that
-    /// all have int8 kernels, with x as int8 blocks: one launch.
-    pub(crate) fn matvec3_i8_mixed(
-        &self,
-        ws: &[&DeviceMatrix],
-        xq: ActQ<'_>,
-        ys: &[&CudaSlice<f32>],
-    ) -> Result<(), CudaError> {
-        let first = ws[0];
-        if !(1..=2).contains(&xq.planes) || xq.buf.len() < act_q8_bytes(first.cols, xq.planes) {
-            return Err(CudaError::InvalidArgument(format!(
-                "int8 activations of {} values in {} planes",
-                first.cols, xq.planes
-            )));
-        }
-        let rows = |i: usize| ws.get(i).map_or(0, |w| w.rows as i32);
-        let code = |i: usize| ws.get(i).and_then(|w| i8_type_code(w.ty)).unwrap_or(0);
-        let rb = |i: usize| ws.get(i).map_or(0, |w| w.row_bytes);
-        let w = |i: usize| &ws.get(i).unwrap_or(&first).data;
-        let y = |i: usize| *ys.get(i).unwrap_or(&ys[0]);
-        let (r0, r1, r2) = (rows(0), rows(1), rows(2));
-        let (t0, t1, t2) = (code(0), code(1), code(2));
-        let (rb0, rb1, rb2) = (rb(0), rb(1), rb(2));
-        let cols = first.cols as i32;
-        let planes = xq.planes as i32;
-        let total = ws.iter().map(|w| w.rows).sum::<usize>();
-        let mut b = self.kernel("matvec3_i8_mixed")?;
-        b.arg(w(0))
-            .arg(w(1))
-            .arg(w(2))
-            .arg(xq.buf)
-            .arg(y(0))
-            .arg(y(1))
-            .arg(y(2))
-            .arg(&r0)
-            .arg(&r1)
-            .arg(&r2)
-            .arg(&cols)
-            .arg(&t0)
-            .arg(&t1)
-            .arg(&t2)
-            .arg(&rb0)
-            .arg(&rb1)
-            .arg(&rb2)
-            .arg(&planes);
-        // SAFETY: matrix i (absent ones have 0 rows and are never read) has r_i rows of
-        // rb_i bytes of the type coded t_i (checked at upload; every code is one the kernel
-        // decodes); xq holds the int8 blocks of cols values (checked above) and y_i r_i
-        // values.
-        unsafe { b.launch(matvec_grid(total, 1)) }?;
-        Ok(())
-    }
-
     /// Attention of one query (`q`: n_head × head_dim values, at position `tp[1]`) over cache
     /// rows up to its own, into `out`, keys split over up to `splits` blocks per KV head
     /// (partials in `part`: n_head × splits × (head_dim + 2) values; `cnt`: n_kv_head
-    /// counters, zero between launches). With `xq`, the output is also quantized to int8
-    /// blocks there (see [`CudaBackend::quantize_act`]).
+    /// counters, zero between launches). With `split_merge` (and a shape it covers), by the
+    /// kernel that merges its splits itself, which wins at long contexts; else by the
+    /// general kernel and a merge launch, which win at short ones. With `xq`, the output is
+    /// also quantized to int8 blocks there (see [`CudaBackend::quantize_act`]).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn decode_attention(
         &self,
@@ -129,16 +67,13 @@ impl CudaBackend {
         cnt: &CudaSlice<u32>,
         tp: &CudaSlice<i32>,
         splits: usize,
+        split_merge: bool,
         xq: Option<ActQ<'_>>,
     ) -> Result<(), CudaError> {
         let hd = shape.head_dim;
         let qdim = shape.n_head * hd;
-        let Some(name) = decode_kernel(shape) else {
-            self.attention(shape, q, kc, vc, out, part, tp, 1, splits)?;
-            return match xq {
-                Some(x) => self.quantize_act(out, x, qdim),
-                None => Ok(()),
-            };
+        let Some(name) = decode_kernel(shape).filter(|_| split_merge) else {
+            return self.attention_q(shape, q, kc, vc, out, part, tp, 1, splits, xq);
         };
         if splits == 0
             || splits > ATTD_MAX_SPLITS

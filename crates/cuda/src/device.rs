@@ -129,7 +129,6 @@ const KERNELS: &[&str] = &[
     "matvec_i8x2_q6_k",
     "matvec3_i8x2_q6_k",
     "matvec_gated_i8x2_q6_k",
-    "matvec3_i8_mixed",
 ];
 
 /// Suffix of the matvec/embed kernels for a weight type; `None` when unsupported.

@@ -385,8 +385,9 @@ impl CudaBackend {
     /// Decode attention of one query (`q`: n_head × head_dim values) at the last of the
     /// positions of `k` and `v` (row-major `[pos][kv_dim]`, stored through the f16 cache
     /// kernel), keys split over up to `splits` blocks per KV head, the output also quantized
-    /// to int8 in `planes` planes when `planes > 0`. Launched `runs` times on the same
-    /// buffers (the split counters must come back to zero); returns each run's output.
+    /// to int8 in `planes` planes when `planes > 0`; with `split_merge`, by the kernel that
+    /// merges its splits itself. Launched `runs` times on the same buffers (the split
+    /// counters must come back to zero); returns each run's output.
     #[allow(clippy::too_many_arguments)]
     pub fn decode_attention_host(
         &self,
@@ -395,6 +396,7 @@ impl CudaBackend {
         k: &[f32],
         v: &[f32],
         splits: usize,
+        split_merge: bool,
         planes: usize,
         runs: usize,
     ) -> Result<Vec<AttnOutput>, CudaError> {
@@ -424,7 +426,19 @@ impl CudaBackend {
             self.stream.memset_zeros(&mut out)?;
             self.stream.memset_zeros(&mut buf)?;
             let xq = (planes > 0).then_some(ActQ { buf: &buf, planes });
-            self.decode_attention(shape, &qd, &kc, &vc, &out, &part, &cnt, &tp, splits, xq)?;
+            self.decode_attention(
+                shape,
+                &qd,
+                &kc,
+                &vc,
+                &out,
+                &part,
+                &cnt,
+                &tp,
+                splits,
+                split_merge,
+                xq,
+            )?;
             let q8 = match planes {
                 1.. => Some(QuantizedAct::from_device(
                     &self.stream.clone_dtoh(&buf)?,
@@ -436,77 +450,6 @@ impl CudaBackend {
             res.push((self.stream.clone_dtoh(&out)?, q8));
         }
         Ok(res)
-    }
-
-    /// The gated FFN input through the int8 kernel of `ty` with its output quantized in the
-    /// same launch (rows a multiple of 32), launched `runs` times on the same buffers;
-    /// returns each run's output and its int8 copy.
-    #[allow(clippy::too_many_arguments)]
-    pub fn gated_matvec_i8_q_host(
-        &self,
-        act: Activation,
-        ty: GgmlType,
-        planes: usize,
-        wg: &[u8],
-        wu: &[u8],
-        rows: usize,
-        cols: usize,
-        x: &[f32],
-        runs: usize,
-    ) -> Result<Vec<(Vec<f32>, QuantizedAct)>, CudaError> {
-        let (xd, buf) = self.i8_input(ty, planes, x, cols)?;
-        let g = self.upload_matrix(ty, rows, cols, wg)?;
-        let u = self.upload_matrix(ty, rows, cols, wu)?;
-        let y = self.stream.alloc_zeros::<f32>(rows)?;
-        let scratch = self.stream.alloc_zeros::<f32>(rows)?;
-        let mut ybuf = self.stream.alloc_zeros::<u8>(act_q8_bytes(rows, planes))?;
-        let cnt = self.stream.alloc_zeros::<u32>(rows.div_ceil(32))?;
-        let xq = ActQ { buf: &buf, planes };
-        self.quantize_act(&xd, xq, cols)?;
-        let mut res = Vec::with_capacity(runs);
-        for _ in 0..runs {
-            self.stream.memset_zeros(&mut ybuf)?;
-            let yq = ActQ { buf: &ybuf, planes };
-            self.matvec_gated_q(act, &g, &u, &xd, Some(xq), &y, &scratch, Some((yq, &cnt)))?;
-            let q = QuantizedAct::from_device(&self.stream.clone_dtoh(&ybuf)?, rows, planes);
-            res.push((self.stream.clone_dtoh(&y)?, q));
-        }
-        Ok(res)
-    }
-
-    /// `W_i · x` for two or three matrices `(ty, data, rows)` of width `cols` over x
-    /// quantized to int8 in `planes` planes (one launch when their types differ: the mixed
-    /// Q/K/V kernel); returns the products and that x.
-    pub fn matvec_multi_i8_host(
-        &self,
-        mats: &[(GgmlType, &[u8], usize)],
-        planes: usize,
-        cols: usize,
-        x: &[f32],
-    ) -> Result<(Vec<Vec<f32>>, QuantizedAct), CudaError> {
-        let Some(&(ty0, _, _)) = mats.first() else {
-            return Err(CudaError::InvalidArgument("no matrices".into()));
-        };
-        let (xd, buf) = self.i8_input(ty0, planes, x, cols)?;
-        let ws = mats
-            .iter()
-            .map(|&(ty, w, rows)| self.upload_matrix(ty, rows, cols, w))
-            .collect::<Result<Vec<_>, _>>()?;
-        let ys = mats
-            .iter()
-            .map(|&(_, _, rows)| self.stream.alloc_zeros::<f32>(rows))
-            .collect::<Result<Vec<_>, _>>()?;
-        let xq = ActQ { buf: &buf, planes };
-        self.quantize_act(&xd, xq, cols)?;
-        let wr: Vec<_> = ws.iter().collect();
-        let yr: Vec<_> = ys.iter().collect();
-        self.matvec_multi(&wr, &xd, Some(xq), &yr)?;
-        let q = QuantizedAct::from_device(&self.stream.clone_dtoh(&buf)?, cols, planes);
-        let out = ys
-            .iter()
-            .map(|y| self.stream.clone_dtoh(y))
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok((out, q))
     }
 
     /// `x · Wᵀ` for `n = x.len() / cols` token rows and a `rows × cols` matrix of `ty`,

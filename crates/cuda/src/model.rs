@@ -26,7 +26,7 @@ use ferrite_gguf::Gguf;
 use ferrite_model::{Model, ModelConfig, MoeConfig};
 
 use crate::arch_ops::MOE_MAX_EXPERTS;
-use crate::decode::decode_splits;
+use crate::decode::{DECODE_KERNEL_FROM, decode_splits};
 use crate::ops::{ActQ, DeviceMatrix, act_q8_bytes};
 use crate::{Activations, AttnShape, CudaBackend, CudaError};
 
@@ -336,12 +336,6 @@ struct Buffers {
     /// The input of the next product as int8 blocks (`act_q8_bytes` of the widest input,
     /// two planes).
     xq: CudaSlice<u8>,
-    /// The gated FFN output as int8 blocks (the down product's input), written while the
-    /// gated product still reads `xq`.
-    xq_ff: CudaSlice<u8>,
-    /// Per group of 32 FFN rows, the blocks of the gated product done so far (zero between
-    /// launches).
-    ffn_cnt: CudaSlice<u32>,
     /// Routing and expert buffers of one token (MoE models).
     moe: Option<moe::MoeBufs>,
 }
@@ -355,9 +349,11 @@ pub struct CudaSession<'m> {
     buf: Buffers,
     /// `[token, position]` of the step being run, read by the kernels.
     tp: CudaSlice<i32>,
-    /// The captured decode step, made at the first step, and the activations it was
-    /// recorded with.
-    graph: Option<(StepGraph, Activations)>,
+    /// The captured decode steps, made at first use, and the activations each was recorded
+    /// with: before and from `decode_kernel_from` positions (the attention kernel differs).
+    graphs: [Option<(StepGraph, Activations)>; 2],
+    /// Positions from which decode attention uses the split-merging kernel.
+    decode_kernel_from: usize,
     /// Key splits of decode attention.
     splits: usize,
     /// Buffers of batched prefill, made at the first prompt of several tokens.
@@ -382,7 +378,10 @@ impl std::fmt::Debug for CudaSession<'_> {
         f.debug_struct("CudaSession")
             .field("ctx", &self.ctx)
             .field("n_past", &self.n_past)
-            .field("graph", &self.graph.is_some())
+            .field(
+                "graphs",
+                &self.graphs.iter().filter(|g| g.is_some()).count(),
+            )
             .finish_non_exhaustive()
     }
 }
@@ -418,8 +417,6 @@ impl<'m> CudaSession<'m> {
             logits: s.alloc_zeros(c.n_vocab)?,
             pick: s.alloc_zeros(3)?,
             xq: s.alloc_zeros(act_q8_bytes(c.d_model.max(c.q_dim()).max(c.d_ff), 2))?,
-            xq_ff: s.alloc_zeros(act_q8_bytes(c.d_ff, 2).max(1))?,
-            ffn_cnt: s.alloc_zeros(c.d_ff.div_ceil(32).max(1))?,
             moe: match &c.moe {
                 Some(cfg) => Some(moe::MoeBufs::new(&model.backend, c, cfg, 1)?),
                 None => None,
@@ -432,12 +429,20 @@ impl<'m> CudaSession<'m> {
             kv,
             buf,
             tp: s.alloc_zeros(2)?,
-            graph: None,
+            graphs: [None, None],
+            decode_kernel_from: DECODE_KERNEL_FROM,
             splits,
             prefill: None,
             history: Vec::new(),
             has_logits: false,
         })
+    }
+
+    /// Makes decode steps at positions `>= pos` use the split-merging attention kernel
+    /// (default [`DECODE_KERNEL_FROM`]); both kernels compute the same attention, so this
+    /// changes speed only (tests use it to run both on short contexts).
+    pub fn set_decode_kernel_from(&mut self, pos: usize) {
+        self.decode_kernel_from = pos;
     }
 
     /// Tokens in the cache.
@@ -527,11 +532,13 @@ impl<'m> CudaSession<'m> {
         let tp = [token as i32, self.n_past as i32];
         b.stream.memcpy_htod(&tp[..], &mut self.tp)?;
         let act = self.activations();
-        if self.graph.as_ref().is_none_or(|(_, a)| *a != act) {
-            self.graph = None;
-            self.graph = Some((StepGraph(self.capture(act)?), act));
+        let long = self.n_past >= self.decode_kernel_from;
+        let slot = usize::from(long);
+        if self.graphs[slot].as_ref().is_none_or(|(_, a)| *a != act) {
+            self.graphs[slot] = None;
+            self.graphs[slot] = Some((StepGraph(self.capture(act, long)?), act));
         }
-        if let Some((StepGraph(g), _)) = &self.graph {
+        if let Some((StepGraph(g), _)) = &self.graphs[slot] {
             g.launch()?;
             b.count_graph_step();
         }
@@ -560,12 +567,13 @@ impl<'m> CudaSession<'m> {
         })
     }
 
-    /// Records one decode step into a CUDA graph.
-    fn capture(&self, act: Activations) -> Result<CudaGraph, CudaError> {
+    /// Records one decode step into a CUDA graph (`long`: with the split-merging attention
+    /// kernel).
+    fn capture(&self, act: Activations, long: bool) -> Result<CudaGraph, CudaError> {
         let s = &self.model.backend.stream;
         // Thread-local mode: other threads' unrelated CUDA calls stay legal meanwhile.
         s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
-        let recorded = self.record_step(act);
+        let recorded = self.record_step(act, long);
         let graph = s.end_capture(CUgraphInstantiate_flags(0));
         recorded?;
         graph?.ok_or_else(|| CudaError::InvalidArgument("graph capture recorded nothing".into()))
@@ -576,7 +584,7 @@ impl<'m> CudaSession<'m> {
     /// With int8 activations, each product input is also quantized into `buf.xq` (by the
     /// norm that writes it, or right after attention and the gated FFN input) and read from
     /// there.
-    fn record_step(&self, act: Activations) -> Result<(), CudaError> {
+    fn record_step(&self, act: Activations, long: bool) -> Result<(), CudaError> {
         let m = self.model;
         let c = &m.config;
         let b = &*m.backend;
@@ -627,6 +635,7 @@ impl<'m> CudaSession<'m> {
                 &u.att_cnt,
                 tp,
                 self.splits,
+                long,
                 xq,
             )?;
             b.matvec(&lw.wo, &u.att, xq, &u.o)?;
@@ -645,15 +654,9 @@ impl<'m> CudaSession<'m> {
             )?;
             match &lw.ffn {
                 DeviceFfn::Dense { gate, up, down } => {
-                    let gq = xq.map(|q| {
-                        let ffq = ActQ {
-                            buf: &u.xq_ff,
-                            planes: q.planes,
-                        };
-                        (ffq, &u.ffn_cnt)
-                    });
-                    b.matvec_gated_q(c.activation, gate, up, &u.xn, xq, &u.gate, &u.up, gq)?;
-                    b.matvec(down, &u.gate, gq.map(|(q, _)| q), &u.o)?;
+                    b.matvec_gated(c.activation, gate, up, &u.xn, xq, &u.gate, &u.up)?;
+                    quantize(&u.gate, c.d_ff)?;
+                    b.matvec(down, &u.gate, xq, &u.o)?;
                 }
                 DeviceFfn::Moe(mw) => {
                     let (Some(cfg), Some(mb)) = (&c.moe, &u.moe) else {

@@ -10,7 +10,6 @@ use ferrite_gguf::GgmlType;
 use ferrite_model::Activation;
 use ferrite_model::ops::RopeStyle;
 
-use crate::decode::i8_type_code;
 use crate::device::{grid_1d, i8_kernels, kernel_suffix, row_multiple, weight_kernels};
 use crate::{CudaBackend, CudaError};
 
@@ -65,7 +64,7 @@ fn unit_shift(ty: GgmlType) -> usize {
 }
 
 /// Launch shape of the matvec kernels for `rows` rows, `nr` per warp.
-pub(crate) fn matvec_grid(rows: usize, nr: usize) -> LaunchConfig {
+fn matvec_grid(rows: usize, nr: usize) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (rows.div_ceil(MATVEC_ROWS_PER_BLOCK * nr) as u32, 1, 1),
         block_dim: (32 * MATVEC_ROWS_PER_BLOCK as u32, 1, 1),
@@ -232,13 +231,6 @@ impl CudaBackend {
         };
         let fusable = ws.iter().all(|w| w.ty == first.ty && w.cols == first.cols);
         let Some(k) = weight_kernels(first.ty).filter(|_| fusable) else {
-            if let Some(q) = xq
-                && ws
-                    .iter()
-                    .all(|w| w.cols == first.cols && i8_type_code(w.ty).is_some())
-            {
-                return self.matvec3_i8_mixed(ws, q, ys);
-            }
             for (w, y) in ws.iter().zip(ys) {
                 self.matvec(w, x, xq, y)?;
             }
@@ -284,49 +276,14 @@ impl CudaBackend {
         y: &CudaSlice<f32>,
         scratch: &CudaSlice<f32>,
     ) -> Result<(), CudaError> {
-        self.matvec_gated_q(act, wg, wu, x, xq, y, scratch, None)
-    }
-
-    /// [`CudaBackend::matvec_gated`] that also quantizes `y` into `yq` (its int8 blocks, see
-    /// [`CudaBackend::quantize_act`]; a buffer other than `xq`'s) with `cnt` (rows / 32
-    /// counters, zero between launches): in the same launch when the kernel is fused,
-    /// else by a separate quantize launch.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn matvec_gated_q(
-        &self,
-        act: Activation,
-        wg: &DeviceMatrix,
-        wu: &DeviceMatrix,
-        x: &CudaSlice<f32>,
-        xq: Option<ActQ<'_>>,
-        y: &CudaSlice<f32>,
-        scratch: &CudaSlice<f32>,
-        yq: Option<(ActQ<'_>, &CudaSlice<u32>)>,
-    ) -> Result<(), CudaError> {
-        let rows = wg.rows;
-        if let Some((q, cnt)) = yq
-            && (!rows.is_multiple_of(32)
-                || !(1..=2).contains(&q.planes)
-                || q.buf.len() < act_q8_bytes(rows, q.planes)
-                || cnt.len() < rows / 32
-                || xq.is_some_and(|x| std::ptr::eq(x.buf, q.buf)))
-        {
-            return Err(CudaError::InvalidArgument(format!(
-                "int8 copy of {rows} gated rows"
-            )));
-        }
         let same = wg.ty == wu.ty && wg.rows == wu.rows && wg.cols == wu.cols;
         let Some(k) = weight_kernels(wg.ty).filter(|_| same) else {
             self.matvec(wg, x, xq, y)?;
             self.matvec(wu, x, xq, scratch)?;
-            self.gated(act, y, scratch, rows)?;
-            return match yq {
-                Some((q, _)) => self.quantize_act(y, q, rows),
-                None => Ok(()),
-            };
+            return self.gated(act, y, scratch, wg.rows);
         };
         let i8k = xq.and_then(|q| Some((q.buf, i8_kernels(wg.ty, q.planes)?)));
-        let (rows, cols) = (rows as i32, wg.cols as i32);
+        let (rows, cols) = (wg.rows as i32, wg.cols as i32);
         let a = match act {
             Activation::Silu => 0i32,
             Activation::GeluTanh => 1,
@@ -345,17 +302,8 @@ impl CudaBackend {
             .arg(&wg.row_bytes)
             .arg(&a)
             .arg(&nr32);
-        let null = 0u64;
-        let planes = yq.map_or(0, |(q, _)| q.planes as i32);
-        match yq {
-            Some((q, cnt)) => b.arg(q.buf).arg(&planes).arg(cnt),
-            None => b.arg(&null).arg(&planes).arg(&null),
-        };
         // SAFETY: both matrices have rows × row_bytes bytes (same shape, checked at
-        // upload); x has cols values and y rows values. With yq (null pointers otherwise,
-        // which the kernel tests), rows is a multiple of 32, yq holds act_q8_bytes(rows,
-        // planes) bytes apart from xq and cnt rows / 32 counters (checked above); each
-        // block of 4·nr rows (4 or 8) lies inside one group of 32.
+        // upload); x has cols values and y rows values.
         unsafe { b.launch(matvec_grid(wg.rows, nr)) }?;
         Ok(())
     }
@@ -642,6 +590,27 @@ impl CudaBackend {
         nq: usize,
         splits: usize,
     ) -> Result<(), CudaError> {
+        self.attention_q(shape, q, kc, vc, out, part, tp, nq, splits, None)
+    }
+
+    /// [`CudaBackend::attention`] of one query (`nq` = 1) whose output is also quantized to
+    /// int8 blocks in `xq` (see [`CudaBackend::quantize_act`]): by the merge launch when the
+    /// keys are split and head_dim is a multiple of 32 (at most 256), else by a separate
+    /// launch.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn attention_q(
+        &self,
+        shape: &AttnShape,
+        q: &CudaSlice<f32>,
+        kc: &CudaSlice<u16>,
+        vc: &CudaSlice<u16>,
+        out: &CudaSlice<f32>,
+        part: &CudaSlice<f32>,
+        tp: &CudaSlice<i32>,
+        nq: usize,
+        splits: usize,
+        xq: Option<ActQ<'_>>,
+    ) -> Result<(), CudaError> {
         let hd = shape.head_dim;
         let n_rep = shape.n_head / shape.n_kv_head;
         let qdim = shape.n_head * hd;
@@ -701,19 +670,48 @@ impl CudaBackend {
         // splits > 1, nq × n_head × splits partials (checked above). Shared memory is sized
         // from the same qt and head_dim the kernel uses.
         unsafe { b.launch(cfg) }?;
+        if xq.is_some_and(|x| {
+            nq != 1 || !(1..=2).contains(&x.planes) || x.buf.len() < act_q8_bytes(qdim, x.planes)
+        }) {
+            return Err(CudaError::InvalidArgument(format!(
+                "int8 copy of {nq} attention rows of {qdim}"
+            )));
+        }
+        // The merge quantizes when each of its warps holds 32 consecutive outputs.
+        let fused_q = splits > 1 && hd.is_multiple_of(32) && hd <= 256;
         if splits > 1 {
             let cfg = LaunchConfig {
                 grid_dim: ((nq * shape.n_head) as u32, 1, 1),
                 block_dim: (hd.next_multiple_of(32).min(256) as u32, 1, 1),
                 shared_mem_bytes: 0,
             };
+            let null = 0u64;
+            let planes = xq.map_or(0, |x| x.planes as i32);
             let mut b = self.kernel("attn_combine")?;
-            b.arg(part).arg(out).arg(&hd32).arg(&sp32);
+            b.arg(part)
+                .arg(out)
+                .arg(&hd32)
+                .arg(&sp32)
+                .arg(tp)
+                .arg(&win)
+                .arg(&min_chunk)
+                .arg(&nq32);
+            match xq.filter(|_| fused_q) {
+                Some(x) => b.arg(x.buf),
+                None => b.arg(&null),
+            };
+            b.arg(&planes);
             // SAFETY: reads the partials written above and writes nq × n_head × head_dim
-            // values of out (both checked above).
+            // values of out (both checked above); with xq (a null pointer otherwise, which
+            // the kernel tests), one query's act_q8_bytes(qdim, planes) bytes (checked
+            // above), each block of head_dim threads (a multiple of 32, at most 256)
+            // quantizing its head.
             unsafe { b.launch(cfg) }?;
         }
-        Ok(())
+        match xq {
+            Some(x) if !fused_q => self.quantize_act(out, x, qdim),
+            _ => Ok(()),
+        }
     }
 }
 

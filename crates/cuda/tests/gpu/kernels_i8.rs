@@ -27,7 +27,7 @@ const TYPES_I8: [GgmlType; 4] = [
 
 /// Activations with the cases the quantizer must get right: an all-zero block, a block with
 /// one large outlier, a negative extreme and a spread of magnitudes.
-pub fn activations(n: usize, seed: u64) -> Vec<f32> {
+fn activations(n: usize, seed: u64) -> Vec<f32> {
     let mut x: Vec<f32> = pseudo(n, seed)
         .iter()
         .enumerate()
@@ -74,7 +74,7 @@ pub fn quantize_ref(x: &[f32], planes: usize) -> QuantizedAct {
     QuantizedAct { q, q2, ds }
 }
 
-pub fn naive_matvec64(w: &[f32], rows: usize, cols: usize, x: &[f64]) -> Vec<f64> {
+fn naive_matvec64(w: &[f32], rows: usize, cols: usize, x: &[f64]) -> Vec<f64> {
     (0..rows)
         .map(|r| (0..cols).map(|c| f64::from(w[r * cols + c]) * x[c]).sum())
         .collect()

@@ -170,8 +170,8 @@ pub fn gemma_small() -> Spec {
     }
 }
 
-/// A llama model with Q4_K_M's weight types (Q4_K Q and K, Q6_K V and FFN down), so the
-/// Q/K/V product runs over mixed types.
+/// A llama model with Q4_K_M's weight types (Q4_K Q and K, Q6_K V and FFN down): the
+/// Q/K/V products run as separate launches of two types.
 pub fn llama_q4_k_m() -> Spec {
     Spec {
         arch: "llama",
