@@ -55,5 +55,5 @@ pub use device::{
 };
 pub use error::CudaError;
 pub use host::{AttnOutput, QuantizedAct};
-pub use model::{CudaModel, CudaSession, Greedy};
+pub use model::{CudaModel, CudaSession, Greedy, TOPK_MAX, TopCandidates};
 pub use ops::AttnShape;
