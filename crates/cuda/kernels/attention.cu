@@ -59,6 +59,8 @@ extern "C" __global__ void attn_f16(const float* __restrict__ q, const u16* __re
     int chunk = max((hi - lo + splits - 1) / splits, min_chunk);
     int s_lo = lo + (int)blockIdx.z * chunk;
     int s_hi = min(hi, s_lo + chunk);
+    // A decode split past the visible keys: attn_combine does not read its partial.
+    if (nq == 1 && splits > 1 && s_lo >= s_hi) return;
     for (int i = threadIdx.x; i < rows * hd; i += blockDim.x) {
         int row = i / hd, d = i - row * hd;
         int qi = row / n_rep, h = g * n_rep + (row - qi * n_rep);
@@ -124,25 +126,41 @@ extern "C" __global__ void attn_f16(const float* __restrict__ q, const u16* __re
     }
 }
 
-// Merges the `splits` partial results of attn_f16 for each (query, head): one block per
-// pair, threads over head_dim.
+// Merges the partial results of attn_f16 for each (query, head): one block per pair,
+// threads over head_dim. With one query (decode) only the splits that hold keys at position
+// tp[1] are read (attn_f16's chunking: ceil(n / chunk) of them), so short contexts merge
+// one partial, not `splits`. With xq (one query, blockDim.x == hd, hd a multiple of 32;
+// null otherwise) the output is also quantized to int8 blocks there (q8_block, the
+// standalone quantizer's rounding).
 extern "C" __global__ void attn_combine(const float* __restrict__ part, float* __restrict__ out,
-                                        int hd, int splits) {
+                                        int hd, int splits, const int* __restrict__ tp,
+                                        int window, int min_chunk, int nq,
+                                        u8* __restrict__ xq, int planes) {
+    int ns = splits;
+    if (nq == 1) {
+        int pos = tp[1];
+        int lo = (window > 0 && pos + 1 > window) ? pos + 1 - window : 0;
+        int n = pos + 1 - lo;
+        int chunk = max((n + splits - 1) / splits, min_chunk);
+        ns = min(splits, (n + chunk - 1) / chunk);
+    }
     const float* p = part + (unsigned long long)blockIdx.x * splits * (hd + 2);
     float m = FERRITE_NEG_INF;
-    for (int s = 0; s < splits; s++) m = fmaxf(m, p[s * (hd + 2) + hd]);
+    for (int s = 0; s < ns; s++) m = fmaxf(m, p[s * (hd + 2) + hd]);
     float l = 0.0f;
-    for (int s = 0; s < splits; s++) {
+    for (int s = 0; s < ns; s++) {
         float ms = p[s * (hd + 2) + hd];
         if (ms != FERRITE_NEG_INF) l += p[s * (hd + 2) + hd + 1] * expf(ms - m);
     }
     float inv = l > 0.0f ? 1.0f / l : 0.0f;
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         float a = 0.0f;
-        for (int s = 0; s < splits; s++) {
+        for (int s = 0; s < ns; s++) {
             float ms = p[s * (hd + 2) + hd];
             if (ms != FERRITE_NEG_INF) a += p[s * (hd + 2) + d] * expf(ms - m);
         }
-        out[(unsigned long long)blockIdx.x * hd + d] = a * inv;
+        float o = a * inv;
+        out[(unsigned long long)blockIdx.x * hd + d] = o;
+        if (xq) q8_block(o, xq, gridDim.x * hd, (blockIdx.x * hd + d) >> 5, planes);
     }
 }

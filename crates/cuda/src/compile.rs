@@ -10,12 +10,13 @@ use cudarc::nvrtc::{CompileOptions, Ptx, compile_ptx_with_opts};
 use crate::CudaError;
 
 /// Every kernel source, concatenated in this order into one NVRTC program.
-const SOURCES: [&str; 7] = [
+const SOURCES: [&str; 8] = [
     include_str!("../kernels/common.cuh"),
     include_str!("../kernels/matvec.cu"),
     include_str!("../kernels/matvec_i8.cu"),
     include_str!("../kernels/ops.cu"),
     include_str!("../kernels/attention.cu"),
+    include_str!("../kernels/attn_decode.cu"),
     include_str!("../kernels/moe.cu"),
     include_str!("../kernels/topk.cu"),
 ];
@@ -137,6 +138,7 @@ mod tests {
             "rms_norm_f32",
             "rope_f32",
             "attn_f16",
+            "FERRITE_ATTN_DECODE(128",
             "FERRITE_MOE(q4_k",
             "moe_route",
             "qkv_bias_f32",

@@ -50,6 +50,9 @@ impl QuantizedAct {
     }
 }
 
+/// One decode attention launch's output and, when asked for, its int8 copy.
+pub type AttnOutput = (Vec<f32>, Option<QuantizedAct>);
+
 impl CudaBackend {
     /// `W · x` for a `rows × cols` matrix of `ty` stored as GGUF blocks in `w`.
     pub fn matvec_host(
@@ -379,6 +382,76 @@ impl CudaBackend {
         Ok(self.stream.clone_dtoh(&out)?)
     }
 
+    /// Decode attention of one query (`q`: n_head × head_dim values) at the last of the
+    /// positions of `k` and `v` (row-major `[pos][kv_dim]`, stored through the f16 cache
+    /// kernel), keys split over up to `splits` blocks per KV head, the output also quantized
+    /// to int8 in `planes` planes when `planes > 0`; with `split_merge`, by the kernel that
+    /// merges its splits itself. Launched `runs` times on the same buffers (the split
+    /// counters must come back to zero); returns each run's output.
+    #[allow(clippy::too_many_arguments)]
+    pub fn decode_attention_host(
+        &self,
+        shape: &AttnShape,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        splits: usize,
+        split_merge: bool,
+        planes: usize,
+        runs: usize,
+    ) -> Result<Vec<AttnOutput>, CudaError> {
+        let kv_dim = shape.kv_dim();
+        let n = k.len() / kv_dim;
+        let qdim = shape.n_head * shape.head_dim;
+        if n == 0 || k.len() != n * kv_dim || v.len() != k.len() || q.len() != qdim || planes > 2 {
+            return Err(CudaError::InvalidArgument(
+                "decode attention inputs disagree in shape".into(),
+            ));
+        }
+        let kc = self.stream.clone_htod(&to_f16_bits(k))?;
+        let vc = self.stream.clone_htod(&to_f16_bits(v))?;
+        let qd = self.stream.clone_htod(q)?;
+        let mut out = self.stream.alloc_zeros::<f32>(qdim)?;
+        let part = self
+            .stream
+            .alloc_zeros::<f32>(shape.n_head * splits.max(1) * (shape.head_dim + 2))?;
+        let cnt = self.stream.alloc_zeros::<u32>(shape.n_kv_head)?;
+        let mut buf = self
+            .stream
+            .alloc_zeros::<u8>(act_q8_bytes(qdim, planes.max(1)))?;
+        let tp = self.stream.clone_htod(&[0i32, (n - 1) as i32])?;
+        let mut res = Vec::with_capacity(runs);
+        for _ in 0..runs {
+            // Cleared so that a run that writes nothing cannot pass for its predecessor.
+            self.stream.memset_zeros(&mut out)?;
+            self.stream.memset_zeros(&mut buf)?;
+            let xq = (planes > 0).then_some(ActQ { buf: &buf, planes });
+            self.decode_attention(
+                shape,
+                &qd,
+                &kc,
+                &vc,
+                &out,
+                &part,
+                &cnt,
+                &tp,
+                splits,
+                split_merge,
+                xq,
+            )?;
+            let q8 = match planes {
+                1.. => Some(QuantizedAct::from_device(
+                    &self.stream.clone_dtoh(&buf)?,
+                    qdim,
+                    planes,
+                )),
+                0 => None,
+            };
+            res.push((self.stream.clone_dtoh(&out)?, q8));
+        }
+        Ok(res)
+    }
+
     /// `x · Wᵀ` for `n = x.len() / cols` token rows and a `rows × cols` matrix of `ty`,
     /// through the batched-prefill path (f16 dequantization, f16 activations, cuBLAS).
     pub fn matmul_host(
@@ -405,4 +478,11 @@ impl CudaBackend {
         self.matmul(&m, &x16, n, &y, &w16)?;
         Ok(self.stream.clone_dtoh(&y)?)
     }
+}
+
+/// f16 bit patterns of `v` (round to nearest even), as the cache store kernel writes them.
+fn to_f16_bits(v: &[f32]) -> Vec<u16> {
+    v.iter()
+        .map(|&x| half::f16::from_f32(x).to_bits())
+        .collect()
 }

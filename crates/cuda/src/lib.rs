@@ -40,6 +40,7 @@
 
 mod arch_ops;
 mod compile;
+mod decode;
 mod device;
 mod error;
 mod gemm;
@@ -48,10 +49,11 @@ mod model;
 mod ops;
 
 pub use compile::CompileReport;
+pub use decode::DECODE_KERNEL_FROM;
 pub use device::{
     ACT_ENV, Activations, CudaBackend, DEFAULT_ACTIVATIONS, DeviceInfo, kernel_suffix,
 };
 pub use error::CudaError;
-pub use host::QuantizedAct;
+pub use host::{AttnOutput, QuantizedAct};
 pub use model::{CudaModel, CudaSession, Greedy, TOPK_MAX, TopCandidates};
 pub use ops::AttnShape;

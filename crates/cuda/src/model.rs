@@ -28,6 +28,7 @@ use ferrite_gguf::Gguf;
 use ferrite_model::{Model, ModelConfig, MoeConfig};
 
 use crate::arch_ops::MOE_MAX_EXPERTS;
+use crate::decode::{DECODE_KERNEL_FROM, decode_splits};
 use crate::ops::{ActQ, DeviceMatrix, act_q8_bytes};
 use crate::{Activations, AttnShape, CudaBackend, CudaError};
 
@@ -329,6 +330,8 @@ struct Buffers {
     up: CudaSlice<f32>,
     /// Partial results of split decode attention.
     part: CudaSlice<f32>,
+    /// Per KV head, the splits of decode attention done so far (zero between launches).
+    att_cnt: CudaSlice<u32>,
     logits: CudaSlice<f32>,
     /// `[token, first NaN or -1, log-probability bits]` of the device greedy choice.
     pick: CudaSlice<i32>,
@@ -341,12 +344,6 @@ struct Buffers {
     moe: Option<moe::MoeBufs>,
 }
 
-/// Key splits of decode attention: enough blocks over the KV heads to fill the device's
-/// SMs at long contexts, each split at least one 32-key tile of the context.
-fn decode_splits(n_kv_head: usize, ctx: usize) -> usize {
-    (256 / n_kv_head.max(1)).clamp(1, 64).min(ctx.div_ceil(32))
-}
-
 /// One timeline over a [`CudaModel`]: an f16 KV cache of `ctx` positions.
 pub struct CudaSession<'m> {
     model: &'m CudaModel,
@@ -356,9 +353,11 @@ pub struct CudaSession<'m> {
     buf: Buffers,
     /// `[token, position]` of the step being run, read by the kernels.
     tp: CudaSlice<i32>,
-    /// The captured decode step, made at the first step, and the activations it was
-    /// recorded with.
-    graph: Option<(StepGraph, Activations)>,
+    /// The captured decode steps, made at first use, and the activations each was recorded
+    /// with: before and from `decode_kernel_from` positions (the attention kernel differs).
+    graphs: [Option<(StepGraph, Activations)>; 2],
+    /// Positions from which decode attention uses the split-merging kernel.
+    decode_kernel_from: usize,
     /// Key splits of decode attention.
     splits: usize,
     /// Buffers of batched prefill, made at the first prompt of several tokens.
@@ -383,7 +382,10 @@ impl std::fmt::Debug for CudaSession<'_> {
         f.debug_struct("CudaSession")
             .field("ctx", &self.ctx)
             .field("n_past", &self.n_past)
-            .field("graph", &self.graph.is_some())
+            .field(
+                "graphs",
+                &self.graphs.iter().filter(|g| g.is_some()).count(),
+            )
             .finish_non_exhaustive()
     }
 }
@@ -415,6 +417,7 @@ impl<'m> CudaSession<'m> {
             gate: s.alloc_zeros(c.d_ff)?,
             up: s.alloc_zeros(c.d_ff)?,
             part: s.alloc_zeros(c.n_head * splits * (c.head_dim + 2))?,
+            att_cnt: s.alloc_zeros(c.n_kv_head.max(1))?,
             logits: s.alloc_zeros(c.n_vocab)?,
             pick: s.alloc_zeros(3)?,
             cand: s.alloc_zeros(topk::out_len(TOPK_MAX))?,
@@ -431,12 +434,20 @@ impl<'m> CudaSession<'m> {
             kv,
             buf,
             tp: s.alloc_zeros(2)?,
-            graph: None,
+            graphs: [None, None],
+            decode_kernel_from: DECODE_KERNEL_FROM,
             splits,
             prefill: None,
             history: Vec::new(),
             has_logits: false,
         })
+    }
+
+    /// Makes decode steps at positions `>= pos` use the split-merging attention kernel
+    /// (default [`DECODE_KERNEL_FROM`]); both kernels compute the same attention, so this
+    /// changes speed only (tests use it to run both on short contexts).
+    pub fn set_decode_kernel_from(&mut self, pos: usize) {
+        self.decode_kernel_from = pos;
     }
 
     /// Tokens in the cache.
@@ -526,11 +537,13 @@ impl<'m> CudaSession<'m> {
         let tp = [token as i32, self.n_past as i32];
         b.stream.memcpy_htod(&tp[..], &mut self.tp)?;
         let act = self.activations();
-        if self.graph.as_ref().is_none_or(|(_, a)| *a != act) {
-            self.graph = None;
-            self.graph = Some((StepGraph(self.capture(act)?), act));
+        let long = self.n_past >= self.decode_kernel_from;
+        let slot = usize::from(long);
+        if self.graphs[slot].as_ref().is_none_or(|(_, a)| *a != act) {
+            self.graphs[slot] = None;
+            self.graphs[slot] = Some((StepGraph(self.capture(act, long)?), act));
         }
-        if let Some((StepGraph(g), _)) = &self.graph {
+        if let Some((StepGraph(g), _)) = &self.graphs[slot] {
             g.launch()?;
             b.count_graph_step();
         }
@@ -559,12 +572,13 @@ impl<'m> CudaSession<'m> {
         })
     }
 
-    /// Records one decode step into a CUDA graph.
-    fn capture(&self, act: Activations) -> Result<CudaGraph, CudaError> {
+    /// Records one decode step into a CUDA graph (`long`: with the split-merging attention
+    /// kernel).
+    fn capture(&self, act: Activations, long: bool) -> Result<CudaGraph, CudaError> {
         let s = &self.model.backend.stream;
         // Thread-local mode: other threads' unrelated CUDA calls stay legal meanwhile.
         s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
-        let recorded = self.record_step(act);
+        let recorded = self.record_step(act, long);
         let graph = s.end_capture(CUgraphInstantiate_flags(0));
         recorded?;
         graph?.ok_or_else(|| CudaError::InvalidArgument("graph capture recorded nothing".into()))
@@ -575,7 +589,7 @@ impl<'m> CudaSession<'m> {
     /// With int8 activations, each product input is also quantized into `buf.xq` (by the
     /// norm that writes it, or right after attention and the gated FFN input) and read from
     /// there.
-    fn record_step(&self, act: Activations) -> Result<(), CudaError> {
+    fn record_step(&self, act: Activations, long: bool) -> Result<(), CudaError> {
         let m = self.model;
         let c = &m.config;
         let b = &*m.backend;
@@ -616,8 +630,19 @@ impl<'m> CudaSession<'m> {
                 c.rope_style,
                 m.rope_factors.as_ref(),
             )?;
-            b.attention(&shape, &u.q, kc, vc, &u.att, &u.part, tp, 1, self.splits)?;
-            quantize(&u.att, c.q_dim())?;
+            b.decode_attention(
+                &shape,
+                &u.q,
+                kc,
+                vc,
+                &u.att,
+                &u.part,
+                &u.att_cnt,
+                tp,
+                self.splits,
+                long,
+                xq,
+            )?;
             b.matvec(&lw.wo, &u.att, xq, &u.o)?;
             if let Some(ob) = &lw.out_bias {
                 b.add_bias(&u.o, ob, 1)?;

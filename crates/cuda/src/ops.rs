@@ -590,6 +590,27 @@ impl CudaBackend {
         nq: usize,
         splits: usize,
     ) -> Result<(), CudaError> {
+        self.attention_q(shape, q, kc, vc, out, part, tp, nq, splits, None)
+    }
+
+    /// [`CudaBackend::attention`] of one query (`nq` = 1) whose output is also quantized to
+    /// int8 blocks in `xq` (see [`CudaBackend::quantize_act`]): by the merge launch when the
+    /// keys are split and head_dim is a multiple of 32 (at most 256), else by a separate
+    /// launch.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn attention_q(
+        &self,
+        shape: &AttnShape,
+        q: &CudaSlice<f32>,
+        kc: &CudaSlice<u16>,
+        vc: &CudaSlice<u16>,
+        out: &CudaSlice<f32>,
+        part: &CudaSlice<f32>,
+        tp: &CudaSlice<i32>,
+        nq: usize,
+        splits: usize,
+        xq: Option<ActQ<'_>>,
+    ) -> Result<(), CudaError> {
         let hd = shape.head_dim;
         let n_rep = shape.n_head / shape.n_kv_head;
         let qdim = shape.n_head * hd;
@@ -649,19 +670,48 @@ impl CudaBackend {
         // splits > 1, nq × n_head × splits partials (checked above). Shared memory is sized
         // from the same qt and head_dim the kernel uses.
         unsafe { b.launch(cfg) }?;
+        if xq.is_some_and(|x| {
+            nq != 1 || !(1..=2).contains(&x.planes) || x.buf.len() < act_q8_bytes(qdim, x.planes)
+        }) {
+            return Err(CudaError::InvalidArgument(format!(
+                "int8 copy of {nq} attention rows of {qdim}"
+            )));
+        }
+        // The merge quantizes when each of its warps holds 32 consecutive outputs.
+        let fused_q = splits > 1 && hd.is_multiple_of(32) && hd <= 256;
         if splits > 1 {
             let cfg = LaunchConfig {
                 grid_dim: ((nq * shape.n_head) as u32, 1, 1),
                 block_dim: (hd.next_multiple_of(32).min(256) as u32, 1, 1),
                 shared_mem_bytes: 0,
             };
+            let null = 0u64;
+            let planes = xq.map_or(0, |x| x.planes as i32);
             let mut b = self.kernel("attn_combine")?;
-            b.arg(part).arg(out).arg(&hd32).arg(&sp32);
+            b.arg(part)
+                .arg(out)
+                .arg(&hd32)
+                .arg(&sp32)
+                .arg(tp)
+                .arg(&win)
+                .arg(&min_chunk)
+                .arg(&nq32);
+            match xq.filter(|_| fused_q) {
+                Some(x) => b.arg(x.buf),
+                None => b.arg(&null),
+            };
+            b.arg(&planes);
             // SAFETY: reads the partials written above and writes nq × n_head × head_dim
-            // values of out (both checked above).
+            // values of out (both checked above); with xq (a null pointer otherwise, which
+            // the kernel tests), one query's act_q8_bytes(qdim, planes) bytes (checked
+            // above), each block of head_dim threads (a multiple of 32, at most 256)
+            // quantizing its head.
             unsafe { b.launch(cfg) }?;
         }
-        Ok(())
+        match xq {
+            Some(x) if !fused_q => self.quantize_act(out, x, qdim),
+            _ => Ok(()),
+        }
     }
 }
 

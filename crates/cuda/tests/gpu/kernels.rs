@@ -197,7 +197,7 @@ fn gated_activations_and_add_match_cpu() {
 }
 
 /// Attention of the `q.len() / (n_head × head_dim)` queries at the last positions.
-fn naive_attention(shape: &AttnShape, q: &[f32], k: &[f32], v: &[f32]) -> Vec<f64> {
+pub fn naive_attention(shape: &AttnShape, q: &[f32], k: &[f32], v: &[f32]) -> Vec<f64> {
     let hd = shape.head_dim;
     let kvd = shape.kv_dim();
     let n = k.len() / kvd;

@@ -52,7 +52,7 @@ fn round8(v: f32, step: f32) -> i8 {
 }
 
 /// The quantizer's definition, computed on the host in f32 as the kernel does.
-fn quantize_ref(x: &[f32], planes: usize) -> QuantizedAct {
+pub fn quantize_ref(x: &[f32], planes: usize) -> QuantizedAct {
     let (mut q, mut q2, mut ds) = (Vec::new(), Vec::new(), Vec::new());
     for b in x.chunks(32) {
         let amax = b.iter().fold(0.0f32, |m, v| m.max(v.abs()));

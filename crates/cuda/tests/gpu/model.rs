@@ -288,6 +288,22 @@ fn gemma3_synthetic_int8_activations_match_cpu() {
 }
 
 #[test]
+fn llama_q4_k_m_types_int8x2_match_cpu() {
+    if backend().is_none() {
+        return;
+    }
+    let counts = run_spec(&synth::llama_q4_k_m(), Activations::Int8x2).launch_counts();
+    for k in [
+        "matvec_gated_i8x2_q4_k",
+        "matvec_i8x2_q6_k",
+        "matvec_i8x2_q4_k",
+        "graph_step",
+    ] {
+        assert!(counts[k] > 0, "{k} never ran");
+    }
+}
+
+#[test]
 fn real_models_match_cpu_when_present() {
     if backend().is_none() {
         return;

@@ -170,6 +170,28 @@ pub fn gemma_small() -> Spec {
     }
 }
 
+/// A llama model with Q4_K_M's weight types (Q4_K Q and K, Q6_K V and FFN down): the
+/// Q/K/V products run as separate launches of two types.
+pub fn llama_q4_k_m() -> Spec {
+    Spec {
+        arch: "llama",
+        n_layer: 3,
+        d: 256,
+        n_head: 4,
+        n_kv: 1,
+        hd: 64,
+        ff: 512,
+        vocab: 301,
+        embed: GgmlType::Q8_0,
+        attn_qk: GgmlType::Q4_K,
+        attn_v: GgmlType::Q6_K,
+        attn_o: GgmlType::Q4_K,
+        ffn_up: GgmlType::Q4_K,
+        ffn_down: GgmlType::Q6_K,
+        output: Some(GgmlType::Q6_K),
+    }
+}
+
 /// The SmolLM2 anchor shape of /work/shared/anchors (Q4_1, untied output).
 pub fn smollm2_shape() -> Spec {
     Spec {
