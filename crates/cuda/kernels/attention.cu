@@ -32,16 +32,17 @@ static __device__ __forceinline__ float dot_f16_row(const float* __restrict__ qs
     return s;
 }
 
-extern "C" __global__ void attn_f16(const float* __restrict__ q, const u16* __restrict__ kc,
-                                    const u16* __restrict__ vc, float* __restrict__ out,
-                                    float* __restrict__ part, int n_head, int n_kv_head,
-                                    int hd, const int* __restrict__ tp, int nq, int qt,
-                                    int window, float scale, int splits, int min_chunk) {
+// The work of block (g, tile, split) of attn_f16 (also run by batch.cu's battn_f16, one
+// session per grid row).
+static __device__ __forceinline__ void attn_f16_block(
+    const float* __restrict__ q, const u16* __restrict__ kc, const u16* __restrict__ vc,
+    float* __restrict__ out, float* __restrict__ part, int n_head, int n_kv_head, int hd,
+    const int* __restrict__ tp, int nq, int qt, int window, float scale, int splits,
+    int min_chunk, int g, int tile, int split) {
     extern __shared__ float4 sm4[];
     float* sm = (float*)sm4;
     int n_rep = n_head / n_kv_head;
-    int g = blockIdx.x;
-    int q0 = blockIdx.y * qt;
+    int q0 = tile * qt;
     int nqb = min(qt, nq - q0);
     int rows = nqb * n_rep;
     int cap = qt * n_rep;
@@ -57,7 +58,7 @@ extern "C" __global__ void attn_f16(const float* __restrict__ q, const u16* __re
     int lo = (window > 0 && first + 1 > window) ? first + 1 - window : 0;
     int hi = last + 1;
     int chunk = max((hi - lo + splits - 1) / splits, min_chunk);
-    int s_lo = lo + (int)blockIdx.z * chunk;
+    int s_lo = lo + split * chunk;
     int s_hi = min(hi, s_lo + chunk);
     for (int i = threadIdx.x; i < rows * hd; i += blockDim.x) {
         int row = i / hd, d = i - row * hd;
@@ -114,7 +115,7 @@ extern "C" __global__ void attn_f16(const float* __restrict__ q, const u16* __re
         if (splits == 1) {
             out[qh * hd + d] = ls[row] > 0.0f ? acc[i] / ls[row] : 0.0f;
         } else {
-            float* pp = part + (qh * splits + blockIdx.z) * (unsigned long long)(hd + 2);
+            float* pp = part + (qh * splits + split) * (unsigned long long)(hd + 2);
             pp[d] = acc[i];
             if (d == 0) {
                 pp[hd] = ms[row];
@@ -124,11 +125,21 @@ extern "C" __global__ void attn_f16(const float* __restrict__ q, const u16* __re
     }
 }
 
-// Merges the `splits` partial results of attn_f16 for each (query, head): one block per
-// pair, threads over head_dim.
-extern "C" __global__ void attn_combine(const float* __restrict__ part, float* __restrict__ out,
-                                        int hd, int splits) {
-    const float* p = part + (unsigned long long)blockIdx.x * splits * (hd + 2);
+extern "C" __global__ void attn_f16(const float* __restrict__ q, const u16* __restrict__ kc,
+                                    const u16* __restrict__ vc, float* __restrict__ out,
+                                    float* __restrict__ part, int n_head, int n_kv_head,
+                                    int hd, const int* __restrict__ tp, int nq, int qt,
+                                    int window, float scale, int splits, int min_chunk) {
+    attn_f16_block(q, kc, vc, out, part, n_head, n_kv_head, hd, tp, nq, qt, window, scale,
+                   splits, min_chunk, blockIdx.x, blockIdx.y, blockIdx.z);
+}
+
+// Merges the `splits` partial results of attn_f16 for (query, head) pair `qh`, threads over
+// head_dim.
+static __device__ __forceinline__ void attn_combine_pair(const float* __restrict__ part,
+                                                         float* __restrict__ out, int hd,
+                                                         int splits, unsigned long long qh) {
+    const float* p = part + qh * splits * (hd + 2);
     float m = FERRITE_NEG_INF;
     for (int s = 0; s < splits; s++) m = fmaxf(m, p[s * (hd + 2) + hd]);
     float l = 0.0f;
@@ -143,6 +154,12 @@ extern "C" __global__ void attn_combine(const float* __restrict__ part, float* _
             float ms = p[s * (hd + 2) + hd];
             if (ms != FERRITE_NEG_INF) a += p[s * (hd + 2) + d] * expf(ms - m);
         }
-        out[(unsigned long long)blockIdx.x * hd + d] = a * inv;
+        out[qh * hd + d] = a * inv;
     }
+}
+
+// attn_combine_pair over every (query, head) pair: one block per pair.
+extern "C" __global__ void attn_combine(const float* __restrict__ part, float* __restrict__ out,
+                                        int hd, int splits) {
+    attn_combine_pair(part, out, hd, splits, blockIdx.x);
 }

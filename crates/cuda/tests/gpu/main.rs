@@ -6,6 +6,7 @@
 //! fixtures/arch (q/k/v biases, Llama 3 rope factors, mixture of experts).
 
 mod arch;
+mod batch;
 mod greedy;
 mod kernels;
 mod kernels_i8;
