@@ -189,3 +189,67 @@ fn batch_errors_leave_sessions_unchanged() {
     assert!(batch.step(&mut [&mut c], &[1, 2]).is_err());
     assert_eq!((a.n_past(), c.n_past()), (8, 3));
 }
+
+/// Aggregate decode tok/s of `n` sessions (contexts of 512, 16-token prompts): stepped one
+/// by one through `CudaSession::eval` (the graph of one session), and together through
+/// `CudaBatch::step`; medians of 5 timed runs of `steps` steps after a warm-up. Both
+/// include copying the logits rows back, as the server does.
+fn aggregate_tps(cm: &CudaModel, n: usize, steps: usize) -> (f64, f64) {
+    let b = cm.backend();
+    let mut sessions: Vec<CudaSession<'_>> =
+        (0..n).map(|_| CudaSession::new(cm, 512).unwrap()).collect();
+    let mut batch = CudaBatch::new(cm, n).unwrap();
+    let mut run = |batched: bool| {
+        for (i, s) in sessions.iter_mut().enumerate() {
+            s.reset();
+            s.eval(&prompt(16, cm.config().n_vocab, i)).unwrap();
+        }
+        let tokens: Vec<u32> = (0..n as u32).collect();
+        b.synchronize().unwrap();
+        let t = std::time::Instant::now();
+        for _ in 0..steps {
+            if batched {
+                let mut refs: Vec<&mut CudaSession<'_>> = sessions.iter_mut().collect();
+                batch.step(&mut refs, &tokens).unwrap();
+            } else {
+                for (s, &tok) in sessions.iter_mut().zip(&tokens) {
+                    s.eval(&[tok]).unwrap();
+                }
+            }
+        }
+        b.synchronize().unwrap();
+        (n * steps) as f64 / t.elapsed().as_secs_f64()
+    };
+    let mut med = |batched: bool| {
+        let mut v: Vec<f64> = (0..6).map(|_| run(batched)).skip(1).collect();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    (med(false), med(true))
+}
+
+#[test]
+#[ignore = "batched decode speed receipt; run explicitly on the GPU machine"]
+fn batch_decode_speed() {
+    let Some(b) = backend() else { return };
+    let m = match std::env::var("FERRITE_BATCH_BENCH_MODEL") {
+        Ok(path) => ferrite_model::Model::load(std::path::Path::new(&path), Default::default())
+            .unwrap_or_else(|e| panic!("{path}: {e}")),
+        Err(_) => synth::model(&synth::smollm2_shape()),
+    };
+    let cm = CudaModel::load(b.clone(), &m).unwrap();
+    println!(
+        "model: {} layers, d {}, {} weight bytes per decode step, act={}",
+        cm.config().n_layer,
+        cm.config().d_model,
+        cm.decode_weight_bytes(),
+        b.activations().name()
+    );
+    for n in [1, 2, 4, 8, 16] {
+        let (solo, batched) = aggregate_tps(&cm, n, 32);
+        println!(
+            "n={n:>2}: one by one {solo:8.1} tok/s, batched {batched:8.1} tok/s ({:.2}x)",
+            batched / solo
+        );
+    }
+}
