@@ -4,24 +4,28 @@
 //! `auto` uses CUDA when a device answers the probe and the CPU otherwise; an explicit
 //! `cuda` without a device is an error, never a silent fallback.
 //!
-//! Plain greedy decoding on CUDA picks the token on the device (one id back per step, not
-//! the logits row); `FERRITE_CUDA_HOST_SAMPLING=1` turns that off (for comparisons).
-//! `FERRITE_CUDA_ACT=f32|int8|int8x2` chooses what the decode products read (see
-//! `ferrite_cuda::Activations`); the backend line reports both as `act=` and `greedy=`.
+//! On CUDA the token is picked on the device where that gives the host sampler's token
+//! exactly: plain greedy decoding (one id back per step, not the logits row), and greedy
+//! with log-probabilities or a top-k cut of at most `ferrite_cuda::TOPK_MAX` without
+//! penalties (the best candidates back, sampled by `Sampler::sample_candidates`); other
+//! settings copy the row back. `FERRITE_CUDA_HOST_SAMPLING=1` turns the device paths off
+//! (for comparisons). `FERRITE_CUDA_ACT=f32|int8|int8x2` chooses what the decode products
+//! read (see `ferrite_cuda::Activations`); the backend line reports both as `act=` and
+//! `sampling=`.
 
 use std::sync::Arc;
 
 use anyhow::Context;
-use ferrite_cuda::{CudaBackend, CudaError, CudaModel, CudaSession, DeviceInfo};
-use ferrite_engine::{GenerateError, SampleError, Sampled, Timeline};
+use ferrite_cuda::{CudaBackend, CudaError, CudaModel, CudaSession, DeviceInfo, TOPK_MAX};
+use ferrite_engine::{Candidates, GenerateError, SampleError, Sampled, Timeline};
 use ferrite_model::{Model, Session, SessionState};
 
-/// Set to `1`, CUDA greedy decoding copies the logits back and samples on the host.
+/// Set to `1`, CUDA decoding copies the logits back and samples on the host.
 const HOST_SAMPLING_ENV: &str = "FERRITE_CUDA_HOST_SAMPLING";
 
-/// Where CUDA greedy decoding picks its tokens: `device`, or `host` under
-/// `FERRITE_CUDA_HOST_SAMPLING=1`.
-pub fn greedy_where() -> &'static str {
+/// Where CUDA decoding picks its tokens when the settings allow it: `device`, or `host`
+/// under `FERRITE_CUDA_HOST_SAMPLING=1`.
+pub fn sampling_where() -> &'static str {
     if host_sampling() { "host" } else { "device" }
 }
 
@@ -174,6 +178,37 @@ impl Timeline for AnySession<'_> {
             token: g.token,
             logprob: g.logprob,
             top: Vec::new(),
+        }))
+    }
+
+    fn max_candidates(&self) -> usize {
+        match self {
+            AnySession::Cuda(_) if !host_sampling() => TOPK_MAX,
+            _ => 0,
+        }
+    }
+
+    fn eval_candidates(
+        &mut self,
+        tokens: &[u32],
+        k: usize,
+    ) -> Result<Option<Candidates>, GenerateError> {
+        if self.max_candidates() < k {
+            return Ok(None);
+        }
+        let AnySession::Cuda(c) = self else {
+            return Ok(None);
+        };
+        let t = c
+            .session
+            .eval_candidates(tokens, k)
+            .map_err(|e| GenerateError::Backend(e.to_string()))?;
+        c.logits.clear();
+        Ok(Some(Candidates {
+            best: t.best,
+            lse: t.lse,
+            first_nan: t.first_nan,
+            n_vocab: t.n_vocab,
         }))
     }
 }

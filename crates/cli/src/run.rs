@@ -203,9 +203,9 @@ impl Loaded {
             let act = cuda.model.backend().activations().name();
             return format!(
                 "backend=cuda device=\"{}\" cc={major}.{minor} graphs=on kv=f16 act={act} \
-                 greedy={}",
+                 sampling={}",
                 cuda.info.name,
-                crate::backend::greedy_where()
+                crate::backend::sampling_where()
             );
         }
         let kv = match self.kv {

@@ -102,6 +102,7 @@ const KERNELS: &[&str] = &[
     "moe_combine",
     "quantize_q8_f32",
     "argmax_f32",
+    "topk_f32",
     "matvec_i8_q4_1",
     "matvec3_i8_q4_1",
     "matvec_gated_i8_q4_1",

@@ -55,5 +55,5 @@ pub use device::{
 };
 pub use error::CudaError;
 pub use host::QuantizedAct;
-pub use model::{CudaBatch, CudaModel, CudaSession, Greedy};
+pub use model::{CudaBatch, CudaModel, CudaSession, Greedy, TOPK_MAX, TopCandidates};
 pub use ops::AttnShape;

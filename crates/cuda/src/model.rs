@@ -16,10 +16,12 @@ mod greedy;
 mod moe;
 mod prefill;
 mod state;
+mod topk;
 
 pub(crate) use batch::BATCH_KERNELS;
 pub use batch::CudaBatch;
 pub use greedy::Greedy;
+pub use topk::{TOPK_MAX, TopCandidates};
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -334,6 +336,8 @@ struct Buffers {
     logits: CudaSlice<f32>,
     /// `[token, first NaN or -1, log-probability bits]` of the device greedy choice.
     pick: CudaSlice<i32>,
+    /// The device top-k selection (`topk::out_len` words).
+    cand: CudaSlice<u32>,
     /// The input of the next product as int8 blocks (`act_q8_bytes` of the widest input,
     /// two planes).
     xq: CudaSlice<u8>,
@@ -417,6 +421,7 @@ impl<'m> CudaSession<'m> {
             part: s.alloc_zeros(c.n_head * splits * (c.head_dim + 2))?,
             logits: s.alloc_zeros(c.n_vocab)?,
             pick: s.alloc_zeros(3)?,
+            cand: s.alloc_zeros(topk::out_len(TOPK_MAX))?,
             xq: s.alloc_zeros(act_q8_bytes(c.d_model.max(c.q_dim()).max(c.d_ff), 2))?,
             moe: match &c.moe {
                 Some(cfg) => Some(moe::MoeBufs::new(&model.backend, c, cfg, 1)?),

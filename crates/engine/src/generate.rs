@@ -7,7 +7,7 @@
 
 use ferrite_model::{ModelError, Outputs, Session};
 
-use crate::sampler::{SampleError, Sampled, Sampler, StopReason};
+use crate::sampler::{Candidates, SampleError, Sampled, Sampler, StopReason};
 
 /// A timeline that [`generate`] can drive: appends tokens and returns the last one's logits.
 /// Implemented by the CPU [`Session`]; other backends implement it through a wrapper.
@@ -26,11 +26,29 @@ pub trait Timeline {
         let _ = tokens;
         Ok(None)
     }
+    /// Most candidates [`Timeline::eval_candidates`] can select (0, the default: none).
+    fn max_candidates(&self) -> usize {
+        0
+    }
+    /// Appends `tokens` and selects the `k` best logits of the last row where the logits
+    /// are made, with the row's log-sum-exp ([`Candidates`]); `None`, without evaluating
+    /// anything, when this timeline cannot. See [`eval_sample`].
+    fn eval_candidates(
+        &mut self,
+        tokens: &[u32],
+        k: usize,
+    ) -> Result<Option<Candidates>, GenerateError> {
+        let _ = (tokens, k);
+        Ok(None)
+    }
 }
 
 /// Appends `tokens` to `session` and samples the next token: on the timeline itself when
 /// the sampler is plain greedy ([`Sampler::is_plain_greedy`]) and the timeline offers
-/// [`Timeline::eval_greedy`], else from the host copy of the logits.
+/// [`Timeline::eval_greedy`]; else from the best candidates when the settings depend on no
+/// more of the row ([`Sampler::candidates_needed`]) and the timeline selects them
+/// ([`Timeline::eval_candidates`]); else from the host copy of the logits. All three give
+/// the same token.
 pub fn eval_sample<T: Timeline + ?Sized>(
     session: &mut T,
     sampler: &mut Sampler,
@@ -41,6 +59,11 @@ pub fn eval_sample<T: Timeline + ?Sized>(
         && let Some(s) = session.eval_greedy(tokens)?
     {
         return Ok(s);
+    }
+    if let Some(k) = sampler.candidates_needed(session.max_candidates())
+        && let Some(c) = session.eval_candidates(tokens, k)?
+    {
+        return Ok(sampler.sample_candidates(&c)?);
     }
     let row = session.eval_last(tokens)?;
     Ok(sampler.sample(row, history)?)
@@ -165,6 +188,9 @@ mod tests {
         row: Vec<f32>,
         own_greedy: bool,
         greedy_calls: usize,
+        /// Most candidates it selects itself (0: none).
+        own_candidates: usize,
+        candidate_calls: usize,
     }
 
     impl Timeline for Fake {
@@ -193,6 +219,19 @@ mod tests {
                 top: Vec::new(),
             }))
         }
+        fn max_candidates(&self) -> usize {
+            self.own_candidates
+        }
+        fn eval_candidates(
+            &mut self,
+            tokens: &[u32],
+            k: usize,
+        ) -> Result<Option<Candidates>, GenerateError> {
+            assert!(k <= self.own_candidates);
+            self.candidate_calls += 1;
+            let row = self.eval_last(tokens)?;
+            Ok(Some(Candidates::from_row(row, k)))
+        }
     }
 
     fn fake(own_greedy: bool) -> Fake {
@@ -201,6 +240,8 @@ mod tests {
             row: Vec::new(),
             own_greedy,
             greedy_calls: 0,
+            own_candidates: 0,
+            candidate_calls: 0,
         }
     }
 
@@ -243,6 +284,49 @@ mod tests {
             let mut t = fake(true);
             eval_sample(&mut t, &mut s, &[1], &[1]).unwrap();
             assert_eq!(t.greedy_calls, 0);
+        }
+    }
+
+    #[test]
+    fn top_k_sampling_goes_to_timeline_candidates_and_gives_the_host_token() {
+        let top_k = SamplerConfig {
+            temperature: 0.9,
+            top_k: 3,
+            seed: 5,
+            ..SamplerConfig::default()
+        };
+        let mut host = Sampler::new(top_k.clone()).unwrap();
+        let mut dev = Sampler::new(top_k).unwrap();
+        let mut h = fake(false);
+        let mut d = Fake {
+            own_candidates: 8,
+            ..fake(false)
+        };
+        for step in 0..20u32 {
+            let a = eval_sample(&mut h, &mut host, &[step], &[]).unwrap();
+            let b = eval_sample(&mut d, &mut dev, &[step], &[]).unwrap();
+            assert_eq!(a, b);
+        }
+        assert_eq!(d.candidate_calls, 20);
+        // No top-k cut, or a cut wider than the timeline selects: the host samples.
+        for cfg in [
+            SamplerConfig {
+                temperature: 0.9,
+                ..SamplerConfig::default()
+            },
+            SamplerConfig {
+                temperature: 0.9,
+                top_k: 9,
+                ..SamplerConfig::default()
+            },
+        ] {
+            let mut s = Sampler::new(cfg).unwrap();
+            let mut t = Fake {
+                own_candidates: 8,
+                ..fake(false)
+            };
+            eval_sample(&mut t, &mut s, &[1], &[]).unwrap();
+            assert_eq!(t.candidate_calls, 0);
         }
     }
 }

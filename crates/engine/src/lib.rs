@@ -21,8 +21,8 @@ pub mod score;
 
 pub use generate::{Finish, Flow, GenerateError, Generation, Timeline, eval_sample, generate};
 pub use sampler::{
-    SampleError, Sampled, Sampler, SamplerConfig, StopReason, find_stop_string, log_sum_exp,
-    partial_stop_len, raw_logprobs,
+    Candidates, SampleError, Sampled, Sampler, SamplerConfig, StopReason, find_stop_string,
+    log_sum_exp, partial_stop_len, raw_logprobs,
 };
 pub use score::{
     CaseScore, LogitsCase, LogitsSource, Perplexity, ScoreError, ScoreMode, ScoreSummary,

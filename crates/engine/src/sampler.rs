@@ -9,6 +9,9 @@
 
 use crate::rng::Rng;
 
+mod candidates;
+pub use candidates::Candidates;
+
 /// Sampling errors.
 #[derive(Debug, thiserror::Error, PartialEq)]
 #[non_exhaustive]
@@ -29,6 +32,18 @@ pub enum SampleError {
         name: &'static str,
         /// The rejected value.
         value: f64,
+    },
+    /// [`Sampler::sample_candidates`] was called for settings that need the full row
+    /// ([`Sampler::candidates_needed`] is `None`).
+    #[error("these sampler settings need the full logits row")]
+    CandidatesUnsupported,
+    /// A backend returned fewer candidates than the settings need.
+    #[error("{have} candidates given, {need} needed")]
+    TooFewCandidates {
+        /// Candidates given.
+        have: usize,
+        /// Candidates needed.
+        need: usize,
     },
 }
 

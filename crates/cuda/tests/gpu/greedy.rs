@@ -9,7 +9,7 @@ use ferrite_engine::{SampleError, Sampler, SamplerConfig};
 use crate::model::argmax;
 use crate::{backend, pseudo, synth};
 
-fn rows() -> Vec<(String, Vec<f32>)> {
+pub(crate) fn rows() -> Vec<(String, Vec<f32>)> {
     let mut v = Vec::new();
     for n in [1, 7, 301, 1024, 1025, 49152] {
         v.push((format!("random {n}"), pseudo(n, n as u64)));

@@ -13,6 +13,7 @@ mod kernels_i8;
 mod model;
 mod session;
 mod synth;
+mod topk;
 
 use std::sync::{Arc, OnceLock};
 

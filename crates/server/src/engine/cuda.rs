@@ -110,7 +110,7 @@ fn backend_line(b: &CudaBackend) -> String {
     let info = b.info();
     let (major, minor) = info.compute_capability;
     format!(
-        "backend=cuda device=\"{}\" cc={major}.{minor} graphs=on kv=f16 act={} greedy=host batch=device",
+        "backend=cuda device=\"{}\" cc={major}.{minor} graphs=on kv=f16 act={} sampling=host batch=device",
         info.name,
         b.activations().name()
     )
