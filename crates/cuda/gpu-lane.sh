@@ -12,4 +12,5 @@ export FERRITE_HOME=${FERRITE_HOME:-$HOME/.cache/ferrite}
 "$bin" --nocapture --test-threads 1
 if [[ ${2:-} == --bench ]]; then
     "$bin" --nocapture --ignored decode_speed_smollm2_shape
+    "$bin" --nocapture --ignored batch_decode_speed
 fi

@@ -9,8 +9,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::Context;
+use ferrite_cuda::CudaBackend;
 use ferrite_server::engine::prefix::PrefixCacheConfig;
-use ferrite_server::engine::{Engine, EngineConfig};
+use ferrite_server::engine::{Engine, EngineBackend, EngineConfig};
+
+use crate::backend::BackendArg;
 use ferrite_server::{AppState, ServerConfig, router};
 
 /// Arguments of `ferrite serve`.
@@ -57,9 +60,24 @@ pub struct ServeArgs {
     /// Disk budget of `--kv-disk-dir` in MiB; least recently used files are evicted.
     #[arg(long, default_value_t = 4096, requires = "kv_disk_dir")]
     kv_disk_space_mb: u64,
-    /// Memory budget in MiB of the prefix cache shared by all slots (0 = off).
+    /// Memory budget in MiB of the prefix cache shared by all slots (0 = off; the CPU
+    /// backend only).
     #[arg(long, default_value_t = 512)]
     kv_mem_space_mb: u64,
+    /// Compute backend: CUDA when a device answers (auto), or the one named; `cuda` without
+    /// a device is an error.
+    #[arg(long, value_enum, default_value = "auto")]
+    backend: BackendArg,
+}
+
+/// The engine backend `--backend` asks for: `auto` takes CUDA when the probe finds a device,
+/// `cuda` fails without one (never a silent fallback), as for `ferrite run`.
+fn engine_backend(arg: BackendArg) -> anyhow::Result<EngineBackend> {
+    Ok(match (arg, CudaBackend::probe()) {
+        (BackendArg::Cpu, _) | (BackendArg::Auto, Err(_)) => EngineBackend::Cpu,
+        (BackendArg::Cuda, Err(err)) => return Err(err).context("--backend cuda"),
+        (_, Ok(_)) => EngineBackend::Cuda,
+    })
 }
 
 fn read_key(path: &Path) -> anyhow::Result<String> {
@@ -111,15 +129,20 @@ pub fn run(args: ServeArgs) -> anyhow::Result<i32> {
         args.prefill_chunk >= 1,
         "--prefill-chunk must be at least 1"
     );
+    let backend = engine_backend(args.backend)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    runtime.block_on(serve(args, api_key))
+    runtime.block_on(serve(args, api_key, backend))
 }
 
-async fn serve(args: ServeArgs, api_key: Option<String>) -> anyhow::Result<i32> {
+async fn serve(
+    args: ServeArgs,
+    api_key: Option<String>,
+    backend: EngineBackend,
+) -> anyhow::Result<i32> {
     let state = AppState::new(ServerConfig {
         api_key,
         max_body_bytes: args.max_body_bytes,
@@ -159,7 +182,9 @@ async fn serve(args: ServeArgs, api_key: Option<String>) -> anyhow::Result<i32> 
             queue_limit: queue,
             prefill_chunk,
             prefix_cache,
+            backend,
         })?;
+        eprintln!("{}", engine.backend_line());
         eprintln!(
             "model {model_id} ready ({}; ctx {} x {parallel} slots, {threads} threads) in {} ms",
             path.display(),
@@ -225,6 +250,31 @@ mod tests {
         let (id, aliases) = model_names(path.to_str().unwrap(), path);
         assert_eq!(id, "smollm2-135m-instruct");
         assert!(aliases.contains(&"SmolLM2-135M-Instruct.Q4_1".to_string()));
+    }
+
+    #[test]
+    fn backend_flag_follows_run_semantics() {
+        assert_eq!(engine_backend(BackendArg::Cpu).unwrap(), EngineBackend::Cpu);
+        match CudaBackend::probe() {
+            Ok(_) => {
+                assert_eq!(
+                    engine_backend(BackendArg::Auto).unwrap(),
+                    EngineBackend::Cuda
+                );
+                assert_eq!(
+                    engine_backend(BackendArg::Cuda).unwrap(),
+                    EngineBackend::Cuda
+                );
+            }
+            Err(_) => {
+                assert_eq!(
+                    engine_backend(BackendArg::Auto).unwrap(),
+                    EngineBackend::Cpu
+                );
+                let err = format!("{:#}", engine_backend(BackendArg::Cuda).unwrap_err());
+                assert!(err.starts_with("--backend cuda: no CUDA device: "), "{err}");
+            }
+        }
     }
 
     #[test]

@@ -32,16 +32,17 @@ static __device__ __forceinline__ float dot_f16_row(const float* __restrict__ qs
     return s;
 }
 
-extern "C" __global__ void attn_f16(const float* __restrict__ q, const u16* __restrict__ kc,
-                                    const u16* __restrict__ vc, float* __restrict__ out,
-                                    float* __restrict__ part, int n_head, int n_kv_head,
-                                    int hd, const int* __restrict__ tp, int nq, int qt,
-                                    int window, float scale, int splits, int min_chunk) {
+// The work of block (g, tile, split) of attn_f16 (also run by batch.cu's battn_f16, one
+// session per grid row).
+static __device__ __forceinline__ void attn_f16_block(
+    const float* __restrict__ q, const u16* __restrict__ kc, const u16* __restrict__ vc,
+    float* __restrict__ out, float* __restrict__ part, int n_head, int n_kv_head, int hd,
+    const int* __restrict__ tp, int nq, int qt, int window, float scale, int splits,
+    int min_chunk, int g, int tile, int split) {
     extern __shared__ float4 sm4[];
     float* sm = (float*)sm4;
     int n_rep = n_head / n_kv_head;
-    int g = blockIdx.x;
-    int q0 = blockIdx.y * qt;
+    int q0 = tile * qt;
     int nqb = min(qt, nq - q0);
     int rows = nqb * n_rep;
     int cap = qt * n_rep;
@@ -57,10 +58,17 @@ extern "C" __global__ void attn_f16(const float* __restrict__ q, const u16* __re
     int lo = (window > 0 && first + 1 > window) ? first + 1 - window : 0;
     int hi = last + 1;
     int chunk = max((hi - lo + splits - 1) / splits, min_chunk);
-    int s_lo = lo + (int)blockIdx.z * chunk;
+    int s_lo = lo + split * chunk;
     int s_hi = min(hi, s_lo + chunk);
-    // A decode split past the visible keys: attn_combine does not read its partial.
-    if (nq == 1 && splits > 1 && s_lo >= s_hi) return;
+    // A decode split past the visible keys does no work; its partials are marked empty
+    // (attn_combine does not read them; battn_combine, which reads every split, skips them).
+    if (nq == 1 && splits > 1 && s_lo >= s_hi) {
+        for (int r = threadIdx.x; r < n_rep; r += blockDim.x) {
+            unsigned long long qh = (unsigned long long)g * n_rep + r;
+            part[(qh * splits + split) * (unsigned long long)(hd + 2) + hd] = FERRITE_NEG_INF;
+        }
+        return;
+    }
     for (int i = threadIdx.x; i < rows * hd; i += blockDim.x) {
         int row = i / hd, d = i - row * hd;
         int qi = row / n_rep, h = g * n_rep + (row - qi * n_rep);
@@ -116,7 +124,7 @@ extern "C" __global__ void attn_f16(const float* __restrict__ q, const u16* __re
         if (splits == 1) {
             out[qh * hd + d] = ls[row] > 0.0f ? acc[i] / ls[row] : 0.0f;
         } else {
-            float* pp = part + (qh * splits + blockIdx.z) * (unsigned long long)(hd + 2);
+            float* pp = part + (qh * splits + split) * (unsigned long long)(hd + 2);
             pp[d] = acc[i];
             if (d == 0) {
                 pp[hd] = ms[row];
@@ -126,25 +134,26 @@ extern "C" __global__ void attn_f16(const float* __restrict__ q, const u16* __re
     }
 }
 
-// Merges the partial results of attn_f16 for each (query, head): one block per pair,
-// threads over head_dim. With one query (decode) only the splits that hold keys at position
-// tp[1] are read (attn_f16's chunking: ceil(n / chunk) of them), so short contexts merge
-// one partial, not `splits`. With xq (one query, blockDim.x == hd, hd a multiple of 32;
-// null otherwise) the output is also quantized to int8 blocks there (q8_block, the
-// standalone quantizer's rounding).
-extern "C" __global__ void attn_combine(const float* __restrict__ part, float* __restrict__ out,
-                                        int hd, int splits, const int* __restrict__ tp,
-                                        int window, int min_chunk, int nq,
-                                        u8* __restrict__ xq, int planes) {
-    int ns = splits;
-    if (nq == 1) {
-        int pos = tp[1];
-        int lo = (window > 0 && pos + 1 > window) ? pos + 1 - window : 0;
-        int n = pos + 1 - lo;
-        int chunk = max((n + splits - 1) / splits, min_chunk);
-        ns = min(splits, (n + chunk - 1) / chunk);
-    }
-    const float* p = part + (unsigned long long)blockIdx.x * splits * (hd + 2);
+extern "C" __global__ void attn_f16(const float* __restrict__ q, const u16* __restrict__ kc,
+                                    const u16* __restrict__ vc, float* __restrict__ out,
+                                    float* __restrict__ part, int n_head, int n_kv_head,
+                                    int hd, const int* __restrict__ tp, int nq, int qt,
+                                    int window, float scale, int splits, int min_chunk) {
+    attn_f16_block(q, kc, vc, out, part, n_head, n_kv_head, hd, tp, nq, qt, window, scale,
+                   splits, min_chunk, blockIdx.x, blockIdx.y, blockIdx.z);
+}
+
+// Merges the first `ns` of the `splits` partial results of attn_f16 for (query, head) pair
+// `qh`, threads over head_dim; partials marked empty (max -inf) count for nothing. With xq
+// (blockDim.x == hd, hd a multiple of 32; null otherwise) the output is also quantized to
+// int8 blocks of the `n_out` outputs there (q8_block, the standalone quantizer's rounding).
+static __device__ __forceinline__ void attn_combine_pair(const float* __restrict__ part,
+                                                         float* __restrict__ out, int hd,
+                                                         int splits, int ns,
+                                                         unsigned long long qh,
+                                                         u8* __restrict__ xq, int planes,
+                                                         int n_out) {
+    const float* p = part + qh * splits * (hd + 2);
     float m = FERRITE_NEG_INF;
     for (int s = 0; s < ns; s++) m = fmaxf(m, p[s * (hd + 2) + hd]);
     float l = 0.0f;
@@ -160,7 +169,26 @@ extern "C" __global__ void attn_combine(const float* __restrict__ part, float* _
             if (ms != FERRITE_NEG_INF) a += p[s * (hd + 2) + d] * expf(ms - m);
         }
         float o = a * inv;
-        out[(unsigned long long)blockIdx.x * hd + d] = o;
-        if (xq) q8_block(o, xq, gridDim.x * hd, (blockIdx.x * hd + d) >> 5, planes);
+        out[qh * hd + d] = o;
+        if (xq) q8_block(o, xq, n_out, (int)((qh * hd + d) >> 5), planes);
     }
+}
+
+// attn_combine_pair over every (query, head) pair: one block per pair. With one query
+// (decode) only the splits that hold keys at position tp[1] are read (attn_f16's chunking:
+// ceil(n / chunk) of them), so short contexts merge one partial, not `splits`. xq: see
+// attn_combine_pair (one query only).
+extern "C" __global__ void attn_combine(const float* __restrict__ part, float* __restrict__ out,
+                                        int hd, int splits, const int* __restrict__ tp,
+                                        int window, int min_chunk, int nq,
+                                        u8* __restrict__ xq, int planes) {
+    int ns = splits;
+    if (nq == 1) {
+        int pos = tp[1];
+        int lo = (window > 0 && pos + 1 > window) ? pos + 1 - window : 0;
+        int n = pos + 1 - lo;
+        int chunk = max((n + splits - 1) / splits, min_chunk);
+        ns = min(splits, (n + chunk - 1) / chunk);
+    }
+    attn_combine_pair(part, out, hd, splits, ns, blockIdx.x, xq, planes, gridDim.x * hd);
 }

@@ -101,7 +101,8 @@ extern "C" __global__ void residual_norm_f32(float* x, float* o, const float* po
     }
 }
 
-// Rope of the query heads and key heads of token blockIdx.y at position tp[1] + blockIdx.y,
+// Rope of the query heads and key heads of token `tok` at position tp[1] + tok (the
+// kernels pass blockIdx.y),
 // plus the f16 store of its rotated keys and its values into that row of the caches, in one
 // launch. Threads 0..(nq+nk)*half rotate one pair each; threads 0..kv_dim also store one
 // value. q, k and v hold one row per token. With `factors` (Llama 3 rope scaling, head_dim/2
@@ -111,14 +112,14 @@ static __device__ __forceinline__ void rope_store(float* q, float* k, const floa
                                                   u16* kc, u16* vc, int n_head, int n_kv_head,
                                                   int head_dim, const int* __restrict__ tp,
                                                   float base, int half_split,
-                                                  const float* __restrict__ factors) {
-    int pos = tp[1] + blockIdx.y;
+                                                  const float* __restrict__ factors, int tok) {
+    int pos = tp[1] + tok;
     int half = head_dim / 2;
     int kv_dim = n_kv_head * head_dim;
     int t = blockIdx.x * blockDim.x + threadIdx.x;
-    q += (unsigned long long)blockIdx.y * n_head * head_dim;
-    k += (unsigned long long)blockIdx.y * kv_dim;
-    v += (unsigned long long)blockIdx.y * kv_dim;
+    q += (unsigned long long)tok * n_head * head_dim;
+    k += (unsigned long long)tok * kv_dim;
+    v += (unsigned long long)tok * kv_dim;
     unsigned long long row = (unsigned long long)pos * kv_dim;
     if (t < kv_dim) vc[row + t] = f2h(v[t]);
     if (t >= (n_head + n_kv_head) * half) return;
@@ -148,7 +149,8 @@ extern "C" __global__ void rope_store_f16(float* q, float* k, const float* __res
                                           u16* kc, u16* vc, int n_head, int n_kv_head,
                                           int head_dim, const int* __restrict__ tp, float base,
                                           int half_split) {
-    rope_store(q, k, v, kc, vc, n_head, n_kv_head, head_dim, tp, base, half_split, nullptr);
+    rope_store(q, k, v, kc, vc, n_head, n_kv_head, head_dim, tp, base, half_split, nullptr,
+               blockIdx.y);
 }
 
 // rope_store with Llama 3 frequency divisors.
@@ -157,7 +159,8 @@ extern "C" __global__ void rope_store_scaled_f16(float* q, float* k, const float
                                                  int head_dim, const int* __restrict__ tp,
                                                  float base, int half_split,
                                                  const float* __restrict__ factors) {
-    rope_store(q, k, v, kc, vc, n_head, n_kv_head, head_dim, tp, base, half_split, factors);
+    rope_store(q, k, v, kc, vc, n_head, n_kv_head, head_dim, tp, base, half_split, factors,
+               blockIdx.y);
 }
 
 // f32 activations rounded to f16 (the GEMM inputs of batched prefill).

@@ -10,7 +10,7 @@ use cudarc::nvrtc::{CompileOptions, Ptx, compile_ptx_with_opts};
 use crate::CudaError;
 
 /// Every kernel source, concatenated in this order into one NVRTC program.
-const SOURCES: [&str; 8] = [
+const SOURCES: [&str; 9] = [
     include_str!("../kernels/common.cuh"),
     include_str!("../kernels/matvec.cu"),
     include_str!("../kernels/matvec_i8.cu"),
@@ -19,6 +19,7 @@ const SOURCES: [&str; 8] = [
     include_str!("../kernels/attn_decode.cu"),
     include_str!("../kernels/moe.cu"),
     include_str!("../kernels/topk.cu"),
+    include_str!("../kernels/batch.cu"),
 ];
 
 /// The full program text.

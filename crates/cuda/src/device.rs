@@ -378,7 +378,7 @@ impl CudaBackend {
         let (ptx, compile) = kernels_ptx(maj * 10 + min, info.driver_version)?;
         let module = ctx.load_module(ptx)?;
         let mut funcs = BTreeMap::new();
-        for &name in KERNELS {
+        for &name in KERNELS.iter().chain(crate::model::BATCH_KERNELS) {
             funcs.insert(name, (module.load_function(name)?, AtomicU64::new(0)));
         }
         // SAFETY: every buffer and launch of this backend goes through the one stream made

@@ -26,7 +26,9 @@
 //! per product) or [`Activations::F32`], chosen by `FERRITE_CUDA_ACT` or
 //! [`CudaBackend::set_activations`]. [`CudaSession::eval_greedy`] picks the next token on the
 //! device (the CPU sampler's greedy rule) and copies back one id instead of the logits.
-//! [`CudaSession::export_state`] / [`CudaSession::import_state`] copy a session's tokens,
+//! [`CudaBatch::step`] advances several sessions by one token each in one forward pass
+//! (every weight read once for up to eight of them; each session's logits equal its
+//! single-session step's). [`CudaSession::export_state`] / [`CudaSession::import_state`] copy a session's tokens,
 //! f16 KV rows and next-token logits to and from a host [`ferrite_model::SessionState`]
 //! (what `ferrite-kvstore` writes to disk).
 //!
@@ -55,5 +57,5 @@ pub use device::{
 };
 pub use error::CudaError;
 pub use host::{AttnOutput, QuantizedAct};
-pub use model::{CudaModel, CudaSession, Greedy, TOPK_MAX, TopCandidates};
+pub use model::{CudaBatch, CudaModel, CudaSession, Greedy, TOPK_MAX, TopCandidates};
 pub use ops::AttnShape;

@@ -8,14 +8,18 @@
 //! A decode step is recorded once into a CUDA graph (the token and position live in device
 //! memory, so one graph serves every step) and replayed: one launch per token instead of ~8
 //! per layer. Several tokens at once go through batched prefill (`prefill.rs`: cuBLAS GEMMs
-//! over all of them); without cuBLAS they run as decode steps.
+//! over all of them); without cuBLAS they run as decode steps. Several sessions taking one
+//! token each share one pass through [`CudaBatch`] (`batch.rs`).
 
+mod batch;
 mod greedy;
 mod moe;
 mod prefill;
 mod state;
 mod topk;
 
+pub(crate) use batch::BATCH_KERNELS;
+pub use batch::CudaBatch;
 pub use greedy::Greedy;
 pub use topk::{TOPK_MAX, TopCandidates};
 

@@ -16,7 +16,7 @@ use crate::{CudaBackend, CudaError};
 /// Rows per block of the matvec kernels (one warp each).
 const MATVEC_ROWS_PER_BLOCK: usize = 4;
 /// Keys per tile of the attention kernel (ATT_TK in attention.cu).
-const ATT_TILE: usize = 32;
+pub(crate) const ATT_TILE: usize = 32;
 /// Most (query × head) rows one attention block holds.
 const ATT_MAX_ROWS: usize = 32;
 /// Most query values (rows × head_dim) one attention block holds in shared memory.
@@ -70,6 +70,12 @@ fn matvec_grid(rows: usize, nr: usize) -> LaunchConfig {
         block_dim: (32 * MATVEC_ROWS_PER_BLOCK as u32, 1, 1),
         shared_mem_bytes: 0,
     }
+}
+
+/// Warps sharing each row of the plain matvec of `w` (its `ks`). The batched products
+/// (model/batch.rs) split their sums the same way, so each column equals this product.
+pub(crate) fn matvec_split(w: &DeviceMatrix) -> usize {
+    warps_per_row(w.rows, rows_per_warp(w.rows, 4), w.cols >> unit_shift(w.ty))
 }
 
 /// Bytes of `n` activations as int8 blocks in `planes` planes: the planes, then an f32
@@ -163,7 +169,7 @@ impl CudaBackend {
         };
         let (rows, cols) = (w.rows as i32, w.cols as i32);
         let nr = rows_per_warp(w.rows, 4);
-        let ks = warps_per_row(w.rows, nr, w.cols >> unit_shift(w.ty));
+        let ks = matvec_split(w);
         let (nr32, ks32) = (nr as i32, ks as i32);
         let mut cfg = matvec_grid(w.rows, nr);
         cfg.grid_dim.0 = (w.rows.div_ceil(nr) * ks).div_ceil(MATVEC_ROWS_PER_BLOCK) as u32;

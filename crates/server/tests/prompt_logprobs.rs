@@ -6,7 +6,7 @@
 //! `skipped:` line when absent; a failure with FERRITE_TEST_MODELS=1).
 
 use ferrite_model::{KvType, LoadOptions, Model, Outputs, Session};
-use ferrite_server::engine::{Engine, EngineConfig};
+use ferrite_server::engine::{Engine, EngineBackend, EngineConfig};
 use ferrite_server::{Backend, GenEvent, GenRequest, SamplingParams, TokenLogprob};
 
 fn score(engine: &Engine, prompt: &[u32]) -> (usize, Vec<TokenLogprob>) {
@@ -51,6 +51,7 @@ fn engine_prompt_logprobs_match_a_full_forward_pass() {
         queue_limit: 4,
         prefill_chunk: 8,
         prefix_cache: Default::default(),
+        backend: EngineBackend::Cpu,
     })
     .expect("engine starts");
     let prompt = engine.tokenize(

@@ -3,9 +3,11 @@
 //! session state export/import (`session.rs`).
 //! With the variable set and no device the tests FAIL; without it each prints
 //! `skipped: FERRITE_TEST_CUDA not set`. `arch.rs` runs the tiny transformers models of
-//! fixtures/arch (q/k/v biases, Llama 3 rope factors, mixture of experts).
+//! fixtures/arch (q/k/v biases, Llama 3 rope factors, mixture of experts). `batch.rs` steps
+//! several sessions through `CudaBatch` against each stepped alone.
 
 mod arch;
+mod batch;
 mod decode;
 mod greedy;
 mod kernels;

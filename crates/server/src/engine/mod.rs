@@ -4,6 +4,7 @@
 //! Sessions borrow the model and the pool, so all three live on the engine thread's stack;
 //! the HTTP side shares only the tokenizer (for tokenize/render) and the occupancy counters.
 
+mod cuda;
 mod model;
 pub mod prefix;
 pub mod scheduler;
@@ -21,6 +22,18 @@ use crate::backend::{
     Backend, BackendError, ChatPrompt, EngineStats, GenEvent, GenRequest, SubmitError,
 };
 use scheduler::{Counters, Job};
+
+/// Where the engine runs the model.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum EngineBackend {
+    /// CPU sessions on a thread pool, batched through `ferrite_model::Batch`.
+    #[default]
+    Cpu,
+    /// CUDA sessions on device 0, batched through `ferrite_cuda::CudaBatch` (no prefix
+    /// cache yet).
+    Cuda,
+}
 
 /// How to start an [`Engine`].
 #[derive(Clone, Debug)]
@@ -41,8 +54,10 @@ pub struct EngineConfig {
     pub queue_limit: usize,
     /// Most prompt tokens evaluated per scheduler step, over all slots.
     pub prefill_chunk: usize,
-    /// The prefix cache shared by all slots (memory and optionally disk).
+    /// The prefix cache shared by all slots (memory and optionally disk; CPU only).
     pub prefix_cache: prefix::PrefixCacheConfig,
+    /// Where the model runs.
+    pub backend: EngineBackend,
 }
 
 /// Why the engine could not start.
@@ -67,6 +82,7 @@ pub enum EngineError {
 pub struct Engine {
     config: EngineConfig,
     n_ctx: usize,
+    backend_line: String,
     tokenizer: Arc<Tokenizer>,
     template: Option<ChatTemplate>,
     bos_text: Option<String>,
@@ -80,6 +96,12 @@ impl Engine {
     /// The context length actually used per slot.
     pub fn n_ctx(&self) -> usize {
         self.n_ctx
+    }
+
+    /// What runs the model, as `ferrite run` reports it (`backend=cpu threads=…` or
+    /// `backend=cuda device=…`).
+    pub fn backend_line(&self) -> &str {
+        &self.backend_line
     }
 
     /// Occupancy: the same figures `/metrics` shows.

@@ -1,5 +1,6 @@
 //! The engine thread over the real model: load, build the tokenizer, create one session per
-//! slot, then run the scheduler until the [`super::Engine`] handle is dropped.
+//! slot, then run the scheduler until the [`super::Engine`] handle is dropped. With
+//! [`EngineBackend::Cuda`] the sessions live on the GPU (`cuda.rs`).
 
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, SyncSender, channel, sync_channel};
@@ -13,7 +14,7 @@ use super::prefix::{CacheStats, PrefixCache};
 use super::scheduler::{
     BatchEval, Counters, Job, Limits, Picked, Picker, Runtime, Scheduler, Sequence,
 };
-use super::{Engine, EngineConfig, EngineError};
+use super::{Engine, EngineBackend, EngineConfig, EngineError};
 use crate::backend::GenRequest;
 
 impl Sequence for Session<'_> {
@@ -86,9 +87,19 @@ impl Picker for RequestSampler {
 }
 
 /// Sampling and decoding over the model's tokenizer.
-struct ModelRuntime<'t> {
+pub(super) struct ModelRuntime<'t> {
     tokenizer: &'t Tokenizer,
     eog: Vec<u32>,
+}
+
+impl<'t> ModelRuntime<'t> {
+    /// The runtime of `tokenizer`'s model.
+    pub(super) fn new(tokenizer: &'t Tokenizer) -> ModelRuntime<'t> {
+        ModelRuntime {
+            eog: eog_ids(tokenizer),
+            tokenizer,
+        }
+    }
 }
 
 impl Runtime for ModelRuntime<'_> {
@@ -145,7 +156,9 @@ fn eog_ids(tok: &Tokenizer) -> Vec<u32> {
     ids
 }
 
-type Ready = Result<(Arc<Tokenizer>, usize), EngineError>;
+/// What the engine thread reports once loaded: the tokenizer, the context per slot and
+/// the backend line.
+pub(super) type Ready = Result<(Arc<Tokenizer>, usize, String), EngineError>;
 
 fn engine_thread(
     cfg: EngineConfig,
@@ -171,18 +184,21 @@ fn engine_thread(
             return;
         }
     };
+    let ctx_train = model.config().ctx_train;
+    let n_ctx = if ctx_train > 0 {
+        cfg.n_ctx.min(ctx_train)
+    } else {
+        cfg.n_ctx
+    };
+    if cfg.backend == EngineBackend::Cuda {
+        return super::cuda::run(&cfg, &model, &tokenizer, n_ctx, ready, &jobs, counters);
+    }
     let pool = match ThreadPool::new(cfg.threads.max(1)) {
         Ok(p) => p,
         Err(e) => {
             let _ = ready.send(Err(EngineError::Thread(e.to_string())));
             return;
         }
-    };
-    let ctx_train = model.config().ctx_train;
-    let n_ctx = if ctx_train > 0 {
-        cfg.n_ctx.min(ctx_train)
-    } else {
-        cfg.n_ctx
     };
     let sessions: Result<Vec<Session<'_>>, _> = (0..cfg.parallel)
         .map(|_| Session::new(&model, &pool, n_ctx, KvType::F16))
@@ -202,13 +218,15 @@ fn engine_thread(
             return;
         }
     };
-    if ready.send(Ok((tokenizer.clone(), n_ctx))).is_err() {
+    let line = format!(
+        "backend=cpu threads={} simd={} kv=f16",
+        pool.n_threads(),
+        ferrite_quant::simd_level()
+    );
+    if ready.send(Ok((tokenizer.clone(), n_ctx, line))).is_err() {
         return;
     }
-    let rt = ModelRuntime {
-        eog: eog_ids(&tokenizer),
-        tokenizer: &tokenizer,
-    };
+    let rt = ModelRuntime::new(&tokenizer);
     let limits = Limits {
         n_ctx,
         prefill_chunk: cfg.prefill_chunk,
@@ -280,7 +298,7 @@ impl Engine {
                 engine_thread(thread_cfg, ready_tx, jobs_rx, thread_counters, thread_stats)
             })
             .map_err(|e| EngineError::Thread(e.to_string()))?;
-        let (tokenizer, n_ctx) = ready_rx
+        let (tokenizer, n_ctx, backend_line) = ready_rx
             .recv()
             .map_err(|_| EngineError::Thread("the engine thread died while loading".into()))??;
         let template = tokenizer.chat_template_renderer().ok();
@@ -291,6 +309,7 @@ impl Engine {
         Ok(Engine {
             config: cfg,
             n_ctx,
+            backend_line,
             tokenizer,
             template,
             bos_text,
