@@ -133,34 +133,13 @@ impl CudaBackend {
         }
         let ntot = i32::try_from(n * w.cols)
             .map_err(|_| CudaError::InvalidArgument("batch activations too large".into()))?;
-        let (rows, cols, ks32) = (w.rows as i32, w.cols as i32, ks as i32);
+        let ks32 = ks as i32;
         let cfg = LaunchConfig {
             grid_dim: ((w.rows * ks).div_ceil(4) as u32, 1, 1),
             block_dim: (128, 1, 1),
             shared_mem_bytes: 0,
         };
-        for c0 in (0..n).step_by(BMV_COLS) {
-            let (c0_32, nc32) = (c0 as i32, (n - c0).min(BMV_COLS) as i32);
-            let mut b = self.kernel(name)?;
-            b.arg(&w.data);
-            match q {
-                Some(q) => b.arg(q.buf),
-                None => b.arg(x),
-            };
-            b.arg(y)
-                .arg(&rows)
-                .arg(&cols)
-                .arg(&w.row_bytes)
-                .arg(&ks32)
-                .arg(&c0_32)
-                .arg(&nc32)
-                .arg(&ntot);
-            // SAFETY: reads rows × row_bytes bytes of w (checked at upload), n × cols values
-            // of x or their int8 blocks (callers size xq for n × cols; x checked above) and
-            // writes n × rows values of y (checked above).
-            unsafe { b.launch(cfg) }?;
-        }
-        Ok(())
+        self.launch_columns(name, cfg, &[w], x, q, y, ks32, n, ntot)
     }
 
     /// `y[c] = act(Wg · x[c]) · (Wu · x[c])` for `n` columns: one kernel when the two
@@ -192,7 +171,6 @@ impl CudaBackend {
         }
         let ntot = i32::try_from(n * wg.cols)
             .map_err(|_| CudaError::InvalidArgument("batch activations too large".into()))?;
-        let (rows, cols) = (wg.rows as i32, wg.cols as i32);
         let a = match act {
             Activation::Silu => 0i32,
             Activation::GeluTanh => 1,
@@ -202,10 +180,39 @@ impl CudaBackend {
             block_dim: (128, 1, 1),
             shared_mem_bytes: 0,
         };
+        self.launch_columns(name, cfg, &[wg, wu], x, q, y, a, n, ntot)
+    }
+
+    /// Launches the batched product `name` over `n` columns, at most [`BMV_COLS`] per
+    /// launch. Its arguments: the weights' data, x or its int8 blocks `q`, y, the first
+    /// matrix's rows, columns and row bytes, the kernel's own `extra` (key splits, or the
+    /// activation), the launch's first column and count, and `ntot` (n × cols). The callers
+    /// check the buffers against `n` and give matrices of one shape.
+    #[allow(clippy::too_many_arguments)]
+    fn launch_columns(
+        &self,
+        name: &str,
+        cfg: LaunchConfig,
+        weights: &[&DeviceMatrix],
+        x: &CudaSlice<f32>,
+        q: Option<ActQ<'_>>,
+        y: &CudaSlice<f32>,
+        extra: i32,
+        n: usize,
+        ntot: i32,
+    ) -> Result<(), CudaError> {
+        let Some(w) = weights.first() else {
+            return Err(CudaError::InvalidArgument(
+                "batched product of no matrix".into(),
+            ));
+        };
+        let (rows, cols) = (w.rows as i32, w.cols as i32);
         for c0 in (0..n).step_by(BMV_COLS) {
             let (c0_32, nc32) = (c0 as i32, (n - c0).min(BMV_COLS) as i32);
             let mut b = self.kernel(name)?;
-            b.arg(&wg.data).arg(&wu.data);
+            for m in weights {
+                b.arg(&m.data);
+            }
             match q {
                 Some(q) => b.arg(q.buf),
                 None => b.arg(x),
@@ -213,14 +220,14 @@ impl CudaBackend {
             b.arg(y)
                 .arg(&rows)
                 .arg(&cols)
-                .arg(&wg.row_bytes)
-                .arg(&a)
+                .arg(&w.row_bytes)
+                .arg(&extra)
                 .arg(&c0_32)
                 .arg(&nc32)
                 .arg(&ntot);
-            // SAFETY: both matrices have rows × row_bytes bytes (same shape, checked at
-            // upload); x (or its int8 blocks) holds n × cols values and y n × rows (checked
-            // above; callers size xq).
+            // SAFETY: every matrix has rows × row_bytes bytes (one shape, checked at upload
+            // and by the callers); x (or its int8 blocks) holds n × cols values and y
+            // n × rows (checked by the callers, which size xq for n × cols).
             unsafe { b.launch(cfg) }?;
         }
         Ok(())
