@@ -510,6 +510,29 @@ fn serve_rejects_bad_flags_and_models() {
     }
 }
 
+/// `serve --backend cuda` fails clearly before loading anything when no device answers
+/// (never a panic, never a silent CPU fallback); with a device it gets as far as the model,
+/// which does not exist here.
+#[test]
+fn serve_on_cuda_without_a_device_fails_clearly() {
+    let out = common::run(&[
+        "serve",
+        "--backend",
+        "cuda",
+        "-m",
+        "/nonexistent/model.gguf",
+        "--port",
+        "0",
+    ]);
+    let text = common::text(&out);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains("--backend cuda: no CUDA device: ") || text.contains("loading the model"),
+        "{text}"
+    );
+    assert!(!text.contains("panicked"), "{text}");
+}
+
 /// Read the data rows of a `bench serve` CSV receipt as column → value maps.
 fn bench_rows(csv: &str) -> Vec<std::collections::HashMap<String, f64>> {
     let mut lines = csv.lines().filter(|l| !l.starts_with('#'));
