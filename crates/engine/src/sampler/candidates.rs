@@ -117,23 +117,17 @@ impl Sampler {
 mod tests {
     use super::*;
     use crate::SamplerConfig;
-
-    fn xorshift(state: &mut u64) -> u64 {
-        *state ^= *state << 13;
-        *state ^= *state >> 7;
-        *state ^= *state << 17;
-        *state
-    }
+    use ferrite_testkit::XorShift;
 
     /// A row with ties, signed zeros and a spread of magnitudes.
     fn row(seed: u64, n: usize) -> Vec<f32> {
-        let mut s = seed | 1;
+        let mut rng = XorShift(seed | 1);
         (0..n)
-            .map(|_| match xorshift(&mut s) % 10 {
+            .map(|_| match rng.below(10) {
                 0 => 1.5,
                 1 => -0.0,
                 2 => 0.0,
-                _ => (xorshift(&mut s) % 20_000) as f32 / 1000.0 - 10.0,
+                _ => rng.below(20_000) as f32 / 1000.0 - 10.0,
             })
             .collect()
     }
