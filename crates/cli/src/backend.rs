@@ -29,8 +29,10 @@ pub fn sampling_where() -> &'static str {
     if host_sampling() { "host" } else { "device" }
 }
 
+/// Read once: the decode loop asks every token.
 fn host_sampling() -> bool {
-    std::env::var_os(HOST_SAMPLING_ENV).is_some_and(|v| v == "1")
+    static HOST: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HOST.get_or_init(|| std::env::var_os(HOST_SAMPLING_ENV).is_some_and(|v| v == "1"))
 }
 
 /// `--backend` on the command line.
