@@ -148,7 +148,6 @@ impl CudaBackend {
     /// [`CudaBackend::gated_matvec_host`] through the int8-activation kernel; also returns
     /// the quantized x.
     #[allow(clippy::too_many_arguments)]
-    #[allow(clippy::too_many_arguments)]
     pub fn gated_matvec_i8_host(
         &self,
         act: Activation,
