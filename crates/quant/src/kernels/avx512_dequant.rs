@@ -23,7 +23,7 @@ use ferrite_gguf::GgmlType;
 #[path = "avx512_lut.rs"]
 mod lut;
 use lut::{
-    byte_lanes, codes16, five_bit, splat_f16_pair, table_affine, table_kaffine, table_scaled,
+    byte_lanes, codes16, lookup_q5, splat_f16_pair, table_affine, table_kaffine, table_scaled,
 };
 
 /// Prefetch distance of the fused multi-column kernel, and of the single-column one for

@@ -76,9 +76,24 @@ pub(super) fn byte_lanes(b: __m128i) -> __m512i {
 /// above are cleared: `vpermt2ps` reads five), with bit 4 of lane j from bit j of `qh`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-pub(super) fn five_bit(nib: __m512i, qh: u16) -> __m512i {
+fn five_bit(nib: __m512i, qh: u16) -> __m512i {
     let n = _mm512_and_si512(nib, _mm512_set1_epi32(0x0f));
     _mm512_mask_or_epi32(n, qh, n, _mm512_set1_epi32(16))
+}
+
+/// The 32 values of a Q5 block picked from its two 16-entry tables (`t0` for codes 0..16,
+/// `t1` for 16..32): the 5-bit codes from the nibbles of `qs` and the bits of `qh`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+pub(super) fn lookup_q5(t0: __m512, t1: __m512, qs: __m128i, qh: [u8; 4]) -> [__m512; 2] {
+    let qh = u32::from_le_bytes(qh);
+    let x = byte_lanes(qs);
+    let lo = five_bit(x, qh as u16);
+    let hi = five_bit(_mm512_srli_epi32::<4>(x), (qh >> 16) as u16);
+    [
+        _mm512_permutex2var_ps(t0, lo, t1),
+        _mm512_permutex2var_ps(t0, hi, t1),
+    ]
 }
 
 /// Table decoder of one `BlockQ4_0` (`d * (c - 8)`) into `[__m512; 2]`.
@@ -130,12 +145,7 @@ macro_rules! lut_q5_0 {
             table_scaled(codes16(-16.0), d),
             table_scaled(codes16(0.0), d),
         );
-        let qh = u32::from_le_bytes(b.qh);
-        let x = byte_lanes(load16(&b.qs, 0));
-        let lo = five_bit(x, qh as u16);
-        let hi = five_bit(_mm512_srli_epi32::<4>(x), (qh >> 16) as u16);
-        v[0] = _mm512_permutex2var_ps(t0, lo, t1);
-        v[1] = _mm512_permutex2var_ps(t0, hi, t1);
+        *v = lookup_q5(t0, t1, load16(&b.qs, 0), b.qh);
     }};
 }
 
@@ -149,12 +159,7 @@ macro_rules! lut_q5_1 {
             table_affine(codes16(0.0), d, m),
             table_affine(codes16(16.0), d, m),
         );
-        let qh = u32::from_le_bytes(b.qh);
-        let x = byte_lanes(load16(&b.qs, 0));
-        let lo = five_bit(x, qh as u16);
-        let hi = five_bit(_mm512_srli_epi32::<4>(x), (qh >> 16) as u16);
-        v[0] = _mm512_permutex2var_ps(t0, lo, t1);
-        v[1] = _mm512_permutex2var_ps(t0, hi, t1);
+        *v = lookup_q5(t0, t1, load16(&b.qs, 0), b.qh);
     }};
 }
 
