@@ -183,24 +183,17 @@ impl Timeline for AnySession<'_> {
         }))
     }
 
-    fn max_candidates(&self) -> usize {
-        match self {
-            AnySession::Cuda(_) if !host_sampling() => TOPK_MAX,
-            _ => 0,
-        }
-    }
-
     fn eval_candidates(
         &mut self,
         tokens: &[u32],
         k: usize,
     ) -> Result<Option<Candidates>, GenerateError> {
-        if self.max_candidates() < k {
-            return Ok(None);
-        }
         let AnySession::Cuda(c) = self else {
             return Ok(None);
         };
+        if k > TOPK_MAX || host_sampling() {
+            return Ok(None);
+        }
         let t = c
             .session
             .eval_candidates(tokens, k)

@@ -26,13 +26,10 @@ pub trait Timeline {
         let _ = tokens;
         Ok(None)
     }
-    /// Most candidates [`Timeline::eval_candidates`] can select (0, the default: none).
-    fn max_candidates(&self) -> usize {
-        0
-    }
     /// Appends `tokens` and selects the `k` best logits of the last row where the logits
     /// are made, with the row's log-sum-exp ([`Candidates`]); `None`, without evaluating
-    /// anything, when this timeline cannot. See [`eval_sample`].
+    /// anything, when this timeline cannot (the default) or not that many. See
+    /// [`eval_sample`].
     fn eval_candidates(
         &mut self,
         tokens: &[u32],
@@ -60,7 +57,7 @@ pub fn eval_sample<T: Timeline + ?Sized>(
     {
         return Ok(s);
     }
-    if let Some(k) = sampler.candidates_needed(session.max_candidates())
+    if let Some(k) = sampler.candidates_needed()
         && let Some(c) = session.eval_candidates(tokens, k)?
     {
         return Ok(sampler.sample_candidates(&c)?);
@@ -219,15 +216,14 @@ mod tests {
                 top: Vec::new(),
             }))
         }
-        fn max_candidates(&self) -> usize {
-            self.own_candidates
-        }
         fn eval_candidates(
             &mut self,
             tokens: &[u32],
             k: usize,
         ) -> Result<Option<Candidates>, GenerateError> {
-            assert!(k <= self.own_candidates);
+            if k > self.own_candidates {
+                return Ok(None);
+            }
             self.candidate_calls += 1;
             let row = self.eval_last(tokens)?;
             Ok(Some(Candidates::from_row(row, k)))

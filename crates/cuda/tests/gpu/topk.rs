@@ -82,7 +82,7 @@ fn top_k_sampling_on_the_device_picks_the_host_tokens() {
         dev.truncate(0);
         let mut hs = Sampler::new(cfg.clone()).unwrap();
         let mut ds = Sampler::new(cfg.clone()).unwrap();
-        let need = ds.candidates_needed(TOPK_MAX).unwrap();
+        let need = ds.candidates_needed().unwrap();
         let prompt: Vec<u32> = (0..9).map(|i| (i * 41 + 3) % 301).collect();
         let (mut th, mut td) = (prompt.clone(), prompt);
         for step in 0..24 {

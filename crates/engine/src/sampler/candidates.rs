@@ -55,21 +55,19 @@ impl Candidates {
 
 impl Sampler {
     /// How many best candidates [`Sampler::sample_candidates`] needs to give exactly what
-    /// [`Sampler::sample`] gives, if at most `max` can be had; `None` when the full row is
-    /// needed (a penalty, or sampling with no top-k cut of at most `max`).
-    pub fn candidates_needed(&self, max: usize) -> Option<usize> {
+    /// [`Sampler::sample`] gives; `None` when the full row is needed (a penalty, or
+    /// sampling with no top-k cut).
+    pub fn candidates_needed(&self) -> Option<usize> {
         let c = &self.cfg;
         if self.penalizes() {
-            return None;
-        }
-        let need = if c.temperature <= 0.0 {
-            c.n_logprobs.max(1)
+            None
+        } else if c.temperature <= 0.0 {
+            Some(c.n_logprobs.max(1))
         } else if c.top_k > 0 {
-            c.top_k.max(c.n_logprobs)
+            Some(c.top_k.max(c.n_logprobs))
         } else {
-            return None;
-        };
-        (need <= max).then_some(need)
+            None
+        }
     }
 
     /// Samples from `cand` as [`Sampler::sample`] would from the full row, for a
@@ -79,7 +77,7 @@ impl Sampler {
         if let Some(index) = cand.first_nan {
             return Err(SampleError::NanLogit { index });
         }
-        let Some(need) = self.candidates_needed(usize::MAX) else {
+        let Some(need) = self.candidates_needed() else {
             return Err(SampleError::CandidatesUnsupported);
         };
         let have = cand.best.len();
@@ -172,7 +170,7 @@ mod tests {
         for cfg in configs() {
             let mut full = Sampler::new(cfg.clone()).unwrap();
             let mut part = Sampler::new(cfg.clone()).unwrap();
-            let need = part.candidates_needed(256).expect("offered");
+            let need = part.candidates_needed().expect("offered");
             for step in 0..60 {
                 let logits = row(step * 31 + 5, 300 + step as usize * 7);
                 let a = full.sample(&logits, &[]).unwrap();
@@ -213,25 +211,24 @@ mod tests {
     fn only_exact_configurations_are_offered() {
         let s = |cfg: SamplerConfig| Sampler::new(cfg).unwrap();
         let greedy = SamplerConfig::default();
-        assert_eq!(s(greedy.clone()).candidates_needed(64), Some(1));
+        assert_eq!(s(greedy.clone()).candidates_needed(), Some(1));
         let penalized = SamplerConfig {
             frequency_penalty: 0.5,
             ..greedy.clone()
         };
-        assert_eq!(s(penalized).candidates_needed(64), None);
+        assert_eq!(s(penalized).candidates_needed(), None);
         let no_cut = SamplerConfig {
             temperature: 1.0,
             top_p: 0.9,
             ..greedy.clone()
         };
-        assert_eq!(s(no_cut).candidates_needed(64), None);
+        assert_eq!(s(no_cut).candidates_needed(), None);
         let wide = SamplerConfig {
             temperature: 1.0,
             top_k: 100,
             ..greedy.clone()
         };
-        assert_eq!(s(wide.clone()).candidates_needed(64), None);
-        assert_eq!(s(wide).candidates_needed(128), Some(100));
+        assert_eq!(s(wide).candidates_needed(), Some(100));
         let mut short = s(SamplerConfig {
             temperature: 1.0,
             top_k: 10,
