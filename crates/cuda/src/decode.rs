@@ -1,7 +1,8 @@
 //! Launches specialised for the single-token decode step: split attention that merges its
-//! splits and quantizes its output in the same launch (`kernels/attn_decode.cu`). Shapes the
-//! kernel does not cover fall back to the general attention kernel plus separate merge and
-//! quantize launches, so callers need not care.
+//! splits and quantizes its output in the same launch (`kernels/attn_decode.cu`), for one
+//! session here and for a batch of sessions in `model/batch.rs`. Shapes the kernel does not
+//! cover fall back to the general attention kernel plus separate merge and quantize
+//! launches, so callers need not care.
 
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
@@ -10,51 +11,42 @@ use crate::{AttnShape, CudaBackend, CudaError};
 
 /// Warps per block of the decode attention kernel (ATTD_WARPS).
 const ATTD_WARPS: usize = 4;
-/// Most query heads per KV head the decode attention kernel takes (ATTD_MAX_REP).
-const ATTD_MAX_REP: usize = 8;
+/// Threads per block of the decode attention kernels.
+pub(crate) const ATTD_THREADS: u32 = 32 * ATTD_WARPS as u32;
 /// Fewest keys per split (ATTD_MIN_KEYS: one 32-key tile per warp).
 const ATTD_MIN_KEYS: usize = 32 * ATTD_WARPS;
-/// Blocks the decode attention aims for over all KV heads at long contexts.
+/// Blocks the decode attention aims for over all query heads at long contexts.
 const ATTD_BLOCKS_WANTED: usize = 1024;
-/// Most key splits per KV head (ATTD_MAX_SPLITS).
-const ATTD_MAX_SPLITS: usize = 128;
+/// Most key splits per query head (ATTD_MAX_SPLITS).
+pub(crate) const ATTD_MAX_SPLITS: usize = 128;
 
-/// The decode attention kernel for a shape, if it covers it (head_dim 64, 128 or 256, at
-/// most ATTD_MAX_REP query heads per KV head).
-fn decode_kernel(shape: &AttnShape) -> Option<&'static str> {
-    if shape.n_head / shape.n_kv_head > ATTD_MAX_REP {
-        return None;
-    }
+/// The decode attention kernels for a shape, one session's and a batch's, if they cover it
+/// (head_dim 64, 128 or 256).
+pub(crate) fn decode_kernel(shape: &AttnShape) -> Option<(&'static str, &'static str)> {
     match shape.head_dim {
-        64 => Some("attn_decode_f16_64"),
-        128 => Some("attn_decode_f16_128"),
-        256 => Some("attn_decode_f16_256"),
+        64 => Some(("attn_decode_f16_64", "battn_decode_f16_64")),
+        128 => Some(("attn_decode_f16_128", "battn_decode_f16_128")),
+        256 => Some(("attn_decode_f16_256", "battn_decode_f16_256")),
         _ => None,
     }
 }
 
-/// Positions from which a decode step uses the split-merging attention kernel: measured on
-/// the H200 (receipt cuda-2026-11-29-4), it loses to the general kernel and its merge launch
-/// at 512 positions and wins at 4096 (8B and SmolLM2 shapes; crossover near 2100-2500).
-pub const DECODE_KERNEL_FROM: usize = 2048;
-
 /// Key splits of decode attention for a cache of `ctx` positions: up to
-/// ATTD_BLOCKS_WANTED blocks over the KV heads, each split at least ATTD_MIN_KEYS keys of
-/// the context (the kernel uses fewer at shorter positions).
-pub(crate) fn decode_splits(n_kv_head: usize, ctx: usize) -> usize {
-    (ATTD_BLOCKS_WANTED / n_kv_head.max(1))
+/// ATTD_BLOCKS_WANTED blocks over the query heads, each split at least ATTD_MIN_KEYS keys
+/// of the context (the kernel uses fewer at shorter positions).
+pub(crate) fn decode_splits(n_head: usize, ctx: usize) -> usize {
+    (ATTD_BLOCKS_WANTED / n_head.max(1))
         .clamp(1, ATTD_MAX_SPLITS)
         .min(ctx.div_ceil(ATTD_MIN_KEYS))
 }
 
 impl CudaBackend {
     /// Attention of one query (`q`: n_head × head_dim values, at position `tp[1]`) over cache
-    /// rows up to its own, into `out`, keys split over up to `splits` blocks per KV head
-    /// (partials in `part`: n_head × splits × (head_dim + 2) values; `cnt`: n_kv_head
-    /// counters, zero between launches). With `split_merge` (and a shape it covers), by the
-    /// kernel that merges its splits itself, which wins at long contexts; else by the
-    /// general kernel and a merge launch, which win at short ones. With `xq`, the output is
-    /// also quantized to int8 blocks there (see [`CudaBackend::quantize_act`]).
+    /// rows up to its own, into `out`, keys split over up to `splits` blocks per query head
+    /// (partials in `part`: n_head × splits × (head_dim + 2) values; `cnt`: n_head
+    /// counters, zero between launches), by the kernel that merges its splits itself where
+    /// it covers the shape, else by the general kernel and a merge launch. With `xq`, the
+    /// output is also quantized to int8 blocks there (see [`CudaBackend::quantize_act`]).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn decode_attention(
         &self,
@@ -67,12 +59,11 @@ impl CudaBackend {
         cnt: &CudaSlice<u32>,
         tp: &CudaSlice<i32>,
         splits: usize,
-        split_merge: bool,
         xq: Option<ActQ<'_>>,
     ) -> Result<(), CudaError> {
         let hd = shape.head_dim;
         let qdim = shape.n_head * hd;
-        let Some(name) = decode_kernel(shape).filter(|_| split_merge) else {
+        let Some((name, _)) = decode_kernel(shape) else {
             return self.attention_q(shape, q, kc, vc, out, part, tp, 1, splits, xq);
         };
         if splits == 0
@@ -80,7 +71,7 @@ impl CudaBackend {
             || q.len() < qdim
             || out.len() < qdim
             || part.len() < shape.n_head * splits * (hd + 2)
-            || cnt.len() < shape.n_kv_head
+            || cnt.len() < shape.n_head
             || kc.len() != vc.len()
         {
             return Err(CudaError::InvalidArgument(format!(
@@ -96,8 +87,8 @@ impl CudaBackend {
             )));
         }
         let cfg = LaunchConfig {
-            grid_dim: (shape.n_kv_head as u32, splits as u32, 1),
-            block_dim: (32 * ATTD_WARPS as u32, 1, 1),
+            grid_dim: (shape.n_head as u32, splits as u32, 1),
+            block_dim: (ATTD_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
         let (nh, nkv, sp) = (shape.n_head as i32, shape.n_kv_head as i32, splits as i32);
@@ -119,7 +110,7 @@ impl CudaBackend {
             .arg(&sp);
         // SAFETY: reads one query row and cache rows up to tp[1] (callers keep that below the
         // cache's rows), writes n_head × head_dim values of out, at most n_head × splits ×
-        // (head_dim + 2) partials, n_kv_head counters (left at zero) and, with xq (a null
+        // (head_dim + 2) partials, n_head counters (left at zero) and, with xq (a null
         // pointer otherwise, which the kernel tests), act_q8_bytes(qdim, planes) bytes; all
         // checked above.
         unsafe { b.launch(cfg) }?;
@@ -133,21 +124,27 @@ mod tests {
 
     #[test]
     fn splits_fill_the_device_and_keep_a_tile_per_warp() {
-        assert_eq!(decode_splits(8, 4096 + 512), 36);
-        assert_eq!(decode_splits(8, 1 << 20), 128);
+        assert_eq!(decode_splits(32, 4096 + 512), 32);
+        assert_eq!(decode_splits(9, 4096 + 512), 36);
+        assert_eq!(decode_splits(9, 1 << 20), 113);
         assert_eq!(decode_splits(3, 16), 1);
         assert_eq!(decode_splits(3, 1 << 20), 128);
-        assert_eq!(decode_splits(32, 1 << 20), 32);
+        assert_eq!(decode_splits(64, 1 << 20), 16);
         assert_eq!(decode_splits(0, 1), 1);
     }
 
     #[test]
     fn the_decode_kernel_covers_the_common_head_sizes() {
         let s = |nh, nkv, hd| AttnShape::new(nh, nkv, hd, 1.0, None).unwrap();
-        assert_eq!(decode_kernel(&s(32, 8, 128)), Some("attn_decode_f16_128"));
-        assert_eq!(decode_kernel(&s(9, 3, 64)), Some("attn_decode_f16_64"));
-        assert_eq!(decode_kernel(&s(4, 1, 256)), Some("attn_decode_f16_256"));
-        assert_eq!(decode_kernel(&s(16, 1, 64)), None);
-        assert_eq!(decode_kernel(&s(2, 2, 32)), None);
+        let name = |nh, nkv, hd| decode_kernel(&s(nh, nkv, hd)).map(|k| k.0);
+        assert_eq!(name(32, 8, 128), Some("attn_decode_f16_128"));
+        assert_eq!(name(9, 3, 64), Some("attn_decode_f16_64"));
+        assert_eq!(name(4, 1, 256), Some("attn_decode_f16_256"));
+        assert_eq!(name(16, 1, 64), Some("attn_decode_f16_64"));
+        assert_eq!(name(2, 2, 32), None);
+        assert_eq!(
+            decode_kernel(&s(32, 8, 128)).map(|k| k.1),
+            Some("battn_decode_f16_128")
+        );
     }
 }

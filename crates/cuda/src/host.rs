@@ -7,6 +7,7 @@ use ferrite_model::Activation;
 use ferrite_model::ops::RopeStyle;
 
 use crate::device::i8_kernels;
+use crate::model::ARGMAX_PICK_WORDS;
 use crate::ops::{ActQ, act_q8_bytes};
 use crate::{AttnShape, CudaBackend, CudaError, Greedy};
 
@@ -79,7 +80,7 @@ impl CudaBackend {
     /// The device greedy choice over `logits` (the decode path's `argmax_f32`).
     pub fn argmax_host(&self, logits: &[f32]) -> Result<Greedy, CudaError> {
         let x = self.stream.clone_htod(logits)?;
-        let pick = self.stream.alloc_zeros::<i32>(3)?;
+        let pick = self.stream.alloc_zeros::<i32>(ARGMAX_PICK_WORDS)?;
         self.argmax(&x, &pick)
     }
 
@@ -383,10 +384,10 @@ impl CudaBackend {
 
     /// Decode attention of one query (`q`: n_head × head_dim values) at the last of the
     /// positions of `k` and `v` (row-major `[pos][kv_dim]`, stored through the f16 cache
-    /// kernel), keys split over up to `splits` blocks per KV head, the output also quantized
-    /// to int8 in `planes` planes when `planes > 0`; with `split_merge`, by the kernel that
-    /// merges its splits itself. Launched `runs` times on the same buffers (the split
-    /// counters must come back to zero); returns each run's output.
+    /// kernel), keys split over up to `splits` blocks per query head, the output also
+    /// quantized to int8 in `planes` planes when `planes > 0`, as a decode step runs it.
+    /// Launched `runs` times on the same buffers (the split counters must come back to
+    /// zero); returns each run's output.
     #[allow(clippy::too_many_arguments)]
     pub fn decode_attention_host(
         &self,
@@ -395,7 +396,6 @@ impl CudaBackend {
         k: &[f32],
         v: &[f32],
         splits: usize,
-        split_merge: bool,
         planes: usize,
         runs: usize,
     ) -> Result<Vec<AttnOutput>, CudaError> {
@@ -414,7 +414,7 @@ impl CudaBackend {
         let part = self
             .stream
             .alloc_zeros::<f32>(shape.n_head * splits.max(1) * (shape.head_dim + 2))?;
-        let cnt = self.stream.alloc_zeros::<u32>(shape.n_kv_head)?;
+        let cnt = self.stream.alloc_zeros::<u32>(shape.n_head)?;
         let mut buf = self
             .stream
             .alloc_zeros::<u8>(act_q8_bytes(qdim, planes.max(1)))?;
@@ -425,19 +425,7 @@ impl CudaBackend {
             self.stream.memset_zeros(&mut out)?;
             self.stream.memset_zeros(&mut buf)?;
             let xq = (planes > 0).then_some(ActQ { buf: &buf, planes });
-            self.decode_attention(
-                shape,
-                &qd,
-                &kc,
-                &vc,
-                &out,
-                &part,
-                &cnt,
-                &tp,
-                splits,
-                split_merge,
-                xq,
-            )?;
+            self.decode_attention(shape, &qd, &kc, &vc, &out, &part, &cnt, &tp, splits, xq)?;
             let q8 = match planes {
                 1.. => Some(QuantizedAct::from_device(
                     &self.stream.clone_dtoh(&buf)?,

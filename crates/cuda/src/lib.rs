@@ -51,7 +51,6 @@ mod model;
 mod ops;
 
 pub use compile::CompileReport;
-pub use decode::DECODE_KERNEL_FROM;
 pub use device::{
     ACT_ENV, Activations, CudaBackend, DEFAULT_ACTIVATIONS, DeviceInfo, kernel_suffix,
 };

@@ -20,6 +20,7 @@ mod topk;
 
 pub(crate) use batch::BATCH_KERNELS;
 pub use batch::CudaBatch;
+pub(crate) use greedy::ARGMAX_PICK_WORDS;
 pub use greedy::Greedy;
 pub use topk::{TOPK_MAX, TopCandidates};
 
@@ -32,8 +33,8 @@ use ferrite_gguf::Gguf;
 use ferrite_model::{Model, ModelConfig, MoeConfig};
 
 use crate::arch_ops::MOE_MAX_EXPERTS;
-use crate::decode::{DECODE_KERNEL_FROM, decode_splits};
-use crate::ops::{ActQ, DeviceMatrix, act_q8_bytes};
+use crate::decode::decode_splits;
+use crate::ops::{ActQ, DeviceMatrix, RESIDUAL_NORM_MAX_DIM, act_q8_bytes};
 use crate::{Activations, AttnShape, CudaBackend, CudaError};
 
 /// The FFN of one block.
@@ -180,7 +181,10 @@ fn upload_vector(
 /// does not implement, if any: a model that loads must compute what the CPU backend
 /// computes. (Biases, Llama 3 rope factors and expert layers are implemented; the CPU
 /// loader already refuses what neither backend implements, such as shared experts.)
-fn unsupported_feature(moe: Option<&MoeConfig>) -> Option<&'static str> {
+fn unsupported_feature(d_model: usize, moe: Option<&MoeConfig>) -> Option<&'static str> {
+    if d_model > RESIDUAL_NORM_MAX_DIM {
+        return Some("a residual width above 8192");
+    }
     match moe {
         Some(m) if m.n_expert > MOE_MAX_EXPERTS => Some("more than 4096 experts per layer"),
         _ => None,
@@ -194,7 +198,7 @@ impl CudaModel {
     pub fn load(backend: Arc<CudaBackend>, model: &Model) -> Result<CudaModel, CudaError> {
         let start = Instant::now();
         let c = model.config().clone();
-        if let Some(feature) = unsupported_feature(c.moe.as_ref()) {
+        if let Some(feature) = unsupported_feature(c.d_model, c.moe.as_ref()) {
             return Err(CudaError::UnsupportedFeature(feature));
         }
         let g = model.gguf();
@@ -357,11 +361,9 @@ pub struct CudaSession<'m> {
     buf: Buffers,
     /// `[token, position]` of the step being run, read by the kernels.
     tp: CudaSlice<i32>,
-    /// The captured decode steps, made at first use, and the activations each was recorded
-    /// with: before and from `decode_kernel_from` positions (the attention kernel differs).
-    graphs: [Option<(StepGraph, Activations)>; 2],
-    /// Positions from which decode attention uses the split-merging kernel.
-    decode_kernel_from: usize,
+    /// The captured decode step, made at first use, and the activations it was recorded
+    /// with.
+    graph: Option<(StepGraph, Activations)>,
     /// Key splits of decode attention.
     splits: usize,
     /// Buffers of batched prefill, made at the first prompt of several tokens.
@@ -386,10 +388,7 @@ impl std::fmt::Debug for CudaSession<'_> {
         f.debug_struct("CudaSession")
             .field("ctx", &self.ctx)
             .field("n_past", &self.n_past)
-            .field(
-                "graphs",
-                &self.graphs.iter().filter(|g| g.is_some()).count(),
-            )
+            .field("graph", &self.graph.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -402,7 +401,7 @@ impl<'m> CudaSession<'m> {
         }
         let c = &model.config;
         let s = &model.backend.stream;
-        let splits = decode_splits(c.n_kv_head, ctx);
+        let splits = decode_splits(c.n_head, ctx);
         let mut kv = Vec::with_capacity(c.n_layer);
         for _ in 0..c.n_layer {
             kv.push((
@@ -421,9 +420,9 @@ impl<'m> CudaSession<'m> {
             gate: s.alloc_zeros(c.d_ff)?,
             up: s.alloc_zeros(c.d_ff)?,
             part: s.alloc_zeros(c.n_head * splits * (c.head_dim + 2))?,
-            att_cnt: s.alloc_zeros(c.n_kv_head.max(1))?,
+            att_cnt: s.alloc_zeros(c.n_head.max(1))?,
             logits: s.alloc_zeros(c.n_vocab)?,
-            pick: s.alloc_zeros(3)?,
+            pick: s.alloc_zeros(ARGMAX_PICK_WORDS)?,
             cand: s.alloc_zeros(topk::out_len(TOPK_MAX))?,
             xq: s.alloc_zeros(act_q8_bytes(c.d_model.max(c.q_dim()).max(c.d_ff), 2))?,
             moe: match &c.moe {
@@ -438,20 +437,12 @@ impl<'m> CudaSession<'m> {
             kv,
             buf,
             tp: s.alloc_zeros(2)?,
-            graphs: [None, None],
-            decode_kernel_from: DECODE_KERNEL_FROM,
+            graph: None,
             splits,
             prefill: None,
             history: Vec::new(),
             has_logits: false,
         })
-    }
-
-    /// Makes decode steps at positions `>= pos` use the split-merging attention kernel
-    /// (default [`DECODE_KERNEL_FROM`]); both kernels compute the same attention, so this
-    /// changes speed only (tests use it to run both on short contexts).
-    pub fn set_decode_kernel_from(&mut self, pos: usize) {
-        self.decode_kernel_from = pos;
     }
 
     /// Tokens in the cache.
@@ -541,13 +532,11 @@ impl<'m> CudaSession<'m> {
         let tp = [token as i32, self.n_past as i32];
         b.stream.memcpy_htod(&tp[..], &mut self.tp)?;
         let act = self.activations();
-        let long = self.n_past >= self.decode_kernel_from;
-        let slot = usize::from(long);
-        if self.graphs[slot].as_ref().is_none_or(|(_, a)| *a != act) {
-            self.graphs[slot] = None;
-            self.graphs[slot] = Some((StepGraph(self.capture(act, long)?), act));
+        if self.graph.as_ref().is_none_or(|(_, a)| *a != act) {
+            self.graph = None;
+            self.graph = Some((StepGraph(self.capture(act)?), act));
         }
-        if let Some((StepGraph(g), _)) = &self.graphs[slot] {
+        if let Some((StepGraph(g), _)) = &self.graph {
             g.launch()?;
             b.count_graph_step();
         }
@@ -576,13 +565,12 @@ impl<'m> CudaSession<'m> {
         })
     }
 
-    /// Records one decode step into a CUDA graph (`long`: with the split-merging attention
-    /// kernel).
-    fn capture(&self, act: Activations, long: bool) -> Result<CudaGraph, CudaError> {
+    /// Records one decode step into a CUDA graph.
+    fn capture(&self, act: Activations) -> Result<CudaGraph, CudaError> {
         let s = &self.model.backend.stream;
         // Thread-local mode: other threads' unrelated CUDA calls stay legal meanwhile.
         s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
-        let recorded = self.record_step(act, long);
+        let recorded = self.record_step(act);
         let graph = s.end_capture(CUgraphInstantiate_flags(0));
         recorded?;
         graph?.ok_or_else(|| CudaError::InvalidArgument("graph capture recorded nothing".into()))
@@ -593,7 +581,7 @@ impl<'m> CudaSession<'m> {
     /// With int8 activations, each product input is also quantized into `buf.xq` (by the
     /// norm that writes it, or right after attention and the gated FFN input) and read from
     /// there.
-    fn record_step(&self, act: Activations, long: bool) -> Result<(), CudaError> {
+    fn record_step(&self, act: Activations) -> Result<(), CudaError> {
         let m = self.model;
         let c = &m.config;
         let b = &*m.backend;
@@ -644,7 +632,6 @@ impl<'m> CudaSession<'m> {
                 &u.att_cnt,
                 tp,
                 self.splits,
-                long,
                 xq,
             )?;
             b.matvec(&lw.wo, &u.att, xq, &u.o)?;
@@ -709,15 +696,17 @@ mod tests {
     }
 
     #[test]
-    fn only_routing_beyond_the_kernel_is_refused() {
+    fn only_shapes_beyond_the_kernels_are_refused() {
         let moe = |n_expert| MoeConfig {
             n_expert,
             n_expert_used: 2,
             norm_topk: true,
         };
-        assert_eq!(unsupported_feature(None), None);
-        assert_eq!(unsupported_feature(Some(&moe(128))), None);
-        assert_eq!(unsupported_feature(Some(&moe(MOE_MAX_EXPERTS))), None);
-        assert!(unsupported_feature(Some(&moe(MOE_MAX_EXPERTS + 1))).is_some());
+        assert_eq!(unsupported_feature(4096, None), None);
+        assert_eq!(unsupported_feature(4096, Some(&moe(128))), None);
+        assert_eq!(unsupported_feature(4096, Some(&moe(MOE_MAX_EXPERTS))), None);
+        assert!(unsupported_feature(4096, Some(&moe(MOE_MAX_EXPERTS + 1))).is_some());
+        assert_eq!(unsupported_feature(RESIDUAL_NORM_MAX_DIM, None), None);
+        assert!(unsupported_feature(RESIDUAL_NORM_MAX_DIM + 32, None).is_some());
     }
 }

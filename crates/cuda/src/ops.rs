@@ -43,6 +43,9 @@ fn rows_per_warp(rows: usize, max: usize) -> usize {
     }
 }
 
+/// Widest row of `residual_norm_f32`: RN_PER_THREAD values for each of its 1024 threads.
+pub(crate) const RESIDUAL_NORM_MAX_DIM: usize = 8 * 1024;
+
 /// Warps in flight the plain matvec aims for (132 SMs × 32).
 const MATVEC_WARPS_WANTED: usize = 4224;
 
@@ -330,6 +333,11 @@ impl CudaBackend {
         eps: f32,
     ) -> Result<(), CudaError> {
         let dim = next_w.len() as i32;
+        if next_w.len() > RESIDUAL_NORM_MAX_DIM {
+            return Err(CudaError::InvalidArgument(format!(
+                "residual_norm rows of {dim} values (at most {RESIDUAL_NORM_MAX_DIM})"
+            )));
+        }
         if [x.len(), o.len(), xn.len()]
             .iter()
             .any(|&l| l < rows * next_w.len())

@@ -22,6 +22,7 @@ use ferrite_model::Activation;
 use ferrite_model::ops::RopeStyle;
 
 use super::{CudaModel, CudaSession, DeviceFfn, StepGraph};
+use crate::decode::{ATTD_MAX_SPLITS, ATTD_THREADS, decode_kernel};
 use crate::device::{grid_1d, weight_kernels};
 use crate::ops::{ATT_TILE, ActQ, DeviceMatrix, act_q8_bytes, matvec_split};
 use crate::{Activations, AttnShape, CudaBackend, CudaError};
@@ -29,7 +30,7 @@ use crate::{Activations, AttnShape, CudaBackend, CudaError};
 /// Columns one batched product launch takes (BMV_COLS in batch.cu).
 const BMV_COLS: usize = 8;
 /// Most key splits of decode attention (`decode_splits` clamps to it).
-const MAX_SPLITS: usize = 64;
+const MAX_SPLITS: usize = ATTD_MAX_SPLITS;
 
 /// The batched kernels, loaded with the others by [`CudaBackend::new`].
 pub(crate) const BATCH_KERNELS: &[&str] = &[
@@ -66,6 +67,9 @@ pub(crate) const BATCH_KERNELS: &[&str] = &[
     "brope_store_f16",
     "battn_f16",
     "battn_combine",
+    "battn_decode_f16_64",
+    "battn_decode_f16_128",
+    "battn_decode_f16_256",
 ];
 
 /// The batched product and gated kernels of a weight type over f32 activations, or over
@@ -247,6 +251,9 @@ struct BatchBufs {
     gate: CudaSlice<f32>,
     up: CudaSlice<f32>,
     part: CudaSlice<f32>,
+    /// Split counters of the decode attention kernel: n_head per session, zero between
+    /// launches.
+    att_cnt: CudaSlice<u32>,
     logits: CudaSlice<f32>,
     xq: CudaSlice<u8>,
     /// Session s's new token at `tokens[s]`.
@@ -303,6 +310,7 @@ impl<'m> CudaBatch<'m> {
             gate: s.alloc_zeros(cap * c.d_ff)?,
             up: s.alloc_zeros(cap * c.d_ff)?,
             part: s.alloc_zeros(cap * c.n_head * MAX_SPLITS * (c.head_dim + 2))?,
+            att_cnt: s.alloc_zeros(cap * c.n_head.max(1))?,
             logits: s.alloc_zeros(cap * c.n_vocab)?,
             xq: s.alloc_zeros(act_q8_bytes(cap * widest, 2))?,
             tokens: s.alloc_zeros(cap)?,
@@ -486,8 +494,9 @@ impl<'m> CudaBatch<'m> {
             let kt = u.kvt.slice(2 * l * self.cap..(2 * l + 1) * self.cap);
             let vt = u.kvt.slice((2 * l + 1) * self.cap..(2 * l + 2) * self.cap);
             self.rope_store(n, &shape, &kt, &vt, lc.rope_base)?;
-            self.attention(n, max_splits, &shape, &kt, &vt)?;
-            quantize(&u.att, c.q_dim())?;
+            if !self.attention(n, max_splits, &shape, &kt, &vt, xq)? {
+                quantize(&u.att, c.q_dim())?;
+            }
             b.bmv(&lw.wo, &u.att, xq, &u.o, n, matvec_split(&lw.wo))?;
             if let Some(ob) = &lw.out_bias {
                 b.add_bias(&u.o, ob, n)?;
@@ -579,7 +588,10 @@ impl<'m> CudaBatch<'m> {
     }
 
     /// Decode attention of every session over its own caches with its own key splits,
-    /// into `buf.att` (partials in `buf.part`, `max_splits` per head and session).
+    /// into `buf.att` (partials in `buf.part`, up to `max_splits` per head and session).
+    /// Where the decode attention kernel covers the shape, each session runs exactly what
+    /// it runs alone (`CudaBackend::decode_attention`) and its output is also quantized
+    /// into `xq` when given; returns whether that happened (else the caller quantizes).
     fn attention(
         &self,
         n: usize,
@@ -587,7 +599,8 @@ impl<'m> CudaBatch<'m> {
         shape: &AttnShape,
         kt: &cudarc::driver::CudaView<'_, u64>,
         vt: &cudarc::driver::CudaView<'_, u64>,
-    ) -> Result<(), CudaError> {
+        xq: Option<ActQ<'_>>,
+    ) -> Result<bool, CudaError> {
         let b = &*self.model.backend;
         let u = &self.buf;
         let hd = shape.head_dim;
@@ -596,6 +609,48 @@ impl<'m> CudaBatch<'m> {
             return Err(CudaError::InvalidArgument(format!(
                 "{max_splits} attention splits"
             )));
+        }
+        if let Some((_, name)) = decode_kernel(shape) {
+            let cfg = LaunchConfig {
+                grid_dim: (shape.n_head as u32, max_splits as u32, n as u32),
+                block_dim: (ATTD_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let (nh, nkv, ms) = (
+                shape.n_head as i32,
+                shape.n_kv_head as i32,
+                MAX_SPLITS as i32,
+            );
+            let win = shape.window.map_or(0, |w| w.min(i32::MAX as usize) as i32);
+            let planes = xq.map_or(0, |x| x.planes as i32);
+            let null = 0u64;
+            let mut l = b.kernel(name)?;
+            l.arg(&u.q)
+                .arg(kt)
+                .arg(vt)
+                .arg(&u.att)
+                .arg(&u.part)
+                .arg(&u.att_cnt);
+            match xq {
+                Some(x) => l.arg(x.buf),
+                None => l.arg(&null),
+            };
+            l.arg(&planes)
+                .arg(&nh)
+                .arg(&nkv)
+                .arg(&u.tps)
+                .arg(&u.splits)
+                .arg(&ms)
+                .arg(&win)
+                .arg(&shape.scale);
+            // SAFETY: session s < n reads its query column, its caches up to its position
+            // (checked against its context in `step`), writes its output column, at most
+            // n_head × splits[s] ≤ n_head × MAX_SPLITS partials in its region of `part`,
+            // its n_head counters (left at zero) and, with xq (sized for cap ≥ n columns of
+            // the widest input; a null pointer otherwise, which the kernel tests), its
+            // int8 column.
+            unsafe { l.launch(cfg) }?;
+            return Ok(xq.is_some());
         }
         let smem = (2 * n_rep * hd + n_rep * ATT_TILE + 3 * n_rep) * 4;
         let cfg = LaunchConfig {
@@ -641,7 +696,7 @@ impl<'m> CudaBatch<'m> {
         // SAFETY: reads the partials written above and writes head_dim values per (head,
         // session) of `att`, both inside the buffers sized for cap ≥ n sessions.
         unsafe { l.launch(cfg) }?;
-        Ok(())
+        Ok(false)
     }
 }
 

@@ -9,6 +9,13 @@ use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use super::CudaSession;
 use crate::{CudaBackend, CudaError};
 
+/// Blocks of the greedy kernel: each takes a slice of the row, the last to finish combines.
+const ARGMAX_BLOCKS: usize = 64;
+
+/// Words of the greedy kernel's `pick` buffer: the three results, the arrival counter and an
+/// 8-word record per block (argmax_f32 in ops.cu).
+pub(crate) const ARGMAX_PICK_WORDS: usize = 4 + 8 * ARGMAX_BLOCKS;
+
 /// The device's greedy choice after a step.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Greedy {
@@ -30,7 +37,8 @@ impl CudaSession<'_> {
 }
 
 impl CudaBackend {
-    /// The greedy choice over all of `logits`, through `pick` (3 values).
+    /// The greedy choice over all of `logits`, through `pick` (ARGMAX_PICK_WORDS values, the
+    /// counter among them zero between launches).
     pub(crate) fn argmax(
         &self,
         logits: &CudaSlice<f32>,
@@ -38,19 +46,23 @@ impl CudaBackend {
     ) -> Result<Greedy, CudaError> {
         let n = i32::try_from(logits.len())
             .map_err(|_| CudaError::InvalidArgument("logits row too long".into()))?;
-        if n == 0 || pick.len() < 3 {
-            return Err(CudaError::InvalidArgument("empty logits row".into()));
+        if n == 0 || pick.len() < ARGMAX_PICK_WORDS {
+            return Err(CudaError::InvalidArgument(
+                "empty logits row or short pick buffer".into(),
+            ));
         }
         let cfg = LaunchConfig {
-            grid_dim: (1, 1, 1),
-            block_dim: (1024, 1, 1),
+            grid_dim: (ARGMAX_BLOCKS as u32, 1, 1),
+            block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
         let mut l = self.kernel("argmax_f32")?;
         l.arg(logits).arg(&n).arg(pick);
-        // SAFETY: reads the n values of `logits` and writes 3 values of `pick` (checked).
+        // SAFETY: reads the n values of `logits` and writes the first ARGMAX_PICK_WORDS values
+        // of `pick` (checked), leaving its counter at zero.
         unsafe { l.launch(cfg) }?;
-        let out = self.stream.clone_dtoh(pick)?;
+        let mut out = [0i32; 3];
+        self.stream.memcpy_dtoh(&pick.slice(..3), &mut out)?;
         let (token, nan, bits) = (out[0], out[1], out[2]);
         Ok(Greedy {
             token: u32::try_from(token).unwrap_or(0),
