@@ -12,13 +12,18 @@
 //! (for comparisons). `FERRITE_CUDA_ACT=f32|int8|int8x2` chooses what the decode products
 //! read (see `ferrite_cuda::Activations`); the backend line reports both as `act=` and
 //! `sampling=`.
+//!
+//! [`ScoreSession`] lets `ferrite score` read logits from either backend; on CUDA only the
+//! last position's row exists, which is all the decode mode of the scorer asks for.
 
 use std::sync::Arc;
 
 use anyhow::Context;
 use ferrite_cuda::{CudaBackend, CudaError, CudaModel, CudaSession, DeviceInfo, TOPK_MAX};
-use ferrite_engine::{Candidates, GenerateError, SampleError, Sampled, Timeline};
-use ferrite_model::{Model, Session, SessionState};
+use ferrite_engine::{
+    Candidates, GenerateError, LogitsSource, SampleError, Sampled, ScoreError, Timeline,
+};
+use ferrite_model::{Model, ModelError, Session, SessionState};
 
 /// Set to `1`, CUDA decoding copies the logits back and samples on the host.
 const HOST_SAMPLING_ENV: &str = "FERRITE_CUDA_HOST_SAMPLING";
@@ -205,5 +210,48 @@ impl Timeline for AnySession<'_> {
             first_nan: t.first_nan,
             n_vocab: t.n_vocab,
         }))
+    }
+}
+
+/// An [`AnySession`] as the scorer's [`LogitsSource`].
+///
+/// The CUDA session returns the logits of the last position only, so it serves calls that
+/// ask for exactly that row (`from == tokens.len() - 1`: every call of
+/// `ScoreMode::Decode`) and refuses the others rather than return a wrong number of rows.
+pub struct ScoreSession<'m> {
+    /// The session.
+    pub session: AnySession<'m>,
+    /// Values per logits row (the CUDA session does not expose its model's configuration).
+    pub n_vocab: usize,
+}
+
+impl LogitsSource for ScoreSession<'_> {
+    fn n_vocab(&self) -> usize {
+        self.n_vocab
+    }
+
+    fn reset(&mut self) {
+        self.session.reset();
+    }
+
+    fn eval(&mut self, tokens: &[u32], from: usize) -> Result<&[f32], ScoreError> {
+        match &mut self.session {
+            AnySession::Cpu(s) => LogitsSource::eval(s.as_mut(), tokens, from),
+            AnySession::Cuda(c) => {
+                if from + 1 != tokens.len() {
+                    return Err(ModelError::InvalidArgument(format!(
+                        "the CUDA backend returns only the last position's logits, but rows \
+                         {from}.. of {} tokens were asked for; score with --mode decode",
+                        tokens.len()
+                    ))
+                    .into());
+                }
+                c.logits = c.session.eval(tokens).map_err(|e| match e {
+                    CudaError::Model(m) => m,
+                    other => ModelError::InvalidArgument(format!("CUDA backend: {other}")),
+                })?;
+                Ok(&c.logits)
+            }
+        }
     }
 }

@@ -3,6 +3,10 @@
 //! The procedures are the fixtures' own (fixtures/reference/README.md) and live in
 //! `ferrite-engine::score`; this module only loads, prints per-case lines and the final
 //! `summary:` / `perplexity:` line that scripts read.
+//!
+//! A fixture in `--mode decode` runs on the chosen backend (`auto`: CUDA when a device is
+//! present); `--mode prefill` and `--text` need the logits of every position and run on the
+//! CPU, so `--backend cuda` with them is an error.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -10,7 +14,7 @@ use std::path::PathBuf;
 use anyhow::{Context, bail};
 use ferrite_engine::score::{self, ScoreMode};
 
-use crate::backend::BackendArg;
+use crate::backend::{BackendArg, ScoreSession};
 use crate::run::{Loaded, ModelArgs};
 
 /// Teacher-forcing mode on the command line.
@@ -43,11 +47,19 @@ pub struct ScoreArgs {
 
 /// Run `ferrite score`.
 pub fn run(mut args: ScoreArgs) -> anyhow::Result<i32> {
-    // Scoring needs the logits of many positions per call, which only the CPU backend returns.
-    match args.model.backend {
-        BackendArg::Cuda => bail!("ferrite score runs on the CPU backend only; pass --backend cpu"),
-        BackendArg::Auto => args.model.backend = BackendArg::Cpu,
-        BackendArg::Cpu => {}
+    // Prefill scoring and perplexity need the logits of many positions per call, which only
+    // the CPU backend returns; decode scoring needs the last position's only, which CUDA has.
+    let one_row_per_call = args.fixture.is_some() && matches!(args.mode, ModeArg::Decode);
+    if !one_row_per_call {
+        match args.model.backend {
+            BackendArg::Cuda => bail!(
+                "the CUDA backend returns only the last position's logits, so it scores a \
+                 --fixture with --mode decode only; --mode prefill and --text run on the CPU \
+                 (pass --backend cpu)"
+            ),
+            BackendArg::Auto => args.model.backend = BackendArg::Cpu,
+            BackendArg::Cpu => {}
+        }
     }
     match (&args.fixture, &args.text) {
         (Some(fixture), None) => score_fixture(&args, fixture),
@@ -95,7 +107,10 @@ fn score_fixture(args: &ScoreArgs, fixture: &PathBuf) -> anyhow::Result<i32> {
         }
         None => None,
     };
-    let mut session = loaded.session()?;
+    let mut session = ScoreSession {
+        session: loaded.any_session()?,
+        n_vocab: loaded.model.config().n_vocab,
+    };
     let mut scores = Vec::with_capacity(cases.len());
     for case in &cases {
         let s = score::score_case(&mut session, case, mode)

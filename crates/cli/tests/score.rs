@@ -4,6 +4,11 @@
 //! Bounds come from issue 10: default precision mean |Δ logprob| ≤ 0.08, top-1 ≥ 0.97,
 //! first-token match ≥ 24/25; f32 weights max |Δ| ≤ 2e-3 and top-1 1.0; perplexity within
 //! 1 % of the reference's.
+//!
+//! Backends: `--mode decode` scores on the backend `--backend` picks (CUDA returns only the
+//! last position's logits, which is all decode mode needs); `--mode prefill` and `--text`
+//! with `--backend cuda` fail before loading anything. On a machine without a device the
+//! CUDA run must fail with the probe's "no CUDA device" error, never fall back silently.
 
 mod common;
 
@@ -135,4 +140,121 @@ fn smollm2_perplexity_within_one_percent() {
 #[test]
 fn gemma3_perplexity_within_one_percent() {
     perplexity("gemma3-270m", "nll-gemma3.json");
+}
+
+/// The first two cases of the SmolLM2 fixture in `dir`: enough for a decode-mode run that
+/// takes seconds on the CPU.
+fn two_smollm2_cases(dir: &std::path::Path) -> std::path::PathBuf {
+    let all = std::fs::read_to_string(fixture("logits-smollm2-dev.jsonl")).unwrap();
+    let two: Vec<&str> = all
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .take(2)
+        .collect();
+    assert_eq!(two.len(), 2);
+    let path = dir.join("logits-smollm2-two.jsonl");
+    std::fs::write(&path, two.join("\n") + "\n").unwrap();
+    path
+}
+
+/// Runs `score --mode decode` on the two SmolLM2 cases with `extra` arguments.
+fn decode_two_cases(extra: &[&str]) -> std::process::Output {
+    let model = pull("smollm2-135m-instruct");
+    let dir = tempfile::tempdir().unwrap();
+    let fx = two_smollm2_cases(dir.path());
+    let mut args = vec![
+        "score",
+        "-m",
+        model.to_str().unwrap(),
+        "--fixture",
+        fx.to_str().unwrap(),
+        "--mode",
+        "decode",
+    ];
+    args.extend_from_slice(extra);
+    run(&args)
+}
+
+/// The bounds of issue 6 (default precision, either backend) on a successful decode run of
+/// the two cases, whose per-case lines must both be there.
+fn check_two_case_run(out: &std::process::Output) {
+    assert!(out.status.success(), "{}", text(out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    println!("{stdout}");
+    let cases = stdout.lines().filter(|l| l.starts_with("case ")).count();
+    assert_eq!(cases, 2, "{stdout}");
+    let f = last_line_fields(&stdout, "summary: ");
+    assert_eq!(f["first_token_match"], "2/2", "{f:?}");
+    assert!(num(&f, "top1_agreement") >= 0.98, "{f:?}");
+    assert!(num(&f, "mean_abs_dlogprob") <= 0.05, "{f:?}");
+}
+
+/// `--mode decode` under `--backend auto` runs where the probe says (CUDA with a device,
+/// else the CPU), and the backend line names it.
+#[test]
+fn decode_mode_auto_runs_on_the_probed_backend() {
+    let out = decode_two_cases(&[]);
+    check_two_case_run(&out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let want = match ferrite_cuda::CudaBackend::probe() {
+        Ok(_) => "backend=cuda device=",
+        Err(_) => "backend=cpu ",
+    };
+    assert!(stderr.contains(want), "{}", text(&out));
+}
+
+/// `--backend cuda --mode decode` scores on CUDA when a device is present, else fails with
+/// the probe's error (never a panic, never a silent CPU run).
+#[test]
+fn decode_mode_on_cuda_runs_or_fails_clearly() {
+    let out = decode_two_cases(&["--backend", "cuda"]);
+    let all = text(&out);
+    assert!(!all.contains("panicked"), "{all}");
+    match ferrite_cuda::CudaBackend::probe() {
+        Ok(_) => {
+            check_two_case_run(&out);
+            assert!(all.contains("backend=cuda device="), "{all}");
+        }
+        Err(_) => {
+            assert_eq!(out.status.code(), Some(1), "{all}");
+            assert!(all.contains("--backend cuda: no CUDA device: "), "{all}");
+            assert!(
+                !all.contains("summary:") && !all.contains("backend=cpu"),
+                "{all}"
+            );
+        }
+    }
+}
+
+/// Prefill scoring and perplexity need every position's logits: `--backend cuda` with them
+/// fails before the model is even looked for, naming the mode that does run on CUDA.
+#[test]
+fn prefill_and_text_on_cuda_fail_naming_decode_mode() {
+    let fx = fixture("logits-smollm2-dev.jsonl");
+    let fx = fx.to_str().unwrap();
+    let txt = ferrite_testkit::nll_text();
+    let txt = txt.to_str().unwrap();
+    let base = [
+        "score",
+        "-m",
+        "/nonexistent/model.gguf",
+        "--backend",
+        "cuda",
+    ];
+    let cases: [&[&str]; 4] = [
+        &["--fixture", fx, "--mode", "prefill"],
+        &["--fixture", fx],
+        &["--text", txt],
+        &["--text", txt, "--mode", "decode"],
+    ];
+    for extra in cases {
+        let mut args = base.to_vec();
+        args.extend_from_slice(extra);
+        let out = run(&args);
+        let all = text(&out);
+        assert_eq!(out.status.code(), Some(1), "{extra:?}: {all}");
+        assert!(all.contains("--mode decode"), "{extra:?}: {all}");
+        assert!(!all.contains("nonexistent"), "{extra:?}: {all}");
+        assert!(!all.contains("panicked"), "{extra:?}: {all}");
+    }
 }

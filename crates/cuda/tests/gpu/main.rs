@@ -9,6 +9,7 @@
 mod arch;
 mod batch;
 mod decode;
+mod fixtures;
 mod greedy;
 mod kernels;
 mod kernels_i8;
