@@ -46,6 +46,41 @@ fn rows_per_warp(rows: usize, max: usize) -> usize {
 /// Widest row of `residual_norm_f32`: RN_PER_THREAD values for each of its 1024 threads.
 pub(crate) const RESIDUAL_NORM_MAX_DIM: usize = 8 * 1024;
 
+/// Most key splits of a prefill attention launch (the partials its buffer holds per query
+/// and head).
+pub(crate) const PREFILL_MAX_SPLITS: usize = 8;
+
+/// Blocks a prefill attention launch aims for.
+const PREFILL_ATT_BLOCKS: usize = 1024;
+
+/// Most keys one split of a prefill attention launch walks.
+const PREFILL_SPLIT_KEYS: usize = 1024;
+
+/// Queries per block of the attention kernel: enough rows (query × head) to reuse each
+/// loaded key, within the shared-memory budget checked by AttnShape::new.
+fn queries_per_block(shape: &AttnShape, nq: usize) -> usize {
+    let n_rep = shape.n_head / shape.n_kv_head;
+    if nq == 1 {
+        1
+    } else {
+        (ATT_MAX_ROWS / n_rep)
+            .min(ATT_MAX_ROW_VALUES / (n_rep * shape.head_dim))
+            .clamp(1, nq)
+    }
+}
+
+/// Key splits of the attention of `nq` queries, the last of which sees `keys` keys. Each
+/// block walks its keys one tile after another, so the longest blocks set the time: enough
+/// splits for PREFILL_ATT_BLOCKS blocks and at most PREFILL_SPLIT_KEYS keys per split,
+/// within PREFILL_MAX_SPLITS.
+pub(crate) fn prefill_splits(shape: &AttnShape, nq: usize, keys: usize) -> usize {
+    let blocks = shape.n_kv_head * nq.div_ceil(queries_per_block(shape, nq));
+    PREFILL_ATT_BLOCKS
+        .div_ceil(blocks.max(1))
+        .max(keys.div_ceil(PREFILL_SPLIT_KEYS))
+        .clamp(1, PREFILL_MAX_SPLITS)
+}
+
 /// Warps in flight the plain matvec aims for (132 SMs × 32).
 const MATVEC_WARPS_WANTED: usize = 4224;
 
@@ -639,15 +674,7 @@ impl CudaBackend {
                 shape.n_head
             )));
         }
-        // Queries per block: enough rows (query × head) to reuse each loaded key, within
-        // the shared-memory budget checked by AttnShape::new.
-        let qt = if nq == 1 {
-            1
-        } else {
-            (ATT_MAX_ROWS / n_rep)
-                .min(ATT_MAX_ROW_VALUES / (n_rep * hd))
-                .clamp(1, nq)
-        };
+        let qt = queries_per_block(shape, nq);
         let cap = qt * n_rep;
         let smem = (2 * cap * hd + cap * ATT_TILE + 3 * cap) * 4;
         let cfg = LaunchConfig {
@@ -777,5 +804,27 @@ impl AttnShape {
     /// `n_kv_head × head_dim`.
     pub fn kv_dim(&self) -> usize {
         self.n_kv_head * self.head_dim
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefill_splits_fill_the_device_and_bound_each_split() {
+        let s = |nh, nkv, hd| AttnShape::new(nh, nkv, hd, 1.0, None).unwrap();
+        // SmolLM2: 3 KV heads × 52 tiles of 10 queries = 156 blocks.
+        assert_eq!(prefill_splits(&s(9, 3, 64), 512, 512), 7);
+        // Llama 8B: 8 × 64 tiles = 512 blocks; a chunk late in a 4096-token prompt.
+        assert_eq!(prefill_splits(&s(32, 8, 128), 512, 512), 2);
+        assert_eq!(prefill_splits(&s(32, 8, 128), 512, 4096), 4);
+        // Gemma 3 270M: 1 × 128 tiles of 4 queries.
+        assert_eq!(prefill_splits(&s(4, 1, 256), 512, 512), PREFILL_MAX_SPLITS);
+        assert_eq!(
+            prefill_splits(&s(32, 8, 128), 4096, 1 << 20),
+            PREFILL_MAX_SPLITS
+        );
+        assert_eq!(prefill_splits(&s(64, 64, 128), 4096, 16), 1);
     }
 }

@@ -8,6 +8,7 @@
 use cudarc::driver::CudaSlice;
 
 use super::{CudaModel, CudaSession, DeviceFfn, DeviceLayer, moe};
+use crate::ops::{PREFILL_MAX_SPLITS, prefill_splits};
 use crate::{AttnShape, CudaError};
 
 /// Most tokens one prefill pass holds; longer prompts go in chunks of this many.
@@ -27,6 +28,8 @@ pub(super) struct PrefillBufs {
     o: CudaSlice<f32>,
     gate: CudaSlice<f32>,
     up: CudaSlice<f32>,
+    /// Attention partials: PREFILL_MAX_SPLITS per token and head.
+    part: CudaSlice<f32>,
     /// f16 activations, the GEMMs' token operand.
     x16: CudaSlice<u16>,
     /// One dequantized weight matrix, the GEMMs' weight operand.
@@ -60,6 +63,7 @@ impl PrefillBufs {
             o: s.alloc_zeros(cap * c.d_model)?,
             gate: s.alloc_zeros(cap * c.d_ff)?,
             up: s.alloc_zeros(cap * c.d_ff)?,
+            part: s.alloc_zeros(cap * c.n_head * PREFILL_MAX_SPLITS * (c.head_dim + 2))?,
             x16: s.alloc_zeros(cap * widest)?,
             w16: s.alloc_zeros(biggest)?,
             moe: match &c.moe {
@@ -138,7 +142,8 @@ impl CudaSession<'_> {
                 c.rope_style,
                 m.rope_factors.as_ref(),
             )?;
-            b.attention(&shape, &pb.q, kc, vc, &pb.att, &self.buf.part, tp, n, 1)?;
+            let splits = prefill_splits(&shape, n, self.n_past + n);
+            b.attention(&shape, &pb.q, kc, vc, &pb.att, &pb.part, tp, n, splits)?;
             b.to_f16(&pb.att, x16, n * c.q_dim())?;
             b.matmul(&lw.wo, x16, n, &pb.o, w16)?;
             if let Some(ob) = &lw.out_bias {

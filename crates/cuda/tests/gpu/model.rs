@@ -148,6 +148,15 @@ fn compare(
     (worst, agree, steps + 1)
 }
 
+/// The real models' largest relative logit difference: their residual streams are much
+/// wider in range than the synthetic models' (Gemma 3 scales its embeddings by √640), so the
+/// f16 rounding of prefill's GEMM inputs weighs more against the largest logit. Measured on
+/// the H200 (receipt cuda-2026-11-29-5): Gemma 3 270M 2.01e-3 after the prefill alone and
+/// 2.16e-3 at worst over 16 int8x2 decode steps (1 − cos 4.6e-7, top-1 17/17, mean |Δ
+/// log-prob| 2.1e-3); SmolLM2 7.5e-4. This leaves about twice the measured value; cosine,
+/// top-1 flips and mean |Δ log-prob| keep their bounds.
+const REAL_MODEL_MAX_REL: f64 = 4e-3;
+
 fn bounds_of(act: Activations) -> Bounds {
     if act == Activations::Int8 {
         INT8_BOUNDS
@@ -335,7 +344,10 @@ fn real_models_match_cpu_when_present() {
             &prompt(20, vocab.min(1000)),
             20,
             16,
-            bounds_of(b.activations()),
+            Bounds {
+                max_rel: REAL_MODEL_MAX_REL.max(bounds_of(b.activations()).max_rel),
+                ..bounds_of(b.activations())
+            },
         );
         println!("{file} launches: {:?}", b.launch_counts());
     }
