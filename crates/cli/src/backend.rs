@@ -6,9 +6,10 @@
 //!
 //! On CUDA the token is picked on the device where that gives the host sampler's token
 //! exactly: plain greedy decoding (one id back per step, not the logits row), and greedy
-//! with log-probabilities or a top-k cut of at most `ferrite_cuda::TOPK_MAX` without
-//! penalties (the best candidates back, sampled by `Sampler::sample_candidates`); other
-//! settings copy the row back. `FERRITE_CUDA_HOST_SAMPLING=1` turns the device paths off
+//! with log-probabilities, a top-k cut of at most `ferrite_cuda::TOPK_MAX`, or a top-p or
+//! min-p cut without top-k, all without penalties (the best candidates back, sampled by
+//! `Sampler::sample_candidates`; a top-p/min-p cut reaching past them copies that step's
+//! row back); other settings copy the row back. `FERRITE_CUDA_HOST_SAMPLING=1` turns the device paths off
 //! (for comparisons). `FERRITE_CUDA_ACT=f32|int8|int8x2` chooses what the decode products
 //! read (see `ferrite_cuda::Activations`); the backend line reports both as `act=` and
 //! `sampling=`.
@@ -186,6 +187,22 @@ impl Timeline for AnySession<'_> {
             logprob: g.logprob,
             top: Vec::new(),
         }))
+    }
+
+    fn last_logits(&mut self) -> Result<&[f32], GenerateError> {
+        match self {
+            AnySession::Cpu(_) => Err(GenerateError::Backend(
+                "the CPU session selects no candidates, so it keeps no row to fetch".into(),
+            )),
+            AnySession::Cuda(c) => {
+                c.logits = c
+                    .session
+                    .next_logits()
+                    .map_err(|e| GenerateError::Backend(e.to_string()))?
+                    .ok_or_else(|| GenerateError::Backend("no logits on the device".into()))?;
+                Ok(&c.logits)
+            }
+        }
     }
 
     fn eval_candidates(

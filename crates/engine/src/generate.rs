@@ -38,13 +38,23 @@ pub trait Timeline {
         let _ = (tokens, k);
         Ok(None)
     }
+    /// The logits row of the last position evaluated, fetched from where it was made: what
+    /// [`eval_sample`] samples when the candidates it got from
+    /// [`Timeline::eval_candidates`] were too few for the sampler's cut. Only a timeline
+    /// that selects candidates needs it (the default refuses).
+    fn last_logits(&mut self) -> Result<&[f32], GenerateError> {
+        Err(GenerateError::Backend(
+            "this timeline keeps no logits row to fetch".into(),
+        ))
+    }
 }
 
 /// Appends `tokens` to `session` and samples the next token: on the timeline itself when
 /// the sampler is plain greedy ([`Sampler::is_plain_greedy`]) and the timeline offers
 /// [`Timeline::eval_greedy`]; else from the best candidates when the settings depend on no
 /// more of the row ([`Sampler::candidates_needed`]) and the timeline selects them
-/// ([`Timeline::eval_candidates`]); else from the host copy of the logits. All three give
+/// ([`Timeline::eval_candidates`]), fetching the row ([`Timeline::last_logits`]) when a
+/// top-p or min-p cut reaches past them; else from the host copy of the logits. All give
 /// the same token.
 pub fn eval_sample<T: Timeline + ?Sized>(
     session: &mut T,
@@ -60,7 +70,12 @@ pub fn eval_sample<T: Timeline + ?Sized>(
     if let Some(k) = sampler.candidates_needed()
         && let Some(c) = session.eval_candidates(tokens, k)?
     {
-        return Ok(sampler.sample_candidates(&c)?);
+        return match sampler.sample_candidates(&c) {
+            Err(SampleError::CutPastCandidates { .. }) => {
+                Ok(sampler.sample(session.last_logits()?, history)?)
+            }
+            sampled => Ok(sampled?),
+        };
     }
     let row = session.eval_last(tokens)?;
     Ok(sampler.sample(row, history)?)
@@ -323,6 +338,70 @@ mod tests {
             };
             eval_sample(&mut t, &mut s, &[1], &[]).unwrap();
             assert_eq!(t.candidate_calls, 0);
+        }
+    }
+
+    /// A timeline of flat 600-logit rows that selects up to 256 candidates and counts the
+    /// rows fetched after a refused cut.
+    struct Flat {
+        n: usize,
+        row: Vec<f32>,
+        fetched: usize,
+    }
+
+    impl Timeline for Flat {
+        fn eval_last(&mut self, tokens: &[u32]) -> Result<&[f32], GenerateError> {
+            self.n += tokens.len();
+            let shift = self.n as f32 * 0.01;
+            self.row = (0..600).map(|i| -(i as f32) * 0.003 + shift).collect();
+            Ok(&self.row)
+        }
+        fn n_past(&self) -> usize {
+            self.n
+        }
+        fn ctx(&self) -> usize {
+            64
+        }
+        fn eval_candidates(
+            &mut self,
+            tokens: &[u32],
+            k: usize,
+        ) -> Result<Option<Candidates>, GenerateError> {
+            if k > 256 {
+                return Ok(None);
+            }
+            let row = self.eval_last(tokens)?;
+            Ok(Some(Candidates::from_row(row, k)))
+        }
+        fn last_logits(&mut self) -> Result<&[f32], GenerateError> {
+            self.fetched += 1;
+            Ok(&self.row)
+        }
+    }
+
+    #[test]
+    fn a_cut_past_the_candidates_samples_the_fetched_row() {
+        // top_p 0.3 stays within the best 256 of these rows; 0.9 does not.
+        for (top_p, fetches) in [(0.3, 0), (0.9, 10)] {
+            let cfg = SamplerConfig {
+                temperature: 1.0,
+                top_p,
+                seed: 9,
+                ..SamplerConfig::default()
+            };
+            let mut host = Sampler::new(cfg.clone()).unwrap();
+            let mut dev = Sampler::new(cfg).unwrap();
+            let mut d = Flat {
+                n: 0,
+                row: Vec::new(),
+                fetched: 0,
+            };
+            for step in 0..10u32 {
+                let b = eval_sample(&mut d, &mut dev, &[step], &[]).unwrap();
+                let a = host.sample(&d.row, &[]).unwrap();
+                assert_eq!(a, b, "top_p {top_p} step {step}");
+            }
+            assert_eq!(d.fetched, fetches, "top_p {top_p}");
         }
     }
 }

@@ -10,7 +10,13 @@
 use crate::rng::Rng;
 
 mod candidates;
+mod cut;
 pub use candidates::Candidates;
+
+/// Candidates a top-p or min-p cut without top-k is first tried on: the full-row sampler
+/// sorts only this many of the row unless the cut reaches past them, and a device backend
+/// selects this many ([`Sampler::candidates_needed`]).
+pub const NUCLEUS_CANDIDATES: usize = 256;
 
 /// Sampling errors.
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -44,6 +50,13 @@ pub enum SampleError {
         have: usize,
         /// Candidates needed.
         need: usize,
+    },
+    /// A top-p or min-p cut without top-k reaches past the candidates given: the caller
+    /// samples from the full row instead (the random stream has not moved).
+    #[error("the top-p/min-p cut reaches past the {have} candidates given")]
+    CutPastCandidates {
+        /// Candidates given.
+        have: usize,
     },
 }
 
@@ -299,45 +312,76 @@ impl Sampler {
         }
     }
 
-    /// Filters the candidates and draws one token.
+    /// Filters the candidates (all of the row, in id order) and draws one token. A top-p or
+    /// min-p cut without top-k first sorts only the best NUCLEUS_CANDIDATES, and the whole
+    /// row only when the cut reaches past them; either way the kept list is the same.
     fn draw(&mut self) -> u32 {
-        let c = &self.cfg;
-        let cand = &mut self.cand;
-        let keys = &mut self.keys;
-        keys.clear();
-        keys.extend(cand.iter().copied().map(desc_key));
-        if c.top_k > 0 && c.top_k < keys.len() {
-            keys.select_nth_unstable(c.top_k - 1);
-            keys.truncate(c.top_k);
-        }
-        keys.sort_unstable();
-        cand.clear();
-        cand.extend(keys.iter().copied().map(from_key));
-        let max = cand[0].1;
-        // Untempered probabilities (unnormalised) for top-p and min-p.
-        let weights = |l: f32| (f64::from(l) - f64::from(max)).exp();
-        if c.top_p < 1.0 {
-            let total: f64 = cand.iter().map(|x| weights(x.1)).sum();
-            let mut acc = 0.0;
-            let mut keep = cand.len();
-            for (i, x) in cand.iter().enumerate() {
-                acc += weights(x.1) / total;
-                if acc >= f64::from(c.top_p) {
-                    keep = i + 1;
-                    break;
-                }
-            }
-            cand.truncate(keep);
-        }
-        if c.min_p > 0.0 {
-            let keep = cand
+        let SamplerConfig {
+            top_k,
+            top_p,
+            min_p,
+            ..
+        } = self.cfg;
+        let n = self.cand.len();
+        let nucleus = top_k == 0 && (top_p < 1.0 || min_p > 0.0);
+        // Top-p without top-k is relative to the whole row's mass (summed in id order);
+        // with top-k, to the kept candidates' (below).
+        let row_mass = (nucleus && top_p < 1.0).then(|| {
+            let max = self
+                .cand
                 .iter()
-                .take_while(|x| weights(x.1) >= f64::from(c.min_p))
-                .count()
-                .max(1);
-            cand.truncate(keep);
+                .map(|x| x.1)
+                .max_by(f32::total_cmp)
+                .map_or(0.0, f64::from);
+            self.cand
+                .iter()
+                .map(|x| (f64::from(x.1) - max).exp())
+                .sum::<f64>()
+        });
+        let first = match (top_k, nucleus) {
+            (0, true) => NUCLEUS_CANDIDATES.min(n),
+            (0, false) => n,
+            (k, _) => k.min(n),
+        };
+        self.keys.clear();
+        self.keys.extend(self.cand.iter().copied().map(desc_key));
+        self.sort_best(first);
+        let keep = loop {
+            let total = match row_mass {
+                Some(mass) => mass,
+                None if top_p < 1.0 => {
+                    let max = f64::from(self.cand[0].1);
+                    self.cand.iter().map(|x| (f64::from(x.1) - max).exp()).sum()
+                }
+                None => 1.0,
+            };
+            let complete = top_k > 0 || self.cand.len() == n;
+            match cut::keep(&self.cand, top_p, min_p, total, complete) {
+                Some(keep) => break keep,
+                None => self.sort_best(n),
+            }
+        };
+        self.cand.truncate(keep);
+        self.draw_kept()
+    }
+
+    /// Fills `cand` with the best `m` of the sort keys, best first. Keys beyond `m` stay,
+    /// so a later call with a larger `m` sorts further.
+    fn sort_best(&mut self, m: usize) {
+        let keys = &mut self.keys;
+        if m > 0 && m < keys.len() {
+            keys.select_nth_unstable(m - 1);
         }
-        let inv_t = 1.0 / f64::from(c.temperature);
+        keys[..m].sort_unstable();
+        self.cand.clear();
+        self.cand.extend(keys[..m].iter().copied().map(from_key));
+    }
+
+    /// Draws one of the kept candidates (best first, at least one) with the temperature.
+    fn draw_kept(&mut self) -> u32 {
+        let cand = &self.cand;
+        let max = cand[0].1;
+        let inv_t = 1.0 / f64::from(self.cfg.temperature);
         let tw = |l: f32| ((f64::from(l) - f64::from(max)) * inv_t).exp();
         let total: f64 = cand.iter().map(|x| tw(x.1)).sum();
         let mut r = self.rng.next_f64() * total;

@@ -51,6 +51,8 @@ impl Reference {
                 .min_by(by_logit_desc)
                 .map_or(0, |x| x.0)
         } else {
+            // Without top-k, top-p's mass is the whole row's, summed in id order.
+            let row: Vec<f32> = cand.iter().map(|x| x.1).collect();
             if c.top_k > 0 && c.top_k < cand.len() {
                 cand.select_nth_unstable_by(c.top_k - 1, by_logit_desc);
                 cand.truncate(c.top_k);
@@ -59,7 +61,11 @@ impl Reference {
             let max = cand[0].1;
             let weights = |l: f32| (f64::from(l) - f64::from(max)).exp();
             if c.top_p < 1.0 {
-                let total: f64 = cand.iter().map(|x| weights(x.1)).sum();
+                let total: f64 = if c.top_k == 0 {
+                    row.iter().map(|&l| weights(l)).sum()
+                } else {
+                    cand.iter().map(|x| weights(x.1)).sum()
+                };
                 let mut acc = 0.0;
                 let mut keep = cand.len();
                 for (i, x) in cand.iter().enumerate() {
@@ -139,6 +145,11 @@ fn settings() -> Vec<SamplerConfig> {
             (40, 1.0, 0.0),
             (0, 0.9, 0.0),
             (0, 1.0, 0.05),
+            // Cuts the full-row sampler settles within its first NUCLEUS_CANDIDATES
+            // sorted candidates (the two above reach past them on these rows).
+            (0, 0.3, 0.0),
+            (0, 1.0, 0.6),
+            (0, 0.5, 0.3),
             (50, 0.95, 0.02),
             (1, 1.0, 0.0),
         ] {

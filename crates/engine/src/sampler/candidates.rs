@@ -4,14 +4,18 @@
 //!
 //! Exactness is the point: [`Sampler::candidates_needed`] offers this path only where the
 //! full-row sampler's result depends on nothing but the `k` best logits, in its own order
-//! (largest first, ties to the lower id) and the row's log-sum-exp: greedy, or a top-k cut
-//! with no penalties (penalties change the logits before the cut). Then
-//! [`Sampler::sample_candidates`] runs the same filters on the same list and advances the
-//! random stream the same way, so the token is the one [`Sampler::sample`] picks; the
-//! log-probabilities differ only by the rounding of a log-sum-exp summed in another order.
-//! It never guesses: any other configuration needs the full row.
+//! (largest first, ties to the lower id) and the row's log-sum-exp: greedy, a top-k cut, or
+//! a top-p or min-p cut without top-k, all with no penalties (penalties change the logits
+//! before the cut). Then [`Sampler::sample_candidates`] runs the same filters on the same
+//! list and advances the random stream the same way, so the token is the one
+//! [`Sampler::sample`] picks; the log-probabilities differ only by the rounding of a
+//! log-sum-exp summed in another order, and so does top-p's total without top-k (a cut
+//! could move only where the running mass lands within that rounding of top_p). A top-p or
+//! min-p cut that reaches past the candidates is refused
+//! ([`SampleError::CutPastCandidates`], the random stream untouched): the caller samples the
+//! full row. It never guesses: any other configuration needs the full row.
 
-use super::{SampleError, Sampled, Sampler, by_logit_desc};
+use super::{NUCLEUS_CANDIDATES, SampleError, Sampled, Sampler, by_logit_desc, cut};
 
 /// The best logits of one row, as a backend selected them.
 #[derive(Debug, Clone, PartialEq)]
@@ -54,9 +58,10 @@ impl Candidates {
 }
 
 impl Sampler {
-    /// How many best candidates [`Sampler::sample_candidates`] needs to give exactly what
+    /// How many best candidates [`Sampler::sample_candidates`] needs to give what
     /// [`Sampler::sample`] gives; `None` when the full row is needed (a penalty, or
-    /// sampling with no top-k cut).
+    /// sampling with no cut at all). A top-p or min-p cut without top-k asks for
+    /// [`NUCLEUS_CANDIDATES`] and may still need the row (see the module documentation).
     pub fn candidates_needed(&self) -> Option<usize> {
         let c = &self.cfg;
         if self.penalizes() {
@@ -65,6 +70,8 @@ impl Sampler {
             Some(c.n_logprobs.max(1))
         } else if c.top_k > 0 {
             Some(c.top_k.max(c.n_logprobs))
+        } else if c.top_p < 1.0 || c.min_p > 0.0 {
+            Some(NUCLEUS_CANDIDATES.max(c.n_logprobs))
         } else {
             None
         }
@@ -87,10 +94,22 @@ impl Sampler {
         let token = if self.cfg.temperature <= 0.0 {
             cand.best[0].0
         } else {
+            let c = &self.cfg;
+            let kept = if c.top_k > 0 { c.top_k.min(have) } else { have };
             self.cand.clear();
-            self.cand
-                .extend_from_slice(&cand.best[..self.cfg.top_k.min(have)]);
-            self.draw()
+            self.cand.extend_from_slice(&cand.best[..kept]);
+            let max = f64::from(cand.best[0].1);
+            // Top-p's mass: the kept candidates' with top-k, the whole row's without.
+            let total = if c.top_k > 0 {
+                self.cand.iter().map(|x| (f64::from(x.1) - max).exp()).sum()
+            } else {
+                (cand.lse - max).exp()
+            };
+            let complete = c.top_k > 0 || have >= cand.n_vocab;
+            let keep = cut::keep(&self.cand, c.top_p, c.min_p, total, complete)
+                .ok_or(SampleError::CutPastCandidates { have })?;
+            self.cand.truncate(keep);
+            self.draw_kept()
         };
         let logprob = cand
             .best
@@ -149,6 +168,13 @@ mod tests {
             (1.3, 64, 0.95, 0.05, 0),
             (0.5, 7, 1.0, 0.2, 10),
             (2.0, 256, 0.5, 0.0, 0),
+            (0.8, 0, 0.9, 0.0, 0),
+            (1.0, 0, 0.2, 0.0, 2),
+            (1.1, 0, 1.0, 0.3, 0),
+            (0.7, 0, 0.95, 0.05, 0),
+            // Cuts that reach past the candidates on the longer rows.
+            (1.0, 0, 0.99999, 0.0, 0),
+            (1.0, 0, 1.0, 1e-4, 1),
         ] {
             out.push(SamplerConfig {
                 temperature,
@@ -164,9 +190,13 @@ mod tests {
 
     /// The oracle: the full-row sampler. Same settings and seed, step after step, the
     /// candidate path gives the same tokens and top ids, and log-probabilities equal to the
-    /// bit (the host's candidates share its log-sum-exp).
+    /// bit (the host's candidates share its log-sum-exp). Where a top-p or min-p cut
+    /// reaches past the candidates, the refusal leaves the random stream where it was and
+    /// the full row, sampled as a backend's caller would, continues the same sequence; both
+    /// outcomes must occur.
     #[test]
     fn candidates_sample_like_the_full_row() {
+        let (mut from_candidates, mut refused) = (0, 0);
         for cfg in configs() {
             let mut full = Sampler::new(cfg.clone()).unwrap();
             let mut part = Sampler::new(cfg.clone()).unwrap();
@@ -174,12 +204,64 @@ mod tests {
             for step in 0..60 {
                 let logits = row(step * 31 + 5, 300 + step as usize * 7);
                 let a = full.sample(&logits, &[]).unwrap();
-                let b = part
-                    .sample_candidates(&Candidates::from_row(&logits, need))
-                    .unwrap();
+                let b = match part.sample_candidates(&Candidates::from_row(&logits, need)) {
+                    Err(SampleError::CutPastCandidates { have }) => {
+                        assert_eq!(have, need, "{cfg:?} step {step}");
+                        refused += 1;
+                        part.sample(&logits, &[]).unwrap()
+                    }
+                    b => {
+                        from_candidates += 1;
+                        b.unwrap()
+                    }
+                };
                 assert_eq!(a, b, "{cfg:?} step {step}");
             }
         }
+        assert!(
+            from_candidates > 0 && refused > 0,
+            "{from_candidates} / {refused}"
+        );
+    }
+
+    /// A defect planted in the candidate path (the cut's total taken over the candidates
+    /// instead of the whole row) changes tokens: the oracle above would see it.
+    #[test]
+    fn top_p_without_top_k_needs_the_whole_rows_mass() {
+        let cfg = SamplerConfig {
+            temperature: 1.0,
+            top_p: 0.3,
+            seed: 11,
+            ..SamplerConfig::default()
+        };
+        // A flat row: the best NUCLEUS_CANDIDATES hold under half of its mass.
+        let logits: Vec<f32> = (0..600).map(|i| -(i as f32) * 0.002).collect();
+        let need = Sampler::new(cfg.clone())
+            .unwrap()
+            .candidates_needed()
+            .unwrap();
+        let good = Candidates::from_row(&logits, need);
+        let mut planted = good.clone();
+        let max = f64::from(good.best[0].1);
+        planted.lse = max
+            + good
+                .best
+                .iter()
+                .map(|x| (f64::from(x.1) - max).exp())
+                .sum::<f64>()
+                .ln();
+        let draw = |c: &Candidates| {
+            let mut s = Sampler::new(cfg.clone()).unwrap();
+            (0..40)
+                .map(|_| s.sample_candidates(c).map(|x| x.token))
+                .collect::<Vec<_>>()
+        };
+        let mut full = Sampler::new(cfg.clone()).unwrap();
+        let want: Vec<_> = (0..40)
+            .map(|_| Ok(full.sample(&logits, &[]).unwrap().token))
+            .collect();
+        assert_eq!(draw(&good), want);
+        assert_ne!(draw(&planted), want);
     }
 
     #[test]
@@ -219,10 +301,22 @@ mod tests {
         assert_eq!(s(penalized).candidates_needed(), None);
         let no_cut = SamplerConfig {
             temperature: 1.0,
-            top_p: 0.9,
             ..greedy.clone()
         };
         assert_eq!(s(no_cut).candidates_needed(), None);
+        let nucleus = SamplerConfig {
+            temperature: 1.0,
+            top_p: 0.9,
+            n_logprobs: 300,
+            ..greedy.clone()
+        };
+        assert_eq!(s(nucleus).candidates_needed(), Some(300));
+        let min_p = SamplerConfig {
+            temperature: 1.0,
+            min_p: 0.1,
+            ..greedy.clone()
+        };
+        assert_eq!(s(min_p).candidates_needed(), Some(NUCLEUS_CANDIDATES));
         let wide = SamplerConfig {
             temperature: 1.0,
             top_k: 100,
