@@ -78,6 +78,31 @@ macro_rules! multi_kernel {
                         _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(fetched));
                         fetched += 64;
                     }
+                    if $units == 1 {
+                        // Whole-block decoders: every row's block decoded first, so each
+                        // column's chunk is loaded once for all R rows (one load per R
+                        // FMAs, not per FMA). Each accumulator still takes its chunks in
+                        // order.
+                        let v: [[__m512; V]; R] = std::array::from_fn(|i| {
+                            // SAFETY: every row slice holds nb blocks (sliced above), bi < nb.
+                            let $b: &$block = unsafe { r[i].get_unchecked(bi) };
+                            $($prelude)*
+                            let $u = 0;
+                            $unit
+                        });
+                        for c in 0..V {
+                            let off = 16 * ($n * bi + c);
+                            for (j, xj) in x.iter().enumerate() {
+                                // SAFETY: every column holds 16 * $n * nb values (checked
+                                // by `$mm`) and off + 16 <= 16 * $n * nb.
+                                let xv = unsafe { _mm512_loadu_ps(xj.as_ptr().add(off)) };
+                                for (a, vr) in acc.iter_mut().zip(&v) {
+                                    a[j] = _mm512_fmadd_ps(vr[c], xv, a[j]);
+                                }
+                            }
+                        }
+                        continue;
+                    }
                     for (row, a) in r.iter().zip(acc.iter_mut()) {
                         // SAFETY: every row slice holds nb blocks (sliced above), bi < nb.
                         let $b: &$block = unsafe { row.get_unchecked(bi) };
