@@ -264,8 +264,8 @@ impl LogitsSource for ScoreSession<'_> {
                     .into());
                 }
                 c.logits = c.session.eval(tokens).map_err(|e| match e {
-                    CudaError::Model(m) => m,
-                    other => ModelError::InvalidArgument(format!("CUDA backend: {other}")),
+                    CudaError::Model(m) => ScoreError::Model(m),
+                    other => ScoreError::Backend(format!("CUDA backend: {other}")),
                 })?;
                 Ok(&c.logits)
             }

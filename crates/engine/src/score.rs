@@ -19,6 +19,9 @@ pub enum ScoreError {
     /// The forward pass failed.
     #[error(transparent)]
     Model(#[from] ModelError),
+    /// Another backend's forward pass failed.
+    #[error("{0}")]
+    Backend(String),
     /// A fixture line is not valid JSON of the expected schema.
     #[error("fixture line {line}: {source}")]
     Fixture {
