@@ -1,6 +1,6 @@
 //! Whole-model fidelity on the GPU against the transformers logits fixtures (issue 6): both
 //! real development models, loaded onto CUDA with the backend's default activations, score
-//! every case of `logits-<model>-dev.jsonl` in decode mode (the prompt by batched prefill,
+//! every case of its `logits-<model>-*.jsonl` fixture in decode mode (the prompt by batched prefill,
 //! then one graph step per generated token) through `ferrite_engine::score_case`.
 //!
 //! Bounds (default precision): top-1 agreement ≥ [`MIN_TOP1`], mean |Δ logprob| ≤
@@ -11,7 +11,8 @@
 //!
 //! Models come from `$FERRITE_HOME/models` (default `~/.cache/ferrite/models`); when one is
 //! absent the test prints `skipped: …`, unless `FERRITE_TEST_MODELS=1` requests them (then it
-//! fails). Fixtures come from `FERRITE_FIXTURES` when set, else `fixtures/reference`.
+//! fails). Fixtures come from `FERRITE_FIXTURES` when set, else `fixtures/reference`, found
+//! by `ferrite_testkit::logits_fixture` as the CPU fixture tests find them.
 
 use std::path::Path;
 
@@ -62,7 +63,7 @@ impl LogitsSource for CudaLogits<'_, '_> {
         self.row = self
             .session
             .eval(tokens)
-            .map_err(|e| ModelError::InvalidArgument(format!("CUDA: {e}")))?;
+            .map_err(|e| ScoreError::Backend(format!("CUDA: {e}")))?;
         if self.scale != 1.0 {
             self.row.iter_mut().for_each(|v| *v *= self.scale);
         }
@@ -91,9 +92,9 @@ fn violation(s: &ScoreSummary) -> Option<String> {
     (!why.is_empty()).then(|| why.join("; "))
 }
 
-/// The cases of fixture `name` (a missing or empty fixture is a failure).
-fn cases(name: &str) -> Vec<LogitsCase> {
-    let path = ferrite_testkit::fixtures_dir().join(name);
+/// The cases of the `tag` logits fixture (a missing or empty fixture is a failure).
+fn cases(tag: &str) -> Vec<LogitsCase> {
+    let path = ferrite_testkit::logits_fixture(tag);
     let text = std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("fixture {}: {e}", path.display()));
     let cases =
@@ -130,17 +131,17 @@ fn sha256(path: &Path) -> String {
     format!("{:x}", sha2::Sha256::digest(bytes))
 }
 
-/// Scores `file` against `fixture` on a fresh backend (so the launch counters are this
+/// Scores `file` against the `tag` fixture on a fresh backend (so the launch counters are this
 /// model's), checks the bounds and the path markers (`markers(infix)`), and with `plant`
 /// checks that the scaled-logits defect breaks the bounds.
-fn check(file: &str, fixture: &str, markers: fn(&str) -> Vec<String>, plant: bool) {
+fn check(file: &str, tag: &str, markers: fn(&str) -> Vec<String>, plant: bool) {
     if backend().is_none() {
         return;
     }
     let Some(path) = ferrite_testkit::real_model(file) else {
         return;
     };
-    let cases = cases(fixture);
+    let cases = cases(tag);
     let m = Model::load(&path, Default::default())
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let b = CudaBackend::new().expect("backend");
@@ -229,22 +230,12 @@ fn gemma3_markers(p: &str) -> Vec<String> {
 
 #[test]
 fn smollm2_decode_matches_logits_fixture() {
-    check(
-        ferrite_testkit::SMOLLM2,
-        "logits-smollm2-dev.jsonl",
-        smollm2_markers,
-        true,
-    );
+    check(ferrite_testkit::SMOLLM2, "smollm2", smollm2_markers, true);
 }
 
 #[test]
 fn gemma3_decode_matches_logits_fixture() {
-    check(
-        ferrite_testkit::GEMMA3,
-        "logits-gemma3-dev.jsonl",
-        gemma3_markers,
-        false,
-    );
+    check(ferrite_testkit::GEMMA3, "gemma3", gemma3_markers, false);
 }
 
 /// The bound check itself (host only): each bound, NaN included, is enforced alone.
