@@ -1,7 +1,8 @@
 //! Whole-model fidelity on the GPU against the transformers logits fixtures (issue 6): both
 //! real development models, loaded onto CUDA with the backend's default activations, score
-//! every case of its `logits-<model>-*.jsonl` fixture in decode mode (the prompt by batched prefill,
-//! then one graph step per generated token) through `ferrite_engine::score_case`.
+//! every case of their `logits-<model>-*.jsonl` fixture in decode mode (the prompt by
+//! batched prefill, then one graph step per generated token) through
+//! `ferrite_engine::score_case`.
 //!
 //! Bounds (default precision): top-1 agreement ≥ [`MIN_TOP1`], mean |Δ logprob| ≤
 //! [`MAX_MEAN_DLOGPROB`], and every case's first token matching. Path markers: the launch
