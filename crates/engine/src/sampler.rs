@@ -346,15 +346,12 @@ impl Sampler {
         self.keys.clear();
         self.keys.extend(self.cand.iter().copied().map(desc_key));
         self.sort_best(first);
+        let total = match row_mass {
+            Some(mass) => mass,
+            None if top_p < 1.0 => cut::mass(&self.cand),
+            None => 1.0,
+        };
         let keep = loop {
-            let total = match row_mass {
-                Some(mass) => mass,
-                None if top_p < 1.0 => {
-                    let max = f64::from(self.cand[0].1);
-                    self.cand.iter().map(|x| (f64::from(x.1) - max).exp()).sum()
-                }
-                None => 1.0,
-            };
             let complete = top_k > 0 || self.cand.len() == n;
             match cut::keep(&self.cand, top_p, min_p, total, complete) {
                 Some(keep) => break keep,

@@ -98,12 +98,11 @@ impl Sampler {
             let kept = if c.top_k > 0 { c.top_k.min(have) } else { have };
             self.cand.clear();
             self.cand.extend_from_slice(&cand.best[..kept]);
-            let max = f64::from(cand.best[0].1);
             // Top-p's mass: the kept candidates' with top-k, the whole row's without.
             let total = if c.top_k > 0 {
-                self.cand.iter().map(|x| (f64::from(x.1) - max).exp()).sum()
+                cut::mass(&self.cand)
             } else {
-                (cand.lse - max).exp()
+                (cand.lse - f64::from(cand.best[0].1)).exp()
             };
             let complete = c.top_k > 0 || have >= cand.n_vocab;
             let keep = cut::keep(&self.cand, c.top_p, c.min_p, total, complete)

@@ -6,6 +6,13 @@
 //! It only counts; it never reorders, draws or touches the random stream, so a caller that
 //! gets `None` can fetch more of the row and start again with nothing to undo.
 
+/// The untempered mass of `sorted` (best first) relative to its first logit:
+/// Σ exp(l − max), summed best first. What a top-p cut with top-k is relative to.
+pub(super) fn mass(sorted: &[(u32, f32)]) -> f64 {
+    let max = sorted.first().map_or(0.0, |x| f64::from(x.1));
+    sorted.iter().map(|x| (f64::from(x.1) - max).exp()).sum()
+}
+
 /// How many of `sorted` (best first; its first logit is the row's largest) the top-p and
 /// min-p filters keep. `total` is the untempered mass of the candidate set the cut is
 /// defined over (Σ exp(l − max)); `complete` says whether `sorted` holds all of that set.
