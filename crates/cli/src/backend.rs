@@ -11,8 +11,9 @@
 //! `Sampler::sample_candidates`; a top-p/min-p cut reaching past them copies that step's
 //! row back); other settings copy the row back. `FERRITE_CUDA_HOST_SAMPLING=1` turns the device paths off
 //! (for comparisons). `FERRITE_CUDA_ACT=f32|int8|int8x2` chooses what the decode products
-//! read (see `ferrite_cuda::Activations`); the backend line reports both as `act=` and
-//! `sampling=`.
+//! read (see `ferrite_cuda::Activations`) and `FERRITE_CUDA_PREFILL=dequant|mmq` how prefill
+//! multiplies (see `ferrite_cuda::PrefillProducts`); the backend line reports them as `act=`,
+//! `prefill=` and `sampling=`.
 //!
 //! [`ScoreSession`] lets `ferrite score` read logits from either backend; on CUDA only the
 //! last position's row exists, which is all the decode mode of the scorer asks for.

@@ -201,9 +201,10 @@ impl Loaded {
         if let Some(cuda) = &self.cuda {
             let (major, minor) = cuda.info.compute_capability;
             let act = cuda.model.backend().activations().name();
+            let prefill = cuda.model.backend().prefill_products().name();
             return format!(
                 "backend=cuda device=\"{}\" cc={major}.{minor} graphs=on kv=f16 act={act} \
-                 sampling={}",
+                 sampling={} prefill={prefill}",
                 cuda.info.name,
                 crate::backend::sampling_where()
             );

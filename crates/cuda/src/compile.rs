@@ -10,10 +10,11 @@ use cudarc::nvrtc::{CompileOptions, Ptx, compile_ptx_with_opts};
 use crate::CudaError;
 
 /// Every kernel source, concatenated in this order into one NVRTC program.
-const SOURCES: [&str; 9] = [
+const SOURCES: [&str; 10] = [
     include_str!("../kernels/common.cuh"),
     include_str!("../kernels/matvec.cu"),
     include_str!("../kernels/matvec_i8.cu"),
+    include_str!("../kernels/mmq.cu"),
     include_str!("../kernels/ops.cu"),
     include_str!("../kernels/attention.cu"),
     include_str!("../kernels/attn_decode.cu"),
@@ -135,6 +136,7 @@ mod tests {
             "FERRITE_MATVEC(q4_k",
             "FERRITE_MATVEC(q8_0",
             "FERRITE_MATVEC_CORE(i8_q4_k",
+            "FERRITE_MMQ(mmq_i8x2_q6_k",
             "quantize_q8_f32",
             "rms_norm_f32",
             "rope_f32",

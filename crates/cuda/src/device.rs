@@ -11,6 +11,7 @@ use ferrite_gguf::GgmlType;
 
 use crate::CudaError;
 use crate::compile::{CompileReport, kernels_ptx};
+use crate::gemm::{DEFAULT_PREFILL, PREFILL_ENV, PrefillProducts};
 
 /// What was found on the machine.
 #[derive(Debug, Clone, PartialEq)]
@@ -130,6 +131,14 @@ const KERNELS: &[&str] = &[
     "matvec_i8x2_q6_k",
     "matvec3_i8x2_q6_k",
     "matvec_gated_i8x2_q6_k",
+    "mmq_i8_q4_1",
+    "mmq_i8_q8_0",
+    "mmq_i8_q4_k",
+    "mmq_i8_q6_k",
+    "mmq_i8x2_q4_1",
+    "mmq_i8x2_q8_0",
+    "mmq_i8x2_q4_k",
+    "mmq_i8x2_q6_k",
 ];
 
 /// Suffix of the matvec/embed kernels for a weight type; `None` when unsupported.
@@ -313,6 +322,8 @@ pub struct CudaBackend {
     gemms: AtomicU64,
     /// The [`Activations`] code of the decode products.
     act: AtomicU8,
+    /// The [`PrefillProducts`] code of batched prefill.
+    prefill: AtomicU8,
 }
 
 /// The environment variable read by [`CudaBackend::new`] to choose the decode products'
@@ -402,6 +413,13 @@ impl CudaBackend {
                     .unwrap_or(DEFAULT_ACTIVATIONS)
                     .code(),
             ),
+            prefill: AtomicU8::new(
+                std::env::var(PREFILL_ENV)
+                    .ok()
+                    .and_then(|n| PrefillProducts::from_name(&n))
+                    .unwrap_or(DEFAULT_PREFILL)
+                    .code(),
+            ),
         }))
     }
 
@@ -416,6 +434,19 @@ impl CudaBackend {
     /// setting records its step again.
     pub fn set_activations(&self, a: Activations) {
         self.act.store(a.code(), Ordering::Relaxed);
+    }
+
+    /// How batched prefill multiplies: [`DEFAULT_PREFILL`] unless `FERRITE_CUDA_PREFILL`
+    /// named another setting at [`CudaBackend::new`] or
+    /// [`CudaBackend::set_prefill_products`] changed it.
+    pub fn prefill_products(&self) -> PrefillProducts {
+        PrefillProducts::from_code(self.prefill.load(Ordering::Relaxed))
+    }
+
+    /// Chooses the products of later prefill chunks (a model loaded under the other setting
+    /// may lack the f16 copies cuBLAS reads; the matrices are then dequantized per chunk).
+    pub fn set_prefill_products(&self, p: PrefillProducts) {
+        self.prefill.store(p.code(), Ordering::Relaxed);
     }
 
     /// The device found.

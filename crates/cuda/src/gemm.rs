@@ -1,17 +1,212 @@
-//! Batched-prefill products: a weight matrix dequantized to f16 into a scratch buffer, the
-//! activations rounded to f16, and one cuBLAS GEMM (f16 inputs on the tensor cores, f32
-//! accumulation and output) for all tokens of a prefill chunk.
+//! Batched-prefill products, one launch for all tokens of a prefill chunk, two ways (the
+//! [`PrefillProducts`] setting):
+//! - dequantize: the weight matrix as f16 (a kept copy, or dequantized into a scratch buffer
+//!   per chunk), the activations rounded to f16, one cuBLAS GEMM (f16 tensor cores, f32
+//!   accumulation and output);
+//! - MMQ (mmq.cu): the weights in their GGUF blocks against the activations quantized to
+//!   int8 blocks as the decode products read them, on the integer tensor cores.
+//!
+//! It never decides numerics per chunk size: a setting applies to every chunk.
 
 use std::ffi::c_void;
 
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
-use cudarc::driver::{CudaSlice, DevicePtr, PushKernelArg};
+use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
+use ferrite_gguf::GgmlType;
 
 use crate::device::{grid_1d, weight_kernels};
-use crate::ops::DeviceMatrix;
+use crate::ops::{ActQ, DeviceMatrix, act_q8_bytes};
 use crate::{CudaBackend, CudaError};
 
+/// How batched prefill multiplies a weight matrix with a chunk of tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PrefillProducts {
+    /// f16 weights and activations through cuBLAS.
+    Dequant,
+    /// Integer tensor-core products (MMQ) of Q4_1, Q8_0, Q4_K and Q6_K weights with the
+    /// activations in the decode products' int8 planes ([`crate::Activations`]); other
+    /// formats, f32 activations and devices before sm_80 keep the cuBLAS path.
+    Mmq,
+}
+
+impl PrefillProducts {
+    /// The name `FERRITE_CUDA_PREFILL` takes: `dequant` or `mmq`.
+    pub fn name(self) -> &'static str {
+        match self {
+            PrefillProducts::Dequant => "dequant",
+            PrefillProducts::Mmq => "mmq",
+        }
+    }
+
+    /// The setting of that name.
+    pub fn from_name(name: &str) -> Option<PrefillProducts> {
+        [PrefillProducts::Dequant, PrefillProducts::Mmq]
+            .into_iter()
+            .find(|p| p.name() == name)
+    }
+
+    pub(crate) fn code(self) -> u8 {
+        match self {
+            PrefillProducts::Dequant => 0,
+            PrefillProducts::Mmq => 1,
+        }
+    }
+
+    pub(crate) fn from_code(c: u8) -> PrefillProducts {
+        if c == 1 {
+            PrefillProducts::Mmq
+        } else {
+            PrefillProducts::Dequant
+        }
+    }
+}
+
+/// The setting a backend starts with when `FERRITE_CUDA_PREFILL` is unset (or not a name).
+pub const DEFAULT_PREFILL: PrefillProducts = PrefillProducts::Dequant;
+
+/// The environment variable read by [`CudaBackend::new`] to choose [`PrefillProducts`].
+pub const PREFILL_ENV: &str = "FERRITE_CUDA_PREFILL";
+
+/// Weight rows and tokens of one MMQ block (`MMQ_ROWS`, `MMQ_TOKS` in mmq.cu).
+const MMQ_TILE: (usize, usize) = (128, 64);
+
+/// The MMQ kernel of a weight type with activations in `planes` planes.
+pub(crate) fn mmq_kernel(ty: GgmlType, planes: usize) -> Option<&'static str> {
+    use GgmlType as T;
+    Some(match (ty, planes) {
+        (T::Q4_1, 1) => "mmq_i8_q4_1",
+        (T::Q8_0, 1) => "mmq_i8_q8_0",
+        (T::Q4_K, 1) => "mmq_i8_q4_k",
+        (T::Q6_K, 1) => "mmq_i8_q6_k",
+        (T::Q4_1, 2) => "mmq_i8x2_q4_1",
+        (T::Q8_0, 2) => "mmq_i8x2_q8_0",
+        (T::Q4_K, 2) => "mmq_i8x2_q4_k",
+        (T::Q6_K, 2) => "mmq_i8x2_q6_k",
+        _ => return None,
+    })
+}
+
+/// How the products of one prefill chunk run, fixed at the chunk's start: the int8 planes
+/// MMQ reads, or `None` for cuBLAS everywhere.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PrefillMode {
+    mmq_planes: Option<usize>,
+}
+
+impl PrefillMode {
+    /// The MMQ kernel `w` runs under this mode, if any.
+    fn mmq(self, w: &DeviceMatrix) -> Option<(&'static str, usize)> {
+        let planes = self.mmq_planes?;
+        mmq_kernel(w.ty, planes).map(|k| (k, planes))
+    }
+
+    /// Whether `w` takes the MMQ path (so needs no f16 copy).
+    pub(crate) fn is_mmq(self, w: &DeviceMatrix) -> bool {
+        self.mmq(w).is_some()
+    }
+
+    /// Writes the forms of `x` (`n` token rows of `cols`) that the products of `ws` read:
+    /// f16 into `x16` for cuBLAS, int8 blocks into `xq` for MMQ.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn prepare(
+        self,
+        b: &CudaBackend,
+        ws: &[&DeviceMatrix],
+        x: &CudaSlice<f32>,
+        n: usize,
+        cols: usize,
+        x16: &CudaSlice<u16>,
+        xq: &CudaSlice<u8>,
+    ) -> Result<(), CudaError> {
+        if ws.iter().any(|w| !self.is_mmq(w)) {
+            b.to_f16(x, x16, n * cols)?;
+        }
+        if let Some(planes) = ws.iter().find_map(|w| self.mmq(w).map(|(_, p)| p)) {
+            b.quantize_act(x, ActQ { buf: xq, planes }, n * cols)?;
+        }
+        Ok(())
+    }
+
+    /// `y = x · Wᵀ` for the `n` token rows prepared by [`PrefillMode::prepare`].
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn product(
+        self,
+        b: &CudaBackend,
+        w: &DeviceMatrix,
+        x16: &CudaSlice<u16>,
+        xq: &CudaSlice<u8>,
+        n: usize,
+        y: &CudaSlice<f32>,
+        w16: &CudaSlice<u16>,
+    ) -> Result<(), CudaError> {
+        match self.mmq(w) {
+            Some((kernel, planes)) => b.mmq(kernel, w, ActQ { buf: xq, planes }, n, y),
+            None => b.matmul(w, x16, n, y, w16),
+        }
+    }
+}
+
 impl CudaBackend {
+    /// The prefill mode of the current settings: MMQ needs int8 activations and the
+    /// integer mma of sm_80.
+    pub(crate) fn prefill_mode(&self) -> PrefillMode {
+        let planes = self.activations().planes();
+        let mma = self.info().compute_capability >= (8, 0);
+        let on = self.prefill_products() == PrefillProducts::Mmq && mma && planes > 0;
+        PrefillMode {
+            mmq_planes: on.then_some(planes),
+        }
+    }
+
+    /// `y[n × rows] = x · Wᵀ` by the MMQ `kernel` of `w`'s type, `x` being `n` token rows
+    /// quantized as one vector into `xq`.
+    pub(crate) fn mmq(
+        &self,
+        kernel: &'static str,
+        w: &DeviceMatrix,
+        xq: ActQ<'_>,
+        n: usize,
+        y: &CudaSlice<f32>,
+    ) -> Result<(), CudaError> {
+        let int = |v: usize| {
+            i32::try_from(v).map_err(|_| CudaError::InvalidArgument(format!("MMQ size {v}")))
+        };
+        if n == 0 || xq.buf.len() < act_q8_bytes(n * w.cols, xq.planes) || y.len() < n * w.rows {
+            return Err(CudaError::InvalidArgument(format!(
+                "MMQ {n}×{} by {}×{}: buffers too small",
+                w.cols, w.rows, w.cols
+            )));
+        }
+        let (rows, cols, nn, rb) = (
+            int(w.rows)?,
+            int(w.cols)?,
+            int(n)?,
+            int(w.row_bytes as usize)?,
+        );
+        let cfg = LaunchConfig {
+            grid_dim: (
+                w.rows.div_ceil(MMQ_TILE.0) as u32,
+                n.div_ceil(MMQ_TILE.1) as u32,
+                1,
+            ),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.kernel(kernel)?;
+        b.arg(&w.data)
+            .arg(xq.buf)
+            .arg(y)
+            .arg(&rows)
+            .arg(&cols)
+            .arg(&nn)
+            .arg(&rb);
+        // SAFETY: reads rows × row_bytes bytes of w (checked at upload), the n × cols int8
+        // values and scales of xq, and writes n × rows values of y (both checked above).
+        unsafe { b.launch(cfg) }?;
+        Ok(())
+    }
+
     /// Writes `w` as `rows × cols` f16 values, row-major, into `out`.
     pub(crate) fn dequant_f16(
         &self,

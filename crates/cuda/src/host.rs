@@ -7,6 +7,7 @@ use ferrite_model::Activation;
 use ferrite_model::ops::RopeStyle;
 
 use crate::device::i8_kernels;
+use crate::gemm::mmq_kernel;
 use crate::model::ARGMAX_PICK_WORDS;
 use crate::ops::{ActQ, act_q8_bytes};
 use crate::{AttnShape, CudaBackend, CudaError, Greedy};
@@ -464,6 +465,43 @@ impl CudaBackend {
         self.to_f16(&xd, &x16, n * cols)?;
         self.matmul(&m, &x16, n, &y, &w16)?;
         Ok(self.stream.clone_dtoh(&y)?)
+    }
+}
+
+impl CudaBackend {
+    /// `x · Wᵀ` for `n = x.len() / cols` token rows through the MMQ kernel of `ty` (Q4_1,
+    /// Q8_0, Q4_K, Q6_K) with x quantized on the device, as one vector, into `planes`
+    /// planes; returns the product and that x.
+    pub fn matmul_mmq_host(
+        &self,
+        ty: GgmlType,
+        planes: usize,
+        w: &[u8],
+        rows: usize,
+        cols: usize,
+        x: &[f32],
+    ) -> Result<(Vec<f32>, QuantizedAct), CudaError> {
+        let kernel = mmq_kernel(ty, planes).ok_or_else(|| {
+            CudaError::InvalidArgument(format!("no MMQ product of {ty} in {planes} planes"))
+        })?;
+        let n = x.len() / cols.max(1);
+        if n == 0 || x.len() != n * cols {
+            return Err(CudaError::InvalidArgument(format!(
+                "x has {} values, not rows of {cols}",
+                x.len()
+            )));
+        }
+        let m = self.upload_matrix(ty, rows, cols, w)?;
+        let xd = self.stream.clone_htod(x)?;
+        let buf = self
+            .stream
+            .alloc_zeros::<u8>(act_q8_bytes(n * cols, planes))?;
+        let y = self.stream.alloc_zeros::<f32>(n * rows)?;
+        let xq = ActQ { buf: &buf, planes };
+        self.quantize_act(&xd, xq, n * cols)?;
+        self.mmq(kernel, &m, xq, n, &y)?;
+        let q = QuantizedAct::from_device(&self.stream.clone_dtoh(&buf)?, n * cols, planes);
+        Ok((self.stream.clone_dtoh(&y)?, q))
     }
 }
 

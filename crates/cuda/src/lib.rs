@@ -55,6 +55,7 @@ pub use device::{
     ACT_ENV, Activations, CudaBackend, DEFAULT_ACTIVATIONS, DeviceInfo, kernel_suffix,
 };
 pub use error::CudaError;
+pub use gemm::{DEFAULT_PREFILL, PREFILL_ENV, PrefillProducts};
 pub use host::{AttnOutput, QuantizedAct};
 pub use model::{CudaBatch, CudaModel, CudaSession, Greedy, TOPK_MAX, TopCandidates};
 pub use ops::AttnShape;

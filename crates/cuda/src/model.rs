@@ -111,13 +111,15 @@ pub struct CudaModel {
 /// Share of the free device memory the f16 copies of the layer matrices may take.
 const F16_CACHE_SHARE: usize = 4;
 
-/// Dequantizes every layer matrix to a kept f16 copy when all of them fit in a quarter of
-/// the free device memory, so prefill runs its GEMMs without dequantizing each matrix per
-/// chunk; returns whether it did.
+/// Dequantizes every layer matrix that prefill multiplies through cuBLAS (not MMQ) to a
+/// kept f16 copy when all of them fit in a quarter of the free device memory, so prefill
+/// runs its GEMMs without dequantizing each matrix per chunk; returns whether it did.
 fn cache_f16_copies(b: &CudaBackend, layers: &mut [DeviceLayer]) -> Result<bool, CudaError> {
+    let mode = b.prefill_mode();
     let bytes: usize = layers
         .iter()
         .flat_map(DeviceLayer::matrices)
+        .filter(|w| !mode.is_mmq(w))
         .map(|w| 2 * w.rows * w.cols)
         .sum();
     let (free, _) = b.stream.context().mem_get_info()?;
@@ -125,7 +127,9 @@ fn cache_f16_copies(b: &CudaBackend, layers: &mut [DeviceLayer]) -> Result<bool,
         return Ok(false);
     }
     for w in layers.iter_mut().flat_map(DeviceLayer::matrices_mut) {
-        b.cache_f16(w)?;
+        if !mode.is_mmq(w) {
+            b.cache_f16(w)?;
+        }
     }
     Ok(true)
 }

@@ -1,6 +1,6 @@
 //! Batched prefill: a prompt goes through the model a chunk of tokens at a time. Each
-//! weight matrix is dequantized to f16 once per chunk and multiplied with all the chunk's
-//! tokens by cuBLAS; norms, rope, the KV store and attention (causal, sliding window) run
+//! weight matrix is multiplied with all the chunk's tokens in one product (cuBLAS on f16
+//! copies, or MMQ on the quantized blocks: `gemm.rs`); norms, rope, the KV store and attention (causal, sliding window) run
 //! on all rows in one launch each. Leaves the last token's final norm in the session's
 //! decode buffer, where the output product reads it. Expert layers run `moe.rs` (grouped by
 //! expert for long chunks).
@@ -8,7 +8,7 @@
 use cudarc::driver::CudaSlice;
 
 use super::{CudaModel, CudaSession, DeviceFfn, DeviceLayer, moe};
-use crate::ops::{PREFILL_MAX_SPLITS, prefill_splits};
+use crate::ops::{PREFILL_MAX_SPLITS, act_q8_bytes, prefill_splits};
 use crate::{AttnShape, CudaError};
 
 /// Most tokens one prefill pass holds; longer prompts go in chunks of this many.
@@ -30,8 +30,10 @@ pub(super) struct PrefillBufs {
     up: CudaSlice<f32>,
     /// Attention partials: PREFILL_MAX_SPLITS per token and head.
     part: CudaSlice<f32>,
-    /// f16 activations, the GEMMs' token operand.
+    /// f16 activations, the cuBLAS products' token operand.
     x16: CudaSlice<u16>,
+    /// Int8 activations (up to two planes), the MMQ products' token operand.
+    xq: CudaSlice<u8>,
     /// One dequantized weight matrix, the GEMMs' weight operand.
     w16: CudaSlice<u16>,
     /// Routing and expert buffers of the chunk (MoE models).
@@ -65,6 +67,7 @@ impl PrefillBufs {
             up: s.alloc_zeros(cap * c.d_ff)?,
             part: s.alloc_zeros(cap * c.n_head * PREFILL_MAX_SPLITS * (c.head_dim + 2))?,
             x16: s.alloc_zeros(cap * widest)?,
+            xq: s.alloc_zeros(act_q8_bytes(cap * widest, 2))?,
             w16: s.alloc_zeros(biggest)?,
             moe: match &c.moe {
                 Some(cfg) => Some(moe::MoeBufs::new(&m.backend, c, cfg, cap)?),
@@ -113,13 +116,14 @@ impl CudaSession<'_> {
         if let Some(l0) = m.layers.first() {
             b.rms_norm(&pb.x, &l0.attn_norm, &pb.xn, n, c.rms_eps)?;
         }
-        let (w16, x16) = (&pb.w16, &pb.x16);
+        let (w16, x16, xq) = (&pb.w16, &pb.x16, &pb.xq);
+        let mode = b.prefill_mode();
         for (l, lw) in m.layers.iter().enumerate() {
             let lc = &c.layers[l];
-            b.to_f16(&pb.xn, x16, n * c.d_model)?;
-            b.matmul(&lw.wq, x16, n, &pb.q, w16)?;
-            b.matmul(&lw.wk, x16, n, &pb.k, w16)?;
-            b.matmul(&lw.wv, x16, n, &pb.v, w16)?;
+            mode.prepare(b, &[&lw.wq, &lw.wk, &lw.wv], &pb.xn, n, c.d_model, x16, xq)?;
+            mode.product(b, &lw.wq, x16, xq, n, &pb.q, w16)?;
+            mode.product(b, &lw.wk, x16, xq, n, &pb.k, w16)?;
+            mode.product(b, &lw.wv, x16, xq, n, &pb.v, w16)?;
             if let Some([bq, bk, bv]) = &lw.qkv_bias {
                 b.qkv_bias(&pb.q, &pb.k, &pb.v, [bq, bk, bv], n)?;
             }
@@ -144,8 +148,8 @@ impl CudaSession<'_> {
             )?;
             let splits = prefill_splits(&shape, n, self.n_past + n);
             b.attention(&shape, &pb.q, kc, vc, &pb.att, &pb.part, tp, n, splits)?;
-            b.to_f16(&pb.att, x16, n * c.q_dim())?;
-            b.matmul(&lw.wo, x16, n, &pb.o, w16)?;
+            mode.prepare(b, &[&lw.wo], &pb.att, n, c.q_dim(), x16, xq)?;
+            mode.product(b, &lw.wo, x16, xq, n, &pb.o, w16)?;
             if let Some(ob) = &lw.out_bias {
                 b.add_bias(&pb.o, ob, n)?;
             }
@@ -161,12 +165,12 @@ impl CudaSession<'_> {
             )?;
             match &lw.ffn {
                 DeviceFfn::Dense { gate, up, down } => {
-                    b.to_f16(&pb.xn, x16, n * c.d_model)?;
-                    b.matmul(gate, x16, n, &pb.gate, w16)?;
-                    b.matmul(up, x16, n, &pb.up, w16)?;
+                    mode.prepare(b, &[gate, up], &pb.xn, n, c.d_model, x16, xq)?;
+                    mode.product(b, gate, x16, xq, n, &pb.gate, w16)?;
+                    mode.product(b, up, x16, xq, n, &pb.up, w16)?;
                     b.gated(c.activation, &pb.gate, &pb.up, n * c.d_ff)?;
-                    b.to_f16(&pb.gate, x16, n * c.d_ff)?;
-                    b.matmul(down, x16, n, &pb.o, w16)?;
+                    mode.prepare(b, &[down], &pb.gate, n, c.d_ff, x16, xq)?;
+                    mode.product(b, down, x16, xq, n, &pb.o, w16)?;
                 }
                 DeviceFfn::Moe(mw) => {
                     let (Some(cfg), Some(mb)) = (&c.moe, pb.moe.as_mut()) else {

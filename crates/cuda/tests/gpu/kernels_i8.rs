@@ -18,7 +18,7 @@ use ferrite_model::Activation;
 use crate::kernels::{naive_matvec, quantized, shapes};
 use crate::{assert_close, backend, err_tuple, pseudo};
 
-const TYPES_I8: [GgmlType; 4] = [
+pub const TYPES_I8: [GgmlType; 4] = [
     GgmlType::Q4_1,
     GgmlType::Q8_0,
     GgmlType::Q4_K,
@@ -27,7 +27,7 @@ const TYPES_I8: [GgmlType; 4] = [
 
 /// Activations with the cases the quantizer must get right: an all-zero block, a block with
 /// one large outlier, a negative extreme and a spread of magnitudes.
-fn activations(n: usize, seed: u64) -> Vec<f32> {
+pub fn activations(n: usize, seed: u64) -> Vec<f32> {
     let mut x: Vec<f32> = pseudo(n, seed)
         .iter()
         .enumerate()
@@ -74,7 +74,7 @@ pub fn quantize_ref(x: &[f32], planes: usize) -> QuantizedAct {
     QuantizedAct { q, q2, ds }
 }
 
-fn naive_matvec64(w: &[f32], rows: usize, cols: usize, x: &[f64]) -> Vec<f64> {
+pub fn naive_matvec64(w: &[f32], rows: usize, cols: usize, x: &[f64]) -> Vec<f64> {
     (0..rows)
         .map(|r| (0..cols).map(|c| f64::from(w[r * cols + c]) * x[c]).sum())
         .collect()

@@ -4,7 +4,8 @@
 //! With the variable set and no device the tests FAIL; without it each prints
 //! `skipped: FERRITE_TEST_CUDA not set`. `arch.rs` runs the tiny transformers models of
 //! fixtures/arch (q/k/v biases, Llama 3 rope factors, mixture of experts). `batch.rs` steps
-//! several sessions through `CudaBatch` against each stepped alone.
+//! several sessions through `CudaBatch` against each stepped alone. `mmq.rs` checks the
+//! integer tensor-core prefill products.
 
 mod arch;
 mod batch;
@@ -13,6 +14,7 @@ mod fixtures;
 mod greedy;
 mod kernels;
 mod kernels_i8;
+mod mmq;
 mod model;
 mod session;
 mod synth;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use ferrite_cpu::ThreadPool;
-use ferrite_cuda::{Activations, CudaBackend, CudaModel, CudaSession};
+use ferrite_cuda::{Activations, CudaBackend, CudaModel, CudaSession, PrefillProducts};
 use ferrite_model::{KvType, Model, Outputs, Session};
 
 use crate::synth::{self, Spec};
@@ -170,13 +170,19 @@ fn prompt(n: usize, vocab: usize) -> Vec<u32> {
 }
 
 /// Runs `s` on a backend of its own, so its launch counters are this model's path markers;
-/// decode products read `act`.
-fn run_spec(s: &Spec, act: Activations) -> Arc<CudaBackend> {
+/// decode products read `act`, prefill multiplies by `prefill`.
+fn run_spec(s: &Spec, act: Activations, prefill: PrefillProducts) -> Arc<CudaBackend> {
     let b = CudaBackend::new().unwrap();
     b.set_activations(act);
+    b.set_prefill_products(prefill);
     let bounds = bounds_of(act);
     let m = synth::model(s);
-    let what = format!("synthetic {} ({} activations)", s.arch, act.name());
+    let what = format!(
+        "synthetic {} ({} activations, {} prefill)",
+        s.arch,
+        act.name(),
+        prefill.name()
+    );
     compare(
         &b,
         &m,
@@ -203,7 +209,12 @@ fn llama_synthetic_matches_cpu() {
     if backend().is_none() {
         return;
     }
-    let counts = run_spec(&synth::llama_small(), Activations::F32).launch_counts();
+    let counts = run_spec(
+        &synth::llama_small(),
+        Activations::F32,
+        PrefillProducts::Dequant,
+    )
+    .launch_counts();
     assert_eq!(counts["matvec_i8_q8_0"] + counts["quantize_q8_f32"], 0);
     for k in [
         "matvec3_q4_1",
@@ -226,7 +237,12 @@ fn gemma3_synthetic_matches_cpu() {
     if backend().is_none() {
         return;
     }
-    let counts = run_spec(&synth::gemma_small(), Activations::F32).launch_counts();
+    let counts = run_spec(
+        &synth::gemma_small(),
+        Activations::F32,
+        PrefillProducts::Dequant,
+    )
+    .launch_counts();
     assert_eq!(counts["matvec_i8_q4_k"] + counts["quantize_q8_f32"], 0);
     for k in [
         "matvec_gated_q4_k",
@@ -249,7 +265,7 @@ fn llama_int8_run(act: Activations, prefix: &str) {
     if backend().is_none() {
         return;
     }
-    let counts = run_spec(&synth::llama_small(), act).launch_counts();
+    let counts = run_spec(&synth::llama_small(), act, PrefillProducts::Dequant).launch_counts();
     for k in ["matvec3_", "matvec_gated_", "matvec_"]
         .iter()
         .map(|p| format!("{p}{prefix}_q4_1"))
@@ -265,7 +281,7 @@ fn gemma3_int8_run(act: Activations, prefix: &str) {
     if backend().is_none() {
         return;
     }
-    let counts = run_spec(&synth::gemma_small(), act).launch_counts();
+    let counts = run_spec(&synth::gemma_small(), act, PrefillProducts::Dequant).launch_counts();
     for k in ["matvec_gated_", "matvec_"]
         .iter()
         .map(|p| format!("{p}{prefix}_q4_k"))
@@ -301,7 +317,12 @@ fn llama_q4_k_m_types_int8x2_match_cpu() {
     if backend().is_none() {
         return;
     }
-    let counts = run_spec(&synth::llama_q4_k_m(), Activations::Int8x2).launch_counts();
+    let counts = run_spec(
+        &synth::llama_q4_k_m(),
+        Activations::Int8x2,
+        PrefillProducts::Dequant,
+    )
+    .launch_counts();
     for k in [
         "matvec_gated_i8x2_q4_k",
         "matvec_i8x2_q6_k",
@@ -312,8 +333,60 @@ fn llama_q4_k_m_types_int8x2_match_cpu() {
     }
 }
 
+/// MMQ prefill in one and two planes: the integer tensor-core kernels ran and no f16 copy
+/// or cuBLAS product was needed for their formats; the logits keep the bounds of the
+/// activations' setting.
+fn mmq_run(s: &Spec, act: Activations, kernels: &[&str]) {
+    if backend().is_none() {
+        return;
+    }
+    let counts = run_spec(s, act, PrefillProducts::Mmq).launch_counts();
+    for k in kernels {
+        assert!(counts[k] > 0, "{k} never ran");
+    }
+    assert_eq!(counts["dequant_f16_q4_1"] + counts["dequant_f16_q4_k"], 0);
+}
+
+#[test]
+fn llama_synthetic_mmq_prefill_matches_cpu() {
+    mmq_run(
+        &synth::llama_small(),
+        Activations::Int8x2,
+        &["mmq_i8x2_q4_1"],
+    );
+    mmq_run(&synth::llama_small(), Activations::Int8, &["mmq_i8_q4_1"]);
+}
+
+#[test]
+fn gemma3_synthetic_mmq_prefill_matches_cpu() {
+    mmq_run(
+        &synth::gemma_small(),
+        Activations::Int8x2,
+        &["mmq_i8x2_q4_k", "mmq_i8x2_q6_k", "gemm_f16"],
+    );
+}
+
+#[test]
+fn llama_q4_k_m_types_mmq_prefill_matches_cpu() {
+    mmq_run(
+        &synth::llama_q4_k_m(),
+        Activations::Int8x2,
+        &["mmq_i8x2_q4_k", "mmq_i8x2_q6_k"],
+    );
+}
+
 #[test]
 fn real_models_match_cpu_when_present() {
+    real_models(PrefillProducts::Dequant);
+}
+
+#[test]
+fn real_models_match_cpu_with_mmq_prefill_when_present() {
+    real_models(PrefillProducts::Mmq);
+}
+
+/// Both real models (when in `$FERRITE_HOME/models`) against the CPU, prefill by `prefill`.
+fn real_models(prefill: PrefillProducts) {
     if backend().is_none() {
         return;
     }
@@ -337,10 +410,11 @@ fn real_models_match_cpu_when_present() {
         let m = Model::load(&path, Default::default()).unwrap();
         let vocab = m.config().n_vocab;
         let b = CudaBackend::new().unwrap();
+        b.set_prefill_products(prefill);
         compare(
             &b,
             &m,
-            file,
+            &format!("{file} ({} prefill)", prefill.name()),
             &prompt(20, vocab.min(1000)),
             20,
             16,
