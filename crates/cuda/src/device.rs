@@ -139,6 +139,7 @@ const KERNELS: &[&str] = &[
     "mmq_i8x2_q8_0",
     "mmq_i8x2_q4_k",
     "mmq_i8x2_q6_k",
+    "mmq_reduce",
 ];
 
 /// Suffix of the matvec/embed kernels for a weight type; `None` when unsupported.

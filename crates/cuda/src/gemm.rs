@@ -69,7 +69,26 @@ pub const DEFAULT_PREFILL: PrefillProducts = PrefillProducts::Dequant;
 pub const PREFILL_ENV: &str = "FERRITE_CUDA_PREFILL";
 
 /// Weight rows and tokens of one MMQ block (`MMQ_ROWS`, `MMQ_TOKS` in mmq.cu).
-const MMQ_TILE: (usize, usize) = (128, 64);
+const MMQ_TILE: (usize, usize) = (64, 64);
+
+/// Column blocks of 32 one MMQ block stages at a time (`MMQ_KB`): a split of the columns is
+/// a multiple of it, so K-quant super-blocks are never cut.
+const MMQ_KB: usize = 8;
+
+/// MMQ blocks a launch aims for (several per SM, so that some compute while others load).
+const MMQ_TARGET_BLOCKS: usize = 1024;
+
+/// Column blocks per split and the number of splits for an MMQ product of `rows × cols`
+/// with `n` tokens, at most `max_splits`: enough splits to reach MMQ_TARGET_BLOCKS, each
+/// split a whole number of stages and none empty.
+fn mmq_splits(rows: usize, cols: usize, n: usize, max_splits: usize) -> (usize, usize) {
+    let stages = (cols / 32).div_ceil(MMQ_KB);
+    let blocks = rows.div_ceil(MMQ_TILE.0) * n.div_ceil(MMQ_TILE.1);
+    let want = MMQ_TARGET_BLOCKS.div_ceil(blocks).clamp(1, stages.max(1));
+    let splits = want.min(max_splits).max(1);
+    let kb_per = stages.div_ceil(splits) * MMQ_KB;
+    (kb_per, (cols / 32).div_ceil(kb_per).max(1))
+}
 
 /// The MMQ kernel of a weight type with activations in `planes` planes.
 pub(crate) fn mmq_kernel(ty: GgmlType, planes: usize) -> Option<&'static str> {
@@ -85,6 +104,15 @@ pub(crate) fn mmq_kernel(ty: GgmlType, planes: usize) -> Option<&'static str> {
         (T::Q6_K, 2) => "mmq_i8x2_q6_k",
         _ => return None,
     })
+}
+
+/// Scratch buffers of the prefill products.
+#[derive(Debug)]
+pub(crate) struct ProductScratch {
+    /// One dequantized weight matrix (cuBLAS without a kept f16 copy).
+    pub(crate) w16: CudaSlice<u16>,
+    /// MMQ's partial sums when it splits the columns.
+    pub(crate) part: CudaSlice<f32>,
 }
 
 /// How the products of one prefill chunk run, fixed at the chunk's start: the int8 planes
@@ -128,7 +156,8 @@ impl PrefillMode {
         Ok(())
     }
 
-    /// `y = x · Wᵀ` for the `n` token rows prepared by [`PrefillMode::prepare`].
+    /// `y = x · Wᵀ` for the `n` token rows prepared by [`PrefillMode::prepare`]; `scratch`
+    /// holds the f16 weights (cuBLAS) or MMQ's partial sums.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn product(
         self,
@@ -138,11 +167,13 @@ impl PrefillMode {
         xq: &CudaSlice<u8>,
         n: usize,
         y: &CudaSlice<f32>,
-        w16: &CudaSlice<u16>,
+        scratch: &ProductScratch,
     ) -> Result<(), CudaError> {
         match self.mmq(w) {
-            Some((kernel, planes)) => b.mmq(kernel, w, ActQ { buf: xq, planes }, n, y),
-            None => b.matmul(w, x16, n, y, w16),
+            Some((kernel, planes)) => {
+                b.mmq(kernel, w, ActQ { buf: xq, planes }, n, y, &scratch.part)
+            }
+            None => b.matmul(w, x16, n, y, &scratch.w16),
         }
     }
 }
@@ -160,7 +191,9 @@ impl CudaBackend {
     }
 
     /// `y[n × rows] = x · Wᵀ` by the MMQ `kernel` of `w`'s type, `x` being `n` token rows
-    /// quantized as one vector into `xq`.
+    /// quantized as one vector into `xq`. When the rows and tokens make few blocks, the
+    /// columns are split over up to `part.len() / (n · rows)` blocks whose partial sums
+    /// `part` holds until they are added in order.
     pub(crate) fn mmq(
         &self,
         kernel: &'static str,
@@ -168,6 +201,7 @@ impl CudaBackend {
         xq: ActQ<'_>,
         n: usize,
         y: &CudaSlice<f32>,
+        part: &CudaSlice<f32>,
     ) -> Result<(), CudaError> {
         let int = |v: usize| {
             i32::try_from(v).map_err(|_| CudaError::InvalidArgument(format!("MMQ size {v}")))
@@ -178,17 +212,20 @@ impl CudaBackend {
                 w.cols, w.rows, w.cols
             )));
         }
+        let len = n * w.rows;
+        let (kb_per, splits) = mmq_splits(w.rows, w.cols, n, part.len() / len);
         let (rows, cols, nn, rb) = (
             int(w.rows)?,
             int(w.cols)?,
             int(n)?,
             int(w.row_bytes as usize)?,
         );
+        let kb = int(kb_per)?;
         let cfg = LaunchConfig {
             grid_dim: (
                 w.rows.div_ceil(MMQ_TILE.0) as u32,
                 n.div_ceil(MMQ_TILE.1) as u32,
-                1,
+                splits as u32,
             ),
             block_dim: (128, 1, 1),
             shared_mem_bytes: 0,
@@ -197,13 +234,24 @@ impl CudaBackend {
         b.arg(&w.data)
             .arg(xq.buf)
             .arg(y)
+            .arg(part)
             .arg(&rows)
             .arg(&cols)
             .arg(&nn)
-            .arg(&rb);
-        // SAFETY: reads rows × row_bytes bytes of w (checked at upload), the n × cols int8
-        // values and scales of xq, and writes n × rows values of y (both checked above).
+            .arg(&rb)
+            .arg(&kb);
+        // SAFETY: reads rows × row_bytes bytes of w (checked at upload) and the n × cols int8
+        // values and scales of xq; writes n × rows values of y, or with several splits
+        // splits × n × rows values of part (mmq_splits keeps that within part.len()).
         unsafe { b.launch(cfg) }?;
+        if splits > 1 {
+            let (len32, s32) = (int(len)?, int(splits)?);
+            let mut r = self.kernel("mmq_reduce")?;
+            r.arg(part).arg(y).arg(&len32).arg(&s32);
+            // SAFETY: reads splits × len values of part and writes len values of y (both
+            // within their lengths, as above).
+            unsafe { r.launch(grid_1d(len)) }?;
+        }
         Ok(())
     }
 
@@ -340,5 +388,42 @@ impl CudaBackend {
         self.dequant_f16(w, &copy)?;
         w.f16 = Some(copy);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mmq_splits_cover_the_columns_in_whole_stages() {
+        for (rows, cols, n, max) in [
+            (4096, 4096, 16, 64),
+            (4096, 4096, 512, 4),
+            (14336, 4096, 512, 2),
+            (1024, 4096, 512, 1),
+            (576, 576, 7, 64),
+            (130, 96, 70, 16),
+            (8195, 256, 1, 16),
+            (1, 9216, 1, 16),
+        ] {
+            let nblk = cols / 32;
+            let (kb_per, splits) = mmq_splits(rows, cols, n, max);
+            assert!(
+                kb_per.is_multiple_of(MMQ_KB) && splits >= 1,
+                "{rows}x{cols}"
+            );
+            assert!(
+                splits <= max.max(1),
+                "{rows}x{cols} n {n}: {splits} > {max}"
+            );
+            assert!(splits * kb_per >= nblk, "{rows}x{cols}: columns left over");
+            assert!(
+                (splits - 1) * kb_per < nblk,
+                "{rows}x{cols}: an empty split"
+            );
+        }
+        assert_eq!(mmq_splits(4096, 4096, 16, 64), (8, 16));
+        assert_eq!(mmq_splits(14336, 4096, 512, 64).1, 1);
     }
 }

@@ -497,9 +497,10 @@ impl CudaBackend {
             .stream
             .alloc_zeros::<u8>(act_q8_bytes(n * cols, planes))?;
         let y = self.stream.alloc_zeros::<f32>(n * rows)?;
+        let part = self.stream.alloc_zeros::<f32>(16 * n * rows)?;
         let xq = ActQ { buf: &buf, planes };
         self.quantize_act(&xd, xq, n * cols)?;
-        self.mmq(kernel, &m, xq, n, &y)?;
+        self.mmq(kernel, &m, xq, n, &y, &part)?;
         let q = QuantizedAct::from_device(&self.stream.clone_dtoh(&buf)?, n * cols, planes);
         Ok((self.stream.clone_dtoh(&y)?, q))
     }

@@ -8,13 +8,14 @@
 use cudarc::driver::CudaSlice;
 
 use super::{CudaModel, CudaSession, DeviceFfn, DeviceLayer, moe};
+use crate::gemm::ProductScratch;
 use crate::ops::{PREFILL_MAX_SPLITS, act_q8_bytes, prefill_splits};
 use crate::{AttnShape, CudaError};
 
 /// Most tokens one prefill pass holds; longer prompts go in chunks of this many.
 const PREFILL_CHUNK: usize = 512;
 
-/// Activation buffers of one prefill chunk (one row per token) and the f16 scratch.
+/// Activation buffers of one prefill chunk (one row per token) and the products' scratch.
 #[derive(Debug)]
 pub(super) struct PrefillBufs {
     cap: usize,
@@ -34,8 +35,8 @@ pub(super) struct PrefillBufs {
     x16: CudaSlice<u16>,
     /// Int8 activations (up to two planes), the MMQ products' token operand.
     xq: CudaSlice<u8>,
-    /// One dequantized weight matrix, the GEMMs' weight operand.
-    w16: CudaSlice<u16>,
+    /// The products' weight scratch (f16 copy) and MMQ partial sums.
+    scratch: ProductScratch,
     /// Routing and expert buffers of the chunk (MoE models).
     moe: Option<moe::MoeBufs>,
 }
@@ -68,7 +69,10 @@ impl PrefillBufs {
             part: s.alloc_zeros(cap * c.n_head * PREFILL_MAX_SPLITS * (c.head_dim + 2))?,
             x16: s.alloc_zeros(cap * widest)?,
             xq: s.alloc_zeros(act_q8_bytes(cap * widest, 2))?,
-            w16: s.alloc_zeros(biggest)?,
+            scratch: ProductScratch {
+                w16: s.alloc_zeros(biggest)?,
+                part: s.alloc_zeros(2 * cap * widest)?,
+            },
             moe: match &c.moe {
                 Some(cfg) => Some(moe::MoeBufs::new(&m.backend, c, cfg, cap)?),
                 None => None,
@@ -116,14 +120,14 @@ impl CudaSession<'_> {
         if let Some(l0) = m.layers.first() {
             b.rms_norm(&pb.x, &l0.attn_norm, &pb.xn, n, c.rms_eps)?;
         }
-        let (w16, x16, xq) = (&pb.w16, &pb.x16, &pb.xq);
+        let (scratch, x16, xq) = (&pb.scratch, &pb.x16, &pb.xq);
         let mode = b.prefill_mode();
         for (l, lw) in m.layers.iter().enumerate() {
             let lc = &c.layers[l];
             mode.prepare(b, &[&lw.wq, &lw.wk, &lw.wv], &pb.xn, n, c.d_model, x16, xq)?;
-            mode.product(b, &lw.wq, x16, xq, n, &pb.q, w16)?;
-            mode.product(b, &lw.wk, x16, xq, n, &pb.k, w16)?;
-            mode.product(b, &lw.wv, x16, xq, n, &pb.v, w16)?;
+            mode.product(b, &lw.wq, x16, xq, n, &pb.q, scratch)?;
+            mode.product(b, &lw.wk, x16, xq, n, &pb.k, scratch)?;
+            mode.product(b, &lw.wv, x16, xq, n, &pb.v, scratch)?;
             if let Some([bq, bk, bv]) = &lw.qkv_bias {
                 b.qkv_bias(&pb.q, &pb.k, &pb.v, [bq, bk, bv], n)?;
             }
@@ -149,7 +153,7 @@ impl CudaSession<'_> {
             let splits = prefill_splits(&shape, n, self.n_past + n);
             b.attention(&shape, &pb.q, kc, vc, &pb.att, &pb.part, tp, n, splits)?;
             mode.prepare(b, &[&lw.wo], &pb.att, n, c.q_dim(), x16, xq)?;
-            mode.product(b, &lw.wo, x16, xq, n, &pb.o, w16)?;
+            mode.product(b, &lw.wo, x16, xq, n, &pb.o, scratch)?;
             if let Some(ob) = &lw.out_bias {
                 b.add_bias(&pb.o, ob, n)?;
             }
@@ -166,11 +170,11 @@ impl CudaSession<'_> {
             match &lw.ffn {
                 DeviceFfn::Dense { gate, up, down } => {
                     mode.prepare(b, &[gate, up], &pb.xn, n, c.d_model, x16, xq)?;
-                    mode.product(b, gate, x16, xq, n, &pb.gate, w16)?;
-                    mode.product(b, up, x16, xq, n, &pb.up, w16)?;
+                    mode.product(b, gate, x16, xq, n, &pb.gate, scratch)?;
+                    mode.product(b, up, x16, xq, n, &pb.up, scratch)?;
                     b.gated(c.activation, &pb.gate, &pb.up, n * c.d_ff)?;
                     mode.prepare(b, &[down], &pb.gate, n, c.d_ff, x16, xq)?;
-                    mode.product(b, down, x16, xq, n, &pb.o, w16)?;
+                    mode.product(b, down, x16, xq, n, &pb.o, scratch)?;
                 }
                 DeviceFfn::Moe(mw) => {
                     let (Some(cfg), Some(mb)) = (&c.moe, pb.moe.as_mut()) else {
