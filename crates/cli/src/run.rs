@@ -474,7 +474,22 @@ fn report(loaded: &Loaded, clocks: &Clocks, ttft: Option<Duration>) {
         clocks.generated
     );
     eprintln!("{}", loaded.backend_line());
+    if let Some(cuda) = &loaded.cuda
+        && std::env::var_os(COUNTS_ENV).is_some_and(|v| v == "1")
+    {
+        let counts = cuda.model.backend().launch_counts();
+        let ran: Vec<String> = counts
+            .iter()
+            .filter(|(_, n)| **n > 0)
+            .map(|(k, n)| format!("{k}={n}"))
+            .collect();
+        eprintln!("cuda launches: {}", ran.join(" "));
+    }
 }
+
+/// Set to `1`, a CUDA run ends with a line of the kernel launch counts (the path markers:
+/// which products, attention and sampling kernels ran).
+const COUNTS_ENV: &str = "FERRITE_CUDA_COUNTS";
 
 /// Length of the shared prefix of the held tokens and a prompt, leaving at least the last
 /// prompt token to evaluate (its logits pick the first new token).
