@@ -99,6 +99,9 @@ static __device__ __forceinline__ void attn_f16_block(
             float a = (m_old == FERRITE_NEG_INF) ? 0.0f : expf(m_old - m_new);
             float sum = warp_sum(p);
             ps[row * ATT_TK + lane] = p;
+            // Every lane has read ms[row] before lane 0 replaces it: the shuffles above
+            // exchange values but do not order shared-memory accesses between lanes.
+            __syncwarp();
             if (lane == 0) {
                 ms[row] = m_new;
                 ls[row] = ls[row] * a + sum;

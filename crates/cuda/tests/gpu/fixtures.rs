@@ -153,7 +153,7 @@ fn check(file: &str, tag: &str, markers: fn(&str) -> Vec<String>, plant: bool) {
         b.info().name,
         act.name(),
         b.prefill_unavailable().map_or_else(
-            || "cublas".to_string(),
+            || b.prefill_products().name().to_string(),
             |why| format!("decode steps ({why})")
         )
     );
