@@ -331,6 +331,15 @@ pub struct CudaBackend {
 /// [`Activations`] by name.
 pub const ACT_ENV: &str = "FERRITE_CUDA_ACT";
 
+/// The setting named by the environment variable `var`; `default` when it is unset or not
+/// a name of one.
+fn env_setting<T>(var: &str, from_name: fn(&str) -> Option<T>, default: T) -> T {
+    std::env::var(var)
+        .ok()
+        .and_then(|n| from_name(&n))
+        .unwrap_or(default)
+}
+
 fn no_device(e: impl std::fmt::Display) -> CudaError {
     CudaError::NoDevice(e.to_string())
 }
@@ -408,18 +417,10 @@ impl CudaBackend {
             blas,
             gemms: AtomicU64::new(0),
             act: AtomicU8::new(
-                std::env::var(ACT_ENV)
-                    .ok()
-                    .and_then(|n| Activations::from_name(&n))
-                    .unwrap_or(DEFAULT_ACTIVATIONS)
-                    .code(),
+                env_setting(ACT_ENV, Activations::from_name, DEFAULT_ACTIVATIONS).code(),
             ),
             prefill: AtomicU8::new(
-                std::env::var(PREFILL_ENV)
-                    .ok()
-                    .and_then(|n| PrefillProducts::from_name(&n))
-                    .unwrap_or(DEFAULT_PREFILL)
-                    .code(),
+                env_setting(PREFILL_ENV, PrefillProducts::from_name, DEFAULT_PREFILL).code(),
             ),
         }))
     }

@@ -466,9 +466,7 @@ impl CudaBackend {
         self.matmul(&m, &x16, n, &y, &w16)?;
         Ok(self.stream.clone_dtoh(&y)?)
     }
-}
 
-impl CudaBackend {
     /// `x · Wᵀ` for `n = x.len() / cols` token rows through the MMQ kernel of `ty` (Q4_1,
     /// Q8_0, Q4_K, Q6_K) with x quantized on the device, as one vector, into `planes`
     /// planes; returns the product and that x.
