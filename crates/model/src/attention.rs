@@ -3,19 +3,24 @@
 //!
 //! A query at absolute position `p` sees keys at positions `kv` with `kv <= p` and, when a
 //! window `w` is set, `p - kv < w` (transformers' `kv > q - w`, llama.cpp's standard SWA).
-//! Keys and values are widened once per chunk into scratch (in parallel, whole cache rows
-//! in one contiguous conversion) and each KV head's are shared by every query head of its
-//! group (grouped-query attention).
+//! Keys and values are read in place from the cache, in its element type (the kernels widen
+//! f16 exactly as they load it), and each KV head's are shared by every query head of its
+//! group (grouped-query attention). Where the heads of a group are split over several work
+//! items (decode with fewer tokens than threads), each f16 row would be converted once per
+//! item, so those rows are widened once into scratch first (in parallel, whole cache rows in
+//! one contiguous conversion). Both ways give the same bits.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use ferrite_cpu::ThreadPool;
-use ferrite_quant::kernels::{MAX_TILE, dot_tile, softmax_scaled, weighted_rows};
-use ferrite_quant::simd_level;
+use ferrite_quant::kernels::{
+    MAX_TILE, RowElem, dequant_fn, dot_tile, softmax_scaled, weighted_rows,
+};
+use ferrite_quant::{GgmlType, SimdLevel, simd_level};
 
 use crate::ModelError;
-use crate::kv::{KvCache, try_vec};
+use crate::kv::{KvCache, KvRows, try_vec};
 
 /// Shape and masking of one layer's attention.
 #[derive(Debug, Clone, Copy)]
@@ -35,7 +40,8 @@ pub struct AttnShape {
 /// Scratch for [`attend`], sized once for a session.
 #[derive(Debug)]
 pub struct AttnScratch {
-    /// Widened keys, `[position][kv head][head_dim]` (the cache's own layout).
+    /// Widened keys, `[position][kv head][head_dim]` (the cache's own layout), when the
+    /// rows are widened first.
     k: Vec<f32>,
     /// Widened values, same layout.
     v: Vec<f32>,
@@ -74,7 +80,7 @@ fn first_visible(pos: usize, window: Option<usize>) -> usize {
 /// values for positions `..pos0+n`. Writes `n × n_head × head_dim` values to `out`.
 ///
 /// Work items are (token, block of query heads of one KV group): a block's heads share the
-/// widened key and value rows, so each key row is loaded once for all of them
+/// key and value rows, so each key row is loaded once for all of them
 /// ([`dot_tile`] for the scores, [`weighted_rows`] for the values). Items are spread over
 /// the pool's threads. Per head the arithmetic is the same whatever the blocking and the
 /// thread (tiles are bit-identical to single dot products, value sums run in key order), so
@@ -120,10 +126,9 @@ pub struct AttnJob<'a> {
 }
 
 /// [`attend`] for several sequences at once (the rows of a continuous batch, each over its
-/// own cache): every sequence's keys and values are widened in one pass over the pool and
-/// every sequence's work items share one more, instead of two pool passes per sequence. A
-/// decode batch has only a few items per sequence, so per-sequence passes left the threads
-/// mostly waiting on each other. Each job's output has the same bits as [`attend`] on it
+/// own cache): every sequence's work items share one pass over the pool, instead of one
+/// pass per sequence. A decode batch has only a few items per sequence, so per-sequence
+/// passes left the threads mostly waiting on each other. Each job's output has the same bits as [`attend`] on it
 /// alone: items are the same per-head computations, only handed out differently.
 pub fn attend_many(pool: &ThreadPool, shape: &AttnShape, layer: usize, jobs: &mut [AttnJob<'_>]) {
     let hd = shape.head_dim;
@@ -137,7 +142,6 @@ pub fn attend_many(pool: &ThreadPool, shape: &AttnShape, layer: usize, jobs: &mu
         .iter()
         .map(|j| first_visible(j.pos0, shape.window)..j.pos0 + j.q.len() / qw.max(1))
         .collect();
-    widen(pool, layer, kvd, jobs, &ranges);
     let units: usize = jobs.iter().map(|j| j.q.len() / qw.max(1) * n_kv).sum();
     let block = head_block(units, group, n_threads);
     let blocks_per_group = group.div_ceil(block);
@@ -149,17 +153,26 @@ pub fn attend_many(pool: &ThreadPool, shape: &AttnShape, layer: usize, jobs: &mu
         items += j.q.len() / qw.max(1) * n_kv * blocks_per_group;
     }
     starts.push(items);
+    // Heads of one group in several items: widen f16 rows once rather than once per item.
+    let widened = block < group;
+    if widened {
+        widen(pool, layer, kvd, jobs, &ranges);
+    }
     let views: Vec<JobView<'_>> = jobs
         .iter()
-        .map(|j| {
-            let s = &*j.scratch;
-            (
-                s.k.as_slice(),
-                s.v.as_slice(),
-                s.out.as_slice(),
-                j.q,
-                j.pos0,
-            )
+        .zip(&ranges)
+        .map(|(j, r)| {
+            let rows = match j.cache.rows(layer, r.clone()) {
+                KvRows::F16 { .. } if widened => {
+                    let n = r.len() * kvd;
+                    KvRows::F32 {
+                        k: &j.scratch.k[..n],
+                        v: &j.scratch.v[..n],
+                    }
+                }
+                rows => rows,
+            };
+            (rows, j.scratch.out.as_slice(), j.q, j.pos0)
         })
         .collect();
     let level = simd_level();
@@ -167,7 +180,7 @@ pub fn attend_many(pool: &ThreadPool, shape: &AttnShape, layer: usize, jobs: &mu
         for item in (thread..items).step_by(n_threads) {
             // The job holding this item: the last whose first item is at or before it.
             let ji = starts.partition_point(|&s| s <= item) - 1;
-            let (kbuf, vbuf, obuf, q, pos0) = views[ji];
+            let (rows, obuf, q, pos0) = views[ji];
             let lo_all = ranges[ji].start;
             let item = item - starts[ji];
             let t = item / (n_kv * blocks_per_group);
@@ -177,38 +190,16 @@ pub fn attend_many(pool: &ThreadPool, shape: &AttnShape, layer: usize, jobs: &mu
             let pos = pos0 + t;
             let lo = first_visible(pos, shape.window) - lo_all;
             let hi = pos + 1 - lo_all;
-            let len = hi - lo;
-            // Head `g`'s rows are `hd` values every `kvd` in the widened cache rows.
-            let kg = &kbuf[lo * kvd + g * hd..(hi - 1) * kvd + (g + 1) * hd];
-            let vg = &vbuf[lo * kvd + g * hd..(hi - 1) * kvd + (g + 1) * hd];
             let row = t * shape.n_head;
             let qs: [&[f32]; MAX_TILE] = std::array::from_fn(|i| {
                 let h = (h0 + i).min(h0 + nh - 1);
                 &q[(row + h) * hd..(row + h + 1) * hd]
             });
-            // The pool's scratch holds the scores of the block's heads, then their output.
-            buf.resize(nh * (len + hd), 0.0);
-            let (sc, o) = buf.split_at_mut(nh * len);
-            // The kernels cannot fail here: `level` came from `simd_level`, which only
-            // returns levels the CPU has, and every shape is in range; a failure would leave
-            // zeros, caught by the fixture tests.
-            let mut part = [0f32; MAX_TILE * MAX_TILE];
-            for j0 in (0..len).step_by(MAX_TILE) {
-                let nk = MAX_TILE.min(len - j0);
-                let ks: [&[f32]; MAX_TILE] =
-                    std::array::from_fn(|i| &kg[(j0 + i.min(nk - 1)) * kvd..][..hd]);
-                let _ = dot_tile(level, &qs[..nh], &ks[..nk], hd, &mut part);
-                for i in 0..nh {
-                    sc[i * len + j0..i * len + j0 + nk]
-                        .copy_from_slice(&part[i * nk..(i + 1) * nk]);
-                }
-            }
-            for s in sc.chunks_exact_mut(len) {
-                let _ = softmax_scaled(level, shape.scale, s);
-            }
-            let ps: [&[f32]; MAX_TILE] =
-                std::array::from_fn(|i| &sc[i.min(nh - 1) * len..(i.min(nh - 1) + 1) * len]);
-            let _ = weighted_rows(level, &ps[..nh], vg, kvd, hd, o);
+            let keys = Keys { kvd, g, lo, hi };
+            let o = match rows {
+                KvRows::F16 { k, v } => heads(level, shape, &keys, k, v, &qs[..nh], buf),
+                KvRows::F32 { k, v } => heads(level, shape, &keys, k, v, &qs[..nh], buf),
+            };
             let dst = &obuf[(row + h0) * hd..(row + h0 + nh) * hd];
             for (d, &v) in dst.iter().zip(o.iter()) {
                 d.store(v.to_bits(), Ordering::Relaxed);
@@ -225,9 +216,57 @@ pub fn attend_many(pool: &ThreadPool, shape: &AttnShape, layer: usize, jobs: &mu
     }
 }
 
-/// What the pool's threads read of one job: widened keys, widened values, output bits,
-/// queries and the first query's position.
-type JobView<'a> = (&'a [f32], &'a [f32], &'a [AtomicU32], &'a [f32], usize);
+/// What the pool's threads read of one job: its keys and values (the visible positions of
+/// the layer), output bits, queries and the first query's position.
+type JobView<'a> = (KvRows<'a>, &'a [AtomicU32], &'a [f32], usize);
+
+/// The keys one work item sees: KV head `g` (`hd` values every `kvd` in the rows) at row
+/// offsets `lo..hi` from the job's first visible position.
+struct Keys {
+    kvd: usize,
+    g: usize,
+    lo: usize,
+    hi: usize,
+}
+
+/// Scores, softmax and value sums of the query heads `qs` (one KV group) over `keys` of the
+/// rows `k` and `v`; returns the heads' outputs, held in `buf` (which first holds their
+/// scores).
+fn heads<'b, X: RowElem>(
+    level: SimdLevel,
+    shape: &AttnShape,
+    keys: &Keys,
+    k: &[X],
+    v: &[X],
+    qs: &[&[f32]],
+    buf: &'b mut Vec<f32>,
+) -> &'b [f32] {
+    let (hd, kvd, nh) = (shape.head_dim, keys.kvd, qs.len());
+    let len = keys.hi - keys.lo;
+    let span = keys.lo * kvd + keys.g * hd..(keys.hi - 1) * kvd + (keys.g + 1) * hd;
+    let (kg, vg) = (&k[span.clone()], &v[span]);
+    buf.resize(nh * (len + hd), 0.0);
+    let (sc, o) = buf.split_at_mut(nh * len);
+    // The kernels cannot fail here: `level` came from `simd_level`, which only returns
+    // levels the CPU has, and every shape is in range; a failure would leave zeros, caught
+    // by the fixture tests.
+    let mut part = [0f32; MAX_TILE * MAX_TILE];
+    for j0 in (0..len).step_by(MAX_TILE) {
+        let nk = MAX_TILE.min(len - j0);
+        let ks: [&[X]; MAX_TILE] = std::array::from_fn(|i| &kg[(j0 + i.min(nk - 1)) * kvd..][..hd]);
+        let _ = dot_tile(level, qs, &ks[..nk], hd, &mut part);
+        for i in 0..nh {
+            sc[i * len + j0..i * len + j0 + nk].copy_from_slice(&part[i * nk..(i + 1) * nk]);
+        }
+    }
+    for s in sc.chunks_exact_mut(len) {
+        let _ = softmax_scaled(level, shape.scale, s);
+    }
+    let ps: [&[f32]; MAX_TILE] =
+        std::array::from_fn(|i| &sc[i.min(nh - 1) * len..(i.min(nh - 1) + 1) * len]);
+    let _ = weighted_rows(level, &ps[..nh], vg, kvd, hd, o);
+    o
+}
 
 /// Query heads per work item: a divisor of the group size (at most [`MAX_TILE`]) that
 /// minimises the heads the busiest thread computes, the larger block on ties (more reuse
@@ -243,10 +282,10 @@ fn head_block(units: usize, group: usize, n_threads: usize) -> usize {
         .unwrap_or(1)
 }
 
-/// Widens the key and value rows of `ranges[i]` into job `i`'s scratch (all KV heads, the
-/// cache's layout), in parts of at most [`WIDEN_PART`] rows handed out to the pool's
-/// threads as they free up (each part is a plain copy or exact conversion, so who does it
-/// does not matter).
+/// Widens the f16 key and value rows of `ranges[i]` into job `i`'s scratch (all KV heads,
+/// the cache's layout), in parts of at most [`WIDEN_PART`] rows handed out to the pool's
+/// threads as they free up (each part an exact conversion, so who does it does not
+/// matter). Jobs whose cache holds f32 are read in place and skipped.
 fn widen(
     pool: &ThreadPool,
     layer: usize,
@@ -254,28 +293,32 @@ fn widen(
     jobs: &mut [AttnJob<'_>],
     ranges: &[std::ops::Range<usize>],
 ) {
-    let total: usize = ranges.iter().map(|r| 2 * r.len() * kvd).sum();
+    let Ok(convert) = dequant_fn(simd_level(), GgmlType::F16) else {
+        return;
+    };
+    let mut total = 0;
     let parts = jobs.iter_mut().zip(ranges).flat_map(|(j, range)| {
-        let cache = j.cache;
+        let KvRows::F16 { k, v } = j.cache.rows(layer, range.clone()) else {
+            return Vec::new();
+        };
         let s = &mut *j.scratch;
         let size = range.len() * kvd;
-        let halves = [(false, &mut s.k[..size]), (true, &mut s.v[..size])];
-        halves.into_iter().flat_map(move |(value, dst)| {
-            dst.chunks_mut((WIDEN_PART * kvd).max(1))
-                .enumerate()
-                .map(move |(i, d)| {
-                    let from = range.start + i * WIDEN_PART;
-                    (cache, value, from..from + d.len() / kvd.max(1), d)
-                })
-        })
+        total += 2 * size;
+        let step = (WIDEN_PART * kvd).max(1);
+        let halves = [(k, &mut s.k[..size]), (v, &mut s.v[..size])];
+        halves
+            .into_iter()
+            .flat_map(|(src, dst)| src.chunks(step).zip(dst.chunks_mut(step)))
+            .collect::<Vec<Part<'_>>>()
     });
-    let load = |(cache, value, rows, dst): Part<'_>| cache.load_rows(layer, value, rows, dst);
+    let parts: Vec<Part<'_>> = parts.collect();
+    let load = |(src, dst): Part<'_>| convert(bytemuck::cast_slice(src), dst);
     // Small spans (decode near the start) are not worth waking the pool.
     if total < 1 << 14 {
-        parts.for_each(load);
+        parts.into_iter().for_each(load);
         return;
     }
-    let parts = Mutex::new(parts);
+    let parts = Mutex::new(parts.into_iter());
     pool.run(|_, _| {
         while let Some(part) = parts.lock().ok().and_then(|mut it| it.next()) {
             load(part);
@@ -286,8 +329,8 @@ fn widen(
 /// Most cache rows one widening part converts.
 const WIDEN_PART: usize = 64;
 
-/// One widening part: the cache, keys or values, its positions and their destination.
-type Part<'a> = (&'a KvCache, bool, std::ops::Range<usize>, &'a mut [f32]);
+/// One widening part: f16 rows and their f32 destination.
+type Part<'a> = (&'a [half::f16], &'a mut [f32]);
 
 #[cfg(test)]
 mod tests {
@@ -383,8 +426,11 @@ mod tests {
     fn head_blocks_balance_threads() {
         // Gemma 3 decode (1 KV head, group 4, 2 threads): two blocks of 2.
         assert_eq!(head_block(1, 4, 2), 2);
-        // SmolLM2 decode (3 KV heads, group 3): single heads, 5 vs 4 per thread.
+        // SmolLM2 decode (3 KV heads, group 3): single heads, 5 vs 4 per thread; its f16
+        // rows are widened first.
         assert_eq!(head_block(3, 3, 2), 1);
+        // 16 SmolLM2 sessions decoding together: whole groups, rows read in place.
+        assert_eq!(head_block(48, 3, 2), 3);
         // Prefill: whole groups.
         assert_eq!(head_block(256, 4, 2), 4);
         assert_eq!(head_block(768, 3, 2), 3);

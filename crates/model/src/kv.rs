@@ -2,11 +2,9 @@
 //!
 //! Layout per layer: `ctx` key rows then `ctx` value rows, each row `n_kv_head × head_dim`
 //! values. f16 halves the memory and matches llama.cpp's default; f32 is there for exactness
-//! checks. Rows are widened to f32 into caller scratch before attention reads them, so the
-//! attention code is the same for both types.
+//! checks. Attention reads the rows in place ([`KvCache::rows`]): its kernels widen f16 as
+//! they load it, exactly, so both types give the bits of the same f32 values.
 
-use ferrite_quant::kernels::{DequantFn, dequant_fn};
-use ferrite_quant::{GgmlType, simd_level};
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 
@@ -45,10 +43,26 @@ pub struct KvCache {
     pub(crate) store: Store,
     ctx: usize,
     pub(crate) row: usize,
-    /// The widest f16 to f32 conversion the machine has (the F16 weight dequantizer):
-    /// batched decode widens every cached row of every session at every step, and the
-    /// eight-lane slice conversion was a quarter of a 16-session step's time.
-    widen: DequantFn,
+}
+
+/// The stored key and value rows of one layer's positions, in the cache's element type (see
+/// [`KvCache::rows`]).
+#[derive(Debug, Clone, Copy)]
+pub enum KvRows<'a> {
+    /// IEEE halves.
+    F16 {
+        /// Key rows.
+        k: &'a [f16],
+        /// Value rows.
+        v: &'a [f16],
+    },
+    /// Single precision.
+    F32 {
+        /// Key rows.
+        k: &'a [f32],
+        /// Value rows.
+        v: &'a [f32],
+    },
 }
 
 impl KvCache {
@@ -63,17 +77,7 @@ impl KvCache {
             KvType::F16 => Store::F16(try_vec(n, f16::ZERO, "KV cache")?),
             KvType::F32 => Store::F32(try_vec(n, 0.0, "KV cache")?),
         };
-        let widen =
-            dequant_fn(simd_level(), GgmlType::F16).map_err(|source| ModelError::Quant {
-                name: "KV cache".into(),
-                source,
-            })?;
-        Ok(KvCache {
-            store,
-            ctx,
-            row,
-            widen,
-        })
+        Ok(KvCache { store, ctx, row })
     }
 
     /// Number of positions the cache holds.
@@ -107,21 +111,23 @@ impl KvCache {
         }
     }
 
-    /// Widens the whole key (`value == false`) or value rows of `layer` at positions
-    /// `range` into `dst` (`range.len() × row` values, position-major): one contiguous
-    /// conversion, exact for either element type.
-    pub fn load_rows(
-        &self,
-        layer: usize,
-        value: bool,
-        range: std::ops::Range<usize>,
-        dst: &mut [f32],
-    ) {
-        let o = self.offset(layer, value, range.start);
+    /// The key and value rows of `layer` at positions `range` (`range.len() × row` values
+    /// each, position-major), as stored. The caller keeps `range` within `ctx`.
+    pub fn rows(&self, layer: usize, range: std::ops::Range<usize>) -> KvRows<'_> {
+        let (ko, vo) = (
+            self.offset(layer, false, range.start),
+            self.offset(layer, true, range.start),
+        );
         let n = range.len() * self.row;
         match &self.store {
-            Store::F16(d) => (self.widen)(bytemuck::cast_slice(&d[o..o + n]), &mut dst[..n]),
-            Store::F32(d) => dst[..n].copy_from_slice(&d[o..o + n]),
+            Store::F16(d) => KvRows::F16 {
+                k: &d[ko..ko + n],
+                v: &d[vo..vo + n],
+            },
+            Store::F32(d) => KvRows::F32 {
+                k: &d[ko..ko + n],
+                v: &d[vo..vo + n],
+            },
         }
     }
 }
@@ -130,6 +136,15 @@ impl KvCache {
 mod tests {
     use super::*;
 
+    /// The key and value rows as f32 (exact for both element types).
+    fn widened(rows: KvRows<'_>) -> (Vec<f32>, Vec<f32>) {
+        let wide = |d: &[f16]| d.iter().map(|h| h.to_f32()).collect::<Vec<f32>>();
+        match rows {
+            KvRows::F16 { k, v } => (wide(k), wide(v)),
+            KvRows::F32 { k, v } => (k.to_vec(), v.to_vec()),
+        }
+    }
+
     #[test]
     fn rows_round_trip_per_layer() {
         for ty in [KvType::F16, KvType::F32] {
@@ -137,38 +152,11 @@ mod tests {
             let k: Vec<f32> = (0..12).map(|i| i as f32).collect();
             let v: Vec<f32> = (0..12).map(|i| -(i as f32)).collect();
             kv.store(1, 2, &k, &v);
-            let mut dst = vec![f32::NAN; 12];
-            kv.load_rows(1, false, 2..4, &mut dst);
-            assert_eq!(dst, k);
-            kv.load_rows(1, true, 3..4, &mut dst[..6]);
-            assert_eq!(&dst[..6], &v[6..]);
+            assert_eq!(widened(kv.rows(1, 2..4)), (k.clone(), v.clone()));
+            assert_eq!(widened(kv.rows(1, 3..4)).1, &v[6..]);
             // Layer 0 was never written.
-            kv.load_rows(0, false, 2..3, &mut dst[..6]);
-            assert_eq!(&dst[..6], &[0.0; 6]);
+            assert_eq!(widened(kv.rows(0, 2..3)).0, [0.0; 6]);
             assert_eq!(kv.ty(), ty);
-        }
-    }
-
-    /// Every non-NaN half value widens to the f32 `half` gives it, bit for bit (zeros of
-    /// both signs, subnormals, infinities), through rows long enough for the vector path
-    /// and a tail shorter than a vector.
-    #[test]
-    fn widening_is_exact_for_every_half() {
-        let halves: Vec<f16> = (0..=u16::MAX)
-            .map(f16::from_bits)
-            .filter(|h| !h.is_nan())
-            .collect();
-        let row = 97;
-        let n = halves.len() / row;
-        let mut kv = KvCache::new(KvType::F16, 1, n, row).unwrap();
-        let Store::F16(d) = &mut kv.store else {
-            unreachable!()
-        };
-        d[..n * row].copy_from_slice(&halves[..n * row]);
-        let mut got = vec![f32::NAN; n * row];
-        kv.load_rows(0, false, 0..n, &mut got);
-        for (h, g) in halves.iter().zip(&got) {
-            assert_eq!(g.to_bits(), h.to_f32().to_bits(), "{:#06x}", h.to_bits());
         }
     }
 
@@ -176,11 +164,9 @@ mod tests {
     fn f16_rounds_to_half_precision() {
         let mut kv = KvCache::new(KvType::F16, 1, 1, 1).unwrap();
         kv.store(0, 0, &[1.0 + 1e-4], &[0.1]);
-        let mut d = [0.0];
-        kv.load_rows(0, false, 0..1, &mut d);
-        assert_eq!(d[0], 1.0);
-        kv.load_rows(0, true, 0..1, &mut d);
-        assert_eq!(d[0], f16::from_f32(0.1).to_f32());
+        let (k, v) = widened(kv.rows(0, 0..1));
+        assert_eq!(k, [1.0]);
+        assert_eq!(v, [f16::from_f32(0.1).to_f32()]);
     }
 
     #[test]

@@ -6,18 +6,19 @@
 //! registers across the keys, each loaded value vector is used by every head, and a key's
 //! contribution is one fused multiply-add per lane, in key order, starting from zero: per
 //! element exactly the sequence of `axpy` calls from a zeroed output, so results are the
-//! same bits whichever heads are blocked together.
+//! same bits whichever heads are blocked together. Value rows may be f32 or f16 (the KV
+//! cache's own rows, widened exactly as they are loaded: the bits of the f32 copy).
 
 use crate::{QuantError, SimdLevel};
 
-use super::{MAX_TILE, check_level};
+use super::{MAX_TILE, RowElem, check_level};
 
 /// `out[h * hd + d] = Σ_j p[h][j] · v[j * stride + d]` for `h < p.len()`, `d < hd`, over
 /// `j < n` where every `p[h]` has `n` values. See the module docs for the order.
-pub fn weighted_rows(
+pub fn weighted_rows<X: RowElem>(
     level: SimdLevel,
     p: &[&[f32]],
-    v: &[f32],
+    v: &[X],
     stride: usize,
     hd: usize,
     out: &mut [f32],
@@ -62,9 +63,9 @@ pub fn weighted_rows(
             let row = &v[j * stride..j * stride + hd];
             for d in done..hd {
                 o[d] = if level == SimdLevel::Scalar {
-                    o[d] + pj * row[d]
+                    o[d] + pj * row[d].to_f32()
                 } else {
-                    pj.mul_add(row[d], o[d])
+                    pj.mul_add(row[d].to_f32(), o[d])
                 };
             }
         }
@@ -79,15 +80,19 @@ mod x86 {
 
     use std::arch::x86_64::*;
 
+    use super::RowElem;
+    use crate::kernels::avx2::load8;
+    use crate::kernels::avx512::load16;
+
     /// Returns the number of leading columns written (a multiple of 16).
     ///
     /// # Safety
     /// AVX-512 available; `p.len() <= 4`, all `p[h]` of equal length `n`, row `j` of `v`
     /// at `j * stride` holds `hd` values for `j < n`, `out` holds `p.len() * hd` zeros.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-    pub(super) unsafe fn weighted_avx512(
+    pub(super) unsafe fn weighted_avx512<X: RowElem>(
         p: &[&[f32]],
-        v: &[f32],
+        v: &[X],
         stride: usize,
         hd: usize,
         out: &mut [f32],
@@ -96,7 +101,7 @@ mod x86 {
             ($($h:literal),*) => {
                 match p.len() {
                     // SAFETY: forwarded contract; H equals p.len().
-                    $($h => unsafe { block512::<$h>(p, v, stride, hd, out) },)*
+                    $($h => unsafe { block512::<$h, X>(p, v, stride, hd, out) },)*
                     _ => 0,
                 }
             };
@@ -107,9 +112,9 @@ mod x86 {
     /// # Safety
     /// As [`weighted_avx512`], with `p.len() == H`.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-    unsafe fn block512<const H: usize>(
+    unsafe fn block512<const H: usize, X: RowElem>(
         p: &[&[f32]],
-        v: &[f32],
+        v: &[X],
         stride: usize,
         hd: usize,
         out: &mut [f32],
@@ -121,10 +126,10 @@ mod x86 {
             // SAFETY: forwarded contract; columns c0..c0 + 16 nv lie within hd.
             unsafe {
                 match nv {
-                    4 => cols512::<H, 4>(p, v, stride, hd, c0, out),
-                    3 => cols512::<H, 3>(p, v, stride, hd, c0, out),
-                    2 => cols512::<H, 2>(p, v, stride, hd, c0, out),
-                    _ => cols512::<H, 1>(p, v, stride, hd, c0, out),
+                    4 => cols512::<H, 4, X>(p, v, stride, hd, c0, out),
+                    3 => cols512::<H, 3, X>(p, v, stride, hd, c0, out),
+                    2 => cols512::<H, 2, X>(p, v, stride, hd, c0, out),
+                    _ => cols512::<H, 1, X>(p, v, stride, hd, c0, out),
                 }
             }
             c0 += 16 * nv;
@@ -140,9 +145,9 @@ mod x86 {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
     #[allow(clippy::needless_range_loop)] // j indexes every head's row and the value rows
-    unsafe fn cols512<const H: usize, const NV: usize>(
+    unsafe fn cols512<const H: usize, const NV: usize, X: RowElem>(
         p: &[&[f32]],
-        v: &[f32],
+        v: &[X],
         stride: usize,
         hd: usize,
         c0: usize,
@@ -153,7 +158,7 @@ mod x86 {
             let mut vv = [_mm512_setzero_ps(); NV];
             for (c, x) in vv.iter_mut().enumerate() {
                 // SAFETY: j * stride + c0 + 16 c + 16 <= j * stride + hd <= v.len().
-                *x = unsafe { _mm512_loadu_ps(v.as_ptr().add(j * stride + c0 + 16 * c)) };
+                *x = unsafe { load16(v.as_ptr().add(j * stride + c0 + 16 * c)) };
             }
             for (h, a) in acc.iter_mut().enumerate() {
                 let pv = _mm512_set1_ps(p[h][j]);
@@ -175,9 +180,9 @@ mod x86 {
     /// # Safety
     /// AVX2/FMA/F16C available; otherwise as [`weighted_avx512`].
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn weighted_avx2(
+    pub(super) unsafe fn weighted_avx2<X: RowElem>(
         p: &[&[f32]],
-        v: &[f32],
+        v: &[X],
         stride: usize,
         hd: usize,
         out: &mut [f32],
@@ -186,7 +191,7 @@ mod x86 {
             ($($h:literal),*) => {
                 match p.len() {
                     // SAFETY: forwarded contract; H equals p.len().
-                    $($h => unsafe { block256::<$h>(p, v, stride, hd, out) },)*
+                    $($h => unsafe { block256::<$h, X>(p, v, stride, hd, out) },)*
                     _ => 0,
                 }
             };
@@ -197,9 +202,9 @@ mod x86 {
     /// # Safety
     /// As [`weighted_avx2`], with `p.len() == H`.
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn block256<const H: usize>(
+    unsafe fn block256<const H: usize, X: RowElem>(
         p: &[&[f32]],
-        v: &[f32],
+        v: &[X],
         stride: usize,
         hd: usize,
         out: &mut [f32],
@@ -211,9 +216,9 @@ mod x86 {
             // SAFETY: forwarded contract; columns c0..c0 + 8 nv lie within hd.
             unsafe {
                 if nv == 2 {
-                    cols256::<H, 2>(p, v, stride, hd, c0, out);
+                    cols256::<H, 2, X>(p, v, stride, hd, c0, out);
                 } else {
-                    cols256::<H, 1>(p, v, stride, hd, c0, out);
+                    cols256::<H, 1, X>(p, v, stride, hd, c0, out);
                 }
             }
             c0 += 8 * nv;
@@ -228,9 +233,9 @@ mod x86 {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     #[allow(clippy::needless_range_loop)] // j indexes every head's row and the value rows
-    unsafe fn cols256<const H: usize, const NV: usize>(
+    unsafe fn cols256<const H: usize, const NV: usize, X: RowElem>(
         p: &[&[f32]],
-        v: &[f32],
+        v: &[X],
         stride: usize,
         hd: usize,
         c0: usize,
@@ -241,7 +246,7 @@ mod x86 {
             let mut vv = [_mm256_setzero_ps(); NV];
             for (c, x) in vv.iter_mut().enumerate() {
                 // SAFETY: j * stride + c0 + 8 c + 8 <= j * stride + hd <= v.len().
-                *x = unsafe { _mm256_loadu_ps(v.as_ptr().add(j * stride + c0 + 8 * c)) };
+                *x = unsafe { load8(v.as_ptr().add(j * stride + c0 + 8 * c)) };
             }
             for (h, a) in acc.iter_mut().enumerate() {
                 let pv = _mm256_set1_ps(p[h][j]);
@@ -331,6 +336,54 @@ mod tests {
         let mut out = vec![0.0; hd];
         weighted_rows(level, &[&p[..n - 1]], &v, hd, hd, &mut out).unwrap();
         assert_ne!(out, by_axpy(level, &p, &v, hd, hd));
+    }
+
+    /// Half value rows give the bits of their f32 widening at every level, through the
+    /// vector loads and the scalar tail; a widening that differs in one value is told apart.
+    #[test]
+    fn half_rows_give_the_bits_of_their_widening() {
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for level in levels() {
+            for hd in [7usize, 16, 24, 64, 72, 256] {
+                for heads in 1..=MAX_TILE {
+                    let (n, stride) = (9, hd + 3);
+                    let v: Vec<half::f16> = pseudo(n * stride, hd as u32)
+                        .iter()
+                        .map(|&x| half::f16::from_f32(x * 40.0))
+                        .collect();
+                    let mut wide: Vec<f32> = v.iter().map(|h| h.to_f32()).collect();
+                    let ps: Vec<Vec<f32>> = (0..heads).map(|h| pseudo(n, 7 + h as u32)).collect();
+                    let refs: Vec<&[f32]> = ps.iter().map(Vec::as_slice).collect();
+                    let (mut a, mut b) = (vec![0.0; heads * hd], vec![0.0; heads * hd]);
+                    weighted_rows(level, &refs, &v, stride, hd, &mut a).unwrap();
+                    weighted_rows(level, &refs, &wide, stride, hd, &mut b).unwrap();
+                    assert_eq!(bits(&a), bits(&b), "{level} hd={hd} heads={heads}");
+                    wide[0] += 1.0;
+                    weighted_rows(level, &refs, &wide, stride, hd, &mut b).unwrap();
+                    assert_ne!(bits(&a), bits(&b), "{level} hd={hd}: the check is blind");
+                }
+            }
+        }
+    }
+
+    /// Every non-NaN half (zeros, subnormals, infinities) reaches the sum as the f32 `half`
+    /// gives it: one key with weight 1 over a row of all of them, at every level, through
+    /// the vector loads and a tail. A zero comes out as +0 (0 + ±0), as from an f32 row.
+    #[test]
+    fn every_half_widens_exactly() {
+        let halves: Vec<half::f16> = (0..=u16::MAX)
+            .map(half::f16::from_bits)
+            .filter(|h| !h.is_nan())
+            .collect();
+        let hd = halves.len();
+        for level in levels() {
+            let mut out = vec![f32::NAN; hd];
+            weighted_rows(level, &[&[1.0]], &halves, hd, hd, &mut out).unwrap();
+            for (h, o) in halves.iter().zip(&out) {
+                let want = if h.to_f32() == 0.0 { 0.0 } else { h.to_f32() };
+                assert_eq!(o.to_bits(), want.to_bits(), "{level} {:#06x}", h.to_bits());
+            }
+        }
     }
 
     #[test]

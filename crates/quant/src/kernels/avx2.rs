@@ -6,7 +6,7 @@
 
 use std::arch::x86_64::*;
 
-use super::DequantFn;
+use super::{DequantFn, RowElem};
 use ferrite_gguf::GgmlType;
 
 /// The fixed horizontal reduction: halves, then pairs, then the last two lanes.
@@ -23,12 +23,30 @@ pub(crate) fn hsum(v: __m256) -> f32 {
 
 /// Adds the products of the first `k` values, in the canonical tail order, to `acc`.
 #[inline]
-fn tail(acc: f32, w: &[f32], x: &[f32], from: usize, k: usize) -> f32 {
+fn tail<X: RowElem>(acc: f32, w: &[f32], x: &[X], from: usize, k: usize) -> f32 {
     let mut s = acc;
     for i in from..k {
-        s += w[i] * x[i];
+        s += w[i] * x[i].to_f32();
     }
     s
+}
+
+/// Eight values of a row at `p` as f32 lanes (half rows widened exactly).
+///
+/// # Safety
+/// AVX2/FMA/F16C available; 8 values readable at `p`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn load8<X: RowElem>(p: *const X) -> __m256 {
+    // SAFETY: 8 values of X at p (caller contract); RowElem is sealed to f32 and f16, whose
+    // layouts HALF names.
+    unsafe {
+        if X::HALF {
+            _mm256_cvtph_ps(_mm_loadu_si128(p.cast()))
+        } else {
+            _mm256_loadu_ps(p.cast())
+        }
+    }
 }
 
 /// Dot product of the first `k` values.
@@ -78,9 +96,9 @@ pub(crate) unsafe fn axpy(a: f32, x: &[f32], y: &mut [f32], k: usize) {
 /// AVX2/FMA/F16C available; `w.len() == R`, `x.len() == T`, every row has `k` values and
 /// `out` has `R * T` slots.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn micro<const R: usize, const T: usize>(
+unsafe fn micro<const R: usize, const T: usize, X: RowElem>(
     w: &[&[f32]],
-    x: &[&[f32]],
+    x: &[&[X]],
     k: usize,
     out: &mut [f32],
 ) {
@@ -90,7 +108,7 @@ unsafe fn micro<const R: usize, const T: usize>(
         let mut xv = [_mm256_setzero_ps(); T];
         for t in 0..T {
             // SAFETY: 8 * c + 8 <= k <= x[t].len() (caller contract).
-            xv[t] = unsafe { _mm256_loadu_ps(x[t].as_ptr().add(8 * c)) };
+            xv[t] = unsafe { load8(x[t].as_ptr().add(8 * c)) };
         }
         for r in 0..R {
             // SAFETY: 8 * c + 8 <= k <= w[r].len() (caller contract).
@@ -113,7 +131,7 @@ unsafe fn micro<const R: usize, const T: usize>(
 /// AVX2/FMA/F16C available; 1..=4 rows each side, all with at least `k` values; `out` has
 /// `w.len() * x.len()` slots.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn tile(w: &[&[f32]], x: &[&[f32]], k: usize, out: &mut [f32]) {
+pub(crate) unsafe fn tile<X: RowElem>(w: &[&[f32]], x: &[&[X]], k: usize, out: &mut [f32]) {
     // 16 ymm registers: 4 rows x 2 tokens of accumulators plus loads fit, 4 x 4 would spill.
     let mut t0 = 0;
     while t0 < x.len() {
@@ -123,14 +141,14 @@ pub(crate) unsafe fn tile(w: &[&[f32]], x: &[&[f32]], k: usize, out: &mut [f32])
         // SAFETY: forwarded caller contract; R and T match the slice lengths.
         unsafe {
             match (w.len(), nt) {
-                (1, 1) => micro::<1, 1>(w, xs, k, &mut part),
-                (2, 1) => micro::<2, 1>(w, xs, k, &mut part),
-                (3, 1) => micro::<3, 1>(w, xs, k, &mut part),
-                (4, 1) => micro::<4, 1>(w, xs, k, &mut part),
-                (1, 2) => micro::<1, 2>(w, xs, k, &mut part),
-                (2, 2) => micro::<2, 2>(w, xs, k, &mut part),
-                (3, 2) => micro::<3, 2>(w, xs, k, &mut part),
-                (4, 2) => micro::<4, 2>(w, xs, k, &mut part),
+                (1, 1) => micro::<1, 1, X>(w, xs, k, &mut part),
+                (2, 1) => micro::<2, 1, X>(w, xs, k, &mut part),
+                (3, 1) => micro::<3, 1, X>(w, xs, k, &mut part),
+                (4, 1) => micro::<4, 1, X>(w, xs, k, &mut part),
+                (1, 2) => micro::<1, 2, X>(w, xs, k, &mut part),
+                (2, 2) => micro::<2, 2, X>(w, xs, k, &mut part),
+                (3, 2) => micro::<3, 2, X>(w, xs, k, &mut part),
+                (4, 2) => micro::<4, 2, X>(w, xs, k, &mut part),
                 _ => return,
             }
         }

@@ -6,7 +6,7 @@
 
 use std::arch::x86_64::*;
 
-use super::DequantFn;
+use super::{DequantFn, RowElem};
 use ferrite_gguf::GgmlType;
 
 /// The fixed horizontal reduction: 512 -> 256 -> 128 bits by halves, then pairs, then the
@@ -27,12 +27,30 @@ pub(crate) fn hsum(v: __m512) -> f32 {
 
 /// Adds the products from `from` to `k`, one at a time, to `acc`.
 #[inline]
-fn tail(acc: f32, w: &[f32], x: &[f32], from: usize, k: usize) -> f32 {
+fn tail<X: RowElem>(acc: f32, w: &[f32], x: &[X], from: usize, k: usize) -> f32 {
     let mut s = acc;
     for i in from..k {
-        s += w[i] * x[i];
+        s += w[i] * x[i].to_f32();
     }
     s
+}
+
+/// Sixteen values of a row at `p` as f32 lanes (half rows widened exactly).
+///
+/// # Safety
+/// AVX-512 available; 16 values readable at `p`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+pub(crate) unsafe fn load16<X: RowElem>(p: *const X) -> __m512 {
+    // SAFETY: 16 values of X at p (caller contract); RowElem is sealed to f32 and f16, whose
+    // layouts HALF names.
+    unsafe {
+        if X::HALF {
+            _mm512_cvtph_ps(_mm256_loadu_si256(p.cast()))
+        } else {
+            _mm512_loadu_ps(p.cast())
+        }
+    }
 }
 
 /// Dot product of the first `k` values.
@@ -82,9 +100,9 @@ pub(crate) unsafe fn axpy(a: f32, x: &[f32], y: &mut [f32], k: usize) {
 /// AVX-512 available; `w.len() == R`, `x.len() == T`, every row has `k` values and `out`
 /// has `R * T` slots.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn micro<const R: usize, const T: usize>(
+unsafe fn micro<const R: usize, const T: usize, X: RowElem>(
     w: &[&[f32]],
-    x: &[&[f32]],
+    x: &[&[X]],
     k: usize,
     out: &mut [f32],
 ) {
@@ -94,7 +112,7 @@ unsafe fn micro<const R: usize, const T: usize>(
         let mut xv = [_mm512_setzero_ps(); T];
         for t in 0..T {
             // SAFETY: 16 * c + 16 <= k <= x[t].len() (caller contract).
-            xv[t] = unsafe { _mm512_loadu_ps(x[t].as_ptr().add(16 * c)) };
+            xv[t] = unsafe { load16(x[t].as_ptr().add(16 * c)) };
         }
         for r in 0..R {
             // SAFETY: 16 * c + 16 <= k <= w[r].len() (caller contract).
@@ -178,12 +196,12 @@ pub(crate) fn hsum16(v: &[__m512; 16]) -> [f32; 16] {
 /// AVX-512 available; 1..=4 rows each side, all with at least `k` values; `out` has
 /// `w.len() * x.len()` slots.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-pub(crate) unsafe fn tile(w: &[&[f32]], x: &[&[f32]], k: usize, out: &mut [f32]) {
+pub(crate) unsafe fn tile<X: RowElem>(w: &[&[f32]], x: &[&[X]], k: usize, out: &mut [f32]) {
     macro_rules! go {
         ($($r:literal, $t:literal);*) => {
             match (w.len(), x.len()) {
                 // SAFETY: forwarded caller contract; R and T match the slice lengths.
-                $(($r, $t) => unsafe { micro::<$r, $t>(w, x, k, out) },)*
+                $(($r, $t) => unsafe { micro::<$r, $t, X>(w, x, k, out) },)*
                 _ => {}
             }
         };

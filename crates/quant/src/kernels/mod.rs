@@ -46,6 +46,40 @@ pub(crate) const MM_COLS: usize = 8;
 /// Largest tile [`dot_tile`] accepts in each direction.
 pub const MAX_TILE: usize = 4;
 
+/// Element type of the rows [`dot_tile`] and [`weighted_rows`] read on their `x` / `v` side
+/// (attention's keys and values): f32, or IEEE half widened exactly as it is loaded, so a
+/// half row gives the same bits as its widened f32 copy.
+pub trait RowElem: Copy + Send + Sync + sealed::Sealed + 'static {
+    /// Whether the element is an IEEE half (the vector loads widen it).
+    const HALF: bool;
+    /// The value as f32 (exact for both types).
+    fn to_f32(self) -> f32;
+}
+
+impl RowElem for f32 {
+    const HALF: bool = false;
+    #[inline]
+    fn to_f32(self) -> f32 {
+        self
+    }
+}
+
+impl RowElem for half::f16 {
+    const HALF: bool = true;
+    #[inline]
+    fn to_f32(self) -> f32 {
+        half::f16::to_f32(self)
+    }
+}
+
+/// The vector loads reinterpret a row's memory by [`RowElem::HALF`], so only the two types
+/// above may implement it.
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for half::f16 {}
+}
+
 /// Checks that `level` can run here.
 pub(crate) fn check_level(level: SimdLevel) -> Result<(), QuantError> {
     if level.is_available() {
@@ -167,16 +201,17 @@ pub fn axpy(level: SimdLevel, a: f32, x: &[f32], y: &mut [f32]) -> Result<(), Qu
 
 /// `out[i * x.len() + j] = dot(w[i], x[j])` over the first `k` values, for up to
 /// [`MAX_TILE`] weight rows and [`MAX_TILE`] activation rows, in the canonical order
-/// (bit-identical to [`dot_f32`] on the same rows).
-pub fn dot_tile(
+/// (bit-identical to [`dot_f32`] on the same rows; half `x` rows give the bits of their f32
+/// widening).
+pub fn dot_tile<X: RowElem>(
     level: SimdLevel,
     w: &[&[f32]],
-    x: &[&[f32]],
+    x: &[&[X]],
     k: usize,
     out: &mut [f32],
 ) -> Result<(), QuantError> {
     check_level(level)?;
-    let short = w.iter().chain(x.iter()).any(|r| r.len() < k);
+    let short = w.iter().any(|r| r.len() < k) || x.iter().any(|r| r.len() < k);
     if w.len() > MAX_TILE || x.len() > MAX_TILE || out.len() < w.len() * x.len() || short {
         return Err(QuantError::BadTile {
             rows: w.len(),
@@ -530,6 +565,36 @@ mod tests {
                             "{level} nr={nr} nt={nt} k={k} r={r} t={t}"
                         );
                     }
+                }
+            }
+        }
+    }
+
+    /// Half `x` rows give the bits of their f32 widening in every tile shape, with and
+    /// without a tail; a widening that differs in one value is told apart.
+    #[test]
+    fn dot_tile_of_half_rows_gives_the_bits_of_their_widening() {
+        for level in SimdLevel::ALL.into_iter().filter(|l| l.is_available()) {
+            for k in [7usize, 16, 64, 72, 256] {
+                for (nw, nx) in [(1, 1), (4, 1), (1, 4), (3, 2), (4, 4)] {
+                    let w = pseudo(nw * k, 5);
+                    let h: Vec<half::f16> = pseudo(nx * k, k as u32)
+                        .iter()
+                        .map(|&v| half::f16::from_f32(v * 50.0))
+                        .collect();
+                    let mut wide: Vec<f32> = h.iter().map(|v| v.to_f32()).collect();
+                    let ws: Vec<&[f32]> = w.chunks(k).collect();
+                    let hs: Vec<&[half::f16]> = h.chunks(k).collect();
+                    let (mut a, mut b) = ([0f32; 16], [0f32; 16]);
+                    dot_tile(level, &ws, &hs, k, &mut a).unwrap();
+                    let xs: Vec<&[f32]> = wide.chunks(k).collect();
+                    dot_tile(level, &ws, &xs, k, &mut b).unwrap();
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&a), bits(&b), "{level} k={k} {nw}x{nx}");
+                    wide[0] += 1.0;
+                    let xs: Vec<&[f32]> = wide.chunks(k).collect();
+                    dot_tile(level, &ws, &xs, k, &mut b).unwrap();
+                    assert_ne!(bits(&a), bits(&b), "{level} k={k}: the check is blind");
                 }
             }
         }

@@ -3,12 +3,14 @@
 //! Canonical order at this level: one f32 accumulator per output, `acc = acc + w[k] * x[k]`
 //! for k ascending (separate multiply and add, never fused).
 
+use super::RowElem;
+
 /// Dot product of the first `k` values of `w` and `x`.
 #[inline]
-pub(crate) fn dot(w: &[f32], x: &[f32], k: usize) -> f32 {
+pub(crate) fn dot<X: RowElem>(w: &[f32], x: &[X], k: usize) -> f32 {
     let mut acc = 0.0f32;
     for (a, b) in w[..k].iter().zip(&x[..k]) {
-        acc += a * b;
+        acc += a * b.to_f32();
     }
     acc
 }
@@ -32,7 +34,7 @@ pub(crate) fn dot_acc(acc: f32, w: &[f32], x: &[f32]) -> f32 {
 }
 
 /// `out[i * x.len() + j] = dot(w[i], x[j])` over the first `k` values.
-pub(crate) fn tile(w: &[&[f32]], x: &[&[f32]], k: usize, out: &mut [f32]) {
+pub(crate) fn tile<X: RowElem>(w: &[&[f32]], x: &[&[X]], k: usize, out: &mut [f32]) {
     for (i, wr) in w.iter().enumerate() {
         for (j, xr) in x.iter().enumerate() {
             out[i * x.len() + j] = dot(wr, xr, k);
