@@ -154,10 +154,7 @@ pub fn attend_many(pool: &ThreadPool, shape: &AttnShape, layer: usize, jobs: &mu
     }
     starts.push(items);
     // Heads of one group in several items: widen f16 rows once rather than once per item.
-    let widened = block < group;
-    if widened {
-        widen(pool, layer, kvd, jobs, &ranges);
-    }
+    let widened = block < group && widen(pool, layer, kvd, jobs, &ranges);
     let views: Vec<JobView<'_>> = jobs
         .iter()
         .zip(&ranges)
@@ -285,16 +282,17 @@ fn head_block(units: usize, group: usize, n_threads: usize) -> usize {
 /// Widens the f16 key and value rows of `ranges[i]` into job `i`'s scratch (all KV heads,
 /// the cache's layout), in parts of at most [`WIDEN_PART`] rows handed out to the pool's
 /// threads as they free up (each part an exact conversion, so who does it does not
-/// matter). Jobs whose cache holds f32 are read in place and skipped.
+/// matter). Jobs whose cache holds f32 are read in place and skipped. Returns false, having
+/// widened nothing, when there is no converter (the rows are then read in place).
 fn widen(
     pool: &ThreadPool,
     layer: usize,
     kvd: usize,
     jobs: &mut [AttnJob<'_>],
     ranges: &[std::ops::Range<usize>],
-) {
+) -> bool {
     let Ok(convert) = dequant_fn(simd_level(), GgmlType::F16) else {
-        return;
+        return false;
     };
     let mut total = 0;
     let parts = jobs.iter_mut().zip(ranges).flat_map(|(j, range)| {
@@ -316,7 +314,7 @@ fn widen(
     // Small spans (decode near the start) are not worth waking the pool.
     if total < 1 << 14 {
         parts.into_iter().for_each(load);
-        return;
+        return true;
     }
     let parts = Mutex::new(parts.into_iter());
     pool.run(|_, _| {
@@ -324,6 +322,7 @@ fn widen(
             load(part);
         }
     });
+    true
 }
 
 /// Most cache rows one widening part converts.
