@@ -6,7 +6,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{DequantFn, RowElem};
+use super::{DequantFn, RowElem, tail};
 use ferrite_gguf::GgmlType;
 
 /// The fixed horizontal reduction: 512 -> 256 -> 128 bits by halves, then pairs, then the
@@ -23,16 +23,6 @@ pub(crate) fn hsum(v: __m512) -> f32 {
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     let s = _mm_add_ss(s, _mm_shuffle_ps::<1>(s, s));
     _mm_cvtss_f32(s)
-}
-
-/// Adds the products from `from` to `k`, one at a time, to `acc`.
-#[inline]
-fn tail<X: RowElem>(acc: f32, w: &[f32], x: &[X], from: usize, k: usize) -> f32 {
-    let mut s = acc;
-    for i in from..k {
-        s += w[i] * x[i].to_f32();
-    }
-    s
 }
 
 /// Sixteen values of a row at `p` as f32 lanes (half rows widened exactly).

@@ -72,6 +72,18 @@ impl RowElem for half::f16 {
     }
 }
 
+/// Adds the products from `from` to `k`, one at a time, to `acc`: the vector levels' tail
+/// after their last full vector.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+pub(crate) fn tail<X: RowElem>(acc: f32, w: &[f32], x: &[X], from: usize, k: usize) -> f32 {
+    let mut s = acc;
+    for i in from..k {
+        s += w[i] * x[i].to_f32();
+    }
+    s
+}
+
 /// The vector loads reinterpret a row's memory by [`RowElem::HALF`], so only the two types
 /// above may implement it.
 mod sealed {
