@@ -294,22 +294,17 @@ fn widen(
     let Ok(convert) = dequant_fn(simd_level(), GgmlType::F16) else {
         return false;
     };
-    let mut total = 0;
-    let parts = jobs.iter_mut().zip(ranges).flat_map(|(j, range)| {
-        let KvRows::F16 { k, v } = j.cache.rows(layer, range.clone()) else {
-            return Vec::new();
-        };
-        let s = &mut *j.scratch;
-        let size = range.len() * kvd;
-        total += 2 * size;
-        let step = (WIDEN_PART * kvd).max(1);
-        let halves = [(k, &mut s.k[..size]), (v, &mut s.v[..size])];
-        halves
-            .into_iter()
-            .flat_map(|(src, dst)| src.chunks(step).zip(dst.chunks_mut(step)))
-            .collect::<Vec<Part<'_>>>()
-    });
-    let parts: Vec<Part<'_>> = parts.collect();
+    let step = (WIDEN_PART * kvd).max(1);
+    let mut parts: Vec<Part<'_>> = Vec::new();
+    for (j, range) in jobs.iter_mut().zip(ranges) {
+        if let KvRows::F16 { k, v } = j.cache.rows(layer, range.clone()) {
+            let s = &mut *j.scratch;
+            for (src, dst) in [(k, &mut s.k[..k.len()]), (v, &mut s.v[..v.len()])] {
+                parts.extend(src.chunks(step).zip(dst.chunks_mut(step)));
+            }
+        }
+    }
+    let total: usize = parts.iter().map(|(src, _)| src.len()).sum();
     let load = |(src, dst): Part<'_>| convert(bytemuck::cast_slice(src), dst);
     // Small spans (decode near the start) are not worth waking the pool.
     if total < 1 << 14 {
