@@ -129,6 +129,11 @@ impl PrefillMode {
         mmq_kernel(w.ty, planes).map(|k| (k, planes))
     }
 
+    /// The int8 planes MMQ reads under this mode; `None` when every product is cuBLAS's.
+    pub(crate) fn mmq_planes(self) -> Option<usize> {
+        self.mmq_planes
+    }
+
     /// Whether `w` takes the MMQ path (so needs no f16 copy).
     pub(crate) fn is_mmq(self, w: &DeviceMatrix) -> bool {
         self.mmq(w).is_some()

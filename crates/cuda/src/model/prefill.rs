@@ -8,7 +8,7 @@
 use cudarc::driver::CudaSlice;
 
 use super::{CudaModel, CudaSession, DeviceFfn, DeviceLayer, moe};
-use crate::gemm::ProductScratch;
+use crate::gemm::{PrefillMode, ProductScratch};
 use crate::ops::{PREFILL_MAX_SPLITS, act_q8_bytes, prefill_splits};
 use crate::{AttnShape, CudaError};
 
@@ -19,6 +19,8 @@ const PREFILL_CHUNK: usize = 512;
 #[derive(Debug)]
 pub(super) struct PrefillBufs {
     cap: usize,
+    /// The products' mode these buffers are sized for (MMQ's operands exist only under it).
+    mode: PrefillMode,
     tokens: CudaSlice<i32>,
     x: CudaSlice<f32>,
     xn: CudaSlice<f32>,
@@ -33,7 +35,7 @@ pub(super) struct PrefillBufs {
     part: CudaSlice<f32>,
     /// f16 activations, the cuBLAS products' token operand.
     x16: CudaSlice<u16>,
-    /// Int8 activations (up to two planes), the MMQ products' token operand.
+    /// Int8 activations, the MMQ products' token operand (one value under cuBLAS only).
     xq: CudaSlice<u8>,
     /// The products' weight scratch (f16 copy) and MMQ partial sums.
     scratch: ProductScratch,
@@ -42,7 +44,7 @@ pub(super) struct PrefillBufs {
 }
 
 impl PrefillBufs {
-    fn new(m: &CudaModel, cap: usize) -> Result<PrefillBufs, CudaError> {
+    fn new(m: &CudaModel, cap: usize, mode: PrefillMode) -> Result<PrefillBufs, CudaError> {
         let c = &m.config;
         let s = &m.backend.stream;
         let widest = c.d_model.max(c.q_dim()).max(c.d_ff);
@@ -50,12 +52,18 @@ impl PrefillBufs {
             .layers
             .iter()
             .flat_map(DeviceLayer::matrices)
-            .filter(|w| w.f16.is_none())
+            .filter(|w| w.f16.is_none() && !mode.is_mmq(w))
             .map(|w| w.rows * w.cols)
             .max()
             .unwrap_or(1);
+        // MMQ's int8 operand (two planes at most) and its partial sums.
+        let (xq, part) = match mode.mmq_planes() {
+            Some(planes) => (act_q8_bytes(cap * widest, planes), 2 * cap * widest),
+            None => (1, 1),
+        };
         Ok(PrefillBufs {
             cap,
+            mode,
             tokens: s.alloc_zeros(cap)?,
             x: s.alloc_zeros(cap * c.d_model)?,
             xn: s.alloc_zeros(cap * c.d_model)?,
@@ -68,10 +76,10 @@ impl PrefillBufs {
             up: s.alloc_zeros(cap * c.d_ff)?,
             part: s.alloc_zeros(cap * c.n_head * PREFILL_MAX_SPLITS * (c.head_dim + 2))?,
             x16: s.alloc_zeros(cap * widest)?,
-            xq: s.alloc_zeros(act_q8_bytes(cap * widest, 2))?,
+            xq: s.alloc_zeros(xq)?,
             scratch: ProductScratch {
                 w16: s.alloc_zeros(biggest)?,
-                part: s.alloc_zeros(2 * cap * widest)?,
+                part: s.alloc_zeros(part)?,
             },
             moe: match &c.moe {
                 Some(cfg) => Some(moe::MoeBufs::new(&m.backend, c, cfg, cap)?),
@@ -86,8 +94,13 @@ impl CudaSession<'_> {
     /// `n_past` per chunk.
     pub(super) fn prefill(&mut self, tokens: &[u32]) -> Result<(), CudaError> {
         let cap = PREFILL_CHUNK.min(self.ctx);
-        if self.prefill.as_ref().is_none_or(|p| p.cap < cap) {
-            self.prefill = Some(PrefillBufs::new(self.model, cap)?);
+        let mode = self.model.backend.prefill_mode();
+        if self
+            .prefill
+            .as_ref()
+            .is_none_or(|p| p.cap < cap || p.mode != mode)
+        {
+            self.prefill = Some(PrefillBufs::new(self.model, cap, mode)?);
         }
         let Some(mut pb) = self.prefill.take() else {
             return Err(CudaError::InvalidArgument("no prefill buffers".into()));
@@ -120,8 +133,7 @@ impl CudaSession<'_> {
         if let Some(l0) = m.layers.first() {
             b.rms_norm(&pb.x, &l0.attn_norm, &pb.xn, n, c.rms_eps)?;
         }
-        let (scratch, x16, xq) = (&pb.scratch, &pb.x16, &pb.xq);
-        let mode = b.prefill_mode();
+        let (scratch, x16, xq, mode) = (&pb.scratch, &pb.x16, &pb.xq, pb.mode);
         for (l, lw) in m.layers.iter().enumerate() {
             let lc = &c.layers[l];
             mode.prepare(b, &[&lw.wq, &lw.wk, &lw.wv], &pb.xn, n, c.d_model, x16, xq)?;
