@@ -385,28 +385,16 @@ fn real_models_match_cpu_with_mmq_prefill_when_present() {
     real_models(PrefillProducts::Mmq);
 }
 
-/// Both real models (when in `$FERRITE_HOME/models`) against the CPU, prefill by `prefill`.
+/// Both real models (when in `$FERRITE_HOME/models`; required with `FERRITE_TEST_MODELS=1`)
+/// against the CPU, prefill by `prefill`.
 fn real_models(prefill: PrefillProducts) {
     if backend().is_none() {
         return;
     }
-    let home = std::env::var_os("FERRITE_HOME")
-        .map(std::path::PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache/ferrite"))
-        });
-    for file in [
-        "SmolLM2-135M-Instruct.Q4_1.gguf",
-        "gemma-3-270m-q4_k_m.gguf",
-    ] {
-        let Some(path) = home.as_ref().map(|h| h.join("models").join(file)) else {
-            println!("skipped: no FERRITE_HOME or HOME");
-            return;
-        };
-        if !path.exists() {
-            println!("skipped: {} not present", path.display());
+    for file in [ferrite_testkit::SMOLLM2, ferrite_testkit::GEMMA3] {
+        let Some(path) = ferrite_testkit::real_model(file) else {
             continue;
-        }
+        };
         let m = Model::load(&path, Default::default()).unwrap();
         let vocab = m.config().n_vocab;
         let b = CudaBackend::new().unwrap();
