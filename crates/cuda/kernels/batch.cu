@@ -99,11 +99,13 @@
 
 FERRITE_BATCH_MATVEC(q4_1, float, xv_q4_1, xload_q4_1, unit_q4_1, 5, 0)
 FERRITE_BATCH_MATVEC(q8_0, float, xv_q8_0, xload_q8_0, unit_q8_0, 5, 0)
+FERRITE_BATCH_MATVEC(q4_0, float, xv_q4_0, xload_q4_0, unit_q4_0, 5, 0)
 FERRITE_BATCH_MATVEC(q5_0, float, xv_q5_0, xload_q5_0, unit_q5_0, 5, 0)
 FERRITE_BATCH_MATVEC(q4_k, float, xv_q4_k, xload_q4_k, unit_q4_k, 6, 0)
 FERRITE_BATCH_MATVEC(q6_k, float, xv_q6_k, xload_q6_k, unit_q6_k, 5, 0)
 FERRITE_BATCH_MATVEC(f32, float, xv_f32, xload_f32, unit_f32, 5, 0)
 FERRITE_BATCH_MATVEC(f16, float, xv_f16, xload_f16, unit_f16, 5, 0)
+FERRITE_BATCH_MATVEC(bf16, float, xv_bf16, xload_bf16, unit_bf16, 5, 0)
 FERRITE_BATCH_MATVEC(i8_q4_1, u8, xi32<1>, xload_i32<1>, unit_i8_q4_1<1>, 5, 1)
 FERRITE_BATCH_MATVEC(i8_q8_0, u8, xi32<1>, xload_i32<1>, unit_i8_q8_0<1>, 5, 1)
 FERRITE_BATCH_MATVEC(i8_q4_k, u8, xi64<1>, xload_i64<1>, unit_i8_q4_k<1>, 6, 1)

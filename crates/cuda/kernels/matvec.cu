@@ -67,6 +67,19 @@ static __device__ __forceinline__ float deq_q6_k(const u8* __restrict__ r, int i
     return h2f(ld16(b + 208)) * (float)(signed char)b[192 + (e >> 4)] * (float)q;
 }
 
+// Q4_0: 18 bytes per 32 values: d (f16), 16 bytes of nibbles (j low, j+16 high); x = d·(q − 8).
+static __device__ __forceinline__ float deq_q4_0(const u8* __restrict__ r, int i) {
+    const u8* b = r + (i >> 5) * 18;
+    int j = i & 31;
+    u8 q = (j < 16) ? (b[2 + j] & 15) : (b[2 + j - 16] >> 4);
+    return h2f(ld16(b)) * (float)((int)q - 8);
+}
+
+// BF16: the upper half of an f32.
+static __device__ __forceinline__ float deq_bf16(const u8* __restrict__ r, int i) {
+    return __int_as_float((int)((u32)ld16(r + 2 * i) << 16));
+}
+
 static __device__ __forceinline__ float deq_f32(const u8* __restrict__ r, int i) {
     return __int_as_float((int)ld32(r + 4 * i));
 }
@@ -372,9 +385,11 @@ static __device__ __forceinline__ float unit_q6_k(const u8* __restrict__ r, int 
     return h2f(ld16(b + 208)) * (sc0 * s[0] + sc1 * s[1]);
 }
 
+FERRITE_GENERIC_UNIT(q4_0, deq_q4_0)
 FERRITE_GENERIC_UNIT(q5_0, deq_q5_0)
 FERRITE_GENERIC_UNIT(f32, deq_f32)
 FERRITE_GENERIC_UNIT(f16, deq_f16)
+FERRITE_GENERIC_UNIT(bf16, deq_bf16)
 
 // The other types' units read x through the pointer itself.
 #define FERRITE_POINTER_X(NAME)                                                            \
@@ -384,14 +399,18 @@ FERRITE_GENERIC_UNIT(f16, deq_f16)
     }
 FERRITE_POINTER_X(q4_1)
 FERRITE_POINTER_X(q8_0)
+FERRITE_POINTER_X(q4_0)
 FERRITE_POINTER_X(q5_0)
 FERRITE_POINTER_X(f32)
 FERRITE_POINTER_X(f16)
+FERRITE_POINTER_X(bf16)
 
 FERRITE_MATVEC(q4_1, deq_q4_1, 5)
 FERRITE_MATVEC(q8_0, deq_q8_0, 5)
+FERRITE_MATVEC(q4_0, deq_q4_0, 5)
 FERRITE_MATVEC(q5_0, deq_q5_0, 5)
 FERRITE_MATVEC(q4_k, deq_q4_k, 6)
 FERRITE_MATVEC(q6_k, deq_q6_k, 5)
 FERRITE_MATVEC(f32, deq_f32, 5)
 FERRITE_MATVEC(f16, deq_f16, 5)
+FERRITE_MATVEC(bf16, deq_bf16, 5)

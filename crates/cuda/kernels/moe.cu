@@ -171,8 +171,10 @@ extern "C" __global__ void moe_combine(const float* __restrict__ ys, const int* 
 
 FERRITE_MOE(q4_1, 5)
 FERRITE_MOE(q8_0, 5)
+FERRITE_MOE(q4_0, 5)
 FERRITE_MOE(q5_0, 5)
 FERRITE_MOE(q4_k, 6)
 FERRITE_MOE(q6_k, 5)
 FERRITE_MOE(f32, 5)
 FERRITE_MOE(f16, 5)
+FERRITE_MOE(bf16, 5)

@@ -44,6 +44,14 @@ const KERNELS: &[&str] = &[
     "matvec_rows_q8_0",
     "moe_gated_q8_0",
     "moe_down_q8_0",
+    "matvec_q4_0",
+    "matvec3_q4_0",
+    "matvec_gated_q4_0",
+    "embed_q4_0",
+    "dequant_f16_q4_0",
+    "matvec_rows_q4_0",
+    "moe_gated_q4_0",
+    "moe_down_q4_0",
     "matvec_q5_0",
     "matvec3_q5_0",
     "matvec_gated_q5_0",
@@ -84,6 +92,14 @@ const KERNELS: &[&str] = &[
     "matvec_rows_f16",
     "moe_gated_f16",
     "moe_down_f16",
+    "matvec_bf16",
+    "matvec3_bf16",
+    "matvec_gated_bf16",
+    "embed_bf16",
+    "dequant_f16_bf16",
+    "matvec_rows_bf16",
+    "moe_gated_bf16",
+    "moe_down_bf16",
     "rms_norm_f32",
     "rope_f32",
     "gate_silu_f32",
@@ -147,11 +163,13 @@ pub fn kernel_suffix(ty: GgmlType) -> Option<&'static str> {
     Some(match ty {
         GgmlType::Q4_1 => "q4_1",
         GgmlType::Q8_0 => "q8_0",
+        GgmlType::Q4_0 => "q4_0",
         GgmlType::Q5_0 => "q5_0",
         GgmlType::Q4_K => "q4_k",
         GgmlType::Q6_K => "q6_k",
         GgmlType::F32 => "f32",
         GgmlType::F16 => "f16",
+        GgmlType::BF16 => "bf16",
         _ => return None,
     })
 }
@@ -197,11 +215,13 @@ pub(crate) fn weight_kernels(ty: GgmlType) -> Option<WeightKernels> {
     Some(match ty {
         GgmlType::Q4_1 => weight_kernels!("q4_1"),
         GgmlType::Q8_0 => weight_kernels!("q8_0"),
+        GgmlType::Q4_0 => weight_kernels!("q4_0"),
         GgmlType::Q5_0 => weight_kernels!("q5_0"),
         GgmlType::Q4_K => weight_kernels!("q4_k"),
         GgmlType::Q6_K => weight_kernels!("q6_k"),
         GgmlType::F32 => weight_kernels!("f32"),
         GgmlType::F16 => weight_kernels!("f16"),
+        GgmlType::BF16 => weight_kernels!("bf16"),
         _ => return None,
     })
 }
@@ -524,6 +544,7 @@ mod tests {
     #[test]
     fn every_supported_type_has_both_kernels() {
         for ty in [
+            GgmlType::Q4_0,
             GgmlType::Q4_1,
             GgmlType::Q8_0,
             GgmlType::Q5_0,
@@ -531,6 +552,7 @@ mod tests {
             GgmlType::Q6_K,
             GgmlType::F32,
             GgmlType::F16,
+            GgmlType::BF16,
         ] {
             let s = kernel_suffix(ty).unwrap();
             let k = weight_kernels(ty).unwrap();

@@ -9,7 +9,8 @@ use ferrite_model::ops::RopeStyle;
 
 use crate::{assert_close, backend, err_tuple, pseudo};
 
-const TYPES: [GgmlType; 7] = [
+const TYPES: [GgmlType; 9] = [
+    GgmlType::Q4_0,
     GgmlType::Q4_1,
     GgmlType::Q8_0,
     GgmlType::Q5_0,
@@ -17,6 +18,7 @@ const TYPES: [GgmlType; 7] = [
     GgmlType::Q6_K,
     GgmlType::F32,
     GgmlType::F16,
+    GgmlType::BF16,
 ];
 
 pub fn quantized(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> (Vec<u8>, Vec<f32>) {
@@ -73,7 +75,9 @@ fn matvec_matches_dequantized_cpu_product() {
         }
     }
     let counts = b.launch_counts();
-    for s in ["q4_1", "q8_0", "q5_0", "q4_k", "q6_k", "f32", "f16"] {
+    for s in [
+        "q4_0", "q4_1", "q8_0", "q5_0", "q4_k", "q6_k", "f32", "f16", "bf16",
+    ] {
         assert!(
             counts[format!("matvec_{s}").as_str()] > 0,
             "matvec_{s} never ran"
