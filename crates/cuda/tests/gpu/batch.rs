@@ -170,6 +170,18 @@ fn batched_steps_match_single_steps_f16_f32_weights() {
 }
 
 #[test]
+fn batched_steps_match_single_steps_q4_0_bf16_weights() {
+    if backend().is_none() {
+        return;
+    }
+    check_spec(&synth::llama_q4_0_bf16());
+    let counts = backend().unwrap().launch_counts();
+    for k in ["bmv_q4_0", "bmv_gated_bf16", "bmv_bf16"] {
+        assert!(counts[k] > 0, "{k} never ran");
+    }
+}
+
+#[test]
 fn batch_errors_leave_sessions_unchanged() {
     let Some(b) = backend() else {
         return;

@@ -333,6 +333,31 @@ fn llama_q4_k_m_types_int8x2_match_cpu() {
     }
 }
 
+#[test]
+fn llama_q4_0_bf16_weights_match_cpu() {
+    if backend().is_none() {
+        return;
+    }
+    let counts = run_spec(
+        &synth::llama_q4_0_bf16(),
+        Activations::F32,
+        PrefillProducts::Dequant,
+    )
+    .launch_counts();
+    for k in [
+        "matvec3_q4_0",
+        "matvec_bf16",
+        "matvec_gated_bf16",
+        "matvec_q4_0",
+        "embed_bf16",
+        "dequant_f16_q4_0",
+        "dequant_f16_bf16",
+        "graph_step",
+    ] {
+        assert!(counts[k] > 0, "{k} never ran");
+    }
+}
+
 /// MMQ prefill in one and two planes: the integer tensor-core kernels ran and no f16 copy
 /// or cuBLAS product was needed for their formats; the logits keep the bounds of the
 /// activations' setting.

@@ -149,6 +149,21 @@ pub fn llama_small() -> Spec {
     }
 }
 
+/// `llama_small` in the formats no real model of ours uses: Q4_0 and BF16 matrices, a BF16
+/// embedding and an untied Q4_0 output.
+pub fn llama_q4_0_bf16() -> Spec {
+    Spec {
+        embed: GgmlType::BF16,
+        attn_qk: GgmlType::Q4_0,
+        attn_v: GgmlType::Q4_0,
+        attn_o: GgmlType::BF16,
+        ffn_up: GgmlType::BF16,
+        ffn_down: GgmlType::Q4_0,
+        output: Some(GgmlType::Q4_0),
+        ..llama_small()
+    }
+}
+
 /// A gemma3 model with Gemma 3 270M's weight types, 7 layers (sliding and global).
 pub fn gemma_small() -> Spec {
     Spec {
