@@ -21,7 +21,8 @@ use crate::models::DEFAULT_MODEL;
 /// Weight precision choices on the command line.
 #[derive(Clone, Copy, clap::ValueEnum)]
 pub enum PrecisionArg {
-    /// Quantized weights read in place, f32 activations.
+    /// Quantized weights read in place; activations f32, or 16-bit integers per block in
+    /// Q4_1 and Q8_0 products on AVX-512 VNNI (`act=q16` in the backend line).
     Default,
     /// Every weight dequantized to f32 at load (separates graph bugs from quantization noise).
     F32,
@@ -213,10 +214,16 @@ impl Loaded {
             KvType::F16 => "f16",
             KvType::F32 => "f32",
         };
+        let level = ferrite_quant::simd_level();
+        // Which products ran with 16-bit activations: Q4_1 and Q8_0 ones, on AVX-512 VNNI.
+        let q16 = ferrite_quant::kernels::q16::applies(level, ferrite_gguf::GgmlType::Q4_1);
+        let act = match self.model.precision() {
+            Precision::Default if q16 => "q16",
+            _ => "f32",
+        };
         format!(
-            "backend=cpu threads={} simd={} kv={kv} precision={}",
+            "backend=cpu threads={} simd={level} act={act} kv={kv} precision={}",
             self.pool.n_threads(),
-            ferrite_quant::simd_level(),
             match self.model.precision() {
                 Precision::Default => "default",
                 Precision::F32 => "f32",

@@ -2,9 +2,10 @@
 //!
 //! Key design choice: one path for decode and prefill. Weights are dequantized exactly
 //! (bit-for-bit what gguf-py produces) a tile of rows at a time into per-thread scratch and
-//! multiplied against f32 activations with register-blocked SIMD kernels. Each output has
-//! one owner thread and a fixed accumulation order, so results are bit-identical for any
-//! thread count and any batch composition.
+//! multiplied against f32 activations with register-blocked SIMD kernels (Q4_1 and Q8_0 on
+//! AVX-512 VNNI: 16-bit block-quantized activations and exact integer block sums, see
+//! `matmul`). Each output has one owner thread and a fixed accumulation order, so results
+//! are bit-identical for any thread count and any batch composition.
 //!
 //! ```
 //! use ferrite_cpu::{Matrix, ThreadPool, matmul};

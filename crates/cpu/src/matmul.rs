@@ -1,5 +1,10 @@
 //! Quantized weight x f32 activation matrix products.
 //!
+//! Q4_1 and Q8_0 weights on AVX-512 VNNI take one path for every token count
+//! ([`ferrite_quant::kernels::q16`]): the activations are rounded to 16-bit integers per
+//! 32-value block once per call, and each thread multiplies its rows with exact integer
+//! block sums. Every other format and level takes the f32 paths below.
+//!
 //! Each thread owns a contiguous range of output rows. Decode (one token) uses the fused
 //! kernel ([`ferrite_quant::kernels::matvec`]): weights are dequantized in registers and fed
 //! to the FMAs, streaming each weight byte once. A decode batch of up to
@@ -18,7 +23,7 @@
 
 use ferrite_gguf::GgmlType;
 use ferrite_quant::kernels::{
-    MAX_TILE, dequant_fn, gemm_f32, has_fused_multi_matvec, matvec, multi_matvec,
+    MAX_TILE, dequant_fn, gemm_f32, has_fused_multi_matvec, matvec, multi_matvec, q16,
 };
 use ferrite_quant::{SimdLevel, simd_level};
 
@@ -59,7 +64,8 @@ impl Matrix<'_> {
 }
 
 /// `y[t*rows + r] = sum_k W[r,k] * x[t*cols + k]` for `t in 0..n_tokens`, with the kernels
-/// of [`simd_level`]. Activations stay f32; weights are dequantized exactly.
+/// of [`simd_level`]. Weights are dequantized exactly; activations stay f32, except in the
+/// 16-bit products of Q4_1 and Q8_0 on AVX-512 VNNI (module docs).
 pub fn matmul(
     pool: &ThreadPool,
     w: Matrix<'_>,
@@ -93,6 +99,9 @@ pub fn matmul_with(
     }
     if n_tokens == 0 || w.rows == 0 {
         return Ok(());
+    }
+    if q16::applies(level, w.ty) {
+        return matmul_q16(pool, level, w, rb, x, n_tokens, y);
     }
     let multi = n_tokens <= MULTI_MAX_TOKENS && has_fused_multi_matvec(level, w.ty, w.cols);
     let tile_rows = tile_rows(w.cols, n_tokens);
@@ -195,6 +204,63 @@ pub fn matmul_with(
     }
     Ok(())
 }
+
+/// Every token count of a format with 16-bit activation kernels (one path, so a token's
+/// outputs never depend on the batch): the columns are quantized once, then each thread
+/// multiplies its rows through its scratch, about [`Q16_OUTPUTS`] outputs at a time.
+fn matmul_q16(
+    pool: &ThreadPool,
+    level: SimdLevel,
+    w: Matrix<'_>,
+    rb: usize,
+    x: &[f32],
+    n_tokens: usize,
+    y: &mut [f32],
+) -> Result<(), CpuError> {
+    let acts = q16::quantize(w.ty, x, w.cols, n_tokens)?;
+    let n_threads = pool.n_threads();
+    let out = OutPtr(y.as_mut_ptr());
+    let rows = w.rows;
+    let chunk = (Q16_OUTPUTS / n_tokens).max(16);
+    let failed = std::sync::atomic::AtomicBool::new(false);
+    pool.run(|index, scratch| {
+        let start = rows * index / n_threads;
+        let end = rows * (index + 1) / n_threads;
+        let need = n_tokens * chunk;
+        if scratch.len() < need {
+            scratch.resize(need, 0.0);
+        }
+        let mut r0 = start;
+        while r0 < end {
+            let nr = chunk.min(end - r0);
+            let part = &mut scratch[..n_tokens * nr];
+            let wr = &w.data[r0 * rb..(r0 + nr) * rb];
+            if q16::matmul(level, wr, nr, &acts, part, nr).is_err() {
+                failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                return;
+            }
+            for (t, prow) in part.chunks_exact(nr).enumerate() {
+                // SAFETY: t * rows + r0 + nr <= n_tokens * rows == y.len() (checked by the
+                // caller), and rows r0..r0 + nr lie in this thread's [start, end) range,
+                // which no other thread writes; `y` is borrowed mutably for the whole call,
+                // which outlives `run`.
+                let dst = unsafe { out.slice(t * rows + r0, nr) };
+                dst.copy_from_slice(prow);
+            }
+            r0 += nr;
+        }
+    });
+    if failed.into_inner() {
+        return Err(CpuError::Shape {
+            what: "kernel rejected a validated shape",
+        });
+    }
+    Ok(())
+}
+
+/// Outputs per call of the 16-bit activation kernel (its outputs go through the thread's
+/// scratch); few tokens take many rows per call, so decode pays the call's setup rarely.
+const Q16_OUTPUTS: usize = 1 << 15;
 
 /// Largest token count sent to the multi-column matvec; more tokens take the tile GEMM.
 /// Measured (`examples/batch_matmul`, one thread, Zen 5 AVX-512, tokens per CPU-second of

@@ -268,8 +268,15 @@ fn naive_check(file: &'static str, tag: &str) -> Option<f64> {
 
 #[test]
 fn naive_reference_matches_per_layer_smollm2() {
+    // SmolLM2 is Q4_1 and Q8_0 throughout: on AVX-512 VNNI its products round the
+    // activations to 16 bits, which the f64 reference does not (measured 2.7e-4 there).
+    let q16 = ferrite_quant::kernels::q16::applies(
+        ferrite_quant::simd_level(),
+        ferrite_gguf::GgmlType::Q4_1,
+    );
+    let bound = if q16 { 1e-3 } else { 1e-4 };
     if let Some(w) = naive_check(SMOLLM2, "smollm2") {
-        assert!(w < 1e-4, "{w:e}");
+        assert!(w < bound, "{w:e}");
     }
 }
 

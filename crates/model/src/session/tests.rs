@@ -65,7 +65,13 @@ fn optimized_matches_naive_reference_per_layer() {
             // 11 tokens: more than the window of 4 (gemma3, mistral), so the sliding
             // mask matters.
             let worst = worst_vs_naive(&m, &mut s, &tokens(11));
-            assert!(worst < 1e-5, "{arch} {wty} {p:?}: {worst:e}");
+            // Q8_0 products with 16-bit activations (AVX-512 VNNI) round the activations,
+            // which the f64 reference does not: measured 4.4e-5 there, against < 1e-6 for
+            // f32 activations. Graph bugs (the mutations below) exceed 1e-3.
+            let q16 = p == Precision::Default
+                && ferrite_quant::kernels::q16::applies(ferrite_quant::simd_level(), wty);
+            let bound = if q16 { 2e-4 } else { 1e-5 };
+            assert!(worst < bound, "{arch} {wty} {p:?}: {worst:e}");
         }
     }
 }

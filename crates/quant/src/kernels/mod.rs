@@ -7,6 +7,10 @@
 //! `k`, a fixed horizontal reduction, then the remaining `k % width` products added one by
 //! one. Dequantization is bit-exact at every level. So, at one level, a matrix product gives
 //! the same bits whether it runs as a matvec, a tiled GEMM, on any thread, in any tile.
+//!
+//! [`q16`] is a second kind of product (16-bit activations, exact integer block sums) with
+//! its own, equally shape-independent definition; callers choose it per format and level
+//! with [`q16::applies`] and then use it for every token count.
 
 mod attn;
 #[cfg(target_arch = "x86_64")]
@@ -17,7 +21,10 @@ mod avx2_dequant;
 pub(crate) mod avx512;
 #[cfg(target_arch = "x86_64")]
 mod avx512_dequant;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512_q16;
 mod multi;
+pub mod q16;
 pub(crate) mod scalar;
 mod vmath;
 

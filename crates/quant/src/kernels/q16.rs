@@ -1,0 +1,252 @@
+//! Weight products with 16-bit activations: the integer path of Q4_1 and Q8_0 weights on
+//! AVX-512 VNNI.
+//!
+//! Why: a quantized weight times an f32 activation costs one f32 fused multiply-add per
+//! value. With the activations rounded to 16-bit integers per 32-value block, the products
+//! of a block are exact 32-bit integer sums (`vpdpwssd`, two products per lane and
+//! instruction, sixteen weight rows per vector), and only one scale step per block stays in
+//! floating point. Measured against the transformers fixtures (SmolLM2 logits, 25 prompts),
+//! this moves the mean |Δ log-prob| from 0.00123 to 0.00136, where 8-bit activations (what
+//! llama.cpp does) give 0.10.
+//!
+//! What a product is, per output row `r` and activation column `c` (every kernel computes
+//! exactly this, so results do not depend on the kernel, the batch, the tile or the thread):
+//!
+//! - each 32-value block `b` of the column is quantized once: `amax` = the largest |a|,
+//!   `s = amax / 32767`, `A_i = round_ties_even(a_i · (32767 / amax))` clamped to ±32767,
+//!   `S = s · ΣA_i` (a block of zeros has `s = S = 0`; a block holding a non-finite value
+//!   has `A = 0` and `s = S = NaN`, so the output is NaN; a block too small for the
+//!   reciprocal to be finite counts as zeros);
+//! - `I_b = Σ q_i · A_i` exactly, with `q` the block's integer weights (Q4_1: 0..15,
+//!   Q8_0: −128..127);
+//! - `acc = 0`, then for each block in order: `acc = fma(I_b as f32, d_b · s_b, acc)`, and
+//!   for Q4_1 `acc = fma(m_b, S_b, acc)` (`d`, `m`: the block's f16 scale and minimum).
+//!
+//! This module never touches other formats or levels: it applies only where [`applies`]
+//! says so, and every other product stays on the f32 kernels.
+
+use ferrite_gguf::GgmlType;
+
+use crate::{QuantError, SimdLevel};
+
+/// Values per quantized activation block (the weight formats' block size).
+pub(crate) const BLOCK: usize = 32;
+
+/// 32-bit words (pairs of 16-bit activations) per block.
+pub(crate) const PAIRS: usize = BLOCK / 2;
+
+/// Whether products with weights of type `ty` take the 16-bit activation path at `level`.
+pub fn applies(level: SimdLevel, ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::Q4_1 | GgmlType::Q8_0)
+        && level == SimdLevel::Avx512
+        && level.is_available()
+        && has_vnni()
+}
+
+#[cfg(target_arch = "x86_64")]
+fn has_vnni() -> bool {
+    std::arch::is_x86_feature_detected!("avx512vnni")
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn has_vnni() -> bool {
+    false
+}
+
+/// Activation columns per tile: the kernels multiply a group of weight rows with one tile
+/// at a time.
+pub(crate) const TILE: usize = 8;
+
+/// `n` activation columns of `k` values, quantized for weights of one type.
+///
+/// Stored in tiles of [`TILE`] columns (the last may be narrower), so that a kernel walks
+/// one tile with one pointer: in a tile of `C` columns, block `b` of its column `c` has
+/// its sixteen pairs of 16-bit values at `(b · C + c) · 16` of the tile's `pairs` (in the
+/// order the type's kernel consumes its weights, [`pair_order`]) and its `s` and `S` at
+/// `b · C + c` of the tile's `scale` and `sum`.
+#[derive(Debug, Clone)]
+pub struct Q16Acts {
+    ty: GgmlType,
+    k: usize,
+    n: usize,
+    pairs: Vec<u32>,
+    scale: Vec<f32>,
+    sum: Vec<f32>,
+}
+
+impl Q16Acts {
+    /// Values per column.
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// Number of columns.
+    pub fn n(&self) -> usize {
+        self.n
+    }
+
+    /// Blocks per column.
+    fn nb(&self) -> usize {
+        self.k / BLOCK
+    }
+
+    /// Number of column tiles.
+    pub(crate) fn tiles(&self) -> usize {
+        self.n.div_ceil(TILE)
+    }
+
+    /// Tile `t`: its width, pairs, scales and sums.
+    pub(crate) fn tile(&self, t: usize) -> (usize, &[u32], &[f32], &[f32]) {
+        let nb = self.nb();
+        let c0 = t * TILE;
+        let width = TILE.min(self.n - c0);
+        let (b0, b1) = (c0 * nb, (c0 + width) * nb);
+        (
+            width,
+            &self.pairs[b0 * PAIRS..b1 * PAIRS],
+            &self.scale[b0..b1],
+            &self.sum[b0..b1],
+        )
+    }
+
+    /// Where block `b` of column `c` lives (its index in `scale`, and `PAIRS` times that
+    /// in `pairs`).
+    fn slot(&self, c: usize, b: usize) -> usize {
+        let nb = self.nb();
+        let c0 = c - c % TILE;
+        let width = TILE.min(self.n - c0);
+        c0 * nb + b * width + c % TILE
+    }
+}
+
+/// For weights of type `ty`: the natural index (0..32) of the activation that goes in each
+/// 16-bit half of each pair, `order[2p + half]`. It mirrors how the kernel unpacks a
+/// block's weight bytes (see `avx512_q16`), so pair `p` of weights meets pair `p` of
+/// activations.
+pub(crate) fn pair_order(ty: GgmlType) -> [usize; BLOCK] {
+    std::array::from_fn(|i| {
+        let (p, half) = (i / 2, i % 2);
+        if ty == GgmlType::Q4_1 {
+            // Dword w of the nibbles yields low nibbles (4w, 4w+2), (4w+1, 4w+3), then high
+            // nibbles (4w+16, 4w+18), (4w+17, 4w+19).
+            let (w, t) = (p / 4, p % 4);
+            4 * w + (t & 1) + 16 * (t >> 1) + 2 * half
+        } else {
+            // Dword w of the bytes yields (4w, 4w+2), (4w+1, 4w+3).
+            let (w, t) = (p / 2, p % 2);
+            4 * w + t + 2 * half
+        }
+    })
+}
+
+/// Quantizes `n` columns of `k` values (`x.len() == n * k`, `k` a multiple of 32) for
+/// weights of type `ty`, as the module docs define.
+pub fn quantize(ty: GgmlType, x: &[f32], k: usize, n: usize) -> Result<Q16Acts, QuantError> {
+    if !matches!(ty, GgmlType::Q4_1 | GgmlType::Q8_0) {
+        return Err(QuantError::Unsupported {
+            ty,
+            op: "16-bit activation products",
+        });
+    }
+    if !k.is_multiple_of(BLOCK) || Some(x.len()) != n.checked_mul(k) {
+        return Err(QuantError::PartialBlock {
+            ty,
+            n: x.len(),
+            block: BLOCK as u64,
+        });
+    }
+    let blocks = x.len() / BLOCK;
+    let mut acts = Q16Acts {
+        ty,
+        k,
+        n,
+        pairs: vec![0; blocks * PAIRS],
+        scale: vec![0.0; blocks],
+        sum: vec![0.0; blocks],
+    };
+    let order = pair_order(ty);
+    #[cfg(target_arch = "x86_64")]
+    let simd = applies(SimdLevel::Avx512, ty);
+    for (i, a) in x.chunks_exact(BLOCK).enumerate() {
+        let a: &[f32; BLOCK] = a.try_into().expect("32 values");
+        let slot = acts.slot(i / acts.nb(), i % acts.nb());
+        let pairs: &mut [u32; PAIRS] = (&mut acts.pairs[slot * PAIRS..(slot + 1) * PAIRS])
+            .try_into()
+            .expect("16 pairs");
+        #[cfg(target_arch = "x86_64")]
+        if simd {
+            // SAFETY: `applies` proved AVX-512 F/BW/VL (and VNNI).
+            let (s, t) = unsafe { super::avx512_q16::quantize_block(a, &order, pairs) };
+            (acts.scale[slot], acts.sum[slot]) = (s, t);
+            continue;
+        }
+        let (q, s, t) = quantize_block(a);
+        for (p, pair) in pairs.iter_mut().enumerate() {
+            let lo = q[order[2 * p]] as u16;
+            let hi = q[order[2 * p + 1]] as u16;
+            *pair = u32::from(lo) | (u32::from(hi) << 16);
+        }
+        (acts.scale[slot], acts.sum[slot]) = (s, t);
+    }
+    Ok(acts)
+}
+
+/// One block's integers, `s` and `S`.
+pub(crate) fn quantize_block(a: &[f32; BLOCK]) -> ([i16; BLOCK], f32, f32) {
+    if a.iter().any(|v| !v.is_finite()) {
+        return ([0; BLOCK], f32::NAN, f32::NAN);
+    }
+    let amax = a.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let inv = 32767.0 / amax;
+    if amax == 0.0 || !inv.is_finite() {
+        return ([0; BLOCK], 0.0, 0.0);
+    }
+    let q: [i16; BLOCK] =
+        std::array::from_fn(|i| (a[i] * inv).round_ties_even().clamp(-32767.0, 32767.0) as i16);
+    let s = amax / 32767.0;
+    let total: i32 = q.iter().map(|&v| i32::from(v)).sum();
+    (q, s, s * total as f32)
+}
+
+/// `out[c * stride + r] = product(row r of w, column c of acts)` for the `nr` rows of `w`
+/// (weights of the type `acts` was quantized for, `acts.k()` values per row) and every
+/// column. Requires [`applies`]`(level, ty)`.
+pub fn matmul(
+    level: SimdLevel,
+    w: &[u8],
+    nr: usize,
+    acts: &Q16Acts,
+    out: &mut [f32],
+    stride: usize,
+) -> Result<(), QuantError> {
+    let ty = acts.ty;
+    if !applies(level, ty) {
+        return Err(QuantError::Unsupported {
+            ty,
+            op: "16-bit activation products at this level",
+        });
+    }
+    let rb = ty.row_bytes(acts.k as u64).unwrap_or(0) as usize;
+    let fits = acts
+        .n
+        .checked_sub(1)
+        .map(|c| c * stride + nr)
+        .is_none_or(|f| out.len() >= f);
+    if Some(w.len()) != nr.checked_mul(rb) || stride < nr || !fits {
+        return Err(QuantError::BadTile {
+            rows: nr,
+            cols: acts.n,
+            k: acts.k,
+        });
+    }
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `applies` proved AVX-512 F/BW/VL and VNNI; w holds nr rows of rb bytes and
+    // out holds every output (both checked above).
+    unsafe {
+        super::avx512_q16::matmul(ty, w, nr, rb, acts, out, stride);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,229 @@
+//! Oracle: a scalar transcription of the product the module docs define (integer block
+//! sums, then the scale steps in block order with `f32::mul_add`), which every kernel must
+//! match bit for bit; and an f64 product of the dequantized weights with the original
+//! activations, which bounds what the 16-bit rounding costs.
+
+use super::*;
+use crate::{dequantize_ref, quantize as quantize_weights};
+use ferrite_testkit::XorShift as Rng;
+
+const TYPES: [GgmlType; 2] = [GgmlType::Q4_1, GgmlType::Q8_0];
+
+fn weights(rng: &mut Rng, ty: GgmlType, rows: usize, k: usize) -> Vec<u8> {
+    let vals: Vec<f32> = (0..rows * k).map(|_| rng.f32()).collect();
+    let mut data = vec![0u8; rows * ty.row_bytes(k as u64).expect("whole blocks") as usize];
+    quantize_weights(ty, &vals, &mut data).expect("quantize");
+    data
+}
+
+/// The block's integer weights, scale and minimum, read from the raw bytes.
+fn block_ints(ty: GgmlType, blk: &[u8]) -> ([i32; BLOCK], f32, f32) {
+    let half = |o: usize| half::f16::from_le_bytes([blk[o], blk[o + 1]]).to_f32();
+    if ty == GgmlType::Q4_1 {
+        let q = std::array::from_fn(|i| {
+            i32::from(if i < 16 {
+                blk[4 + i] & 15
+            } else {
+                blk[4 + i - 16] >> 4
+            })
+        });
+        (q, half(0), half(2))
+    } else {
+        (
+            std::array::from_fn(|i| i32::from(blk[2 + i] as i8)),
+            half(0),
+            0.0,
+        )
+    }
+}
+
+/// The module docs' product, one output at a time.
+fn reference(ty: GgmlType, w: &[u8], nr: usize, x: &[f32], k: usize, n: usize) -> Vec<f32> {
+    let bytes = ty.row_bytes(32).expect("block") as usize;
+    let nb = k / BLOCK;
+    let mut out = vec![0f32; n * nr];
+    for c in 0..n {
+        for r in 0..nr {
+            let mut acc = 0f32;
+            for b in 0..nb {
+                let a: &[f32; BLOCK] = x[c * k + b * BLOCK..][..BLOCK].try_into().expect("block");
+                let (q, s, total) = quantize_block(a);
+                let (wq, d, m) = block_ints(ty, &w[(r * nb + b) * bytes..][..bytes]);
+                let dot: i32 = wq.iter().zip(&q).map(|(x, y)| x * i32::from(*y)).sum();
+                acc = (dot as f32).mul_add(d * s, acc);
+                if ty == GgmlType::Q4_1 {
+                    acc = m.mul_add(total, acc);
+                }
+            }
+            out[c * nr + r] = acc;
+        }
+    }
+    out
+}
+
+fn level() -> Option<SimdLevel> {
+    let ok = applies(SimdLevel::Avx512, GgmlType::Q4_1);
+    if !ok {
+        println!("skipped: no AVX-512 VNNI on this CPU");
+    }
+    ok.then_some(SimdLevel::Avx512)
+}
+
+#[test]
+fn pair_orders_are_permutations() {
+    for ty in TYPES {
+        let mut seen = pair_order(ty);
+        seen.sort_unstable();
+        assert_eq!(seen, std::array::from_fn(|i| i), "{ty}");
+    }
+}
+
+#[test]
+fn blocks_quantize_as_documented() {
+    let mut a = [0f32; BLOCK];
+    assert_eq!(quantize_block(&a), ([0; BLOCK], 0.0, 0.0));
+    // amax = 32767 / 16384 makes the reciprocal exactly 16384 and s exactly 1 / 16384.
+    a[3] = -32767.0 / 16384.0;
+    a[5] = 2.5 / 16384.0;
+    a[7] = 3.5 / 16384.0;
+    let (q, s, total) = quantize_block(&a);
+    assert_eq!((q[3], q[5], q[7]), (-32767, 2, 4), "ties round to even");
+    assert_eq!(s, 1.0 / 16384.0);
+    assert_eq!(total, s * (-32767 + 2 + 4) as f32);
+    a[9] = f32::NAN;
+    let (q, s, total) = quantize_block(&a);
+    assert!(q.iter().all(|&v| v == 0) && s.is_nan() && total.is_nan());
+    let tiny = [1e-45f32; BLOCK];
+    assert_eq!(
+        quantize_block(&tiny).1,
+        0.0,
+        "an unscalable block counts as zeros"
+    );
+}
+
+#[test]
+fn the_vector_quantizer_matches_the_scalar_one() {
+    if level().is_none() {
+        return;
+    }
+    let mut rng = Rng(17);
+    for ty in TYPES {
+        let order = pair_order(ty);
+        for case in 0..200 {
+            // XorShift::f32 is uniform in [-1, 1): the largest |a| is positive or negative.
+            let mut a: [f32; BLOCK] = std::array::from_fn(|_| rng.f32() * 4.0);
+            match case % 5 {
+                1 => a = [0.0; BLOCK],
+                2 => a[case % BLOCK] = f32::NAN,
+                3 => a = std::array::from_fn(|i| i as f32 * 1e-44),
+                4 => a[case % BLOCK] = -f32::INFINITY,
+                _ => {}
+            }
+            let (q, s, t) = quantize_block(&a);
+            let mut pairs = [0u32; PAIRS];
+            // SAFETY: level() found AVX-512 VNNI.
+            let (vs, vt) =
+                unsafe { crate::kernels::avx512_q16::quantize_block(&a, &order, &mut pairs) };
+            assert_eq!(
+                (s.to_bits(), t.to_bits()),
+                (vs.to_bits(), vt.to_bits()),
+                "{ty} case {case}"
+            );
+            for (p, pair) in pairs.iter().enumerate() {
+                let want = u32::from(q[order[2 * p]] as u16)
+                    | (u32::from(q[order[2 * p + 1]] as u16) << 16);
+                assert_eq!(*pair, want, "{ty} case {case} pair {p}");
+            }
+        }
+    }
+}
+
+#[test]
+fn kernels_match_the_documented_product_bit_for_bit() {
+    let Some(level) = level() else { return };
+    let mut rng = Rng(0x51ed_2701);
+    for ty in TYPES {
+        for (nr, k) in [(1, 32), (15, 64), (16, 96), (17, 32), (37, 160)] {
+            let w = weights(&mut rng, ty, nr, k);
+            for n in [1, 2, 3, 4, 5, 8, 15, 16, 17, 33] {
+                let x: Vec<f32> = (0..n * k).map(|_| rng.f32() * 2.0).collect();
+                let acts = quantize(ty, &x, k, n).expect("quantize");
+                let stride = nr + 3;
+                let mut out = vec![f32::NAN; (n - 1) * stride + nr];
+                matmul(level, &w, nr, &acts, &mut out, stride).expect("matmul");
+                let want = reference(ty, &w, nr, &x, k, n);
+                for c in 0..n {
+                    for r in 0..nr {
+                        let (got, want) = (out[c * stride + r], want[c * nr + r]);
+                        assert_eq!(
+                            got.to_bits(),
+                            want.to_bits(),
+                            "{ty} {nr}x{k} n={n} c={c} r={r}: {got} vs {want}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn rounding_costs_little_against_f32_activations() {
+    let Some(level) = level() else { return };
+    let mut rng = Rng(99);
+    for ty in TYPES {
+        let (nr, k, n) = (33, 576, 4);
+        let w = weights(&mut rng, ty, nr, k);
+        let mut wf = vec![0f32; nr * k];
+        dequantize_ref(ty, &w, &mut wf).expect("dequantize");
+        let x: Vec<f32> = (0..n * k).map(|_| rng.f32()).collect();
+        let acts = quantize(ty, &x, k, n).expect("quantize");
+        let mut out = vec![0f32; n * nr];
+        matmul(level, &w, nr, &acts, &mut out, nr).expect("matmul");
+        let mut worst = 0f64;
+        for c in 0..n {
+            for r in 0..nr {
+                let (mut s, mut a) = (0f64, 0f64);
+                for i in 0..k {
+                    let p = f64::from(wf[r * k + i]) * f64::from(x[c * k + i]);
+                    s += p;
+                    a += p.abs();
+                }
+                worst = worst.max((f64::from(out[c * nr + r]) - s).abs() / a);
+            }
+        }
+        println!("{ty}: max |err| / sum|wx| = {worst:.2e}");
+        assert!(worst < 1e-4, "{ty}: 16-bit rounding error {worst:.2e}");
+    }
+}
+
+#[test]
+fn non_finite_activations_give_nan_outputs() {
+    let Some(level) = level() else { return };
+    let mut rng = Rng(5);
+    for ty in TYPES {
+        let w = weights(&mut rng, ty, 3, 64);
+        let mut x = vec![0.5f32; 64];
+        x[40] = f32::INFINITY;
+        let acts = quantize(ty, &x, 64, 1).expect("quantize");
+        let mut out = [0f32; 3];
+        matmul(level, &w, 3, &acts, &mut out, 3).expect("matmul");
+        assert!(out.iter().all(|v| v.is_nan()), "{ty}: {out:?}");
+    }
+}
+
+#[test]
+fn bad_shapes_are_errors() {
+    let x = vec![0f32; 64];
+    assert!(quantize(GgmlType::Q4_K, &x, 64, 1).is_err());
+    assert!(quantize(GgmlType::Q4_1, &x, 48, 1).is_err());
+    assert!(quantize(GgmlType::Q4_1, &x, 32, 3).is_err());
+    let Some(level) = level() else { return };
+    let acts = quantize(GgmlType::Q4_1, &x, 32, 2).expect("quantize");
+    let w = vec![0u8; 2 * 20];
+    let mut out = vec![0f32; 4];
+    assert!(matmul(level, &w[..39], 2, &acts, &mut out, 2).is_err());
+    assert!(matmul(level, &w, 2, &acts, &mut out[..3], 2).is_err());
+    assert!(matmul(level, &w, 2, &acts, &mut out, 1).is_err());
+    assert!(matmul(SimdLevel::Avx2, &w, 2, &acts, &mut out, 2).is_err());
+}
