@@ -3,7 +3,7 @@
 //! Q4_1 and Q8_0 weights on AVX-512 VNNI take one path for every token count
 //! ([`ferrite_quant::kernels::q16`]): the activations are rounded to 16-bit integers per
 //! 32-value block once per call, and each thread multiplies its rows with exact integer
-//! block sums. Every other format and level takes the f32 paths below.
+//! block sums, writing them straight into the output. Every other format and level takes the f32 paths below.
 //!
 //! Each thread owns a contiguous range of output rows. Decode (one token) uses the fused
 //! kernel ([`ferrite_quant::kernels::matvec`]): weights are dequantized in registers and fed
@@ -207,7 +207,7 @@ pub fn matmul_with(
 
 /// Every token count of a format with 16-bit activation kernels (one path, so a token's
 /// outputs never depend on the batch): the columns are quantized once, then each thread
-/// multiplies its rows through its scratch, about [`Q16_OUTPUTS`] outputs at a time.
+/// multiplies its rows straight into `y`.
 fn matmul_q16(
     pool: &ThreadPool,
     level: SimdLevel,
@@ -221,33 +221,19 @@ fn matmul_q16(
     let n_threads = pool.n_threads();
     let out = OutPtr(y.as_mut_ptr());
     let rows = w.rows;
-    let chunk = (Q16_OUTPUTS / n_tokens).max(16);
     let failed = std::sync::atomic::AtomicBool::new(false);
-    pool.run(|index, scratch| {
+    pool.run(|index, _| {
         let start = rows * index / n_threads;
         let end = rows * (index + 1) / n_threads;
-        let need = n_tokens * chunk;
-        if scratch.len() < need {
-            scratch.resize(need, 0.0);
-        }
-        let mut r0 = start;
-        while r0 < end {
-            let nr = chunk.min(end - r0);
-            let part = &mut scratch[..n_tokens * nr];
-            let wr = &w.data[r0 * rb..(r0 + nr) * rb];
-            if q16::matmul(level, wr, nr, &acts, part, nr).is_err() {
-                failed.store(true, std::sync::atomic::Ordering::Relaxed);
-                return;
-            }
-            for (t, prow) in part.chunks_exact(nr).enumerate() {
-                // SAFETY: t * rows + r0 + nr <= n_tokens * rows == y.len() (checked by the
-                // caller), and rows r0..r0 + nr lie in this thread's [start, end) range,
-                // which no other thread writes; `y` is borrowed mutably for the whole call,
-                // which outlives `run`.
-                let dst = unsafe { out.slice(t * rows + r0, nr) };
-                dst.copy_from_slice(prow);
-            }
-            r0 += nr;
+        let wr = &w.data[start * rb..end * rb];
+        // SAFETY: y holds n_tokens * rows values (checked by the caller), so y[t * rows + r]
+        // exists for every token t and row r; this thread writes only its rows
+        // [start, end), which no other thread touches, while `y` stays borrowed by this
+        // call until `run` has waited for all threads.
+        let res =
+            unsafe { q16::matmul_to(level, wr, end - start, &acts, out.ptr().add(start), rows) };
+        if res.is_err() {
+            failed.store(true, std::sync::atomic::Ordering::Relaxed);
         }
     });
     if failed.into_inner() {
@@ -257,10 +243,6 @@ fn matmul_q16(
     }
     Ok(())
 }
-
-/// Outputs per call of the 16-bit activation kernel (its outputs go through the thread's
-/// scratch); few tokens take many rows per call, so decode pays the call's setup rarely.
-const Q16_OUTPUTS: usize = 1 << 15;
 
 /// Largest token count sent to the multi-column matvec; more tokens take the tile GEMM.
 /// Measured (`examples/batch_matmul`, one thread, Zen 5 AVX-512, tokens per CPU-second of
@@ -286,6 +268,11 @@ fn tile_rows(cols: usize, n_tokens: usize) -> usize {
 struct OutPtr(*mut f32);
 
 impl OutPtr {
+    /// The output's first element (a method, so closures capture the `Sync` wrapper).
+    fn ptr(self) -> *mut f32 {
+        self.0
+    }
+
     /// The elements `start..start + len` as a slice.
     ///
     /// # Safety

@@ -219,6 +219,37 @@ pub fn matmul(
     out: &mut [f32],
     stride: usize,
 ) -> Result<(), QuantError> {
+    let fits = acts
+        .n
+        .checked_sub(1)
+        .map(|c| c * stride + nr)
+        .is_none_or(|f| out.len() >= f);
+    if !fits {
+        return Err(QuantError::BadTile {
+            rows: nr,
+            cols: acts.n,
+            k: acts.k,
+        });
+    }
+    // SAFETY: every out[c * stride + r] with c < n, r < nr lies in the borrowed slice
+    // (checked above), which no one else can access while it is borrowed.
+    unsafe { matmul_to(level, w, nr, acts, out.as_mut_ptr(), stride) }
+}
+
+/// [`matmul`] writing through a pointer: for threads that share one output matrix, each
+/// writing its own rows of every column.
+///
+/// # Safety
+/// `out.add(c * stride + r)` is valid for writes for every column `c < acts.n()` and row
+/// `r < nr`, and nothing else accesses those elements during the call.
+pub unsafe fn matmul_to(
+    level: SimdLevel,
+    w: &[u8],
+    nr: usize,
+    acts: &Q16Acts,
+    out: *mut f32,
+    stride: usize,
+) -> Result<(), QuantError> {
     let ty = acts.ty;
     if !applies(level, ty) {
         return Err(QuantError::Unsupported {
@@ -227,12 +258,7 @@ pub fn matmul(
         });
     }
     let rb = ty.row_bytes(acts.k as u64).unwrap_or(0) as usize;
-    let fits = acts
-        .n
-        .checked_sub(1)
-        .map(|c| c * stride + nr)
-        .is_none_or(|f| out.len() >= f);
-    if Some(w.len()) != nr.checked_mul(rb) || stride < nr || !fits {
+    if Some(w.len()) != nr.checked_mul(rb) || stride < nr {
         return Err(QuantError::BadTile {
             rows: nr,
             cols: acts.n,
@@ -240,8 +266,8 @@ pub fn matmul(
         });
     }
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: `applies` proved AVX-512 F/BW/VL and VNNI; w holds nr rows of rb bytes and
-    // out holds every output (both checked above).
+    // SAFETY: `applies` proved AVX-512 F/BW/VL and VNNI; w holds nr rows of rb bytes
+    // (checked above) and every output is writable (caller's contract).
     unsafe {
         super::avx512_q16::matmul(ty, w, nr, rb, acts, out, stride);
     }
