@@ -215,12 +215,16 @@ impl Loaded {
             KvType::F32 => "f32",
         };
         let level = ferrite_quant::simd_level();
-        // Which products ran with 16-bit activations: Q4_1 and Q8_0 ones, on AVX-512 VNNI.
-        let q16 = ferrite_quant::kernels::q16::applies(level, ferrite_gguf::GgmlType::Q4_1);
-        let act = match self.model.precision() {
-            Precision::Default if q16 => "q16",
-            _ => "f32",
-        };
+        // Whether some weight products take 16-bit activations (Q4_1 and Q8_0 ones, on
+        // AVX-512 VNNI); weights dequantized to f32 at load never do.
+        let q16 = self.model.precision() == Precision::Default
+            && self
+                .model
+                .gguf()
+                .tensors()
+                .iter()
+                .any(|t| ferrite_quant::kernels::q16::applies(level, t.ty));
+        let act = if q16 { "q16" } else { "f32" };
         format!(
             "backend=cpu threads={} simd={level} act={act} kv={kv} precision={}",
             self.pool.n_threads(),
