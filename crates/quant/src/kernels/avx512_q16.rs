@@ -167,15 +167,16 @@ impl Format for Q80 {
     }
 }
 
-/// One block of activations quantized as `q16` defines, written in the pair order
-/// `order`; returns `s` and `S`. Bit-identical to `q16::quantize_block`.
+/// One block of activations quantized as `q16` defines, written in the pair order (`perm`:
+/// `q16::pair_order` as 16-bit lane indices); returns `s` and `S`. Bit-identical to
+/// `q16::quantize_block`.
 ///
 /// # Safety
 /// AVX-512 F/BW/VL present.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 pub(super) unsafe fn quantize_block(
     a: &[f32; BLOCK],
-    order: &[usize; BLOCK],
+    perm: &[u16; BLOCK],
     pairs: &mut [u32; PAIRS],
 ) -> (f32, f32) {
     // SAFETY: a holds 32 values.
@@ -213,13 +214,9 @@ pub(super) unsafe fn quantize_block(
         _mm512_castsi256_si512(_mm512_cvtepi32_epi16(qlo)),
         _mm512_cvtepi32_epi16(qhi),
     );
-    let mut idx = [0u16; BLOCK];
-    for (i, o) in idx.iter_mut().zip(order) {
-        *i = *o as u16;
-    }
-    // SAFETY: idx and pairs are 64 bytes each.
+    // SAFETY: perm and pairs are 64 bytes each.
     unsafe {
-        let v = _mm512_permutexvar_epi16(_mm512_loadu_si512(idx.as_ptr().cast()), natural);
+        let v = _mm512_permutexvar_epi16(_mm512_loadu_si512(perm.as_ptr().cast()), natural);
         _mm512_storeu_si512(pairs.as_mut_ptr().cast(), v);
     }
     let s = amax / 32767.0;

@@ -167,6 +167,8 @@ pub fn quantize(ty: GgmlType, x: &[f32], k: usize, n: usize) -> Result<Q16Acts, 
     let order = pair_order(ty);
     #[cfg(target_arch = "x86_64")]
     let simd = applies(SimdLevel::Avx512, ty);
+    #[cfg(target_arch = "x86_64")]
+    let perm: [u16; BLOCK] = order.map(|o| o as u16);
     for (i, a) in x.chunks_exact(BLOCK).enumerate() {
         let a: &[f32; BLOCK] = a.try_into().expect("32 values");
         let slot = acts.slot(i / acts.nb(), i % acts.nb());
@@ -176,7 +178,7 @@ pub fn quantize(ty: GgmlType, x: &[f32], k: usize, n: usize) -> Result<Q16Acts, 
         #[cfg(target_arch = "x86_64")]
         if simd {
             // SAFETY: `applies` proved AVX-512 F/BW/VL (and VNNI).
-            let (s, t) = unsafe { super::avx512_q16::quantize_block(a, &order, pairs) };
+            let (s, t) = unsafe { super::avx512_q16::quantize_block(a, &perm, pairs) };
             (acts.scale[slot], acts.sum[slot]) = (s, t);
             continue;
         }

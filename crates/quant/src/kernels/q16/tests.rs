@@ -122,8 +122,9 @@ fn the_vector_quantizer_matches_the_scalar_one() {
             let (q, s, t) = quantize_block(&a);
             let mut pairs = [0u32; PAIRS];
             // SAFETY: level() found AVX-512 VNNI.
-            let (vs, vt) =
-                unsafe { crate::kernels::avx512_q16::quantize_block(&a, &order, &mut pairs) };
+            let (vs, vt) = unsafe {
+                crate::kernels::avx512_q16::quantize_block(&a, &order.map(|o| o as u16), &mut pairs)
+            };
             assert_eq!(
                 (s.to_bits(), t.to_bits()),
                 (vs.to_bits(), vt.to_bits()),
