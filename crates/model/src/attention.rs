@@ -128,8 +128,9 @@ pub struct AttnJob<'a> {
 /// [`attend`] for several sequences at once (the rows of a continuous batch, each over its
 /// own cache): every sequence's work items share one pass over the pool, instead of one
 /// pass per sequence. A decode batch has only a few items per sequence, so per-sequence
-/// passes left the threads mostly waiting on each other. Each job's output has the same bits as [`attend`] on it
-/// alone: items are the same per-head computations, only handed out differently.
+/// passes left the threads mostly waiting on each other. Each job's output has the same bits
+/// as [`attend`] on it alone: items are the same per-head computations, only handed out
+/// differently.
 pub fn attend_many(pool: &ThreadPool, shape: &AttnShape, layer: usize, jobs: &mut [AttnJob<'_>]) {
     let hd = shape.head_dim;
     let n_kv = shape.n_kv_head.max(1);
