@@ -254,10 +254,13 @@ fn naive_check(file: &'static str, tag: &str) -> Option<f64> {
     let (logits, hidden) = s.eval_hidden(toks).expect("eval");
     let mut worst = 0.0f64;
     let mut report = |what: String, got: &[f32], want: &[f64]| {
-        let (finite, abs, rel, cos) = crate::session::tests::err_tuple(got, want);
-        println!("{tag} {what}: finite {finite} max_abs {abs:.3e} max_rel {rel:.3e} cos {cos:.9}");
-        assert!(finite, "{what}");
-        worst = worst.max(rel).max(1.0 - cos);
+        let e = ferrite_testkit::err_tuple(got, want);
+        println!(
+            "{tag} {what}: finite {} max_abs {:.3e} max_rel {:.3e} cos {:.9}",
+            e.finite, e.max_abs, e.max_rel, e.cosine
+        );
+        assert!(e.finite, "{what}");
+        worst = worst.max(e.max_rel).max(1.0 - e.cosine);
     };
     for (l, (h, w)) in hidden.iter().zip(&want.hidden).enumerate() {
         report(format!("layer {l}"), h, w);

@@ -8,7 +8,8 @@
 //! they pull the models with `ferrite pull`.
 //!
 //! [`CountingAlloc`] and [`measure`] bound what parsers allocate on hostile input;
-//! [`XorShift`] is the deterministic generator of test data.
+//! [`XorShift`] is the deterministic generator of test data; [`err_tuple`] measures a result
+//! against an f64 reference.
 //!
 //! ```
 //! // `None` (with a printed `skipped:` line) when the file is not in the model cache.
@@ -19,9 +20,11 @@
 #![deny(missing_docs)]
 
 mod alloc;
+mod err;
 mod rng;
 
 pub use alloc::{AllocStats, CountingAlloc, measure};
+pub use err::{ErrTuple, err_tuple};
 pub use rng::XorShift;
 
 use std::path::PathBuf;

@@ -23,6 +23,7 @@ mod topk;
 use std::sync::{Arc, OnceLock};
 
 use ferrite_cuda::CudaBackend;
+pub use ferrite_testkit::err_tuple;
 
 /// The shared backend, or `None` (after printing why) when the lane is not selected.
 pub fn backend() -> Option<Arc<CudaBackend>> {
@@ -56,41 +57,6 @@ pub fn backend() -> Option<Arc<CudaBackend>> {
         })
         .clone(),
     )
-}
-
-/// Error tuple of `got` against `want`: finiteness first, then max abs, max abs relative to
-/// the largest |want|, cosine.
-#[derive(Debug, Clone, Copy)]
-pub struct ErrTuple {
-    pub finite: bool,
-    pub max_abs: f64,
-    pub max_rel: f64,
-    pub cosine: f64,
-}
-
-pub fn err_tuple(got: &[f32], want: &[f64]) -> ErrTuple {
-    assert_eq!(got.len(), want.len(), "lengths differ");
-    let finite = got.iter().all(|v| v.is_finite());
-    let (mut max_abs, mut max_ref, mut dot, mut ng, mut nw) = (0.0f64, 0.0f64, 0.0, 0.0, 0.0);
-    for (&g, &w) in got.iter().zip(want) {
-        let g = f64::from(g);
-        max_abs = max_abs.max((g - w).abs());
-        max_ref = max_ref.max(w.abs());
-        dot += g * w;
-        ng += g * g;
-        nw += w * w;
-    }
-    let cosine = if ng == 0.0 && nw == 0.0 {
-        1.0
-    } else {
-        dot / (ng.sqrt() * nw.sqrt())
-    };
-    ErrTuple {
-        finite,
-        max_abs,
-        max_rel: max_abs / max_ref.max(1e-30),
-        cosine,
-    }
 }
 
 /// Asserts `got` is within `rel` of `want` (relative to the largest |want|).

@@ -7,27 +7,7 @@ use crate::reference;
 use crate::testutil::{N_EXPERT, VARIANTS, VOCAB, tiny_model};
 use crate::{Model, Precision};
 use ferrite_gguf::GgmlType;
-
-/// Error tuple of `got` against `want`: (all finite, max abs, max abs / max |want|,
-/// cosine).
-pub(crate) fn err_tuple(got: &[f32], want: &[f64]) -> (bool, f64, f64, f64) {
-    let finite = got.iter().all(|v| v.is_finite());
-    let (mut max_abs, mut max_ref, mut dot, mut ng, mut nw) = (0.0f64, 0.0f64, 0.0, 0.0, 0.0);
-    for (&g, &w) in got.iter().zip(want) {
-        let g = f64::from(g);
-        max_abs = max_abs.max((g - w).abs());
-        max_ref = max_ref.max(w.abs());
-        dot += g * w;
-        ng += g * g;
-        nw += w * w;
-    }
-    (
-        finite,
-        max_abs,
-        max_abs / max_ref.max(1e-30),
-        dot / (ng.sqrt() * nw.sqrt()),
-    )
-}
+use ferrite_testkit::err_tuple;
 
 fn tokens(n: usize) -> Vec<u32> {
     (0..n).map(|i| ((i * 37 + 11) % VOCAB) as u32).collect()
@@ -40,13 +20,13 @@ fn worst_vs_naive(m: &Model, s: &mut Session<'_>, toks: &[u32]) -> f64 {
     s.reset();
     let (logits, hidden) = s.eval_hidden(toks).unwrap();
     let mut worst = 0.0f64;
-    let (finite, _, rel, cos) = err_tuple(logits.data, &want.logits);
-    assert!(finite);
-    worst = worst.max(rel).max(1.0 - cos);
+    let e = err_tuple(logits.data, &want.logits);
+    assert!(e.finite);
+    worst = worst.max(e.max_rel).max(1.0 - e.cosine);
     for (l, (h, w)) in hidden.iter().zip(&want.hidden).enumerate() {
-        let (finite, _, rel, cos) = err_tuple(h, w);
-        assert!(finite, "layer {l}");
-        worst = worst.max(rel).max(1.0 - cos);
+        let e = err_tuple(h, w);
+        assert!(e.finite, "layer {l}");
+        worst = worst.max(e.max_rel).max(1.0 - e.cosine);
     }
     worst
 }
