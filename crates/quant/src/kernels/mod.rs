@@ -28,7 +28,7 @@ pub mod q16;
 pub(crate) mod scalar;
 mod vmath;
 
-pub use attn::weighted_rows;
+pub use attn::{PREFETCH_ROWS, dot_rows, weighted_rows};
 pub use multi::{has_fused_multi_matvec, multi_matvec};
 pub use vmath::{GatedAct, gated_act, gelu_tanh_ref, silu_ref, softmax_scaled};
 
