@@ -16,14 +16,14 @@
 
 use crate::{QuantError, SimdLevel};
 
-use super::{MAX_TILE, RowElem, check_level, dot_tile};
+use super::{MAX_TILE, RowElem, check_level, tile_unchecked};
 
 /// How many rows ahead of use [`dot_rows`] and [`weighted_rows`] fetch (measured: 8 and 12
 /// leave loads waiting on memory, 16 to 24 do not).
 pub const PREFETCH_ROWS: usize = 16;
 
 /// `out[h * ld + j] = dot(q[h], k[j * stride..][..hd])` for `h < q.len()`, `j < n`:
-/// bit-identical to [`dot_tile`] (and so [`super::dot_f32`]) on each pair.
+/// bit-identical to [`super::dot_tile`] (and so [`super::dot_f32`]) on each pair.
 #[allow(clippy::too_many_arguments)] // two strided 2-D views and their extents
 pub fn dot_rows<X: RowElem>(
     level: SimdLevel,
@@ -66,7 +66,9 @@ pub fn dot_rows<X: RowElem>(
         );
         let ks: [&[X]; MAX_TILE] =
             std::array::from_fn(|i| &k[(j0 + i.min(nk - 1)) * stride..][..hd]);
-        dot_tile(level, q, &ks[..nk], hd, &mut part)?;
+        // SAFETY: level is available and the shapes were checked above: 1..=4 queries of
+        // at least hd values, nk <= 4 rows of hd values, part holds 16 products.
+        unsafe { tile_unchecked(level, q, &ks[..nk], hd, &mut part) };
         for h in 0..q.len() {
             out[h * ld + j0..h * ld + j0 + nk].copy_from_slice(&part[h * nk..(h + 1) * nk]);
         }
@@ -383,7 +385,7 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::axpy;
+    use crate::kernels::{axpy, dot_tile};
 
     fn levels() -> Vec<SimdLevel> {
         [SimdLevel::Scalar, SimdLevel::Avx2, SimdLevel::Avx512]

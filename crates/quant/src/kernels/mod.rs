@@ -238,19 +238,36 @@ pub fn dot_tile<X: RowElem>(
             k,
         });
     }
+    // SAFETY: level is available (checked); every row holds at least k values, there are
+    // 1..=4 rows each side and out has room for every product (checked above).
+    unsafe { tile_unchecked(level, w, x, k, out) };
+    Ok(())
+}
+
+/// [`dot_tile`] without its checks, for callers that checked the shapes once.
+///
+/// # Safety
+/// `level` is available; `w` and `x` hold 1..=[`MAX_TILE`] rows of at least `k` values;
+/// `out` has `w.len() * x.len()` slots.
+#[inline]
+pub(crate) unsafe fn tile_unchecked<X: RowElem>(
+    level: SimdLevel,
+    w: &[&[f32]],
+    x: &[&[X]],
+    k: usize,
+    out: &mut [f32],
+) {
     match level {
         SimdLevel::Scalar => scalar::tile(w, x, k, out),
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: level is available (checked); every row holds at least k values and out
-        // has room for every product (checked above).
+        // SAFETY: forwarded caller contract.
         SimdLevel::Avx2 => unsafe { avx2::tile(w, x, k, out) },
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: as above, for the AVX-512 set.
+        // SAFETY: forwarded caller contract.
         SimdLevel::Avx512 => unsafe { avx512::tile(w, x, k, out) },
         #[cfg(not(target_arch = "x86_64"))]
         _ => scalar::tile(w, x, k, out),
     }
-    Ok(())
 }
 
 /// `out[t * nr + r] = dot(w row r, x row t)` for the `nr = w.len() / k` weight rows and
@@ -288,18 +305,9 @@ pub fn gemm_f32(
             }
             let rn = wblock.len() / k;
             let (ws, xs) = (&ws[..rn], &xs[..tn]);
-            match level {
-                SimdLevel::Scalar => scalar::tile(ws, xs, k, &mut part),
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: level checked available; 1..=4 rows each side of exactly k values;
-                // part has room for 16 products.
-                SimdLevel::Avx2 => unsafe { avx2::tile(ws, xs, k, &mut part) },
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: as above, for the AVX-512 set.
-                SimdLevel::Avx512 => unsafe { avx512::tile(ws, xs, k, &mut part) },
-                #[cfg(not(target_arch = "x86_64"))]
-                _ => scalar::tile(ws, xs, k, &mut part),
-            }
+            // SAFETY: level checked available; 1..=4 rows each side of exactly k values;
+            // part has room for 16 products.
+            unsafe { tile_unchecked(level, ws, xs, k, &mut part) };
             let i0 = ib * MAX_TILE;
             for (j, orow) in orows.chunks_exact_mut(nr).enumerate() {
                 for (i, v) in orow[i0..i0 + rn].iter_mut().enumerate() {
