@@ -5,22 +5,18 @@
 //! window `w` is set, `p - kv < w` (transformers' `kv > q - w`, llama.cpp's standard SWA).
 //! Keys and values are read in place from the cache, in its element type (the kernels widen
 //! f16 exactly as they load it), and each KV head's are shared by every query head of its
-//! group (grouped-query attention). Where the heads of a group are split over several work
-//! items (decode with fewer tokens than threads), each f16 row would be converted once per
-//! item, so those rows are widened once into scratch first (in parallel, whole cache rows in
-//! one contiguous conversion). Both ways give the same bits.
+//! group (grouped-query attention).
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use ferrite_cpu::ThreadPool;
 use ferrite_quant::kernels::{
-    MAX_TILE, PREFETCH_ROWS, RowElem, dequant_fn, dot_rows, softmax_scaled, weighted_rows,
+    MAX_TILE, PREFETCH_ROWS, RowElem, dot_rows, softmax_scaled, weighted_rows,
 };
-use ferrite_quant::{GgmlType, SimdLevel, simd_level};
+use ferrite_quant::{SimdLevel, simd_level};
 
 use crate::ModelError;
-use crate::kv::{KvCache, KvRows, try_vec};
+use crate::kv::{KvCache, KvRows};
 
 /// Shape and masking of one layer's attention.
 #[derive(Debug, Clone, Copy)]
@@ -40,29 +36,18 @@ pub struct AttnShape {
 /// Scratch for [`attend`], sized once for a session.
 #[derive(Debug)]
 pub struct AttnScratch {
-    /// Widened keys, `[position][kv head][head_dim]` (the cache's own layout), when the
-    /// rows are widened first.
-    k: Vec<f32>,
-    /// Widened values, same layout.
-    v: Vec<f32>,
     /// Output bits written by the pool's threads (each element by exactly one thread).
     out: Vec<AtomicU32>,
 }
 
 impl AttnScratch {
-    /// Scratch for contexts up to `ctx` positions, `kv_dim` key values per position and at
-    /// most `max_out` output values per call (`tokens × n_head × head_dim`).
-    pub fn new(ctx: usize, kv_dim: usize, max_out: usize) -> Result<AttnScratch, ModelError> {
-        let n = ctx.checked_mul(kv_dim);
+    /// Scratch for at most `max_out` output values per call (`tokens × n_head × head_dim`).
+    pub fn new(max_out: usize) -> Result<AttnScratch, ModelError> {
         let mut out = Vec::new();
         out.try_reserve_exact(max_out)
             .map_err(|_| ModelError::InvalidArgument("cannot allocate attention scratch".into()))?;
         out.extend((0..max_out).map(|_| AtomicU32::new(0)));
-        Ok(AttnScratch {
-            k: try_vec(n, 0.0, "attention scratch")?,
-            v: try_vec(n, 0.0, "attention scratch")?,
-            out,
-        })
+        Ok(AttnScratch { out })
     }
 }
 
@@ -161,22 +146,11 @@ pub fn attend_many(pool: &ThreadPool, shape: &AttnShape, layer: usize, jobs: &mu
         items += j.q.len() / qw.max(1) * items_per_token;
     }
     starts.push(items);
-    // Heads of one group in several items: widen f16 rows once rather than once per item.
-    let widened = block < group && widen(pool, layer, kvd, jobs, &ranges);
     let views: Vec<JobView<'_>> = jobs
         .iter()
         .zip(&ranges)
         .map(|(j, r)| {
-            let rows = match j.cache.rows(layer, r.clone()) {
-                KvRows::F16 { .. } if widened => {
-                    let n = r.len() * kvd;
-                    KvRows::F32 {
-                        k: &j.scratch.k[..n],
-                        v: &j.scratch.v[..n],
-                    }
-                }
-                rows => rows,
-            };
+            let rows = j.cache.rows(layer, r.clone());
             (rows, j.scratch.out.as_slice(), j.q, j.pos0)
         })
         .collect();
@@ -311,19 +285,24 @@ fn group_rows(x: &[f32], w: usize, gi: usize, n: usize) -> [&[f32]; MAX_TILE] {
     })
 }
 
-/// Query heads per work item: a divisor of the group size (at most [`MAX_TILE`]), or whole
-/// groups (a divisor of `n_head`, when a group fits a tile), that minimises the heads the
-/// busiest thread computes, the larger block on ties (more reuse of each loaded key, and
-/// whole cache rows read in one walk). Prefill and batched decode get whole tokens; a
-/// single decode splits groups so that every thread has work. Any choice gives the same
-/// bits.
+/// Query heads per work item: whole groups (a multiple of the group size dividing `n_head`)
+/// when a group fits a tile, else a divisor of the group size of at most [`MAX_TILE`]; the
+/// one that minimises the heads the busiest thread computes, the larger block on ties (more
+/// reuse of each loaded key, and whole cache rows read in one walk). Prefill and batched
+/// decode get whole tokens, a single decode whole groups. Splitting a group over threads
+/// instead balanced a single decode better but cost more than it gained: its items read
+/// each row once per item, and widening the rows to f32 once first took a seventh of
+/// SmolLM2's decode (measured against whole groups: SmolLM2 at depth 400-600 +2 to +22 %,
+/// Gemma 3 +2 to +15 %). Any choice gives the same bits.
 fn head_block(tokens: usize, n_head: usize, group: usize, n_threads: usize) -> usize {
     let group = group.max(1);
     (1..=n_head.max(1))
         .filter(|&h| {
-            let split = h <= MAX_TILE && group.is_multiple_of(h);
-            let whole = group <= MAX_TILE && h.is_multiple_of(group) && n_head.is_multiple_of(h);
-            split || whole
+            if group <= MAX_TILE {
+                h.is_multiple_of(group) && n_head.is_multiple_of(h)
+            } else {
+                h <= MAX_TILE && group.is_multiple_of(h)
+            }
         })
         .min_by_key(|&h| {
             let items = tokens * (n_head / h);
@@ -331,53 +310,6 @@ fn head_block(tokens: usize, n_head: usize, group: usize, n_threads: usize) -> u
         })
         .unwrap_or(1)
 }
-
-/// Widens the f16 key and value rows of `ranges[i]` into job `i`'s scratch (all KV heads,
-/// the cache's layout), in parts of at most [`WIDEN_PART`] rows handed out to the pool's
-/// threads as they free up (each part an exact conversion, so who does it does not
-/// matter). Jobs whose cache holds f32 are read in place and skipped. Returns false, having
-/// widened nothing, when there is no converter (the rows are then read in place).
-fn widen(
-    pool: &ThreadPool,
-    layer: usize,
-    kvd: usize,
-    jobs: &mut [AttnJob<'_>],
-    ranges: &[std::ops::Range<usize>],
-) -> bool {
-    let Ok(convert) = dequant_fn(simd_level(), GgmlType::F16) else {
-        return false;
-    };
-    let step = (WIDEN_PART * kvd).max(1);
-    let mut parts: Vec<Part<'_>> = Vec::new();
-    for (j, range) in jobs.iter_mut().zip(ranges) {
-        if let KvRows::F16 { k, v } = j.cache.rows(layer, range.clone()) {
-            let s = &mut *j.scratch;
-            for (src, dst) in [(k, &mut s.k[..k.len()]), (v, &mut s.v[..v.len()])] {
-                parts.extend(src.chunks(step).zip(dst.chunks_mut(step)));
-            }
-        }
-    }
-    let total: usize = parts.iter().map(|(src, _)| src.len()).sum();
-    let load = |(src, dst): Part<'_>| convert(bytemuck::cast_slice(src), dst);
-    // Small spans (decode near the start) are not worth waking the pool.
-    if total < 1 << 14 {
-        parts.into_iter().for_each(load);
-        return true;
-    }
-    let parts = Mutex::new(parts.into_iter());
-    pool.run(|_, _| {
-        while let Some(part) = parts.lock().ok().and_then(|mut it| it.next()) {
-            load(part);
-        }
-    });
-    true
-}
-
-/// Most cache rows one widening part converts.
-const WIDEN_PART: usize = 64;
-
-/// One widening part: f16 rows and their f32 destination.
-type Part<'a> = (&'a [half::f16], &'a mut [f32]);
 
 #[cfg(test)]
 mod tests {
@@ -449,6 +381,11 @@ mod tests {
             scale: 0.35,
             window,
         };
+        check_shape(&shape, pos0, n);
+    }
+
+    fn check_shape(shape: &AttnShape, pos0: usize, n: usize) {
+        let window = shape.window;
         let len = pos0 + n;
         let row = shape.n_kv_head * shape.head_dim;
         let k = pseudo(len * row, 1);
@@ -457,10 +394,10 @@ mod tests {
         let mut cache = KvCache::new(KvType::F32, 2, 16, row).unwrap();
         cache.store(1, 0, &k, &v);
         let mut out = vec![f32::NAN; q.len()];
-        let mut scratch = AttnScratch::new(16, row, q.len()).unwrap();
+        let mut scratch = AttnScratch::new(q.len()).unwrap();
         let pool = ThreadPool::new(2).unwrap();
-        attend(&pool, &shape, &cache, 1, pos0, &q, &mut out, &mut scratch);
-        let want = naive(&shape, &q, &k, &v, pos0, n);
+        attend(&pool, shape, &cache, 1, pos0, &q, &mut out, &mut scratch);
+        let want = naive(shape, &q, &k, &v, pos0, n);
         for (i, (&a, &b)) in out.iter().zip(&want).enumerate() {
             assert!(
                 (f64::from(a) - b).abs() < 1e-5,
@@ -471,22 +408,22 @@ mod tests {
 
     #[test]
     fn head_blocks_balance_threads() {
-        // Gemma 3 decode (1 KV head, group 4, 2 threads): two blocks of 2.
-        assert_eq!(head_block(1, 4, 4, 2), 2);
-        // SmolLM2 decode (3 KV heads, group 3): single heads, 5 vs 4 per thread; its f16
-        // rows are widened first.
-        assert_eq!(head_block(1, 9, 3, 2), 1);
-        // 16 SmolLM2 sessions decoding together: whole tokens, rows read in place.
+        // Gemma 3 decode (1 KV head, group 4, 2 threads): the one group.
+        assert_eq!(head_block(1, 4, 4, 2), 4);
+        // SmolLM2 decode (3 KV heads, group 3): whole groups, 2 against 1 per thread.
+        assert_eq!(head_block(1, 9, 3, 2), 3);
+        // 16 SmolLM2 sessions decoding together: whole tokens.
         assert_eq!(head_block(16, 9, 3, 2), 9);
-        // Two sessions: one whole token per thread. Three: single heads balance the
-        // threads best (14 against 13 heads).
+        // Two sessions: one whole token per thread. Three: whole groups balance the
+        // threads best (5 against 4 groups).
         assert_eq!(head_block(2, 9, 3, 2), 9);
-        assert_eq!(head_block(3, 9, 3, 2), 1);
+        assert_eq!(head_block(3, 9, 3, 2), 3);
         // Prefill: whole tokens.
         assert_eq!(head_block(256, 4, 4, 2), 4);
         assert_eq!(head_block(256, 9, 3, 2), 9);
         // Groups larger than a tile use a divisor that fits.
         assert_eq!(head_block(256, 8, 8, 2), 4);
+        assert_eq!(head_block(1, 16, 8, 2), 4);
         // One head per group: whole tokens.
         assert_eq!(head_block(256, 4, 1, 2), 4);
     }
@@ -502,7 +439,7 @@ mod tests {
         );
         let mut cache = KvCache::new(KvType::F16, 1, len, row).unwrap();
         cache.store(0, 0, &k, &v);
-        let mut scratch = AttnScratch::new(len, row, q.len()).unwrap();
+        let mut scratch = AttnScratch::new(q.len()).unwrap();
         let pool = ThreadPool::new(threads).unwrap();
         let mut out = vec![f32::NAN; q.len()];
         if one_by_one {
@@ -595,7 +532,7 @@ mod tests {
             .zip(&caches)
             .zip(&qs)
             .map(|((&(pos0, n), cache), q)| {
-                let mut scratch = AttnScratch::new(ctx, row, n * qw).unwrap();
+                let mut scratch = AttnScratch::new(n * qw).unwrap();
                 let mut out = vec![f32::NAN; n * qw];
                 let pool = ThreadPool::new(1).unwrap();
                 attend(&pool, &shape, cache, 1, pos0, q, &mut out, &mut scratch);
@@ -606,7 +543,7 @@ mod tests {
             let pool = ThreadPool::new(threads).unwrap();
             let mut scratches: Vec<AttnScratch> = seqs
                 .iter()
-                .map(|&(_, n)| AttnScratch::new(ctx, row, n * qw).unwrap())
+                .map(|&(_, n)| AttnScratch::new(n * qw).unwrap())
                 .collect();
             let mut outs: Vec<Vec<f32>> =
                 seqs.iter().map(|&(_, n)| vec![f32::NAN; n * qw]).collect();
@@ -645,6 +582,20 @@ mod tests {
     }
 
     #[test]
+    fn groups_wider_than_a_tile_match_naive() {
+        // Group 8 is split into items of 4 heads, for decode and for a chunk.
+        let shape = AttnShape {
+            n_head: 16,
+            n_kv_head: 2,
+            head_dim: 8,
+            scale: 0.35,
+            window: None,
+        };
+        check_shape(&shape, 0, 5);
+        check_shape(&shape, 9, 1);
+    }
+
+    #[test]
     fn sliding_window_matches_naive() {
         check(Some(3), 0, 9);
         check(Some(3), 6, 4);
@@ -667,7 +618,7 @@ mod tests {
         let v = pseudo(12, 5);
         cache.store(0, 0, &k, &v);
         let q = [0.3, -0.2];
-        let mut scratch = AttnScratch::new(8, 2, 2).unwrap();
+        let mut scratch = AttnScratch::new(2).unwrap();
         let pool = ThreadPool::new(1).unwrap();
         let mut a = [0.0; 2];
         attend(&pool, &shape, &cache, 0, 5, &q, &mut a, &mut scratch);

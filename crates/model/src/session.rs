@@ -207,7 +207,7 @@ impl<'m> Session<'m> {
         let c = model.config();
         let chunk = PREFILL_CHUNK.min(ctx);
         let s = Scratch::new(c, chunk);
-        let attn = AttnScratch::new(ctx, c.kv_dim(), chunk * c.q_dim())?;
+        let attn = AttnScratch::new(chunk * c.q_dim())?;
         Ok(Session {
             model,
             pool,
