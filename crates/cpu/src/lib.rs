@@ -22,7 +22,7 @@
 mod matmul;
 mod pool;
 
-pub use matmul::{Matrix, matmul, matmul_with};
+pub use matmul::{Matrix, matmul, matmul_shared, matmul_with};
 pub use pool::{ThreadPool, default_threads};
 
 /// Errors of the CPU backend.

@@ -86,23 +86,13 @@ pub fn matmul_with(
     n_tokens: usize,
     y: &mut [f32],
 ) -> Result<(), CpuError> {
-    let rb = w.row_bytes()?;
+    let rb = checked_row_bytes(&w, x, n_tokens, y)?;
     let deq = dequant_fn(level, w.ty)?;
-    if Some(x.len()) != n_tokens.checked_mul(w.cols) {
-        return Err(CpuError::Shape {
-            what: "x length is not n_tokens x cols",
-        });
-    }
-    if Some(y.len()) != n_tokens.checked_mul(w.rows) {
-        return Err(CpuError::Shape {
-            what: "y length is not n_tokens x rows",
-        });
-    }
     if n_tokens == 0 || w.rows == 0 {
         return Ok(());
     }
     if q16::applies(level, w.ty) {
-        return matmul_q16(pool, level, w, rb, x, n_tokens, y);
+        return matmul_q16(pool, level, &[(w, rb)], x, n_tokens, &mut [y]);
     }
     let multi = n_tokens <= MULTI_MAX_TOKENS && has_fused_multi_matvec(level, w.ty, w.cols);
     let tile_rows = tile_rows(w.cols, n_tokens);
@@ -206,35 +196,109 @@ pub fn matmul_with(
     Ok(())
 }
 
+/// Products of several matrices with one input (a layer's query, key and value
+/// projections, or its gate and up projections): `ys[i] = ws[i] · x`, each output with the
+/// bits [`matmul`] gives it. Where the 16-bit products apply to every matrix (one Q4_1 or
+/// Q8_0 type, equal widths), the input is quantized once and the rows of all the matrices
+/// share one pass over the pool, instead of a quantization and a wait for the threads per
+/// matrix. Otherwise each matrix takes its own [`matmul`].
+pub fn matmul_shared(
+    pool: &ThreadPool,
+    ws: &[Matrix<'_>],
+    x: &[f32],
+    n_tokens: usize,
+    ys: &mut [&mut [f32]],
+) -> Result<(), CpuError> {
+    if ws.len() != ys.len() {
+        return Err(CpuError::Shape {
+            what: "not one output per matrix",
+        });
+    }
+    let level = simd_level();
+    let fused = ws.first().is_some_and(|f| {
+        q16::applies(level, f.ty) && ws.iter().all(|w| w.ty == f.ty && w.cols == f.cols)
+    });
+    if !fused {
+        for (w, y) in ws.iter().zip(ys.iter_mut()) {
+            matmul_with(pool, level, *w, x, n_tokens, y)?;
+        }
+        return Ok(());
+    }
+    let mut parts = Vec::with_capacity(ws.len());
+    for (w, y) in ws.iter().zip(ys.iter()) {
+        parts.push((*w, checked_row_bytes(w, x, n_tokens, y)?));
+    }
+    if n_tokens == 0 {
+        return Ok(());
+    }
+    matmul_q16(pool, level, &parts, x, n_tokens, ys)
+}
+
+/// The row bytes of `w`, after checking that `x` holds `n_tokens` inputs of its width and
+/// `y` room for as many outputs.
+fn checked_row_bytes(
+    w: &Matrix<'_>,
+    x: &[f32],
+    n_tokens: usize,
+    y: &[f32],
+) -> Result<usize, CpuError> {
+    let rb = w.row_bytes()?;
+    if Some(x.len()) != n_tokens.checked_mul(w.cols) {
+        return Err(CpuError::Shape {
+            what: "x length is not n_tokens x cols",
+        });
+    }
+    if Some(y.len()) != n_tokens.checked_mul(w.rows) {
+        return Err(CpuError::Shape {
+            what: "y length is not n_tokens x rows",
+        });
+    }
+    Ok(rb)
+}
+
 /// Every token count of a format with 16-bit activation kernels (one path, so a token's
 /// outputs never depend on the batch): the columns are quantized once, then each thread
-/// multiplies its rows straight into `y`.
+/// multiplies its share of the rows of the matrices `ws` (each with its row bytes, all of
+/// one type and width, shapes checked) straight into their outputs `ys`.
 fn matmul_q16(
     pool: &ThreadPool,
     level: SimdLevel,
-    w: Matrix<'_>,
-    rb: usize,
+    ws: &[(Matrix<'_>, usize)],
     x: &[f32],
     n_tokens: usize,
-    y: &mut [f32],
+    ys: &mut [&mut [f32]],
 ) -> Result<(), CpuError> {
-    let acts = q16::quantize(w.ty, x, w.cols, n_tokens)?;
+    let Some(&(first, _)) = ws.first() else {
+        return Ok(());
+    };
+    let acts = q16::quantize(first.ty, x, first.cols, n_tokens)?;
     let n_threads = pool.n_threads();
-    let out = OutPtr(y.as_mut_ptr());
-    let rows = w.rows;
+    let outs: Vec<OutPtr> = ys.iter_mut().map(|y| OutPtr(y.as_mut_ptr())).collect();
+    let total: usize = ws.iter().map(|(w, _)| w.rows).sum();
     let failed = std::sync::atomic::AtomicBool::new(false);
     pool.run(|index, _| {
-        let start = rows * index / n_threads;
-        let end = rows * (index + 1) / n_threads;
-        let wr = &w.data[start * rb..end * rb];
-        // SAFETY: y holds n_tokens * rows values (checked by the caller), so y[t * rows + r]
-        // exists for every token t and row r; this thread writes only its rows
-        // [start, end), which no other thread touches, while `y` stays borrowed by this
-        // call until `run` has waited for all threads.
-        let res =
-            unsafe { q16::matmul_to(level, wr, end - start, &acts, out.ptr().add(start), rows) };
-        if res.is_err() {
-            failed.store(true, std::sync::atomic::Ordering::Relaxed);
+        // This thread's share of all the matrices' rows, as one range over them in turn.
+        let start = total * index / n_threads;
+        let end = total * (index + 1) / n_threads;
+        let mut offset = 0;
+        for ((w, rb), out) in ws.iter().zip(&outs) {
+            let lo = start.clamp(offset, offset + w.rows) - offset;
+            let hi = end.clamp(offset, offset + w.rows) - offset;
+            offset += w.rows;
+            if lo >= hi {
+                continue;
+            }
+            let wr = &w.data[lo * rb..hi * rb];
+            // SAFETY: each output holds n_tokens * rows values of its matrix (checked by
+            // the caller), so y[t * rows + r] exists for every token t and row r; this
+            // thread writes only rows [lo, hi) of this matrix, which no other thread
+            // touches, while the outputs stay borrowed by this call until `run` has waited
+            // for all threads.
+            let res =
+                unsafe { q16::matmul_to(level, wr, hi - lo, &acts, out.ptr().add(lo), w.rows) };
+            if res.is_err() {
+                failed.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
         }
     });
     if failed.into_inner() {

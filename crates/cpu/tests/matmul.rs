@@ -5,7 +5,7 @@
 //! about 80 f32 ulps of the absolute sum; f32 accumulation over <= 1536 terms stays well
 //! inside it (observed errors are printed).
 
-use ferrite_cpu::{Matrix, ThreadPool, matmul_with};
+use ferrite_cpu::{Matrix, ThreadPool, matmul, matmul_shared, matmul_with};
 use ferrite_gguf::GgmlType;
 use ferrite_quant::{SimdLevel, dequantize_ref, quantize};
 use ferrite_testkit::XorShift as Rng;
@@ -136,6 +136,80 @@ fn thread_counts_give_identical_bits() {
         }
         println!("deterministic across 1/2/3 threads and batch sizes [{level}]");
     }
+}
+
+/// Several matrices of one input in one call give each output the bits of its own
+/// `matmul`, whether the call shares one pass (one 16-bit type on VNNI) or falls back to one
+/// call each (mixed types, other formats), for thread counts that split the rows of all the
+/// matrices unevenly and across matrix boundaries.
+#[test]
+fn shared_input_products_equal_separate_ones() {
+    let mut rng = Rng(7);
+    let pools: Vec<ThreadPool> = (1..=3).map(|n| ThreadPool::new(n).expect("pool")).collect();
+    let cols = 96;
+    let sets: [&[(GgmlType, usize)]; 4] = [
+        &[
+            (GgmlType::Q4_1, 48),
+            (GgmlType::Q4_1, 16),
+            (GgmlType::Q4_1, 17),
+        ],
+        &[(GgmlType::Q8_0, 5), (GgmlType::Q8_0, 40)],
+        &[(GgmlType::Q4_1, 20), (GgmlType::Q8_0, 9)],
+        &[(GgmlType::Q4_K, 8), (GgmlType::F32, 3)],
+    ];
+    for set in sets {
+        let cols = if set.iter().any(|(t, _)| t.block_size() == 256) {
+            256
+        } else {
+            cols
+        };
+        let data: Vec<Vec<u8>> = set
+            .iter()
+            .map(|&(ty, rows)| random_matrix(&mut rng, ty, rows, cols))
+            .collect();
+        let ms: Vec<Matrix<'_>> = set
+            .iter()
+            .zip(&data)
+            .map(|(&(ty, rows), d)| Matrix {
+                ty,
+                rows,
+                cols,
+                data: d,
+            })
+            .collect();
+        for nt in [1, 3, 16] {
+            let x: Vec<f32> = (0..nt * cols).map(|_| rng.f32()).collect();
+            for pool in &pools {
+                let mut ys: Vec<Vec<f32>> =
+                    ms.iter().map(|m| vec![f32::NAN; m.rows * nt]).collect();
+                let mut outs: Vec<&mut [f32]> = ys.iter_mut().map(Vec::as_mut_slice).collect();
+                matmul_shared(pool, &ms, &x, nt, &mut outs).expect("shared");
+                for (m, y) in ms.iter().zip(&ys) {
+                    let mut want = vec![0f32; m.rows * nt];
+                    matmul(pool, *m, &x, nt, &mut want).expect("matmul");
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(
+                        bits(y),
+                        bits(&want),
+                        "{set:?} {nt} tokens {} threads",
+                        pool.n_threads()
+                    );
+                }
+            }
+        }
+    }
+    // One output per matrix, each of its matrix's size.
+    let data = random_matrix(&mut rng, GgmlType::Q4_1, 4, 32);
+    let m = Matrix {
+        ty: GgmlType::Q4_1,
+        rows: 4,
+        cols: 32,
+        data: &data,
+    };
+    let x = vec![0.5f32; 32];
+    let (mut a, mut b) = (vec![0f32; 4], vec![0f32; 3]);
+    assert!(matmul_shared(&pools[1], &[m, m], &x, 1, &mut [&mut a]).is_err());
+    assert!(matmul_shared(&pools[1], &[m, m], &x, 1, &mut [&mut a, &mut b]).is_err());
 }
 
 /// A decode batch (2..=17 tokens: the multi-column matvec; 33: the tile GEMM) gives each

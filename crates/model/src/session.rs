@@ -9,7 +9,7 @@
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use ferrite_cpu::{ThreadPool, matmul};
+use ferrite_cpu::{ThreadPool, matmul, matmul_shared};
 use ferrite_quant::kernels::{GatedAct, gated_act};
 use ferrite_quant::simd_level;
 
@@ -520,9 +520,8 @@ pub(crate) fn forward_rows(
             &mut s.k[..n * c.kv_dim()],
             &mut s.v[..n * c.kv_dim()],
         );
-        mm(&lw.wq, xn, q)?;
-        mm(&lw.wk, xn, k)?;
-        mm(&lw.wv, xn, v)?;
+        let qkv = [m.matrix(&lw.wq), m.matrix(&lw.wk), m.matrix(&lw.wv)];
+        matmul_shared(pool, &qkv, xn, n, &mut [&mut *q, &mut *k, &mut *v])?;
         let bias = lw.qkv_bias.as_ref().filter(|_| !faults.drop_qkv_bias);
         if let Some([bq, bk, bv]) = bias {
             for (y, b) in [(&mut *q, bq), (&mut *k, bk), (&mut *v, bv)] {
@@ -620,8 +619,8 @@ pub(crate) fn forward_rows(
                 down: w_down,
             } => {
                 let (gate, up) = (&mut s.gate[..n * c.d_ff], &mut s.up[..n * c.d_ff]);
-                mm(w_gate, xn, gate)?;
-                mm(w_up, xn, up)?;
+                let gate_up = [m.matrix(w_gate), m.matrix(w_up)];
+                matmul_shared(pool, &gate_up, xn, n, &mut [&mut *gate, &mut *up])?;
                 let act = match c.activation {
                     Activation::Silu => GatedAct::Silu,
                     Activation::GeluTanh => GatedAct::GeluTanh,
