@@ -7,7 +7,7 @@
 //! f16 exactly as they load it), and each KV head's are shared by every query head of its
 //! group (grouped-query attention).
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 
 use ferrite_cpu::ThreadPool;
 use ferrite_quant::kernels::{
@@ -65,12 +65,12 @@ fn first_visible(pos: usize, window: Option<usize>) -> usize {
 /// values for positions `..pos0+n`. Writes `n × n_head × head_dim` values to `out`.
 ///
 /// Work items are (token, block of query heads): part of one KV group, or whole groups (the
-/// block that best balances the threads). A group's heads share its key and value rows, so each row is loaded once
-/// for all of them ([`dot_rows`] for the scores, [`weighted_rows`] for the values). Items are
-/// spread over the pool's threads. Per head the arithmetic is the same whatever the
-/// blocking and the thread (scores are bit-identical to single dot products, value sums run
-/// in key order), so the result depends neither on the thread count nor on how many tokens
-/// share the call.
+/// block that best balances the threads). A group's heads share its key and value rows, so
+/// each row is loaded once for all of them ([`dot_rows`] for the scores, [`weighted_rows`]
+/// for the values). Items go to the pool's threads as they free up. Per head the arithmetic
+/// is the same whatever the blocking and the thread (scores are bit-identical to single dot
+/// products, value sums run in key order), so the result depends neither on the thread
+/// count nor on how many tokens share the call.
 #[allow(clippy::too_many_arguments)]
 pub fn attend(
     pool: &ThreadPool,
@@ -155,8 +155,15 @@ pub fn attend_many(pool: &ThreadPool, shape: &AttnShape, layer: usize, jobs: &mu
         })
         .collect();
     let level = simd_level();
-    pool.run(|thread, buf: &mut Vec<f32>| {
-        for item in (thread..items).step_by(n_threads) {
+    // Items go to whichever thread is free: the sequences of a batch sit at different
+    // depths, so a fixed share per thread left one waiting on the other.
+    let next = AtomicUsize::new(0);
+    pool.run(|_, buf: &mut Vec<f32>| {
+        loop {
+            let item = next.fetch_add(1, Ordering::Relaxed);
+            if item >= items {
+                break;
+            }
             // The job holding this item: the last whose first item is at or before it.
             let ji = starts.partition_point(|&s| s <= item) - 1;
             let (rows, obuf, q, pos0) = views[ji];
