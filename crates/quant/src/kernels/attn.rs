@@ -36,17 +36,12 @@ pub fn dot_rows<X: RowElem>(
     ld: usize,
 ) -> Result<(), QuantError> {
     check_level(level)?;
-    let rows_fit = n == 0
-        || (n - 1)
-            .checked_mul(stride)
-            .and_then(|o| o.checked_add(hd))
-            .is_some_and(|e| e <= k.len());
     if q.is_empty()
         || q.len() > MAX_TILE
         || q.iter().any(|r| r.len() < hd)
         || ld < n
         || out.len() < (q.len() - 1) * ld + n
-        || !rows_fit
+        || !rows_fit(n, stride, hd, k.len())
     {
         return Err(QuantError::BadTile {
             rows: q.len(),
@@ -74,6 +69,15 @@ pub fn dot_rows<X: RowElem>(
         }
     }
     Ok(())
+}
+
+/// Whether `n` rows of `hd` values, one every `stride`, fit in `len` values.
+fn rows_fit(n: usize, stride: usize, hd: usize, len: usize) -> bool {
+    n == 0
+        || (n - 1)
+            .checked_mul(stride)
+            .and_then(|o| o.checked_add(hd))
+            .is_some_and(|e| e <= len)
 }
 
 /// Asks for the `hd` values of rows `rows` (those that exist) to be brought into cache, on
@@ -122,16 +126,11 @@ pub fn weighted_rows<X: RowElem>(
 ) -> Result<(), QuantError> {
     check_level(level)?;
     let n = p.first().map_or(0, |r| r.len());
-    let rows_fit = n == 0
-        || (n - 1)
-            .checked_mul(stride)
-            .and_then(|o| o.checked_add(hd))
-            .is_some_and(|e| e <= v.len());
     if p.is_empty()
         || p.len() > MAX_TILE
         || p.iter().any(|r| r.len() != n)
         || out.len() < p.len() * hd
-        || !rows_fit
+        || !rows_fit(n, stride, hd, v.len())
     {
         return Err(QuantError::BadTile {
             rows: p.len(),
