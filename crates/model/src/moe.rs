@@ -9,7 +9,7 @@
 //! output is the weighted sum of its experts' outputs in selection order, so the result does
 //! not depend on how tokens are grouped into chunks beyond the kernels' own rounding.
 
-use ferrite_cpu::{Matrix, ThreadPool, matmul};
+use ferrite_cpu::{Matrix, ThreadPool, matmul, matmul_shared};
 use ferrite_gguf::{GgmlType, Gguf};
 
 use crate::ModelError;
@@ -247,8 +247,8 @@ pub(crate) fn ffn(
             &mut s.up[..m * ff],
             &mut s.y[..m * d],
         );
-        matmul(pool, w.gate.matrix(g, e), xg, m, gate)?;
-        matmul(pool, w.up.matrix(g, e), xg, m, up)?;
+        let gate_up = [w.gate.matrix(g, e), w.up.matrix(g, e)];
+        matmul_shared(pool, &gate_up, xg, m, &mut [&mut *gate, &mut *up])?;
         for (a, &u) in gate.iter_mut().zip(up.iter()) {
             *a = f(*a) * u;
         }
