@@ -168,6 +168,9 @@ impl Loaded {
             KvArg::F32 => KvType::F32,
         };
         let cuda = load_cuda(args.backend, &model)?;
+        if cuda.is_none() {
+            model.pack_weights(&pool);
+        }
         Ok(Loaded {
             model,
             tokenizer,

@@ -85,6 +85,7 @@ fn main() {
             rows,
             cols,
             data: &data,
+            packed: None,
         };
         let (med, lo, hi) = time(7, || matmul(&pool, m, &x, 1, &mut y).expect("matmul"));
         let gb = data.len() as f64 / 1e9;
@@ -123,6 +124,7 @@ fn main() {
             rows,
             cols,
             data: &data,
+            packed: None,
         };
         let (med, lo, hi) = time(501, || matmul(&pool, m, &x, 1, &mut y).expect("matmul"));
         let gb = data.len() as f64 / 1e9;
@@ -157,6 +159,7 @@ fn main() {
             rows,
             cols: k,
             data: &data,
+            packed: None,
         };
         let (med, lo, hi) = time(5, || matmul(&pool, m, &x, tokens, &mut y).expect("matmul"));
         let gf = 2.0 * (tokens * k * rows) as f64 / 1e9;

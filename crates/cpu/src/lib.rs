@@ -12,7 +12,7 @@
 //! use ferrite_gguf::GgmlType;
 //! let pool = ThreadPool::new(2).unwrap();
 //! let w: Vec<u8> = [1.0f32, 2.0, 3.0, 4.0].iter().flat_map(|v| v.to_le_bytes()).collect();
-//! let m = Matrix { ty: GgmlType::F32, rows: 2, cols: 2, data: &w };
+//! let m = Matrix { ty: GgmlType::F32, rows: 2, cols: 2, data: &w, packed: None };
 //! let mut y = [0f32; 2];
 //! matmul(&pool, m, &[1.0, 1.0], 1, &mut y).unwrap();
 //! assert_eq!(y, [3.0, 7.0]);
@@ -22,7 +22,8 @@
 mod matmul;
 mod pool;
 
-pub use matmul::{Matrix, matmul, matmul_shared, matmul_with};
+pub use ferrite_quant::kernels::q16::PackedRows;
+pub use matmul::{Matrix, matmul, matmul_shared, matmul_with, pack};
 pub use pool::{ThreadPool, default_threads};
 
 /// Errors of the CPU backend.

@@ -23,8 +23,9 @@
 //! in the batch.
 
 use ferrite_gguf::GgmlType;
+use ferrite_quant::kernels::q16::{self, GROUP_ROWS, PackedRows};
 use ferrite_quant::kernels::{
-    MAX_TILE, dequant_fn, gemm_f32, has_fused_multi_matvec, matvec, multi_matvec, q16,
+    MAX_TILE, dequant_fn, gemm_f32, has_fused_multi_matvec, matvec, multi_matvec,
 };
 use ferrite_quant::{SimdLevel, simd_level};
 
@@ -42,6 +43,9 @@ pub struct Matrix<'a> {
     pub cols: usize,
     /// The raw rows, `rows * ty.row_bytes(cols)` bytes.
     pub data: &'a [u8],
+    /// The same rows packed for the 16-bit products ([`pack`]), when the caller keeps them:
+    /// the products then read these instead of packing `data` on every call.
+    pub packed: Option<&'a PackedRows>,
 }
 
 impl Matrix<'_> {
@@ -58,10 +62,29 @@ impl Matrix<'_> {
                 what: "data length does not match rows x cols",
             });
         }
+        if self
+            .packed
+            .is_some_and(|p| (p.ty(), p.rows(), p.k()) != (self.ty, self.rows, self.cols))
+        {
+            return Err(CpuError::Shape {
+                what: "packed rows are not of this matrix's type and shape",
+            });
+        }
         usize::try_from(rb).map_err(|_| CpuError::Shape {
             what: "row too large",
         })
     }
+}
+
+/// `w`'s rows packed for the 16-bit products, where [`matmul`] takes them for its type at
+/// this machine's SIMD level; `None` where it does not (the products then read `data`).
+pub fn pack(w: Matrix<'_>) -> Result<Option<PackedRows>, CpuError> {
+    let level = simd_level();
+    if !q16::applies(level, w.ty) {
+        return Ok(None);
+    }
+    w.row_bytes()?;
+    Ok(Some(PackedRows::new(level, w.ty, w.data, w.rows, w.cols)?))
 }
 
 /// `y[t*rows + r] = sum_k W[r,k] * x[t*cols + k]` for `t in 0..n_tokens`, with the kernels
@@ -258,8 +281,9 @@ fn checked_row_bytes(
 
 /// Every token count of a format with 16-bit activation kernels (one path, so a token's
 /// outputs never depend on the batch): the columns are quantized once, then each thread
-/// multiplies its share of the rows of the matrices `ws` (each with its row bytes, all of
-/// one type and width, shapes checked) straight into their outputs `ys`.
+/// multiplies its share of the row groups of the matrices `ws` (each with its row bytes, all
+/// of one type and width, shapes checked) straight into their outputs `ys`. A matrix with
+/// packed rows is read from them; one without is packed a group at a time on the way.
 fn matmul_q16(
     pool: &ThreadPool,
     level: SimdLevel,
@@ -274,28 +298,37 @@ fn matmul_q16(
     let acts = q16::quantize(first.ty, x, first.cols, n_tokens)?;
     let n_threads = pool.n_threads();
     let outs: Vec<OutPtr> = ys.iter_mut().map(|y| OutPtr(y.as_mut_ptr())).collect();
-    let total: usize = ws.iter().map(|(w, _)| w.rows).sum();
+    let total: usize = ws.iter().map(|(w, _)| w.rows.div_ceil(GROUP_ROWS)).sum();
     let failed = std::sync::atomic::AtomicBool::new(false);
     pool.run(|index, _| {
-        // This thread's share of all the matrices' rows, as one range over them in turn.
+        // This thread's share of all the matrices' row groups, as one range over them in
+        // turn.
         let start = total * index / n_threads;
         let end = total * (index + 1) / n_threads;
         let mut offset = 0;
         for ((w, rb), out) in ws.iter().zip(&outs) {
-            let lo = start.clamp(offset, offset + w.rows) - offset;
-            let hi = end.clamp(offset, offset + w.rows) - offset;
-            offset += w.rows;
+            let groups = w.rows.div_ceil(GROUP_ROWS);
+            let lo = start.clamp(offset, offset + groups) - offset;
+            let hi = end.clamp(offset, offset + groups) - offset;
+            offset += groups;
             if lo >= hi {
                 continue;
             }
-            let wr = &w.data[lo * rb..hi * rb];
             // SAFETY: each output holds n_tokens * rows values of its matrix (checked by
             // the caller), so y[t * rows + r] exists for every token t and row r; this
-            // thread writes only rows [lo, hi) of this matrix, which no other thread
-            // touches, while the outputs stay borrowed by this call until `run` has waited
-            // for all threads.
-            let res =
-                unsafe { q16::matmul_to(level, wr, hi - lo, &acts, out.ptr().add(lo), w.rows) };
+            // thread writes only the rows of groups [lo, hi) of this matrix, which no other
+            // thread touches, while the outputs stay borrowed by this call until `run` has
+            // waited for all threads.
+            let res = unsafe {
+                match w.packed {
+                    Some(p) => q16::matmul_packed_to(level, p, lo..hi, &acts, out.ptr(), w.rows),
+                    None => {
+                        let (r0, r1) = (lo * GROUP_ROWS, (hi * GROUP_ROWS).min(w.rows));
+                        let wr = &w.data[r0 * rb..r1 * rb];
+                        q16::matmul_to(level, wr, r1 - r0, &acts, out.ptr().add(r0), w.rows)
+                    }
+                }
+            };
             if res.is_err() {
                 failed.store(true, std::sync::atomic::Ordering::Relaxed);
             }

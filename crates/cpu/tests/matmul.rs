@@ -5,7 +5,7 @@
 //! about 80 f32 ulps of the absolute sum; f32 accumulation over <= 1536 terms stays well
 //! inside it (observed errors are printed).
 
-use ferrite_cpu::{Matrix, ThreadPool, matmul, matmul_shared, matmul_with};
+use ferrite_cpu::{Matrix, ThreadPool, matmul, matmul_shared, matmul_with, pack};
 use ferrite_gguf::GgmlType;
 use ferrite_quant::{SimdLevel, dequantize_ref, quantize};
 use ferrite_testkit::XorShift as Rng;
@@ -66,6 +66,7 @@ fn matmul_matches_f64_reference_at_every_level() {
                     rows,
                     cols,
                     data: &data,
+                    packed: None,
                 };
                 let mut y = vec![f32::NAN; rows * nt];
                 matmul_with(&pool, level, m, &x, nt, &mut y).expect("matmul");
@@ -113,6 +114,7 @@ fn thread_counts_give_identical_bits() {
                     rows,
                     cols,
                     data: &data,
+                    packed: None,
                 };
                 let outs: Vec<Vec<u32>> = pools
                     .iter()
@@ -175,6 +177,7 @@ fn shared_input_products_equal_separate_ones() {
                 rows,
                 cols,
                 data: d,
+                packed: None,
             })
             .collect();
         for nt in [1, 3, 16] {
@@ -205,11 +208,102 @@ fn shared_input_products_equal_separate_ones() {
         rows: 4,
         cols: 32,
         data: &data,
+        packed: None,
     };
     let x = vec![0.5f32; 32];
     let (mut a, mut b) = (vec![0f32; 4], vec![0f32; 3]);
     assert!(matmul_shared(&pools[1], &[m, m], &x, 1, &mut [&mut a]).is_err());
     assert!(matmul_shared(&pools[1], &[m, m], &x, 1, &mut [&mut a, &mut b]).is_err());
+}
+
+/// Rows packed once ([`pack`]) give every product the bits of the raw rows, alone and
+/// shared, for thread counts that split the row groups unevenly and across matrices; packed
+/// rows of another matrix are refused; formats without 16-bit products are not packed.
+#[test]
+fn packed_rows_give_the_bits_of_raw_rows() {
+    let mut rng = Rng(11);
+    let pools: Vec<ThreadPool> = (1..=3).map(|n| ThreadPool::new(n).expect("pool")).collect();
+    let q4k = random_matrix(&mut rng, GgmlType::Q4_K, 4, 256);
+    let q4k = Matrix {
+        ty: GgmlType::Q4_K,
+        rows: 4,
+        cols: 256,
+        data: &q4k,
+        packed: None,
+    };
+    assert!(pack(q4k).expect("pack").is_none());
+    let cols = 96;
+    for set in [
+        &[
+            (GgmlType::Q4_1, 48),
+            (GgmlType::Q4_1, 17),
+            (GgmlType::Q4_1, 5),
+        ][..],
+        &[(GgmlType::Q8_0, 37), (GgmlType::Q8_0, 16)][..],
+    ] {
+        let data: Vec<Vec<u8>> = set
+            .iter()
+            .map(|&(ty, rows)| random_matrix(&mut rng, ty, rows, cols))
+            .collect();
+        let raw: Vec<Matrix<'_>> = set
+            .iter()
+            .zip(&data)
+            .map(|(&(ty, rows), d)| Matrix {
+                ty,
+                rows,
+                cols,
+                data: d,
+                packed: None,
+            })
+            .collect();
+        let packs: Vec<_> = raw.iter().map(|m| pack(*m).expect("pack")).collect();
+        if packs.iter().any(Option::is_none) {
+            println!("skipped: no 16-bit products on this CPU");
+            return;
+        }
+        let packed: Vec<Matrix<'_>> = raw
+            .iter()
+            .zip(&packs)
+            .map(|(m, p)| Matrix {
+                packed: p.as_ref(),
+                ..*m
+            })
+            .collect();
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for nt in [1, 3, 16] {
+            let x: Vec<f32> = (0..nt * cols).map(|_| rng.f32()).collect();
+            for pool in &pools {
+                let run = |ms: &[Matrix<'_>]| {
+                    let mut ys: Vec<Vec<f32>> =
+                        ms.iter().map(|m| vec![f32::NAN; m.rows * nt]).collect();
+                    let mut outs: Vec<&mut [f32]> = ys.iter_mut().map(Vec::as_mut_slice).collect();
+                    matmul_shared(pool, ms, &x, nt, &mut outs).expect("shared");
+                    for (m, y) in ms.iter().zip(&mut ys) {
+                        let mut alone = vec![f32::NAN; m.rows * nt];
+                        matmul(pool, *m, &x, nt, &mut alone).expect("matmul");
+                        assert_eq!(bits(&alone), bits(y), "alone and shared");
+                    }
+                    ys
+                };
+                let (want, got) = (run(&raw), run(&packed));
+                for (w, g) in want.iter().zip(&got) {
+                    assert_eq!(
+                        bits(w),
+                        bits(g),
+                        "{set:?} {nt} tokens {} threads",
+                        pool.n_threads()
+                    );
+                }
+            }
+        }
+        let other = Matrix {
+            packed: packed[1].packed,
+            ..raw[0]
+        };
+        let x = vec![0.5f32; cols];
+        let mut y = vec![0f32; other.rows];
+        assert!(matmul(&pools[1], other, &x, 1, &mut y).is_err());
+    }
 }
 
 /// A decode batch (2..=17 tokens: the multi-column matvec; 33: the tile GEMM) gives each
@@ -236,6 +330,7 @@ fn decode_batches_equal_single_token_products() {
                     rows,
                     cols,
                     data: &data,
+                    packed: None,
                 };
                 for nt in [2, 3, 4, 5, 7, 8, 16, 17, 33] {
                     let x: Vec<f32> = (0..nt * cols).map(|_| rng.f32()).collect();
@@ -272,6 +367,7 @@ fn shape_errors_are_reported_not_panicked() {
         rows: 1,
         cols: 32,
         data: &data,
+        packed: None,
     };
     let mut y = [0f32; 1];
     assert!(matmul_with(&pool, SimdLevel::Scalar, m, &[0.0; 31], 1, &mut y).is_err());
@@ -280,6 +376,7 @@ fn shape_errors_are_reported_not_panicked() {
         rows: 2,
         cols: 32,
         data: &data,
+        packed: None,
     };
     assert!(matmul_with(&pool, SimdLevel::Scalar, bad, &[0.0; 32], 1, &mut [0.0; 2]).is_err());
     let partial = Matrix {
@@ -287,6 +384,7 @@ fn shape_errors_are_reported_not_panicked() {
         rows: 1,
         cols: 31,
         data: &data,
+        packed: None,
     };
     assert!(matmul_with(&pool, SimdLevel::Scalar, partial, &[0.0; 31], 1, &mut y).is_err());
     let iq = Matrix {
@@ -294,6 +392,7 @@ fn shape_errors_are_reported_not_panicked() {
         rows: 1,
         cols: 256,
         data: &[0u8; 66],
+        packed: None,
     };
     assert!(matmul_with(&pool, SimdLevel::Scalar, iq, &[0.0; 256], 1, &mut y).is_err());
 }

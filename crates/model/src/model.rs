@@ -4,11 +4,14 @@
 //! Weights stay in the file's mapping and are handed to `ferrite_cpu::matmul` in their stored
 //! type ([`Precision::Default`]), or are dequantized once to f32 copies at load
 //! ([`Precision::F32`]) so that the forward pass sees exactly the weights the float32
-//! reference (transformers) sees. Norm weights are always small f32 vectors.
+//! reference (transformers) sees. Norm weights are always small f32 vectors. Where the CPU's
+//! 16-bit products take a stored type (Q4_1, Q8_0 on AVX-512 VNNI), a matrix's rows are also
+//! packed once into their layout, on the first CPU product that reads them.
 
 use std::path::Path;
+use std::sync::OnceLock;
 
-use ferrite_cpu::Matrix;
+use ferrite_cpu::{Matrix, PackedRows, ThreadPool};
 use ferrite_gguf::{GgmlType, Gguf};
 
 use crate::ModelError;
@@ -42,6 +45,10 @@ pub(crate) struct Weight {
     pub(crate) cols: usize,
     /// Dequantized copy under [`Precision::F32`].
     f32_copy: Option<Vec<f32>>,
+    /// The rows packed for the CPU's 16-bit products ([`ferrite_cpu::pack`]), made on the
+    /// first CPU product rather than at load, so that a model run on the GPU never holds
+    /// the copy.
+    packed: OnceLock<Option<PackedRows>>,
 }
 
 /// The weights of one transformer block.
@@ -158,6 +165,7 @@ fn matrix(
         rows,
         cols,
         f32_copy,
+        packed: OnceLock::new(),
     })
 }
 
@@ -282,22 +290,59 @@ impl Model {
         self.precision
     }
 
-    /// The matrix view `ferrite_cpu::matmul` takes for weight `w`.
+    /// The matrix view `ferrite_cpu::matmul` takes for weight `w`, with its packed rows
+    /// (packed on the first call where the products take them).
     pub(crate) fn matrix<'a>(&'a self, w: &'a Weight) -> Matrix<'a> {
+        let raw = self.raw_matrix(w);
+        // A matrix the packing refuses is one the products refuse too, with the same shape
+        // error, so the raw view loses nothing.
+        let packed = w
+            .packed
+            .get_or_init(|| ferrite_cpu::pack(raw).ok().flatten());
+        Matrix {
+            packed: packed.as_ref(),
+            ..raw
+        }
+    }
+
+    /// `w` as stored (or as its f32 copy), without packed rows.
+    fn raw_matrix<'a>(&'a self, w: &'a Weight) -> Matrix<'a> {
         match &w.f32_copy {
             Some(v) => Matrix {
                 ty: GgmlType::F32,
                 rows: w.rows,
                 cols: w.cols,
                 data: f32_bytes(v),
+                packed: None,
             },
             None => Matrix {
                 ty: w.ty,
                 rows: w.rows,
                 cols: w.cols,
                 data: self.gguf.tensor_data(&self.gguf.tensors()[w.tensor]),
+                packed: None,
             },
         }
+    }
+
+    /// Packs every matrix the CPU's 16-bit products take now, spread over the pool's
+    /// threads, instead of on the first product that reads it: for callers that would
+    /// rather pay it while loading than in their first request's latency.
+    pub fn pack_weights(&self, pool: &ThreadPool) {
+        let mut weights: Vec<&Weight> = vec![self.output_weight()];
+        for l in &self.layers {
+            weights.extend([&l.wq, &l.wk, &l.wv, &l.wo]);
+            match &l.ffn {
+                Ffn::Dense { gate, up, down } => weights.extend([gate, up, down]),
+                Ffn::Moe(moe) => weights.push(&moe.router),
+            }
+        }
+        let n = pool.n_threads();
+        pool.run(|index, _| {
+            for w in weights.iter().skip(index).step_by(n) {
+                self.matrix(w);
+            }
+        });
     }
 
     /// The output projection (the embedding when tied).
@@ -316,7 +361,7 @@ impl Model {
         match &self.embed.f32_copy {
             Some(v) => dst.copy_from_slice(&v[r * d..(r + 1) * d]),
             None => {
-                let m = self.matrix(&self.embed);
+                let m = self.raw_matrix(&self.embed);
                 let rb = m.data.len() / n_vocab;
                 ferrite_quant::dequantize(m.ty, &m.data[r * rb..(r + 1) * rb], dst).map_err(
                     |source| ModelError::Quant {

@@ -78,6 +78,7 @@ impl Experts {
                     rows: self.rows,
                     cols: self.cols,
                     data: bytemuck::cast_slice(&v[e * n..(e + 1) * n]),
+                    packed: None,
                 }
             }
             None => {
@@ -90,6 +91,7 @@ impl Experts {
                     rows: self.rows,
                     cols: self.cols,
                     data: &data[e * per..(e + 1) * per],
+                    packed: None,
                 }
             }
         }

@@ -1,15 +1,16 @@
 //! AVX-512 VNNI kernels of the 16-bit activation products (`q16`): sixteen weight rows per
 //! vector, one lane per row.
 //!
-//! A group of up to sixteen rows is first packed: each row's block is read with 16-byte
+//! A group of up to sixteen rows is packed first: each row's block is read with 16-byte
 //! loads and transposed in registers, so that lane `r` holds row `r`'s words (gathers of
-//! the same words measured slower than the f32 kernels on Zen 5), and stored with the
-//! blocks' scales in a buffer the thread reuses. Every tile of activation columns then
-//! walks that buffer: each lane builds the integer sum `I_b` of its row inside the lane (no
-//! horizontal reduction), and the per-block scale step is one vector operation for sixteen
-//! rows. Integer sums are exact, so the number of partial accumulators (chosen per tile
-//! width, for latency) does not change a bit; the floating-point steps follow the module
-//! docs of `q16` lane by lane.
+//! the same words measured slower than the f32 kernels on Zen 5), and the blocks' scales
+//! are laid side by side. A matrix is packed either once, whole ([`pack`], kept by the
+//! caller), or a group at a time into a buffer the thread reuses ([`matmul`]). Every tile of
+//! activation columns then walks the packed group: each lane builds the integer sum `I_b` of
+//! its row inside the lane (no horizontal reduction), and the per-block scale step is one
+//! vector operation for sixteen rows. Integer sums are exact, so the number of partial
+//! accumulators (chosen per tile width, for latency) does not change a bit; the
+//! floating-point steps follow the module docs of `q16` lane by lane.
 
 use std::arch::x86_64::*;
 
@@ -17,33 +18,39 @@ use super::q16::{BLOCK, PAIRS, Q16Acts};
 use ferrite_gguf::GgmlType;
 
 /// Rows per group: one per lane.
-const ROWS: usize = 16;
+pub(super) const ROWS: usize = 16;
 
 /// How one weight format's block is packed and unpacked.
 ///
-/// Packing runs in two passes over a group's blocks, so that only one row pointer is live
-/// at a time: [`Format::gather`] copies each row's bytes into the block's slots (a 16-byte
-/// chunk of row `r` goes to lane `r / 4` of chunk vector `r % 4`, a scale word to lane `r`
-/// of the scale vector), then [`Format::finish`] transposes the chunks in place into words
-/// (lane `r` = row `r`) and widens the scales.
+/// A packed group of sixteen rows holds, for its `nb` blocks in order, `WORDS` vectors of
+/// 32-bit weight words each (lane `r` = row `r`), then, for the blocks in order again,
+/// `SCALE_BYTES` bytes of scales each: the sixteen rows' f16 scales `d`, then (with a
+/// minimum) their sixteen f16 minimums `m`. That is exactly the rows' own bytes, rearranged
+/// (`16 · BYTES` per block). Packing runs in two passes over a group's blocks, so that only
+/// one row pointer is live at a time: [`Format::gather`] copies each row's bytes (a 16-byte
+/// chunk of row `r` goes to lane `r / 4` of chunk vector `r % 4`, its scales to slot `r`),
+/// then [`transpose`] turns every four chunk vectors into words in place.
 trait Format {
     /// Bytes per 32-value block.
     const BYTES: usize;
     /// Packed vectors of weight words per block.
     const WORDS: usize;
+    /// Packed bytes of scales (and minimums) per block.
+    const SCALE_BYTES: usize;
     /// Whether the block has a minimum (`x = d · q + m`).
     const MIN: bool;
-    /// Copies row `r`'s block at `src` into the packed block `dst` (`WORDS + 2` vectors).
+    /// Copies row `r`'s block at `src` into the packed block's words at `words` and its
+    /// scales at `scales`.
     ///
     /// # Safety
-    /// `BYTES` bytes readable at `src`; `r < 16`; `dst` has room for `WORDS + 2` vectors.
-    unsafe fn gather(src: *const u8, r: usize, dst: *mut u8);
-    /// Turns the gathered block `blk` into `WORDS` vectors of words, the scales and the
-    /// minimums (zeros without one).
+    /// `BYTES` bytes readable at `src`; `r < 16`; `WORDS` vectors writable at `words` and
+    /// `SCALE_BYTES` bytes at `scales`.
+    unsafe fn gather(src: *const u8, r: usize, words: *mut u8, scales: *mut u8);
+    /// The sixteen rows' scales and minimums (zeros without one) of a packed block.
     ///
     /// # Safety
-    /// AVX-512 F/BW/VL present; every row's bytes were gathered into `blk`.
-    unsafe fn finish(blk: &mut [__m512i]);
+    /// AVX-512 F present; `SCALE_BYTES` bytes readable at `scales`.
+    unsafe fn scales(scales: *const u8) -> (__m512, __m512);
     /// Pair `p` of 16-bit weights from the packed words.
     ///
     /// # Safety
@@ -77,11 +84,15 @@ fn transpose(z: &mut [__m512i]) {
     z[3] = _mm512_unpackhi_epi64(t1, t3);
 }
 
-/// The IEEE halves in the low 16 bits of each lane, widened exactly.
+/// Sixteen IEEE halves at `p`, widened exactly.
+///
+/// # Safety
+/// AVX-512 F present; 32 bytes readable at `p`.
 #[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-fn halves(x: __m512i) -> __m512i {
-    _mm512_castps_si512(_mm512_cvtph_ps(_mm512_cvtepi32_epi16(x)))
+#[target_feature(enable = "avx512f,f16c")]
+unsafe fn halves(p: *const u8) -> __m512 {
+    // SAFETY: forwarded contract.
+    _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(p.cast()) })
 }
 
 struct Q41;
@@ -89,25 +100,26 @@ struct Q41;
 impl Format for Q41 {
     const BYTES: usize = 20;
     const WORDS: usize = 4;
+    const SCALE_BYTES: usize = 64;
     const MIN: bool = true;
 
     #[inline]
-    unsafe fn gather(src: *const u8, r: usize, dst: *mut u8) {
-        // SAFETY: forwarded contract: the nibbles are bytes 4..20, the scale and minimum
-        // bytes 0..4; the scale word goes to lane r of vector 4 (byte 256 + 4r < 384).
+    unsafe fn gather(src: *const u8, r: usize, words: *mut u8, scales: *mut u8) {
+        // SAFETY: forwarded contract: the nibbles are bytes 4..20, the scale bytes 0..2 and
+        // the minimum bytes 2..4, copied to slot r of the scales (2r + 2 <= 32) and of the
+        // minimums (32 + 2r + 2 <= 64).
         unsafe {
-            copy_chunk(src.add(4), r, dst);
-            std::ptr::copy_nonoverlapping(src, dst.add(256 + 4 * r), 4);
+            copy_chunk(src.add(4), r, words);
+            std::ptr::copy_nonoverlapping(src, scales.add(2 * r), 2);
+            std::ptr::copy_nonoverlapping(src.add(2), scales.add(32 + 2 * r), 2);
         }
     }
 
     #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    unsafe fn finish(blk: &mut [__m512i]) {
-        transpose(&mut blk[..4]);
-        let dm = blk[4];
-        blk[4] = halves(dm);
-        blk[5] = halves(_mm512_srli_epi32::<16>(dm));
+    #[target_feature(enable = "avx512f,f16c")]
+    unsafe fn scales(scales: *const u8) -> (__m512, __m512) {
+        // SAFETY: 64 bytes readable (contract).
+        unsafe { (halves(scales), halves(scales.add(32))) }
     }
 
     #[inline]
@@ -132,26 +144,25 @@ struct Q80;
 impl Format for Q80 {
     const BYTES: usize = 34;
     const WORDS: usize = 8;
+    const SCALE_BYTES: usize = 32;
     const MIN: bool = false;
 
     #[inline]
-    unsafe fn gather(src: *const u8, r: usize, dst: *mut u8) {
-        // SAFETY: forwarded contract: the quants are bytes 2..34, the scale bytes 0..2
-        // (copied with the next two, which `halves` ignores) to lane r of vector 8.
+    unsafe fn gather(src: *const u8, r: usize, words: *mut u8, scales: *mut u8) {
+        // SAFETY: forwarded contract: the quants are bytes 2..34 (two chunks of four
+        // vectors), the scale bytes 0..2, copied to slot r of the scales (2r + 2 <= 32).
         unsafe {
-            copy_chunk(src.add(2), r, dst);
-            copy_chunk(src.add(18), r, dst.add(256));
-            std::ptr::copy_nonoverlapping(src, dst.add(512 + 4 * r), 4);
+            copy_chunk(src.add(2), r, words);
+            copy_chunk(src.add(18), r, words.add(256));
+            std::ptr::copy_nonoverlapping(src, scales.add(2 * r), 2);
         }
     }
 
     #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    unsafe fn finish(blk: &mut [__m512i]) {
-        transpose(&mut blk[..4]);
-        transpose(&mut blk[4..8]);
-        blk[8] = halves(blk[8]);
-        blk[9] = _mm512_setzero_si512();
+    #[target_feature(enable = "avx512f,f16c")]
+    unsafe fn scales(scales: *const u8) -> (__m512, __m512) {
+        // SAFETY: 32 bytes readable (contract).
+        (unsafe { halves(scales) }, _mm512_setzero_ps())
     }
 
     #[inline]
@@ -223,7 +234,8 @@ pub(super) unsafe fn quantize_block(
     (s, s * total as f32)
 }
 
-/// Every output of [`super::q16::matmul`] (which checked the shapes).
+/// Every output of [`super::q16::matmul`] (which checked the shapes): each group of
+/// sixteen rows is packed into a buffer the thread reuses, then multiplied.
 ///
 /// # Safety
 /// AVX-512 F/BW/VL and VNNI present; `w` holds `nr` rows of `rb` bytes of blocks of `ty`
@@ -239,37 +251,28 @@ pub(super) unsafe fn matmul(
     out: *mut f32,
     stride: usize,
 ) {
-    // SAFETY: forwarded contract.
-    unsafe {
-        if ty == GgmlType::Q4_1 {
-            run::<Q41>(w, nr, rb, acts, out, stride);
-        } else {
-            run::<Q80>(w, nr, rb, acts, out, stride);
-        }
-    }
-}
-
-/// Rows in groups of sixteen: pack the group, then multiply it with every column tile.
-///
-/// # Safety
-/// As [`matmul`], with `F` the format of `w`.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
-unsafe fn run<F: Format>(
-    w: &[u8],
-    nr: usize,
-    rb: usize,
-    acts: &Q16Acts,
-    out: *mut f32,
-    stride: usize,
-) {
-    let nb = acts.k() / BLOCK;
-    let per_block = F::WORDS + 2;
+    let lines = (ROWS * rb).div_ceil(64);
     PACKED.with_borrow_mut(|packed| {
-        if packed.len() < nb * per_block {
-            packed.resize(nb * per_block, _mm512_setzero_si512());
+        if packed.len() < lines {
+            packed.resize(lines, _mm512_setzero_si512());
         }
-        // SAFETY: forwarded contract; packed holds nb blocks.
-        unsafe { groups::<F>(w, nr, rb, acts, out, stride, &mut packed[..nb * per_block]) };
+        let dst = packed.as_mut_ptr().cast::<u8>();
+        let mut r0 = 0;
+        while r0 < nr {
+            let rows = ROWS.min(nr - r0);
+            // SAFETY: forwarded contract; the buffer holds one group (16 rows of rb bytes);
+            // rows r0..r0 + rows exist and their outputs are the caller's.
+            unsafe {
+                if ty == GgmlType::Q4_1 {
+                    pack_group::<Q41>(w, r0, rows, rb, dst, true);
+                    multiply_group::<Q41>(dst, acts, rows, out.add(r0), stride, 0);
+                } else {
+                    pack_group::<Q80>(w, r0, rows, rb, dst, true);
+                    multiply_group::<Q80>(dst, acts, rows, out.add(r0), stride, 0);
+                }
+            }
+            r0 += rows;
+        }
     });
 }
 
@@ -278,69 +281,172 @@ thread_local! {
     static PACKED: std::cell::RefCell<Vec<__m512i>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// The groups of [`run`], packed into `packed` (`nb` blocks of `WORDS + 2` vectors).
+/// Packs the `nr` rows of `w` (`rb` bytes each, blocks of `ty`), in groups of sixteen, into
+/// `dst`: group `g` at byte `g * group_bytes`, in the layout [`Format`] describes.
 ///
 /// # Safety
-/// As [`run`].
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
-unsafe fn groups<F: Format>(
+/// AVX-512 F/BW/VL present; `w` holds `nr` rows of `rb` bytes of whole blocks of `ty`
+/// (Q4_1 or Q8_0); `dst` is 64-byte aligned and has room for `nr.div_ceil(16)` groups;
+/// `group_bytes >= 16 * rb` is a multiple of 64.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+pub(super) unsafe fn pack(
+    ty: GgmlType,
     w: &[u8],
     nr: usize,
     rb: usize,
-    acts: &Q16Acts,
-    out: *mut f32,
-    stride: usize,
-    packed: &mut [__m512i],
+    dst: *mut u8,
+    group_bytes: usize,
 ) {
-    let nb = acts.k() / BLOCK;
-    let per_block = F::WORDS + 2;
     let mut r0 = 0;
     while r0 < nr {
         let rows = ROWS.min(nr - r0);
-        let mask: __mmask16 = if rows == ROWS {
-            0xFFFF
-        } else {
-            (1u16 << rows) - 1
-        };
-        let dst = packed.as_mut_ptr().cast::<u8>();
-        for r in 0..ROWS {
-            // Lanes past the last row take the group's first row; their outputs are not
-            // stored.
-            let row = &w[(r0 + if r < rows { r } else { 0 }) * rb..][..rb];
-            for b in 0..nb {
-                let src = row.as_ptr().wrapping_add(b * F::BYTES);
-                // The same block of the next group (sixteen rows on), fetched while this
-                // group is packed and multiplied, so the weight stream overlaps the
-                // arithmetic. Prefetches never fault; the pointer uses wrapping arithmetic.
-                _mm_prefetch::<_MM_HINT_T0>(src.wrapping_add(ROWS * rb).cast());
-                // SAFETY: block b lies inside the row (b < nb, rb = nb * BYTES); packed
-                // block b starts at b * per_block vectors of 64 bytes.
-                unsafe { F::gather(src, r, dst.add(b * per_block * 64)) };
+        // SAFETY: forwarded contract; group r0 / 16 starts inside dst.
+        unsafe {
+            let g = dst.add(r0 / ROWS * group_bytes);
+            if ty == GgmlType::Q4_1 {
+                pack_group::<Q41>(w, r0, rows, rb, g, false);
+            } else {
+                pack_group::<Q80>(w, r0, rows, rb, g, false);
             }
-        }
-        for blk in packed.chunks_exact_mut(per_block) {
-            // SAFETY: AVX-512 present (this function's features); every row was gathered.
-            unsafe { F::finish(blk) };
-        }
-        for t in 0..acts.tiles() {
-            let (width, pairs, scale, sum) = acts.tile(t);
-            macro_rules! go {
-                ($($c:literal => $p:literal),*) => {
-                    match width {
-                        // SAFETY: the outputs of the tile's columns and the group's rows
-                        // lie inside out (contract); the tile holds nb blocks per column.
-                        $($c => unsafe {
-                            tile::<F, $c, $p>(packed, nb, pairs, scale, sum, mask,
-                                out.add(t * super::q16::TILE * stride + r0),
-                                stride)
-                        },)*
-                        _ => unreachable!("tiles hold 1..=8 columns"),
-                    }
-                };
-            }
-            go!(1 => 4, 2 => 2, 3 => 2, 4 => 1, 5 => 1, 6 => 1, 7 => 1, 8 => 1);
         }
         r0 += rows;
+    }
+}
+
+/// Every output of the packed `groups` (`group_bytes` apart at `packed`) of a matrix
+/// of `nr` rows: `out[c * stride + r]` for the rows `r` of those groups.
+///
+/// # Safety
+/// AVX-512 F/BW/VL and VNNI present; `packed` holds the groups of a matrix of `ty` (Q4_1 or
+/// Q8_0) with `acts.k()` values per row, packed by [`pack`]; `groups.end <= nr.div_ceil(16)`;
+/// `out.add(c * stride + r)` is writable and unaliased for every column `c` and every row
+/// `r` of those groups below `nr`, and `stride >= nr`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn matmul_packed(
+    ty: GgmlType,
+    packed: *const u8,
+    group_bytes: usize,
+    nr: usize,
+    groups: std::ops::Range<usize>,
+    acts: &Q16Acts,
+    out: *mut f32,
+    stride: usize,
+) {
+    for g in groups {
+        let r0 = g * ROWS;
+        let rows = ROWS.min(nr - r0);
+        // SAFETY: forwarded contract: group g lies in `packed`, its rows' outputs in `out`.
+        unsafe {
+            let group = packed.add(g * group_bytes);
+            if ty == GgmlType::Q4_1 {
+                multiply_group::<Q41>(group, acts, rows, out.add(r0), stride, group_bytes);
+            } else {
+                multiply_group::<Q80>(group, acts, rows, out.add(r0), stride, group_bytes);
+            }
+        }
+    }
+}
+
+/// Packs rows `r0..r0 + rows` (`rows <= 16`) of `w` into one group at `dst`. With
+/// `prefetch`, the same blocks of the next group are fetched while this one is packed, so a
+/// caller that multiplies each group right after packing it overlaps the weight stream with
+/// the arithmetic.
+///
+/// # Safety
+/// AVX-512 F/BW/VL present; the rows exist in `w` (`rb` bytes each, whole blocks of `F`);
+/// `dst` is 64-byte aligned with room for `16 * rb` bytes.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn pack_group<F: Format>(
+    w: &[u8],
+    r0: usize,
+    rows: usize,
+    rb: usize,
+    dst: *mut u8,
+    prefetch: bool,
+) {
+    let nb = rb / F::BYTES;
+    let words = F::WORDS * 64;
+    let scales = nb * words;
+    for r in 0..ROWS {
+        // Lanes past the last row take the group's first row; their outputs are never
+        // stored.
+        let row = &w[(r0 + if r < rows { r } else { 0 }) * rb..][..rb];
+        for b in 0..nb {
+            let src = row.as_ptr().wrapping_add(b * F::BYTES);
+            if prefetch {
+                // Prefetches never fault; the pointer uses wrapping arithmetic.
+                _mm_prefetch::<_MM_HINT_T0>(src.wrapping_add(ROWS * rb).cast());
+            }
+            // SAFETY: block b lies inside the row (b < nb, rb = nb * BYTES); the packed
+            // block's words and scales lie inside the group (contract).
+            unsafe {
+                F::gather(
+                    src,
+                    r,
+                    dst.add(b * words),
+                    dst.add(scales + b * F::SCALE_BYTES),
+                );
+            }
+        }
+    }
+    // SAFETY: the words region is nb * WORDS aligned vectors at dst (contract), WORDS a
+    // multiple of four.
+    let chunks = unsafe { std::slice::from_raw_parts_mut(dst.cast::<__m512i>(), nb * F::WORDS) };
+    for chunk in chunks.chunks_exact_mut(4) {
+        transpose(chunk);
+    }
+}
+
+/// One packed group (of `rows` real rows) times every tile of `acts`: `out[c * stride + r]`
+/// for `r < rows`. With `ahead` > 0, the first tile fetches the bytes `ahead` past each block
+/// it reads (the next group's, for packed groups in a row), since the hardware prefetcher
+/// alone left the stream of packed groups at about half the speed of row-wise reads.
+///
+/// # Safety
+/// As [`matmul_packed`], for the one group at `group` and `out` at its first row.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
+unsafe fn multiply_group<F: Format>(
+    group: *const u8,
+    acts: &Q16Acts,
+    rows: usize,
+    out: *mut f32,
+    stride: usize,
+    ahead: usize,
+) {
+    let nb = acts.k() / BLOCK;
+    let mask: __mmask16 = if rows == ROWS {
+        0xFFFF
+    } else {
+        (1u16 << rows) - 1
+    };
+    // SAFETY: the group starts with nb * WORDS aligned vectors of words, then the scales
+    // (contract).
+    let (words, scales) = unsafe {
+        (
+            std::slice::from_raw_parts(group.cast::<__m512i>(), nb * F::WORDS),
+            group.add(nb * F::WORDS * 64),
+        )
+    };
+    for t in 0..acts.tiles() {
+        let (width, pairs, scale, sum) = acts.tile(t);
+        macro_rules! go {
+            ($($c:literal => $p:literal),*) => {
+                match width {
+                    // SAFETY: the outputs of the tile's columns and the group's rows lie
+                    // inside out (contract); the tile holds nb blocks per column.
+                    $($c => unsafe {
+                        tile::<F, $c, $p>(words, scales, pairs, scale, sum, mask,
+                            out.add(t * super::q16::TILE * stride), stride,
+                            if t == 0 { ahead } else { 0 })
+                    },)*
+                    _ => unreachable!("tiles hold 1..=8 columns"),
+                }
+            };
+        }
+        go!(1 => 4, 2 => 2, 3 => 2, 4 => 1, 5 => 1, 6 => 1, 7 => 1, 8 => 1);
     }
 }
 
@@ -371,29 +477,42 @@ unsafe fn dpwssd_bcast(acc: __m512i, w: __m512i, pair: *const u32) -> __m512i {
     acc
 }
 
-/// One packed group of rows against one tile of `C` columns, with `P` partial integer
-/// accumulators per column; writes `out[c * stride + r]` for the rows in `mask`.
+/// One packed group of rows (`words`, `scales`) against one tile of `C` columns, with `P`
+/// partial integer accumulators per column; writes `out[c * stride + r]` for the rows in
+/// `mask`. With `ahead` > 0, each block's lines `ahead` bytes on are prefetched.
 ///
 /// # Safety
-/// As [`run`]; `packed` holds `nb` packed blocks, the tile's slices hold `nb` blocks of
-/// `C` columns, and `out` has room for `(C - 1) * stride + 16` values, of which only the
-/// lanes in `mask` are written.
+/// AVX-512 F/BW/VL, VNNI, FMA and F16C present; `words` holds `nb · WORDS` vectors and
+/// `scales` `nb · SCALE_BYTES` readable bytes of one packed group; the tile's slices hold
+/// `nb` blocks of `C` columns; `out` has room for `(C - 1) * stride + 16` values, of which
+/// only the lanes in `mask` are written.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn tile<F: Format, const C: usize, const P: usize>(
-    packed: &[__m512i],
-    nb: usize,
+    words: &[__m512i],
+    scales: *const u8,
     pairs: &[u32],
     scale: &[f32],
     sum: &[f32],
     mask: __mmask16,
     out: *mut f32,
     stride: usize,
+    ahead: usize,
 ) {
     let mut acc = [_mm512_setzero_ps(); C];
-    for (b, blk) in packed.chunks_exact(F::WORDS + 2).take(nb).enumerate() {
-        let (words, dm) = blk.split_at(F::WORDS);
+    for (b, words) in words.chunks_exact(F::WORDS).enumerate() {
+        if ahead != 0 {
+            let (w, s) = (
+                words.as_ptr().cast::<u8>(),
+                scales.wrapping_add(b * F::SCALE_BYTES),
+            );
+            for line in 0..F::WORDS {
+                // Prefetches never fault; the pointers use wrapping arithmetic.
+                _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add(ahead + line * 64).cast());
+            }
+            _mm_prefetch::<_MM_HINT_T0>(s.wrapping_add(ahead).cast());
+        }
         let mut part = [[_mm512_setzero_si512(); P]; C];
         macro_rules! pairs {
             ($($p:literal)*) => {$(
@@ -411,8 +530,8 @@ unsafe fn tile<F: Format, const C: usize, const P: usize>(
         }
         // Unrolled: the pair index picks shifts and accumulators at compile time.
         pairs!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15);
-        let d = _mm512_castsi512_ps(dm[0]);
-        let m = _mm512_castsi512_ps(dm[1]);
+        // SAFETY: block b's scales lie inside `scales` (b < nb, contract).
+        let (d, m) = unsafe { F::scales(scales.add(b * F::SCALE_BYTES)) };
         for (c, (a, pc)) in acc.iter_mut().zip(&part).enumerate() {
             let isum = pc[1..].iter().fold(pc[0], |s, v| _mm512_add_epi32(s, *v));
             // SAFETY: b * C + c < nb * C, the length of the tile's scales and sums.

@@ -276,5 +276,143 @@ pub unsafe fn matmul_to(
     Ok(())
 }
 
+/// Rows per packed group (one per vector lane of the kernels).
+pub const GROUP_ROWS: usize = 16;
+
+/// One cache line of packed weights; the alignment lets the kernels load whole vectors.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([u8; 64]);
+
+/// The rows of a Q4_1 or Q8_0 matrix rearranged once into the layout the kernels multiply
+/// (groups of [`GROUP_ROWS`] rows, each row's weights in one vector lane), so that a product
+/// reads them straight instead of rearranging every group on every call. It holds the same
+/// bytes as the rows, moved, so it costs one more copy of the matrix in memory; products
+/// with it are bit-identical to [`matmul`] on the rows it was packed from.
+pub struct PackedRows {
+    ty: GgmlType,
+    rows: usize,
+    k: usize,
+    group_bytes: usize,
+    lines: Vec<Line>,
+}
+
+impl std::fmt::Debug for PackedRows {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PackedRows")
+            .field("ty", &self.ty)
+            .field("rows", &self.rows)
+            .field("k", &self.k)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PackedRows {
+    /// Packs the `rows` rows of `k` values of `w` (weights of type `ty`). Requires
+    /// [`applies`]`(level, ty)`.
+    pub fn new(
+        level: SimdLevel,
+        ty: GgmlType,
+        w: &[u8],
+        rows: usize,
+        k: usize,
+    ) -> Result<PackedRows, QuantError> {
+        if !applies(level, ty) {
+            return Err(QuantError::Unsupported {
+                ty,
+                op: "16-bit activation products at this level",
+            });
+        }
+        let rb = ty.row_bytes(k as u64).unwrap_or(0) as usize;
+        if !k.is_multiple_of(BLOCK) || Some(w.len()) != rows.checked_mul(rb) {
+            return Err(QuantError::BadTile { rows, cols: 0, k });
+        }
+        let group_bytes = (GROUP_ROWS * rb).next_multiple_of(64);
+        let mut lines = vec![Line([0; 64]); rows.div_ceil(GROUP_ROWS) * group_bytes / 64];
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `applies` proved AVX-512 F/BW/VL; w holds `rows` rows of rb bytes of whole
+        // blocks (checked above); `lines` is 64-byte aligned with room for every group of
+        // group_bytes, a multiple of 64 and at least 16 rows' bytes.
+        unsafe {
+            super::avx512_q16::pack(ty, w, rows, rb, lines.as_mut_ptr().cast(), group_bytes);
+        }
+        Ok(PackedRows {
+            ty,
+            rows,
+            k,
+            group_bytes,
+            lines,
+        })
+    }
+
+    /// The weights' type.
+    pub fn ty(&self) -> GgmlType {
+        self.ty
+    }
+
+    /// Number of rows.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Values per row.
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// Number of groups of [`GROUP_ROWS`] rows (the last may hold fewer).
+    pub fn groups(&self) -> usize {
+        self.rows.div_ceil(GROUP_ROWS)
+    }
+}
+
+/// [`matmul_to`] for the rows of the packed `groups` of `w`: `out[c * stride + r]` for
+/// every column `c` and every row `r` of those groups (rows `16 · groups.start` up to
+/// `16 · groups.end` or the last row), with `out` at row 0. For threads that share one output
+/// matrix, each writing the rows of its own groups.
+///
+/// # Safety
+/// `out.add(c * stride + r)` is valid for writes for every column `c < acts.n()` and every
+/// row `r` of the groups, and nothing else accesses those elements during the call.
+pub unsafe fn matmul_packed_to(
+    level: SimdLevel,
+    w: &PackedRows,
+    groups: std::ops::Range<usize>,
+    acts: &Q16Acts,
+    out: *mut f32,
+    stride: usize,
+) -> Result<(), QuantError> {
+    if !applies(level, w.ty) || w.ty != acts.ty {
+        return Err(QuantError::Unsupported {
+            ty: w.ty,
+            op: "16-bit activation products at this level",
+        });
+    }
+    if w.k != acts.k || groups.end > w.groups() || stride < w.rows {
+        return Err(QuantError::BadTile {
+            rows: w.rows,
+            cols: acts.n,
+            k: acts.k,
+        });
+    }
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `applies` proved AVX-512 F/BW/VL and VNNI; `w` was packed by `pack` for its
+    // type and width, which match the activations' (checked above), and holds the groups;
+    // every output is writable (caller's contract).
+    unsafe {
+        super::avx512_q16::matmul_packed(
+            w.ty,
+            w.lines.as_ptr().cast(),
+            w.group_bytes,
+            w.rows,
+            groups,
+            acts,
+            out,
+            stride,
+        );
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests;

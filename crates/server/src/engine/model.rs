@@ -200,6 +200,8 @@ fn engine_thread(
             return;
         }
     };
+    // Before the server reports ready, so that no request waits for it.
+    model.pack_weights(&pool);
     let sessions: Result<Vec<Session<'_>>, _> = (0..cfg.parallel)
         .map(|_| Session::new(&model, &pool, n_ctx, KvType::F16))
         .collect();

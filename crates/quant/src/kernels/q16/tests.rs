@@ -228,3 +228,76 @@ fn bad_shapes_are_errors() {
     assert!(matmul(level, &w, 2, &acts, &mut out, 1).is_err());
     assert!(matmul(SimdLevel::Avx2, &w, 2, &acts, &mut out, 2).is_err());
 }
+
+#[test]
+fn packed_rows_match_the_documented_product_bit_for_bit() {
+    let Some(level) = level() else { return };
+    let mut rng = Rng(0x7ac4_ed01);
+    for ty in TYPES {
+        // Odd block counts leave Q8_0 groups padded to whole lines; 37 and 17 rows end on a
+        // partial group.
+        for (nr, k) in [(1, 32), (16, 96), (17, 32), (37, 160), (48, 64)] {
+            let w = weights(&mut rng, ty, nr, k);
+            let packed = PackedRows::new(level, ty, &w, nr, k).expect("pack");
+            assert_eq!(packed.groups(), nr.div_ceil(GROUP_ROWS));
+            for n in [1, 3, 8, 9, 16] {
+                let x: Vec<f32> = (0..n * k).map(|_| rng.f32() * 2.0).collect();
+                let acts = quantize(ty, &x, k, n).expect("quantize");
+                let want = reference(ty, &w, nr, &x, k, n);
+                let stride = nr + 5;
+                let mut out = vec![f32::NAN; (n - 1) * stride + nr];
+                // The groups in two calls, as two threads would split them.
+                let mid = packed.groups() / 2;
+                for groups in [0..mid, mid..packed.groups()] {
+                    // SAFETY: out holds (n - 1) * stride + nr values: every row of every
+                    // column.
+                    unsafe {
+                        matmul_packed_to(level, &packed, groups, &acts, out.as_mut_ptr(), stride)
+                    }
+                    .expect("matmul");
+                }
+                for c in 0..n {
+                    for r in 0..nr {
+                        let (got, want) = (out[c * stride + r], want[c * nr + r]);
+                        assert_eq!(
+                            got.to_bits(),
+                            want.to_bits(),
+                            "{ty} {nr}x{k} n={n} c={c} r={r}: {got} vs {want}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn packed_rows_refuse_what_does_not_fit() {
+    let w = vec![0u8; 2 * 20];
+    assert!(PackedRows::new(SimdLevel::Avx2, GgmlType::Q4_1, &w, 2, 32).is_err());
+    let Some(level) = level() else { return };
+    assert!(PackedRows::new(level, GgmlType::Q4_K, &w, 2, 32).is_err());
+    assert!(PackedRows::new(level, GgmlType::Q4_1, &w[..39], 2, 32).is_err());
+    assert!(PackedRows::new(level, GgmlType::Q4_1, &w, 2, 48).is_err());
+    let packed = PackedRows::new(level, GgmlType::Q4_1, &w, 2, 32).expect("pack");
+    let mut out = vec![0f32; 8];
+    let x = vec![0f32; 64];
+    let call = |acts: &Q16Acts, groups: std::ops::Range<usize>, stride: usize| {
+        let mut out = out.clone();
+        // SAFETY: out holds 8 values, enough for 2 columns of stride <= 4 (and a refused
+        // call writes nothing).
+        unsafe { matmul_packed_to(level, &packed, groups, acts, out.as_mut_ptr(), stride) }
+    };
+    let acts = quantize(GgmlType::Q4_1, &x, 32, 2).expect("quantize");
+    assert!(call(&acts, 0..1, 2).is_ok());
+    assert!(call(&acts, 0..2, 2).is_err(), "one group only");
+    assert!(call(&acts, 0..1, 1).is_err(), "stride under the rows");
+    let wide = quantize(GgmlType::Q4_1, &x, 64, 1).expect("quantize");
+    assert!(call(&wide, 0..1, 2).is_err(), "other width");
+    let q8 = quantize(GgmlType::Q8_0, &x, 32, 2).expect("quantize");
+    assert!(call(&q8, 0..1, 2).is_err(), "other type");
+    // SAFETY: out holds 8 values, enough for 2 columns of stride 2.
+    let avx2 =
+        unsafe { matmul_packed_to(SimdLevel::Avx2, &packed, 0..1, &acts, out.as_mut_ptr(), 2) };
+    assert!(avx2.is_err(), "a level without the kernels");
+}
