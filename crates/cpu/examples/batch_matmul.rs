@@ -84,7 +84,7 @@ fn main() {
     // Packed once, as a loaded model packs its weights.
     let packs: Vec<_> = mats
         .iter()
-        .map(|m| pack(matrix(m)).expect("pack"))
+        .map(|m| pack(matrix(m), |_| {}).expect("pack"))
         .collect();
     let mut step = |n: usize| {
         for (m, p) in mats.iter().zip(&packs) {

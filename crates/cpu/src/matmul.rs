@@ -78,13 +78,17 @@ impl Matrix<'_> {
 
 /// `w`'s rows packed for the 16-bit products, where [`matmul`] takes them for its type at
 /// this machine's SIMD level; `None` where it does not (the products then read `data`).
-pub fn pack(w: Matrix<'_>) -> Result<Option<PackedRows>, CpuError> {
+/// `packed` is called with each span of `data` once it has been copied
+/// ([`PackedRows::new`]).
+pub fn pack(w: Matrix<'_>, packed: impl FnMut(&[u8])) -> Result<Option<PackedRows>, CpuError> {
     let level = simd_level();
     if !q16::applies(level, w.ty) {
         return Ok(None);
     }
     w.row_bytes()?;
-    Ok(Some(PackedRows::new(level, w.ty, w.data, w.rows, w.cols)?))
+    Ok(Some(PackedRows::new(
+        level, w.ty, w.data, w.rows, w.cols, packed,
+    )?))
 }
 
 /// `y[t*rows + r] = sum_k W[r,k] * x[t*cols + k]` for `t in 0..n_tokens`, with the kernels

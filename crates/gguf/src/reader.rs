@@ -246,6 +246,42 @@ impl Gguf {
         };
         range().and_then(|r| self.bytes().get(r)).unwrap_or(&[])
     }
+
+    /// Drops the pages inside `data`, a part of this file's bytes (a tensor's, say), from
+    /// this process's resident set, for a caller that keeps its own copy of them (rows
+    /// repacked for a kernel), so that the process does not hold them twice. The bytes stay
+    /// readable and unchanged: a later read maps their pages back from the file. Only the
+    /// whole pages inside `data` are dropped; a slice from elsewhere, a file held in memory
+    /// and pages the OS declines to drop are left as they are, since this only saves memory.
+    pub fn release_pages(&self, data: &[u8]) {
+        #[cfg(unix)]
+        if let Storage::Mmap(map) = &self.storage {
+            // SAFETY: sysconf has no preconditions; it reads a constant of the system.
+            let Ok(page) = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }) else {
+                return;
+            };
+            let base = map.as_ptr() as usize;
+            let Some(start) = (data.as_ptr() as usize).checked_sub(base) else {
+                return;
+            };
+            let end = start + data.len();
+            if end > map.len() || page == 0 {
+                return;
+            }
+            let (lo, hi) = (start.next_multiple_of(page), end / page * page);
+            if lo < hi {
+                // SAFETY: the map is read-only (PROT_READ, shared with the file), so no page of
+                // it was ever written: dropping pages discards nothing, and a later read
+                // faults in the file's bytes, the same ones every borrow of the map already
+                // saw (the file is not rewritten while open, as `open` assumes). The span
+                // lies inside the map (checked above) and is page aligned (the map starts on
+                // a page).
+                let _ = unsafe {
+                    map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, lo, hi - lo)
+                };
+            }
+        }
+    }
 }
 
 fn wrong_items(key: &str, expected: &'static str, actual: &Array) -> GgufError {
@@ -335,5 +371,55 @@ mod tests {
         let g = Gguf::from_bytes(bytes).unwrap();
         assert_eq!(g.data_offset(), g.file_size());
         assert!(g.tensors().is_empty());
+    }
+
+    /// Resident KiB of the mapping of `path` in this process (Linux `smaps`).
+    #[cfg(target_os = "linux")]
+    fn resident_kib(path: &Path) -> usize {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let name = path.to_str().unwrap();
+        let mut lines = smaps.lines().skip_while(|l| !l.ends_with(name));
+        lines.next().expect("the file is mapped");
+        let rss = lines.find(|l| l.starts_with("Rss:")).expect("an Rss line");
+        rss.split_whitespace().nth(1).unwrap().parse().unwrap()
+    }
+
+    /// Oracle: the kernel's own count of the mapping's resident pages, and the bytes, which
+    /// must read the same after their pages are dropped.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn released_tensor_pages_leave_the_resident_set_and_read_the_same() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("big.gguf");
+        let n = 256 * 1024;
+        let data: Vec<u8> = (0..n * 4).map(|i| (i * 7 % 251) as u8).collect();
+        let mut w = GgufWriter::new();
+        w.add_tensor("big", GgmlType::F32, &[n as u64], data.as_slice())
+            .unwrap();
+        w.write_file(&path).unwrap();
+        let g = Gguf::open(&path).unwrap();
+        let t = g.tensor("big").unwrap();
+        assert_eq!(g.tensor_data(t), data.as_slice());
+        let before = resident_kib(&path);
+        assert!(before >= 1024, "a read MiB is resident: {before} KiB");
+        g.release_pages(g.tensor_data(t));
+        let after = resident_kib(&path);
+        // All but the partial pages at either end leave.
+        assert!(after <= 8, "{before} KiB -> {after} KiB");
+        assert_eq!(
+            g.tensor_data(t),
+            data.as_slice(),
+            "the bytes read back unchanged"
+        );
+        g.release_pages(g.tensor_data(t));
+        let elsewhere = data.clone();
+        g.release_pages(&elsewhere);
+        g.release_pages(&[]);
+        let owned = Gguf::from_bytes(std::fs::read(&path).unwrap()).unwrap();
+        owned.release_pages(owned.tensor_data(owned.tensor("big").unwrap()));
+        assert_eq!(
+            owned.tensor_data(owned.tensor("big").unwrap()),
+            data.as_slice()
+        );
     }
 }

@@ -5,8 +5,9 @@
 //! type ([`Precision::Default`]), or are dequantized once to f32 copies at load
 //! ([`Precision::F32`]) so that the forward pass sees exactly the weights the float32
 //! reference (transformers) sees. Norm weights are always small f32 vectors. Where the CPU's
-//! 16-bit products take a stored type (Q4_1, Q8_0 on AVX-512 VNNI), a matrix's rows are also
-//! packed once into their layout, on the first CPU product that reads them.
+//! 16-bit products take a stored type (Q4_1, Q8_0 on AVX-512 VNNI), a matrix's rows are
+//! instead packed once into their layout, on the first CPU product that reads them, and the
+//! mapped pages of those rows leave the resident set, so the weights are held once.
 
 use std::path::Path;
 use std::sync::OnceLock;
@@ -294,11 +295,15 @@ impl Model {
     /// (packed on the first call where the products take them).
     pub(crate) fn matrix<'a>(&'a self, w: &'a Weight) -> Matrix<'a> {
         let raw = self.raw_matrix(w);
-        // A matrix the packing refuses is one the products refuse too, with the same shape
-        // error, so the raw view loses nothing.
-        let packed = w
-            .packed
-            .get_or_init(|| ferrite_cpu::pack(raw).ok().flatten());
+        let packed = w.packed.get_or_init(|| {
+            // A matrix the packing refuses is one the products refuse too, with the same
+            // shape error, so the raw view loses nothing.
+            // The products read the packed copy from now on; the mapped rows are read again
+            // only for embedding rows (a tied output head), which fault their pages back in.
+            ferrite_cpu::pack(raw, |rows| self.gguf.release_pages(rows))
+                .ok()
+                .flatten()
+        });
         Matrix {
             packed: packed.as_ref(),
             ..raw

@@ -279,6 +279,9 @@ pub unsafe fn matmul_to(
 /// Rows per packed group (one per vector lane of the kernels).
 pub const GROUP_ROWS: usize = 16;
 
+/// Bytes of rows [`PackedRows::new`] packs between two reports of its progress.
+pub const PACK_SPAN: usize = 1 << 20;
+
 /// One cache line of packed weights; the alignment lets the kernels load whole vectors.
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
@@ -309,13 +312,17 @@ impl std::fmt::Debug for PackedRows {
 
 impl PackedRows {
     /// Packs the `rows` rows of `k` values of `w` (weights of type `ty`). Requires
-    /// [`applies`]`(level, ty)`.
+    /// [`applies`]`(level, ty)`. The rows are packed a span of about [`PACK_SPAN`] bytes at
+    /// a time, and `packed` is called with each span of `w` once it has been copied, so that
+    /// a caller can let go of the originals as it goes (the two copies then never coexist
+    /// whole).
     pub fn new(
         level: SimdLevel,
         ty: GgmlType,
         w: &[u8],
         rows: usize,
         k: usize,
+        mut packed: impl FnMut(&[u8]),
     ) -> Result<PackedRows, QuantError> {
         if !applies(level, ty) {
             return Err(QuantError::Unsupported {
@@ -328,13 +335,22 @@ impl PackedRows {
             return Err(QuantError::BadTile { rows, cols: 0, k });
         }
         let group_bytes = (GROUP_ROWS * rb).next_multiple_of(64);
-        let mut lines = vec![Line([0; 64]); rows.div_ceil(GROUP_ROWS) * group_bytes / 64];
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `applies` proved AVX-512 F/BW/VL; w holds `rows` rows of rb bytes of whole
-        // blocks (checked above); `lines` is 64-byte aligned with room for every group of
-        // group_bytes, a multiple of 64 and at least 16 rows' bytes.
-        unsafe {
-            super::avx512_q16::pack(ty, w, rows, rb, lines.as_mut_ptr().cast(), group_bytes);
+        let groups = rows.div_ceil(GROUP_ROWS);
+        let mut lines = vec![Line([0; 64]); groups * group_bytes / 64];
+        let step = (PACK_SPAN / (GROUP_ROWS * rb).max(1)).max(1);
+        for g0 in (0..groups).step_by(step) {
+            let (r0, r1) = (g0 * GROUP_ROWS, ((g0 + step) * GROUP_ROWS).min(rows));
+            let span = &w[r0 * rb..r1 * rb];
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `applies` proved AVX-512 F/BW/VL; span holds r1 - r0 rows of rb bytes of
+            // whole blocks (checked above); group g0 starts inside `lines`, which is 64-byte
+            // aligned with room for the span's groups of group_bytes, a multiple of 64 and
+            // at least 16 rows' bytes.
+            unsafe {
+                let dst = lines.as_mut_ptr().add(g0 * group_bytes / 64).cast();
+                super::avx512_q16::pack(ty, span, r1 - r0, rb, dst, group_bytes);
+            }
+            packed(span);
         }
         Ok(PackedRows {
             ty,

@@ -238,7 +238,7 @@ fn packed_rows_match_the_documented_product_bit_for_bit() {
         // partial group.
         for (nr, k) in [(1, 32), (16, 96), (17, 32), (37, 160), (48, 64)] {
             let w = weights(&mut rng, ty, nr, k);
-            let packed = PackedRows::new(level, ty, &w, nr, k).expect("pack");
+            let packed = PackedRows::new(level, ty, &w, nr, k, |_| {}).expect("pack");
             assert_eq!(packed.groups(), nr.div_ceil(GROUP_ROWS));
             for n in [1, 3, 8, 9, 16] {
                 let x: Vec<f32> = (0..n * k).map(|_| rng.f32() * 2.0).collect();
@@ -274,12 +274,12 @@ fn packed_rows_match_the_documented_product_bit_for_bit() {
 #[test]
 fn packed_rows_refuse_what_does_not_fit() {
     let w = vec![0u8; 2 * 20];
-    assert!(PackedRows::new(SimdLevel::Avx2, GgmlType::Q4_1, &w, 2, 32).is_err());
+    assert!(PackedRows::new(SimdLevel::Avx2, GgmlType::Q4_1, &w, 2, 32, |_| {}).is_err());
     let Some(level) = level() else { return };
-    assert!(PackedRows::new(level, GgmlType::Q4_K, &w, 2, 32).is_err());
-    assert!(PackedRows::new(level, GgmlType::Q4_1, &w[..39], 2, 32).is_err());
-    assert!(PackedRows::new(level, GgmlType::Q4_1, &w, 2, 48).is_err());
-    let packed = PackedRows::new(level, GgmlType::Q4_1, &w, 2, 32).expect("pack");
+    assert!(PackedRows::new(level, GgmlType::Q4_K, &w, 2, 32, |_| {}).is_err());
+    assert!(PackedRows::new(level, GgmlType::Q4_1, &w[..39], 2, 32, |_| {}).is_err());
+    assert!(PackedRows::new(level, GgmlType::Q4_1, &w, 2, 48, |_| {}).is_err());
+    let packed = PackedRows::new(level, GgmlType::Q4_1, &w, 2, 32, |_| {}).expect("pack");
     let mut out = vec![0f32; 8];
     let x = vec![0f32; 64];
     let call = |acts: &Q16Acts, groups: std::ops::Range<usize>, stride: usize| {
@@ -300,4 +300,50 @@ fn packed_rows_refuse_what_does_not_fit() {
     let avx2 =
         unsafe { matmul_packed_to(SimdLevel::Avx2, &packed, 0..1, &acts, out.as_mut_ptr(), 2) };
     assert!(avx2.is_err(), "a level without the kernels");
+}
+
+/// A matrix of more than one [`PACK_SPAN`] is packed in spans that cover its rows once, in
+/// order, on whole groups, and multiplies with the bits of its raw rows.
+#[test]
+fn packing_reports_each_span_of_rows_once() {
+    let Some(level) = level() else { return };
+    let mut rng = Rng(23);
+    let (ty, k) = (GgmlType::Q8_0, 64);
+    let rb = ty.row_bytes(k as u64).expect("whole blocks") as usize;
+    let nr = 2 * PACK_SPAN / rb + 7;
+    let w = weights(&mut rng, ty, nr, k);
+    let mut spans = Vec::new();
+    let packed = PackedRows::new(level, ty, &w, nr, k, |s| {
+        spans.push((s.as_ptr() as usize - w.as_ptr() as usize, s.len()));
+    })
+    .expect("pack");
+    assert!(spans.len() >= 3, "{} spans", spans.len());
+    let mut next = 0;
+    for &(offset, len) in &spans {
+        assert_eq!(offset, next, "spans in order, without gaps");
+        assert!(
+            len <= PACK_SPAN && offset % (GROUP_ROWS * rb) == 0,
+            "{offset} {len}"
+        );
+        next += len;
+    }
+    assert_eq!(next, w.len(), "every row reported");
+    let x: Vec<f32> = (0..2 * k).map(|_| rng.f32()).collect();
+    let acts = quantize(ty, &x, k, 2).expect("quantize");
+    let (mut raw, mut got) = (vec![0f32; 2 * nr], vec![f32::NAN; 2 * nr]);
+    matmul(level, &w, nr, &acts, &mut raw, nr).expect("matmul");
+    // SAFETY: got holds 2 columns of nr rows.
+    unsafe {
+        matmul_packed_to(
+            level,
+            &packed,
+            0..packed.groups(),
+            &acts,
+            got.as_mut_ptr(),
+            nr,
+        )
+    }
+    .expect("matmul");
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert!(bits(&raw) == bits(&got), "packed and raw rows differ");
 }
