@@ -299,7 +299,25 @@ fn matmul_q16(
     let Some(&(first, _)) = ws.first() else {
         return Ok(());
     };
-    let acts = q16::quantize(first.ty, x, first.cols, n_tokens)?;
+    ACTS.with_borrow_mut(|acts| {
+        acts.quantize(first.ty, x, first.cols, n_tokens)?;
+        multiply_q16(pool, level, ws, acts, ys)
+    })
+}
+
+thread_local! {
+    /// The calling thread's quantized activations, reused by every 16-bit product it runs.
+    static ACTS: std::cell::RefCell<q16::Q16Acts> = std::cell::RefCell::new(q16::Q16Acts::empty());
+}
+
+/// The threads' part of [`matmul_q16`], once the columns are quantized into `acts`.
+fn multiply_q16(
+    pool: &ThreadPool,
+    level: SimdLevel,
+    ws: &[(Matrix<'_>, usize)],
+    acts: &q16::Q16Acts,
+    ys: &mut [&mut [f32]],
+) -> Result<(), CpuError> {
     let n_threads = pool.n_threads();
     let outs: Vec<OutPtr> = ys.iter_mut().map(|y| OutPtr(y.as_mut_ptr())).collect();
     let total: usize = ws.iter().map(|(w, _)| w.rows.div_ceil(GROUP_ROWS)).sum();
@@ -325,11 +343,11 @@ fn matmul_q16(
             // waited for all threads.
             let res = unsafe {
                 match w.packed {
-                    Some(p) => q16::matmul_packed_to(level, p, lo..hi, &acts, out.ptr(), w.rows),
+                    Some(p) => q16::matmul_packed_to(level, p, lo..hi, acts, out.ptr(), w.rows),
                     None => {
                         let (r0, r1) = (lo * GROUP_ROWS, (hi * GROUP_ROWS).min(w.rows));
                         let wr = &w.data[r0 * rb..r1 * rb];
-                        q16::matmul_to(level, wr, r1 - r0, &acts, out.ptr().add(r0), w.rows)
+                        q16::matmul_to(level, wr, r1 - r0, acts, out.ptr().add(r0), w.rows)
                     }
                 }
             };

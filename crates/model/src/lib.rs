@@ -39,6 +39,7 @@ pub mod kv;
 mod model;
 mod moe;
 pub mod ops;
+mod positions;
 pub mod reference;
 mod session;
 mod snapshot;

@@ -19,7 +19,8 @@ use crate::config::Activation;
 use crate::kv::{KvCache, KvType, try_vec};
 use crate::model::{Ffn, Model, Weight};
 use crate::moe::{self, MoeScratch};
-use crate::ops::{RopeTable, add_assign, rms_norm, rope, rope_scaled};
+use crate::ops::{RopeTable, add_assign, rms_norm};
+use crate::positions::{Rotary, rotate_and_store};
 
 /// Most tokens one forward chunk processes; bounds the scratch memory of long prompts.
 pub const PREFILL_CHUNK: usize = 256;
@@ -544,26 +545,17 @@ pub(crate) fn forward_rows(
                     .ok_or_else(|| ModelError::InvalidArgument("rope table missing".into()))?,
             ),
         };
-        let mut t = 0;
-        for seg in segs.iter() {
-            for pos in seg.pos0..seg.pos0 + seg.len {
-                let qr = &mut q[t * c.q_dim()..(t + 1) * c.q_dim()];
-                let kr = &mut k[t * c.kv_dim()..(t + 1) * c.kv_dim()];
-                let kpos = pos + rope_shift;
-                if let Some(f) = rope_factors {
-                    rope_scaled(qr, c.head_dim, pos, lc.rope_base, c.rope_style, f);
-                    rope_scaled(kr, c.head_dim, kpos, lc.rope_base, c.rope_style, f);
-                } else if let Some(table) = table {
-                    table.apply(qr, t, c.rope_style);
-                    if rope_shift == 0 {
-                        table.apply(kr, t, c.rope_style);
-                    } else {
-                        rope(kr, c.head_dim, kpos, lc.rope_base, c.rope_style);
-                    }
-                }
-                t += 1;
-            }
-        }
+        let rotary = Rotary {
+            head_dim: c.head_dim,
+            q_dim: c.q_dim(),
+            kv_dim: c.kv_dim(),
+            base: lc.rope_base,
+            style: c.rope_style,
+            factors: rope_factors.map(Vec::as_slice),
+            table,
+            key_shift: rope_shift,
+        };
+        rotate_and_store(pool, &rotary, l, q, k, v, segs);
         let shape = AttnShape {
             n_head: c.n_head,
             n_kv_head: c.n_kv_head,
@@ -571,12 +563,6 @@ pub(crate) fn forward_rows(
             scale: c.attn_scale,
             window: lc.window,
         };
-        let mut row = 0;
-        for seg in segs.iter_mut() {
-            let kv = row * c.kv_dim()..(row + seg.len) * c.kv_dim();
-            seg.kv.store(l, seg.pos0, &k[kv.clone()], &v[kv]);
-            row += seg.len;
-        }
         // All sessions' attention in one pass over the pool (see `attend_many`).
         let qd = c.q_dim();
         let (mut qs, mut att) = (&q[..n * qd], &mut s.att[..n * qd]);

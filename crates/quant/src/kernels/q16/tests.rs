@@ -347,3 +347,27 @@ fn packing_reports_each_span_of_rows_once() {
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     assert!(bits(&raw) == bits(&got), "packed and raw rows differ");
 }
+
+/// A reused buffer holds exactly what a fresh quantization does, whichever shapes and types
+/// it held before (larger, smaller, the other type).
+#[test]
+fn a_reused_buffer_quantizes_like_a_fresh_one() {
+    let mut rng = Rng(31);
+    let mut acts = Q16Acts::empty();
+    for (ty, k, n) in [
+        (GgmlType::Q4_1, 96, 17),
+        (GgmlType::Q8_0, 64, 3),
+        (GgmlType::Q4_1, 32, 1),
+        (GgmlType::Q8_0, 160, 9),
+    ] {
+        let x: Vec<f32> = (0..n * k).map(|_| rng.f32()).collect();
+        acts.quantize(ty, &x, k, n).expect("quantize");
+        let fresh = quantize(ty, &x, k, n).expect("quantize");
+        assert_eq!((acts.ty, acts.k, acts.n), (fresh.ty, fresh.k, fresh.n));
+        assert_eq!(acts.pairs, fresh.pairs, "{ty} {k} {n}");
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&acts.scale), bits(&fresh.scale));
+        assert_eq!(bits(&acts.sum), bits(&fresh.sum));
+    }
+    assert!(acts.quantize(GgmlType::Q4_K, &[0.0; 32], 32, 1).is_err());
+}
