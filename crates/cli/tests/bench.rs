@@ -120,6 +120,31 @@ fn tiny_sweep_receipt_is_complete_and_positive() {
     }
 }
 
+/// The receipt names the commit the binary was built from, recorded by the build script (so
+/// a copied binary keeps it): this checkout's HEAD, `-dirty` with uncommitted changes.
+#[test]
+fn receipt_names_the_build_commit() {
+    let (_, text) = receipt();
+    let got = header_value(text, "git_commit").expect("git_commit");
+    if let Ok(c) = std::env::var("FERRITE_GIT_COMMIT") {
+        assert_eq!(got, c.trim());
+        return;
+    }
+    let head = std::process::Command::new("git")
+        .args(["-C", env!("CARGO_MANIFEST_DIR"), "rev-parse", "HEAD"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned());
+    match head {
+        Some(head) => assert!(
+            got == head || got == format!("{head}-dirty"),
+            "receipt says {got}, HEAD is {head}"
+        ),
+        None => assert_eq!(got, "unknown"),
+    }
+}
+
 fn compare(old: &Path, new: &Path, extra: &[&str]) -> std::process::Output {
     let mut args = vec![
         "bench",

@@ -215,33 +215,13 @@ pub fn cpu_model() -> String {
         .unwrap_or_else(|| "unknown".to_owned())
 }
 
-/// The commit this binary was built from: `FERRITE_GIT_COMMIT` when set, else `git rev-parse
-/// HEAD` run in the source tree the binary was built from (with `-dirty` when it has
-/// uncommitted changes), else "unknown". Read at run time so no build script is needed.
+/// The commit this binary was built from: `FERRITE_GIT_COMMIT` when set (to label a binary
+/// built elsewhere), else the commit the build script recorded (`build.rs`: with `-dirty`
+/// for uncommitted changes, "unknown" outside a git checkout).
 pub fn git_commit() -> String {
-    if let Ok(c) = std::env::var("FERRITE_GIT_COMMIT")
-        && !c.trim().is_empty()
-    {
-        return c.trim().to_owned();
-    }
-    let dir = env!("CARGO_MANIFEST_DIR");
-    let git = |args: &[&str]| {
-        std::process::Command::new("git")
-            .arg("-C")
-            .arg(dir)
-            .args(args)
-            .output()
-            .ok()
-            .filter(|o| o.status.success())
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
-    };
-    match git(&["rev-parse", "HEAD"]) {
-        Some(head) if !head.is_empty() => {
-            let dirty = git(&["status", "--porcelain", "--untracked-files=no"])
-                .is_some_and(|s| !s.is_empty());
-            if dirty { format!("{head}-dirty") } else { head }
-        }
-        _ => "unknown".to_owned(),
+    match std::env::var("FERRITE_GIT_COMMIT") {
+        Ok(c) if !c.trim().is_empty() => c.trim().to_owned(),
+        _ => env!("FERRITE_BUILD_COMMIT").to_owned(),
     }
 }
 
