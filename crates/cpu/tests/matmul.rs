@@ -31,6 +31,27 @@ fn random_matrix(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u
     data
 }
 
+/// Random matrices of the `(type, rows)` in `set`, `cols` values per row.
+fn random_set(rng: &mut Rng, set: &[(GgmlType, usize)], cols: usize) -> Vec<Vec<u8>> {
+    set.iter()
+        .map(|&(ty, rows)| random_matrix(rng, ty, rows, cols))
+        .collect()
+}
+
+/// Unpacked views of `data`, the matrices of `set`.
+fn matrices<'a>(set: &[(GgmlType, usize)], cols: usize, data: &'a [Vec<u8>]) -> Vec<Matrix<'a>> {
+    set.iter()
+        .zip(data)
+        .map(|(&(ty, rows), d)| Matrix {
+            ty,
+            rows,
+            cols,
+            data: d,
+            packed: None,
+        })
+        .collect()
+}
+
 /// (rows, cols in blocks of 256 or 32, tokens): 1 x K, K = 32 * odd, rows not divisible by
 /// the thread counts, 1/3/17 tokens.
 fn shapes(ty: GgmlType) -> Vec<(usize, usize, usize)> {
@@ -165,21 +186,8 @@ fn shared_input_products_equal_separate_ones() {
         } else {
             cols
         };
-        let data: Vec<Vec<u8>> = set
-            .iter()
-            .map(|&(ty, rows)| random_matrix(&mut rng, ty, rows, cols))
-            .collect();
-        let ms: Vec<Matrix<'_>> = set
-            .iter()
-            .zip(&data)
-            .map(|(&(ty, rows), d)| Matrix {
-                ty,
-                rows,
-                cols,
-                data: d,
-                packed: None,
-            })
-            .collect();
+        let data = random_set(&mut rng, set, cols);
+        let ms = matrices(set, cols, &data);
         for nt in [1, 3, 16] {
             let x: Vec<f32> = (0..nt * cols).map(|_| rng.f32()).collect();
             for pool in &pools {
@@ -241,21 +249,8 @@ fn packed_rows_give_the_bits_of_raw_rows() {
         ][..],
         &[(GgmlType::Q8_0, 37), (GgmlType::Q8_0, 16)][..],
     ] {
-        let data: Vec<Vec<u8>> = set
-            .iter()
-            .map(|&(ty, rows)| random_matrix(&mut rng, ty, rows, cols))
-            .collect();
-        let raw: Vec<Matrix<'_>> = set
-            .iter()
-            .zip(&data)
-            .map(|(&(ty, rows), d)| Matrix {
-                ty,
-                rows,
-                cols,
-                data: d,
-                packed: None,
-            })
-            .collect();
+        let data = random_set(&mut rng, set, cols);
+        let raw = matrices(set, cols, &data);
         let packs: Vec<_> = raw
             .iter()
             .map(|m| pack(*m, |_| {}).expect("pack"))

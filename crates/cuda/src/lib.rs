@@ -41,6 +41,7 @@
 #![deny(missing_docs)]
 
 mod arch_ops;
+mod attn_ops;
 mod compile;
 mod decode;
 mod device;
@@ -50,6 +51,7 @@ mod host;
 mod model;
 mod ops;
 
+pub use attn_ops::AttnShape;
 pub use compile::CompileReport;
 pub use device::{
     ACT_ENV, Activations, CudaBackend, DEFAULT_ACTIVATIONS, DeviceInfo, kernel_suffix,
@@ -58,4 +60,3 @@ pub use error::CudaError;
 pub use gemm::{DEFAULT_PREFILL, PREFILL_ENV, PrefillProducts};
 pub use host::{AttnOutput, QuantizedAct};
 pub use model::{CudaBatch, CudaModel, CudaSession, Greedy, TOPK_MAX, TopCandidates};
-pub use ops::AttnShape;

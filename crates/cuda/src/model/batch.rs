@@ -22,9 +22,10 @@ use ferrite_model::Activation;
 use ferrite_model::ops::RopeStyle;
 
 use super::{CudaModel, CudaSession, DeviceFfn, StepGraph};
+use crate::attn_ops::ATT_TILE;
 use crate::decode::{ATTD_MAX_SPLITS, ATTD_THREADS, decode_kernel};
 use crate::device::{grid_1d, weight_kernels};
-use crate::ops::{ATT_TILE, ActQ, DeviceMatrix, act_q8_bytes, matvec_split};
+use crate::ops::{ActQ, DeviceMatrix, act_q8_bytes, matvec_split};
 use crate::{Activations, AttnShape, CudaBackend, CudaError};
 
 /// Columns one batched product launch takes (BMV_COLS in batch.cu).

@@ -8,8 +8,9 @@
 use cudarc::driver::CudaSlice;
 
 use super::{CudaModel, CudaSession, DeviceFfn, DeviceLayer, moe};
+use crate::attn_ops::{PREFILL_MAX_SPLITS, prefill_splits};
 use crate::gemm::{PrefillMode, ProductScratch};
-use crate::ops::{PREFILL_MAX_SPLITS, act_q8_bytes, prefill_splits};
+use crate::ops::act_q8_bytes;
 use crate::{AttnShape, CudaError};
 
 /// Most tokens one prefill pass holds; longer prompts go in chunks of this many.

@@ -61,6 +61,20 @@ fn reference(ty: GgmlType, w: &[u8], nr: usize, x: &[f32], k: usize, n: usize) -
     out
 }
 
+/// `out[c * stride + r]` equals `want[c * nr + r]` bit for bit for every column and row.
+fn assert_same_bits(ty: GgmlType, k: usize, out: &[f32], stride: usize, want: &[f32], nr: usize) {
+    for (c, want) in want.chunks_exact(nr).enumerate() {
+        for (r, want) in want.iter().enumerate() {
+            let got = out[c * stride + r];
+            assert_eq!(
+                got.to_bits(),
+                want.to_bits(),
+                "{ty} {nr}x{k} c={c} r={r}: {got} vs {want}"
+            );
+        }
+    }
+}
+
 fn level() -> Option<SimdLevel> {
     let ok = applies(SimdLevel::Avx512, GgmlType::Q4_1);
     if !ok {
@@ -153,16 +167,7 @@ fn kernels_match_the_documented_product_bit_for_bit() {
                 let mut out = vec![f32::NAN; (n - 1) * stride + nr];
                 matmul(level, &w, nr, &acts, &mut out, stride).expect("matmul");
                 let want = reference(ty, &w, nr, &x, k, n);
-                for c in 0..n {
-                    for r in 0..nr {
-                        let (got, want) = (out[c * stride + r], want[c * nr + r]);
-                        assert_eq!(
-                            got.to_bits(),
-                            want.to_bits(),
-                            "{ty} {nr}x{k} n={n} c={c} r={r}: {got} vs {want}"
-                        );
-                    }
-                }
+                assert_same_bits(ty, k, &out, stride, &want, nr);
             }
         }
     }
@@ -256,16 +261,7 @@ fn packed_rows_match_the_documented_product_bit_for_bit() {
                     }
                     .expect("matmul");
                 }
-                for c in 0..n {
-                    for r in 0..nr {
-                        let (got, want) = (out[c * stride + r], want[c * nr + r]);
-                        assert_eq!(
-                            got.to_bits(),
-                            want.to_bits(),
-                            "{ty} {nr}x{k} n={n} c={c} r={r}: {got} vs {want}"
-                        );
-                    }
-                }
+                assert_same_bits(ty, k, &out, stride, &want, nr);
             }
         }
     }

@@ -1,0 +1,260 @@
+//! Attention launches on device buffers: the tiled kernel over the cache (one query or a
+//! prompt chunk, keys optionally split over blocks and merged), its launch geometry, and
+//! [`AttnShape`], the per-layer geometry the kernels accept. Split from `ops.rs`, which holds
+//! every other kernel launch; like those, every buffer is passed by shared reference and all
+//! work is on one stream.
+
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+
+use crate::ops::{ActQ, act_q8_bytes, i32_of};
+use crate::{CudaBackend, CudaError};
+
+/// Keys per tile of the attention kernel (ATT_TK in attention.cu).
+pub(crate) const ATT_TILE: usize = 32;
+/// Most (query × head) rows one attention block holds.
+const ATT_MAX_ROWS: usize = 32;
+/// Most query values (rows × head_dim) one attention block holds in shared memory.
+const ATT_MAX_ROW_VALUES: usize = 4096;
+
+/// Most key splits of a prefill attention launch (the partials its buffer holds per query
+/// and head).
+pub(crate) const PREFILL_MAX_SPLITS: usize = 8;
+
+/// Blocks a prefill attention launch aims for.
+const PREFILL_ATT_BLOCKS: usize = 1024;
+
+/// Most keys one split of a prefill attention launch walks.
+const PREFILL_SPLIT_KEYS: usize = 1024;
+
+/// Queries per block of the attention kernel: enough rows (query × head) to reuse each
+/// loaded key, within the shared-memory budget checked by AttnShape::new.
+fn queries_per_block(shape: &AttnShape, nq: usize) -> usize {
+    let n_rep = shape.n_head / shape.n_kv_head;
+    if nq == 1 {
+        1
+    } else {
+        (ATT_MAX_ROWS / n_rep)
+            .min(ATT_MAX_ROW_VALUES / (n_rep * shape.head_dim))
+            .clamp(1, nq)
+    }
+}
+
+/// Key splits of the attention of `nq` queries, the last of which sees `keys` keys. Each
+/// block walks its keys one tile after another, so the longest blocks set the time: enough
+/// splits for PREFILL_ATT_BLOCKS blocks and at most PREFILL_SPLIT_KEYS keys per split,
+/// within PREFILL_MAX_SPLITS.
+pub(crate) fn prefill_splits(shape: &AttnShape, nq: usize, keys: usize) -> usize {
+    let blocks = shape.n_kv_head * nq.div_ceil(queries_per_block(shape, nq));
+    PREFILL_ATT_BLOCKS
+        .div_ceil(blocks.max(1))
+        .max(keys.div_ceil(PREFILL_SPLIT_KEYS))
+        .clamp(1, PREFILL_MAX_SPLITS)
+}
+
+impl CudaBackend {
+    /// Attention of `nq` consecutive queries (rows of `q`, `n_head × head_dim` each) at
+    /// positions `tp[1]..` over cache rows up to each query's own, into `out`. With
+    /// `splits > 1` (decode), keys are split over that many blocks whose partial results go
+    /// to `part` (`nq × n_head × splits × (head_dim + 2)` values) and are merged after.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn attention(
+        &self,
+        shape: &AttnShape,
+        q: &CudaSlice<f32>,
+        kc: &CudaSlice<u16>,
+        vc: &CudaSlice<u16>,
+        out: &CudaSlice<f32>,
+        part: &CudaSlice<f32>,
+        tp: &CudaSlice<i32>,
+        nq: usize,
+        splits: usize,
+    ) -> Result<(), CudaError> {
+        self.attention_q(shape, q, kc, vc, out, part, tp, nq, splits, None)
+    }
+
+    /// [`CudaBackend::attention`] of one query (`nq` = 1) whose output is also quantized to
+    /// int8 blocks in `xq` (see [`CudaBackend::quantize_act`]): by the merge launch when the
+    /// keys are split and head_dim is a multiple of 32 (at most 256), else by a separate
+    /// launch.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn attention_q(
+        &self,
+        shape: &AttnShape,
+        q: &CudaSlice<f32>,
+        kc: &CudaSlice<u16>,
+        vc: &CudaSlice<u16>,
+        out: &CudaSlice<f32>,
+        part: &CudaSlice<f32>,
+        tp: &CudaSlice<i32>,
+        nq: usize,
+        splits: usize,
+        xq: Option<ActQ<'_>>,
+    ) -> Result<(), CudaError> {
+        let hd = shape.head_dim;
+        let n_rep = shape.n_head / shape.n_kv_head;
+        let qdim = shape.n_head * hd;
+        if nq == 0 || splits == 0 || q.len() < nq * qdim || out.len() < nq * qdim {
+            return Err(CudaError::InvalidArgument(format!(
+                "attention of {nq} queries in {splits} splits"
+            )));
+        }
+        if splits > 1 && part.len() < nq * shape.n_head * splits * (hd + 2) {
+            return Err(CudaError::InvalidArgument(format!(
+                "attention partials smaller than {nq} × {} heads × {splits} splits",
+                shape.n_head
+            )));
+        }
+        let qt = queries_per_block(shape, nq);
+        let cap = qt * n_rep;
+        let smem = (2 * cap * hd + cap * ATT_TILE + 3 * cap) * 4;
+        let cfg = LaunchConfig {
+            grid_dim: (
+                shape.n_kv_head as u32,
+                nq.div_ceil(qt) as u32,
+                splits as u32,
+            ),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: smem as u32,
+        };
+        let (nh, nkv, hd32) = (shape.n_head as i32, shape.n_kv_head as i32, hd as i32);
+        let (nq32, qt32, sp32) = (i32_of(nq, "queries")?, qt as i32, splits as i32);
+        let win = shape.window.map_or(0, |w| w.min(i32::MAX as usize) as i32);
+        let min_chunk = ATT_TILE as i32;
+        let mut b = self.kernel("attn_f16")?;
+        b.arg(q)
+            .arg(kc)
+            .arg(vc)
+            .arg(out)
+            .arg(part)
+            .arg(&nh)
+            .arg(&nkv)
+            .arg(&hd32)
+            .arg(tp)
+            .arg(&nq32)
+            .arg(&qt32)
+            .arg(&win)
+            .arg(&shape.scale)
+            .arg(&sp32)
+            .arg(&min_chunk);
+        // SAFETY: reads nq query rows (checked above) and cache rows up to tp[1] + nq - 1
+        // (callers keep that below the cache's rows); writes nq rows of out or, with
+        // splits > 1, nq × n_head × splits partials (checked above). Shared memory is sized
+        // from the same qt and head_dim the kernel uses.
+        unsafe { b.launch(cfg) }?;
+        if xq.is_some_and(|x| {
+            nq != 1 || !(1..=2).contains(&x.planes) || x.buf.len() < act_q8_bytes(qdim, x.planes)
+        }) {
+            return Err(CudaError::InvalidArgument(format!(
+                "int8 copy of {nq} attention rows of {qdim}"
+            )));
+        }
+        // The merge quantizes when each of its warps holds 32 consecutive outputs.
+        let fused_q = splits > 1 && hd.is_multiple_of(32) && hd <= 256;
+        if splits > 1 {
+            let cfg = LaunchConfig {
+                grid_dim: ((nq * shape.n_head) as u32, 1, 1),
+                block_dim: (hd.next_multiple_of(32).min(256) as u32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let null = 0u64;
+            let planes = xq.map_or(0, |x| x.planes as i32);
+            let mut b = self.kernel("attn_combine")?;
+            b.arg(part)
+                .arg(out)
+                .arg(&hd32)
+                .arg(&sp32)
+                .arg(tp)
+                .arg(&win)
+                .arg(&min_chunk)
+                .arg(&nq32);
+            match xq.filter(|_| fused_q) {
+                Some(x) => b.arg(x.buf),
+                None => b.arg(&null),
+            };
+            b.arg(&planes);
+            // SAFETY: reads the partials written above and writes nq × n_head × head_dim
+            // values of out (both checked above); with xq (a null pointer otherwise, which
+            // the kernel tests), one query's act_q8_bytes(qdim, planes) bytes (checked
+            // above), each block of head_dim threads (a multiple of 32, at most 256)
+            // quantizing its head.
+            unsafe { b.launch(cfg) }?;
+        }
+        match xq {
+            Some(x) if !fused_q => self.quantize_act(out, x, qdim),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Attention geometry of one layer.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttnShape {
+    /// Query heads.
+    pub n_head: usize,
+    /// KV heads (divides n_head).
+    pub n_kv_head: usize,
+    /// Values per head (a multiple of 8; the heads sharing a KV head hold at most 4096
+    /// values together, and there are at most 32 of them).
+    pub head_dim: usize,
+    /// Multiplier of q·k.
+    pub scale: f32,
+    /// Sliding window length; `None` for full causal attention.
+    pub window: Option<usize>,
+}
+
+impl AttnShape {
+    /// Checks the geometry against the kernel's limits.
+    pub fn new(
+        n_head: usize,
+        n_kv_head: usize,
+        head_dim: usize,
+        scale: f32,
+        window: Option<usize>,
+    ) -> Result<AttnShape, CudaError> {
+        if n_kv_head == 0
+            || !n_head.is_multiple_of(n_kv_head)
+            || head_dim == 0
+            || !head_dim.is_multiple_of(8)
+            || n_head / n_kv_head > ATT_MAX_ROWS
+            || n_head / n_kv_head * head_dim > ATT_MAX_ROW_VALUES
+        {
+            return Err(CudaError::InvalidArgument(format!(
+                "attention {n_head} heads / {n_kv_head} KV heads of {head_dim}"
+            )));
+        }
+        Ok(AttnShape {
+            n_head,
+            n_kv_head,
+            head_dim,
+            scale,
+            window,
+        })
+    }
+
+    /// `n_kv_head × head_dim`.
+    pub fn kv_dim(&self) -> usize {
+        self.n_kv_head * self.head_dim
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefill_splits_fill_the_device_and_bound_each_split() {
+        let s = |nh, nkv, hd| AttnShape::new(nh, nkv, hd, 1.0, None).unwrap();
+        // SmolLM2: 3 KV heads × 52 tiles of 10 queries = 156 blocks.
+        assert_eq!(prefill_splits(&s(9, 3, 64), 512, 512), 7);
+        // Llama 8B: 8 × 64 tiles = 512 blocks; a chunk late in a 4096-token prompt.
+        assert_eq!(prefill_splits(&s(32, 8, 128), 512, 512), 2);
+        assert_eq!(prefill_splits(&s(32, 8, 128), 512, 4096), 4);
+        // Gemma 3 270M: 1 × 128 tiles of 4 queries.
+        assert_eq!(prefill_splits(&s(4, 1, 256), 512, 512), PREFILL_MAX_SPLITS);
+        assert_eq!(
+            prefill_splits(&s(32, 8, 128), 4096, 1 << 20),
+            PREFILL_MAX_SPLITS
+        );
+        assert_eq!(prefill_splits(&s(64, 64, 128), 4096, 16), 1);
+    }
+}
