@@ -296,10 +296,11 @@ impl Model {
     pub(crate) fn matrix<'a>(&'a self, w: &'a Weight) -> Matrix<'a> {
         let raw = self.raw_matrix(w);
         let packed = w.packed.get_or_init(|| {
-            // A matrix the packing refuses is one the products refuse too, with the same
-            // shape error, so the raw view loses nothing.
-            // The products read the packed copy from now on; the mapped rows are read again
-            // only for embedding rows (a tied output head), which fault their pages back in.
+            // The products read the packed copy from now on, so each packed span's mapped
+            // pages are dropped; the rows are read again only for embedding lookups (a tied
+            // output head), which fault their pages back in. A matrix the packing refuses is
+            // one the products refuse too, with the same shape error, so the raw view loses
+            // nothing.
             ferrite_cpu::pack(raw, |rows| self.gguf.release_pages(rows))
                 .ok()
                 .flatten()

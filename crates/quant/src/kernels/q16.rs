@@ -316,8 +316,9 @@ struct Line([u8; 64]);
 /// The rows of a Q4_1 or Q8_0 matrix rearranged once into the layout the kernels multiply
 /// (groups of [`GROUP_ROWS`] rows, each row's weights in one vector lane), so that a product
 /// reads them straight instead of rearranging every group on every call. It holds the same
-/// bytes as the rows, moved, so it costs one more copy of the matrix in memory; products
-/// with it are bit-identical to [`matmul`] on the rows it was packed from.
+/// bytes as the rows, moved: a caller that also keeps the originals holds the matrix twice
+/// (`new` reports each packed span so that it need not). Products with it are bit-identical
+/// to [`matmul`] on the rows it was packed from.
 pub struct PackedRows {
     ty: GgmlType,
     rows: usize,
