@@ -336,17 +336,26 @@ impl Model {
     /// rather pay it while loading than in their first request's latency.
     pub fn pack_weights(&self, pool: &ThreadPool) {
         let mut weights: Vec<&Weight> = vec![self.output_weight()];
+        let mut experts = Vec::new();
         for l in &self.layers {
             weights.extend([&l.wq, &l.wk, &l.wv, &l.wo]);
             match &l.ffn {
                 Ffn::Dense { gate, up, down } => weights.extend([gate, up, down]),
-                Ffn::Moe(moe) => weights.push(&moe.router),
+                Ffn::Moe(moe) => {
+                    weights.push(&moe.router);
+                    for x in [&moe.gate, &moe.up, &moe.down] {
+                        experts.extend((0..x.n_expert()).map(|e| (x, e)));
+                    }
+                }
             }
         }
         let n = pool.n_threads();
         pool.run(|index, _| {
             for w in weights.iter().skip(index).step_by(n) {
                 self.matrix(w);
+            }
+            for (x, e) in experts.iter().skip(index).step_by(n) {
+                x.matrix(&self.gguf, *e);
             }
         });
     }

@@ -9,7 +9,9 @@
 //! output is the weighted sum of its experts' outputs in selection order, so the result does
 //! not depend on how tokens are grouped into chunks beyond the kernels' own rounding.
 
-use ferrite_cpu::{Matrix, ThreadPool, matmul, matmul_shared};
+use std::sync::OnceLock;
+
+use ferrite_cpu::{Matrix, PackedRows, ThreadPool, matmul, matmul_shared};
 use ferrite_gguf::{GgmlType, Gguf};
 
 use crate::ModelError;
@@ -29,6 +31,9 @@ pub(crate) struct Experts {
     n_expert: usize,
     /// Dequantized copy under [`crate::Precision::F32`].
     f32_copy: Option<Vec<f32>>,
+    /// Each expert's rows packed for the CPU's 16-bit products, on its first CPU product
+    /// (as [`crate::model`] packs a dense matrix).
+    packed: Vec<OnceLock<Option<PackedRows>>>,
 }
 
 /// The weights of one expert FFN layer.
@@ -65,11 +70,32 @@ impl Experts {
             } else {
                 None
             },
+            packed: (0..n_expert).map(|_| OnceLock::new()).collect(),
         })
     }
 
-    /// The matrix of expert `e` (`e < n_expert`).
-    fn matrix<'a>(&'a self, g: &'a Gguf, e: usize) -> Matrix<'a> {
+    /// Number of experts.
+    pub(crate) fn n_expert(&self) -> usize {
+        self.n_expert
+    }
+
+    /// The matrix of expert `e` (`e < n_expert`), with its packed rows (packed on the first
+    /// call where the products take them; the packed spans' mapped pages are dropped).
+    pub(crate) fn matrix<'a>(&'a self, g: &'a Gguf, e: usize) -> Matrix<'a> {
+        let raw = self.raw_matrix(g, e);
+        let packed = self.packed[e].get_or_init(|| {
+            ferrite_cpu::pack(raw, |rows| g.release_pages(rows))
+                .ok()
+                .flatten()
+        });
+        Matrix {
+            packed: packed.as_ref(),
+            ..raw
+        }
+    }
+
+    /// Expert `e` as stored (or as its f32 copy), without packed rows.
+    fn raw_matrix<'a>(&'a self, g: &'a Gguf, e: usize) -> Matrix<'a> {
         match &self.f32_copy {
             Some(v) => {
                 let n = self.rows * self.cols;
