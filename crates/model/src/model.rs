@@ -294,21 +294,7 @@ impl Model {
     /// The matrix view `ferrite_cpu::matmul` takes for weight `w`, with its packed rows
     /// (packed on the first call where the products take them).
     pub(crate) fn matrix<'a>(&'a self, w: &'a Weight) -> Matrix<'a> {
-        let raw = self.raw_matrix(w);
-        let packed = w.packed.get_or_init(|| {
-            // The products read the packed copy from now on, so each packed span's mapped
-            // pages are dropped; the rows are read again only for embedding lookups (a tied
-            // output head), which fault their pages back in. A matrix the packing refuses is
-            // one the products refuse too, with the same shape error, so the raw view loses
-            // nothing.
-            ferrite_cpu::pack(raw, |rows| self.gguf.release_pages(rows))
-                .ok()
-                .flatten()
-        });
-        Matrix {
-            packed: packed.as_ref(),
-            ..raw
-        }
+        with_packed(&self.gguf, &w.packed, self.raw_matrix(w))
     }
 
     /// `w` as stored (or as its f32 copy), without packed rows.
@@ -387,6 +373,28 @@ impl Model {
             }
         }
         Ok(())
+    }
+}
+
+/// `raw` (rows of `g`) with its packed rows, packed into `cell` on the first call where the
+/// 16-bit products take them. The products read the packed copy from then on, so each
+/// packed span's mapped pages are dropped; the rows are read again only for embedding
+/// lookups (a tied output head), which fault their pages back in. A matrix the packing
+/// refuses is one the products refuse too, with the same shape error, so the raw view loses
+/// nothing.
+pub(crate) fn with_packed<'a>(
+    g: &Gguf,
+    cell: &'a OnceLock<Option<PackedRows>>,
+    raw: Matrix<'a>,
+) -> Matrix<'a> {
+    let packed = cell.get_or_init(|| {
+        ferrite_cpu::pack(raw, |rows| g.release_pages(rows))
+            .ok()
+            .flatten()
+    });
+    Matrix {
+        packed: packed.as_ref(),
+        ..raw
     }
 }
 

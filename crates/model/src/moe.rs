@@ -82,16 +82,7 @@ impl Experts {
     /// The matrix of expert `e` (`e < n_expert`), with its packed rows (packed on the first
     /// call where the products take them; the packed spans' mapped pages are dropped).
     pub(crate) fn matrix<'a>(&'a self, g: &'a Gguf, e: usize) -> Matrix<'a> {
-        let raw = self.raw_matrix(g, e);
-        let packed = self.packed[e].get_or_init(|| {
-            ferrite_cpu::pack(raw, |rows| g.release_pages(rows))
-                .ok()
-                .flatten()
-        });
-        Matrix {
-            packed: packed.as_ref(),
-            ..raw
-        }
+        crate::model::with_packed(g, &self.packed[e], self.raw_matrix(g, e))
     }
 
     /// Expert `e` as stored (or as its f32 copy), without packed rows.
