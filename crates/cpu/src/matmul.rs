@@ -29,6 +29,8 @@ use ferrite_quant::kernels::{
 };
 use ferrite_quant::{SimdLevel, simd_level};
 
+use std::sync::Mutex;
+
 use crate::{CpuError, ThreadPool};
 
 /// A weight matrix in GGUF layout: `rows` rows of `cols` values each (GGUF dims =
@@ -300,10 +302,25 @@ fn matmul_q16(
         return Ok(());
     };
     ACTS.with_borrow_mut(|acts| {
-        acts.quantize(first.ty, x, first.cols, n_tokens)?;
+        let threads = pool.n_threads();
+        if n_tokens < SPLIT_QUANTIZE_TOKENS || threads == 1 {
+            acts.quantize(first.ty, x, first.cols, n_tokens)?;
+        } else {
+            let fills = Mutex::new(acts.fills(first.ty, x, first.cols, n_tokens, threads)?);
+            pool.run(|_, _| {
+                while let Some(fill) = fills.lock().ok().and_then(|mut f| f.next()) {
+                    fill.run();
+                }
+            });
+        }
         multiply_q16(pool, level, ws, acts, ys)
     })
 }
+
+/// Fewest columns whose quantization is split over the pool. One decode column's blocks
+/// take less time than handing them to the threads; a batch's took a few percent of the
+/// step as serial work while the other threads waited.
+const SPLIT_QUANTIZE_TOKENS: usize = 4;
 
 thread_local! {
     /// The calling thread's quantized activations, reused by every 16-bit product it runs.

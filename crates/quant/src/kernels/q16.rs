@@ -108,15 +108,6 @@ impl Q16Acts {
             &self.sum[b0..b1],
         )
     }
-
-    /// Where block `b` of column `c` lives (its index in `scale`, and `PAIRS` times that
-    /// in `pairs`).
-    fn slot(&self, c: usize, b: usize) -> usize {
-        let nb = self.nb();
-        let c0 = c - c % TILE;
-        let width = TILE.min(self.n - c0);
-        c0 * nb + b * width + c % TILE
-    }
 }
 
 /// For weights of type `ty`: the natural index (0..32) of the activation that goes in each
@@ -170,6 +161,23 @@ impl Q16Acts {
         k: usize,
         n: usize,
     ) -> Result<(), QuantError> {
+        self.fills(ty, x, k, n, 1)?.for_each(Q16Fill::run);
+        Ok(())
+    }
+
+    /// Sizes this buffer for [`quantize`]`(ty, x, k, n)` and splits the work into at most
+    /// `parts` fills of about equal numbers of blocks, each writing its own slots: running
+    /// every fill, on any threads and in any order, leaves the bits [`Q16Acts::quantize`]
+    /// gives. For a batch, whose quantization is otherwise serial work the other threads
+    /// wait on.
+    pub fn fills<'a>(
+        &'a mut self,
+        ty: GgmlType,
+        x: &'a [f32],
+        k: usize,
+        n: usize,
+        parts: usize,
+    ) -> Result<Q16Fills<'a>, QuantError> {
         if !matches!(ty, GgmlType::Q4_1 | GgmlType::Q8_0) {
             return Err(QuantError::Unsupported {
                 ty,
@@ -185,26 +193,112 @@ impl Q16Acts {
         }
         let blocks = x.len() / BLOCK;
         (self.ty, self.k, self.n) = (ty, k, n);
-        // Every element is written below, so only growth needs initializing.
+        // Every element is written by the fills, so only growth needs initializing.
         self.pairs.resize(blocks * PAIRS, 0);
         self.scale.resize(blocks, 0.0);
         self.sum.resize(blocks, 0.0);
-        let order = pair_order(ty);
+        Ok(Q16Fills {
+            ty,
+            x,
+            nb: k / BLOCK,
+            n,
+            first: 0,
+            per: blocks.div_ceil(parts.max(1)).max(1),
+            pairs: &mut self.pairs,
+            scale: &mut self.scale,
+            sum: &mut self.sum,
+        })
+    }
+}
+
+/// The fills of one [`Q16Acts::fills`] call, in slot order.
+#[derive(Debug)]
+pub struct Q16Fills<'a> {
+    ty: GgmlType,
+    x: &'a [f32],
+    nb: usize,
+    n: usize,
+    /// Slot of the next fill's first block.
+    first: usize,
+    /// Blocks per fill (the last may hold fewer).
+    per: usize,
+    pairs: &'a mut [u32],
+    scale: &'a mut [f32],
+    sum: &'a mut [f32],
+}
+
+impl<'a> Iterator for Q16Fills<'a> {
+    type Item = Q16Fill<'a>;
+
+    fn next(&mut self) -> Option<Q16Fill<'a>> {
+        if self.scale.is_empty() {
+            return None;
+        }
+        let len = self.per.min(self.scale.len());
+        let (scale, rest) = std::mem::take(&mut self.scale).split_at_mut(len);
+        self.scale = rest;
+        let (sum, rest) = std::mem::take(&mut self.sum).split_at_mut(len);
+        self.sum = rest;
+        let (pairs, rest) = std::mem::take(&mut self.pairs).split_at_mut(len * PAIRS);
+        self.pairs = rest;
+        let first = self.first;
+        self.first += len;
+        Some(Q16Fill {
+            ty: self.ty,
+            x: self.x,
+            nb: self.nb,
+            n: self.n,
+            first,
+            pairs,
+            scale,
+            sum,
+        })
+    }
+}
+
+/// Consecutive slots of a [`Q16Acts`] and the input blocks that go in them.
+#[derive(Debug)]
+pub struct Q16Fill<'a> {
+    ty: GgmlType,
+    x: &'a [f32],
+    nb: usize,
+    n: usize,
+    /// Slot of `scale[0]`.
+    first: usize,
+    pairs: &'a mut [u32],
+    scale: &'a mut [f32],
+    sum: &'a mut [f32],
+}
+
+impl Q16Fill<'_> {
+    /// Quantizes this fill's blocks into its slots.
+    pub fn run(self) {
+        let order = pair_order(self.ty);
         #[cfg(target_arch = "x86_64")]
-        let simd = applies(SimdLevel::Avx512, ty);
+        let simd = applies(SimdLevel::Avx512, self.ty);
         #[cfg(target_arch = "x86_64")]
         let perm: [u16; BLOCK] = order.map(|o| o as u16);
-        for (i, a) in x.chunks_exact(BLOCK).enumerate() {
-            let a: &[f32; BLOCK] = a.try_into().expect("32 values");
-            let slot = self.slot(i / self.nb(), i % self.nb());
-            let pairs: &mut [u32; PAIRS] = (&mut self.pairs[slot * PAIRS..(slot + 1) * PAIRS])
-                .try_into()
-                .expect("16 pairs");
+        let tile_slots = TILE * self.nb;
+        for (i, (pairs, (scale, sum))) in self
+            .pairs
+            .chunks_exact_mut(PAIRS)
+            .zip(self.scale.iter_mut().zip(self.sum.iter_mut()))
+            .enumerate()
+        {
+            // Which block goes in this slot (the layout of `Q16Acts`; every tile but the
+            // last is TILE wide).
+            let slot = self.first + i;
+            let c0 = slot / tile_slots * TILE;
+            let width = TILE.min(self.n - c0);
+            let within = slot - c0 * self.nb;
+            let (c, b) = (c0 + within % width, within / width);
+            let at = (c * self.nb + b) * BLOCK;
+            let a: &[f32; BLOCK] = self.x[at..at + BLOCK].try_into().expect("32 values");
+            let pairs: &mut [u32; PAIRS] = pairs.try_into().expect("16 pairs");
             #[cfg(target_arch = "x86_64")]
             if simd {
                 // SAFETY: `applies` proved AVX-512 F/BW/VL (and VNNI).
-                let (s, t) = unsafe { super::avx512_q16::quantize_block(a, &perm, pairs) };
-                (self.scale[slot], self.sum[slot]) = (s, t);
+                (*scale, *sum) = unsafe { super::avx512_q16::quantize_block(a, &perm, pairs) };
                 continue;
             }
             let (q, s, t) = quantize_block(a);
@@ -213,9 +307,8 @@ impl Q16Acts {
                 let hi = q[order[2 * p + 1]] as u16;
                 *pair = u32::from(lo) | (u32::from(hi) << 16);
             }
-            (self.scale[slot], self.sum[slot]) = (s, t);
+            (*scale, *sum) = (s, t);
         }
-        Ok(())
     }
 }
 

@@ -367,3 +367,34 @@ fn a_reused_buffer_quantizes_like_a_fresh_one() {
     }
     assert!(acts.quantize(GgmlType::Q4_K, &[0.0; 32], 32, 1).is_err());
 }
+
+/// Split into fills run in any order (last first here, as another thread might), the
+/// quantization holds exactly the bits of one pass, for part counts that do and do not
+/// divide the blocks and split tiles mid-way.
+#[test]
+fn fills_in_any_order_quantize_like_one_pass() {
+    let mut rng = Rng(37);
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    for (ty, k, n) in [
+        (GgmlType::Q4_1, 576, 16),
+        (GgmlType::Q8_0, 96, 9),
+        (GgmlType::Q4_1, 64, 3),
+        (GgmlType::Q8_0, 32, 1),
+    ] {
+        let x: Vec<f32> = (0..n * k).map(|_| rng.f32()).collect();
+        let whole = quantize(ty, &x, k, n).expect("quantize");
+        for parts in [2, 3, 5, 64, 1000] {
+            let mut acts = Q16Acts::empty();
+            let mut fills: Vec<Q16Fill<'_>> =
+                acts.fills(ty, &x, k, n, parts).expect("fills").collect();
+            assert!(fills.len() <= parts);
+            while let Some(fill) = fills.pop() {
+                fill.run();
+            }
+            let what = format!("{ty} k {k} n {n} in {parts} parts");
+            assert_eq!(acts.pairs, whole.pairs, "{what}");
+            assert_eq!(bits(&acts.scale), bits(&whole.scale), "{what}");
+            assert_eq!(bits(&acts.sum), bits(&whole.sum), "{what}");
+        }
+    }
+}
