@@ -9,7 +9,7 @@
 //! larger than the caches of the machine when there are many sessions, as in serving.
 
 use ferrite_cpu::ThreadPool;
-use ferrite_model::attention::{AttnJob, AttnScratch, AttnShape, attend_many};
+use ferrite_model::attention::{AttnJob, AttnShape, attend_many};
 use ferrite_model::{KvCache, KvType};
 
 const LAYERS: usize = 30;
@@ -51,9 +51,6 @@ fn main() {
         .collect();
     let q: Vec<f32> = (0..qw * chunk).map(|i| (i % 17) as f32 / 17.0).collect();
     let pool = ThreadPool::new(threads).expect("pool");
-    let mut scratches: Vec<AttnScratch> = (0..sessions)
-        .map(|_| AttnScratch::new(qw * chunk).expect("scratch"))
-        .collect();
     let mut outs: Vec<Vec<f32>> = (0..sessions).map(|_| vec![0.0; qw * chunk]).collect();
     let passes = if chunk > 1 { 5 } else { 20 };
     let mut best = f64::MAX;
@@ -62,13 +59,12 @@ fn main() {
         for l in 0..LAYERS {
             let mut jobs: Vec<AttnJob<'_>> = caches
                 .iter()
-                .zip(outs.iter_mut().zip(scratches.iter_mut()))
-                .map(|(cache, (out, scratch))| AttnJob {
+                .zip(outs.iter_mut())
+                .map(|(cache, out)| AttnJob {
                     cache,
                     pos0: depth + 1 - chunk,
                     q: &q,
                     out,
-                    scratch,
                 })
                 .collect();
             attend_many(&pool, &shape, l, &mut jobs);

@@ -7,7 +7,8 @@
 //! f16 exactly as they load it), and each KV head's are shared by every query head of its
 //! group (grouped-query attention).
 
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, PoisonError};
 
 use ferrite_cpu::ThreadPool;
 use ferrite_quant::kernels::{
@@ -15,7 +16,6 @@ use ferrite_quant::kernels::{
 };
 use ferrite_quant::{SimdLevel, simd_level};
 
-use crate::ModelError;
 use crate::kv::{KvCache, KvRows};
 
 /// Shape and masking of one layer's attention.
@@ -31,24 +31,6 @@ pub struct AttnShape {
     pub scale: f32,
     /// Sliding-window length, `None` for full causal attention.
     pub window: Option<usize>,
-}
-
-/// Scratch for [`attend`], sized once for a session.
-#[derive(Debug)]
-pub struct AttnScratch {
-    /// Output bits written by the pool's threads (each element by exactly one thread).
-    out: Vec<AtomicU32>,
-}
-
-impl AttnScratch {
-    /// Scratch for at most `max_out` output values per call (`tokens × n_head × head_dim`).
-    pub fn new(max_out: usize) -> Result<AttnScratch, ModelError> {
-        let mut out = Vec::new();
-        out.try_reserve_exact(max_out)
-            .map_err(|_| ModelError::InvalidArgument("cannot allocate attention scratch".into()))?;
-        out.extend((0..max_out).map(|_| AtomicU32::new(0)));
-        Ok(AttnScratch { out })
-    }
 }
 
 /// First key position visible from a query at `pos`.
@@ -71,7 +53,6 @@ fn first_visible(pos: usize, window: Option<usize>) -> usize {
 /// is the same whatever the blocking and the thread (scores are bit-identical to single dot
 /// products, value sums run in key order), so the result depends neither on the thread
 /// count nor on how many tokens share the call.
-#[allow(clippy::too_many_arguments)]
 pub fn attend(
     pool: &ThreadPool,
     shape: &AttnShape,
@@ -80,7 +61,6 @@ pub fn attend(
     pos0: usize,
     q: &[f32],
     out: &mut [f32],
-    scratch: &mut AttnScratch,
 ) {
     attend_many(
         pool,
@@ -91,7 +71,6 @@ pub fn attend(
             pos0,
             q,
             out,
-            scratch,
         }],
     );
 }
@@ -107,8 +86,6 @@ pub struct AttnJob<'a> {
     pub q: &'a [f32],
     /// `n × n_head × head_dim` outputs.
     pub out: &'a mut [f32],
-    /// The sequence's scratch.
-    pub scratch: &'a mut AttnScratch,
 }
 
 /// [`attend`] for several sequences at once (the rows of a continuous batch, each over its
@@ -146,14 +123,15 @@ pub fn attend_many(pool: &ThreadPool, shape: &AttnShape, layer: usize, jobs: &mu
         items += j.q.len() / qw.max(1) * items_per_token;
     }
     starts.push(items);
-    let views: Vec<JobView<'_>> = jobs
-        .iter()
-        .zip(&ranges)
-        .map(|(j, r)| {
-            let rows = j.cache.rows(layer, r.clone());
-            (rows, j.scratch.out.as_slice(), j.q, j.pos0)
-        })
-        .collect();
+    // What the threads read of each job, and each item's own slice of its job's output
+    // (consecutive items own consecutive slices of `block` heads).
+    let mut views: Vec<JobView<'_>> = Vec::with_capacity(jobs.len());
+    let mut outs: Vec<Mutex<&mut [f32]>> = Vec::with_capacity(items);
+    for (j, r) in jobs.iter_mut().zip(&ranges) {
+        views.push((j.cache.rows(layer, r.clone()), j.q, j.pos0));
+        let n_out = j.q.len();
+        outs.extend(j.out[..n_out].chunks_mut(block * hd).map(Mutex::new));
+    }
     let level = simd_level();
     // Items go to whichever thread is free: the sequences of a batch sit at different
     // depths, so a fixed share per thread left one waiting on the other.
@@ -164,9 +142,10 @@ pub fn attend_many(pool: &ThreadPool, shape: &AttnShape, layer: usize, jobs: &mu
             if item >= items {
                 break;
             }
+            let mut dst = outs[item].lock().unwrap_or_else(PoisonError::into_inner);
             // The job holding this item: the last whose first item is at or before it.
             let ji = starts.partition_point(|&s| s <= item) - 1;
-            let (rows, obuf, q, pos0) = views[ji];
+            let (rows, q, pos0) = views[ji];
             let lo_all = ranges[ji].start;
             let item = item - starts[ji];
             let t = item / items_per_token;
@@ -192,25 +171,14 @@ pub fn attend_many(pool: &ThreadPool, shape: &AttnShape, layer: usize, jobs: &mu
                 KvRows::F16 { k, v } => heads(level, shape, &keys, k, v, qs, group_heads, buf),
                 KvRows::F32 { k, v } => heads(level, shape, &keys, k, v, qs, group_heads, buf),
             };
-            let dst = &obuf[(row + h0) * hd..(row + h0 + block) * hd];
-            for (d, &v) in dst.iter().zip(o.iter()) {
-                d.store(v.to_bits(), Ordering::Relaxed);
-            }
+            dst.copy_from_slice(o);
         }
     });
-    drop(views);
-    // `run` has joined every thread, so these loads see all stores.
-    for j in jobs.iter_mut() {
-        let n_out = j.q.len();
-        for (o, bits) in j.out[..n_out].iter_mut().zip(&j.scratch.out) {
-            *o = f32::from_bits(bits.load(Ordering::Relaxed));
-        }
-    }
 }
 
 /// What the pool's threads read of one job: its keys and values (the visible positions of
-/// the layer), output bits, queries and the first query's position.
-type JobView<'a> = (KvRows<'a>, &'a [AtomicU32], &'a [f32], usize);
+/// the layer), queries and the first query's position.
+type JobView<'a> = (KvRows<'a>, &'a [f32], usize);
 
 /// The keys one work item sees: KV heads `g..g + groups` (`hd` values each, rows every
 /// `kvd` values) at row offsets `lo..hi` from the job's first visible position, taken
@@ -401,9 +369,8 @@ mod tests {
         let mut cache = KvCache::new(KvType::F32, 2, 16, row).unwrap();
         cache.store(1, 0, &k, &v);
         let mut out = vec![f32::NAN; q.len()];
-        let mut scratch = AttnScratch::new(q.len()).unwrap();
         let pool = ThreadPool::new(2).unwrap();
-        attend(&pool, shape, &cache, 1, pos0, &q, &mut out, &mut scratch);
+        attend(&pool, shape, &cache, 1, pos0, &q, &mut out);
         let want = naive(shape, &q, &k, &v, pos0, n);
         for (i, (&a, &b)) in out.iter().zip(&want).enumerate() {
             assert!(
@@ -446,25 +413,15 @@ mod tests {
         );
         let mut cache = KvCache::new(KvType::F16, 1, len, row).unwrap();
         cache.store(0, 0, &k, &v);
-        let mut scratch = AttnScratch::new(q.len()).unwrap();
         let pool = ThreadPool::new(threads).unwrap();
         let mut out = vec![f32::NAN; q.len()];
         if one_by_one {
             for t in 0..len {
                 let o = &mut out[t * qw..(t + 1) * qw];
-                attend(
-                    &pool,
-                    shape,
-                    &cache,
-                    0,
-                    t,
-                    &q[t * qw..(t + 1) * qw],
-                    o,
-                    &mut scratch,
-                );
+                attend(&pool, shape, &cache, 0, t, &q[t * qw..(t + 1) * qw], o);
             }
         } else {
-            attend(&pool, shape, &cache, 0, 0, &q, &mut out, &mut scratch);
+            attend(&pool, shape, &cache, 0, 0, &q, &mut out);
         }
         out
     }
@@ -539,32 +496,26 @@ mod tests {
             .zip(&caches)
             .zip(&qs)
             .map(|((&(pos0, n), cache), q)| {
-                let mut scratch = AttnScratch::new(n * qw).unwrap();
                 let mut out = vec![f32::NAN; n * qw];
                 let pool = ThreadPool::new(1).unwrap();
-                attend(&pool, &shape, cache, 1, pos0, q, &mut out, &mut scratch);
+                attend(&pool, &shape, cache, 1, pos0, q, &mut out);
                 out
             })
             .collect();
         for threads in [1, 2, 3] {
             let pool = ThreadPool::new(threads).unwrap();
-            let mut scratches: Vec<AttnScratch> = seqs
-                .iter()
-                .map(|&(_, n)| AttnScratch::new(n * qw).unwrap())
-                .collect();
             let mut outs: Vec<Vec<f32>> =
                 seqs.iter().map(|&(_, n)| vec![f32::NAN; n * qw]).collect();
             let mut jobs: Vec<AttnJob<'_>> = seqs
                 .iter()
                 .zip(&caches)
                 .zip(&qs)
-                .zip(outs.iter_mut().zip(scratches.iter_mut()))
-                .map(|(((&(pos0, _), cache), q), (out, scratch))| AttnJob {
+                .zip(outs.iter_mut())
+                .map(|(((&(pos0, _), cache), q), out)| AttnJob {
                     cache,
                     pos0,
                     q,
                     out,
-                    scratch,
                 })
                 .collect();
             attend_many(&pool, &shape, 1, &mut jobs);
@@ -625,13 +576,12 @@ mod tests {
         let v = pseudo(12, 5);
         cache.store(0, 0, &k, &v);
         let q = [0.3, -0.2];
-        let mut scratch = AttnScratch::new(2).unwrap();
         let pool = ThreadPool::new(1).unwrap();
         let mut a = [0.0; 2];
-        attend(&pool, &shape, &cache, 0, 5, &q, &mut a, &mut scratch);
+        attend(&pool, &shape, &cache, 0, 5, &q, &mut a);
         cache.store(0, 0, &[1e3; 8], &[1e3; 8]);
         let mut b = [0.0; 2];
-        attend(&pool, &shape, &cache, 0, 5, &q, &mut b, &mut scratch);
+        attend(&pool, &shape, &cache, 0, 5, &q, &mut b);
         assert_eq!(a, b);
     }
 }

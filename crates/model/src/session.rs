@@ -14,7 +14,7 @@ use ferrite_quant::kernels::{GatedAct, gated_act};
 use ferrite_quant::simd_level;
 
 use crate::ModelError;
-use crate::attention::{AttnJob, AttnScratch, AttnShape, attend_many};
+use crate::attention::{AttnJob, AttnShape, attend_many};
 use crate::config::Activation;
 use crate::kv::{KvCache, KvType, try_vec};
 use crate::model::{Ffn, Model, Weight};
@@ -137,7 +137,6 @@ impl Scratch {
 /// `pos0..pos0 + len`, attending over (and appending to) that session's own cache.
 pub(crate) struct Segment<'a> {
     pub(crate) kv: &'a mut KvCache,
-    pub(crate) attn: &'a mut AttnScratch,
     pub(crate) pos0: usize,
     pub(crate) len: usize,
 }
@@ -168,7 +167,6 @@ pub struct Session<'m> {
     pub(crate) history: Vec<u32>,
     chunk: usize,
     s: Scratch,
-    attn: AttnScratch,
     pub(crate) logits: Vec<f32>,
     /// `Some(end)` when `logits[end - n_vocab..end]` are the logits after token `n_past - 1`
     /// (kept for snapshots; see `crate::snapshot`).
@@ -208,7 +206,6 @@ impl<'m> Session<'m> {
         let c = model.config();
         let chunk = PREFILL_CHUNK.min(ctx);
         let s = Scratch::new(c, chunk);
-        let attn = AttnScratch::new(chunk * c.q_dim())?;
         Ok(Session {
             model,
             pool,
@@ -221,7 +218,6 @@ impl<'m> Session<'m> {
             },
             chunk,
             s,
-            attn,
             logits: vec![0.0; c.n_vocab],
             next_logits_end: None,
             #[cfg(test)]
@@ -390,7 +386,6 @@ impl<'m> Session<'m> {
         let faults = self.faults();
         let mut segment = [Segment {
             kv: &mut self.kv,
-            attn: &mut self.attn,
             pos0: self.n_past,
             len: n,
         }];
@@ -439,7 +434,6 @@ impl<'m> Session<'m> {
     pub(crate) fn segment(&mut self, len: usize) -> Segment<'_> {
         Segment {
             kv: &mut self.kv,
-            attn: &mut self.attn,
             pos0: self.n_past,
             len,
         }
@@ -576,7 +570,6 @@ pub(crate) fn forward_rows(
                 pos0: seg.pos0,
                 q: q_seg,
                 out: att_seg,
-                scratch: &mut *seg.attn,
             });
         }
         attend_many(pool, &shape, l, &mut jobs);
