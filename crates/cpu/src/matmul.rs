@@ -2,9 +2,9 @@
 //!
 //! Q4_1 and Q8_0 weights on AVX-512 VNNI take one path for every token count
 //! ([`ferrite_quant::kernels::q16`]): the activations are rounded to 16-bit integers per
-//! 32-value block once per call, and each thread multiplies its rows with exact integer
-//! block sums, writing them straight into the output. Every other format and level takes
-//! the f32 paths below.
+//! 32-value block once per call (a batch's blocks split over the threads), and each thread
+//! multiplies its rows with exact integer block sums, writing them straight into the
+//! output. Every other format and level takes the f32 paths below.
 //!
 //! Each thread owns a contiguous range of output rows. Decode (one token) uses the fused
 //! kernel ([`ferrite_quant::kernels::matvec`]): weights are dequantized in registers and fed
