@@ -198,15 +198,17 @@ impl Q16Acts {
         self.scale.resize(blocks, 0.0);
         self.sum.resize(blocks, 0.0);
         Ok(Q16Fills {
-            ty,
-            x,
-            nb: k / BLOCK,
-            n,
-            first: 0,
+            rest: Q16Fill {
+                ty,
+                x,
+                nb: k / BLOCK,
+                n,
+                first: 0,
+                pairs: &mut self.pairs,
+                scale: &mut self.scale,
+                sum: &mut self.sum,
+            },
             per: blocks.div_ceil(parts.max(1)).max(1),
-            pairs: &mut self.pairs,
-            scale: &mut self.scale,
-            sum: &mut self.sum,
         })
     }
 }
@@ -214,45 +216,17 @@ impl Q16Acts {
 /// The fills of one [`Q16Acts::fills`] call, in slot order.
 #[derive(Debug)]
 pub struct Q16Fills<'a> {
-    ty: GgmlType,
-    x: &'a [f32],
-    nb: usize,
-    n: usize,
-    /// Slot of the next fill's first block.
-    first: usize,
+    /// The slots not handed out yet.
+    rest: Q16Fill<'a>,
     /// Blocks per fill (the last may hold fewer).
     per: usize,
-    pairs: &'a mut [u32],
-    scale: &'a mut [f32],
-    sum: &'a mut [f32],
 }
 
 impl<'a> Iterator for Q16Fills<'a> {
     type Item = Q16Fill<'a>;
 
     fn next(&mut self) -> Option<Q16Fill<'a>> {
-        if self.scale.is_empty() {
-            return None;
-        }
-        let len = self.per.min(self.scale.len());
-        let (scale, rest) = std::mem::take(&mut self.scale).split_at_mut(len);
-        self.scale = rest;
-        let (sum, rest) = std::mem::take(&mut self.sum).split_at_mut(len);
-        self.sum = rest;
-        let (pairs, rest) = std::mem::take(&mut self.pairs).split_at_mut(len * PAIRS);
-        self.pairs = rest;
-        let first = self.first;
-        self.first += len;
-        Some(Q16Fill {
-            ty: self.ty,
-            x: self.x,
-            nb: self.nb,
-            n: self.n,
-            first,
-            pairs,
-            scale,
-            sum,
-        })
+        (!self.rest.scale.is_empty()).then(|| self.rest.take_front(self.per))
     }
 }
 
@@ -270,7 +244,31 @@ pub struct Q16Fill<'a> {
     sum: &'a mut [f32],
 }
 
-impl Q16Fill<'_> {
+impl<'a> Q16Fill<'a> {
+    /// Splits off this fill's first `len` slots (all of them, if fewer) as a fill of their
+    /// own.
+    fn take_front(&mut self, len: usize) -> Q16Fill<'a> {
+        let len = len.min(self.scale.len());
+        let (scale, rest) = std::mem::take(&mut self.scale).split_at_mut(len);
+        self.scale = rest;
+        let (sum, rest) = std::mem::take(&mut self.sum).split_at_mut(len);
+        self.sum = rest;
+        let (pairs, rest) = std::mem::take(&mut self.pairs).split_at_mut(len * PAIRS);
+        self.pairs = rest;
+        let first = self.first;
+        self.first += len;
+        Q16Fill {
+            ty: self.ty,
+            x: self.x,
+            nb: self.nb,
+            n: self.n,
+            first,
+            pairs,
+            scale,
+            sum,
+        }
+    }
+
     /// Quantizes this fill's blocks into its slots.
     pub fn run(self) {
         let order = pair_order(self.ty);
