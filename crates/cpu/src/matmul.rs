@@ -22,14 +22,14 @@
 //! identical for any thread count, and a token's outputs do not depend on the other tokens
 //! in the batch.
 
+use std::sync::{Mutex, PoisonError};
+
 use ferrite_gguf::GgmlType;
 use ferrite_quant::kernels::q16::{self, GROUP_ROWS, PackedRows};
 use ferrite_quant::kernels::{
     MAX_TILE, dequant_fn, gemm_f32, has_fused_multi_matvec, matvec, multi_matvec,
 };
 use ferrite_quant::{SimdLevel, simd_level};
-
-use std::sync::Mutex;
 
 use crate::{CpuError, ThreadPool};
 
@@ -308,7 +308,11 @@ fn matmul_q16(
         } else {
             let fills = Mutex::new(acts.fills(first.ty, x, first.cols, n_tokens, threads)?);
             pool.run(|_, _| {
-                while let Some(fill) = fills.lock().ok().and_then(|mut f| f.next()) {
+                // The lock is held only while taking the next fill (the guard ends with
+                // the statement), so the fills run in parallel, each on one thread.
+                loop {
+                    let next = fills.lock().unwrap_or_else(PoisonError::into_inner).next();
+                    let Some(fill) = next else { break };
                     fill.run();
                 }
             });
