@@ -27,7 +27,7 @@ fn fused_multi(level: SimdLevel, ty: GgmlType, k: usize) -> Option<MatmatFn> {
 }
 
 /// Whether [`multi_matvec`] has a fused kernel at `level` for `ty` with rows of `k` values,
-/// decoding each weight block in registers once per group of up to [`MM_COLS`] columns
+/// decoding each weight block in registers once per group of up to `MM_COLS` (8) columns
 /// (otherwise it runs [`matvec`] column by column): AVX-512, `k` a multiple of 16, and
 /// F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K, IQ4_NL or MXFP4.
 pub fn has_fused_multi_matvec(level: SimdLevel, ty: GgmlType, k: usize) -> bool {

@@ -59,10 +59,10 @@ pub(crate) const TILE: usize = 8;
 
 /// `n` activation columns of `k` values, quantized for weights of one type.
 ///
-/// Stored in tiles of [`TILE`] columns (the last may be narrower), so that a kernel walks
+/// Stored in tiles of `TILE` (8) columns (the last may be narrower), so that a kernel walks
 /// one tile with one pointer: in a tile of `C` columns, block `b` of its column `c` has
 /// its sixteen pairs of 16-bit values at `(b · C + c) · 16` of the tile's `pairs` (in the
-/// order the type's kernel consumes its weights, [`pair_order`]) and its `s` and `S` at
+/// order the type's kernel consumes its weights, `pair_order`) and its `s` and `S` at
 /// `b · C + c` of the tile's `scale` and `sum`.
 #[derive(Debug, Clone)]
 pub struct Q16Acts {
