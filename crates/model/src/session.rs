@@ -439,16 +439,12 @@ impl<'m> Session<'m> {
         }
     }
 
-    /// Records `tokens` as evaluated after a batched forward pass wrote their cache rows;
-    /// `logits` are those after the last of them (kept for [`Session::next_logits`]).
-    pub(crate) fn advance(&mut self, tokens: &[u32], logits: &[f32]) {
+    /// Records `tokens` as evaluated after a batched forward pass wrote their cache rows.
+    /// The pass's logits stay with the batch, so this session has none to report.
+    pub(crate) fn advance(&mut self, tokens: &[u32]) {
         self.n_past += tokens.len();
         self.history.extend_from_slice(tokens);
-        if self.logits.len() < logits.len() {
-            self.logits.resize(logits.len(), 0.0);
-        }
-        self.logits[..logits.len()].copy_from_slice(logits);
-        self.next_logits_end = Some(logits.len());
+        self.next_logits_end = None;
     }
 }
 
