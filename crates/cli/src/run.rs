@@ -228,8 +228,14 @@ impl Loaded {
                 .iter()
                 .any(|t| ferrite_quant::kernels::q16::applies(level, t.ty));
         let act = if q16 { "q16" } else { "f32" };
+        // Whether batches of q16 products take the AMX tile kernel.
+        let amx = if q16 && ferrite_quant::kernels::q16::amx_available() {
+            "on"
+        } else {
+            "off"
+        };
         format!(
-            "backend=cpu threads={} simd={level} act={act} kv={kv} precision={}",
+            "backend=cpu threads={} simd={level} act={act} amx={amx} kv={kv} precision={}",
             self.pool.n_threads(),
             match self.model.precision() {
                 Precision::Default => "default",

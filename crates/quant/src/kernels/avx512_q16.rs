@@ -14,7 +14,8 @@
 
 use std::arch::x86_64::*;
 
-use super::q16::{BLOCK, PAIRS, Q16Acts};
+use super::amx_q16::{self, Tiles};
+use super::q16::{BLOCK, Layout, PAIRS, Q16Acts};
 use ferrite_gguf::GgmlType;
 
 /// Rows per group: one per lane.
@@ -30,7 +31,7 @@ pub(super) const ROWS: usize = 16;
 /// one row pointer is live at a time: [`Format::gather`] copies each row's bytes (a 16-byte
 /// chunk of row `r` goes to lane `r / 4` of chunk vector `r % 4`, its scales to slot `r`),
 /// then [`transpose`] turns every four chunk vectors into words in place.
-trait Format {
+pub(super) trait Format {
     /// Bytes per 32-value block.
     const BYTES: usize;
     /// Packed vectors of weight words per block.
@@ -56,6 +57,14 @@ trait Format {
     /// # Safety
     /// AVX-512 F/BW present; `words` holds `WORDS` vectors.
     unsafe fn unpack(words: &[__m512i], p: usize) -> __m512i;
+    /// A packed group's blocks as eight 64-byte rows of bytes each, one block after the
+    /// other, row `j` lane `r` holding row `r`'s values `4j..4j + 4` (the second operand of
+    /// an AMX byte product): the packed words themselves where they already are that, else
+    /// unpacked into `buf`.
+    ///
+    /// # Safety
+    /// AVX-512 F/BW present; `words` holds whole blocks of `WORDS` vectors.
+    unsafe fn byte_rows(words: &[__m512i], buf: &mut Vec<__m512i>) -> *const u8;
 }
 
 /// Copies 16 bytes of row `r` into chunk vector `r % 4`, lane `r / 4`, of the four vectors
@@ -95,13 +104,31 @@ unsafe fn halves(p: *const u8) -> __m512 {
     _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(p.cast()) })
 }
 
-struct Q41;
+pub(super) struct Q41;
 
 impl Format for Q41 {
     const BYTES: usize = 20;
     const WORDS: usize = 4;
     const SCALE_BYTES: usize = 64;
     const MIN: bool = true;
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    unsafe fn byte_rows(words: &[__m512i], buf: &mut Vec<__m512i>) -> *const u8 {
+        // Word j of a row holds its nibble bytes 4j..4j + 4: values 4j.. in the low
+        // nibbles, 16 + 4j.. in the high ones.
+        let nib = _mm512_set1_epi8(0x0F);
+        let blocks = words.len() / Self::WORDS;
+        buf.resize(blocks * 8, _mm512_setzero_si512());
+        for (block, rows) in words.chunks_exact(Self::WORDS).zip(buf.chunks_exact_mut(8)) {
+            let (lo, hi) = rows.split_at_mut(Self::WORDS);
+            for ((w, lo), hi) in block.iter().zip(lo).zip(hi) {
+                *lo = _mm512_and_si512(*w, nib);
+                *hi = _mm512_and_si512(_mm512_srli_epi16::<4>(*w), nib);
+            }
+        }
+        buf.as_ptr().cast()
+    }
 
     #[inline]
     unsafe fn gather(src: *const u8, r: usize, words: *mut u8, scales: *mut u8) {
@@ -139,13 +166,19 @@ impl Format for Q41 {
     }
 }
 
-struct Q80;
+pub(super) struct Q80;
 
 impl Format for Q80 {
     const BYTES: usize = 34;
     const WORDS: usize = 8;
     const SCALE_BYTES: usize = 32;
     const MIN: bool = false;
+
+    #[inline]
+    unsafe fn byte_rows(words: &[__m512i], _: &mut Vec<__m512i>) -> *const u8 {
+        // Word j of a row already holds its values 4j..4j + 4.
+        words.as_ptr().cast()
+    }
 
     #[inline]
     unsafe fn gather(src: *const u8, r: usize, words: *mut u8, scales: *mut u8) {
@@ -234,6 +267,24 @@ pub(super) unsafe fn quantize_block(
     (s, s * total as f32)
 }
 
+/// A block's 16-bit values in natural order (as [`quantize_block`] writes them with the
+/// identity order) rewritten in the byte layout of the AMX kernel: the 32 high bytes, then
+/// the 32 low bytes.
+///
+/// # Safety
+/// AVX-512 F/BW/VL present.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+pub(super) unsafe fn split_bytes(words: &mut [u32; PAIRS]) {
+    // SAFETY: words is 64 bytes.
+    unsafe {
+        let v = _mm512_loadu_si512(words.as_ptr().cast());
+        let hi = _mm512_cvtepi16_epi8(_mm512_srai_epi16::<8>(v));
+        let lo = _mm512_cvtepi16_epi8(v);
+        let bytes = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(hi), lo);
+        _mm512_storeu_si512(words.as_mut_ptr().cast(), bytes);
+    }
+}
+
 /// Every output of [`super::q16::matmul`] (which checked the shapes): each group of
 /// sixteen rows is packed into a buffer the thread reuses, then multiplied.
 ///
@@ -252,6 +303,8 @@ pub(super) unsafe fn matmul(
     stride: usize,
 ) {
     let lines = (ROWS * rb).div_ceil(64);
+    // SAFETY: the bytes layout exists only where AMX is available (`Layout::for_columns`).
+    let _tiles = (acts.layout() == Layout::Bytes).then(|| unsafe { Tiles::load(acts.n()) });
     PACKED.with_borrow_mut(|packed| {
         if packed.len() < lines {
             packed.resize(lines, _mm512_setzero_si512());
@@ -333,6 +386,8 @@ pub(super) unsafe fn matmul_packed(
     out: *mut f32,
     stride: usize,
 ) {
+    // SAFETY: the bytes layout exists only where AMX is available (`Layout::for_columns`).
+    let _tiles = (acts.layout() == Layout::Bytes).then(|| unsafe { Tiles::load(acts.n()) });
     for g in groups {
         let r0 = g * ROWS;
         let rows = ROWS.min(nr - r0);
@@ -416,6 +471,10 @@ unsafe fn multiply_group<F: Format>(
     stride: usize,
     ahead: usize,
 ) {
+    if acts.layout() == Layout::Bytes {
+        // SAFETY: forwarded contract; the entry points loaded the tiles for this layout.
+        return unsafe { amx_q16::multiply_group::<F>(group, acts, rows, out, stride, ahead) };
+    }
     let nb = acts.k() / BLOCK;
     let mask: __mmask16 = if rows == ROWS {
         0xFFFF
@@ -439,7 +498,7 @@ unsafe fn multiply_group<F: Format>(
                     // inside out (contract); the tile holds nb blocks per column.
                     $($c => unsafe {
                         tile::<F, $c, $p>(words, scales, pairs, scale, sum, mask,
-                            out.add(t * super::q16::TILE * stride), stride,
+                            out.add(t * Layout::Pairs.tile() * stride), stride,
                             if t == 0 { ahead } else { 0 })
                     },)*
                     _ => unreachable!("tiles hold 1..=8 columns"),

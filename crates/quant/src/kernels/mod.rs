@@ -12,6 +12,8 @@
 //! its own, equally shape-independent definition; callers choose it per format and level
 //! with [`q16::applies`] and then use it for every token count.
 
+#[cfg(target_arch = "x86_64")]
+mod amx_q16;
 mod attn;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;

@@ -22,6 +22,14 @@
 //! - `acc = 0`, then for each block in order: `acc = fma(I_b as f32, d_b · s_b, acc)`, and
 //!   for Q4_1 `acc = fma(m_b, S_b, acc)` (`d`, `m`: the block's f16 scale and minimum).
 //!
+//! On CPUs with AMX (Intel's tile unit, INT8), batches of [`TILES_MIN_COLUMNS`] columns or
+//! more take a second kernel (`amx_q16`) that computes the same `I_b` with tile
+//! instructions: each 16-bit `A_i` is split into a signed high byte and an unsigned low byte
+//! (`A_i = 256 · hi + lo`), the two byte products are exact 32-bit sums, and
+//! `I_b = 256 · Σ q·hi + Σ q·lo` is the same integer. The floating-point steps are the ones
+//! above, lane by lane, so the tile kernel's outputs are bit-identical to the `vpdpwssd`
+//! kernels', and a token's outputs still do not depend on the batch.
+//!
 //! This module never touches other formats or levels: it applies only where [`applies`]
 //! says so, and every other product stays on the f32 kernels.
 
@@ -53,22 +61,68 @@ fn has_vnni() -> bool {
     false
 }
 
-/// Activation columns per tile: the kernels multiply a group of weight rows with one tile
-/// at a time.
-pub(crate) const TILE: usize = 8;
+/// Fewest columns quantized for the AMX tile kernel, where the CPU has one (below, the
+/// `vpdpwssd` kernels multiply). Measured on a 2-core Xeon with AMX (SmolLM2 decode in
+/// process, tile kernel against `vpdpwssd`): 4 columns −17 %, 8 columns +6 %, 16 +16 %.
+pub const TILES_MIN_COLUMNS: usize = 8;
+
+/// How a [`Q16Acts`] lays out each block's sixteen words, which picks the kernel that
+/// multiplies it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Layout {
+    /// Pairs of 16-bit values in the type's `pair_order`, tiles of 8 columns: the
+    /// `vpdpwssd` kernels.
+    Pairs,
+    /// The 32 high bytes (signed), then the 32 low bytes (unsigned) of the 16-bit values in
+    /// natural order, tiles of 16 columns: the AMX kernel, whose tile rows are columns.
+    Bytes,
+}
+
+impl Layout {
+    /// The layout for a product of `n` columns on this CPU.
+    fn for_columns(n: usize) -> Layout {
+        if n >= TILES_MIN_COLUMNS && amx_available() {
+            Layout::Bytes
+        } else {
+            Layout::Pairs
+        }
+    }
+
+    /// Columns per tile.
+    pub(crate) const fn tile(self) -> usize {
+        match self {
+            Layout::Pairs => 8,
+            Layout::Bytes => 16,
+        }
+    }
+}
+
+/// Whether this CPU and OS let the process use AMX INT8 tiles (probed once), unless the
+/// diagnostic `FERRITE_AMX=off` says not to.
+pub fn amx_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        super::amx_q16::available()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
 
 /// `n` activation columns of `k` values, quantized for weights of one type.
 ///
-/// Stored in tiles of `TILE` (8) columns (the last may be narrower), so that a kernel walks
-/// one tile with one pointer: in a tile of `C` columns, block `b` of its column `c` has
-/// its sixteen pairs of 16-bit values at `(b · C + c) · 16` of the tile's `pairs` (in the
-/// order the type's kernel consumes its weights, `pair_order`) and its `s` and `S` at
-/// `b · C + c` of the tile's `scale` and `sum`.
+/// Stored in tiles of columns (`layout.tile()`; the last may be narrower), so that a kernel
+/// walks one tile with one pointer: in a tile of `C` columns, block `b` of its column `c` has
+/// its sixteen words at `(b · C + c) · 16` of the tile's `pairs` (laid out as `layout` says)
+/// and its `s` and `S` at `b · C + c` of the tile's `scale` and `sum`. One tile of slack
+/// words follows the last block, so that a kernel may read whole 16-column tiles.
 #[derive(Debug, Clone)]
 pub struct Q16Acts {
     ty: GgmlType,
     k: usize,
     n: usize,
+    layout: Layout,
     pairs: Vec<u32>,
     scale: Vec<f32>,
     sum: Vec<f32>,
@@ -90,20 +144,26 @@ impl Q16Acts {
         self.k / BLOCK
     }
 
-    /// Number of column tiles.
-    pub(crate) fn tiles(&self) -> usize {
-        self.n.div_ceil(TILE)
+    /// How the blocks are laid out.
+    pub(crate) fn layout(&self) -> Layout {
+        self.layout
     }
 
-    /// Tile `t`: its width, pairs, scales and sums.
+    /// Number of column tiles.
+    pub(crate) fn tiles(&self) -> usize {
+        self.n.div_ceil(self.layout.tile())
+    }
+
+    /// Tile `t`: its width, words (followed by at least one tile of slack words), scales and
+    /// sums.
     pub(crate) fn tile(&self, t: usize) -> (usize, &[u32], &[f32], &[f32]) {
         let nb = self.nb();
-        let c0 = t * TILE;
-        let width = TILE.min(self.n - c0);
+        let c0 = t * self.layout.tile();
+        let width = self.layout.tile().min(self.n - c0);
         let (b0, b1) = (c0 * nb, (c0 + width) * nb);
         (
             width,
-            &self.pairs[b0 * PAIRS..b1 * PAIRS],
+            &self.pairs[b0 * PAIRS..],
             &self.scale[b0..b1],
             &self.sum[b0..b1],
         )
@@ -145,6 +205,7 @@ impl Q16Acts {
             ty: GgmlType::Q8_0,
             k: 0,
             n: 0,
+            layout: Layout::Pairs,
             pairs: Vec::new(),
             scale: Vec::new(),
             sum: Vec::new(),
@@ -178,6 +239,19 @@ impl Q16Acts {
         n: usize,
         parts: usize,
     ) -> Result<Q16Fills<'a>, QuantError> {
+        self.fills_as(ty, x, k, n, parts, Layout::for_columns(n))
+    }
+
+    /// [`Q16Acts::fills`] into the given layout.
+    pub(crate) fn fills_as<'a>(
+        &'a mut self,
+        ty: GgmlType,
+        x: &'a [f32],
+        k: usize,
+        n: usize,
+        parts: usize,
+        layout: Layout,
+    ) -> Result<Q16Fills<'a>, QuantError> {
         if !matches!(ty, GgmlType::Q4_1 | GgmlType::Q8_0) {
             return Err(QuantError::Unsupported {
                 ty,
@@ -192,19 +266,22 @@ impl Q16Acts {
             });
         }
         let blocks = x.len() / BLOCK;
-        (self.ty, self.k, self.n) = (ty, k, n);
-        // Every element is written by the fills, so only growth needs initializing.
-        self.pairs.resize(blocks * PAIRS, 0);
+        (self.ty, self.k, self.n, self.layout) = (ty, k, n, layout);
+        // Every element is written by the fills, so only growth needs initializing; the
+        // slack tile is never written.
+        let slack = Layout::Bytes.tile() * PAIRS;
+        self.pairs.resize(blocks * PAIRS + slack, 0);
         self.scale.resize(blocks, 0.0);
         self.sum.resize(blocks, 0.0);
         Ok(Q16Fills {
             rest: Q16Fill {
                 ty,
+                layout,
                 x,
                 nb: k / BLOCK,
                 n,
                 first: 0,
-                pairs: &mut self.pairs,
+                pairs: &mut self.pairs[..blocks * PAIRS],
                 scale: &mut self.scale,
                 sum: &mut self.sum,
             },
@@ -234,6 +311,7 @@ impl<'a> Iterator for Q16Fills<'a> {
 #[derive(Debug)]
 pub struct Q16Fill<'a> {
     ty: GgmlType,
+    layout: Layout,
     x: &'a [f32],
     nb: usize,
     n: usize,
@@ -259,6 +337,7 @@ impl<'a> Q16Fill<'a> {
         self.first += len;
         Q16Fill {
             ty: self.ty,
+            layout: self.layout,
             x: self.x,
             nb: self.nb,
             n: self.n,
@@ -271,39 +350,61 @@ impl<'a> Q16Fill<'a> {
 
     /// Quantizes this fill's blocks into its slots.
     pub fn run(self) {
-        let order = pair_order(self.ty);
+        let order = match self.layout {
+            Layout::Pairs => pair_order(self.ty),
+            Layout::Bytes => std::array::from_fn(|i| i),
+        };
         #[cfg(target_arch = "x86_64")]
         let simd = applies(SimdLevel::Avx512, self.ty);
         #[cfg(target_arch = "x86_64")]
         let perm: [u16; BLOCK] = order.map(|o| o as u16);
-        let tile_slots = TILE * self.nb;
-        for (i, (pairs, (scale, sum))) in self
+        let tile = self.layout.tile();
+        let tile_slots = tile * self.nb;
+        for (i, (words, (scale, sum))) in self
             .pairs
             .chunks_exact_mut(PAIRS)
             .zip(self.scale.iter_mut().zip(self.sum.iter_mut()))
             .enumerate()
         {
             // Which block goes in this slot (the layout of `Q16Acts`; every tile but the
-            // last is TILE wide).
+            // last is `tile` wide).
             let slot = self.first + i;
-            let c0 = slot / tile_slots * TILE;
-            let width = TILE.min(self.n - c0);
+            let c0 = slot / tile_slots * tile;
+            let width = tile.min(self.n - c0);
             let within = slot - c0 * self.nb;
             let (c, b) = (c0 + within % width, within / width);
             let at = (c * self.nb + b) * BLOCK;
             let a: &[f32; BLOCK] = self.x[at..at + BLOCK].try_into().expect("32 values");
-            let pairs: &mut [u32; PAIRS] = pairs.try_into().expect("16 pairs");
+            let words: &mut [u32; PAIRS] = words.try_into().expect("16 words");
             #[cfg(target_arch = "x86_64")]
             if simd {
                 // SAFETY: `applies` proved AVX-512 F/BW/VL (and VNNI).
-                (*scale, *sum) = unsafe { super::avx512_q16::quantize_block(a, &perm, pairs) };
+                unsafe {
+                    (*scale, *sum) = super::avx512_q16::quantize_block(a, &perm, words);
+                    if self.layout == Layout::Bytes {
+                        super::avx512_q16::split_bytes(words);
+                    }
+                }
                 continue;
             }
             let (q, s, t) = quantize_block(a);
-            for (p, pair) in pairs.iter_mut().enumerate() {
-                let lo = q[order[2 * p]] as u16;
-                let hi = q[order[2 * p + 1]] as u16;
-                *pair = u32::from(lo) | (u32::from(hi) << 16);
+            let q: [i16; BLOCK] = order.map(|o| q[o]);
+            match self.layout {
+                Layout::Pairs => {
+                    for (word, pair) in words.iter_mut().zip(q.chunks_exact(2)) {
+                        *word = u32::from(pair[0] as u16) | (u32::from(pair[1] as u16) << 16);
+                    }
+                }
+                Layout::Bytes => {
+                    let mut bytes = [0u8; 2 * BLOCK];
+                    for (i, v) in q.iter().enumerate() {
+                        let [lo, hi] = v.to_le_bytes();
+                        (bytes[i], bytes[BLOCK + i]) = (hi, lo);
+                    }
+                    for (word, b) in words.iter_mut().zip(bytes.chunks_exact(4)) {
+                        *word = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                    }
+                }
             }
             (*scale, *sum) = (s, t);
         }

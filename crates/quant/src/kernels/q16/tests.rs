@@ -75,6 +75,30 @@ fn assert_same_bits(ty: GgmlType, k: usize, out: &[f32], stride: usize, want: &[
     }
 }
 
+/// The layouts this CPU can multiply: the pairs always, the bytes where AMX is available.
+fn layouts() -> Vec<Layout> {
+    if amx_available() {
+        vec![Layout::Pairs, Layout::Bytes]
+    } else {
+        println!("AMX kernel skipped: no AMX INT8 on this CPU (or FERRITE_AMX=off)");
+        vec![Layout::Pairs]
+    }
+}
+
+/// The quantized blocks' words, without the slack.
+fn words(acts: &Q16Acts) -> &[u32] {
+    &acts.pairs[..acts.scale.len() * PAIRS]
+}
+
+/// [`quantize`] into the given layout.
+fn quantize_as(ty: GgmlType, x: &[f32], k: usize, n: usize, layout: Layout) -> Q16Acts {
+    let mut acts = Q16Acts::empty();
+    acts.fills_as(ty, x, k, n, 1, layout)
+        .expect("quantize")
+        .for_each(Q16Fill::run);
+    acts
+}
+
 fn level() -> Option<SimdLevel> {
     let ok = applies(SimdLevel::Avx512, GgmlType::Q4_1);
     if !ok {
@@ -113,6 +137,36 @@ fn blocks_quantize_as_documented() {
         0.0,
         "an unscalable block counts as zeros"
     );
+}
+
+/// In the byte layout, each block's slot holds the 16-bit values of `quantize_block` as
+/// `256 · hi + lo`: hi bytes (signed) first, then lo bytes (unsigned), in natural order.
+#[test]
+fn the_byte_layout_holds_the_16_bit_values() {
+    let mut rng = Rng(23);
+    let (k, n) = (96, 5);
+    let mut x: Vec<f32> = (0..n * k).map(|_| rng.f32() * 3.0).collect();
+    x[40] = 0.0;
+    x[33] = -1e-3;
+    for ty in TYPES {
+        let acts = quantize_as(ty, &x, k, n, Layout::Bytes);
+        for t in 0..acts.tiles() {
+            let (width, slots, _, _) = acts.tile(t);
+            for (i, slot) in slots[..width * (k / BLOCK) * PAIRS]
+                .chunks_exact(PAIRS)
+                .enumerate()
+            {
+                let (c, b) = (t * 16 + i % width, i / width);
+                let a: &[f32; BLOCK] = x[c * k + b * BLOCK..][..BLOCK].try_into().expect("block");
+                let (q, _, _) = quantize_block(a);
+                let bytes: Vec<u8> = slot.iter().flat_map(|w| w.to_le_bytes()).collect();
+                for (j, &v) in q.iter().enumerate() {
+                    let got = 256 * i32::from(bytes[j] as i8) + i32::from(bytes[BLOCK + j]);
+                    assert_eq!(got, i32::from(v), "{ty} column {c} block {b} value {j}");
+                }
+            }
+        }
+    }
 }
 
 #[test]
@@ -160,9 +214,12 @@ fn kernels_match_the_documented_product_bit_for_bit() {
     for ty in TYPES {
         for (nr, k) in [(1, 32), (15, 64), (16, 96), (17, 32), (37, 160)] {
             let w = weights(&mut rng, ty, nr, k);
-            for n in [1, 2, 3, 4, 5, 8, 15, 16, 17, 33] {
+            for (n, layout) in [1, 2, 3, 4, 5, 8, 15, 16, 17, 33]
+                .into_iter()
+                .flat_map(|n| layouts().into_iter().map(move |l| (n, l)))
+            {
                 let x: Vec<f32> = (0..n * k).map(|_| rng.f32() * 2.0).collect();
-                let acts = quantize(ty, &x, k, n).expect("quantize");
+                let acts = quantize_as(ty, &x, k, n, layout);
                 let stride = nr + 3;
                 let mut out = vec![f32::NAN; (n - 1) * stride + nr];
                 matmul(level, &w, nr, &acts, &mut out, stride).expect("matmul");
@@ -245,9 +302,12 @@ fn packed_rows_match_the_documented_product_bit_for_bit() {
             let w = weights(&mut rng, ty, nr, k);
             let packed = PackedRows::new(level, ty, &w, nr, k, |_| {}).expect("pack");
             assert_eq!(packed.groups(), nr.div_ceil(GROUP_ROWS));
-            for n in [1, 3, 8, 9, 16] {
+            for (n, layout) in [1, 3, 8, 9, 16, 19]
+                .into_iter()
+                .flat_map(|n| layouts().into_iter().map(move |l| (n, l)))
+            {
                 let x: Vec<f32> = (0..n * k).map(|_| rng.f32() * 2.0).collect();
-                let acts = quantize(ty, &x, k, n).expect("quantize");
+                let acts = quantize_as(ty, &x, k, n, layout);
                 let want = reference(ty, &w, nr, &x, k, n);
                 let stride = nr + 5;
                 let mut out = vec![f32::NAN; (n - 1) * stride + nr];
@@ -360,7 +420,7 @@ fn a_reused_buffer_quantizes_like_a_fresh_one() {
         acts.quantize(ty, &x, k, n).expect("quantize");
         let fresh = quantize(ty, &x, k, n).expect("quantize");
         assert_eq!((acts.ty, acts.k, acts.n), (fresh.ty, fresh.k, fresh.n));
-        assert_eq!(acts.pairs, fresh.pairs, "{ty} {k} {n}");
+        assert_eq!(words(&acts), words(&fresh), "{ty} {k} {n}");
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&acts.scale), bits(&fresh.scale));
         assert_eq!(bits(&acts.sum), bits(&fresh.sum));
@@ -382,17 +442,22 @@ fn fills_in_any_order_quantize_like_one_pass() {
         (GgmlType::Q8_0, 32, 1),
     ] {
         let x: Vec<f32> = (0..n * k).map(|_| rng.f32()).collect();
-        let whole = quantize(ty, &x, k, n).expect("quantize");
-        for parts in [2, 3, 5, 64, 1000] {
+        for (parts, layout) in [2, 3, 5, 64, 1000]
+            .into_iter()
+            .flat_map(|p| [Layout::Pairs, Layout::Bytes].map(|l| (p, l)))
+        {
+            let whole = quantize_as(ty, &x, k, n, layout);
             let mut acts = Q16Acts::empty();
-            let mut fills: Vec<Q16Fill<'_>> =
-                acts.fills(ty, &x, k, n, parts).expect("fills").collect();
+            let mut fills: Vec<Q16Fill<'_>> = acts
+                .fills_as(ty, &x, k, n, parts, layout)
+                .expect("fills")
+                .collect();
             assert!(fills.len() <= parts);
             while let Some(fill) = fills.pop() {
                 fill.run();
             }
-            let what = format!("{ty} k {k} n {n} in {parts} parts");
-            assert_eq!(acts.pairs, whole.pairs, "{what}");
+            let what = format!("{ty} k {k} n {n} in {parts} parts, {layout:?}");
+            assert_eq!(words(&acts), words(&whole), "{what}");
             assert_eq!(bits(&acts.scale), bits(&whole.scale), "{what}");
             assert_eq!(bits(&acts.sum), bits(&whole.sum), "{what}");
         }
