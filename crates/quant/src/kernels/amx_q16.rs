@@ -217,20 +217,19 @@ pub(super) unsafe fn multiply_group<F: Format>(
 #[repr(C, align(64))]
 struct Sums([[i32; 16]; 2 * ROWS]);
 
-/// Issues block `b`'s two tile products into the even or odd tiles and stores their sums
-/// into `sums`.
+/// Loads block `b`'s tiles and issues its two tile products into the even or odd sums
+/// tiles (high bytes signed, low bytes unsigned; the weights signed for both formats, as
+/// Q4_1's 0..15 read the same either way: the signed-by-unsigned product `tdpbsud`
+/// measured 1.6 times the time of the other three).
 ///
 /// # Safety
 /// The tiles are configured ([`Tiles::load`]); 8 rows of 64 bytes readable at `weights`;
-/// `rows` rows of 64 bytes (the first 32 of them read) at `hi` and `lo`.
+/// the configured rows of 64 bytes (the first 32 of each read) at `hi` and `lo`.
 #[inline]
-unsafe fn products(odd: bool, weights: *const u8, hi: *const u8, lo: *const u8, sums: &mut Sums) {
-    let out_hi = sums.0.as_mut_ptr().cast::<u8>();
-    let out_lo = sums.0[ROWS..].as_mut_ptr().cast::<u8>();
+unsafe fn products(odd: bool, weights: *const u8, hi: *const u8, lo: *const u8) {
     macro_rules! issue {
-        ($c0:literal, $c1:literal, $b:literal, $hi_op:literal, $lo_op:literal) => {
-            // SAFETY: forwarded contract; the C tiles write `rows` rows of 64 bytes into
-            // `sums`, which holds 16 rows for each.
+        ($c0:literal, $c1:literal, $b:literal) => {
+            // SAFETY: forwarded contract.
             unsafe {
                 asm!(
                     concat!("tileloadd ", $b, ", [{w} + {s}*1]"),
@@ -238,30 +237,54 @@ unsafe fn products(odd: bool, weights: *const u8, hi: *const u8, lo: *const u8, 
                     "tileloadd tmm3, [{lo} + {s}*1]",
                     concat!("tilezero ", $c0),
                     concat!("tilezero ", $c1),
-                    concat!($hi_op, " ", $c0, ", tmm2, ", $b),
-                    concat!($lo_op, " ", $c1, ", tmm3, ", $b),
+                    concat!("tdpbssd ", $c0, ", tmm2, ", $b),
+                    concat!("tdpbusd ", $c1, ", tmm3, ", $b),
+                    w = in(reg) weights, hi = in(reg) hi, lo = in(reg) lo, s = in(reg) ROW_STRIDE,
+                    options(nostack, readonly),
+                )
+            }
+        };
+    }
+    if odd {
+        issue!("tmm5", "tmm6", "tmm7");
+    } else {
+        issue!("tmm0", "tmm1", "tmm4");
+    }
+}
+
+/// Stores the even or odd sums tiles into `sums`.
+///
+/// # Safety
+/// The tiles are configured ([`Tiles::load`]) and hold the products of [`products`].
+#[inline]
+unsafe fn store(odd: bool, sums: &mut Sums) {
+    let out_hi = sums.0.as_mut_ptr().cast::<u8>();
+    let out_lo = sums.0[ROWS..].as_mut_ptr().cast::<u8>();
+    macro_rules! issue {
+        ($c0:literal, $c1:literal) => {
+            // SAFETY: the tiles write the configured rows (at most 16) of 64 bytes into
+            // each half of `sums`, which holds 16 rows for each.
+            unsafe {
+                asm!(
                     concat!("tilestored [{ohi} + {s}*1], ", $c0),
                     concat!("tilestored [{olo} + {s}*1], ", $c1),
-                    w = in(reg) weights, hi = in(reg) hi, lo = in(reg) lo,
                     ohi = in(reg) out_hi, olo = in(reg) out_lo, s = in(reg) ROW_STRIDE,
                     options(nostack),
                 )
             }
         };
     }
-    // High bytes are signed, low bytes unsigned. The weights are signed bytes for both
-    // formats (Q4_1's 0..15 read the same either way): the signed-by-unsigned product
-    // `tdpbsud` measured 1.6 times the time of the other three.
     if odd {
-        issue!("tmm5", "tmm6", "tmm7", "tdpbssd", "tdpbusd");
+        issue!("tmm5", "tmm6");
     } else {
-        issue!("tmm0", "tmm1", "tmm4", "tdpbssd", "tdpbusd");
+        issue!("tmm0", "tmm1");
     }
 }
 
 /// One packed group against one tile of `C` columns: writes `out[c * stride + r]` for the
-/// rows in `mask`. Block `b`'s scale steps run after block `b + 1`'s products are issued,
-/// so that the tile unit and the vector units overlap. With `ahead` > 0, each block's
+/// rows in `mask`. Block `b`'s scale steps run after block `b + 1`'s products are issued
+/// and before their sums are stored (a vector load waits for every older tile store), so
+/// that the tile unit and the vector units overlap. With `ahead` > 0, each block's
 /// packed lines `ahead` bytes on are prefetched.
 ///
 /// # Safety
@@ -304,57 +327,75 @@ unsafe fn tile<F: Format, const C: usize>(
             let hi = bytes[b * C * PAIRS..].as_ptr().cast::<u8>();
             // SAFETY: block b's eight rows lie inside `weights`, its slots inside `bytes`
             // (contract); the tiles are configured.
-            unsafe {
-                products(
-                    b % 2 == 1,
-                    weights.add(b * 8 * 64),
-                    hi,
-                    hi.add(BLOCK),
-                    &mut sums[b % 2],
-                )
-            };
+            unsafe { products(b % 2 == 1, weights.add(b * 8 * 64), hi, hi.add(BLOCK)) };
         }
-        let Some(b) = b.checked_sub(1) else { continue };
-        let sums = &sums[b % 2];
-        // SAFETY: block b's scales lie inside `scales` (b < nb, contract).
-        let (d, m) = unsafe { F::scales(scales.add(b * F::SCALE_BYTES)) };
-        let step = |c: usize, a: &mut __m512| {
-            // SAFETY: rows c and 16 + c of `sums` are 64-byte aligned vectors.
-            let (h, l) = unsafe {
-                (
-                    _mm512_load_si512(sums.0[c].as_ptr().cast()),
-                    _mm512_load_si512(sums.0[ROWS + c].as_ptr().cast()),
-                )
-            };
-            let isum = _mm512_add_epi32(_mm512_slli_epi32::<8>(h), l);
-            // SAFETY: b * C + c < nb * C, the length of the tile's scales and sums.
-            let (s, t) = unsafe {
-                (
-                    *scale.get_unchecked(b * C + c),
-                    *sum.get_unchecked(b * C + c),
-                )
-            };
-            // The `vpdpwssd` kernel's scale step, operation for operation.
-            let ds = _mm512_mul_ps(d, _mm512_set1_ps(s));
-            *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), ds, *a);
-            if F::MIN {
-                *a = _mm512_fmadd_ps(m, _mm512_set1_ps(t), *a);
-            }
+        if let Some(p) = b.checked_sub(1) {
+            // SAFETY: block p < nb: its scales lie inside `scales`, its columns' scales and
+            // sums inside `scale` and `sum` (contract); AVX-512 and FMA present (this
+            // function's features).
+            unsafe { scale_steps::<F, C>(&mut acc, &sums[p % 2], p, scales, scale, sum) };
+        }
+        if b < nb {
+            // SAFETY: block b's products were issued above.
+            unsafe { store(b % 2 == 1, &mut sums[b % 2]) };
+        }
+    }
+    for (c, a) in acc.iter().enumerate() {
+        // SAFETY: out + c * stride + r is inside the caller's output for every lane in mask.
+        unsafe { _mm512_mask_storeu_ps(out.add(c * stride), mask, *a) };
+    }
+}
+
+/// Block `b`'s scale steps for the `C` columns, from its integer sums: the `vpdpwssd`
+/// kernel's, operation for operation.
+///
+/// # Safety
+/// AVX-512 F and FMA present; block `b`'s scales lie at `scales`; `scale` and `sum` hold
+/// `(b + 1) · C` values.
+#[inline]
+#[target_feature(enable = "avx512f,fma,f16c")]
+unsafe fn scale_steps<F: Format, const C: usize>(
+    acc: &mut [__m512; C],
+    sums: &Sums,
+    b: usize,
+    scales: *const u8,
+    scale: &[f32],
+    sum: &[f32],
+) {
+    // SAFETY: block b's scales lie inside `scales` (b < nb, contract).
+    let (d, m) = unsafe { F::scales(scales.add(b * F::SCALE_BYTES)) };
+    let step = |c: usize, a: &mut __m512| {
+        // SAFETY: rows c and 16 + c of `sums` are 64-byte aligned vectors.
+        let (h, l) = unsafe {
+            (
+                _mm512_load_si512(sums.0[c].as_ptr().cast()),
+                _mm512_load_si512(sums.0[ROWS + c].as_ptr().cast()),
+            )
         };
-        // Unrolled by hand (the column is a constant in each arm), so that the accumulators
-        // stay in registers instead of memory, where their stores would queue behind the
-        // tile stores.
-        macro_rules! columns {
+        let isum = _mm512_add_epi32(_mm512_slli_epi32::<8>(h), l);
+        // SAFETY: b * C + c < nb * C, the length of the tile's scales and sums.
+        let (s, t) = unsafe {
+            (
+                *scale.get_unchecked(b * C + c),
+                *sum.get_unchecked(b * C + c),
+            )
+        };
+        // The `vpdpwssd` kernel's scale step, operation for operation.
+        let ds = _mm512_mul_ps(d, _mm512_set1_ps(s));
+        *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), ds, *a);
+        if F::MIN {
+            *a = _mm512_fmadd_ps(m, _mm512_set1_ps(t), *a);
+        }
+    };
+    // Unrolled by hand (the column is a constant in each arm), so that the accumulators
+    // stay in registers instead of memory, where their stores would queue behind the
+    // tile stores.
+    macro_rules! columns {
             ($($c:literal)*) => {$(
                 if $c < C {
                     step($c, &mut acc[$c]);
                 }
             )*};
         }
-        columns!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15);
-    }
-    for (c, a) in acc.iter().enumerate() {
-        // SAFETY: out + c * stride + r is inside the caller's output for every lane in mask.
-        unsafe { _mm512_mask_storeu_ps(out.add(c * stride), mask, *a) };
-    }
+    columns!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15);
 }
