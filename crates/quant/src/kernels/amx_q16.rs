@@ -148,40 +148,27 @@ thread_local! {
     };
 }
 
-/// One packed group (of `rows` real rows) times every tile of `acts` (in `Layout::Bytes`):
-/// `out[c * stride + r]` for `r < rows`, bit-identical to the `vpdpwssd` kernel. With
-/// `ahead` > 0, the first tile prefetches the bytes `ahead` past each block it reads (the
-/// next packed group's).
+/// One packed group (its `words` and `scales`) times every tile of `acts` (in
+/// `Layout::Bytes`): `out[c * stride + r]` for the rows `r` in `mask`, bit-identical to the
+/// `vpdpwssd` kernel. With `ahead` > 0, the first tile prefetches the bytes `ahead` past
+/// each block it reads (the next packed group's).
 ///
 /// # Safety
 /// [`Tiles::load`]`(acts.n())` ran on this thread; AVX-512 F/BW/VL, FMA and F16C present;
-/// `group` holds one packed group of `F` with `acts.k()` values per row;
-/// `out.add(c * stride + r)` is writable and unaliased for every column `c` and row
-/// `r < rows`.
+/// `words` and `scales` are one packed group of `F` with `acts.k()` values per row (its
+/// `nb · WORDS` vectors and `nb · SCALE_BYTES` bytes of scales); `out.add(c * stride + r)`
+/// is writable and unaliased for every column `c` and row `r` in `mask`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
 pub(super) unsafe fn multiply_group<F: Format>(
-    group: *const u8,
+    words: &[__m512i],
+    scales: *const u8,
     acts: &Q16Acts,
-    rows: usize,
+    mask: __mmask16,
     out: *mut f32,
     stride: usize,
     ahead: usize,
 ) {
-    let nb = acts.k() / BLOCK;
-    let mask: __mmask16 = if rows == ROWS {
-        0xFFFF
-    } else {
-        (1u16 << rows) - 1
-    };
-    // SAFETY: the group starts with nb * WORDS aligned vectors of words, then the scales
-    // (contract).
-    let (words, scales) = unsafe {
-        (
-            std::slice::from_raw_parts(group.cast::<__m512i>(), nb * F::WORDS),
-            group.add(nb * F::WORDS * 64),
-        )
-    };
     SCRATCH.with_borrow_mut(|scratch| {
         // Unpacked for the whole group before any tile reads them: a tile load of bytes
         // that vector stores have just written waits for them to reach the cache.

@@ -471,10 +471,6 @@ unsafe fn multiply_group<F: Format>(
     stride: usize,
     ahead: usize,
 ) {
-    if acts.layout() == Layout::Bytes {
-        // SAFETY: forwarded contract; the entry points loaded the tiles for this layout.
-        return unsafe { amx_q16::multiply_group::<F>(group, acts, rows, out, stride, ahead) };
-    }
     let nb = acts.k() / BLOCK;
     let mask: __mmask16 = if rows == ROWS {
         0xFFFF
@@ -489,6 +485,12 @@ unsafe fn multiply_group<F: Format>(
             group.add(nb * F::WORDS * 64),
         )
     };
+    if acts.layout() == Layout::Bytes {
+        // SAFETY: forwarded contract; the entry points loaded the tiles for this layout.
+        return unsafe {
+            amx_q16::multiply_group::<F>(words, scales, acts, mask, out, stride, ahead)
+        };
+    }
     for t in 0..acts.tiles() {
         let (width, pairs, scale, sum) = acts.tile(t);
         macro_rules! go {
