@@ -63,7 +63,9 @@ fn has_vnni() -> bool {
 
 /// Fewest columns quantized for the AMX tile kernel, where the CPU has one (below, the
 /// `vpdpwssd` kernels multiply). Measured on a 2-core Xeon with AMX (SmolLM2 decode in
-/// process, tile kernel against `vpdpwssd`): 4 columns −17 %, 8 columns +6 %, 16 +16 %.
+/// process, tile kernel against `vpdpwssd`, receipt `cpu-amx-2026-11-30.md`): 16 columns
+/// +15 % to +27 %, 8 columns within noise (+4 %, −5 %), 4 columns −17 % (with an earlier
+/// version of the kernel).
 pub const TILES_MIN_COLUMNS: usize = 8;
 
 /// How a [`Q16Acts`] lays out each block's sixteen words, which picks the kernel that
