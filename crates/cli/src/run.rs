@@ -218,24 +218,9 @@ impl Loaded {
             KvType::F32 => "f32",
         };
         let level = ferrite_quant::simd_level();
-        // Whether some weight products take 16-bit activations (Q4_1 and Q8_0 ones, on
-        // AVX-512 VNNI); weights dequantized to f32 at load never do.
-        let q16 = self.model.precision() == Precision::Default
-            && self
-                .model
-                .gguf()
-                .tensors()
-                .iter()
-                .any(|t| ferrite_quant::kernels::q16::applies(level, t.ty));
-        let act = if q16 { "q16" } else { "f32" };
-        // Whether batches of q16 products take the AMX tile kernel.
-        let amx = if q16 && ferrite_quant::kernels::q16::amx_available() {
-            "on"
-        } else {
-            "off"
-        };
+        let kernels = self.model.cpu_kernels();
         format!(
-            "backend=cpu threads={} simd={level} act={act} amx={amx} kv={kv} precision={}",
+            "backend=cpu threads={} simd={level} {kernels} kv={kv} precision={}",
             self.pool.n_threads(),
             match self.model.precision() {
                 Precision::Default => "default",

@@ -291,6 +291,26 @@ impl Model {
         self.precision
     }
 
+    /// The CPU product kernels this model's weights take, as the backend lines report them:
+    /// `act=q16` where some products round activations to 16 bits (Q4_1 and Q8_0 weights on
+    /// AVX-512 VNNI; never weights dequantized to f32 at load), else `act=f32`; then
+    /// `amx=on` where batches of those products take the AMX tile kernel, else `amx=off`.
+    pub fn cpu_kernels(&self) -> String {
+        let level = ferrite_quant::simd_level();
+        let q16 = self.precision == Precision::Default
+            && self
+                .gguf
+                .tensors()
+                .iter()
+                .any(|t| ferrite_quant::kernels::q16::applies(level, t.ty));
+        let amx = q16 && ferrite_quant::kernels::q16::amx_available();
+        format!(
+            "act={} amx={}",
+            if q16 { "q16" } else { "f32" },
+            if amx { "on" } else { "off" }
+        )
+    }
+
     /// The matrix view `ferrite_cpu::matmul` takes for weight `w`, with its packed rows
     /// (packed on the first call where the products take them).
     pub(crate) fn matrix<'a>(&'a self, w: &'a Weight) -> Matrix<'a> {

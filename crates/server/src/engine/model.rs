@@ -220,21 +220,11 @@ fn engine_thread(
             return;
         }
     };
-    let level = ferrite_quant::simd_level();
-    let q16 = model
-        .gguf()
-        .tensors()
-        .iter()
-        .any(|t| ferrite_quant::kernels::q16::applies(level, t.ty));
     let line = format!(
-        "backend=cpu threads={} simd={level} act={} amx={} kv=f16",
+        "backend=cpu threads={} simd={} {} kv=f16",
         pool.n_threads(),
-        if q16 { "q16" } else { "f32" },
-        if q16 && ferrite_quant::kernels::q16::amx_available() {
-            "on"
-        } else {
-            "off"
-        }
+        ferrite_quant::simd_level(),
+        model.cpu_kernels()
     );
     if ready.send(Ok((tokenizer.clone(), n_ctx, line))).is_err() {
         return;
