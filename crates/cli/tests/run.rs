@@ -28,6 +28,15 @@ fn default_model_answers_and_reports_clocks_and_backend() {
     assert!(stdout.trim().len() > 10, "answer too short: {stdout:?}");
     assert!(stderr.contains("backend=cpu threads="), "{stderr}");
     assert!(stderr.contains("simd="), "{stderr}");
+    // The product kernels that ran: the tile kernel only ever serves 16-bit activations.
+    assert!(
+        stderr.contains(" act=") && stderr.contains(" amx="),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("amx=on") || stderr.contains("act=q16"),
+        "{stderr}"
+    );
     for clock in ["load ", "ttft ", "prefill ", "decode "] {
         assert!(stderr.contains(clock), "missing clock {clock:?}: {stderr}");
     }
