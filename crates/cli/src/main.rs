@@ -72,6 +72,25 @@ fn exit_quietly_on_broken_stdout() {
     }));
 }
 
+/// The error and its causes on one line, `: `-separated. Several library errors show their
+/// cause in their own message and also return it as their source (the server sends the
+/// message alone to clients, so it must be whole); a cause whose text already ends the line
+/// is left out rather than printed twice.
+fn one_line(err: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in err.chain() {
+        let text = cause.to_string();
+        if line.ends_with(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
+}
+
 fn main() {
     exit_quietly_on_broken_stdout();
     let cli = Cli::parse();
@@ -91,8 +110,45 @@ fn main() {
     match result {
         Ok(code) => std::process::exit(code),
         Err(err) => {
-            eprintln!("error: {err:#}");
+            eprintln!("error: {}", one_line(&err));
             std::process::exit(1);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::one_line;
+
+    /// A library error that shows its cause and also returns it as its source.
+    #[derive(Debug)]
+    struct ShowsCause(std::io::Error);
+
+    impl std::fmt::Display for ShowsCause {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "metadata: {}", self.0)
+        }
+    }
+
+    impl std::error::Error for ShowsCause {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn a_cause_already_in_the_message_is_printed_once() {
+        let io = std::io::Error::other("file truncated at byte 0");
+        let err = anyhow::Error::new(ShowsCause(io)).context("loading m.gguf");
+        assert_eq!(
+            one_line(&err),
+            "loading m.gguf: metadata: file truncated at byte 0"
+        );
+    }
+
+    #[test]
+    fn causes_not_in_the_message_are_all_printed() {
+        let err = anyhow::anyhow!("inner").context("middle").context("outer");
+        assert_eq!(one_line(&err), "outer: middle: inner");
     }
 }
