@@ -78,7 +78,7 @@ pub struct RunArgs {
     /// System message for the chat template.
     #[arg(long)]
     system: Option<String>,
-    /// Most tokens to generate.
+    /// Most tokens to generate (0: no limit, until the end of text or a full context).
     #[arg(long, default_value_t = 512)]
     max_tokens: usize,
     /// Sampling temperature (0 = greedy).

@@ -482,7 +482,17 @@ fn serve_rejects_bad_flags_and_models() {
     let junk = dir.path().join("junk.gguf");
     std::fs::write(&junk, b"not a gguf file").unwrap();
     let missing_key = dir.path().join("no-key");
+    let model = common::pull(MODEL);
+    let model = model.to_str().unwrap();
     let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec!["-m", model, "--port", "0", "--parallel", "1000000"],
+            "KV cache when full",
+        ),
+        (
+            vec!["-m", model, "--port", "0", "--threads", "5000"],
+            "at most 1024 threads",
+        ),
         (vec!["--parallel", "0"], "--parallel"),
         (vec!["--ctx", "4"], "--ctx"),
         (vec!["--api-key", ""], "--api-key"),

@@ -24,7 +24,7 @@ mod pool;
 
 pub use ferrite_quant::kernels::q16::PackedRows;
 pub use matmul::{Matrix, matmul, matmul_shared, matmul_with, pack};
-pub use pool::{ThreadPool, default_threads};
+pub use pool::{MAX_THREADS, ThreadPool, default_threads};
 
 /// Errors of the CPU backend.
 #[derive(Debug, thiserror::Error)]
@@ -33,6 +33,14 @@ pub enum CpuError {
     /// A thread pool needs at least one thread.
     #[error("a thread pool needs at least one thread")]
     ZeroThreads,
+    /// More threads than a pool takes ([`MAX_THREADS`]).
+    #[error("a thread pool takes at most {max} threads, not {requested}")]
+    TooManyThreads {
+        /// The threads asked for.
+        requested: usize,
+        /// [`MAX_THREADS`].
+        max: usize,
+    },
     /// The OS refused to start a worker thread.
     #[error("cannot spawn a worker thread: {0}")]
     Spawn(String),

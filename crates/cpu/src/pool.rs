@@ -17,6 +17,13 @@ use crate::CpuError;
 /// The job signature: `(thread index, that thread's scratch buffer)`.
 type Job<'a> = dyn Fn(usize, &mut Vec<f32>) + Sync + 'a;
 
+/// Most threads a pool takes. Far above the cores of any machine the pool serves (every call
+/// waits for all threads, so threads past the core count only slow it down), and far below
+/// the count at which starting them exhausts memory: asked for 100,000, the OS ran out
+/// after about 16,000, and a thread that cannot set itself up aborts the process instead of
+/// returning an error.
+pub const MAX_THREADS: usize = 1024;
+
 /// `spin_loop` iterations before a waiting thread starts yielding (~10-20 µs on x86, where
 /// one pause is tens of cycles).
 const SPIN_LIMIT: u32 = 1 << 10;
@@ -68,6 +75,12 @@ impl ThreadPool {
     pub fn new(n_threads: usize) -> Result<Self, CpuError> {
         if n_threads == 0 {
             return Err(CpuError::ZeroThreads);
+        }
+        if n_threads > MAX_THREADS {
+            return Err(CpuError::TooManyThreads {
+                requested: n_threads,
+                max: MAX_THREADS,
+            });
         }
         let shared = Arc::new(Shared {
             job: AtomicPtr::new(std::ptr::null_mut()),
@@ -261,6 +274,23 @@ mod tests {
     #[test]
     fn zero_threads_is_an_error() {
         assert!(matches!(ThreadPool::new(0), Err(CpuError::ZeroThreads)));
+    }
+
+    #[test]
+    fn more_threads_than_the_limit_is_an_error_and_the_limit_works() {
+        assert!(matches!(
+            ThreadPool::new(MAX_THREADS + 1),
+            Err(CpuError::TooManyThreads {
+                requested,
+                max: MAX_THREADS
+            }) if requested == MAX_THREADS + 1
+        ));
+        let pool = ThreadPool::new(MAX_THREADS).expect("a pool of the most threads");
+        let ran = AtomicUsize::new(0);
+        pool.run(|_, _| {
+            ran.fetch_add(1, Ordering::Relaxed);
+        });
+        assert_eq!(ran.load(Ordering::Relaxed), MAX_THREADS);
     }
 
     #[test]
