@@ -327,4 +327,32 @@ fn batch_sizes_each_get_rows_and_zero_is_refused() {
         "{}",
         common::text(&out)
     );
+
+    // Sequences whose full KV caches exceed any machine's memory are refused with the
+    // reason (without the check, allocating this context fails with a different message).
+    let out = common::run(&[
+        "bench",
+        "-m",
+        model.to_str().unwrap(),
+        "--ctx",
+        "100000000",
+        "--ctx-start",
+        "16",
+        "--ctx-max",
+        "32",
+        "--gen-tokens",
+        "3",
+        "--runs",
+        "1",
+        "--warmup",
+        "0",
+        "--batch",
+        "1,2",
+    ]);
+    let text = common::text(&out);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains("--batch 1: ") && text.contains("GB of KV cache when full"),
+        "{text}"
+    );
 }

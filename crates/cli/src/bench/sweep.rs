@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use ferrite_engine::{Sampler, SamplerConfig};
-use ferrite_model::{Batch, Logits, PREFILL_CHUNK, Session};
+use ferrite_model::{Batch, Logits, PREFILL_CHUNK, Session, check_kv_memory};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use super::receipt::COLUMNS;
@@ -174,6 +174,12 @@ pub fn run(
     plan: &Plan,
     batches: &[usize],
 ) -> anyhow::Result<Vec<Vec<f64>>> {
+    // Every size is checked before any is measured, so that a run never ends in an error
+    // after minutes of measuring. (CUDA sessions keep their caches on the device.)
+    for &b in batches.iter().filter(|_| loaded.cuda.is_none()) {
+        check_kv_memory(loaded.model.config(), loaded.kv, b, loaded.ctx)
+            .with_context(|| format!("--batch {b}"))?;
+    }
     let mut rows = Vec::new();
     for &b in batches {
         let mut lane = Lane::new(loaded, b)?;

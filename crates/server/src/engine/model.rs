@@ -7,7 +7,7 @@ use std::sync::mpsc::{Receiver, SyncSender, channel, sync_channel};
 
 use ferrite_cpu::ThreadPool;
 use ferrite_engine::{Sampler, SamplerConfig};
-use ferrite_model::{Batch, KvType, LoadOptions, Model, Outputs, Session, SessionState};
+use ferrite_model::{Batch, KvType, LoadOptions, Model, Outputs, Session, check_kv_memory};
 use ferrite_tokenizer::{TokenType, Tokenizer};
 
 use super::prefix::{CacheStats, PrefixCache};
@@ -200,10 +200,10 @@ fn engine_thread(
             return;
         }
     };
-    let c = model.config();
-    let per_token = SessionState::kv_bytes(KvType::F16, c.n_layer, c.kv_dim(), 1);
-    if let Err(e) = kv_fits(cfg.parallel, n_ctx, per_token, physical_memory()) {
-        let _ = ready.send(Err(EngineError::Config(e)));
+    if let Err(e) = check_kv_memory(model.config(), KvType::F16, cfg.parallel, n_ctx) {
+        let _ = ready.send(Err(EngineError::Config(format!(
+            "{e} (lower --parallel or --ctx)"
+        ))));
         return;
     }
     // Before the server reports ready, so that no request waits for it.
@@ -246,49 +246,6 @@ fn engine_thread(
         Some(cache) => scheduler.with_prefix_store(Box::new(cache)).run(&jobs),
         None => scheduler.run(&jobs),
     }
-}
-
-/// Whether the KV caches of `parallel` slots of `n_ctx` positions (`per_token` bytes each),
-/// full, fit in `memory` bytes (no bound where the machine's memory is unknown). The caches
-/// are allocated up front but backed by memory only as they fill, so an oversized
-/// `--parallel` or `--ctx` would otherwise start fine and be killed for memory under load.
-fn kv_fits(
-    parallel: usize,
-    n_ctx: usize,
-    per_token: Option<usize>,
-    memory: Option<usize>,
-) -> Result<(), String> {
-    let Some(memory) = memory else {
-        return Ok(());
-    };
-    let need = per_token.and_then(|b| b.checked_mul(n_ctx)?.checked_mul(parallel));
-    match need {
-        Some(need) if need <= memory => Ok(()),
-        _ => {
-            let need =
-                per_token.map_or(f64::INFINITY, |b| b as f64 * n_ctx as f64 * parallel as f64);
-            Err(format!(
-                "{parallel} slots of {n_ctx} positions need {:.1} GB of KV cache when full, \
-                 more than this machine's {:.1} GB of memory (lower --parallel or --ctx)",
-                need / 1e9,
-                memory as f64 / 1e9
-            ))
-        }
-    }
-}
-
-/// The machine's physical memory in bytes (`MemTotal` of `/proc/meminfo`), where known.
-fn physical_memory() -> Option<usize> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let kb = info
-        .lines()
-        .find_map(|l| l.strip_prefix("MemTotal:"))?
-        .trim()
-        .strip_suffix("kB")?
-        .trim()
-        .parse::<usize>()
-        .ok()?;
-    kb.checked_mul(1024)
 }
 
 /// The shared prefix cache, or `None` when both its memory and disk parts are off. A disk
@@ -376,26 +333,6 @@ impl Engine {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn slots_whose_full_kv_caches_exceed_memory_are_refused() {
-        // SmolLM2-135M: 30 layers, rows of 192 f16 values: 23,040 bytes a position.
-        let per_token = SessionState::kv_bytes(KvType::F16, 30, 192, 1);
-        assert_eq!(per_token, Some(23_040));
-        let gb = 1usize << 30;
-        assert!(kv_fits(16, 4096, per_token, Some(2 * gb)).is_ok());
-        let err = kv_fits(100_000, 4096, per_token, Some(32 * gb)).unwrap_err();
-        assert!(
-            err.contains("100000 slots of 4096 positions need 9437.2 GB")
-                && err.contains("34.4 GB"),
-            "{err}"
-        );
-        assert!(kv_fits(16, 4096, per_token, Some(gb)).is_err());
-        assert!(kv_fits(usize::MAX, usize::MAX, per_token, Some(gb)).is_err());
-        assert!(kv_fits(16, 4096, None, Some(gb)).is_err());
-        assert!(kv_fits(100_000, 4096, per_token, None).is_ok());
-        assert!(physical_memory().is_none_or(|m| m > 0));
-    }
 
     #[test]
     fn requests_without_logprobs_get_the_same_tokens_and_no_logprobs() {

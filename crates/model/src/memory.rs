@@ -1,0 +1,86 @@
+//! Whether the KV caches a run asks for fit in the machine's memory.
+//!
+//! A session's cache is allocated whole when the session is made, but the OS backs it with
+//! memory only as positions are written. So too many sessions, or too long a context, start
+//! fine and are killed for memory once the caches fill, mid-run. Callers that make many
+//! sessions check first, here. This module only reads the machine's memory size; it never
+//! allocates.
+
+use crate::{KvType, ModelConfig, ModelError, SessionState};
+
+/// Checks that `sessions` caches of `ctx` positions of `config`'s layers in `kv`, all full,
+/// fit in the machine's physical memory (no bound where that is unknown).
+pub fn check_kv_memory(
+    config: &ModelConfig,
+    kv: KvType,
+    sessions: usize,
+    ctx: usize,
+) -> Result<(), ModelError> {
+    let per_token = SessionState::kv_bytes(kv, config.n_layer, config.kv_dim(), 1);
+    kv_fits(sessions, ctx, per_token, physical_memory()).map_err(ModelError::InvalidArgument)
+}
+
+/// Whether `sessions` caches of `ctx` positions of `per_token` bytes fit in `memory` bytes;
+/// the reason when they do not.
+fn kv_fits(
+    sessions: usize,
+    ctx: usize,
+    per_token: Option<usize>,
+    memory: Option<usize>,
+) -> Result<(), String> {
+    let Some(memory) = memory else {
+        return Ok(());
+    };
+    let need = per_token.and_then(|b| b.checked_mul(ctx)?.checked_mul(sessions));
+    match need {
+        Some(need) if need <= memory => Ok(()),
+        _ => {
+            let need = per_token.map_or(f64::INFINITY, |b| b as f64 * ctx as f64 * sessions as f64);
+            Err(format!(
+                "{sessions} sequences of {ctx} positions need {:.1} GB of KV cache when full, \
+                 more than this machine's {:.1} GB of memory",
+                need / 1e9,
+                memory as f64 / 1e9
+            ))
+        }
+    }
+}
+
+/// The machine's physical memory in bytes (`MemTotal` of `/proc/meminfo`), where known.
+fn physical_memory() -> Option<usize> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kb = info
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))?
+        .trim()
+        .strip_suffix("kB")?
+        .trim()
+        .parse::<usize>()
+        .ok()?;
+    kb.checked_mul(1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sessions_whose_full_kv_caches_exceed_memory_are_refused() {
+        // SmolLM2-135M: 30 layers, rows of 192 f16 values: 23,040 bytes a position.
+        let per_token = SessionState::kv_bytes(KvType::F16, 30, 192, 1);
+        assert_eq!(per_token, Some(23_040));
+        let gb = 1usize << 30;
+        assert!(kv_fits(16, 4096, per_token, Some(2 * gb)).is_ok());
+        let err = kv_fits(100_000, 4096, per_token, Some(32 * gb)).unwrap_err();
+        assert!(
+            err.contains("100000 sequences of 4096 positions need 9437.2 GB")
+                && err.contains("34.4 GB"),
+            "{err}"
+        );
+        assert!(kv_fits(16, 4096, per_token, Some(gb)).is_err());
+        assert!(kv_fits(usize::MAX, usize::MAX, per_token, Some(gb)).is_err());
+        assert!(kv_fits(16, 4096, None, Some(gb)).is_err());
+        assert!(kv_fits(100_000, 4096, per_token, None).is_ok());
+        assert!(physical_memory().is_none_or(|m| m > 0));
+    }
+}
