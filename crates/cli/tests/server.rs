@@ -447,6 +447,26 @@ fn bad_input_and_api_key() {
         &[("x-api-key", "k-123")],
     );
     assert_eq!(r.status, 200, "{}", r.body);
+    let stops: Vec<String> = (0..17).map(|i| format!("s{i}")).collect();
+    let r = server.request(
+        "POST",
+        "/v1/messages",
+        Some(
+            &json!({"model": MODEL, "max_tokens": 2, "stop_sequences": stops,
+        "messages": [{"role": "user", "content": "Hi"}]})
+            .to_string(),
+        ),
+        &[("x-api-key", "k-123")],
+    );
+    assert_eq!(r.status, 400, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["type"], "error", "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("at most 16 stop strings")),
+        "{v}"
+    );
     // One slot, no queue: while a stream holds the slot, another request gets 429.
     let held = server.open_stream(
         "/v1/chat/completions",

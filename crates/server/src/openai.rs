@@ -70,12 +70,6 @@ fn options(
     logprobs: Option<usize>,
 ) -> Result<GenOptions, ApiError> {
     let stop = parse::opt_stops(obj, "stop")?;
-    if stop.len() > 16 {
-        return Err(ApiError::invalid_param(
-            "stop",
-            "at most 16 stop strings are supported",
-        ));
-    }
     Ok(GenOptions {
         sampling: generate::sampling(obj, 2.0)?,
         max_tokens: max_tokens.map_or(room, |m| (m as usize).min(room)),

@@ -111,11 +111,15 @@ pub fn opt_seed(obj: &Obj, key: &str) -> Result<Option<u64>, ApiError> {
     }
 }
 
+/// Most stop strings a request may carry: each is matched against the text after every
+/// generated token.
+pub const MAX_STOPS: usize = 16;
+
 /// Stop strings: a string or an array of strings.
 pub fn opt_stops(obj: &Obj, key: &str) -> Result<Vec<String>, ApiError> {
-    match field(obj, key) {
-        None => Ok(Vec::new()),
-        Some(Value::String(s)) => Ok(vec![s.clone()]),
+    let stops = match field(obj, key) {
+        None => Vec::new(),
+        Some(Value::String(s)) => vec![s.clone()],
         Some(Value::Array(items)) => items
             .iter()
             .map(|v| match v {
@@ -125,12 +129,21 @@ pub fn opt_stops(obj: &Obj, key: &str) -> Result<Vec<String>, ApiError> {
                     format!("'{key}' must be a string or an array of strings"),
                 )),
             })
-            .collect(),
-        Some(_) => Err(ApiError::invalid_param(
+            .collect::<Result<_, _>>()?,
+        Some(_) => {
+            return Err(ApiError::invalid_param(
+                key,
+                format!("'{key}' must be a string or an array of strings"),
+            ));
+        }
+    };
+    if stops.len() > MAX_STOPS {
+        return Err(ApiError::invalid_param(
             key,
-            format!("'{key}' must be a string or an array of strings"),
-        )),
+            format!("at most {MAX_STOPS} stop strings are supported"),
+        ));
     }
+    Ok(stops)
 }
 
 /// An array field's items.
@@ -207,5 +220,13 @@ mod tests {
             2
         );
         assert!(opt_stops(&obj(r#"{"s": [1]}"#), "s").is_err());
+        let most = serde_json::json!({ "s": vec!["x"; MAX_STOPS] }).to_string();
+        assert_eq!(opt_stops(&obj(&most), "s").unwrap().len(), MAX_STOPS);
+        let over = serde_json::json!({ "s": vec!["x"; MAX_STOPS + 1] }).to_string();
+        let err = opt_stops(&obj(&over), "s").unwrap_err();
+        assert!(
+            format!("{err:?}").contains("at most 16 stop strings"),
+            "{err:?}"
+        );
     }
 }
