@@ -281,25 +281,27 @@ fn cold_teacher_forced_json_prefills_from_zero() {
 #[test]
 fn batch_sizes_each_get_rows_and_zero_is_refused() {
     let model = common::pull("smollm2-135m-instruct");
-    let out = common::run(&[
-        "bench",
-        "-m",
-        model.to_str().unwrap(),
-        "--ctx-start",
-        "16",
-        "--ctx-max",
-        "32",
-        "--gen-tokens",
-        "3",
-        "--runs",
-        "1",
-        "--warmup",
-        "0",
-        "--batch",
-        "1,3",
-        "--teacher-forced",
-        "--json",
-    ]);
+    // A two-frontier plan of one run each, with the given extra flags.
+    let tiny = |extra: &[&str]| {
+        let mut args = vec![
+            "bench",
+            "-m",
+            model.to_str().unwrap(),
+            "--ctx-start",
+            "16",
+            "--ctx-max",
+            "32",
+            "--gen-tokens",
+            "3",
+            "--runs",
+            "1",
+            "--warmup",
+            "0",
+        ];
+        args.extend(extra);
+        common::run(&args)
+    };
+    let out = tiny(&["--batch", "1,3", "--teacher-forced", "--json"]);
     assert!(out.status.success(), "{}", common::text(&out));
     let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let rows = j["rows"].as_array().unwrap();
@@ -330,25 +332,7 @@ fn batch_sizes_each_get_rows_and_zero_is_refused() {
 
     // Sequences whose full KV caches exceed any machine's memory are refused with the
     // reason (without the check, allocating this context fails with a different message).
-    let out = common::run(&[
-        "bench",
-        "-m",
-        model.to_str().unwrap(),
-        "--ctx",
-        "100000000",
-        "--ctx-start",
-        "16",
-        "--ctx-max",
-        "32",
-        "--gen-tokens",
-        "3",
-        "--runs",
-        "1",
-        "--warmup",
-        "0",
-        "--batch",
-        "1,2",
-    ]);
+    let out = tiny(&["--ctx", "100000000", "--batch", "1,2"]);
     let text = common::text(&out);
     assert_eq!(out.status.code(), Some(1), "{text}");
     assert!(
