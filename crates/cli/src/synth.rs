@@ -22,6 +22,7 @@ use std::time::Instant;
 
 use anyhow::{Context, bail};
 use ferrite_gguf::{GgmlType, Gguf, GgufWriter, Value};
+use ferrite_model::physical_memory;
 
 use weights::{Init, Spec};
 
@@ -208,59 +209,95 @@ fn file_type(ty: TypeArg) -> u32 {
     }
 }
 
-fn tensor_specs(args: &SynthArgs, s: &Shape) -> Vec<Spec> {
+/// The model's tensors, made one at a time as they are taken, so that a shape too large to
+/// hold can be refused before its list is built.
+fn tensor_specs<'a>(args: &'a SynthArgs, s: &'a Shape) -> impl Iterator<Item = Spec> + 'a {
     let hd = s.head_dim();
     let (q, kv) = (s.heads * hd, s.kv_heads * hd);
-    let mut out = Vec::new();
-    let mut matrix = |name: String, role: &str, layer: usize, cols: usize, rows: usize| {
-        out.push(Spec {
-            name,
-            dims: vec![cols as u64, rows as u64],
-            ty: matrix_type(args.ty, role, layer, s.layers, cols),
-            init: Init::Normal,
-        });
+    let matrix = move |name: String, role: &str, layer: usize, cols: usize, rows: usize| Spec {
+        name,
+        dims: vec![cols as u64, rows as u64],
+        ty: matrix_type(args.ty, role, layer, s.layers, cols),
+        init: Init::Normal,
     };
-    matrix(
-        "token_embd.weight".into(),
-        "token_embd",
-        0,
-        s.hidden,
-        s.vocab,
-    );
-    matrix("output.weight".into(), "output", 0, s.hidden, s.vocab);
-    for l in 0..s.layers {
-        let n = |r: &str| format!("blk.{l}.{r}.weight");
-        matrix(n("attn_q"), "attn_q", l, s.hidden, q);
-        matrix(n("attn_k"), "attn_k", l, s.hidden, kv);
-        matrix(n("attn_v"), "attn_v", l, s.hidden, kv);
-        matrix(n("attn_output"), "attn_output", l, q, s.hidden);
-        matrix(n("ffn_gate"), "ffn_gate", l, s.hidden, s.ffn);
-        matrix(n("ffn_up"), "ffn_up", l, s.hidden, s.ffn);
-        matrix(n("ffn_down"), "ffn_down", l, s.ffn, s.hidden);
-    }
-    let mut norm = |name: String, len: usize| {
-        out.push(Spec {
-            name,
-            dims: vec![len as u64],
-            ty: GgmlType::F32,
-            init: Init::Ones,
-        });
+    let norm = |name: String, len: usize| Spec {
+        name,
+        dims: vec![len as u64],
+        ty: GgmlType::F32,
+        init: Init::Ones,
     };
-    norm("output_norm.weight".into(), s.hidden);
-    for l in 0..s.layers {
+    let embeddings = [
+        matrix(
+            "token_embd.weight".into(),
+            "token_embd",
+            0,
+            s.hidden,
+            s.vocab,
+        ),
+        matrix("output.weight".into(), "output", 0, s.hidden, s.vocab),
+    ];
+    let layers = (0..s.layers).flat_map(move |l| {
         let n = |r: &str| format!("blk.{l}.{r}.weight");
-        norm(n("attn_norm"), s.hidden);
-        norm(n("ffn_norm"), s.hidden);
+        [
+            matrix(n("attn_q"), "attn_q", l, s.hidden, q),
+            matrix(n("attn_k"), "attn_k", l, s.hidden, kv),
+            matrix(n("attn_v"), "attn_v", l, s.hidden, kv),
+            matrix(n("attn_output"), "attn_output", l, q, s.hidden),
+            matrix(n("ffn_gate"), "ffn_gate", l, s.hidden, s.ffn),
+            matrix(n("ffn_up"), "ffn_up", l, s.hidden, s.ffn),
+            matrix(n("ffn_down"), "ffn_down", l, s.ffn, s.hidden),
+        ]
+    });
+    let layer_norms = (0..s.layers).flat_map(move |l| {
+        let n = |r: &str| format!("blk.{l}.{r}.weight");
+        let mut norms = vec![
+            norm(n("attn_norm"), s.hidden),
+            norm(n("ffn_norm"), s.hidden),
+        ];
         if matches!(args.arch, ArchArg::Gemma3 | ArchArg::Qwen3) {
-            norm(n("attn_q_norm"), hd);
-            norm(n("attn_k_norm"), hd);
+            norms.push(norm(n("attn_q_norm"), hd));
+            norms.push(norm(n("attn_k_norm"), hd));
         }
         if args.arch == ArchArg::Gemma3 {
-            norm(n("post_attention_norm"), s.hidden);
-            norm(n("post_ffw_norm"), s.hidden);
+            norms.push(norm(n("post_attention_norm"), s.hidden));
+            norms.push(norm(n("post_ffw_norm"), s.hidden));
         }
+        norms
+    });
+    embeddings
+        .into_iter()
+        .chain(layers)
+        .chain(std::iter::once(norm("output_norm.weight".into(), s.hidden)))
+        .chain(layer_norms)
+}
+
+/// The tensors of the model, once their data is known to fit in `memory` bytes (the whole
+/// file is built in memory before it is written).
+fn sized_specs(args: &SynthArgs, s: &Shape, memory: Option<usize>) -> anyhow::Result<Vec<Spec>> {
+    let mut specs = Vec::new();
+    let mut total: u64 = 0;
+    for spec in tensor_specs(args, s) {
+        let rows: u64 = spec.dims[1..].iter().product();
+        let bytes = spec
+            .ty
+            .row_bytes(spec.dims[0])
+            .and_then(|b| b.checked_mul(rows))
+            .and_then(|b| total.checked_add(b));
+        match (bytes, memory) {
+            (Some(t), Some(m)) if t > m as u64 => bail!(
+                "the model's tensors would take more than {:.1} GB, this machine's memory, \
+                 which holds the whole file while it is written (smaller --layers, --hidden, \
+                 --ffn or --vocab)",
+                m as f64 / 1e9
+            ),
+            (Some(t), _) => total = t,
+            (None, _) => {
+                bail!("the model's size overflows: smaller --layers, --hidden, --ffn or --vocab")
+            }
+        }
+        specs.push(spec);
     }
-    out
+    Ok(specs)
 }
 
 fn model_metadata(args: &SynthArgs, s: &Shape) -> Vec<(String, Value)> {
@@ -332,7 +369,7 @@ pub fn run(args: SynthArgs) -> anyhow::Result<i32> {
         Some(m) => m,
         None => vocab::synthesize(s.vocab)?,
     };
-    let specs = tensor_specs(&args, &s);
+    let specs = sized_specs(&args, &s, physical_memory())?;
     let threads = std::thread::available_parallelism().map_or(1, usize::from);
     let mut writer = GgufWriter::new();
     for (k, v) in model_metadata(&args, &s).into_iter().chain(tok_meta) {
@@ -393,5 +430,48 @@ mod tests {
             matrix_type(TypeArg::Q4_1, "token_embd", 0, 2, 64),
             GgmlType::Q8_0
         );
+    }
+
+    #[test]
+    fn models_larger_than_memory_are_refused_before_any_data_is_made() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            synth: SynthArgs,
+        }
+        let args = |extra: &[&str]| {
+            let base = ["synth", "-o", "x.gguf", "--heads", "2", "--kv-heads", "1"];
+            Cli::parse_from(base.iter().chain(extra)).synth
+        };
+        let small = args(&[
+            "--hidden", "64", "--layers", "2", "--ffn", "128", "--vocab", "300",
+        ]);
+        let s = shape(&small, None).unwrap();
+        let specs = sized_specs(&small, &s, Some(1 << 20)).unwrap();
+        let bytes: u64 = specs
+            .iter()
+            .map(|t| t.ty.row_bytes(t.dims[0]).unwrap() * t.dims[1..].iter().product::<u64>())
+            .sum();
+        assert!(bytes > 60_000 && bytes < 1 << 20, "{bytes}");
+        let tight = sized_specs(&small, &s, Some(bytes as usize - 1)).unwrap_err();
+        assert!(
+            tight.to_string().contains("this machine's memory"),
+            "{tight}"
+        );
+        assert!(sized_specs(&small, &s, Some(bytes as usize)).is_ok());
+        assert_eq!(sized_specs(&small, &s, None).unwrap().len(), specs.len());
+        let huge = args(&[
+            "--hidden",
+            "64",
+            "--layers",
+            "1",
+            "--ffn",
+            &u64::MAX.to_string(),
+            "--vocab",
+            "300",
+        ]);
+        let err = sized_specs(&huge, &shape(&huge, None).unwrap(), None).unwrap_err();
+        assert!(err.to_string().contains("overflows"), "{err}");
     }
 }

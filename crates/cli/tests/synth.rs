@@ -179,6 +179,29 @@ fn missing_shape_and_bad_heads_are_clear_errors() {
     ]);
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("must divide"));
+    // A shape no machine holds is refused before any tensor is made (this aborted on a failed
+    // allocation before).
+    let o = common::run(&[
+        "synth",
+        "-o",
+        out.to_str().unwrap(),
+        "--hidden",
+        "1000000000",
+        "--layers",
+        "1",
+        "--heads",
+        "2",
+        "--kv-heads",
+        "1",
+        "--ffn",
+        "128",
+        "--vocab",
+        "300",
+    ]);
+    let text = common::text(&o);
+    assert_eq!(o.status.code(), Some(1), "{text}");
+    assert!(text.contains("this machine's memory"), "{text}");
+    assert!(!out.exists());
 }
 
 #[test]

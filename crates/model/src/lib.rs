@@ -55,7 +55,7 @@ pub use config::{Activation, Arch, LayerConfig, ModelConfig};
 pub use error::ModelError;
 pub use features::MoeConfig;
 pub use kv::{KvCache, KvType};
-pub use memory::check_kv_memory;
+pub use memory::{check_kv_memory, physical_memory};
 pub use model::{LoadOptions, Model, Precision};
 pub use session::{Logits, Outputs, PREFILL_CHUNK, Session};
 pub use snapshot::SessionState;

@@ -1,4 +1,5 @@
-//! Whether the KV caches a run asks for fit in the machine's memory.
+//! Whether the KV caches a run asks for fit in the machine's memory, and how much memory the
+//! machine has.
 //!
 //! A session's cache is allocated whole when the session is made, but the OS backs it with
 //! memory only as positions are written. So too many sessions, or too long a context, start
@@ -47,7 +48,7 @@ fn kv_fits(
 }
 
 /// The machine's physical memory in bytes (`MemTotal` of `/proc/meminfo`), where known.
-fn physical_memory() -> Option<usize> {
+pub fn physical_memory() -> Option<usize> {
     let info = std::fs::read_to_string("/proc/meminfo").ok()?;
     let kb = info
         .lines()
