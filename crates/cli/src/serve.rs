@@ -129,19 +129,63 @@ pub fn run(args: ServeArgs) -> anyhow::Result<i32> {
         args.prefill_chunk >= 1,
         "--prefill-chunk must be at least 1"
     );
+    let prefix_cache = prefix_cache_config(&args, ferrite_model::physical_memory())?;
     let backend = engine_backend(args.backend)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    runtime.block_on(serve(args, api_key, backend))
+    runtime.block_on(serve(args, api_key, backend, prefix_cache))
+}
+
+/// The prefix cache's budgets in bytes and its directory, refused here rather than found
+/// wanting later: a memory budget beyond the machine's `memory` would let the cache grow
+/// until the server is killed, and a directory that cannot be made would turn the disk cache
+/// off with only a log line.
+fn prefix_cache_config(
+    args: &ServeArgs,
+    memory: Option<usize>,
+) -> anyhow::Result<PrefixCacheConfig> {
+    let mib = |v: u64, flag: &str| {
+        v.checked_mul(1 << 20)
+            .with_context(|| format!("{flag} {v} is too large"))
+    };
+    let memory_bytes = mib(args.kv_mem_space_mb, "--kv-mem-space-mb")?;
+    if let Some(m) = memory {
+        anyhow::ensure!(
+            memory_bytes <= m as u64,
+            "--kv-mem-space-mb {} is more than this machine's memory ({} MiB)",
+            args.kv_mem_space_mb,
+            m >> 20
+        );
+    }
+    let disk = match &args.kv_disk_dir {
+        Some(dir) => {
+            let budget = mib(args.kv_disk_space_mb, "--kv-disk-space-mb")?;
+            anyhow::ensure!(
+                !dir.exists() || dir.is_dir(),
+                "--kv-disk-dir {} is not a directory",
+                dir.display()
+            );
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("creating --kv-disk-dir {}", dir.display()))?;
+            Some((dir.clone(), budget))
+        }
+        None => None,
+    };
+    Ok(PrefixCacheConfig {
+        memory_bytes,
+        disk,
+        ..PrefixCacheConfig::default()
+    })
 }
 
 async fn serve(
     args: ServeArgs,
     api_key: Option<String>,
     backend: EngineBackend,
+    prefix_cache: PrefixCacheConfig,
 ) -> anyhow::Result<i32> {
     let state = AppState::new(ServerConfig {
         api_key,
@@ -160,14 +204,6 @@ async fn serve(
     let load_state = state.clone();
     let (ctx, parallel, queue, prefill_chunk) =
         (args.ctx, args.parallel, args.queue, args.prefill_chunk);
-    let prefix_cache = PrefixCacheConfig {
-        memory_bytes: args.kv_mem_space_mb << 20,
-        disk: args
-            .kv_disk_dir
-            .clone()
-            .map(|dir| (dir, args.kv_disk_space_mb << 20)),
-        ..PrefixCacheConfig::default()
-    };
     let loader = tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
         let path = crate::models::resolve(&model_arg)?;
         let (model_id, aliases) = model_names(&model_arg, &path);

@@ -513,6 +513,41 @@ fn serve_rejects_bad_flags_and_models() {
             vec!["-m", model, "--port", "0", "--threads", "5000"],
             "at most 1024 threads",
         ),
+        // Checked before the model loads: without the check, the missing model would fail
+        // with another message rather than leave a server running.
+        (
+            vec![
+                "-m",
+                "/nonexistent/model.gguf",
+                "--port",
+                "0",
+                "--kv-disk-dir",
+                junk.to_str().unwrap(),
+            ],
+            "is not a directory",
+        ),
+        (
+            vec![
+                "-m",
+                "/nonexistent/model.gguf",
+                "--port",
+                "0",
+                "--kv-mem-space-mb",
+                "1000000000",
+            ],
+            "more than this machine's memory",
+        ),
+        (
+            vec![
+                "-m",
+                "/nonexistent/model.gguf",
+                "--port",
+                "0",
+                "--kv-mem-space-mb",
+                "18446744073709551615",
+            ],
+            "--kv-mem-space-mb 18446744073709551615 is too large",
+        ),
         (vec!["--parallel", "0"], "--parallel"),
         (vec!["--ctx", "4"], "--ctx"),
         (vec!["--api-key", ""], "--api-key"),
