@@ -42,6 +42,13 @@ fn host_sampling() -> bool {
     *HOST.get_or_init(|| std::env::var_os(HOST_SAMPLING_ENV).is_some_and(|v| v == "1"))
 }
 
+/// The parser of every `--threads` flag: 1 to [`ferrite_cpu::MAX_THREADS`], so a count the
+/// CPU pool would refuse (or, in `quantize`, that would start a hundred thousand threads) is
+/// a usage error before anything loads.
+pub fn threads_arg() -> clap::builder::RangedU64ValueParser<usize> {
+    clap::builder::RangedU64ValueParser::new().range(1..=ferrite_cpu::MAX_THREADS as u64)
+}
+
 /// `--backend` on the command line.
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum BackendArg {

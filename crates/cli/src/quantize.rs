@@ -20,7 +20,7 @@ pub struct QuantizeArgs {
     #[arg(long = "type", value_name = "TYPE")]
     ty: String,
     /// Worker threads (default: all cores).
-    #[arg(long)]
+    #[arg(long, value_parser = crate::backend::threads_arg())]
     threads: Option<usize>,
     /// Allow dequantizing already-quantized tensors and quantizing them again (loses more
     /// precision than quantizing from F32/F16/BF16).

@@ -47,7 +47,7 @@ pub struct ModelArgs {
     #[arg(long, default_value_t = 4096)]
     pub ctx: usize,
     /// Worker threads (default: all cores).
-    #[arg(long)]
+    #[arg(long, value_parser = crate::backend::threads_arg())]
     pub threads: Option<usize>,
     /// Weight precision.
     #[arg(long, value_enum, default_value = "default")]

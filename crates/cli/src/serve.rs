@@ -38,7 +38,7 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 64)]
     queue: usize,
     /// Compute threads (default: all cores).
-    #[arg(long)]
+    #[arg(long, value_parser = crate::backend::threads_arg())]
     threads: Option<usize>,
     /// Require this key (`Authorization: Bearer KEY` or `x-api-key: KEY`).
     #[arg(long, conflicts_with = "api_key_file")]

@@ -509,10 +509,6 @@ fn serve_rejects_bad_flags_and_models() {
             vec!["-m", model, "--port", "0", "--parallel", "1000000"],
             "KV cache when full",
         ),
-        (
-            vec!["-m", model, "--port", "0", "--threads", "5000"],
-            "at most 1024 threads",
-        ),
         // Checked before the model loads: without the check, the missing model would fail
         // with another message rather than leave a server running.
         (
@@ -572,6 +568,34 @@ fn serve_rejects_bad_flags_and_models() {
         assert_eq!(out.status.code(), Some(1), "{args:?}: {text}");
         assert!(text.contains(needle), "{args:?}: {text}");
         assert!(!text.contains("panicked"), "{args:?}: {text}");
+    }
+    // Thread counts outside what the CPU pool takes are usage errors (clap's exit code 2),
+    // for every subcommand with `--threads`; 100,000 aborted the process before.
+    for args in [
+        ["serve", "-m", "/nonexistent/model.gguf", "--threads", "0"],
+        [
+            "serve",
+            "-m",
+            "/nonexistent/model.gguf",
+            "--threads",
+            "1025",
+        ],
+        [
+            "run",
+            "-m",
+            "/nonexistent/model.gguf",
+            "--threads",
+            "100000",
+        ],
+        ["quantize", "--type", "q8_0", "--threads", "100000"],
+    ] {
+        let out = common::run(&args);
+        let text = common::text(&out);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {text}");
+        assert!(
+            text.contains(&format!("{} is not in 1..=1024", args[4])),
+            "{args:?}: {text}"
+        );
     }
 }
 
