@@ -494,6 +494,13 @@ fn bad_input_and_api_key() {
     assert_eq!(server.get("/health").status, 200);
 }
 
+/// `serve` arguments naming a model that does not exist, then `flags`.
+fn without_model<'a>(flags: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec!["-m", "/nonexistent/model.gguf", "--port", "0"];
+    args.extend(flags);
+    args
+}
+
 /// Bad flags and unloadable models end the process with code 1 and a one-line reason,
 /// never a panic or a server that stays up without a model.
 #[test]
@@ -512,36 +519,15 @@ fn serve_rejects_bad_flags_and_models() {
         // Checked before the model loads: without the check, the missing model would fail
         // with another message rather than leave a server running.
         (
-            vec![
-                "-m",
-                "/nonexistent/model.gguf",
-                "--port",
-                "0",
-                "--kv-disk-dir",
-                junk.to_str().unwrap(),
-            ],
+            without_model(&["--kv-disk-dir", junk.to_str().unwrap()]),
             "is not a directory",
         ),
         (
-            vec![
-                "-m",
-                "/nonexistent/model.gguf",
-                "--port",
-                "0",
-                "--kv-mem-space-mb",
-                "1000000000",
-            ],
+            without_model(&["--kv-mem-space-mb", "1000000000"]),
             "more than this machine's memory",
         ),
         (
-            vec![
-                "-m",
-                "/nonexistent/model.gguf",
-                "--port",
-                "0",
-                "--kv-mem-space-mb",
-                "18446744073709551615",
-            ],
+            without_model(&["--kv-mem-space-mb", "18446744073709551615"]),
             "--kv-mem-space-mb 18446744073709551615 is too large",
         ),
         (vec!["--parallel", "0"], "--parallel"),
