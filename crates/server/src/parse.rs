@@ -117,25 +117,20 @@ pub const MAX_STOPS: usize = 16;
 
 /// Stop strings: a string or an array of strings.
 pub fn opt_stops(obj: &Obj, key: &str) -> Result<Vec<String>, ApiError> {
+    let not_strings = || {
+        ApiError::invalid_param(
+            key,
+            format!("'{key}' must be a string or an array of strings"),
+        )
+    };
     let stops = match field(obj, key) {
         None => Vec::new(),
         Some(Value::String(s)) => vec![s.clone()],
         Some(Value::Array(items)) => items
             .iter()
-            .map(|v| match v {
-                Value::String(s) => Ok(s.clone()),
-                _ => Err(ApiError::invalid_param(
-                    key,
-                    format!("'{key}' must be a string or an array of strings"),
-                )),
-            })
+            .map(|v| v.as_str().map(str::to_string).ok_or_else(not_strings))
             .collect::<Result<_, _>>()?,
-        Some(_) => {
-            return Err(ApiError::invalid_param(
-                key,
-                format!("'{key}' must be a string or an array of strings"),
-            ));
-        }
+        Some(_) => return Err(not_strings()),
     };
     if stops.len() > MAX_STOPS {
         return Err(ApiError::invalid_param(
