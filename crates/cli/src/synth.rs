@@ -278,22 +278,19 @@ fn sized_specs(args: &SynthArgs, s: &Shape, memory: Option<usize>) -> anyhow::Re
     let mut total: u64 = 0;
     for spec in tensor_specs(args, s) {
         let rows: u64 = spec.dims[1..].iter().product();
-        let bytes = spec
+        total = spec
             .ty
             .row_bytes(spec.dims[0])
             .and_then(|b| b.checked_mul(rows))
-            .and_then(|b| total.checked_add(b));
-        match (bytes, memory) {
-            (Some(t), Some(m)) if t > m as u64 => bail!(
+            .and_then(|b| total.checked_add(b))
+            .context("the model's size overflows: smaller --layers, --hidden, --ffn or --vocab")?;
+        if let Some(m) = memory.filter(|&m| total > m as u64) {
+            bail!(
                 "the model's tensors would take more than {:.1} GB, this machine's memory, \
                  which holds the whole file while it is written (smaller --layers, --hidden, \
                  --ffn or --vocab)",
                 m as f64 / 1e9
-            ),
-            (Some(t), _) => total = t,
-            (None, _) => {
-                bail!("the model's size overflows: smaller --layers, --hidden, --ffn or --vocab")
-            }
+            );
         }
         specs.push(spec);
     }
