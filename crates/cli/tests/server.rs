@@ -155,6 +155,65 @@ fn openai_chat_and_completions_plain_equals_stream() {
     );
 }
 
+/// `logit_bias` on both OpenAI endpoints. Oracles: -100 on the greedy token makes the
+/// raw runner-up win (and its reported log-probability is still the raw one); +100 on a
+/// token makes greedy decoding repeat it.
+#[test]
+fn logit_bias_bans_and_forces_tokens() {
+    let server = start();
+    let top2 = |bias: Value| {
+        let body = with(
+            chat("What is the capital of France?", 1),
+            json!({"logprobs": true, "top_logprobs": 2, "logit_bias": bias}),
+        );
+        let r = server.post("/v1/chat/completions", &body);
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.json()["choices"][0]["logprobs"]["content"][0].clone()
+    };
+    let token_id = |text: &str| {
+        let ids = server.post("/tokenize", &json!({"content": text})).json()["tokens"].clone();
+        assert_eq!(
+            ids.as_array().unwrap().len(),
+            1,
+            "{text:?} is not one token: {ids}"
+        );
+        ids[0].as_u64().unwrap().to_string()
+    };
+    let plain = top2(json!({}));
+    let (best, second) = (&plain["top_logprobs"][0], &plain["top_logprobs"][1]);
+    assert_eq!(plain["token"], best["token"]);
+    let best_id = token_id(best["token"].as_str().unwrap());
+    let banned = top2(json!({best_id.clone(): -100}));
+    assert_eq!(banned["token"], second["token"], "{banned}");
+    assert_eq!(banned["logprob"], second["logprob"]);
+    assert_eq!(banned["top_logprobs"], plain["top_logprobs"]);
+
+    let second_text = second["token"].as_str().unwrap();
+    let second_id = token_id(second_text);
+    let forced = server
+        .post(
+            "/v1/chat/completions",
+            &with(
+                chat("What is the capital of France?", 3),
+                json!({"logit_bias": {second_id.clone(): 100}}),
+            ),
+        )
+        .json();
+    assert_eq!(
+        forced["choices"][0]["message"]["content"],
+        second_text.repeat(3),
+        "{forced}"
+    );
+    let comp = json!({"model": MODEL, "prompt": "The capital of France is", "max_tokens": 2,
+        "temperature": 0, "logit_bias": {second_id: 100}});
+    let forced = server.post("/v1/completions", &comp).json();
+    assert_eq!(
+        forced["choices"][0]["text"],
+        second_text.repeat(2),
+        "{forced}"
+    );
+}
+
 #[test]
 fn anthropic_messages_and_responses() {
     let server = start();
@@ -416,6 +475,19 @@ fn bad_input_and_api_key() {
             None,
         ),
     ];
+    // Each malformed `logit_bias` is refused, naming the field.
+    let biases = [
+        json!([1, 2]),
+        json!({"abc": 1}),
+        json!({"49152": 1}),
+        json!({"-1": 1}),
+        json!({"7": 100.5}),
+        json!({"7": "1"}),
+    ];
+    let cases = cases.into_iter().chain(biases.into_iter().map(|b| {
+        let body = with(chat("Hi", 2), json!({"logit_bias": b})).to_string();
+        (body, 400, Some("invalid_value"))
+    }));
     for (body, status, code) in cases {
         let r = server.request("POST", "/v1/chat/completions", Some(&body), &auth);
         assert_eq!(
@@ -428,6 +500,9 @@ fn bad_input_and_api_key() {
         let v = r.json();
         if let Some(code) = code {
             assert_eq!(v["error"]["code"], code, "{v}");
+        }
+        if body.contains("logit_bias") {
+            assert_eq!(v["error"]["param"], "logit_bias", "{v}");
         }
         if code == Some("context_length_exceeded") {
             let msg = v["error"]["message"].as_str().unwrap();

@@ -1,10 +1,10 @@
-//! Token sampling: penalties, greedy, top-k, top-p, min-p, temperature, seeded draws, stop
-//! conditions and log-probabilities.
+//! Token sampling: logit biases, penalties, greedy, top-k, top-p, min-p, temperature, seeded
+//! draws, stop conditions and log-probabilities.
 //!
-//! The chain follows llama.cpp's default order: penalties, then top-k, top-p and min-p on the
-//! untempered distribution, then temperature, then one draw. Everything runs on one thread
+//! The chain follows llama.cpp's default order: logit biases, penalties, then top-k, top-p
+//! and min-p on the untempered distribution, then temperature, then one draw. Everything runs on one thread
 //! over the logits alone, so a seed gives the same tokens whatever the thread count of the
-//! forward pass. Log-probabilities are always those of the raw logits (before penalties and
+//! forward pass. Log-probabilities are always those of the raw logits (before biases, penalties and
 //! filters), like the reference fixtures.
 
 use crate::rng::Rng;
@@ -91,6 +91,10 @@ pub struct SamplerConfig {
     pub stop_ids: Vec<u32>,
     /// Number of top alternatives (by raw log-probability) reported with each token.
     pub n_logprobs: usize,
+    /// Added to the logits of these token ids before anything else (OpenAI's and
+    /// llama.cpp's `logit_bias`); an id listed twice gets both. Ids past the row are
+    /// ignored. Biases must be finite.
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl Default for SamplerConfig {
@@ -108,6 +112,7 @@ impl Default for SamplerConfig {
             max_tokens: 0,
             stop_ids: Vec::new(),
             n_logprobs: 0,
+            logit_bias: Vec::new(),
         }
     }
 }
@@ -223,6 +228,9 @@ impl Sampler {
         )?;
         check("frequency_penalty", cfg.frequency_penalty, true)?;
         check("presence_penalty", cfg.presence_penalty, true)?;
+        for &(_, bias) in &cfg.logit_bias {
+            check("logit_bias", bias, true)?;
+        }
         let rng = Rng::new(cfg.seed);
         Ok(Sampler {
             cfg,
@@ -239,15 +247,10 @@ impl Sampler {
     }
 
     /// Whether [`Sampler::sample`] reduces to the largest logit (ties to the lowest id) with
-    /// no penalties and no top log-probabilities: what a backend may compute where the
-    /// logits are, returning only the token and its log-probability.
+    /// no biases or penalties and no top log-probabilities: what a backend may compute where
+    /// the logits are, returning only the token and its log-probability.
     pub fn is_plain_greedy(&self) -> bool {
-        let c = &self.cfg;
-        c.temperature <= 0.0
-            && c.repeat_penalty == 1.0
-            && c.frequency_penalty == 0.0
-            && c.presence_penalty == 0.0
-            && c.n_logprobs == 0
+        self.cfg.temperature <= 0.0 && !self.adjusts() && self.cfg.n_logprobs == 0
     }
 
     /// Chooses the next token from `logits` (one per vocabulary id). `history` is the token
@@ -276,12 +279,13 @@ impl Sampler {
         if let Some(index) = first_where(logits, f32::is_nan) {
             return Err(SampleError::NanLogit { index });
         }
-        if self.cfg.temperature <= 0.0 && !self.penalizes() {
+        if self.cfg.temperature <= 0.0 && !self.adjusts() {
             return Ok(argmax(logits));
         }
         self.cand.clear();
         self.cand
             .extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)));
+        self.apply_biases();
         self.apply_penalties(history);
         Ok(if self.cfg.temperature <= 0.0 {
             self.cand
@@ -298,6 +302,20 @@ impl Sampler {
     fn penalizes(&self) -> bool {
         let c = &self.cfg;
         c.repeat_penalty != 1.0 || c.frequency_penalty != 0.0 || c.presence_penalty != 0.0
+    }
+
+    /// Whether the logits are changed before the filters (biases or penalties): then the
+    /// choice depends on the whole row, not only on its best candidates.
+    fn adjusts(&self) -> bool {
+        !self.cfg.logit_bias.is_empty() || self.penalizes()
+    }
+
+    fn apply_biases(&mut self) {
+        for &(id, bias) in &self.cfg.logit_bias {
+            if let Some(entry) = self.cand.get_mut(id as usize) {
+                entry.1 += bias;
+            }
+        }
     }
 
     fn apply_penalties(&mut self, history: &[u32]) {

@@ -24,6 +24,11 @@ impl Reference {
             .enumerate()
             .map(|(i, &l)| (i as u32, l))
             .collect();
+        for &(id, bias) in &c.logit_bias {
+            if let Some(entry) = cand.get_mut(id as usize) {
+                entry.1 += bias;
+            }
+        }
         if c.repeat_penalty != 1.0 || c.frequency_penalty != 0.0 || c.presence_penalty != 0.0 {
             let start = if c.penalty_last_n == 0 {
                 0
@@ -171,6 +176,27 @@ fn settings() -> Vec<SamplerConfig> {
         penalty_last_n: 0,
         ..base()
     });
+    // Biases that move the best token away, lift a tail token to the top, repeat an id and
+    // name one past the row; greedy and drawn, with and without penalties.
+    let biases = vec![
+        (97, -100.0),
+        (5, 40.0),
+        (5, 0.5),
+        (2999, 7.0),
+        (100_000, 9.0),
+    ];
+    for temperature in [0.0, 0.9] {
+        for frequency_penalty in [0.0, 0.4] {
+            out.push(SamplerConfig {
+                temperature,
+                top_k: 40,
+                frequency_penalty,
+                n_logprobs: 2,
+                logit_bias: biases.clone(),
+                ..base()
+            });
+        }
+    }
     out
 }
 

@@ -26,6 +26,8 @@ pub struct SamplingParams {
     pub presence_penalty: f32,
     /// Random seed; a fixed seed and settings give the same tokens.
     pub seed: u64,
+    /// Added to these token ids' logits before anything else (OpenAI's `logit_bias`).
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl Default for SamplingParams {
@@ -38,6 +40,7 @@ impl Default for SamplingParams {
             frequency_penalty: 0.0,
             presence_penalty: 0.0,
             seed: 0,
+            logit_bias: Vec::new(),
         }
     }
 }

@@ -116,7 +116,51 @@ pub fn sampling(obj: &Obj, temp_max: f64) -> Result<SamplingParams, ApiError> {
         presence_penalty: opt_f32(obj, "presence_penalty", -2.0, 2.0)?
             .unwrap_or(d.presence_penalty),
         seed: opt_seed(obj, "seed")?.unwrap_or_else(random_seed),
+        logit_bias: Vec::new(),
     })
+}
+
+/// Largest bias OpenAI's `logit_bias` takes either way: ±100 bans a token or all but
+/// selects it.
+const MAX_LOGIT_BIAS: f64 = 100.0;
+
+/// OpenAI's `logit_bias`: an object from token ids (as strings) to biases in [-100, 100],
+/// each added to that token's logit before sampling. Ids must be in the vocabulary.
+pub fn logit_bias(obj: &Obj, vocab: usize) -> Result<Vec<(u32, f32)>, ApiError> {
+    const KEY: &str = "logit_bias";
+    let Some(map) = crate::parse::opt_object(obj, KEY)? else {
+        return Ok(Vec::new());
+    };
+    map.iter()
+        .map(|(id, bias)| {
+            let id = id
+                .parse::<u32>()
+                .ok()
+                .filter(|&t| (t as usize) < vocab)
+                .ok_or_else(|| {
+                    ApiError::invalid_param(
+                        KEY,
+                        format!(
+                            "'{KEY}' keys must be token ids from 0 to {}, got '{id}'",
+                            vocab.saturating_sub(1)
+                        ),
+                    )
+                })?;
+            let bias = bias
+                .as_f64()
+                .filter(|b| (-MAX_LOGIT_BIAS..=MAX_LOGIT_BIAS).contains(b))
+                .ok_or_else(|| {
+                    ApiError::invalid_param(
+                        KEY,
+                        format!(
+                            "'{KEY}' values must be numbers between -{MAX_LOGIT_BIAS} and \
+                             {MAX_LOGIT_BIAS}, got {bias} for token {id}"
+                        ),
+                    )
+                })?;
+            Ok((id, bias as f32))
+        })
+        .collect()
 }
 
 fn random_seed() -> u64 {

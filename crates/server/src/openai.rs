@@ -14,7 +14,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tokio_stream::{Stream, StreamExt, StreamMap};
 
-use crate::backend::{ChatPrompt, GenEvent, TokenLogprob, Usage};
+use crate::backend::{Backend, ChatPrompt, GenEvent, TokenLogprob, Usage};
 use crate::error::{ApiError, Flavor};
 use crate::generate::{self, Finished, GenOptions};
 use crate::metrics::RequestLog;
@@ -65,13 +65,16 @@ struct Meta {
 /// Options common to both endpoints.
 fn options(
     obj: &Obj,
+    backend: &dyn Backend,
     max_tokens: Option<u64>,
     room: usize,
     logprobs: Option<usize>,
 ) -> Result<GenOptions, ApiError> {
     let stop = parse::opt_stops(obj, "stop")?;
+    let mut sampling = generate::sampling(obj, 2.0)?;
+    sampling.logit_bias = generate::logit_bias(obj, backend.vocab_size())?;
     Ok(GenOptions {
-        sampling: generate::sampling(obj, 2.0)?,
+        sampling,
         max_tokens: max_tokens.map_or(room, |m| (m as usize).min(room)),
         stop,
         logprobs,
@@ -139,6 +142,7 @@ async fn chat(
     let room = generate::room(backend.as_ref(), prompt.len());
     let opts = options(
         &obj,
+        backend.as_ref(),
         max_tokens,
         room,
         logprobs.then(|| top.unwrap_or(0) as usize),
@@ -422,6 +426,7 @@ async fn completion(
     let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
     let mut opts = options(
         &obj,
+        backend.as_ref(),
         Some(max_tokens),
         generate::room(backend.as_ref(), longest),
         logprobs,

@@ -5,8 +5,8 @@
 //! Exactness is the point: [`Sampler::candidates_needed`] offers this path only where the
 //! full-row sampler's result depends on nothing but the `k` best logits, in its own order
 //! (largest first, ties to the lower id) and the row's log-sum-exp: greedy, a top-k cut, or
-//! a top-p or min-p cut without top-k, all with no penalties (penalties change the logits
-//! before the cut). Then [`Sampler::sample_candidates`] runs the same filters on the same
+//! a top-p or min-p cut without top-k, all with no biases or penalties (they change the
+//! logits before the cut). Then [`Sampler::sample_candidates`] runs the same filters on the same
 //! list and advances the random stream the same way, so the token is the one
 //! [`Sampler::sample`] picks; the log-probabilities differ only by the rounding of a
 //! log-sum-exp summed in another order, and so does top-p's total without top-k (a cut
@@ -59,12 +59,12 @@ impl Candidates {
 
 impl Sampler {
     /// How many best candidates [`Sampler::sample_candidates`] needs to give what
-    /// [`Sampler::sample`] gives; `None` when the full row is needed (a penalty, or
-    /// sampling with no cut at all). A top-p or min-p cut without top-k asks for
+    /// [`Sampler::sample`] gives; `None` when the full row is needed (a bias or a penalty,
+    /// or sampling with no cut at all). A top-p or min-p cut without top-k asks for
     /// [`NUCLEUS_CANDIDATES`] and may still need the row (see the module documentation).
     pub fn candidates_needed(&self) -> Option<usize> {
         let c = &self.cfg;
-        if self.penalizes() {
+        if self.adjusts() {
             None
         } else if c.temperature <= 0.0 {
             Some(c.n_logprobs.max(1))

@@ -313,3 +313,61 @@ fn stop_string_helpers() {
     let uni = vec!["é!".to_string()];
     assert_eq!(partial_stop_len("café", &uni), 2);
 }
+
+#[test]
+fn logit_biases_move_the_choice_before_the_penalties() {
+    let logits = [1.0f32, 3.0, 2.0, 0.5];
+    let pick = |logit_bias: Vec<(u32, f32)>, history: &[u32], frequency_penalty| {
+        let mut s = Sampler::new(SamplerConfig {
+            logit_bias,
+            frequency_penalty,
+            n_logprobs: 1,
+            ..cfg()
+        })
+        .unwrap();
+        let out = s.sample(&logits, history).unwrap();
+        assert_eq!(s.next_token(&logits, history).unwrap(), out.token);
+        out
+    };
+    assert_eq!(pick(vec![], &[], 0.0).token, 1);
+    // -100 bans the best token; +100 lifts the worst; an id past the row is ignored.
+    assert_eq!(pick(vec![(1, -100.0)], &[], 0.0).token, 2);
+    assert_eq!(pick(vec![(3, 100.0)], &[], 0.0).token, 3);
+    assert_eq!(pick(vec![(9, 100.0)], &[], 0.0).token, 1);
+    // An id listed twice gets both biases (2 + 0.6 + 0.6 > 3).
+    assert_eq!(pick(vec![(2, 0.6), (2, 0.6)], &[], 0.0).token, 2);
+    assert_eq!(pick(vec![(2, 0.6)], &[], 0.0).token, 1);
+    // Biases come first, penalties after: 2 + 1.5 - 1 = 2.5 < 3 keeps token 1, where the
+    // penalty on token 1 (3 - 1 = 2 < 2 + 1.5) hands the choice to 2.
+    assert_eq!(pick(vec![(2, 1.5)], &[2], 1.0).token, 1);
+    assert_eq!(pick(vec![(2, 1.5)], &[1], 1.0).token, 2);
+    // Reported log-probabilities stay those of the raw logits.
+    let biased = pick(vec![(3, 100.0)], &[], 0.0);
+    assert_eq!(biased.top[0].0, 1);
+    assert_eq!(raw_logprobs(&logits, 3, 1), (biased.logprob, biased.top));
+}
+
+#[test]
+fn biases_need_the_full_row_and_must_be_finite() {
+    let biased = Sampler::new(SamplerConfig {
+        logit_bias: vec![(0, 1.0)],
+        ..cfg()
+    })
+    .unwrap();
+    assert!(!biased.is_plain_greedy());
+    assert_eq!(biased.candidates_needed(), None);
+    for bad in [f32::NAN, f32::INFINITY] {
+        let err = Sampler::new(SamplerConfig {
+            logit_bias: vec![(0, 1.0), (4, bad)],
+            ..cfg()
+        })
+        .unwrap_err();
+        assert!(matches!(
+            err,
+            SampleError::InvalidSetting {
+                name: "logit_bias",
+                ..
+            }
+        ));
+    }
+}

@@ -120,6 +120,7 @@ impl Runtime for ModelRuntime<'_> {
             max_tokens: 0,
             stop_ids: Vec::new(),
             n_logprobs: req.logprobs.unwrap_or(0),
+            logit_bias: p.logit_bias.clone(),
         };
         Ok(Box::new(RequestSampler {
             sampler: Sampler::new(cfg).map_err(|e| e.to_string())?,
