@@ -214,6 +214,77 @@ fn logit_bias_bans_and_forces_tokens() {
     );
 }
 
+/// JSON mode (`response_format` `json_object`, and `text.format` in responses). Oracles:
+/// serde_json parses every output that ended by itself as one object; an output cut by the
+/// token limit is still a prefix of one (the grammar's own check); streaming gives the
+/// plain text; JSON schemas are refused, not ignored.
+#[test]
+fn json_mode_holds_output_to_one_object() {
+    use ferrite_engine::json_prefix::JsonPrefix;
+    let server = start();
+    let object = |text: &str| {
+        serde_json::from_str::<Value>(text)
+            .unwrap_or_else(|e| panic!("{text:?}: {e}"))
+            .is_object()
+    };
+    let json = json!({"response_format": {"type": "json_object"}});
+    let mut finished = 0;
+    for (prompt, sampling) in [
+        ("Give me a JSON object describing Paris.", json!({})),
+        ("List three colors.", json!({})),
+        ("Hi", json!({})),
+        ("Describe a cat.", json!({"temperature": 1.0, "seed": 1})),
+        (
+            "Describe a cat.",
+            json!({"temperature": 1.0, "seed": 2, "top_p": 0.9}),
+        ),
+    ] {
+        let body = with(with(chat(prompt, 150), json.clone()), sampling);
+        let r = server.post("/v1/chat/completions", &body);
+        assert_eq!(r.status, 200, "{}", r.body);
+        let v = r.json();
+        let text = v["choices"][0]["message"]["content"].as_str().unwrap();
+        match v["choices"][0]["finish_reason"].as_str().unwrap() {
+            "stop" => {
+                assert!(object(text), "{text:?}");
+                finished += 1;
+            }
+            "length" => assert!(
+                JsonPrefix::new().feed(text.as_bytes()).is_some(),
+                "{text:?}"
+            ),
+            other => panic!("finish {other}: {v}"),
+        }
+        let stream = server.post("/v1/chat/completions", &with(body, json!({"stream": true})));
+        assert_eq!(chat_stream_text(&stream).0, text);
+    }
+    assert!(
+        finished >= 3,
+        "only {finished} of 5 outputs closed their object"
+    );
+    let comp = json!({"model": MODEL, "prompt": "A person, as JSON:", "max_tokens": 150,
+        "temperature": 0, "response_format": {"type": "json_object"}});
+    let v = server.post("/v1/completions", &comp).json();
+    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+    assert!(object(v["choices"][0]["text"].as_str().unwrap()), "{v}");
+    let resp = json!({"model": MODEL, "input": "Describe a dog as JSON.", "max_output_tokens": 150,
+        "temperature": 0, "text": {"format": {"type": "json_object"}}});
+    let v = server.post("/v1/responses", &resp).json();
+    assert_eq!(v["text"]["format"]["type"], "json_object", "{v}");
+    assert_eq!(v["status"], "completed", "{v}");
+    assert!(
+        object(v["output"][0]["content"][0]["text"].as_str().unwrap()),
+        "{v}"
+    );
+    let schema = json!({"type": "json_schema", "name": "x", "schema": {"type": "object"}});
+    let r = server.post(
+        "/v1/responses",
+        &with(resp, json!({"text": {"format": schema}})),
+    );
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert_eq!(r.json()["error"]["param"], "text.format");
+}
+
 #[test]
 fn anthropic_messages_and_responses() {
     let server = start();
@@ -484,10 +555,23 @@ fn bad_input_and_api_key() {
         json!({"7": 100.5}),
         json!({"7": "1"}),
     ];
-    let cases = cases.into_iter().chain(biases.into_iter().map(|b| {
-        let body = with(chat("Hi", 2), json!({"logit_bias": b})).to_string();
-        (body, 400, Some("invalid_value"))
-    }));
+    // So is every output format but text and JSON objects, JSON schemas included.
+    let formats = [
+        json!("json_object"),
+        json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}),
+        json!({"type": "xml"}),
+        json!({"schema": {}}),
+    ];
+    let cases = cases
+        .into_iter()
+        .chain(biases.into_iter().map(|b| {
+            let body = with(chat("Hi", 2), json!({"logit_bias": b})).to_string();
+            (body, 400, Some("invalid_value"))
+        }))
+        .chain(formats.into_iter().map(|f| {
+            let body = with(chat("Hi", 2), json!({"response_format": f})).to_string();
+            (body, 400, Some("invalid_value"))
+        }));
     for (body, status, code) in cases {
         let r = server.request("POST", "/v1/chat/completions", Some(&body), &auth);
         assert_eq!(
@@ -501,8 +585,10 @@ fn bad_input_and_api_key() {
         if let Some(code) = code {
             assert_eq!(v["error"]["code"], code, "{v}");
         }
-        if body.contains("logit_bias") {
-            assert_eq!(v["error"]["param"], "logit_bias", "{v}");
+        for param in ["logit_bias", "response_format"] {
+            if body.contains(param) {
+                assert_eq!(v["error"]["param"], param, "{v}");
+            }
         }
         if code == Some("context_length_exceeded") {
             let msg = v["error"]["message"].as_str().unwrap();

@@ -13,6 +13,8 @@
 #![deny(missing_docs)]
 
 pub mod generate;
+pub mod json_mode;
+pub mod json_prefix;
 pub mod rng;
 pub mod sampler;
 #[cfg(test)]

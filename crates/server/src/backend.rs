@@ -28,6 +28,18 @@ pub struct SamplingParams {
     pub seed: u64,
     /// Added to these token ids' logits before anything else (OpenAI's `logit_bias`).
     pub logit_bias: Vec<(u32, f32)>,
+    /// What the output must be.
+    pub format: OutputFormat,
+}
+
+/// What a generation's output must be (OpenAI's `response_format`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OutputFormat {
+    /// Any text.
+    #[default]
+    Text,
+    /// One JSON object, then the end of generation (JSON mode).
+    JsonObject,
 }
 
 impl Default for SamplingParams {
@@ -41,6 +53,7 @@ impl Default for SamplingParams {
             presence_penalty: 0.0,
             seed: 0,
             logit_bias: Vec::new(),
+            format: OutputFormat::Text,
         }
     }
 }

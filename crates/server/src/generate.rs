@@ -8,8 +8,8 @@ use serde_json::Value;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::backend::{
-    Backend, FinishReason, GenEvent, GenRequest, SamplingParams, SubmitError, Timings,
-    TokenLogprob, Usage,
+    Backend, FinishReason, GenEvent, GenRequest, OutputFormat, SamplingParams, SubmitError,
+    Timings, TokenLogprob, Usage,
 };
 use crate::error::ApiError;
 use crate::metrics::RequestLog;
@@ -117,7 +117,37 @@ pub fn sampling(obj: &Obj, temp_max: f64) -> Result<SamplingParams, ApiError> {
             .unwrap_or(d.presence_penalty),
         seed: opt_seed(obj, "seed")?.unwrap_or_else(random_seed),
         logit_bias: Vec::new(),
+        format: OutputFormat::Text,
     })
+}
+
+/// OpenAI's output format object (`response_format` in chat and completions, `text.format`
+/// in responses; `param` names it in errors): `text`, or `json_object` for JSON mode. JSON
+/// schemas are refused rather than ignored, so a client never takes free text for output
+/// that was held to its schema.
+pub fn output_format(format: Option<&Obj>, param: &str) -> Result<OutputFormat, ApiError> {
+    let Some(format) = format else {
+        return Ok(OutputFormat::Text);
+    };
+    match crate::parse::opt_str(format, "type")? {
+        Some("text") => Ok(OutputFormat::Text),
+        Some("json_object") => Ok(OutputFormat::JsonObject),
+        Some("json_schema") => Err(ApiError::invalid_param(
+            param,
+            format!(
+                "'{param}' type 'json_schema' is not supported by this server; \
+                 'json_object' (any JSON object) is"
+            ),
+        )),
+        Some(other) => Err(ApiError::invalid_param(
+            param,
+            format!("'{param}' type must be 'text' or 'json_object', got '{other}'"),
+        )),
+        None => Err(ApiError::invalid_param(
+            param,
+            format!("'{param}' needs a 'type'"),
+        )),
+    }
 }
 
 /// Largest bias OpenAI's `logit_bias` takes either way: ±100 bans a token or all but

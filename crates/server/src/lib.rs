@@ -57,7 +57,7 @@ use std::time::Duration;
 
 pub use backend::{
     Backend, BackendError, CacheSource, ChatPrompt, EngineStats, FinishReason, GenEvent,
-    GenRequest, SamplingParams, SubmitError, Timings, TokenLogprob, Usage,
+    GenRequest, OutputFormat, SamplingParams, SubmitError, Timings, TokenLogprob, Usage,
 };
 pub use error::{ApiError, Flavor};
 pub use routes::router;

@@ -73,6 +73,8 @@ fn options(
     let stop = parse::opt_stops(obj, "stop")?;
     let mut sampling = generate::sampling(obj, 2.0)?;
     sampling.logit_bias = generate::logit_bias(obj, backend.vocab_size())?;
+    sampling.format =
+        generate::output_format(opt_object(obj, "response_format")?, "response_format")?;
     Ok(GenOptions {
         sampling,
         max_tokens: max_tokens.map_or(room, |m| (m as usize).min(room)),

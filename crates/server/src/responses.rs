@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio_stream::Stream;
 
-use crate::backend::{ChatPrompt, FinishReason, GenEvent, Usage};
+use crate::backend::{ChatPrompt, FinishReason, GenEvent, OutputFormat, SamplingParams, Usage};
 use crate::error::{ApiError, Flavor};
 use crate::generate::{self, Finished, GenOptions};
 use crate::metrics::RequestLog;
@@ -41,6 +41,8 @@ struct Shape {
     tool_choice: Value,
     /// Whether tool calls are parsed from the output.
     with_tools: bool,
+    /// The output format, echoed as `text.format`.
+    format: OutputFormat,
 }
 
 impl Shape {
@@ -58,7 +60,11 @@ impl Shape {
             "instructions": self.instructions, "max_output_tokens": self.max_output_tokens,
             "model": self.model, "output": output, "parallel_tool_calls": true,
             "previous_response_id": null, "temperature": self.temperature, "top_p": self.top_p,
-            "tool_choice": self.tool_choice, "tools": self.tools, "text": {"format": {"type": "text"}},
+            "tool_choice": self.tool_choice, "tools": self.tools,
+            "text": {"format": {"type": match self.format {
+                OutputFormat::Text => "text",
+                OutputFormat::JsonObject => "json_object",
+            }}},
             "truncation": "disabled", "metadata": {}, "store": false,
             "usage": usage.map_or(Value::Null, |u| json!({
                 "input_tokens": u.prompt_tokens,
@@ -195,8 +201,16 @@ async fn respond(
     let prompt = backend.tokenize(&rendered, true, true);
     generate::check_prompt(backend.as_ref(), &prompt, "input")?;
     let room = generate::room(backend.as_ref(), prompt.len());
+    let text = parse::opt_object(&obj, "text")?;
+    let format = match text {
+        Some(t) => generate::output_format(parse::opt_object(t, "format")?, "text.format")?,
+        None => OutputFormat::Text,
+    };
     let opts = GenOptions {
-        sampling: generate::sampling(&obj, 2.0)?,
+        sampling: SamplingParams {
+            format,
+            ..generate::sampling(&obj, 2.0)?
+        },
         max_tokens: max_output_tokens.map_or(room, |m| (m as usize).min(room)),
         stop: Vec::new(),
         logprobs: None,
@@ -218,6 +232,7 @@ async fn respond(
         tools: Value::Array(client_tools),
         tool_choice: choice,
         with_tools,
+        format,
     };
     if stream {
         return Ok(crate::openai::sse(&state, response_events(log, rx, shape)));

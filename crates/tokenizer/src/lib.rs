@@ -218,6 +218,12 @@ impl Tokenizer {
         StreamDecoder::new(&self.bytes, show_special)
     }
 
+    /// The bytes token `id` decodes to: empty for a control token, `None` past the
+    /// vocabulary. Byte-level pieces may be part of a UTF-8 sequence.
+    pub fn token_bytes(&self, id: u32) -> Option<&[u8]> {
+        self.bytes.get(id, false).ok()
+    }
+
     /// The piece text of a token as stored in the vocabulary (e.g. `Ġthe`, `▁the`, `<0x0A>`).
     pub fn piece(&self, id: u32) -> Option<&str> {
         self.tokens.get(id as usize)
@@ -358,6 +364,24 @@ mod tests {
             sp.encode(" the  x", true, false),
             vec![0, 7, 8, 9 + u32::from(b'x')]
         );
+    }
+
+    #[test]
+    fn token_bytes_are_what_decoding_gives() {
+        let sp = spm();
+        assert_eq!(sp.token_bytes(7), Some(&b" the"[..]));
+        assert_eq!(sp.token_bytes(9 + u32::from(b'A')), Some(&b"A"[..]));
+        // A control token is never text; an id past the vocabulary is nothing.
+        assert_eq!(sp.token_bytes(0), Some(&b""[..]));
+        assert_eq!(sp.token_bytes(sp.vocab_size() as u32), None);
+        let bl = byte_level();
+        for id in 0..bl.vocab_size() as u32 {
+            let bytes = bl.token_bytes(id).unwrap();
+            assert_eq!(
+                String::from_utf8_lossy(bytes),
+                bl.decode(&[id], false).unwrap()
+            );
+        }
     }
 
     /// The server shares one tokenizer and template across request threads.

@@ -2,11 +2,12 @@
 //! slot, then run the scheduler until the [`super::Engine`] handle is dropped. With
 //! [`EngineBackend::Cuda`] the sessions live on the GPU (`cuda.rs`).
 
-use std::sync::Arc;
 use std::sync::mpsc::{Receiver, SyncSender, channel, sync_channel};
+use std::sync::{Arc, OnceLock};
 
 use ferrite_cpu::ThreadPool;
-use ferrite_engine::{Sampler, SamplerConfig};
+use ferrite_engine::json_mode::{JsonSampler, JsonVocab};
+use ferrite_engine::{Sampler, SamplerConfig, raw_logprobs};
 use ferrite_model::{Batch, KvType, LoadOptions, Model, Outputs, Session, check_kv_memory};
 use ferrite_tokenizer::{TokenType, Tokenizer};
 
@@ -15,7 +16,7 @@ use super::scheduler::{
     BatchEval, Counters, Job, Limits, Picked, Picker, Runtime, Scheduler, Sequence,
 };
 use super::{Engine, EngineBackend, EngineConfig, EngineError};
-use crate::backend::GenRequest;
+use crate::backend::{GenRequest, OutputFormat};
 
 impl Sequence for Session<'_> {
     fn truncate(&mut self, n: usize) {
@@ -54,34 +55,37 @@ impl<'m> BatchEval<Session<'m>> for SessionBatch {
     }
 }
 
-/// A request's sampler. Log-probabilities cost a pass of `exp` over the whole vocabulary
-/// per token, so they are computed only for requests that asked for them.
+/// A request's sampler: free, or held to JSON. Log-probabilities cost a pass of `exp` over
+/// the whole vocabulary per token, so they are computed only for requests that asked for
+/// them, and always from the raw row.
 struct RequestSampler {
-    sampler: Sampler,
-    logprobs: bool,
+    chooser: Chooser,
+    /// Alternatives to report, when log-probabilities were asked for.
+    logprobs: Option<usize>,
+}
+
+enum Chooser {
+    Free(Sampler),
+    Json(JsonSampler),
 }
 
 impl Picker for RequestSampler {
     fn pick(&mut self, logits: &[f32], history: &[u32]) -> Result<Picked, String> {
-        if !self.logprobs {
-            let token = self
-                .sampler
-                .next_token(logits, history)
-                .map_err(|e| e.to_string())?;
-            return Ok(Picked {
-                token,
-                logprob: None,
-                top: Vec::new(),
-            });
-        }
-        let s = self
-            .sampler
-            .sample(logits, history)
-            .map_err(|e| e.to_string())?;
+        let token = match &mut self.chooser {
+            Chooser::Free(s) => s.next_token(logits, history).map_err(|e| e.to_string()),
+            Chooser::Json(s) => s.next_token(logits, history).map_err(|e| e.to_string()),
+        }?;
+        let (logprob, top) = match self.logprobs {
+            Some(n) => {
+                let (lp, top) = raw_logprobs(logits, token, n);
+                (Some(lp), top)
+            }
+            None => (None, Vec::new()),
+        };
         Ok(Picked {
-            token: s.token,
-            logprob: Some(s.logprob),
-            top: s.top,
+            token,
+            logprob,
+            top,
         })
     }
 }
@@ -90,6 +94,8 @@ impl Picker for RequestSampler {
 pub(super) struct ModelRuntime<'t> {
     tokenizer: &'t Tokenizer,
     eog: Vec<u32>,
+    /// The vocabulary as JSON mode reads it, made on the first JSON request.
+    json_vocab: OnceLock<Arc<JsonVocab>>,
 }
 
 impl<'t> ModelRuntime<'t> {
@@ -98,6 +104,7 @@ impl<'t> ModelRuntime<'t> {
         ModelRuntime {
             eog: eog_ids(tokenizer),
             tokenizer,
+            json_vocab: OnceLock::new(),
         }
     }
 }
@@ -122,9 +129,22 @@ impl Runtime for ModelRuntime<'_> {
             n_logprobs: req.logprobs.unwrap_or(0),
             logit_bias: p.logit_bias.clone(),
         };
+        let sampler = Sampler::new(cfg).map_err(|e| e.to_string())?;
+        let chooser = match p.format {
+            OutputFormat::Text => Chooser::Free(sampler),
+            OutputFormat::JsonObject => {
+                let vocab = self.json_vocab.get_or_init(|| {
+                    let tok = self.tokenizer;
+                    let bytes = (0..tok.vocab_size() as u32)
+                        .map(|id| tok.token_bytes(id).unwrap_or_default());
+                    Arc::new(JsonVocab::new(bytes, self.eog.clone()))
+                });
+                Chooser::Json(JsonSampler::new(sampler, Arc::clone(vocab)))
+            }
+        };
         Ok(Box::new(RequestSampler {
-            sampler: Sampler::new(cfg).map_err(|e| e.to_string())?,
-            logprobs: req.logprobs.is_some(),
+            chooser,
+            logprobs: req.logprobs,
         }))
     }
 
@@ -337,7 +357,8 @@ mod tests {
 
     #[test]
     fn requests_without_logprobs_get_the_same_tokens_and_no_logprobs() {
-        // The token-only path must follow the same random stream as the full one.
+        // The token-only path must follow the same random stream as the full one, and the
+        // reported log-probabilities are the sampler's own, bit for bit.
         let logits: Vec<f32> = (0..500).map(|i| ((i * 37) % 101) as f32 * 0.05).collect();
         for temperature in [0.0, 0.9] {
             let cfg = SamplerConfig {
@@ -347,19 +368,20 @@ mod tests {
                 n_logprobs: 2,
                 ..SamplerConfig::default()
             };
-            let mut with = RequestSampler {
-                sampler: Sampler::new(cfg.clone()).unwrap(),
-                logprobs: true,
+            let free = |logprobs| RequestSampler {
+                chooser: Chooser::Free(Sampler::new(cfg.clone()).unwrap()),
+                logprobs,
             };
-            let mut without = RequestSampler {
-                sampler: Sampler::new(cfg).unwrap(),
-                logprobs: false,
-            };
+            let (mut with, mut without) = (free(Some(2)), free(None));
+            let mut plain = Sampler::new(cfg.clone()).unwrap();
             for _ in 0..20 {
                 let a = with.pick(&logits, &[]).unwrap();
                 let b = without.pick(&logits, &[]).unwrap();
+                let want = plain.sample(&logits, &[]).unwrap();
                 assert_eq!(a.token, b.token);
-                assert!(a.logprob.is_some_and(f32::is_finite) && a.top.len() == 2);
+                assert_eq!(a.token, want.token);
+                assert_eq!(a.logprob.map(f32::to_bits), Some(want.logprob.to_bits()));
+                assert_eq!(a.top, want.top);
                 assert_eq!((b.logprob, b.top.len()), (None, 0));
             }
         }

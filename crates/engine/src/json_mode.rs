@@ -1,0 +1,147 @@
+//! JSON mode: sampling held to one JSON object (OpenAI's `response_format` `json_object`),
+//! token by token, through the byte grammar of [`crate::json_prefix`].
+//!
+//! Each step samples the raw row first and keeps the token when its bytes continue the
+//! object; otherwise every token that cannot continue it is set to `-inf` and the sampler
+//! runs again on that row (llama.cpp's grammar sampling does the same). Greedy decoding
+//! thus takes the best allowed token, and sampling without top-k, top-p or min-p cuts
+//! draws from the masked distribution exactly; with cuts, an allowed first draw from the
+//! unmasked cut is kept. Once the object closes, only end-of-generation tokens are
+//! allowed, and they are allowed only then.
+//!
+//! Never changes the logits a caller reports: log-probabilities stay those of the raw row.
+
+use std::sync::Arc;
+
+use crate::json_prefix::JsonPrefix;
+use crate::sampler::{SampleError, Sampler};
+
+/// What JSON mode needs of a vocabulary: each token's bytes and the end-of-generation ids.
+#[derive(Debug)]
+pub struct JsonVocab {
+    data: Vec<u8>,
+    /// `offsets[i]..offsets[i + 1]` is token i's bytes; empty for tokens that are never text.
+    offsets: Vec<usize>,
+    eog: Vec<u32>,
+}
+
+impl JsonVocab {
+    /// A vocabulary from each token's bytes in id order (empty for control tokens, which
+    /// JSON mode never emits) and the ids that end generation.
+    pub fn new<B: AsRef<[u8]>>(tokens: impl IntoIterator<Item = B>, eog: Vec<u32>) -> JsonVocab {
+        let mut data = Vec::new();
+        let mut offsets = vec![0];
+        for t in tokens {
+            data.extend_from_slice(t.as_ref());
+            offsets.push(data.len());
+        }
+        JsonVocab { data, offsets, eog }
+    }
+
+    fn len(&self) -> usize {
+        self.offsets.len() - 1
+    }
+
+    /// The prefix after `token`, or `None` when `token` cannot follow `prefix`. A token with
+    /// no bytes never can (it would make no progress), except an end-of-generation token
+    /// once the object is complete.
+    pub fn advance(&self, prefix: JsonPrefix, token: u32) -> Option<JsonPrefix> {
+        if self.eog.contains(&token) {
+            return prefix.is_complete().then_some(prefix);
+        }
+        let i = token as usize;
+        let bytes = &self.data[*self.offsets.get(i)?..*self.offsets.get(i + 1)?];
+        if bytes.is_empty() {
+            return None;
+        }
+        prefix.feed(bytes)
+    }
+
+    /// Sets the logit of every token that cannot follow `prefix` to `-inf`; returns how many
+    /// tokens remain.
+    pub fn mask(&self, prefix: JsonPrefix, logits: &mut [f32]) -> usize {
+        let mut allowed = 0;
+        for (id, l) in logits.iter_mut().enumerate() {
+            if id < self.len() && self.advance(prefix, id as u32).is_some() {
+                allowed += 1;
+            } else {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+        allowed
+    }
+}
+
+/// JSON mode's errors.
+#[derive(Debug, thiserror::Error, PartialEq)]
+#[non_exhaustive]
+pub enum JsonModeError {
+    /// The sampler failed on the row.
+    #[error(transparent)]
+    Sample(#[from] SampleError),
+    /// No token of the vocabulary continues the object (a vocabulary without the bytes
+    /// JSON needs, or without an end-of-generation token).
+    #[error("JSON mode: no token of the vocabulary can continue the JSON object")]
+    NoToken,
+}
+
+/// A sampler held to one JSON object.
+#[derive(Debug)]
+pub struct JsonSampler {
+    sampler: Sampler,
+    vocab: Arc<JsonVocab>,
+    prefix: JsonPrefix,
+    masked: Vec<f32>,
+}
+
+impl JsonSampler {
+    /// Holds `sampler` to JSON over `vocab`, starting from empty output.
+    pub fn new(sampler: Sampler, vocab: Arc<JsonVocab>) -> JsonSampler {
+        JsonSampler {
+            sampler,
+            vocab,
+            prefix: JsonPrefix::new(),
+            masked: Vec::new(),
+        }
+    }
+
+    /// The next token (see the module documentation). `history` is as for
+    /// [`Sampler::next_token`].
+    pub fn next_token(&mut self, logits: &[f32], history: &[u32]) -> Result<u32, JsonModeError> {
+        let first = self.sampler.next_token(logits, history)?;
+        if let Some(next) = self.vocab.advance(self.prefix, first) {
+            self.prefix = next;
+            return Ok(first);
+        }
+        self.masked.clear();
+        self.masked.extend_from_slice(logits);
+        if self.vocab.mask(self.prefix, &mut self.masked) == 0 {
+            return Err(JsonModeError::NoToken);
+        }
+        let token = self.sampler.next_token(&self.masked, history)?;
+        // A draw's rounding can land past the last candidate with weight, on a masked one:
+        // the best allowed token stands in for it.
+        let token = match self.vocab.advance(self.prefix, token) {
+            Some(_) => token,
+            None => self
+                .masked
+                .iter()
+                .enumerate()
+                .max_by(|a, b| a.1.total_cmp(b.1).then(b.0.cmp(&a.0)))
+                .map_or(0, |(id, _)| id as u32),
+        };
+        self.prefix = self
+            .vocab
+            .advance(self.prefix, token)
+            .ok_or(JsonModeError::NoToken)?;
+        Ok(token)
+    }
+
+    /// Whether the output so far is one whole JSON object.
+    pub fn is_complete(&self) -> bool {
+        self.prefix.is_complete()
+    }
+}
+
+#[cfg(test)]
+mod tests;

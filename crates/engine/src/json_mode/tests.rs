@@ -1,0 +1,115 @@
+//! JSON mode over a toy vocabulary whose logits prefer prose and an early end: the output
+//! must still be one JSON object (serde_json is the oracle), end right after it, and come
+//! from the best allowed token at each greedy step.
+
+use super::*;
+use crate::sampler::SamplerConfig;
+
+const EOS: u32 = 0;
+/// Every byte JSON's structure needs has a token of its own, as in real vocabularies (byte
+/// fallback), so no prefix is a dead end; the longer tokens cross several states at once.
+const TOKENS: [&str; 16] = [
+    "", "{", "}", "\"a\"", ":", "1", "Hello", " ", "\"", "x", "}\n", ",\"b\":[", "]", ",", "[", "-",
+];
+
+fn vocab() -> Arc<JsonVocab> {
+    Arc::new(JsonVocab::new(
+        TOKENS.iter().map(|t| t.as_bytes()),
+        vec![EOS],
+    ))
+}
+
+fn sampler(temperature: f32, seed: u64) -> JsonSampler {
+    let cfg = SamplerConfig {
+        temperature,
+        seed,
+        ..SamplerConfig::default()
+    };
+    JsonSampler::new(Sampler::new(cfg).unwrap(), vocab())
+}
+
+/// Runs `s` until it emits EOS (returned text, true) or `steps` tokens (false).
+fn run(s: &mut JsonSampler, row: impl Fn(usize) -> Vec<f32>, steps: usize) -> (String, bool) {
+    let mut text = String::new();
+    for step in 0..steps {
+        let t = s.next_token(&row(step), &[]).unwrap();
+        if t == EOS {
+            return (text, true);
+        }
+        text.push_str(TOKENS[t as usize]);
+        assert!(!text.ends_with(' ') || !s.is_complete());
+    }
+    (text, false)
+}
+
+#[test]
+fn greedy_takes_the_best_allowed_token_and_ends_after_the_object() {
+    // Preference: prose, then the end, then a space, then a key, then the braces.
+    let mut row = vec![0.0f32; TOKENS.len()];
+    for (id, l) in [
+        (6, 9.0),
+        (0, 8.0),
+        (7, 5.0),
+        (3, 4.0),
+        (4, 3.5),
+        (5, 3.0),
+        (1, 2.0),
+    ] {
+        row[id] = l;
+    }
+    row[2] = 1.0;
+    let mut s = sampler(0.0, 0);
+    let (text, ended) = run(&mut s, |_| row.clone(), 200);
+    assert!(ended, "{text:?}");
+    let run_of_spaces = " ".repeat(crate::json_prefix::MAX_WHITESPACE as usize);
+    // Spaces up to the bound wherever they are allowed, then the best token allowed next
+    // (the value is the string "a", preferred to 1).
+    let want = format!("{0}{{{0}\"a\"{0}:{0}\"a\"{0}}}", run_of_spaces);
+    assert_eq!(text, want);
+    assert!(
+        serde_json::from_str::<serde_json::Value>(&text)
+            .unwrap()
+            .is_object()
+    );
+}
+
+#[test]
+fn sampled_output_stays_a_json_prefix_and_ends_only_when_whole() {
+    let mut completed = 0;
+    for seed in 0..200u64 {
+        let mut s = sampler(1.0, seed);
+        let row = |step: usize| -> Vec<f32> {
+            (0..TOKENS.len())
+                .map(|i| ((i as u64 * 7919 + step as u64 * 104_729 + seed * 31) % 13) as f32 * 0.4)
+                .collect()
+        };
+        let (text, ended) = run(&mut s, row, 300);
+        let mut prefix = JsonPrefix::new();
+        prefix = prefix
+            .feed(text.as_bytes())
+            .unwrap_or_else(|| panic!("{text:?}"));
+        if ended {
+            assert!(prefix.is_complete(), "{text:?}");
+            assert!(
+                serde_json::from_str::<serde_json::Value>(&text)
+                    .unwrap()
+                    .is_object()
+            );
+            completed += 1;
+        }
+    }
+    assert!(
+        completed > 100,
+        "only {completed} of 200 runs closed their object"
+    );
+}
+
+#[test]
+fn a_vocabulary_that_cannot_open_an_object_is_an_error() {
+    let vocab = Arc::new(JsonVocab::new(["", "x", "}"], vec![0]));
+    let mut s = JsonSampler::new(Sampler::new(SamplerConfig::default()).unwrap(), vocab);
+    assert_eq!(
+        s.next_token(&[0.0, 1.0, 2.0], &[]),
+        Err(JsonModeError::NoToken)
+    );
+}
