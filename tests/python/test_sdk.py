@@ -5,9 +5,11 @@ FERRITE_BASE_URL (http://host:port), FERRITE_MODEL and FERRITE_API_KEY. Prints o
 per check and a closing 'N passed, M failed' line; exits non-zero on any failure.
 """
 
+import json
 import os
 import sys
 import traceback
+import urllib.request
 
 import anthropic
 import openai
@@ -99,6 +101,36 @@ def openai_responses():
             final = ev.response
     assert "".join(deltas) == r.output_text
     assert final is not None and final.output_text == r.output_text
+
+
+def tokenize(text):
+    """The one token id of `text`, from the server's /tokenize."""
+    req = urllib.request.Request(BASE + "/tokenize", json.dumps({"content": text}).encode(),
+                                 {"content-type": "application/json", "authorization": f"Bearer {KEY}"})
+    ids = json.load(urllib.request.urlopen(req))["tokens"]
+    assert len(ids) == 1, (text, ids)
+    return ids[0]
+
+
+@check
+def openai_json_mode_and_logit_bias():
+    r = oa.chat.completions.create(model=MODEL, temperature=0, max_tokens=100,
+                                   messages=[{"role": "user", "content": "Describe a dog as JSON."}],
+                                   response_format={"type": "json_object"})
+    assert r.choices[0].finish_reason == "stop", r
+    assert isinstance(json.loads(r.choices[0].message.content), dict), r
+    try:
+        oa.chat.completions.create(model=MODEL, messages=MSGS, max_tokens=2, response_format={
+            "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}})
+        raise AssertionError("json_schema accepted")
+    except openai.BadRequestError as e:
+        assert e.status_code == 400
+    best = oa.chat.completions.create(model=MODEL, messages=MSGS, temperature=0, max_tokens=1,
+                                      logprobs=True, top_logprobs=2).choices[0].logprobs.content[0]
+    token_id = tokenize(best.token)
+    banned = oa.chat.completions.create(model=MODEL, messages=MSGS, temperature=0, max_tokens=1,
+                                        logprobs=True, logit_bias={str(token_id): -100})
+    assert banned.choices[0].logprobs.content[0].token == best.top_logprobs[1].token, banned
 
 
 @check
