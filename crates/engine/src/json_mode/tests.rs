@@ -113,3 +113,39 @@ fn a_vocabulary_that_cannot_open_an_object_is_an_error() {
         Err(JsonModeError::NoToken)
     );
 }
+
+#[test]
+fn the_mask_refuses_exactly_the_tokens_that_cannot_follow() {
+    // Oracle: `advance` on every token, over every prefix of two objects and a vocabulary of
+    // all bytes, many two-byte pieces, a row longer than the vocabulary, and an
+    // end-of-generation token with text.
+    let mut tokens: Vec<Vec<u8>> = vec![Vec::new()];
+    tokens.extend((0..=255u8).map(|b| vec![b]));
+    for a in b" {}[],:\"\\-0159.eEtrufalsn\n" {
+        for b in b" {}[],:\"\\-0159.eEtrufalsn\n" {
+            tokens.push(vec![*a, *b]);
+        }
+    }
+    tokens.extend([&b"true"[..], b"null}", b"\"key\":", b"\xc3\xa9"].map(<[u8]>::to_vec));
+    // An end-of-generation token with text of its own too, allowed only once complete.
+    let eog_with_text = tokens.len() as u32 - 3;
+    let vocab = JsonVocab::new(&tokens, vec![EOS, eog_with_text]);
+    for text in [
+        r#"{"a": [1, -2.5e3, "x\"y", {"b": null}], "c": true}"#,
+        "{}",
+    ] {
+        let mut prefix = JsonPrefix::new();
+        for i in 0..=text.len() {
+            let mut row = vec![0.0f32; tokens.len() + 3];
+            let allowed = vocab.mask(prefix, &mut row);
+            for (id, l) in row.iter().enumerate() {
+                let want = id < tokens.len() && vocab.advance(prefix, id as u32).is_some();
+                assert_eq!(*l == 0.0, want, "{text:?} after {i} bytes, token {id}");
+            }
+            assert_eq!(allowed, row.iter().filter(|l| **l == 0.0).count());
+            if let Some(&b) = text.as_bytes().get(i) {
+                prefix = prefix.feed(&[b]).unwrap();
+            }
+        }
+    }
+}
