@@ -14,7 +14,7 @@
 use std::sync::Arc;
 
 use crate::json_prefix::JsonPrefix;
-use crate::sampler::{SampleError, Sampler};
+use crate::sampler::{SampleError, Sampler, argmax};
 
 /// What JSON mode needs of a vocabulary: each token's bytes and the end-of-generation ids.
 #[derive(Debug)]
@@ -38,10 +38,6 @@ impl JsonVocab {
         JsonVocab { data, offsets, eog }
     }
 
-    fn len(&self) -> usize {
-        self.offsets.len() - 1
-    }
-
     /// The prefix after `token`, or `None` when `token` cannot follow `prefix`. A token with
     /// no bytes never can (it would make no progress), except an end-of-generation token
     /// once the object is complete.
@@ -62,7 +58,7 @@ impl JsonVocab {
     pub fn mask(&self, prefix: JsonPrefix, logits: &mut [f32]) -> usize {
         let mut allowed = 0;
         for (id, l) in logits.iter_mut().enumerate() {
-            if id < self.len() && self.advance(prefix, id as u32).is_some() {
+            if self.advance(prefix, id as u32).is_some() {
                 allowed += 1;
             } else {
                 *l = f32::NEG_INFINITY;
@@ -118,17 +114,12 @@ impl JsonSampler {
         if self.vocab.mask(self.prefix, &mut self.masked) == 0 {
             return Err(JsonModeError::NoToken);
         }
-        let token = self.sampler.next_token(&self.masked, history)?;
+        let drawn = self.sampler.next_token(&self.masked, history)?;
         // A draw's rounding can land past the last candidate with weight, on a masked one:
-        // the best allowed token stands in for it.
-        let token = match self.vocab.advance(self.prefix, token) {
-            Some(_) => token,
-            None => self
-                .masked
-                .iter()
-                .enumerate()
-                .max_by(|a, b| a.1.total_cmp(b.1).then(b.0.cmp(&a.0)))
-                .map_or(0, |(id, _)| id as u32),
+        // the best allowed token (greedy's choice on the masked row) stands in for it.
+        let token = match self.vocab.advance(self.prefix, drawn) {
+            Some(_) => drawn,
+            None => argmax(&self.masked),
         };
         self.prefix = self
             .vocab

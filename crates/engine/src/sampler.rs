@@ -192,7 +192,7 @@ fn from_key(key: u64) -> (u32, f32) {
 /// first, then its first position: both passes are branch-free over chunks, which the
 /// compiler vectorizes (a compare-and-branch loop over the vocabulary was a fifth of a
 /// batch's serial work per step).
-fn argmax(logits: &[f32]) -> u32 {
+pub(crate) fn argmax(logits: &[f32]) -> u32 {
     let best = logits.iter().map(|&l| order_key(l)).max().unwrap_or(0);
     first_where(logits, |l| order_key(l) == best).unwrap_or(0) as u32
 }
