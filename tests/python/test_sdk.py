@@ -121,16 +121,42 @@ def openai_json_mode_and_logit_bias():
     assert isinstance(json.loads(r.choices[0].message.content), dict), r
     try:
         oa.chat.completions.create(model=MODEL, messages=MSGS, max_tokens=2, response_format={
-            "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}})
-        raise AssertionError("json_schema accepted")
+            "type": "json_schema", "json_schema": {"name": "x", "schema": {
+                "type": "object", "properties": {"a": {"type": "string", "pattern": "^a"}}}}})
+        raise AssertionError("a schema with 'pattern' accepted")
     except openai.BadRequestError as e:
-        assert e.status_code == 400
+        assert e.status_code == 400 and "pattern" in str(e), e
     best = oa.chat.completions.create(model=MODEL, messages=MSGS, temperature=0, max_tokens=1,
                                       logprobs=True, top_logprobs=2).choices[0].logprobs.content[0]
     token_id = tokenize(best.token)
     banned = oa.chat.completions.create(model=MODEL, messages=MSGS, temperature=0, max_tokens=1,
                                         logprobs=True, logit_bias={str(token_id): -100})
     assert banned.choices[0].logprobs.content[0].token == best.top_logprobs[1].token, banned
+
+
+@check
+def openai_structured_output_parses_into_pydantic_models():
+    # The SDK turns the models into a strict schema ($defs and $ref, enums, a nullable
+    # field) and pydantic validates the reply: an oracle independent of the server.
+    import typing
+
+    import pydantic
+
+    class Pet(pydantic.BaseModel):
+        name: str
+        kind: typing.Literal["cat", "dog"]
+
+    class Person(pydantic.BaseModel):
+        name: str
+        age: int
+        pets: list[Pet]
+        nickname: typing.Optional[str]
+
+    parse = getattr(oa.chat.completions, "parse", None) or oa.beta.chat.completions.parse
+    r = parse(model=MODEL, temperature=0, max_tokens=200, response_format=Person,
+              messages=[{"role": "user", "content": "Ada is 36 and has a cat named Tom. As JSON."}])
+    assert r.choices[0].finish_reason == "stop", r
+    assert isinstance(r.choices[0].message.parsed, Person), r
 
 
 @check

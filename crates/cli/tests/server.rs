@@ -217,7 +217,7 @@ fn logit_bias_bans_and_forces_tokens() {
 /// JSON mode (`response_format` `json_object`, and `text.format` in responses). Oracles:
 /// serde_json parses every output that ended by itself as one object; an output cut by the
 /// token limit is still a prefix of one (the grammar's own check); streaming gives the
-/// plain text; JSON schemas are refused, not ignored.
+/// plain text.
 #[test]
 fn json_mode_holds_output_to_one_object() {
     use ferrite_engine::json_prefix::JsonPrefix;
@@ -276,13 +276,113 @@ fn json_mode_holds_output_to_one_object() {
         object(v["output"][0]["content"][0]["text"].as_str().unwrap()),
         "{v}"
     );
-    let schema = json!({"type": "json_schema", "name": "x", "schema": {"type": "object"}});
+}
+
+/// A person's schema for the structured-output test, and a check of a value against it
+/// written from the schema by hand: exactly its keys, in its order, of its types.
+fn person_schema() -> Value {
+    json!({"type": "object", "properties": {
+        "name": {"type": "string"},
+        "age": {"type": "integer"},
+        "hobbies": {"type": "array", "items": {"type": "string"}, "maxItems": 3},
+        "mood": {"enum": ["happy", "sad"]}
+    }, "required": ["name", "age", "hobbies", "mood"], "additionalProperties": false})
+}
+
+fn is_person(text: &str) -> bool {
+    let Ok(Value::Object(v)) = serde_json::from_str::<Value>(text) else {
+        return false;
+    };
+    let keys: Vec<&str> = v.keys().map(String::as_str).collect();
+    keys == ["name", "age", "hobbies", "mood"]
+        && v["name"].is_string()
+        && (v["age"].is_i64() || v["age"].is_u64())
+        && v["hobbies"]
+            .as_array()
+            .is_some_and(|h| h.len() <= 3 && h.iter().all(Value::is_string))
+        && (v["mood"] == "happy" || v["mood"] == "sad")
+}
+
+/// Structured outputs (`response_format` `json_schema`; `text.format` in responses, echoed).
+/// Oracles: [`is_person`] on every output that ended by itself; the schema grammar's own
+/// check on outputs cut by the token limit; streaming gives the plain text; a schema the
+/// server cannot enforce is refused with the parameter named.
+#[test]
+fn json_schema_holds_output_to_the_schema() {
+    use ferrite_engine::json_schema::JsonSchema;
+    use ferrite_engine::json_schema_prefix::SchemaPrefix;
+    let server = start();
+    let compiled = JsonSchema::compile(&person_schema()).unwrap();
+    let format = json!({"response_format": {"type": "json_schema",
+        "json_schema": {"name": "person", "strict": true, "schema": person_schema()}}});
+    let mut finished = 0;
+    for (prompt, sampling) in [
+        ("Describe a person named Ada who is 36, as JSON.", json!({})),
+        ("Hi", json!({})),
+        (
+            "Tell me about a sailor.",
+            json!({"temperature": 1.0, "seed": 1}),
+        ),
+        (
+            "Tell me about a sailor.",
+            json!({"temperature": 0.9, "seed": 2, "top_p": 0.9}),
+        ),
+    ] {
+        let body = with(with(chat(prompt, 120), format.clone()), sampling);
+        let r = server.post("/v1/chat/completions", &body);
+        assert_eq!(r.status, 200, "{}", r.body);
+        let v = r.json();
+        let text = v["choices"][0]["message"]["content"].as_str().unwrap();
+        match v["choices"][0]["finish_reason"].as_str().unwrap() {
+            "stop" => {
+                assert!(is_person(text), "{text:?}");
+                finished += 1;
+            }
+            "length" => assert!(
+                SchemaPrefix::new()
+                    .feed(&compiled, text.as_bytes())
+                    .is_some(),
+                "{text:?}"
+            ),
+            other => panic!("finish {other}: {v}"),
+        }
+        let stream = server.post("/v1/chat/completions", &with(body, json!({"stream": true})));
+        assert_eq!(chat_stream_text(&stream).0, text);
+    }
+    assert!(finished >= 2, "only {finished} of 4 outputs were whole");
+    let comp = with(
+        json!({"model": MODEL, "prompt": "A person, as JSON:", "max_tokens": 120, "temperature": 0}),
+        format,
+    );
+    let v = server.post("/v1/completions", &comp).json();
+    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+    assert!(is_person(v["choices"][0]["text"].as_str().unwrap()), "{v}");
+    let text_format = json!({"type": "json_schema", "name": "person", "schema": person_schema()});
+    let resp = json!({"model": MODEL, "input": "Describe a person as JSON.", "max_output_tokens": 120,
+        "temperature": 0, "text": {"format": text_format}});
+    let v = server.post("/v1/responses", &resp).json();
+    assert_eq!(v["text"]["format"], text_format, "{v}");
+    assert_eq!(v["status"], "completed", "{v}");
+    assert!(
+        is_person(v["output"][0]["content"][0]["text"].as_str().unwrap()),
+        "{v}"
+    );
+    let unsupported = json!({"type": "json_schema", "name": "x",
+        "schema": {"type": "object", "properties": {"a": {"type": "string", "pattern": "^a"}}}});
     let r = server.post(
         "/v1/responses",
-        &with(resp, json!({"text": {"format": schema}})),
+        &with(resp, json!({"text": {"format": unsupported}})),
     );
     assert_eq!(r.status, 400, "{}", r.body);
-    assert_eq!(r.json()["error"]["param"], "text.format");
+    let e = r.json();
+    assert_eq!(e["error"]["param"], "text.format", "{e}");
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("\"pattern\""),
+        "{e}"
+    );
 }
 
 #[test]
@@ -555,10 +655,12 @@ fn bad_input_and_api_key() {
         json!({"7": 100.5}),
         json!({"7": "1"}),
     ];
-    // So is every output format but text and JSON objects, JSON schemas included.
+    // So is every output format but text, JSON objects and schemas the server enforces.
     let formats = [
         json!("json_object"),
         json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}),
+        json!({"type": "json_schema", "json_schema": {"name": "x"}}),
+        json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string"}}}),
         json!({"type": "xml"}),
         json!({"schema": {}}),
     ];

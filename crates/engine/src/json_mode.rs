@@ -1,5 +1,6 @@
 //! JSON mode: sampling held to one JSON object (OpenAI's `response_format` `json_object`),
-//! token by token, through the byte grammar of [`crate::json_prefix`].
+//! or to a JSON schema (`json_schema`), token by token, through the byte grammars of
+//! [`crate::json_prefix`] and [`crate::json_schema_prefix`].
 //!
 //! Each step samples the raw row first and keeps the token when its bytes continue the
 //! object; otherwise every token that cannot continue it is set to `-inf` and the sampler
@@ -14,7 +15,62 @@
 use std::sync::Arc;
 
 use crate::json_prefix::JsonPrefix;
+use crate::json_schema::JsonSchema;
+use crate::json_schema_prefix::SchemaPrefix;
 use crate::sampler::{SampleError, Sampler, argmax};
+
+/// What the output is held to.
+#[derive(Debug, Clone, PartialEq)]
+pub enum JsonGrammar {
+    /// Any one JSON object.
+    Object,
+    /// A value of this schema.
+    Schema(Arc<JsonSchema>),
+}
+
+/// How far a [`JsonGrammar`]'s text has got.
+// Unboxed on purpose: the mask copies the state once per token of the vocabulary, and a
+// boxed schema state would allocate for each.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JsonState {
+    /// Of [`JsonGrammar::Object`].
+    Object(JsonPrefix),
+    /// Of [`JsonGrammar::Schema`].
+    Schema(SchemaPrefix),
+}
+
+impl JsonGrammar {
+    /// The state of empty output.
+    pub fn start(&self) -> JsonState {
+        match self {
+            JsonGrammar::Object => JsonState::Object(JsonPrefix::new()),
+            JsonGrammar::Schema(_) => JsonState::Schema(SchemaPrefix::new()),
+        }
+    }
+
+    /// `state` extended by `bytes`, or `None` when the grammar has no text starting so.
+    /// `state` must come from this grammar.
+    pub fn feed(&self, state: JsonState, bytes: &[u8]) -> Option<JsonState> {
+        match (self, state) {
+            (JsonGrammar::Object, JsonState::Object(p)) => p.feed(bytes).map(JsonState::Object),
+            (JsonGrammar::Schema(s), JsonState::Schema(p)) => {
+                p.feed(s, bytes).map(JsonState::Schema)
+            }
+            _ => None,
+        }
+    }
+}
+
+impl JsonState {
+    /// Whether the text is whole.
+    pub fn is_complete(&self) -> bool {
+        match self {
+            JsonState::Object(p) => p.is_complete(),
+            JsonState::Schema(p) => p.is_complete(),
+        }
+    }
+}
 
 /// What JSON mode needs of a vocabulary: each token's bytes and the end-of-generation ids.
 #[derive(Debug)]
@@ -38,27 +94,32 @@ impl JsonVocab {
         JsonVocab { data, offsets, eog }
     }
 
-    /// The prefix after `token`, or `None` when `token` cannot follow `prefix`. A token with
-    /// no bytes never can (it would make no progress), except an end-of-generation token
-    /// once the object is complete.
-    pub fn advance(&self, prefix: JsonPrefix, token: u32) -> Option<JsonPrefix> {
+    /// The state after `token`, or `None` when `token` cannot follow `state` in `grammar`. A
+    /// token with no bytes never can (it would make no progress), except an
+    /// end-of-generation token once the text is complete.
+    pub fn advance(
+        &self,
+        grammar: &JsonGrammar,
+        state: JsonState,
+        token: u32,
+    ) -> Option<JsonState> {
         if self.eog.contains(&token) {
-            return prefix.is_complete().then_some(prefix);
+            return state.is_complete().then_some(state);
         }
         let i = token as usize;
         let bytes = &self.data[*self.offsets.get(i)?..*self.offsets.get(i + 1)?];
         if bytes.is_empty() {
             return None;
         }
-        prefix.feed(bytes)
+        grammar.feed(state, bytes)
     }
 
-    /// Sets the logit of every token that cannot follow `prefix` to `-inf`; returns how many
-    /// tokens remain.
-    pub fn mask(&self, prefix: JsonPrefix, logits: &mut [f32]) -> usize {
+    /// Sets the logit of every token that cannot follow `state` in `grammar` to `-inf`;
+    /// returns how many tokens remain.
+    pub fn mask(&self, grammar: &JsonGrammar, state: JsonState, logits: &mut [f32]) -> usize {
         let mut allowed = 0;
         for (id, l) in logits.iter_mut().enumerate() {
-            if self.advance(prefix, id as u32).is_some() {
+            if self.advance(grammar, state, id as u32).is_some() {
                 allowed += 1;
             } else {
                 *l = f32::NEG_INFINITY;
@@ -75,28 +136,30 @@ pub enum JsonModeError {
     /// The sampler failed on the row.
     #[error(transparent)]
     Sample(#[from] SampleError),
-    /// No token of the vocabulary continues the object (a vocabulary without the bytes
-    /// JSON needs, or without an end-of-generation token).
-    #[error("JSON mode: no token of the vocabulary can continue the JSON object")]
+    /// No token of the vocabulary continues the text (a vocabulary without the bytes JSON
+    /// needs, or without an end-of-generation token).
+    #[error("JSON mode: no token of the vocabulary can continue the JSON text")]
     NoToken,
 }
 
-/// A sampler held to one JSON object.
+/// A sampler held to a [`JsonGrammar`].
 #[derive(Debug)]
 pub struct JsonSampler {
     sampler: Sampler,
     vocab: Arc<JsonVocab>,
-    prefix: JsonPrefix,
+    grammar: JsonGrammar,
+    state: JsonState,
     masked: Vec<f32>,
 }
 
 impl JsonSampler {
-    /// Holds `sampler` to JSON over `vocab`, starting from empty output.
-    pub fn new(sampler: Sampler, vocab: Arc<JsonVocab>) -> JsonSampler {
+    /// Holds `sampler` to `grammar` over `vocab`, starting from empty output.
+    pub fn new(sampler: Sampler, vocab: Arc<JsonVocab>, grammar: JsonGrammar) -> JsonSampler {
         JsonSampler {
             sampler,
             vocab,
-            prefix: JsonPrefix::new(),
+            state: grammar.start(),
+            grammar,
             masked: Vec::new(),
         }
     }
@@ -105,32 +168,32 @@ impl JsonSampler {
     /// [`Sampler::next_token`].
     pub fn next_token(&mut self, logits: &[f32], history: &[u32]) -> Result<u32, JsonModeError> {
         let first = self.sampler.next_token(logits, history)?;
-        if let Some(next) = self.vocab.advance(self.prefix, first) {
-            self.prefix = next;
+        if let Some(next) = self.vocab.advance(&self.grammar, self.state, first) {
+            self.state = next;
             return Ok(first);
         }
         self.masked.clear();
         self.masked.extend_from_slice(logits);
-        if self.vocab.mask(self.prefix, &mut self.masked) == 0 {
+        if self.vocab.mask(&self.grammar, self.state, &mut self.masked) == 0 {
             return Err(JsonModeError::NoToken);
         }
         let drawn = self.sampler.next_token(&self.masked, history)?;
         // A draw's rounding can land past the last candidate with weight, on a masked one:
         // the best allowed token (greedy's choice on the masked row) stands in for it.
-        let token = match self.vocab.advance(self.prefix, drawn) {
+        let token = match self.vocab.advance(&self.grammar, self.state, drawn) {
             Some(_) => drawn,
             None => argmax(&self.masked),
         };
-        self.prefix = self
+        self.state = self
             .vocab
-            .advance(self.prefix, token)
+            .advance(&self.grammar, self.state, token)
             .ok_or(JsonModeError::NoToken)?;
         Ok(token)
     }
 
-    /// Whether the output so far is one whole JSON object.
+    /// Whether the output so far is whole.
     pub fn is_complete(&self) -> bool {
-        self.prefix.is_complete()
+        self.state.is_complete()
     }
 }
 

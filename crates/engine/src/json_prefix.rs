@@ -45,7 +45,7 @@ enum At {
 
 /// States of a number: `-? (0 | [1-9][0-9]*) (. [0-9]+)? ([eE] [+-]? [0-9]+)?`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Num {
+pub(crate) enum Num {
     Minus,
     Zero,
     Int,
@@ -57,10 +57,54 @@ enum Num {
 }
 
 impl Num {
+    /// The state after a number's first byte, if `b` can begin one.
+    pub(crate) fn start(b: u8) -> Option<Num> {
+        match b {
+            b'-' => Some(Num::Minus),
+            b'0' => Some(Num::Zero),
+            b'1'..=b'9' => Some(Num::Int),
+            _ => None,
+        }
+    }
+
+    /// The state after `b`, if `b` extends the number (`integer`: no fraction or exponent).
+    pub(crate) fn next(self, b: u8, integer: bool) -> Option<Num> {
+        Some(match (self, b) {
+            (Num::Minus, b'0') => Num::Zero,
+            (Num::Minus, b'1'..=b'9') => Num::Int,
+            (Num::Int, b'0'..=b'9') => Num::Int,
+            _ if integer => return None,
+            (Num::Zero | Num::Int, b'.') => Num::Point,
+            (Num::Point | Num::Frac, b'0'..=b'9') => Num::Frac,
+            (Num::Zero | Num::Int | Num::Frac, b'e' | b'E') => Num::Exp,
+            (Num::Exp, b'+' | b'-') => Num::ExpSign,
+            (Num::Exp | Num::ExpSign | Num::ExpDigits, b'0'..=b'9') => Num::ExpDigits,
+            _ => return None,
+        })
+    }
+
     /// Whether the number may end here.
-    fn complete(self) -> bool {
+    pub(crate) fn complete(self) -> bool {
         matches!(self, Num::Zero | Num::Int | Num::Frac | Num::ExpDigits)
     }
+}
+
+/// A byte inside a string after `escape` bytes of an escape sequence (0: none; 1: the
+/// backslash; 2..=5: `\u` and that many hex digits less 2): `Some(None)` when it closes the
+/// string, `Some(Some(escape))` when the string goes on, `None` when it cannot be there.
+pub(crate) fn string_byte(escape: u8, b: u8) -> Option<Option<u8>> {
+    Some(Some(match (escape, b) {
+        (0, b'"') => return Some(None),
+        (0, b'\\') => 1,
+        // Control characters must be escaped; every other byte (UTF-8 included) is text.
+        (0, 0..0x20) => return None,
+        (0, _) => 0,
+        (1, b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => 0,
+        (1, b'u') => 2,
+        (2..=4, b) if b.is_ascii_hexdigit() => escape + 1,
+        (5, b) if b.is_ascii_hexdigit() => 0,
+        _ => return None,
+    }))
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -222,9 +266,7 @@ impl JsonPrefix {
                 key: false,
                 escape: 0,
             },
-            b'-' => At::Num(Num::Minus),
-            b'0' => At::Num(Num::Zero),
-            b'1'..=b'9' => At::Num(Num::Int),
+            b'-' | b'0'..=b'9' => At::Num(Num::start(b)?),
             b't' => At::Literal {
                 word: Word::True,
                 rest: 3,
@@ -243,49 +285,28 @@ impl JsonPrefix {
     }
 
     fn string_byte(&mut self, key: bool, escape: u8, b: u8) -> Option<()> {
-        let escape = match (escape, b) {
-            (0, b'"') => {
-                if key {
-                    self.at = At::Colon;
-                } else {
-                    self.end_value();
-                }
-                return Some(());
-            }
-            (0, b'\\') => 1,
-            // Control characters must be escaped; every other byte (UTF-8 included) is text.
-            (0, 0..0x20) => return None,
-            (0, _) => 0,
-            (1, b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => 0,
-            (1, b'u') => 2,
-            (2..=4, b) if b.is_ascii_hexdigit() => escape + 1,
-            (5, b) if b.is_ascii_hexdigit() => 0,
-            _ => return None,
-        };
-        self.at = At::Str { key, escape };
+        match string_byte(escape, b)? {
+            Some(escape) => self.at = At::Str { key, escape },
+            None if key => self.at = At::Colon,
+            None => self.end_value(),
+        }
         Some(())
     }
 
     /// A byte inside a number; a byte that cannot extend a complete number ends it and is
     /// read again as what follows the value.
     fn number_byte(&mut self, n: Num, b: u8) -> Option<()> {
-        let next = match (n, b) {
-            (Num::Minus, b'0') => Num::Zero,
-            (Num::Minus, b'1'..=b'9') => Num::Int,
-            (Num::Int, b'0'..=b'9') => Num::Int,
-            (Num::Zero | Num::Int, b'.') => Num::Point,
-            (Num::Point | Num::Frac, b'0'..=b'9') => Num::Frac,
-            (Num::Zero | Num::Int | Num::Frac, b'e' | b'E') => Num::Exp,
-            (Num::Exp, b'+' | b'-') => Num::ExpSign,
-            (Num::Exp | Num::ExpSign | Num::ExpDigits, b'0'..=b'9') => Num::ExpDigits,
-            (n, b) if n.complete() => {
-                self.end_value();
-                return self.push(b);
+        match n.next(b, false) {
+            Some(next) => {
+                self.at = At::Num(next);
+                Some(())
             }
-            _ => return None,
-        };
-        self.at = At::Num(next);
-        Some(())
+            None if n.complete() => {
+                self.end_value();
+                self.push(b)
+            }
+            None => None,
+        }
     }
 }
 

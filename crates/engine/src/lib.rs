@@ -15,6 +15,8 @@
 pub mod generate;
 pub mod json_mode;
 pub mod json_prefix;
+pub mod json_schema;
+pub mod json_schema_prefix;
 pub mod rng;
 pub mod sampler;
 #[cfg(test)]

@@ -5,7 +5,10 @@
 //! from the returned channel. Dropping that receiver is the cancellation signal: the engine
 //! notices the closed channel at its next step boundary and frees the slot.
 
+use std::sync::Arc;
 use std::time::Duration;
+
+use ferrite_engine::json_schema::JsonSchema;
 
 use tokio::sync::mpsc::UnboundedReceiver;
 
@@ -33,13 +36,15 @@ pub struct SamplingParams {
 }
 
 /// What a generation's output must be (OpenAI's `response_format`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub enum OutputFormat {
     /// Any text.
     #[default]
     Text,
     /// One JSON object, then the end of generation (JSON mode).
     JsonObject,
+    /// A value of this schema, then the end of generation (structured outputs).
+    JsonSchema(Arc<JsonSchema>),
 }
 
 impl Default for SamplingParams {

@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio_stream::Stream;
 
-use crate::backend::{ChatPrompt, FinishReason, GenEvent, OutputFormat, SamplingParams, Usage};
+use crate::backend::{ChatPrompt, FinishReason, GenEvent, SamplingParams, Usage};
 use crate::error::{ApiError, Flavor};
 use crate::generate::{self, Finished, GenOptions};
 use crate::metrics::RequestLog;
@@ -41,8 +41,8 @@ struct Shape {
     tool_choice: Value,
     /// Whether tool calls are parsed from the output.
     with_tools: bool,
-    /// The output format, echoed as `text.format`.
-    format: OutputFormat,
+    /// The output format object, echoed as `text.format`.
+    format: Value,
 }
 
 impl Shape {
@@ -61,10 +61,7 @@ impl Shape {
             "model": self.model, "output": output, "parallel_tool_calls": true,
             "previous_response_id": null, "temperature": self.temperature, "top_p": self.top_p,
             "tool_choice": self.tool_choice, "tools": self.tools,
-            "text": {"format": {"type": match self.format {
-                OutputFormat::Text => "text",
-                OutputFormat::JsonObject => "json_object",
-            }}},
+            "text": {"format": self.format},
             "truncation": "disabled", "metadata": {}, "store": false,
             "usage": usage.map_or(Value::Null, |u| json!({
                 "input_tokens": u.prompt_tokens,
@@ -201,11 +198,13 @@ async fn respond(
     let prompt = backend.tokenize(&rendered, true, true);
     generate::check_prompt(backend.as_ref(), &prompt, "input")?;
     let room = generate::room(backend.as_ref(), prompt.len());
-    let text = parse::opt_object(&obj, "text")?;
-    let format = match text {
-        Some(t) => generate::output_format(parse::opt_object(t, "format")?, "text.format")?,
-        None => OutputFormat::Text,
+    let format_obj = match parse::opt_object(&obj, "text")? {
+        Some(t) => parse::opt_object(t, "format")?,
+        None => None,
     };
+    let format = generate::output_format(format_obj, "text.format")?;
+    let format_echo =
+        format_obj.map_or_else(|| json!({"type": "text"}), |f| Value::Object(f.clone()));
     let opts = GenOptions {
         sampling: SamplingParams {
             format,
@@ -232,7 +231,7 @@ async fn respond(
         tools: Value::Array(client_tools),
         tool_choice: choice,
         with_tools,
-        format,
+        format: format_echo,
     };
     if stream {
         return Ok(crate::openai::sse(&state, response_events(log, rx, shape)));

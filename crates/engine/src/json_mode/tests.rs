@@ -25,7 +25,7 @@ fn sampler(temperature: f32, seed: u64) -> JsonSampler {
         seed,
         ..SamplerConfig::default()
     };
-    JsonSampler::new(Sampler::new(cfg).unwrap(), vocab())
+    JsonSampler::new(Sampler::new(cfg).unwrap(), vocab(), JsonGrammar::Object)
 }
 
 /// Runs `s` until it emits EOS (returned text, true) or `steps` tokens (false).
@@ -107,7 +107,11 @@ fn sampled_output_stays_a_json_prefix_and_ends_only_when_whole() {
 #[test]
 fn a_vocabulary_that_cannot_open_an_object_is_an_error() {
     let vocab = Arc::new(JsonVocab::new(["", "x", "}"], vec![0]));
-    let mut s = JsonSampler::new(Sampler::new(SamplerConfig::default()).unwrap(), vocab);
+    let mut s = JsonSampler::new(
+        Sampler::new(SamplerConfig::default()).unwrap(),
+        vocab,
+        JsonGrammar::Object,
+    );
     assert_eq!(
         s.next_token(&[0.0, 1.0, 2.0], &[]),
         Err(JsonModeError::NoToken)
@@ -134,17 +138,18 @@ fn the_mask_refuses_exactly_the_tokens_that_cannot_follow() {
         r#"{"a": [1, -2.5e3, "x\"y", {"b": null}], "c": true}"#,
         "{}",
     ] {
-        let mut prefix = JsonPrefix::new();
+        let g = JsonGrammar::Object;
+        let mut prefix = g.start();
         for i in 0..=text.len() {
             let mut row = vec![0.0f32; tokens.len() + 3];
-            let allowed = vocab.mask(prefix, &mut row);
+            let allowed = vocab.mask(&g, prefix, &mut row);
             for (id, l) in row.iter().enumerate() {
-                let want = id < tokens.len() && vocab.advance(prefix, id as u32).is_some();
+                let want = id < tokens.len() && vocab.advance(&g, prefix, id as u32).is_some();
                 assert_eq!(*l == 0.0, want, "{text:?} after {i} bytes, token {id}");
             }
             assert_eq!(allowed, row.iter().filter(|l| **l == 0.0).count());
             if let Some(&b) = text.as_bytes().get(i) {
-                prefix = prefix.feed(&[b]).unwrap();
+                prefix = g.feed(prefix, &[b]).unwrap();
             }
         }
     }

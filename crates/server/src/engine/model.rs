@@ -6,7 +6,7 @@ use std::sync::mpsc::{Receiver, SyncSender, channel, sync_channel};
 use std::sync::{Arc, OnceLock};
 
 use ferrite_cpu::ThreadPool;
-use ferrite_engine::json_mode::{JsonSampler, JsonVocab};
+use ferrite_engine::json_mode::{JsonGrammar, JsonSampler, JsonVocab};
 use ferrite_engine::{Sampler, SamplerConfig, raw_logprobs};
 use ferrite_model::{Batch, KvType, LoadOptions, Model, Outputs, Session, check_kv_memory};
 use ferrite_tokenizer::{TokenType, Tokenizer};
@@ -64,6 +64,8 @@ struct RequestSampler {
     logprobs: Option<usize>,
 }
 
+// One per request and never copied, so the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
 enum Chooser {
     Free(Sampler),
     Json(JsonSampler),
@@ -130,16 +132,21 @@ impl Runtime for ModelRuntime<'_> {
             logit_bias: p.logit_bias.clone(),
         };
         let sampler = Sampler::new(cfg).map_err(|e| e.to_string())?;
-        let chooser = match p.format {
-            OutputFormat::Text => Chooser::Free(sampler),
-            OutputFormat::JsonObject => {
+        let grammar = match &p.format {
+            OutputFormat::Text => None,
+            OutputFormat::JsonObject => Some(JsonGrammar::Object),
+            OutputFormat::JsonSchema(s) => Some(JsonGrammar::Schema(Arc::clone(s))),
+        };
+        let chooser = match grammar {
+            None => Chooser::Free(sampler),
+            Some(grammar) => {
                 let vocab = self.json_vocab.get_or_init(|| {
                     let tok = self.tokenizer;
                     let bytes = (0..tok.vocab_size() as u32)
                         .map(|id| tok.token_bytes(id).unwrap_or_default());
                     Arc::new(JsonVocab::new(bytes, self.eog.clone()))
                 });
-                Chooser::Json(JsonSampler::new(sampler, Arc::clone(vocab)))
+                Chooser::Json(JsonSampler::new(sampler, Arc::clone(vocab), grammar))
             }
         };
         Ok(Box::new(RequestSampler {

@@ -1,0 +1,425 @@
+//! JSON schemas compiled for constrained decoding (OpenAI's `response_format` `json_schema`):
+//! a subset of JSON Schema that can be enforced byte by byte, turned into the node tree
+//! that [`crate::json_schema_prefix`] walks.
+//!
+//! What is generated is a subset of what the schema accepts, chosen so that a byte grammar
+//! can hold the output to it: properties in the schema's order, optional ones possibly
+//! skipped, no properties the schema does not list; numbers and strings in any valid form;
+//! `enum` and `const` values in their compact JSON text. So every complete output is valid
+//! against the schema.
+//!
+//! Keywords that would constrain output in ways the grammar cannot enforce (`pattern`,
+//! `minimum`, `minLength`, recursive `$ref`, ...) are refused with an error naming them,
+//! never ignored: a schema is either enforced whole or refused. Annotations (`title`,
+//! `description`, ...) are ignored.
+
+use serde_json::{Map, Value};
+
+use crate::json_prefix::MAX_DEPTH;
+
+/// Most properties one object schema may list (the grammar tracks them in a 64-bit set).
+pub const MAX_PROPERTIES: usize = 64;
+
+/// Most nodes a compiled schema may have (inlined `$ref`s count each time).
+pub const MAX_NODES: usize = 4096;
+
+/// Most values an `enum` may list.
+pub const MAX_ENUM: usize = 1024;
+
+/// Index of a node in [`JsonSchema::nodes`].
+pub(crate) type NodeId = u16;
+
+/// One value position of the schema.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Node {
+    /// An object with these properties, in order: each key's JSON text (quotes included) and
+    /// its value's node; `required` has bit `i` set when property `i` must appear.
+    Object {
+        props: Vec<(Vec<u8>, NodeId)>,
+        required: u64,
+    },
+    /// An array of `items`, with at least `min` and at most `max` (`None`: any number).
+    Array {
+        items: NodeId,
+        min: u16,
+        max: Option<u16>,
+    },
+    /// Any string.
+    String,
+    /// Any number, or only integers (`-? (0 | [1-9][0-9]*)`).
+    Number { integer: bool },
+    /// One of these JSON texts, sorted and distinct (`enum`, `const`, booleans, null).
+    Literals(Vec<Vec<u8>>),
+    /// One of these nodes, which begin with different bytes (so the first byte chooses).
+    Union(Vec<NodeId>),
+}
+
+/// A compiled schema; the root (node 0) is an object.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JsonSchema {
+    pub(crate) nodes: Vec<Node>,
+}
+
+/// Why a schema cannot be enforced.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct SchemaError(String);
+
+fn err<T>(msg: impl Into<String>) -> Result<T, SchemaError> {
+    Err(SchemaError(msg.into()))
+}
+
+/// Keywords that only describe and never constrain.
+const ANNOTATIONS: [&str; 12] = [
+    "title",
+    "description",
+    "default",
+    "examples",
+    "$schema",
+    "$id",
+    "$comment",
+    "deprecated",
+    "readOnly",
+    "writeOnly",
+    "$defs",
+    "definitions",
+];
+
+impl JsonSchema {
+    /// Compiles `schema`, whose root must be an object schema.
+    pub fn compile(schema: &Value) -> Result<JsonSchema, SchemaError> {
+        let mut c = Compiler {
+            root: schema,
+            nodes: Vec::new(),
+            refs: Vec::new(),
+        };
+        let root = c.reserve()?;
+        c.fill(root, schema, 1)?;
+        if !matches!(c.nodes[0], Node::Object { .. }) {
+            return err("the schema's root must be an object (\"type\": \"object\")");
+        }
+        Ok(JsonSchema { nodes: c.nodes })
+    }
+
+    pub(crate) fn node(&self, id: NodeId) -> &Node {
+        &self.nodes[id as usize]
+    }
+
+    /// Whether `b` can begin a value of node `id`.
+    pub(crate) fn can_begin(&self, id: NodeId, b: u8) -> bool {
+        match self.node(id) {
+            Node::Object { .. } => b == b'{',
+            Node::Array { .. } => b == b'[',
+            Node::String => b == b'"',
+            Node::Number { .. } => b == b'-' || b.is_ascii_digit(),
+            Node::Literals(texts) => texts.iter().any(|t| t[0] == b),
+            Node::Union(alts) => alts.iter().any(|&a| self.can_begin(a, b)),
+        }
+    }
+}
+
+struct Compiler<'a> {
+    root: &'a Value,
+    nodes: Vec<Node>,
+    /// `$ref`s being inlined, outermost first (a reference to one of them recurses).
+    refs: Vec<String>,
+}
+
+impl<'a> Compiler<'a> {
+    /// A placeholder node to fill in, so that a parent can be numbered before its children.
+    fn reserve(&mut self) -> Result<NodeId, SchemaError> {
+        if self.nodes.len() >= MAX_NODES {
+            return err(format!("the schema has more than {MAX_NODES} nodes"));
+        }
+        self.nodes.push(Node::String);
+        Ok((self.nodes.len() - 1) as NodeId)
+    }
+
+    fn child(&mut self, schema: &'a Value, depth: usize) -> Result<NodeId, SchemaError> {
+        let id = self.reserve()?;
+        self.fill(id, schema, depth)?;
+        Ok(id)
+    }
+
+    /// Compiles `schema` into node `id`; `depth` counts the objects and arrays around it,
+    /// itself included when it is one.
+    fn fill(&mut self, id: NodeId, schema: &'a Value, depth: usize) -> Result<(), SchemaError> {
+        let Some(obj) = schema.as_object() else {
+            return err(format!("a schema must be an object, not {schema}"));
+        };
+        if let Some(r) = obj.get("$ref") {
+            if obj.len()
+                > 1 + obj
+                    .keys()
+                    .filter(|k| ANNOTATIONS.contains(&k.as_str()))
+                    .count()
+            {
+                return err("\"$ref\" with other constraining keywords is not supported");
+            }
+            return self.reference(id, r, depth);
+        }
+        for key in obj.keys() {
+            let known = ANNOTATIONS.contains(&key.as_str())
+                || matches!(
+                    key.as_str(),
+                    "type"
+                        | "enum"
+                        | "const"
+                        | "anyOf"
+                        | "oneOf"
+                        | "properties"
+                        | "required"
+                        | "additionalProperties"
+                        | "items"
+                        | "minItems"
+                        | "maxItems"
+                );
+            if !known {
+                return err(format!("the schema keyword \"{key}\" is not supported"));
+            }
+        }
+        // Object and array keywords need their type among the schema's types.
+        let has_type = |t: &str| match obj.get("type") {
+            Some(Value::String(u)) => u == t,
+            Some(Value::Array(us)) => us.iter().any(|u| u == t),
+            _ => false,
+        };
+        for (keys, ty) in [
+            (
+                &["properties", "required", "additionalProperties"][..],
+                "object",
+            ),
+            (&["items", "minItems", "maxItems"][..], "array"),
+        ] {
+            if let Some(k) = keys.iter().find(|k| obj.contains_key(**k) && !has_type(ty)) {
+                return err(format!("\"{k}\" applies only to \"type\": \"{ty}\""));
+            }
+        }
+        let node = if let Some(values) = obj.get("enum") {
+            let Some(values) = values.as_array() else {
+                return err("\"enum\" must be an array");
+            };
+            literals(values.iter().filter(|v| fits_type(obj, v)), "enum")?
+        } else if let Some(v) = obj.get("const") {
+            literals(std::iter::once(v).filter(|v| fits_type(obj, v)), "const")?
+        } else if let Some(alts) = obj.get("anyOf").or_else(|| obj.get("oneOf")) {
+            let Some(alts) = alts.as_array().filter(|a| !a.is_empty()) else {
+                return err("\"anyOf\" and \"oneOf\" must be non-empty arrays");
+            };
+            if obj.contains_key("type") {
+                return err("\"type\" beside \"anyOf\" or \"oneOf\" is not supported");
+            }
+            let ids = alts
+                .iter()
+                .map(|a| self.child(a, depth))
+                .collect::<Result<Vec<_>, _>>()?;
+            self.union(ids)?
+        } else {
+            match obj.get("type") {
+                Some(Value::String(t)) => self.typed(obj, t, depth)?,
+                Some(Value::Array(types)) if !types.is_empty() => {
+                    let mut ids = Vec::new();
+                    for t in types {
+                        let Some(t) = t.as_str() else {
+                            return err("\"type\" lists must hold strings");
+                        };
+                        // An integer is a number: "number" alone covers both.
+                        let covered = t == "integer" && types.iter().any(|u| u == "number");
+                        if !covered {
+                            let sub = self.reserve()?;
+                            let node = self.typed(obj, t, depth)?;
+                            self.nodes[sub as usize] = node;
+                            ids.push(sub);
+                        }
+                    }
+                    self.union(ids)?
+                }
+                Some(other) => {
+                    return err(format!("\"type\" must be a string or a list, not {other}"));
+                }
+                None => {
+                    return err(
+                        "every schema needs \"type\", \"enum\", \"const\", \"anyOf\" or \"oneOf\"",
+                    );
+                }
+            }
+        };
+        self.nodes[id as usize] = node;
+        Ok(())
+    }
+
+    /// Inlines a local reference (`#/$defs/Name` or `#/definitions/Name`).
+    fn reference(&mut self, id: NodeId, r: &Value, depth: usize) -> Result<(), SchemaError> {
+        let Some(path) = r.as_str() else {
+            return err("\"$ref\" must be a string");
+        };
+        let target = path
+            .strip_prefix("#/")
+            .map(|p| {
+                p.split('/')
+                    .map(|s| s.replace("~1", "/").replace("~0", "~"))
+            })
+            .and_then(|mut parts| parts.try_fold(self.root, |v, part| v.get(part.as_str())));
+        let Some(target) = target else {
+            return err(format!("\"$ref\" {path} does not point inside the schema"));
+        };
+        if self.refs.iter().any(|p| p == path) {
+            return err(format!("recursive \"$ref\" {path} is not supported"));
+        }
+        self.refs.push(path.to_owned());
+        let filled = self.fill(id, target, depth);
+        self.refs.pop();
+        filled
+    }
+
+    fn typed(
+        &mut self,
+        obj: &'a Map<String, Value>,
+        ty: &str,
+        depth: usize,
+    ) -> Result<Node, SchemaError> {
+        let container = matches!(ty, "object" | "array");
+        if container && depth > MAX_DEPTH {
+            return err(format!(
+                "the schema nests objects and arrays more than {MAX_DEPTH} deep"
+            ));
+        }
+        Ok(match ty {
+            "object" => self.object(obj, depth + 1)?,
+            "array" => {
+                let Some(items) = obj.get("items") else {
+                    return err("an array schema needs \"items\"");
+                };
+                let count = |k: &str| -> Result<Option<u64>, SchemaError> {
+                    match obj.get(k) {
+                        None => Ok(None),
+                        Some(v) => v.as_u64().map(Some).ok_or_else(|| {
+                            SchemaError(format!("\"{k}\" must be a non-negative integer"))
+                        }),
+                    }
+                };
+                let (min, max) = (count("minItems")?.unwrap_or(0), count("maxItems")?);
+                if max.is_some_and(|m| m < min) {
+                    return err("\"minItems\" is larger than \"maxItems\"");
+                }
+                let Ok(min) = u16::try_from(min) else {
+                    return err(format!("\"minItems\" above {} is not supported", u16::MAX));
+                };
+                let items = self.child(items, depth + 1)?;
+                Node::Array {
+                    items,
+                    min,
+                    max: max.and_then(|m| u16::try_from(m).ok()),
+                }
+            }
+            "string" => Node::String,
+            "number" => Node::Number { integer: false },
+            "integer" => Node::Number { integer: true },
+            "boolean" => Node::Literals(vec![b"false".to_vec(), b"true".to_vec()]),
+            "null" => Node::Literals(vec![b"null".to_vec()]),
+            other => return err(format!("unknown \"type\": \"{other}\"")),
+        })
+    }
+
+    fn object(&mut self, obj: &'a Map<String, Value>, depth: usize) -> Result<Node, SchemaError> {
+        let props = match obj.get("properties") {
+            None => None,
+            Some(Value::Object(p)) => Some(p),
+            Some(_) => return err("\"properties\" must be an object"),
+        };
+        let props = props.into_iter().flatten();
+        if props.clone().count() > MAX_PROPERTIES {
+            return err(format!(
+                "an object schema may list at most {MAX_PROPERTIES} properties"
+            ));
+        }
+        let mut required = 0u64;
+        if let Some(req) = obj.get("required") {
+            let Some(req) = req.as_array() else {
+                return err("\"required\" must be an array of property names");
+            };
+            for name in req {
+                let i = name
+                    .as_str()
+                    .and_then(|n| props.clone().position(|(k, _)| k == n));
+                let Some(i) = i else {
+                    return err(format!("required property {name} is not in \"properties\""));
+                };
+                required |= 1 << i;
+            }
+        }
+        let mut out = Vec::new();
+        for (name, schema) in props {
+            let key = serde_json::to_vec(name).expect("a string serializes");
+            out.push((key, self.child(schema, depth)?));
+        }
+        Ok(Node::Object {
+            props: out,
+            required,
+        })
+    }
+
+    /// A union of `ids`, which must begin with different bytes.
+    fn union(&mut self, ids: Vec<NodeId>) -> Result<Node, SchemaError> {
+        if let [only] = ids[..] {
+            return Ok(self.nodes[only as usize].clone());
+        }
+        let schema = JsonSchema {
+            nodes: std::mem::take(&mut self.nodes),
+        };
+        let clash =
+            (0..=255u8).find(|&b| ids.iter().filter(|&&i| schema.can_begin(i, b)).count() > 1);
+        self.nodes = schema.nodes;
+        if let Some(b) = clash {
+            return err(format!(
+                "alternatives that can both begin with '{}' are not supported",
+                b as char
+            ));
+        }
+        Ok(Node::Union(ids))
+    }
+}
+
+/// Whether `v` has one of the schema's `type`s (or the schema has none).
+fn fits_type(obj: &Map<String, Value>, v: &Value) -> bool {
+    let is = |t: &str| match t {
+        "object" => v.is_object(),
+        "array" => v.is_array(),
+        "string" => v.is_string(),
+        "number" => v.is_number(),
+        "integer" => v.is_i64() || v.is_u64(),
+        "boolean" => v.is_boolean(),
+        "null" => v.is_null(),
+        _ => false,
+    };
+    match obj.get("type") {
+        None => true,
+        Some(Value::String(t)) => is(t),
+        Some(Value::Array(ts)) => ts.iter().filter_map(Value::as_str).any(is),
+        Some(_) => false,
+    }
+}
+
+/// The compact JSON texts of `values`, sorted and distinct.
+fn literals<'v>(
+    values: impl Iterator<Item = &'v Value>,
+    keyword: &str,
+) -> Result<Node, SchemaError> {
+    let mut texts: Vec<Vec<u8>> = values
+        .map(|v| serde_json::to_vec(v).expect("a JSON value serializes"))
+        .collect();
+    texts.sort();
+    texts.dedup();
+    if texts.is_empty() {
+        return err(format!(
+            "\"{keyword}\" allows no value of the schema's type"
+        ));
+    }
+    if texts.len() > MAX_ENUM {
+        return err(format!("\"{keyword}\" may list at most {MAX_ENUM} values"));
+    }
+    Ok(Node::Literals(texts))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,130 @@
+//! What the compiler refuses, each with an error naming the cause, and what it takes apart
+//! from the schema's own order.
+
+use serde_json::json;
+
+use super::*;
+
+fn refusal(schema: Value) -> String {
+    match JsonSchema::compile(&schema) {
+        Ok(_) => panic!("compiled {schema}"),
+        Err(e) => e.to_string(),
+    }
+}
+
+fn object_with(prop: Value) -> Value {
+    json!({"type": "object", "properties": {"p": prop}})
+}
+
+#[test]
+fn schemas_it_cannot_enforce_are_refused_by_name() {
+    let cases = [
+        (json!({"type": "string"}), "root must be an object"),
+        (json!([1]), "must be an object"),
+        (
+            object_with(json!({"type": "string", "pattern": "a+"})),
+            "\"pattern\"",
+        ),
+        (
+            object_with(json!({"type": "string", "minLength": 2})),
+            "\"minLength\"",
+        ),
+        (
+            object_with(json!({"type": "integer", "minimum": 0})),
+            "\"minimum\"",
+        ),
+        (
+            object_with(json!({"type": "string", "format": "date"})),
+            "\"format\"",
+        ),
+        (object_with(json!({})), "needs \"type\""),
+        (object_with(json!({"type": "decimal"})), "unknown \"type\""),
+        (object_with(json!({"type": 3})), "\"type\" must be"),
+        (object_with(json!({"type": "array"})), "needs \"items\""),
+        (
+            object_with(
+                json!({"type": "array", "items": {"type": "null"}, "minItems": 3, "maxItems": 2}),
+            ),
+            "larger than",
+        ),
+        (
+            object_with(json!({"type": "array", "items": {"type": "null"}, "minItems": -1})),
+            "non-negative",
+        ),
+        (
+            object_with(json!({"type": "string", "items": {"type": "null"}})),
+            "applies only to",
+        ),
+        (object_with(json!({"enum": []})), "allows no value"),
+        (
+            object_with(json!({"type": "string", "enum": [1, 2]})),
+            "allows no value",
+        ),
+        (
+            object_with(json!({"anyOf": [{"type": "number"}, {"type": "integer"}]})),
+            "both begin with '-'",
+        ),
+        (
+            object_with(json!({"anyOf": [{"type": "string"}, {"enum": ["a"]}]})),
+            "both begin with '\"'",
+        ),
+        (object_with(json!({"anyOf": []})), "non-empty"),
+        (
+            object_with(json!({"$ref": "#/$defs/Missing"})),
+            "does not point inside",
+        ),
+        (
+            json!({"$defs": {"N": {"type": "object", "properties": {"n": {"$ref": "#/$defs/N"}}}}, "$ref": "#/$defs/N"}),
+            "recursive",
+        ),
+        (
+            json!({"type": "object", "required": ["x"]}),
+            "not in \"properties\"",
+        ),
+        (
+            json!({"type": "object", "properties": (0..65).map(|i| (format!("p{i}"), json!({"type": "null"}))).collect::<Map<_, _>>()}),
+            "at most 64 properties",
+        ),
+        (
+            object_with(json!({"enum": (0..1025).collect::<Vec<_>>()})),
+            "at most 1024 values",
+        ),
+    ];
+    for (schema, want) in cases {
+        let got = refusal(schema.clone());
+        assert!(got.contains(want), "{schema}: {got:?} lacks {want:?}");
+    }
+}
+
+#[test]
+fn nesting_past_the_grammars_depth_is_refused_and_up_to_it_compiles() {
+    let nest = |levels: usize| {
+        let mut s = json!({"type": "object"});
+        for _ in 1..levels {
+            s = json!({"type": "object", "properties": {"a": s}});
+        }
+        s
+    };
+    assert!(JsonSchema::compile(&nest(MAX_DEPTH)).is_ok());
+    assert!(refusal(nest(MAX_DEPTH + 1)).contains("more than 32 deep"));
+}
+
+#[test]
+fn nodes_keep_the_schemas_order_and_requirements() {
+    let s = JsonSchema::compile(&json!({
+        "type": "object",
+        "properties": {"z": {"type": "integer"}, "a": {"type": ["string", "null"]}, "m": {"type": ["integer", "number"]}},
+        "required": ["a"]
+    }))
+    .unwrap();
+    let Node::Object { props, required } = s.node(0) else {
+        panic!("{:?}", s.node(0));
+    };
+    let keys: Vec<&[u8]> = props.iter().map(|(k, _)| &k[..]).collect();
+    assert_eq!(keys, [&b"\"z\""[..], b"\"a\"", b"\"m\""]);
+    assert_eq!(*required, 0b010);
+    assert_eq!(s.node(props[0].1), &Node::Number { integer: true });
+    assert!(matches!(s.node(props[1].1), Node::Union(alts) if alts.len() == 2));
+    // "integer" beside "number" is covered by "number".
+    assert_eq!(s.node(props[2].1), &Node::Number { integer: false });
+}
