@@ -214,6 +214,42 @@ fn logit_bias_bans_and_forces_tokens() {
     );
 }
 
+/// Runs each chat of `prompts` (prompt, sampling fields) under `format` with `max_tokens`,
+/// plain and streamed: an output that ended by itself must pass `whole`, one cut by the
+/// token limit `prefix`, and the stream must give the plain text. Returns how many ended by
+/// themselves.
+fn constrained_chats(
+    server: &Server,
+    format: &Value,
+    max_tokens: u32,
+    prompts: &[(&str, Value)],
+    whole: impl Fn(&str) -> bool,
+    prefix: impl Fn(&str) -> bool,
+) -> usize {
+    let mut finished = 0;
+    for (prompt, sampling) in prompts {
+        let body = with(
+            with(chat(prompt, max_tokens), format.clone()),
+            sampling.clone(),
+        );
+        let r = server.post("/v1/chat/completions", &body);
+        assert_eq!(r.status, 200, "{}", r.body);
+        let v = r.json();
+        let text = v["choices"][0]["message"]["content"].as_str().unwrap();
+        match v["choices"][0]["finish_reason"].as_str().unwrap() {
+            "stop" => {
+                assert!(whole(text), "{text:?}");
+                finished += 1;
+            }
+            "length" => assert!(prefix(text), "{text:?}"),
+            other => panic!("finish {other}: {v}"),
+        }
+        let stream = server.post("/v1/chat/completions", &with(body, json!({"stream": true})));
+        assert_eq!(chat_stream_text(&stream).0, text);
+    }
+    finished
+}
+
 /// JSON mode (`response_format` `json_object`, and `text.format` in responses). Oracles:
 /// serde_json parses every output that ended by itself as one object; an output cut by the
 /// token limit is still a prefix of one (the grammar's own check); streaming gives the
@@ -228,8 +264,7 @@ fn json_mode_holds_output_to_one_object() {
             .is_object()
     };
     let json = json!({"response_format": {"type": "json_object"}});
-    let mut finished = 0;
-    for (prompt, sampling) in [
+    let prompts = [
         ("Give me a JSON object describing Paris.", json!({})),
         ("List three colors.", json!({})),
         ("Hi", json!({})),
@@ -238,26 +273,10 @@ fn json_mode_holds_output_to_one_object() {
             "Describe a cat.",
             json!({"temperature": 1.0, "seed": 2, "top_p": 0.9}),
         ),
-    ] {
-        let body = with(with(chat(prompt, 150), json.clone()), sampling);
-        let r = server.post("/v1/chat/completions", &body);
-        assert_eq!(r.status, 200, "{}", r.body);
-        let v = r.json();
-        let text = v["choices"][0]["message"]["content"].as_str().unwrap();
-        match v["choices"][0]["finish_reason"].as_str().unwrap() {
-            "stop" => {
-                assert!(object(text), "{text:?}");
-                finished += 1;
-            }
-            "length" => assert!(
-                JsonPrefix::new().feed(text.as_bytes()).is_some(),
-                "{text:?}"
-            ),
-            other => panic!("finish {other}: {v}"),
-        }
-        let stream = server.post("/v1/chat/completions", &with(body, json!({"stream": true})));
-        assert_eq!(chat_stream_text(&stream).0, text);
-    }
+    ];
+    let finished = constrained_chats(&server, &json, 150, &prompts, object, |text| {
+        JsonPrefix::new().feed(text.as_bytes()).is_some()
+    });
     assert!(
         finished >= 3,
         "only {finished} of 5 outputs closed their object"
@@ -315,8 +334,7 @@ fn json_schema_holds_output_to_the_schema() {
     let compiled = JsonSchema::compile(&person_schema()).unwrap();
     let format = json!({"response_format": {"type": "json_schema",
         "json_schema": {"name": "person", "strict": true, "schema": person_schema()}}});
-    let mut finished = 0;
-    for (prompt, sampling) in [
+    let prompts = [
         ("Describe a person named Ada who is 36, as JSON.", json!({})),
         ("Hi", json!({})),
         (
@@ -327,28 +345,12 @@ fn json_schema_holds_output_to_the_schema() {
             "Tell me about a sailor.",
             json!({"temperature": 0.9, "seed": 2, "top_p": 0.9}),
         ),
-    ] {
-        let body = with(with(chat(prompt, 120), format.clone()), sampling);
-        let r = server.post("/v1/chat/completions", &body);
-        assert_eq!(r.status, 200, "{}", r.body);
-        let v = r.json();
-        let text = v["choices"][0]["message"]["content"].as_str().unwrap();
-        match v["choices"][0]["finish_reason"].as_str().unwrap() {
-            "stop" => {
-                assert!(is_person(text), "{text:?}");
-                finished += 1;
-            }
-            "length" => assert!(
-                SchemaPrefix::new()
-                    .feed(&compiled, text.as_bytes())
-                    .is_some(),
-                "{text:?}"
-            ),
-            other => panic!("finish {other}: {v}"),
-        }
-        let stream = server.post("/v1/chat/completions", &with(body, json!({"stream": true})));
-        assert_eq!(chat_stream_text(&stream).0, text);
-    }
+    ];
+    let finished = constrained_chats(&server, &format, 120, &prompts, is_person, |text| {
+        SchemaPrefix::new()
+            .feed(&compiled, text.as_bytes())
+            .is_some()
+    });
     assert!(finished >= 2, "only {finished} of 4 outputs were whole");
     let comp = with(
         json!({"model": MODEL, "prompt": "A person, as JSON:", "max_tokens": 120, "temperature": 0}),
