@@ -26,6 +26,10 @@ pub const MAX_NODES: usize = 4096;
 /// Most values an `enum` may list.
 pub const MAX_ENUM: usize = 1024;
 
+/// Most bytes of `enum` and `const` texts a compiled schema may hold in all. Inlined `$ref`s
+/// count each time, so a small request cannot compile into a huge schema.
+pub const MAX_LITERAL_BYTES: usize = 1 << 20;
+
 /// Index of a node in [`JsonSchema::nodes`].
 pub(crate) type NodeId = u16;
 
@@ -58,6 +62,8 @@ pub(crate) enum Node {
 #[derive(Debug, Clone, PartialEq)]
 pub struct JsonSchema {
     pub(crate) nodes: Vec<Node>,
+    /// Each node's first bytes: bit `b` of the set when `b` can begin a value of it.
+    first: Vec<[u64; 4]>,
 }
 
 /// Why a schema cannot be enforced.
@@ -91,14 +97,19 @@ impl JsonSchema {
         let mut c = Compiler {
             root: schema,
             nodes: Vec::new(),
+            first: Vec::new(),
             refs: Vec::new(),
+            literal_bytes: 0,
         };
         let root = c.reserve()?;
         c.fill(root, schema, 1)?;
         if !matches!(c.nodes[0], Node::Object { .. }) {
             return err("the schema's root must be an object (\"type\": \"object\")");
         }
-        Ok(JsonSchema { nodes: c.nodes })
+        Ok(JsonSchema {
+            nodes: c.nodes,
+            first: c.first,
+        })
     }
 
     pub(crate) fn node(&self, id: NodeId) -> &Node {
@@ -107,22 +118,45 @@ impl JsonSchema {
 
     /// Whether `b` can begin a value of node `id`.
     pub(crate) fn can_begin(&self, id: NodeId, b: u8) -> bool {
-        match self.node(id) {
-            Node::Object { .. } => b == b'{',
-            Node::Array { .. } => b == b'[',
-            Node::String => b == b'"',
-            Node::Number { .. } => b == b'-' || b.is_ascii_digit(),
-            Node::Literals(texts) => texts.iter().any(|t| t[0] == b),
-            Node::Union(alts) => alts.iter().any(|&a| self.can_begin(a, b)),
+        begins(&self.first[id as usize], b)
+    }
+}
+
+/// Whether `b` is in the byte set `set`.
+fn begins(set: &[u64; 4], b: u8) -> bool {
+    set[b as usize / 64] >> (b % 64) & 1 == 1
+}
+
+/// The first bytes of `node`, given those of the nodes it refers to (set before it).
+fn first_bytes(node: &Node, first: &[[u64; 4]]) -> [u64; 4] {
+    let mut set = [0u64; 4];
+    let mut add = |b: u8| set[b as usize / 64] |= 1 << (b % 64);
+    match node {
+        Node::Object { .. } => add(b'{'),
+        Node::Array { .. } => add(b'['),
+        Node::String => add(b'"'),
+        Node::Number { .. } => b"-0123456789".iter().for_each(|&b| add(b)),
+        Node::Literals(texts) => texts.iter().for_each(|t| add(t[0])),
+        Node::Union(alts) => {
+            for &a in alts {
+                for (s, f) in set.iter_mut().zip(first[a as usize]) {
+                    *s |= f;
+                }
+            }
         }
     }
+    set
 }
 
 struct Compiler<'a> {
     root: &'a Value,
     nodes: Vec<Node>,
+    /// [`JsonSchema::first`], set with each node.
+    first: Vec<[u64; 4]>,
     /// `$ref`s being inlined, outermost first (a reference to one of them recurses).
     refs: Vec<String>,
+    /// Bytes of literal texts so far (see [`MAX_LITERAL_BYTES`]).
+    literal_bytes: usize,
 }
 
 impl<'a> Compiler<'a> {
@@ -132,7 +166,23 @@ impl<'a> Compiler<'a> {
             return err(format!("the schema has more than {MAX_NODES} nodes"));
         }
         self.nodes.push(Node::String);
+        self.first.push([0; 4]);
         Ok((self.nodes.len() - 1) as NodeId)
+    }
+
+    /// Sets node `id`, whose children are already set.
+    fn set(&mut self, id: NodeId, node: Node) -> Result<(), SchemaError> {
+        if let Node::Literals(texts) = &node {
+            self.literal_bytes += texts.iter().map(Vec::len).sum::<usize>();
+            if self.literal_bytes > MAX_LITERAL_BYTES {
+                return err(format!(
+                    "the schema's \"enum\" and \"const\" values exceed {MAX_LITERAL_BYTES} bytes in all"
+                ));
+            }
+        }
+        self.first[id as usize] = first_bytes(&node, &self.first);
+        self.nodes[id as usize] = node;
+        Ok(())
     }
 
     fn child(&mut self, schema: &'a Value, depth: usize) -> Result<NodeId, SchemaError> {
@@ -228,7 +278,7 @@ impl<'a> Compiler<'a> {
                         if !covered {
                             let sub = self.reserve()?;
                             let node = self.typed(obj, t, depth)?;
-                            self.nodes[sub as usize] = node;
+                            self.set(sub, node)?;
                             ids.push(sub);
                         }
                     }
@@ -244,8 +294,7 @@ impl<'a> Compiler<'a> {
                 }
             }
         };
-        self.nodes[id as usize] = node;
-        Ok(())
+        self.set(id, node)
     }
 
     /// Inlines a local reference (`#/$defs/Name` or `#/definitions/Name`).
@@ -364,12 +413,13 @@ impl<'a> Compiler<'a> {
         if let [only] = ids[..] {
             return Ok(self.nodes[only as usize].clone());
         }
-        let schema = JsonSchema {
-            nodes: std::mem::take(&mut self.nodes),
-        };
-        let clash =
-            (0..=255u8).find(|&b| ids.iter().filter(|&&i| schema.can_begin(i, b)).count() > 1);
-        self.nodes = schema.nodes;
+        let first = &self.first;
+        let clash = (0..=255u8).find(|&b| {
+            ids.iter()
+                .filter(|&&i| begins(&first[i as usize], b))
+                .count()
+                > 1
+        });
         if let Some(b) = clash {
             return err(format!(
                 "alternatives that can both begin with '{}' are not supported",

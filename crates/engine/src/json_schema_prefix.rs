@@ -266,18 +266,20 @@ impl SchemaPrefix {
             return None;
         };
         let (lo, hi, pos) = (at.0 as usize, at.1 as usize, at.2 as usize);
-        // Texts sharing a prefix are consecutive in sorted order, the one that ends there
-        // first; those that go on with `b` are consecutive after it.
-        let extends = |t: &Vec<u8>| t.get(pos) == Some(&b);
-        let Some(first) = (lo..hi).find(|&i| extends(&texts[i])) else {
-            return if texts[lo].len() == pos {
+        // Texts `lo..hi` share their first `pos` bytes and are sorted: one that ends there
+        // comes first, the others follow in the order of their byte at `pos`.
+        let start = lo + usize::from(texts[lo].len() == pos);
+        let rest = &texts[start..hi];
+        let first = start + rest.partition_point(|t| t[pos] < b);
+        let end = start + rest.partition_point(|t| t[pos] <= b);
+        if first == end {
+            return if start > lo {
                 self.end_value();
                 self.push(s, b)
             } else {
                 None
             };
-        };
-        let end = (first..hi).find(|&i| !extends(&texts[i])).unwrap_or(hi);
+        }
         if end - first == 1 && texts[first].len() == pos + 1 {
             self.end_value();
         } else {

@@ -89,6 +89,15 @@ fn schemas_it_cannot_enforce_are_refused_by_name() {
             object_with(json!({"enum": (0..1025).collect::<Vec<_>>()})),
             "at most 1024 values",
         ),
+        // A small request that would inline a megabyte of enum texts through `$ref`s.
+        (
+            json!({
+                "$defs": {"Long": {"enum": (0..1000).map(|i| format!("{i:0>100}")).collect::<Vec<_>>()}},
+                "type": "object",
+                "properties": (0..11).map(|i| (format!("p{i}"), json!({"$ref": "#/$defs/Long"}))).collect::<Map<_, _>>()
+            }),
+            "exceed 1048576 bytes",
+        ),
     ];
     for (schema, want) in cases {
         let got = refusal(schema.clone());

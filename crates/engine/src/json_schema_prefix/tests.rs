@@ -292,3 +292,30 @@ fn the_validator_oracle_sees_planted_violations() {
         assert!(!valid(&bad, schema, schema), "{bad}");
     }
 }
+
+#[test]
+fn a_large_enum_takes_each_value_whole_and_nothing_else() {
+    // Numbers whose texts are prefixes of each other ("1", "10", "100"), and strings alike.
+    let mut values: Vec<Value> = (0..1000).map(|n| json!(n)).collect();
+    values.extend(["a", "ab", "abc", "b"].map(|t| json!(t)));
+    let s = compile(
+        &json!({"type": "object", "properties": {"v": {"enum": values}}, "required": ["v"]}),
+    );
+    for v in &values {
+        let text = format!(r#"{{"v": {v}}}"#);
+        assert!(
+            accepts(&s, &text).is_some_and(|p| p.is_complete()),
+            "{text}"
+        );
+    }
+    for text in [
+        r#"{"v": 1000}"#,
+        r#"{"v": 01}"#,
+        r#"{"v": -1}"#,
+        r#"{"v": "abcd"}"#,
+        r#"{"v": "c"}"#,
+        r#"{"v": 1.0}"#,
+    ] {
+        assert!(accepts(&s, text).is_none_or(|p| !p.is_complete()), "{text}");
+    }
+}
