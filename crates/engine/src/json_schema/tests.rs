@@ -89,6 +89,10 @@ fn schemas_it_cannot_enforce_are_refused_by_name() {
             object_with(json!({"enum": (0..1025).collect::<Vec<_>>()})),
             "at most 1024 values",
         ),
+        (
+            object_with(json!({"anyOf": [{"enum": ["x", 5]}, {"type": "number"}]})),
+            "both begin with '5'",
+        ),
         // A small request that would inline a megabyte of enum texts through `$ref`s.
         (
             json!({

@@ -106,7 +106,8 @@ fn nested() -> Value {
             "label": {"anyOf": [{"type": "string"}, {"type": "null"}]},
             "weight": {"type": ["number", "null"]},
             "version": {"const": {"major": 1, "tags": ["a", "b"]}},
-            "codes": {"type": "array", "items": {"enum": [1, 10, 100, -1.5]}}
+            "codes": {"type": "array", "items": {"enum": [1, 10, 100, -1.5]}},
+            "mixed": {"anyOf": [{"enum": ["x", 5]}, {"type": "boolean"}, {"type": "array", "items": {"type": "null"}}]}
         },
         "required": ["kind", "points", "version"]
     })
@@ -146,7 +147,21 @@ fn valid_texts_are_accepted_byte_by_byte_and_complete_only_at_the_end() {
             r#"{"kind":null,"points":[{"x":1,"y":2},{"x":3,"y":4}],"label":"hi","weight":null,"version":{"major":1,"tags":["a","b"]},"codes":[]}"#,
         ),
     ];
-    for (schema, text) in &cases {
+    let with_mixed = |m: &str| {
+        format!(
+            r#"{{"kind":7,"points":[{{"x":1,"y":2}},{{"x":3,"y":4}}],"version":{{"major":1,"tags":["a","b"]}},"mixed":{m}}}"#
+        )
+    };
+    let mixed: Vec<(Value, String)> = ["5", r#""x""#, "true", "[null,null]", "[]"]
+        .iter()
+        .map(|m| (nested(), with_mixed(m)))
+        .collect();
+    let cases = cases
+        .iter()
+        .map(|(s, t)| (s.clone(), t.to_string()))
+        .chain(mixed);
+    for (schema, text) in cases {
+        let (schema, text) = (&schema, text.as_str());
         let v: Value = serde_json::from_str(text).unwrap();
         assert!(valid(&v, schema, schema), "the oracle refuses {text}");
         let s = compile(schema);
