@@ -245,6 +245,22 @@ impl<'a> Compiler<'a> {
                 return err(format!("\"{k}\" applies only to \"type\": \"{ty}\""));
             }
         }
+        // `enum`, `const` and the alternatives each decide the value alone; beside one
+        // another, or beside keywords that would constrain what they list, one of them
+        // would be ignored.
+        let deciders = ["enum", "const", "anyOf", "oneOf"];
+        let present: Vec<&str> = deciders
+            .into_iter()
+            .filter(|k| obj.contains_key(*k))
+            .collect();
+        let shaping = obj.keys().find(|k| {
+            !ANNOTATIONS.contains(&k.as_str()) && !deciders.contains(&k.as_str()) && *k != "type"
+        });
+        match (&present[..], shaping) {
+            ([a, b, ..], _) => return err(format!("\"{a}\" beside \"{b}\" is not supported")),
+            ([a], Some(k)) => return err(format!("\"{a}\" beside \"{k}\" is not supported")),
+            _ => {}
+        }
         let node = if let Some(values) = obj.get("enum") {
             let Some(values) = values.as_array() else {
                 return err("\"enum\" must be an array");

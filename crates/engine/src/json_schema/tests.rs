@@ -93,6 +93,24 @@ fn schemas_it_cannot_enforce_are_refused_by_name() {
             object_with(json!({"anyOf": [{"enum": ["x", 5]}, {"type": "number"}]})),
             "both begin with '5'",
         ),
+        (
+            object_with(json!({"enum": ["a"], "const": "a"})),
+            "\"enum\" beside \"const\"",
+        ),
+        (
+            object_with(json!({"anyOf": [{"type": "null"}], "oneOf": [{"type": "null"}]})),
+            "\"anyOf\" beside \"oneOf\"",
+        ),
+        (
+            object_with(
+                json!({"type": "object", "properties": {"a": {"type": "string"}}, "enum": [{"a": 1}]}),
+            ),
+            "\"enum\" beside \"properties\"",
+        ),
+        (
+            object_with(json!({"type": "array", "items": {"type": "null"}, "const": [1]})),
+            "\"const\" beside \"items\"",
+        ),
         // A small request that would inline a megabyte of enum texts through `$ref`s.
         (
             json!({
