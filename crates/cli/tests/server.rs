@@ -387,6 +387,79 @@ fn json_schema_holds_output_to_the_schema() {
     );
 }
 
+/// Requests held to different formats (free text, JSON mode, two schemas) batched together
+/// keep their own grammars. Oracle: each greedy output equals the same request run alone,
+/// and every whole output fits its own format.
+#[test]
+fn differently_constrained_requests_in_one_batch_keep_their_own_formats() {
+    let server = start();
+    let color = json!({"type": "object", "properties": {
+        "color": {"enum": ["red", "green", "blue"]}, "count": {"type": "integer"}},
+        "required": ["color", "count"]});
+    let schema = |s: &Value| json!({"response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": s}}});
+    let formats = [
+        json!({}),
+        json!({"response_format": {"type": "json_object"}}),
+        schema(&person_schema()),
+        schema(&color),
+    ];
+    let bodies: Vec<Value> = (0..8)
+        .map(|i| {
+            with(
+                chat(&format!("Tell me about thing number {i}, as JSON."), 80),
+                formats[i % 4].clone(),
+            )
+        })
+        .collect();
+    let text = |v: &Value| {
+        v["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let alone: Vec<Value> = bodies
+        .iter()
+        .map(|b| server.post("/v1/chat/completions", b).json())
+        .collect();
+    let batched_before = metric(&server, "ferrite_batched_steps_total");
+    let together: Vec<Value> = std::thread::scope(|s| {
+        let handles: Vec<_> = bodies
+            .iter()
+            .map(|b| s.spawn(|| server.post("/v1/chat/completions", b).json()))
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert!(metric(&server, "ferrite_batched_steps_total") > batched_before);
+    let mut whole = 0;
+    for (i, (a, b)) in alone.iter().zip(&together).enumerate() {
+        assert_eq!(text(a), text(b), "request {i} differs when batched");
+        if a["choices"][0]["finish_reason"] != "stop" {
+            continue;
+        }
+        whole += usize::from(i % 4 != 0);
+        let t = text(a);
+        let fits = match i % 4 {
+            0 => true,
+            1 => serde_json::from_str::<Value>(&t).is_ok_and(|v| v.is_object()),
+            2 => is_person(&t),
+            _ => serde_json::from_str::<Value>(&t).is_ok_and(|v| {
+                let keys: Vec<&String> = v
+                    .as_object()
+                    .map(|o| o.keys().collect())
+                    .unwrap_or_default();
+                keys == ["color", "count"]
+                    && ["red", "green", "blue"].contains(&v["color"].as_str().unwrap_or(""))
+                    && (v["count"].is_i64() || v["count"].is_u64())
+            }),
+        };
+        assert!(fits, "request {i}: {t:?}");
+    }
+    assert!(
+        whole >= 3,
+        "only {whole} of 6 constrained outputs were whole"
+    );
+}
+
 #[test]
 fn anthropic_messages_and_responses() {
     let server = start();
