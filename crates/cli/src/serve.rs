@@ -14,6 +14,7 @@ use ferrite_server::engine::prefix::PrefixCacheConfig;
 use ferrite_server::engine::{Engine, EngineBackend, EngineConfig};
 
 use crate::backend::BackendArg;
+use crate::run::KvArg;
 use ferrite_server::{AppState, ServerConfig, router};
 
 /// Arguments of `ferrite serve`.
@@ -68,6 +69,9 @@ pub struct ServeArgs {
     /// a device is an error.
     #[arg(long, value_enum, default_value = "auto")]
     backend: BackendArg,
+    /// KV cache element type of every slot (q8: the CPU backend only).
+    #[arg(long, value_enum, default_value = "f16")]
+    kv: KvArg,
 }
 
 /// The engine backend `--backend` asks for: `auto` takes CUDA when the probe finds a device,
@@ -131,6 +135,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<i32> {
     );
     let prefix_cache = prefix_cache_config(&args, ferrite_model::physical_memory())?;
     let backend = engine_backend(args.backend)?;
+    if backend == EngineBackend::Cuda {
+        crate::run::check_cuda_kv(args.kv.into())?;
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -204,6 +211,7 @@ async fn serve(
     let load_state = state.clone();
     let (ctx, parallel, queue, prefill_chunk) =
         (args.ctx, args.parallel, args.queue, args.prefill_chunk);
+    let kv = args.kv.into();
     let loader = tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
         let path = crate::models::resolve(&model_arg)?;
         let (model_id, aliases) = model_names(&model_arg, &path);
@@ -219,6 +227,7 @@ async fn serve(
             prefill_chunk,
             prefix_cache,
             backend,
+            kv,
         })?;
         eprintln!("{}", engine.backend_line());
         eprintln!(

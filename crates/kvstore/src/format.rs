@@ -79,7 +79,7 @@ pub struct Compat {
     pub ctx: u64,
     /// Number of layers.
     pub n_layer: u32,
-    /// Values per key or value row.
+    /// Stored elements per key or value row ([`KvType::row_elems`]).
     pub kv_row: u32,
     /// Vocabulary size (length of the logits).
     pub n_vocab: u32,
@@ -115,7 +115,10 @@ impl Compat {
             kv_type,
             ctx: ctx as u64,
             n_layer: c.n_layer as u32,
-            kv_row: c.kv_dim() as u32,
+            kv_row: kv_type
+                .row_elems(c.n_kv_head, c.head_dim)
+                .and_then(|r| u32::try_from(r).ok())
+                .unwrap_or(u32::MAX),
             n_vocab: c.n_vocab as u32,
             backend: SnapshotBackend::Cpu,
         }
@@ -163,6 +166,7 @@ fn kv_code(ty: KvType) -> u8 {
     match ty {
         KvType::F16 => 0,
         KvType::F32 => 1,
+        KvType::Q8 => 2,
     }
 }
 
@@ -294,6 +298,7 @@ pub fn parse_header(h: &[u8; HEADER_LEN], file_len: u64) -> Result<Header, KvSto
     let kv_type = match h[96] {
         0 => KvType::F16,
         1 => KvType::F32,
+        2 => KvType::Q8,
         x => return Err(KvStoreError::Corrupt(format!("unknown KV type code {x}"))),
     };
     let backend = SnapshotBackend::from_code(h[98])
@@ -549,7 +554,7 @@ pub(crate) mod tests {
 
     #[test]
     fn round_trips_bit_exactly() {
-        for ty in [KvType::F16, KvType::F32] {
+        for ty in [KvType::F16, KvType::F32, KvType::Q8] {
             for (n, logits) in [(0, false), (1, true), (9, false), (9, true)] {
                 let (c, s) = sample(n, ty, logits);
                 let b = bytes_of(&c, &s, b"meta");

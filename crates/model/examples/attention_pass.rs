@@ -5,7 +5,7 @@
 //! the cache bytes read per second (keys and values of every visible position, once).
 //!
 //! Run: `cargo run --release -p ferrite-model --example attention_pass [sessions] [depth]
-//! [threads] [chunk]` (defaults 16 224 2 1). Each session's cache is its own allocation,
+//! [threads] [chunk] [kv]` (defaults 16 224 2 1 f16; kv is f16, f32 or q8). Each session's cache is its own allocation,
 //! larger than the caches of the machine when there are many sessions, as in serving.
 
 use ferrite_cpu::ThreadPool;
@@ -24,6 +24,12 @@ fn arg(i: usize, default: usize) -> usize {
 
 fn main() {
     let (sessions, depth, threads, chunk) = (arg(1, 16), arg(2, 224), arg(3, 2), arg(4, 1));
+    let kv = match std::env::args().nth(5).as_deref() {
+        None | Some("f16") => KvType::F16,
+        Some("f32") => KvType::F32,
+        Some("q8") => KvType::Q8,
+        Some(other) => panic!("unknown KV type {other}: f16, f32 or q8"),
+    };
     assert!(
         chunk >= 1 && depth < CTX && chunk <= depth + 1,
         "need 1 <= chunk <= depth + 1 < {CTX}"
@@ -42,7 +48,8 @@ fn main() {
         .collect();
     let caches: Vec<KvCache> = (0..sessions)
         .map(|_| {
-            let mut c = KvCache::new(KvType::F16, LAYERS, CTX, row).expect("cache");
+            let mut c =
+                KvCache::new(kv, LAYERS, CTX, shape.n_kv_head, shape.head_dim).expect("cache");
             for l in 0..LAYERS {
                 c.store(l, 0, &values, &values);
             }
@@ -71,9 +78,11 @@ fn main() {
         }
         best = best.min(start.elapsed().as_secs_f64());
     }
-    let bytes = (sessions * LAYERS * (depth + 1) * row * 2 * 2) as f64;
+    let row_bytes = kv.row_elems(shape.n_kv_head, shape.head_dim).expect("row") * kv.elem_bytes();
+    let bytes = (sessions * LAYERS * (depth + 1) * row_bytes * 2) as f64;
     println!(
-        "sessions={sessions} depth={depth} threads={threads} chunk={chunk}: best {:.3} ms, {:.1} GB/s of cache",
+        "sessions={sessions} depth={depth} threads={threads} chunk={chunk} kv={}: best {:.3} ms, {:.1} GB/s of cache",
+        kv.name(),
         best * 1e3,
         bytes / best / 1e9
     );

@@ -4,8 +4,10 @@
 //! A query at absolute position `p` sees keys at positions `kv` with `kv <= p` and, when a
 //! window `w` is set, `p - kv < w` (transformers' `kv > q - w`, llama.cpp's standard SWA).
 //! Keys and values are read in place from the cache, in its element type (the kernels widen
-//! f16 exactly as they load it), and each KV head's are shared by every query head of its
-//! group (grouped-query attention).
+//! f16 and bytes exactly as they load them), and each KV head's are shared by every query
+//! head of its group (grouped-query attention). With a q8 cache a score is the kernels' dot
+//! with the key's bytes times the key's scale, and each probability is multiplied by its
+//! value's scale before the value sums, which then run over the bytes.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
@@ -16,7 +18,7 @@ use ferrite_quant::kernels::{
 };
 use ferrite_quant::{SimdLevel, simd_level};
 
-use crate::kv::{KvCache, KvRows};
+use crate::kv::{KvCache, KvRows, Q8Scales};
 
 /// Shape and masking of one layer's attention.
 #[derive(Debug, Clone, Copy)]
@@ -168,8 +170,16 @@ pub fn attend_many(pool: &ThreadPool, shape: &AttnShape, layer: usize, jobs: &mu
                 step,
             };
             let o = match rows {
-                KvRows::F16 { k, v } => heads(level, shape, &keys, k, v, qs, group_heads, buf),
-                KvRows::F32 { k, v } => heads(level, shape, &keys, k, v, qs, group_heads, buf),
+                KvRows::F16 { k, v } => {
+                    heads(level, shape, &keys, (k, v, None), qs, group_heads, buf)
+                }
+                KvRows::F32 { k, v } => {
+                    heads(level, shape, &keys, (k, v, None), qs, group_heads, buf)
+                }
+                KvRows::Q8 { k, v, kd, vd } => {
+                    let rows = (k, v, Some((&kd, &vd)));
+                    heads(level, shape, &keys, rows, qs, group_heads, buf)
+                }
             };
             dst.copy_from_slice(o);
         }
@@ -201,24 +211,36 @@ struct Keys {
 /// blocks, a 512-token prefill's attention took 72 against 63 ms.
 const KEY_BLOCK: usize = PREFETCH_ROWS;
 
+/// Multiplies row `j` of each of the `group_heads` rows of `len` values of each group in
+/// `x` (scores or probabilities, group-major) by the scale of row `keys.lo + j` of the
+/// group's KV head in `scales`.
+fn scale_rows(x: &mut [f32], scales: &Q8Scales<'_>, keys: &Keys, group_heads: usize) {
+    let len = keys.hi - keys.lo;
+    for (gi, xg) in x.chunks_exact_mut(group_heads * len).enumerate() {
+        let d = &scales.head(keys.g + gi)[keys.lo..keys.hi];
+        for xh in xg.chunks_exact_mut(len) {
+            xh.iter_mut().zip(d).for_each(|(x, d)| *x *= d);
+        }
+    }
+}
+
 /// Scores, softmax and value sums of the query heads `q` (`group_heads` heads of each of the
-/// keys' groups, `hd` values each) over `keys` of the rows `k` and `v`; returns the heads'
-/// outputs, held in `buf` (which first holds their scores).
-#[allow(clippy::too_many_arguments)]
+/// keys' groups, `hd` values each) over `keys` of the key and value rows in `rows` (and,
+/// for q8 rows, the keys' and values' scales); returns the heads' outputs, held in `buf` (which first holds
+/// their scores).
 fn heads<'b, X: RowElem>(
     level: SimdLevel,
     shape: &AttnShape,
     keys: &Keys,
-    k: &[X],
-    v: &[X],
+    (k, v, scales): (&[X], &[X], Option<(&Q8Scales<'_>, &Q8Scales<'_>)>),
     q: &[f32],
     group_heads: usize,
     buf: &'b mut Vec<f32>,
 ) -> &'b [f32] {
-    let (hd, kvd) = (shape.head_dim, keys.kvd);
+    let (hd, stride) = (shape.head_dim, keys.kvd);
     let nh = q.len() / hd;
     let len = keys.hi - keys.lo;
-    let span = keys.lo * kvd + keys.g * hd..(keys.hi - 1) * kvd + (keys.g + keys.groups) * hd;
+    let span = keys.lo * stride + keys.g * hd..(keys.hi - 1) * stride + (keys.g + keys.groups) * hd;
     let (kg, vg) = (&k[span.clone()], &v[span]);
     buf.resize(nh * (len + hd), 0.0);
     let (sc, o) = buf.split_at_mut(nh * len);
@@ -231,22 +253,28 @@ fn heads<'b, X: RowElem>(
         let nb = step.min(len - j0);
         for gi in 0..keys.groups {
             let qs = group_rows(q, hd, gi, group_heads);
-            let kb = &kg[j0 * kvd + gi * hd..];
+            let kb = &kg[j0 * stride + gi * hd..];
             let out = &mut sc[gi * group_heads * len + j0..];
-            let _ = dot_rows(level, &qs[..group_heads], kb, kvd, hd, nb, out, len);
+            let _ = dot_rows(level, &qs[..group_heads], kb, stride, hd, nb, out, len);
         }
+    }
+    if let Some((kd, _)) = scales {
+        scale_rows(sc, kd, keys, group_heads);
     }
     for s in sc.chunks_exact_mut(len) {
         let _ = softmax_scaled(level, shape.scale, s);
+    }
+    if let Some((_, vd)) = scales {
+        scale_rows(sc, vd, keys, group_heads);
     }
     for j0 in (0..len).step_by(step) {
         let nb = step.min(len - j0);
         for gi in 0..keys.groups {
             let ps: [&[f32]; MAX_TILE] =
                 group_rows(sc, len, gi, group_heads).map(|p| &p[j0..j0 + nb]);
-            let vb = &vg[j0 * kvd + gi * hd..];
+            let vb = &vg[j0 * stride + gi * hd..];
             let ob = &mut o[gi * group_heads * hd..(gi + 1) * group_heads * hd];
-            let _ = weighted_rows(level, &ps[..group_heads], vb, kvd, hd, ob);
+            let _ = weighted_rows(level, &ps[..group_heads], vb, stride, hd, ob);
         }
     }
     o
@@ -366,18 +394,42 @@ mod tests {
         let k = pseudo(len * row, 1);
         let v = pseudo(len * row, 2);
         let q = pseudo(n * shape.n_head * shape.head_dim, 3);
-        let mut cache = KvCache::new(KvType::F32, 2, 16, row).unwrap();
-        cache.store(1, 0, &k, &v);
-        let mut out = vec![f32::NAN; q.len()];
-        let pool = ThreadPool::new(2).unwrap();
-        attend(&pool, shape, &cache, 1, pos0, &q, &mut out);
-        let want = naive(shape, &q, &k, &v, pos0, n);
-        for (i, (&a, &b)) in out.iter().zip(&want).enumerate() {
-            assert!(
-                (f64::from(a) - b).abs() < 1e-5,
-                "{window:?} {pos0} {n} at {i}: {a} vs {b}"
-            );
+        for ty in [KvType::F32, KvType::Q8] {
+            let mut cache = KvCache::new(ty, 2, 16, shape.n_kv_head, shape.head_dim).unwrap();
+            cache.store(1, 0, &k, &v);
+            let mut out = vec![f32::NAN; q.len()];
+            let pool = ThreadPool::new(2).unwrap();
+            attend(&pool, shape, &cache, 1, pos0, &q, &mut out);
+            // q8 is attention over the rows its definition gives back.
+            let (kw, vw) = match ty {
+                KvType::Q8 => (q8_rows(&k, shape.head_dim), q8_rows(&v, shape.head_dim)),
+                _ => (k.clone(), v.clone()),
+            };
+            let want = naive(shape, &q, &kw, &vw, pos0, n);
+            for (i, (&a, &b)) in out.iter().zip(&want).enumerate() {
+                assert!(
+                    (f64::from(a) - b).abs() < 1e-5,
+                    "{ty:?} {window:?} {pos0} {n} at {i}: {a} vs {b}"
+                );
+            }
         }
+    }
+
+    /// `x` as a q8 cache gives it back, from [`KvType::Q8`]'s definition: per head of `hd`
+    /// values, `d = max|x| / 127` and `d · round(x · (1 / d))`.
+    fn q8_rows(x: &[f32], hd: usize) -> Vec<f32> {
+        x.chunks(hd)
+            .flat_map(|h| {
+                let d = h.iter().map(|v| v.abs()).fold(0.0, f32::max) / 127.0;
+                h.iter().map(move |v| {
+                    if d == 0.0 {
+                        0.0
+                    } else {
+                        d * (v * (1.0 / d)).round()
+                    }
+                })
+            })
+            .collect()
     }
 
     #[test]
@@ -402,8 +454,15 @@ mod tests {
         assert_eq!(head_block(256, 4, 1, 2), 4);
     }
 
-    /// Runs `attend` over `len` positions either as one chunk or token by token.
-    fn run_attend(shape: &AttnShape, threads: usize, len: usize, one_by_one: bool) -> Vec<f32> {
+    /// Runs `attend` over `len` positions of a cache of `ty`, either as one chunk or token by
+    /// token.
+    fn run_attend(
+        ty: KvType,
+        shape: &AttnShape,
+        threads: usize,
+        len: usize,
+        one_by_one: bool,
+    ) -> Vec<f32> {
         let row = shape.n_kv_head * shape.head_dim;
         let qw = shape.n_head * shape.head_dim;
         let (k, v, q) = (
@@ -411,7 +470,7 @@ mod tests {
             pseudo(len * row, 8),
             pseudo(len * qw, 9),
         );
-        let mut cache = KvCache::new(KvType::F16, 1, len, row).unwrap();
+        let mut cache = KvCache::new(ty, 1, len, shape.n_kv_head, shape.head_dim).unwrap();
         cache.store(0, 0, &k, &v);
         let pool = ThreadPool::new(threads).unwrap();
         let mut out = vec![f32::NAN; q.len()];
@@ -446,11 +505,16 @@ mod tests {
                 window: Some(13),
             },
         ] {
-            let want = run_attend(&shape, 1, 37, false);
-            assert!(want.iter().all(|v| v.is_finite()));
-            for (threads, one) in [(2, false), (1, true), (2, true), (3, false)] {
-                let got = run_attend(&shape, threads, 37, one);
-                assert_eq!(got, want, "{shape:?} threads={threads} one_by_one={one}");
+            for ty in [KvType::F16, KvType::Q8] {
+                let want = run_attend(ty, &shape, 1, 37, false);
+                assert!(want.iter().all(|v| v.is_finite()));
+                for (threads, one) in [(2, false), (1, true), (2, true), (3, false)] {
+                    let got = run_attend(ty, &shape, threads, 37, one);
+                    assert_eq!(
+                        got, want,
+                        "{ty:?} {shape:?} threads={threads} one_by_one={one}"
+                    );
+                }
             }
         }
     }
@@ -460,18 +524,23 @@ mod tests {
         // Continuous batching: sequences at different depths, some decoding one token and
         // one taking a chunk, attended together must each get the bits of a call of their
         // own, whatever the thread count.
-        for window in [None, Some(50)] {
-            many_equal_alone(AttnShape {
+        for (window, ty) in [
+            (None, KvType::F16),
+            (Some(50), KvType::F16),
+            (None, KvType::Q8),
+        ] {
+            let shape = AttnShape {
                 n_head: 6,
                 n_kv_head: 2,
                 head_dim: 64,
                 scale: 0.125,
                 window,
-            });
+            };
+            many_equal_alone(ty, shape);
         }
     }
 
-    fn many_equal_alone(shape: AttnShape) {
+    fn many_equal_alone(ty: KvType, shape: AttnShape) {
         let row = shape.n_kv_head * shape.head_dim;
         let qw = shape.n_head * shape.head_dim;
         let ctx = 160;
@@ -479,7 +548,7 @@ mod tests {
         let seqs = [(0, 1), (150, 1), (40, 7), (3, 1), (97, 1), (120, 2)];
         let caches: Vec<KvCache> = (0..seqs.len())
             .map(|i| {
-                let mut c = KvCache::new(KvType::F16, 2, ctx, row).unwrap();
+                let mut c = KvCache::new(ty, 2, ctx, shape.n_kv_head, shape.head_dim).unwrap();
                 let (k, v) = (
                     pseudo(ctx * row, 20 + i as u32),
                     pseudo(ctx * row, 40 + i as u32),
@@ -571,7 +640,7 @@ mod tests {
             scale: 1.0,
             window: Some(2),
         };
-        let mut cache = KvCache::new(KvType::F32, 1, 8, 2).unwrap();
+        let mut cache = KvCache::new(KvType::F32, 1, 8, 1, 2).unwrap();
         let k = pseudo(12, 4);
         let v = pseudo(12, 5);
         cache.store(0, 0, &k, &v);

@@ -155,9 +155,15 @@ mod tests {
             .collect()
     }
 
-    /// Each session's next tokens, stepped alone: the isolated oracle.
-    fn alone(m: &crate::Model, pool: &ThreadPool, p: &[u32], steps: &[&[u32]]) -> Vec<Vec<f32>> {
-        let mut s = Session::new(m, pool, 128, KvType::F16).unwrap();
+    /// Each session's next tokens, stepped alone with a cache of `kv`: the isolated oracle.
+    fn alone(
+        m: &crate::Model,
+        pool: &ThreadPool,
+        kv: KvType,
+        p: &[u32],
+        steps: &[&[u32]],
+    ) -> Vec<Vec<f32>> {
+        let mut s = Session::new(m, pool, 128, kv).unwrap();
         s.eval(p, Outputs::Last).unwrap();
         steps
             .iter()
@@ -168,14 +174,17 @@ mod tests {
     #[test]
     fn batched_steps_equal_isolated_steps_bit_for_bit() {
         let pool = ThreadPool::new(2).unwrap();
-        for (arch, ty) in [
-            ("llama", GgmlType::Q4_1),
-            ("gemma3", GgmlType::Q5_0),
+        for (arch, ty, kv) in [
+            ("llama", GgmlType::Q4_1, KvType::F16),
+            ("gemma3", GgmlType::Q5_0, KvType::F16),
             // Expert FFNs group a batch's rows by expert: still row-independent.
-            ("mixtral", GgmlType::Q8_0),
-            ("qwen3moe", GgmlType::Q4_1),
-            ("qwen2", GgmlType::Q8_0),
-            ("llama3", GgmlType::Q8_0),
+            ("mixtral", GgmlType::Q8_0, KvType::F16),
+            ("qwen3moe", GgmlType::Q4_1, KvType::F16),
+            ("qwen2", GgmlType::Q8_0, KvType::F16),
+            ("llama3", GgmlType::Q8_0, KvType::F16),
+            // An 8-bit cache scales each row on its own, so rows stay independent too.
+            ("llama", GgmlType::Q4_1, KvType::Q8),
+            ("gemma3", GgmlType::Q5_0, KvType::Q8),
         ] {
             let m = tiny_model(arch, ty, Precision::Default);
             // Prompts of different lengths; the third session takes a 5-token chunk in the
@@ -189,12 +198,12 @@ mod tests {
             let want: Vec<Vec<Vec<f32>>> = (0..4)
                 .map(|i| {
                     let mine: Vec<&[u32]> = steps.iter().map(|st| st[i].as_slice()).collect();
-                    alone(&m, &pool, &prompts[i], &mine)
+                    alone(&m, &pool, kv, &prompts[i], &mine)
                 })
                 .collect();
             let mut sessions: Vec<Session<'_>> = prompts
                 .iter()
-                .map(|_| Session::new(&m, &pool, 128, KvType::F16).unwrap())
+                .map(|_| Session::new(&m, &pool, 128, kv).unwrap())
                 .collect();
             let mut batch = Batch::new(64).unwrap();
             // The prompts themselves go through one batched step too.
@@ -211,7 +220,7 @@ mod tests {
                 for (i, w) in want.iter().enumerate() {
                     assert!(
                         got.row(i).unwrap() == w[k].as_slice(),
-                        "{arch}: session {i} step {k} differs from its isolated run"
+                        "{arch} {kv:?}: session {i} step {k} differs from its isolated run"
                     );
                 }
             }
@@ -251,7 +260,7 @@ mod tests {
         // their logits, or the bit-for-bit comparison would prove nothing.
         let pool = ThreadPool::new(1).unwrap();
         let m = tiny_model("llama", GgmlType::Q8_0, Precision::Default);
-        let want = alone(&m, &pool, &prompt(6, 0), &[&[3]]);
+        let want = alone(&m, &pool, KvType::F16, &prompt(6, 0), &[&[3]]);
         let mut a = Session::new(&m, &pool, 32, KvType::F16).unwrap();
         let mut b = Session::new(&m, &pool, 32, KvType::F16).unwrap();
         a.eval(&prompt(6, 0), Outputs::Last).unwrap();

@@ -209,7 +209,7 @@ impl<'m> Session<'m> {
         Ok(Session {
             model,
             pool,
-            kv: KvCache::new(kv, c.n_layer, ctx, c.kv_dim())?,
+            kv: KvCache::new(kv, c.n_layer, ctx, c.n_kv_head, c.head_dim)?,
             n_past: 0,
             history: {
                 let mut h = try_vec(Some(ctx), 0u32, "token history")?;

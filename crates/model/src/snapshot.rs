@@ -7,8 +7,8 @@
 //! reads the cache), so copying all rows of the prefix is the whole window state, and a
 //! restored prefix can later be truncated to any shorter length, like a computed one.
 //!
-//! The rows are copied as the cache stores them (f16 or f32 bits, little-endian), so an
-//! import reproduces the cache bit for bit. File formats are not this crate's concern:
+//! The rows are copied as the cache stores them (f16 or f32 bits, little-endian, or q8
+//! bytes with their scales), so an import reproduces the cache bit for bit. File formats are not this crate's concern:
 //! `ferrite-kvstore` writes a [`SessionState`] to disk.
 
 use half::f16;
@@ -23,7 +23,8 @@ pub struct SessionState {
     pub kv_type: KvType,
     /// Number of layers.
     pub n_layer: usize,
-    /// Values per key (and per value) row: `n_kv_head × head_dim`.
+    /// Stored elements per key (and per value) row ([`KvType::row_elems`]):
+    /// `n_kv_head × head_dim`, and for q8 four more bytes per head for the scales.
     pub row: usize,
     /// Token ids at positions `0..n`.
     pub tokens: Vec<u32>,
@@ -37,10 +38,7 @@ pub struct SessionState {
 impl SessionState {
     /// Bytes per stored element of a KV type.
     pub fn elem_bytes(ty: KvType) -> usize {
-        match ty {
-            KvType::F16 => 2,
-            KvType::F32 => 4,
-        }
+        ty.elem_bytes()
     }
 
     /// Number of positions held.
@@ -48,8 +46,8 @@ impl SessionState {
         self.tokens.len()
     }
 
-    /// Bytes of `kv` that `n_tokens` positions of `n_layer` layers with rows of `row` values
-    /// of type `ty` need (`None` on overflow).
+    /// Bytes of `kv` that `n_tokens` positions of `n_layer` layers with rows of `row` stored
+    /// elements of type `ty` need (`None` on overflow).
     pub fn kv_bytes(ty: KvType, n_layer: usize, row: usize, n_tokens: usize) -> Option<usize> {
         n_layer
             .checked_mul(2)?
@@ -147,8 +145,8 @@ impl Session<'_> {
         }
         let c = self.model().config();
         let ty = self.kv.ty();
-        let row = self.kv.row;
-        let size = SessionState::kv_bytes(ty, c.n_layer, row, n)
+        let (row, heads) = (self.kv.row, self.kv.heads);
+        let size = SessionState::kv_bytes(ty, c.n_layer, self.kv.row_elems(), n)
             .ok_or_else(|| ModelError::InvalidArgument("session state too large".into()))?;
         let mut kv = Vec::new();
         kv.try_reserve_exact(size)
@@ -164,6 +162,15 @@ impl Session<'_> {
                     Store::F32(d) => d[o..o + len]
                         .iter()
                         .for_each(|x| kv.extend_from_slice(&x.to_bits().to_le_bytes())),
+                    Store::Q8 { q, d } => {
+                        for (p, r) in q[o..o + len].chunks_exact(row).enumerate() {
+                            kv.extend(r.iter().map(|&x| x as u8));
+                            for h in 0..heads {
+                                let x = d[self.kv.scale_offset(layer, value, h, p)];
+                                kv.extend_from_slice(&x.to_le_bytes());
+                            }
+                        }
+                    }
                 }
             }
         }
@@ -175,7 +182,7 @@ impl Session<'_> {
         Ok(SessionState {
             kv_type: ty,
             n_layer: c.n_layer,
-            row,
+            row: self.kv.row_elems(),
             tokens: self.history[..n].to_vec(),
             kv,
             logits,
@@ -190,7 +197,7 @@ impl Session<'_> {
         let c = self.model().config();
         let logits = state.fit(
             self.kv.ty(),
-            (c.n_layer, self.kv.row),
+            (c.n_layer, self.kv.row_elems()),
             self.ctx(),
             c.n_vocab,
             n,
@@ -204,6 +211,10 @@ impl Session<'_> {
                 let at = (layer * 2 + usize::from(value)) * full;
                 let src = &state.kv[at..at + part];
                 let o = self.kv.offset(layer, value, 0);
+                let so: Vec<usize> = (0..self.kv.heads)
+                    .map(|h| self.kv.scale_offset(layer, value, h, 0))
+                    .collect();
+                let row = self.kv.row;
                 match &mut self.kv.store {
                     Store::F16(d) => {
                         for (x, b) in d[o..o + n * state.row].iter_mut().zip(src.chunks_exact(2)) {
@@ -213,6 +224,16 @@ impl Session<'_> {
                     Store::F32(d) => {
                         for (x, b) in d[o..o + n * state.row].iter_mut().zip(src.chunks_exact(4)) {
                             *x = f32::from_bits(u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+                        }
+                    }
+                    Store::Q8 { q, d } => {
+                        let rows = q[o..o + n * row].chunks_exact_mut(row);
+                        for (p, (r, b)) in rows.zip(src.chunks_exact(state.row)).enumerate() {
+                            let (bytes, sb) = b.split_at(row);
+                            r.iter_mut().zip(bytes).for_each(|(x, &b)| *x = b as i8);
+                            for (so, b) in so.iter().zip(sb.chunks_exact(4)) {
+                                d[so + p] = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                            }
                         }
                     }
                 }
@@ -263,7 +284,7 @@ mod tests {
         let pool = ThreadPool::new(2).unwrap();
         for arch in ["llama", "gemma3"] {
             let m = tiny_model(arch, GgmlType::Q8_0, Precision::Default);
-            for ty in [KvType::F16, KvType::F32] {
+            for ty in [KvType::F16, KvType::F32, KvType::Q8] {
                 let all = tokens(40);
                 let mut fresh = Session::new(&m, &pool, 64, ty).unwrap();
                 let want = fresh.eval(&all, Outputs::All).unwrap().data.to_vec();

@@ -11,8 +11,9 @@
 //! Scores are bit-identical to [`super::dot_tile`] (the canonical order). A value row's
 //! contribution is one fused multiply-add per lane, in key order, starting from zero: per
 //! element exactly the sequence of `axpy` calls from a zeroed output, so results are the
-//! same bits whichever heads are blocked together. Rows may be f32 or f16 (the KV cache's
-//! own rows, widened exactly as they are loaded: the bits of the f32 copy).
+//! same bits whichever heads are blocked together. Rows may be f32, f16 or i8 (the KV
+//! cache's own rows, widened exactly as they are loaded: the bits of the f32 copy; an 8-bit
+//! cache applies its scales outside these kernels).
 
 use crate::{QuantError, SimdLevel};
 
@@ -481,14 +482,18 @@ mod tests {
                         let k = pseudo(n * stride, hd as u32 + 1);
                         let kh: Vec<half::f16> =
                             k.iter().map(|&x| half::f16::from_f32(x)).collect();
+                        let kb: Vec<i8> = k.iter().map(|&x| (x * 127.0).round() as i8).collect();
+                        let kbw: Vec<f32> = kb.iter().map(|&x| f32::from(x)).collect();
                         let qs: Vec<Vec<f32>> =
                             (0..heads).map(|h| pseudo(hd, 9 + h as u32)).collect();
                         let q: Vec<&[f32]> = qs.iter().map(Vec::as_slice).collect();
                         let ld = n + 2;
                         let (mut a, mut b) =
                             (vec![f32::NAN; heads * ld], vec![f32::NAN; heads * ld]);
+                        let mut c = vec![f32::NAN; heads * ld];
                         dot_rows(level, &q, &k, stride, hd, n, &mut a, ld).unwrap();
                         dot_rows(level, &q, &kh, stride, hd, n, &mut b, ld).unwrap();
+                        dot_rows(level, &q, &kb, stride, hd, n, &mut c, ld).unwrap();
                         let mut one = [0f32; 1];
                         for h in 0..heads {
                             for j in 0..n {
@@ -505,6 +510,13 @@ mod tests {
                                     b[h * ld + j].to_bits(),
                                     one[0].to_bits(),
                                     "{level} {hd} {n} half"
+                                );
+                                let row = &kbw[j * stride..][..hd];
+                                dot_tile(level, &q[h..=h], &[row], hd, &mut one).unwrap();
+                                assert_eq!(
+                                    c[h * ld + j].to_bits(),
+                                    one[0].to_bits(),
+                                    "{level} {hd} {n} byte"
                                 );
                             }
                             // The stride's gap is left alone.
@@ -559,18 +571,18 @@ mod tests {
         assert_ne!(out, by_axpy(level, &p, &v, hd, hd));
     }
 
-    /// Half value rows give the bits of their f32 widening at every level, through the
-    /// vector loads and the scalar tail; a widening that differs in one value is told apart.
-    #[test]
-    fn half_rows_give_the_bits_of_their_widening() {
+    /// Narrow value rows (`X`, from `make`) give the bits of their widening at every level,
+    /// through the vector loads and the scalar tail; a widening that differs in one value is
+    /// told apart.
+    fn narrow_rows_give_the_bits_of_their_widening<X: RowElem>(make: fn(f32) -> X) {
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         for level in levels() {
             for hd in [7usize, 16, 24, 64, 72, 256] {
                 for heads in 1..=MAX_TILE {
                     let (n, stride) = (9, hd + 3);
-                    let v: Vec<half::f16> = pseudo(n * stride, hd as u32)
-                        .iter()
-                        .map(|&x| half::f16::from_f32(x * 40.0))
+                    let v: Vec<X> = pseudo(n * stride, hd as u32)
+                        .into_iter()
+                        .map(make)
                         .collect();
                     let mut wide: Vec<f32> = v.iter().map(|h| h.to_f32()).collect();
                     let ps: Vec<Vec<f32>> = (0..heads).map(|h| pseudo(n, 7 + h as u32)).collect();
@@ -583,6 +595,31 @@ mod tests {
                     weighted_rows(level, &refs, &wide, stride, hd, &mut b).unwrap();
                     assert_ne!(bits(&a), bits(&b), "{level} hd={hd}: the check is blind");
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn half_rows_give_the_bits_of_their_widening() {
+        narrow_rows_give_the_bits_of_their_widening(|x| half::f16::from_f32(x * 40.0));
+    }
+
+    #[test]
+    fn byte_rows_give_the_bits_of_their_widening() {
+        narrow_rows_give_the_bits_of_their_widening(|x| (x * 127.0).round() as i8);
+    }
+
+    /// Every byte reaches the sum as its integer value: one key with weight 1 over a row of
+    /// all 256 of them, at every level, through the vector loads (256 is a multiple of both
+    /// vector widths).
+    #[test]
+    fn every_byte_widens_exactly() {
+        let bytes: Vec<i8> = (i8::MIN..=i8::MAX).collect();
+        for level in levels() {
+            let mut out = vec![0.0; 256];
+            weighted_rows(level, &[&[1.0]], &bytes, 256, 256, &mut out).unwrap();
+            for (b, o) in bytes.iter().zip(&out) {
+                assert_eq!(o.to_bits(), f32::from(*b).to_bits(), "{level} {b}");
             }
         }
     }

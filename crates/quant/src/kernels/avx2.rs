@@ -6,7 +6,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{DequantFn, RowElem, tail};
+use super::{DequantFn, ElemKind, RowElem, tail};
 use ferrite_gguf::GgmlType;
 
 /// The fixed horizontal reduction: halves, then pairs, then the last two lanes.
@@ -21,20 +21,20 @@ pub(crate) fn hsum(v: __m256) -> f32 {
     _mm_cvtss_f32(s)
 }
 
-/// Eight values of a row at `p` as f32 lanes (half rows widened exactly).
+/// Eight values of a row at `p` as f32 lanes (half and byte rows widened exactly).
 ///
 /// # Safety
 /// AVX2/FMA/F16C available; 8 values readable at `p`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn load8<X: RowElem>(p: *const X) -> __m256 {
-    // SAFETY: 8 values of X at p (caller contract); RowElem is sealed to f32 and f16, whose
-    // layouts HALF names.
+    // SAFETY: 8 values of X at p (caller contract); RowElem is sealed to f32, f16 and i8,
+    // whose layouts KIND names.
     unsafe {
-        if X::HALF {
-            _mm256_cvtph_ps(_mm_loadu_si128(p.cast()))
-        } else {
-            _mm256_loadu_ps(p.cast())
+        match X::KIND {
+            ElemKind::F32 => _mm256_loadu_ps(p.cast()),
+            ElemKind::F16 => _mm256_cvtph_ps(_mm_loadu_si128(p.cast())),
+            ElemKind::I8 => _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(p.cast()))),
         }
     }
 }

@@ -6,7 +6,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{DequantFn, RowElem, tail};
+use super::{DequantFn, ElemKind, RowElem, tail};
 use ferrite_gguf::GgmlType;
 
 /// The fixed horizontal reduction: 512 -> 256 -> 128 bits by halves, then pairs, then the
@@ -25,20 +25,20 @@ pub(crate) fn hsum(v: __m512) -> f32 {
     _mm_cvtss_f32(s)
 }
 
-/// Sixteen values of a row at `p` as f32 lanes (half rows widened exactly).
+/// Sixteen values of a row at `p` as f32 lanes (half and byte rows widened exactly).
 ///
 /// # Safety
 /// AVX-512 available; 16 values readable at `p`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 pub(crate) unsafe fn load16<X: RowElem>(p: *const X) -> __m512 {
-    // SAFETY: 16 values of X at p (caller contract); RowElem is sealed to f32 and f16, whose
-    // layouts HALF names.
+    // SAFETY: 16 values of X at p (caller contract); RowElem is sealed to f32, f16 and i8,
+    // whose layouts KIND names.
     unsafe {
-        if X::HALF {
-            _mm512_cvtph_ps(_mm256_loadu_si256(p.cast()))
-        } else {
-            _mm512_loadu_ps(p.cast())
+        match X::KIND {
+            ElemKind::F32 => _mm512_loadu_ps(p.cast()),
+            ElemKind::F16 => _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())),
+            ElemKind::I8 => _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p.cast()))),
         }
     }
 }

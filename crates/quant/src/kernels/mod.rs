@@ -55,18 +55,29 @@ pub(crate) const MM_COLS: usize = 8;
 /// Largest tile [`dot_tile`] accepts in each direction.
 pub const MAX_TILE: usize = 4;
 
+/// How a [`RowElem`] lies in memory, which the vector loads follow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ElemKind {
+    /// IEEE single precision.
+    F32,
+    /// IEEE half precision.
+    F16,
+    /// A signed byte.
+    I8,
+}
+
 /// Element type of the rows [`dot_tile`] and [`weighted_rows`] read on their `x` / `v` side
-/// (attention's keys and values): f32, or IEEE half widened exactly as it is loaded, so a
-/// half row gives the same bits as its widened f32 copy.
+/// (attention's keys and values): f32, IEEE half or a signed byte, each widened exactly as
+/// it is loaded, so a narrow row gives the same bits as its widened f32 copy.
 pub trait RowElem: Copy + Send + Sync + sealed::Sealed + 'static {
-    /// Whether the element is an IEEE half (the vector loads widen it).
-    const HALF: bool;
-    /// The value as f32 (exact for both types).
+    /// The element's layout.
+    const KIND: ElemKind;
+    /// The value as f32 (exact for every type).
     fn to_f32(self) -> f32;
 }
 
 impl RowElem for f32 {
-    const HALF: bool = false;
+    const KIND: ElemKind = ElemKind::F32;
     #[inline]
     fn to_f32(self) -> f32 {
         self
@@ -74,10 +85,18 @@ impl RowElem for f32 {
 }
 
 impl RowElem for half::f16 {
-    const HALF: bool = true;
+    const KIND: ElemKind = ElemKind::F16;
     #[inline]
     fn to_f32(self) -> f32 {
         half::f16::to_f32(self)
+    }
+}
+
+impl RowElem for i8 {
+    const KIND: ElemKind = ElemKind::I8;
+    #[inline]
+    fn to_f32(self) -> f32 {
+        f32::from(self)
     }
 }
 
@@ -93,12 +112,13 @@ pub(crate) fn tail<X: RowElem>(acc: f32, w: &[f32], x: &[X], from: usize, k: usi
     s
 }
 
-/// The vector loads reinterpret a row's memory by [`RowElem::HALF`], so only the two types
-/// above may implement it.
+/// The vector loads reinterpret a row's memory by [`RowElem::KIND`], so only the three
+/// types above may implement it.
 mod sealed {
     pub trait Sealed {}
     impl Sealed for f32 {}
     impl Sealed for half::f16 {}
+    impl Sealed for i8 {}
 }
 
 /// Checks that `level` can run here.
@@ -599,21 +619,17 @@ mod tests {
         }
     }
 
-    /// Half `x` rows give the bits of their f32 widening in every tile shape, with and
-    /// without a tail; a widening that differs in one value is told apart.
-    #[test]
-    fn dot_tile_of_half_rows_gives_the_bits_of_their_widening() {
+    /// Narrow `x` rows (`X`, from `make`) give the bits of their f32 widening in every tile
+    /// shape, with and without a tail; a widening that differs in one value is told apart.
+    fn narrow_rows_give_the_bits_of_their_widening<X: RowElem>(make: fn(f32) -> X) {
         for level in SimdLevel::ALL.into_iter().filter(|l| l.is_available()) {
             for k in [7usize, 16, 64, 72, 256] {
                 for (nw, nx) in [(1, 1), (4, 1), (1, 4), (3, 2), (4, 4)] {
                     let w = pseudo(nw * k, 5);
-                    let h: Vec<half::f16> = pseudo(nx * k, k as u32)
-                        .iter()
-                        .map(|&v| half::f16::from_f32(v * 50.0))
-                        .collect();
+                    let h: Vec<X> = pseudo(nx * k, k as u32).into_iter().map(make).collect();
                     let mut wide: Vec<f32> = h.iter().map(|v| v.to_f32()).collect();
                     let ws: Vec<&[f32]> = w.chunks(k).collect();
-                    let hs: Vec<&[half::f16]> = h.chunks(k).collect();
+                    let hs: Vec<&[X]> = h.chunks(k).collect();
                     let (mut a, mut b) = ([0f32; 16], [0f32; 16]);
                     dot_tile(level, &ws, &hs, k, &mut a).unwrap();
                     let xs: Vec<&[f32]> = wide.chunks(k).collect();
@@ -627,6 +643,16 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn dot_tile_of_half_rows_gives_the_bits_of_their_widening() {
+        narrow_rows_give_the_bits_of_their_widening(|v| half::f16::from_f32(v * 50.0));
+    }
+
+    #[test]
+    fn dot_tile_of_byte_rows_gives_the_bits_of_their_widening() {
+        narrow_rows_give_the_bits_of_their_widening(|v| (v * 127.0).round() as i8);
     }
 
     #[test]

@@ -58,6 +58,8 @@ pub struct EngineConfig {
     pub prefix_cache: prefix::PrefixCacheConfig,
     /// Where the model runs.
     pub backend: EngineBackend,
+    /// KV cache element type of every slot (the CUDA backend takes only f16).
+    pub kv: ferrite_model::KvType,
 }
 
 /// Why the engine could not start.

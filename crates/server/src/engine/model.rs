@@ -219,6 +219,14 @@ fn engine_thread(
         cfg.n_ctx
     };
     if cfg.backend == EngineBackend::Cuda {
+        if cfg.kv != KvType::F16 {
+            let why = format!(
+                "the CUDA backend keeps an f16 KV cache, not {}",
+                cfg.kv.name()
+            );
+            let _ = ready.send(Err(EngineError::Config(why)));
+            return;
+        }
         return super::cuda::run(&cfg, &model, &tokenizer, n_ctx, ready, &jobs, counters);
     }
     let pool = match ThreadPool::new(cfg.threads.max(1)) {
@@ -228,7 +236,7 @@ fn engine_thread(
             return;
         }
     };
-    if let Err(e) = check_kv_memory(model.config(), KvType::F16, cfg.parallel, n_ctx) {
+    if let Err(e) = check_kv_memory(model.config(), cfg.kv, cfg.parallel, n_ctx) {
         let _ = ready.send(Err(EngineError::Config(format!(
             "{e} (lower --parallel or --ctx)"
         ))));
@@ -237,7 +245,7 @@ fn engine_thread(
     // Before the server reports ready, so that no request waits for it.
     model.pack_weights(&pool);
     let sessions: Result<Vec<Session<'_>>, _> = (0..cfg.parallel)
-        .map(|_| Session::new(&model, &pool, n_ctx, KvType::F16))
+        .map(|_| Session::new(&model, &pool, n_ctx, cfg.kv))
         .collect();
     let sessions = match sessions {
         Ok(s) => s,
@@ -255,10 +263,11 @@ fn engine_thread(
         }
     };
     let line = format!(
-        "backend=cpu threads={} simd={} {} kv=f16",
+        "backend=cpu threads={} simd={} {} kv={}",
         pool.n_threads(),
         ferrite_quant::simd_level(),
-        model.cpu_kernels()
+        model.cpu_kernels(),
+        cfg.kv.name()
     );
     if ready.send(Ok((tokenizer.clone(), n_ctx, line))).is_err() {
         return;
@@ -299,7 +308,7 @@ fn prefix_cache(
     if pc.memory_bytes == 0 && pc.disk.is_none() {
         return None;
     }
-    let compat = ferrite_kvstore::Compat::for_session(model, sha, KvType::F16, n_ctx);
+    let compat = ferrite_kvstore::Compat::for_session(model, sha, cfg.kv, n_ctx);
     match PrefixCache::new(pc, compat, stats) {
         Ok(c) => Some(c),
         Err(e) => {
