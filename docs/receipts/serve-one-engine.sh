@@ -4,6 +4,8 @@
 # the script exits, so shared/tools/clean-run counts its CPU time as the command's own.
 #
 #   serve-one-engine.sh FERRITE_BIN MODEL OUT_CSV PROMPT_TOKENS MAX_TOKENS [CONCURRENCY]
+#
+# SERVE_FLAGS adds flags to the server's command line (e.g. SERVE_FLAGS="--kv q8").
 set -euo pipefail
 ferrite=${1:?ferrite binary}
 model=${2:?model file}
@@ -12,7 +14,7 @@ prompt=${4:?prompt tokens}
 gen=${5:?max tokens}
 conc=${6:-1,16}
 "$ferrite" serve -m "$model" --port 8093 --parallel 16 --threads 2 --ctx 512 \
-    --kv-mem-space-mb 0 >"${out%.csv}-server.log" 2>&1 &
+    --kv-mem-space-mb 0 ${SERVE_FLAGS:-} >"${out%.csv}-server.log" 2>&1 &
 pid=$!
 for _ in $(seq 1 120); do
     [[ $(curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8093/health) == 200 ]] && break
