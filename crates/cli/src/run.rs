@@ -700,3 +700,18 @@ fn chat_repl(
         cached.extend_from_slice(&generated);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cuda_refuses_every_kv_type_but_f16() {
+        assert!(check_cuda_kv(KvType::F16).is_ok());
+        for kv in [KvType::F32, KvType::Q8] {
+            let err = check_cuda_kv(kv).unwrap_err().to_string();
+            assert!(err.contains(&format!("--kv {}", kv.name())), "{err}");
+            assert!(err.contains("--backend cpu"), "{err}");
+        }
+    }
+}

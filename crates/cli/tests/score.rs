@@ -258,3 +258,27 @@ fn prefill_and_text_on_cuda_fail_naming_decode_mode() {
         assert!(!all.contains("panicked"), "{extra:?}: {all}");
     }
 }
+
+/// The 8-bit KV cache costs fidelity (receipt `serve-q8-kv-2026-11-30-s17.md`); on SmolLM2 it
+/// stays within the default path's bounds, and the run must say it used that cache.
+#[test]
+fn smollm2_q8_kv_cache_meets_the_default_bounds() {
+    let model = pull("smollm2-135m-instruct");
+    let fx = fixture("logits-smollm2-dev.jsonl");
+    let (m, f) = (model.to_str().unwrap(), fx.to_str().unwrap());
+    let out = run(&[
+        "score",
+        "-m",
+        m,
+        "--fixture",
+        f,
+        "--kv",
+        "q8",
+        "--backend",
+        "cpu",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains(" kv=q8 "), "{}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    check_default_fidelity(&last_line_fields(&stdout, "summary: "));
+}

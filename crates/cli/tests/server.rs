@@ -646,6 +646,51 @@ fn concurrent_streams_match_sequential_and_disconnects_free_slots() {
 }
 
 #[test]
+fn q8_kv_cache_serves_batched_answers_equal_to_lone_ones() {
+    let model = common::pull(MODEL);
+    let server = Server::start(&[
+        "-m",
+        model.to_str().unwrap(),
+        "--ctx",
+        "512",
+        "--parallel",
+        "4",
+        "--threads",
+        "2",
+        "--kv",
+        "q8",
+    ]);
+    assert!(server.log().contains(" kv=q8"), "{}", server.log());
+    let prompts: Vec<String> = (0..4)
+        .map(|i| format!("Name a colour and the number {i}."))
+        .collect();
+    let answer = |r: &server_util::Reply| {
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.json()["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let lone: Vec<String> = prompts
+        .iter()
+        .map(|p| answer(&server.post("/v1/chat/completions", &chat(p, 12))))
+        .collect();
+    let together: Vec<String> = std::thread::scope(|s| {
+        let handles: Vec<_> = prompts
+            .iter()
+            .map(|p| {
+                let server = &server;
+                s.spawn(move || answer(&server.post("/v1/chat/completions", &chat(p, 12))))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(lone, together);
+    assert!(lone.iter().all(|a| !a.is_empty()));
+    assert!(metric(&server, "ferrite_batched_steps_total") > 0.0);
+}
+
+#[test]
 fn bad_input_and_api_key() {
     let model = common::pull(MODEL);
     let dir = tempfile::tempdir().unwrap();
