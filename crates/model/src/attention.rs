@@ -4,10 +4,8 @@
 //! A query at absolute position `p` sees keys at positions `kv` with `kv <= p` and, when a
 //! window `w` is set, `p - kv < w` (transformers' `kv > q - w`, llama.cpp's standard SWA).
 //! Keys and values are read in place from the cache, in its element type (the kernels widen
-//! f16 and bytes exactly as they load them), and each KV head's are shared by every query
-//! head of its group (grouped-query attention). With a q8 cache a score is the kernels' dot
-//! with the key's bytes times the key's scale, and each probability is multiplied by its
-//! value's scale before the value sums, which then run over the bytes.
+//! f16 and q8 blocks exactly as they load them), and each KV head's are shared by every
+//! query head of its group (grouped-query attention).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
@@ -18,7 +16,7 @@ use ferrite_quant::kernels::{
 };
 use ferrite_quant::{SimdLevel, simd_level};
 
-use crate::kv::{KvCache, KvRows, Q8Scales};
+use crate::kv::{KvCache, KvRows};
 
 /// Shape and masking of one layer's attention.
 #[derive(Debug, Clone, Copy)]
@@ -170,16 +168,9 @@ pub fn attend_many(pool: &ThreadPool, shape: &AttnShape, layer: usize, jobs: &mu
                 step,
             };
             let o = match rows {
-                KvRows::F16 { k, v } => {
-                    heads(level, shape, &keys, (k, v, None), qs, group_heads, buf)
-                }
-                KvRows::F32 { k, v } => {
-                    heads(level, shape, &keys, (k, v, None), qs, group_heads, buf)
-                }
-                KvRows::Q8 { k, v, kd, vd } => {
-                    let rows = (k, v, Some((&kd, &vd)));
-                    heads(level, shape, &keys, rows, qs, group_heads, buf)
-                }
+                KvRows::F16 { k, v } => heads(level, shape, &keys, k, v, qs, group_heads, buf),
+                KvRows::F32 { k, v } => heads(level, shape, &keys, k, v, qs, group_heads, buf),
+                KvRows::Q8 { k, v } => heads(level, shape, &keys, k, v, qs, group_heads, buf),
             };
             dst.copy_from_slice(o);
         }
@@ -211,36 +202,28 @@ struct Keys {
 /// blocks, a 512-token prefill's attention took 72 against 63 ms.
 const KEY_BLOCK: usize = PREFETCH_ROWS;
 
-/// Multiplies row `j` of each of the `group_heads` rows of `len` values of each group in
-/// `x` (scores or probabilities, group-major) by the scale of row `keys.lo + j` of the
-/// group's KV head in `scales`.
-fn scale_rows(x: &mut [f32], scales: &Q8Scales<'_>, keys: &Keys, group_heads: usize) {
-    let len = keys.hi - keys.lo;
-    for (gi, xg) in x.chunks_exact_mut(group_heads * len).enumerate() {
-        let d = &scales.head(keys.g + gi)[keys.lo..keys.hi];
-        for xh in xg.chunks_exact_mut(len) {
-            xh.iter_mut().zip(d).for_each(|(x, d)| *x *= d);
-        }
-    }
-}
-
 /// Scores, softmax and value sums of the query heads `q` (`group_heads` heads of each of the
-/// keys' groups, `hd` values each) over `keys` of the key and value rows in `rows` (and,
-/// for q8 rows, the keys' and values' scales); returns the heads' outputs, held in `buf` (which first holds
-/// their scores).
+/// keys' groups, `hd` values each) over `keys` of the rows `k` and `v`; returns the heads'
+/// outputs, held in `buf` (which first holds their scores).
+#[allow(clippy::too_many_arguments)]
 fn heads<'b, X: RowElem>(
     level: SimdLevel,
     shape: &AttnShape,
     keys: &Keys,
-    (k, v, scales): (&[X], &[X], Option<(&Q8Scales<'_>, &Q8Scales<'_>)>),
+    k: &[X],
+    v: &[X],
     q: &[f32],
     group_heads: usize,
     buf: &'b mut Vec<f32>,
 ) -> &'b [f32] {
-    let (hd, stride) = (shape.head_dim, keys.kvd);
+    let (hd, kvd) = (shape.head_dim, keys.kvd);
     let nh = q.len() / hd;
     let len = keys.hi - keys.lo;
-    let span = keys.lo * stride + keys.g * hd..(keys.hi - 1) * stride + (keys.g + keys.groups) * hd;
+    // Offsets are in values; the rows are sliced in elements (a q8 block holds 32 values,
+    // and q8 head sizes are whole blocks).
+    let e = X::VALUES;
+    let span =
+        (keys.lo * kvd + keys.g * hd) / e..((keys.hi - 1) * kvd + (keys.g + keys.groups) * hd) / e;
     let (kg, vg) = (&k[span.clone()], &v[span]);
     buf.resize(nh * (len + hd), 0.0);
     let (sc, o) = buf.split_at_mut(nh * len);
@@ -253,28 +236,22 @@ fn heads<'b, X: RowElem>(
         let nb = step.min(len - j0);
         for gi in 0..keys.groups {
             let qs = group_rows(q, hd, gi, group_heads);
-            let kb = &kg[j0 * stride + gi * hd..];
+            let kb = &kg[(j0 * kvd + gi * hd) / e..];
             let out = &mut sc[gi * group_heads * len + j0..];
-            let _ = dot_rows(level, &qs[..group_heads], kb, stride, hd, nb, out, len);
+            let _ = dot_rows(level, &qs[..group_heads], kb, kvd, hd, nb, out, len);
         }
-    }
-    if let Some((kd, _)) = scales {
-        scale_rows(sc, kd, keys, group_heads);
     }
     for s in sc.chunks_exact_mut(len) {
         let _ = softmax_scaled(level, shape.scale, s);
-    }
-    if let Some((_, vd)) = scales {
-        scale_rows(sc, vd, keys, group_heads);
     }
     for j0 in (0..len).step_by(step) {
         let nb = step.min(len - j0);
         for gi in 0..keys.groups {
             let ps: [&[f32]; MAX_TILE] =
                 group_rows(sc, len, gi, group_heads).map(|p| &p[j0..j0 + nb]);
-            let vb = &vg[j0 * stride + gi * hd..];
+            let vb = &vg[(j0 * kvd + gi * hd) / e..];
             let ob = &mut o[gi * group_heads * hd..(gi + 1) * group_heads * hd];
-            let _ = weighted_rows(level, &ps[..group_heads], vb, stride, hd, ob);
+            let _ = weighted_rows(level, &ps[..group_heads], vb, kvd, hd, ob);
         }
     }
     o
@@ -394,7 +371,8 @@ mod tests {
         let k = pseudo(len * row, 1);
         let v = pseudo(len * row, 2);
         let q = pseudo(n * shape.n_head * shape.head_dim, 3);
-        for ty in [KvType::F32, KvType::Q8] {
+        let q8 = shape.head_dim.is_multiple_of(32).then_some(KvType::Q8);
+        for ty in std::iter::once(KvType::F32).chain(q8) {
             let mut cache = KvCache::new(ty, 2, 16, shape.n_kv_head, shape.head_dim).unwrap();
             cache.store(1, 0, &k, &v);
             let mut out = vec![f32::NAN; q.len()];
@@ -402,7 +380,7 @@ mod tests {
             attend(&pool, shape, &cache, 1, pos0, &q, &mut out);
             // q8 is attention over the rows its definition gives back.
             let (kw, vw) = match ty {
-                KvType::Q8 => (q8_rows(&k, shape.head_dim), q8_rows(&v, shape.head_dim)),
+                KvType::Q8 => (q8_rows(&k), q8_rows(&v)),
                 _ => (k.clone(), v.clone()),
             };
             let want = naive(shape, &q, &kw, &vw, pos0, n);
@@ -415,10 +393,10 @@ mod tests {
         }
     }
 
-    /// `x` as a q8 cache gives it back, from [`KvType::Q8`]'s definition: per head of `hd`
+    /// `x` as a q8 cache gives it back, from [`KvType::Q8`]'s definition: per block of 32
     /// values, `d = max|x| / 127` and `d · round(x · (1 / d))`.
-    fn q8_rows(x: &[f32], hd: usize) -> Vec<f32> {
-        x.chunks(hd)
+    fn q8_rows(x: &[f32]) -> Vec<f32> {
+        x.chunks(32)
             .flat_map(|h| {
                 let d = h.iter().map(|v| v.abs()).fold(0.0, f32::max) / 127.0;
                 h.iter().map(move |v| {
@@ -430,6 +408,20 @@ mod tests {
                 })
             })
             .collect()
+    }
+
+    #[test]
+    fn q8_cache_matches_naive_over_its_values() {
+        for (window, pos0, n) in [(None, 0, 9), (None, 11, 1), (Some(4), 3, 6)] {
+            let shape = AttnShape {
+                n_head: 6,
+                n_kv_head: 2,
+                head_dim: 64,
+                scale: 0.125,
+                window,
+            };
+            check_shape(&shape, pos0, n);
+        }
     }
 
     #[test]

@@ -11,13 +11,15 @@
 //! Scores are bit-identical to [`super::dot_tile`] (the canonical order). A value row's
 //! contribution is one fused multiply-add per lane, in key order, starting from zero: per
 //! element exactly the sequence of `axpy` calls from a zeroed output, so results are the
-//! same bits whichever heads are blocked together. Rows may be f32, f16 or i8 (the KV
-//! cache's own rows, widened exactly as they are loaded: the bits of the f32 copy; an 8-bit
-//! cache applies its scales outside these kernels).
+//! same bits whichever heads are blocked together. Rows may be f32, f16 or [`Q8Block`]s
+//! (the KV cache's own rows, widened exactly as they are loaded: the bits of the f32 copy).
+//! Block rows need strides and head sizes that are multiples of 32 values.
 
 use crate::{QuantError, SimdLevel};
 
-use super::{MAX_TILE, RowElem, check_level, tile_unchecked};
+#[cfg(doc)]
+use super::Q8Block;
+use super::{MAX_TILE, RowElem, check_level, row_values, tile_unchecked};
 
 /// How many rows ahead of use [`dot_rows`] and [`weighted_rows`] fetch (measured: 8 and 12
 /// leave loads waiting on memory, 16 to 24 do not).
@@ -42,7 +44,7 @@ pub fn dot_rows<X: RowElem>(
         || q.iter().any(|r| r.len() < hd)
         || ld < n
         || out.len() < (q.len() - 1) * ld + n
-        || !rows_fit(n, stride, hd, k.len())
+        || !rows_fit::<X>(n, stride, hd, k)
     {
         return Err(QuantError::BadTile {
             rows: q.len(),
@@ -61,7 +63,7 @@ pub fn dot_rows<X: RowElem>(
             j0 + PREFETCH_ROWS..j0 + PREFETCH_ROWS + nk,
         );
         let ks: [&[X]; MAX_TILE] =
-            std::array::from_fn(|i| &k[(j0 + i.min(nk - 1)) * stride..][..hd]);
+            std::array::from_fn(|i| row(k, (j0 + i.min(nk - 1)) * stride, hd));
         // SAFETY: level is available and the shapes were checked above: 1..=4 queries of
         // at least hd values, nk <= 4 rows of hd values, part holds 16 products.
         unsafe { tile_unchecked(level, q, &ks[..nk], hd, &mut part) };
@@ -72,13 +74,21 @@ pub fn dot_rows<X: RowElem>(
     Ok(())
 }
 
-/// Whether `n` rows of `hd` values, one every `stride`, fit in `len` values.
-fn rows_fit(n: usize, stride: usize, hd: usize, len: usize) -> bool {
-    n == 0
-        || (n - 1)
-            .checked_mul(stride)
-            .and_then(|o| o.checked_add(hd))
-            .is_some_and(|e| e <= len)
+/// Whether `n` rows of `hd` values, one every `stride` values, fit in `k`, with rows
+/// starting and ending on whole elements.
+fn rows_fit<X: RowElem>(n: usize, stride: usize, hd: usize, k: &[X]) -> bool {
+    let whole = stride.is_multiple_of(X::VALUES) && hd.is_multiple_of(X::VALUES);
+    whole
+        && (n == 0
+            || (n - 1)
+                .checked_mul(stride)
+                .and_then(|o| o.checked_add(hd))
+                .is_some_and(|e| e <= row_values(k)))
+}
+
+/// The `hd` values of `k` from value `at` on (both whole elements).
+fn row<X: RowElem>(k: &[X], at: usize, hd: usize) -> &[X] {
+    &k[at / X::VALUES..(at + hd) / X::VALUES]
 }
 
 /// Asks for the `hd` values of rows `rows` (those that exist) to be brought into cache, on
@@ -92,9 +102,9 @@ fn prefetch_rows<X: RowElem>(
 ) {
     #[cfg(target_arch = "x86_64")]
     if level != SimdLevel::Scalar {
-        let bytes = hd * std::mem::size_of::<X>();
+        let bytes = hd / X::VALUES * std::mem::size_of::<X>();
         for j in rows {
-            let Some(row) = k.get(j * stride..j * stride + hd) else {
+            let Some(row) = k.get(j * stride / X::VALUES..(j * stride + hd) / X::VALUES) else {
                 return;
             };
             let base = row.as_ptr().cast::<i8>();
@@ -131,7 +141,7 @@ pub fn weighted_rows<X: RowElem>(
         || p.len() > MAX_TILE
         || p.iter().any(|r| r.len() != n)
         || out.len() < p.len() * hd
-        || !rows_fit(n, stride, hd, v.len())
+        || !rows_fit::<X>(n, stride, hd, v)
     {
         return Err(QuantError::BadTile {
             rows: p.len(),
@@ -156,12 +166,12 @@ pub fn weighted_rows<X: RowElem>(
     for (h, ph) in p.iter().enumerate() {
         let o = &mut out[h * hd..(h + 1) * hd];
         for (j, &pj) in ph.iter().enumerate() {
-            let row = &v[j * stride..j * stride + hd];
+            let row = row(v, j * stride, hd);
             for d in done..hd {
                 o[d] = if level == SimdLevel::Scalar {
-                    o[d] + pj * row[d].to_f32()
+                    o[d] + pj * X::value(row, d)
                 } else {
-                    pj.mul_add(row[d].to_f32(), o[d])
+                    pj.mul_add(X::value(row, d), o[d])
                 };
             }
         }
@@ -256,11 +266,11 @@ mod x86 {
                 *x = unsafe { _mm512_loadu_ps(out.as_ptr().add(h * hd + c0 + 16 * c)) };
             }
         }
-        let bytes = 16 * NV * std::mem::size_of::<X>();
+        let bytes = (16 * NV).div_ceil(X::VALUES) * std::mem::size_of::<X>();
         for j in 0..p[0].len() {
             let ahead = v
                 .as_ptr()
-                .wrapping_add((j + PREFETCH_ROWS) * stride + c0)
+                .wrapping_add(((j + PREFETCH_ROWS) * stride + c0) / X::VALUES)
                 .cast::<i8>();
             for off in (0..bytes).step_by(64) {
                 // A hint: it never faults, whatever the address (past the last row it is
@@ -269,8 +279,8 @@ mod x86 {
             }
             let mut vv = [_mm512_setzero_ps(); NV];
             for (c, x) in vv.iter_mut().enumerate() {
-                // SAFETY: j * stride + c0 + 16 c + 16 <= j * stride + hd <= v.len().
-                *x = unsafe { load16(v.as_ptr().add(j * stride + c0 + 16 * c)) };
+                // SAFETY: j * stride + c0 + 16 c + 16 <= j * stride + hd, within v.
+                *x = unsafe { load16(v.as_ptr(), j * stride + c0 + 16 * c) };
             }
             for (h, a) in acc.iter_mut().enumerate() {
                 let pv = _mm512_set1_ps(p[h][j]);
@@ -363,8 +373,8 @@ mod x86 {
         for j in 0..p[0].len() {
             let mut vv = [_mm256_setzero_ps(); NV];
             for (c, x) in vv.iter_mut().enumerate() {
-                // SAFETY: j * stride + c0 + 8 c + 8 <= j * stride + hd <= v.len().
-                *x = unsafe { load8(v.as_ptr().add(j * stride + c0 + 8 * c)) };
+                // SAFETY: j * stride + c0 + 8 c + 8 <= j * stride + hd, within v.
+                *x = unsafe { load8(v.as_ptr(), j * stride + c0 + 8 * c) };
             }
             for (h, a) in acc.iter_mut().enumerate() {
                 let pv = _mm256_set1_ps(p[h][j]);
@@ -385,7 +395,8 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::{axpy, dot_tile};
+    use crate::kernels::tests::blocks;
+    use crate::kernels::{Q8Block, axpy, dot_tile};
 
     fn levels() -> Vec<SimdLevel> {
         [SimdLevel::Scalar, SimdLevel::Avx2, SimdLevel::Avx512]
@@ -482,8 +493,13 @@ mod tests {
                         let k = pseudo(n * stride, hd as u32 + 1);
                         let kh: Vec<half::f16> =
                             k.iter().map(|&x| half::f16::from_f32(x)).collect();
-                        let kb: Vec<i8> = k.iter().map(|&x| (x * 127.0).round() as i8).collect();
-                        let kbw: Vec<f32> = kb.iter().map(|&x| f32::from(x)).collect();
+                        // Block rows need a stride of whole blocks.
+                        let bstride = 2 * hd + 32;
+                        let kq = pseudo(n * bstride, hd as u32 + 2);
+                        let kb = (hd % 32 == 0).then(|| blocks(&kq));
+                        let kbw: Vec<f32> = kb.as_ref().map_or(Vec::new(), |b| {
+                            (0..kq.len()).map(|i| Q8Block::value(b, i)).collect()
+                        });
                         let qs: Vec<Vec<f32>> =
                             (0..heads).map(|h| pseudo(hd, 9 + h as u32)).collect();
                         let q: Vec<&[f32]> = qs.iter().map(Vec::as_slice).collect();
@@ -493,7 +509,9 @@ mod tests {
                         let mut c = vec![f32::NAN; heads * ld];
                         dot_rows(level, &q, &k, stride, hd, n, &mut a, ld).unwrap();
                         dot_rows(level, &q, &kh, stride, hd, n, &mut b, ld).unwrap();
-                        dot_rows(level, &q, &kb, stride, hd, n, &mut c, ld).unwrap();
+                        if let Some(kb) = &kb {
+                            dot_rows(level, &q, kb, bstride, hd, n, &mut c, ld).unwrap();
+                        }
                         let mut one = [0f32; 1];
                         for h in 0..heads {
                             for j in 0..n {
@@ -511,13 +529,15 @@ mod tests {
                                     one[0].to_bits(),
                                     "{level} {hd} {n} half"
                                 );
-                                let row = &kbw[j * stride..][..hd];
-                                dot_tile(level, &q[h..=h], &[row], hd, &mut one).unwrap();
-                                assert_eq!(
-                                    c[h * ld + j].to_bits(),
-                                    one[0].to_bits(),
-                                    "{level} {hd} {n} byte"
-                                );
+                                if kb.is_some() {
+                                    let row = &kbw[j * bstride..][..hd];
+                                    dot_tile(level, &q[h..=h], &[row], hd, &mut one).unwrap();
+                                    assert_eq!(
+                                        c[h * ld + j].to_bits(),
+                                        one[0].to_bits(),
+                                        "{level} {hd} {n} blocks"
+                                    );
+                                }
                             }
                             // The stride's gap is left alone.
                             assert!(a[h * ld + n..h * ld + ld].iter().all(|x| x.is_nan()));
@@ -571,20 +591,20 @@ mod tests {
         assert_ne!(out, by_axpy(level, &p, &v, hd, hd));
     }
 
-    /// Narrow value rows (`X`, from `make`) give the bits of their widening at every level,
-    /// through the vector loads and the scalar tail; a widening that differs in one value is
-    /// told apart.
-    fn narrow_rows_give_the_bits_of_their_widening<X: RowElem>(make: fn(f32) -> X) {
+    /// Narrow value rows (`X`, made from f32 rows by `make`) of the head sizes `hds` give
+    /// the bits of their widening at every level, through the vector loads and the scalar
+    /// tail; a widening that differs in one value is told apart.
+    fn narrow_rows_give_the_bits_of_their_widening<X: RowElem>(
+        hds: &[usize],
+        make: fn(&[f32]) -> Vec<X>,
+    ) {
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         for level in levels() {
-            for hd in [7usize, 16, 24, 64, 72, 256] {
+            for &hd in hds {
                 for heads in 1..=MAX_TILE {
-                    let (n, stride) = (9, hd + 3);
-                    let v: Vec<X> = pseudo(n * stride, hd as u32)
-                        .into_iter()
-                        .map(make)
-                        .collect();
-                    let mut wide: Vec<f32> = v.iter().map(|h| h.to_f32()).collect();
+                    let (n, stride) = (9, hd + X::VALUES.max(3));
+                    let v = make(&pseudo(n * stride, hd as u32));
+                    let mut wide: Vec<f32> = (0..n * stride).map(|i| X::value(&v, i)).collect();
                     let ps: Vec<Vec<f32>> = (0..heads).map(|h| pseudo(n, 7 + h as u32)).collect();
                     let refs: Vec<&[f32]> = ps.iter().map(Vec::as_slice).collect();
                     let (mut a, mut b) = (vec![0.0; heads * hd], vec![0.0; heads * hd]);
@@ -601,27 +621,49 @@ mod tests {
 
     #[test]
     fn half_rows_give_the_bits_of_their_widening() {
-        narrow_rows_give_the_bits_of_their_widening(|x| half::f16::from_f32(x * 40.0));
+        narrow_rows_give_the_bits_of_their_widening(&[7, 16, 24, 64, 72, 256], |x| {
+            x.iter().map(|&v| half::f16::from_f32(v * 40.0)).collect()
+        });
     }
 
     #[test]
-    fn byte_rows_give_the_bits_of_their_widening() {
-        narrow_rows_give_the_bits_of_their_widening(|x| (x * 127.0).round() as i8);
+    fn block_rows_give_the_bits_of_their_widening() {
+        narrow_rows_give_the_bits_of_their_widening(&[32, 64, 96, 256], blocks);
     }
 
-    /// Every byte reaches the sum as its integer value: one key with weight 1 over a row of
-    /// all 256 of them, at every level, through the vector loads (256 is a multiple of both
-    /// vector widths).
+    /// Every quant reaches the sum as its product with the block's scale: one key with
+    /// weight 1 over a row of all 256 byte values, at every level.
     #[test]
-    fn every_byte_widens_exactly() {
-        let bytes: Vec<i8> = (i8::MIN..=i8::MAX).collect();
+    fn every_quant_widens_exactly() {
+        let q: Vec<i8> = (i8::MIN..=i8::MAX).collect();
+        let row: Vec<Q8Block> = q
+            .chunks(32)
+            .map(|c| Q8Block {
+                d: 0.3,
+                q: c.try_into().unwrap(),
+            })
+            .collect();
         for level in levels() {
             let mut out = vec![0.0; 256];
-            weighted_rows(level, &[&[1.0]], &bytes, 256, 256, &mut out).unwrap();
-            for (b, o) in bytes.iter().zip(&out) {
-                assert_eq!(o.to_bits(), f32::from(*b).to_bits(), "{level} {b}");
+            weighted_rows(level, &[&[1.0]], &row, 256, 256, &mut out).unwrap();
+            for (b, o) in q.iter().zip(&out) {
+                let want = 0.3 * f32::from(*b);
+                let want = if want == 0.0 { 0.0 } else { want };
+                assert_eq!(o.to_bits(), want.to_bits(), "{level} {b}");
             }
         }
+    }
+
+    /// Block rows must start and end on whole blocks.
+    #[test]
+    fn block_rows_reject_partial_blocks() {
+        let row = vec![Q8Block::default(); 4];
+        let mut out = [0.0f32; 64];
+        let level = SimdLevel::Scalar;
+        assert!(weighted_rows(level, &[&[1.0, 1.0]], &row, 64, 64, &mut out).is_ok());
+        assert!(weighted_rows(level, &[&[1.0, 1.0]], &row, 48, 32, &mut out).is_err());
+        assert!(weighted_rows(level, &[&[1.0]], &row, 64, 48, &mut out).is_err());
+        assert!(dot_rows(level, &[&[0.0; 64]], &row, 48, 32, 2, &mut out, 2).is_err());
     }
 
     /// Every non-NaN half (zeros, subnormals, infinities) reaches the sum as the f32 `half`

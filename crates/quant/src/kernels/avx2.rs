@@ -6,7 +6,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{DequantFn, ElemKind, RowElem, tail};
+use super::{DequantFn, ElemKind, Q8Block, RowElem, tail};
 use ferrite_gguf::GgmlType;
 
 /// The fixed horizontal reduction: halves, then pairs, then the last two lanes.
@@ -21,20 +21,27 @@ pub(crate) fn hsum(v: __m256) -> f32 {
     _mm_cvtss_f32(s)
 }
 
-/// Eight values of a row at `p` as f32 lanes (half and byte rows widened exactly).
+/// Values `at..at + 8` of the row at `row` as f32 lanes (narrow rows widened exactly).
 ///
 /// # Safety
-/// AVX2/FMA/F16C available; 8 values readable at `p`.
+/// AVX2/FMA/F16C available; the row holds values `at..at + 8`, and for blocks `at` is a
+/// multiple of 8 (the values lie in one block).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn load8<X: RowElem>(p: *const X) -> __m256 {
-    // SAFETY: 8 values of X at p (caller contract); RowElem is sealed to f32, f16 and i8,
-    // whose layouts KIND names.
+pub(crate) unsafe fn load8<X: RowElem>(row: *const X, at: usize) -> __m256 {
+    // SAFETY: the values lie in the row (caller contract); RowElem is sealed to f32, f16 and
+    // Q8Block, whose layouts KIND names.
     unsafe {
+        let p = row.add(at / X::VALUES);
         match X::KIND {
             ElemKind::F32 => _mm256_loadu_ps(p.cast()),
             ElemKind::F16 => _mm256_cvtph_ps(_mm_loadu_si128(p.cast())),
-            ElemKind::I8 => _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(p.cast()))),
+            ElemKind::Q8 => {
+                let b = p.cast::<Q8Block>();
+                let q = (&raw const (*b).q).cast::<i8>().add(at % 32);
+                let q = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(q.cast())));
+                _mm256_mul_ps(_mm256_set1_ps((*b).d), q)
+            }
         }
     }
 }
@@ -97,8 +104,8 @@ unsafe fn micro<const R: usize, const T: usize, X: RowElem>(
     for c in 0..n8 {
         let mut xv = [_mm256_setzero_ps(); T];
         for t in 0..T {
-            // SAFETY: 8 * c + 8 <= k <= x[t].len() (caller contract).
-            xv[t] = unsafe { load8(x[t].as_ptr().add(8 * c)) };
+            // SAFETY: 8 * c + 8 <= k, within x[t] (caller contract).
+            xv[t] = unsafe { load8(x[t].as_ptr(), 8 * c) };
         }
         for r in 0..R {
             // SAFETY: 8 * c + 8 <= k <= w[r].len() (caller contract).

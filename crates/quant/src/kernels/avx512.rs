@@ -6,7 +6,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{DequantFn, ElemKind, RowElem, tail};
+use super::{DequantFn, ElemKind, Q8Block, RowElem, tail};
 use ferrite_gguf::GgmlType;
 
 /// The fixed horizontal reduction: 512 -> 256 -> 128 bits by halves, then pairs, then the
@@ -25,20 +25,27 @@ pub(crate) fn hsum(v: __m512) -> f32 {
     _mm_cvtss_f32(s)
 }
 
-/// Sixteen values of a row at `p` as f32 lanes (half and byte rows widened exactly).
+/// Values `at..at + 16` of the row at `row` as f32 lanes (narrow rows widened exactly).
 ///
 /// # Safety
-/// AVX-512 available; 16 values readable at `p`.
+/// AVX-512 available; the row holds values `at..at + 16`, and for blocks `at` is a multiple
+/// of 16 (the values lie in one block).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-pub(crate) unsafe fn load16<X: RowElem>(p: *const X) -> __m512 {
-    // SAFETY: 16 values of X at p (caller contract); RowElem is sealed to f32, f16 and i8,
-    // whose layouts KIND names.
+pub(crate) unsafe fn load16<X: RowElem>(row: *const X, at: usize) -> __m512 {
+    // SAFETY: the values lie in the row (caller contract); RowElem is sealed to f32, f16 and
+    // Q8Block, whose layouts KIND names.
     unsafe {
+        let p = row.add(at / X::VALUES);
         match X::KIND {
             ElemKind::F32 => _mm512_loadu_ps(p.cast()),
             ElemKind::F16 => _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())),
-            ElemKind::I8 => _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p.cast()))),
+            ElemKind::Q8 => {
+                let b = p.cast::<Q8Block>();
+                let q = (&raw const (*b).q).cast::<i8>().add(at % 32);
+                let q = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q.cast())));
+                _mm512_mul_ps(_mm512_set1_ps((*b).d), q)
+            }
         }
     }
 }
@@ -101,8 +108,8 @@ unsafe fn micro<const R: usize, const T: usize, X: RowElem>(
     for c in 0..n16 {
         let mut xv = [_mm512_setzero_ps(); T];
         for t in 0..T {
-            // SAFETY: 16 * c + 16 <= k <= x[t].len() (caller contract).
-            xv[t] = unsafe { load16(x[t].as_ptr().add(16 * c)) };
+            // SAFETY: 16 * c + 16 <= k, within x[t] (caller contract).
+            xv[t] = unsafe { load16(x[t].as_ptr(), 16 * c) };
         }
         for r in 0..R {
             // SAFETY: 16 * c + 16 <= k <= w[r].len() (caller contract).

@@ -62,42 +62,65 @@ pub enum ElemKind {
     F32,
     /// IEEE half precision.
     F16,
-    /// A signed byte.
-    I8,
+    /// [`Q8Block`]s.
+    Q8,
 }
 
 /// Element type of the rows [`dot_tile`] and [`weighted_rows`] read on their `x` / `v` side
-/// (attention's keys and values): f32, IEEE half or a signed byte, each widened exactly as
-/// it is loaded, so a narrow row gives the same bits as its widened f32 copy.
+/// (attention's keys and values): f32, IEEE half, or [`Q8Block`]s. Narrow rows are widened
+/// exactly as they are loaded (a block's values as their f32 products `d · q`), so they
+/// give the same bits as their widened f32 copies. Offsets, strides and lengths the kernels
+/// take are counted in values.
 pub trait RowElem: Copy + Send + Sync + sealed::Sealed + 'static {
     /// The element's layout.
     const KIND: ElemKind;
-    /// The value as f32 (exact for every type).
-    fn to_f32(self) -> f32;
+    /// Values one element holds (32 for a block, else 1).
+    const VALUES: usize = 1;
+    /// Value `i` of a row of these elements, as f32.
+    fn value(row: &[Self], i: usize) -> f32;
 }
 
 impl RowElem for f32 {
     const KIND: ElemKind = ElemKind::F32;
     #[inline]
-    fn to_f32(self) -> f32 {
-        self
+    fn value(row: &[f32], i: usize) -> f32 {
+        row[i]
     }
 }
 
 impl RowElem for half::f16 {
     const KIND: ElemKind = ElemKind::F16;
     #[inline]
-    fn to_f32(self) -> f32 {
-        half::f16::to_f32(self)
+    fn value(row: &[half::f16], i: usize) -> f32 {
+        row[i].to_f32()
     }
 }
 
-impl RowElem for i8 {
-    const KIND: ElemKind = ElemKind::I8;
+/// 32 values as signed bytes with one f32 scale: value `i` is `d · q[i]`, one f32 product
+/// (the 8-bit KV cache's block).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Q8Block {
+    /// Scale.
+    pub d: f32,
+    /// Quants.
+    pub q: [i8; 32],
+}
+
+impl RowElem for Q8Block {
+    const KIND: ElemKind = ElemKind::Q8;
+    const VALUES: usize = 32;
     #[inline]
-    fn to_f32(self) -> f32 {
-        f32::from(self)
+    fn value(row: &[Q8Block], i: usize) -> f32 {
+        let b = &row[i / 32];
+        b.d * f32::from(b.q[i % 32])
     }
+}
+
+/// Values in a row of `X`.
+#[inline]
+pub(crate) fn row_values<X: RowElem>(row: &[X]) -> usize {
+    row.len() * X::VALUES
 }
 
 /// Adds the products from `from` to `k`, one at a time, to `acc`: the vector levels' tail
@@ -107,7 +130,7 @@ impl RowElem for i8 {
 pub(crate) fn tail<X: RowElem>(acc: f32, w: &[f32], x: &[X], from: usize, k: usize) -> f32 {
     let mut s = acc;
     for i in from..k {
-        s += w[i] * x[i].to_f32();
+        s += w[i] * X::value(x, i);
     }
     s
 }
@@ -118,7 +141,7 @@ mod sealed {
     pub trait Sealed {}
     impl Sealed for f32 {}
     impl Sealed for half::f16 {}
-    impl Sealed for i8 {}
+    impl Sealed for super::Q8Block {}
 }
 
 /// Checks that `level` can run here.
@@ -252,7 +275,7 @@ pub fn dot_tile<X: RowElem>(
     out: &mut [f32],
 ) -> Result<(), QuantError> {
     check_level(level)?;
-    let short = w.iter().any(|r| r.len() < k) || x.iter().any(|r| r.len() < k);
+    let short = w.iter().any(|r| r.len() < k) || x.iter().any(|r| row_values(r) < k);
     if w.len() > MAX_TILE || x.len() > MAX_TILE || out.len() < w.len() * x.len() || short {
         return Err(QuantError::BadTile {
             rows: w.len(),
@@ -619,17 +642,25 @@ mod tests {
         }
     }
 
-    /// Narrow `x` rows (`X`, from `make`) give the bits of their f32 widening in every tile
-    /// shape, with and without a tail; a widening that differs in one value is told apart.
-    fn narrow_rows_give_the_bits_of_their_widening<X: RowElem>(make: fn(f32) -> X) {
+    /// Narrow `x` rows (`X`, made from f32 rows by `make`) of each length in `ks` give the
+    /// bits of their f32 widening in every tile shape, with and without a tail; a widening
+    /// that differs in one value is told apart.
+    fn narrow_rows_give_the_bits_of_their_widening<X: RowElem>(
+        ks: &[usize],
+        make: fn(&[f32]) -> Vec<X>,
+    ) {
         for level in SimdLevel::ALL.into_iter().filter(|l| l.is_available()) {
-            for k in [7usize, 16, 64, 72, 256] {
+            for &k in ks {
                 for (nw, nx) in [(1, 1), (4, 1), (1, 4), (3, 2), (4, 4)] {
                     let w = pseudo(nw * k, 5);
-                    let h: Vec<X> = pseudo(nx * k, k as u32).into_iter().map(make).collect();
-                    let mut wide: Vec<f32> = h.iter().map(|v| v.to_f32()).collect();
+                    let x = pseudo(nx * k, k as u32);
+                    let h: Vec<Vec<X>> = x.chunks(k).map(make).collect();
+                    let mut wide: Vec<f32> = h
+                        .iter()
+                        .flat_map(|r| (0..k).map(|i| X::value(r, i)))
+                        .collect();
                     let ws: Vec<&[f32]> = w.chunks(k).collect();
-                    let hs: Vec<&[X]> = h.chunks(k).collect();
+                    let hs: Vec<&[X]> = h.iter().map(Vec::as_slice).collect();
                     let (mut a, mut b) = ([0f32; 16], [0f32; 16]);
                     dot_tile(level, &ws, &hs, k, &mut a).unwrap();
                     let xs: Vec<&[f32]> = wide.chunks(k).collect();
@@ -645,14 +676,27 @@ mod tests {
         }
     }
 
-    #[test]
-    fn dot_tile_of_half_rows_gives_the_bits_of_their_widening() {
-        narrow_rows_give_the_bits_of_their_widening(|v| half::f16::from_f32(v * 50.0));
+    /// Blocks of arbitrary scales and quants from `x` (32 values a block): scale the first
+    /// value times 3, quants the values times 127.
+    pub(crate) fn blocks(x: &[f32]) -> Vec<Q8Block> {
+        x.chunks(32)
+            .map(|c| Q8Block {
+                d: c[0] * 3.0,
+                q: std::array::from_fn(|i| (c[i] * 127.0).round() as i8),
+            })
+            .collect()
     }
 
     #[test]
-    fn dot_tile_of_byte_rows_gives_the_bits_of_their_widening() {
-        narrow_rows_give_the_bits_of_their_widening(|v| (v * 127.0).round() as i8);
+    fn dot_tile_of_half_rows_gives_the_bits_of_their_widening() {
+        narrow_rows_give_the_bits_of_their_widening(&[7, 16, 64, 72, 256], |x| {
+            x.iter().map(|&v| half::f16::from_f32(v * 50.0)).collect()
+        });
+    }
+
+    #[test]
+    fn dot_tile_of_block_rows_gives_the_bits_of_their_widening() {
+        narrow_rows_give_the_bits_of_their_widening(&[32, 64, 96, 256], blocks);
     }
 
     #[test]

@@ -9,8 +9,8 @@ use super::RowElem;
 #[inline]
 pub(crate) fn dot<X: RowElem>(w: &[f32], x: &[X], k: usize) -> f32 {
     let mut acc = 0.0f32;
-    for (a, b) in w[..k].iter().zip(&x[..k]) {
-        acc += a * b.to_f32();
+    for (i, a) in w[..k].iter().enumerate() {
+        acc += a * X::value(x, i);
     }
     acc
 }
