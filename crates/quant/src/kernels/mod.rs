@@ -129,8 +129,8 @@ pub(crate) fn row_values<X: RowElem>(row: &[X]) -> usize {
 #[inline]
 pub(crate) fn tail<X: RowElem>(acc: f32, w: &[f32], x: &[X], from: usize, k: usize) -> f32 {
     let mut s = acc;
-    for i in from..k {
-        s += w[i] * X::value(x, i);
+    for (i, w) in w[..k].iter().enumerate().skip(from) {
+        s += w * X::value(x, i);
     }
     s
 }
