@@ -167,11 +167,12 @@ pub fn weighted_rows<X: RowElem>(
         let o = &mut out[h * hd..(h + 1) * hd];
         for (j, &pj) in ph.iter().enumerate() {
             let row = row(v, j * stride, hd);
-            for (d, o) in o.iter_mut().enumerate().skip(done) {
-                *o = if level == SimdLevel::Scalar {
-                    *o + pj * X::value(row, d)
+            #[allow(clippy::needless_range_loop)] // `d` indexes `row` through `X::value`
+            for d in done..hd {
+                o[d] = if level == SimdLevel::Scalar {
+                    o[d] + pj * X::value(row, d)
                 } else {
-                    pj.mul_add(X::value(row, d), *o)
+                    pj.mul_add(X::value(row, d), o[d])
                 };
             }
         }

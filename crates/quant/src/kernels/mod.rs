@@ -127,10 +127,11 @@ pub(crate) fn row_values<X: RowElem>(row: &[X]) -> usize {
 /// after their last full vector.
 #[cfg(target_arch = "x86_64")]
 #[inline]
+#[allow(clippy::needless_range_loop)] // `i` indexes `x` through `X::value`, by value
 pub(crate) fn tail<X: RowElem>(acc: f32, w: &[f32], x: &[X], from: usize, k: usize) -> f32 {
     let mut s = acc;
-    for (i, w) in w[..k].iter().enumerate().skip(from) {
-        s += w * X::value(x, i);
+    for i in from..k {
+        s += w[i] * X::value(x, i);
     }
     s
 }
