@@ -34,8 +34,13 @@ fn metric(server: &Server, name: &str) -> f64 {
 }
 
 fn start() -> Server {
+    start_with(&[])
+}
+
+/// The server of [`start`] with `extra` flags.
+fn start_with(extra: &[&str]) -> Server {
     let model = common::pull(MODEL);
-    Server::start(&[
+    let mut args = vec![
         "-m",
         model.to_str().unwrap(),
         "--ctx",
@@ -44,7 +49,9 @@ fn start() -> Server {
         "4",
         "--threads",
         "2",
-    ])
+    ];
+    args.extend_from_slice(extra);
+    Server::start(&args)
 }
 
 #[test]
@@ -647,19 +654,7 @@ fn concurrent_streams_match_sequential_and_disconnects_free_slots() {
 
 #[test]
 fn q8_kv_cache_serves_batched_answers_equal_to_lone_ones() {
-    let model = common::pull(MODEL);
-    let server = Server::start(&[
-        "-m",
-        model.to_str().unwrap(),
-        "--ctx",
-        "512",
-        "--parallel",
-        "4",
-        "--threads",
-        "2",
-        "--kv",
-        "q8",
-    ]);
+    let server = start_with(&["--kv", "q8"]);
     assert!(server.log().contains(" kv=q8"), "{}", server.log());
     let prompts: Vec<String> = (0..4)
         .map(|i| format!("Name a colour and the number {i}."))
