@@ -112,6 +112,21 @@ pub enum KvRows<'a> {
     },
 }
 
+/// [`KvType::row_elems`], or the error that says why a cache of `ty` cannot hold such rows.
+pub(crate) fn row_elems(ty: KvType, heads: usize, head_dim: usize) -> Result<usize, ModelError> {
+    ty.row_elems(heads, head_dim).ok_or_else(|| {
+        ModelError::InvalidArgument(format!(
+            "a {} KV cache cannot hold {heads} heads of {head_dim} values{}",
+            ty.name(),
+            if ty == KvType::Q8 {
+                " (q8 needs head sizes that are multiples of 32)"
+            } else {
+                ""
+            }
+        ))
+    })
+}
+
 /// `x` (32 values) as a q8 block ([`KvType::Q8`]).
 fn quantize_block(x: &[f32]) -> Q8Block {
     let amax = x.iter().fold(0.0f32, |a, v| a.max(v.abs()));
@@ -153,17 +168,7 @@ impl KvCache {
         heads: usize,
         head_dim: usize,
     ) -> Result<KvCache, ModelError> {
-        let row = ty.row_elems(heads, head_dim).ok_or_else(|| {
-            ModelError::InvalidArgument(format!(
-                "a {} KV cache cannot hold {heads} heads of {head_dim} values{}",
-                ty.name(),
-                if ty == KvType::Q8 {
-                    " (q8 needs head sizes that are multiples of 32)"
-                } else {
-                    ""
-                }
-            ))
-        })?;
+        let row = row_elems(ty, heads, head_dim)?;
         let n = n_layer
             .checked_mul(2)
             .and_then(|x| x.checked_mul(ctx))

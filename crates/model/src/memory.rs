@@ -17,8 +17,8 @@ pub fn check_kv_memory(
     sessions: usize,
     ctx: usize,
 ) -> Result<(), ModelError> {
-    let row = kv.row_elems(config.n_kv_head, config.head_dim);
-    let per_token = row.and_then(|row| SessionState::kv_bytes(kv, config.n_layer, row, 1));
+    let row = crate::kv::row_elems(kv, config.n_kv_head, config.head_dim)?;
+    let per_token = SessionState::kv_bytes(kv, config.n_layer, row, 1);
     kv_fits(sessions, ctx, per_token, physical_memory()).map_err(ModelError::InvalidArgument)
 }
 
