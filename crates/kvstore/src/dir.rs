@@ -35,11 +35,7 @@ pub fn compat_seed(c: &Compat) -> u64 {
     let mut h = 0x6b76_7374_6f72_6531u64;
     let fields = [
         u64::from(c.precision),
-        match c.kv_type {
-            ferrite_model::KvType::F16 => 0,
-            ferrite_model::KvType::F32 => 1,
-            ferrite_model::KvType::Q8 => 2,
-        },
+        u64::from(crate::format::kv_code(c.kv_type)),
         c.ctx,
         u64::from(c.n_layer),
         u64::from(c.kv_row),

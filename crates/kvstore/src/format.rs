@@ -162,7 +162,8 @@ impl Header {
     }
 }
 
-fn kv_code(ty: KvType) -> u8 {
+/// The header byte of a KV type (docs/kv-snapshot-format.md).
+pub(crate) fn kv_code(ty: KvType) -> u8 {
     match ty {
         KvType::F16 => 0,
         KvType::F32 => 1,
