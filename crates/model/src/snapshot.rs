@@ -30,18 +30,13 @@ pub struct SessionState {
     /// Token ids at positions `0..n`.
     pub tokens: Vec<u32>,
     /// For each layer in order: the `n` key rows, then the `n` value rows; each element in
-    /// little-endian bytes ([`SessionState::elem_bytes`] per element).
+    /// little-endian bytes ([`KvType::elem_bytes`] per element).
     pub kv: Vec<u8>,
     /// Logits after token `n - 1` (`n_vocab` values), when the session had them.
     pub logits: Option<Vec<f32>>,
 }
 
 impl SessionState {
-    /// Bytes per stored element of a KV type.
-    pub fn elem_bytes(ty: KvType) -> usize {
-        ty.elem_bytes()
-    }
-
     /// Number of positions held.
     pub fn n_tokens(&self) -> usize {
         self.tokens.len()
@@ -54,7 +49,7 @@ impl SessionState {
             .checked_mul(2)?
             .checked_mul(n_tokens)?
             .checked_mul(row)?
-            .checked_mul(Self::elem_bytes(ty))
+            .checked_mul(ty.elem_bytes())
     }
 
     /// Checks that `kv` has exactly the size the other fields imply.
@@ -122,7 +117,7 @@ impl SessionState {
 
     /// Bytes of one block of rows (the keys or the values of one layer) for `n` positions.
     fn block(&self, n: usize) -> usize {
-        n * self.row * Self::elem_bytes(self.kv_type)
+        n * self.row * self.kv_type.elem_bytes()
     }
 }
 
