@@ -11,14 +11,12 @@
 //! Scores are bit-identical to [`super::dot_tile`] (the canonical order). A value row's
 //! contribution is one fused multiply-add per lane, in key order, starting from zero: per
 //! element exactly the sequence of `axpy` calls from a zeroed output, so results are the
-//! same bits whichever heads are blocked together. Rows may be f32, f16 or [`Q8Block`]s
+//! same bits whichever heads are blocked together. Rows may be f32, f16 or [`Q8Block`](super::Q8Block)s
 //! (the KV cache's own rows, widened exactly as they are loaded: the bits of the f32 copy).
 //! Block rows need strides and head sizes that are multiples of 32 values.
 
 use crate::{QuantError, SimdLevel};
 
-#[cfg(doc)]
-use super::Q8Block;
 use super::{MAX_TILE, RowElem, check_level, row_values, tile_unchecked};
 
 /// How many rows ahead of use [`dot_rows`] and [`weighted_rows`] fetch (measured: 8 and 12
