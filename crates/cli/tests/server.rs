@@ -263,7 +263,9 @@ fn constrained_chats(
 /// plain text.
 #[test]
 fn json_mode_holds_output_to_one_object() {
-    use ferrite_engine::json_prefix::JsonPrefix;
+    use ferrite_engine::json_schema::JsonSchema;
+    use ferrite_engine::json_schema_prefix::SchemaPrefix;
+    let any_object = JsonSchema::any_object();
     let server = start();
     let object = |text: &str| {
         serde_json::from_str::<Value>(text)
@@ -282,7 +284,9 @@ fn json_mode_holds_output_to_one_object() {
         ),
     ];
     let finished = constrained_chats(&server, &json, 150, &prompts, object, |text| {
-        JsonPrefix::new().feed(text.as_bytes()).is_some()
+        SchemaPrefix::new()
+            .feed(&any_object, text.as_bytes())
+            .is_some()
     });
     assert!(
         finished >= 3,
@@ -376,6 +380,42 @@ fn json_schema_holds_output_to_the_schema() {
         is_person(v["output"][0]["content"][0]["text"].as_str().unwrap()),
         "{v}"
     );
+    // Values the schema leaves open: a map of strings, and anything at all.
+    let open = json!({"type": "object", "properties": {
+        "name": {"type": "string"},
+        "traits": {"type": "object", "additionalProperties": {"type": "string"}},
+        "notes": {}
+    }, "required": ["name", "traits", "notes"]});
+    let open_compiled = JsonSchema::compile(&open).unwrap();
+    let comp = json!({"model": MODEL, "prompt": "A cat, as JSON:", "max_tokens": 120, "temperature": 0,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "cat", "schema": open}}});
+    let v = server.post("/v1/completions", &comp).json();
+    let text = v["choices"][0]["text"].as_str().unwrap();
+    assert!(
+        SchemaPrefix::new()
+            .feed(&open_compiled, text.as_bytes())
+            .is_some(),
+        "{v}"
+    );
+    if v["choices"][0]["finish_reason"] == "stop" {
+        let cat: Value = serde_json::from_str(text).unwrap();
+        let keys: Vec<&str> = cat
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        assert_eq!(keys, ["name", "traits", "notes"], "{v}");
+        assert!(cat["name"].is_string(), "{v}");
+        assert!(
+            cat["traits"]
+                .as_object()
+                .unwrap()
+                .values()
+                .all(Value::is_string),
+            "{v}"
+        );
+    }
     let unsupported = json!({"type": "json_schema", "name": "x",
         "schema": {"type": "object", "properties": {"a": {"type": "string", "pattern": "^a"}}}});
     let r = server.post(

@@ -1,6 +1,6 @@
 //! JSON mode: sampling held to one JSON object (OpenAI's `response_format` `json_object`),
-//! or to a JSON schema (`json_schema`), token by token, through the byte grammars of
-//! [`crate::json_prefix`] and [`crate::json_schema_prefix`].
+//! or to a JSON schema (`json_schema`), token by token, through the byte grammar of
+//! [`crate::json_schema_prefix`] (JSON mode's is the schema of any object).
 //!
 //! Each step samples the raw row first and keeps the token when its bytes continue the
 //! object; otherwise every token that cannot continue it is set to `-inf` and the sampler
@@ -14,61 +14,34 @@
 
 use std::sync::Arc;
 
-use crate::json_prefix::JsonPrefix;
 use crate::json_schema::JsonSchema;
 use crate::json_schema_prefix::SchemaPrefix;
 use crate::sampler::{SampleError, Sampler, argmax};
 
-/// What the output is held to.
+/// What the output is held to: a compiled schema ([`JsonSchema::any_object`] for JSON mode).
 #[derive(Debug, Clone, PartialEq)]
-pub enum JsonGrammar {
-    /// Any one JSON object.
-    Object,
-    /// A value of this schema.
-    Schema(Arc<JsonSchema>),
-}
-
-/// How far a [`JsonGrammar`]'s text has got.
-// Unboxed on purpose: the mask copies the state once per token of the vocabulary, and a
-// boxed schema state would allocate for each.
-#[allow(clippy::large_enum_variant)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum JsonState {
-    /// Of [`JsonGrammar::Object`].
-    Object(JsonPrefix),
-    /// Of [`JsonGrammar::Schema`].
-    Schema(SchemaPrefix),
-}
+pub struct JsonGrammar(Arc<JsonSchema>);
 
 impl JsonGrammar {
+    /// Output held to `schema`.
+    pub fn new(schema: Arc<JsonSchema>) -> JsonGrammar {
+        JsonGrammar(schema)
+    }
+
+    /// Output held to one JSON object of any content (JSON mode).
+    pub fn any_object() -> JsonGrammar {
+        JsonGrammar(Arc::new(JsonSchema::any_object()))
+    }
+
     /// The state of empty output.
-    pub fn start(&self) -> JsonState {
-        match self {
-            JsonGrammar::Object => JsonState::Object(JsonPrefix::new()),
-            JsonGrammar::Schema(_) => JsonState::Schema(SchemaPrefix::new()),
-        }
+    pub fn start(&self) -> SchemaPrefix {
+        SchemaPrefix::new()
     }
 
     /// `state` extended by `bytes`, or `None` when the grammar has no text starting so.
     /// `state` must come from this grammar.
-    pub fn feed(&self, state: JsonState, bytes: &[u8]) -> Option<JsonState> {
-        match (self, state) {
-            (JsonGrammar::Object, JsonState::Object(p)) => p.feed(bytes).map(JsonState::Object),
-            (JsonGrammar::Schema(s), JsonState::Schema(p)) => {
-                p.feed(s, bytes).map(JsonState::Schema)
-            }
-            _ => None,
-        }
-    }
-}
-
-impl JsonState {
-    /// Whether the text is whole.
-    pub fn is_complete(&self) -> bool {
-        match self {
-            JsonState::Object(p) => p.is_complete(),
-            JsonState::Schema(p) => p.is_complete(),
-        }
+    pub fn feed(&self, state: SchemaPrefix, bytes: &[u8]) -> Option<SchemaPrefix> {
+        state.feed(&self.0, bytes)
     }
 }
 
@@ -100,9 +73,9 @@ impl JsonVocab {
     pub fn advance(
         &self,
         grammar: &JsonGrammar,
-        state: JsonState,
+        state: SchemaPrefix,
         token: u32,
-    ) -> Option<JsonState> {
+    ) -> Option<SchemaPrefix> {
         if self.eog.contains(&token) {
             return state.is_complete().then_some(state);
         }
@@ -116,7 +89,7 @@ impl JsonVocab {
 
     /// Sets the logit of every token that cannot follow `state` in `grammar` to `-inf`;
     /// returns how many tokens remain.
-    pub fn mask(&self, grammar: &JsonGrammar, state: JsonState, logits: &mut [f32]) -> usize {
+    pub fn mask(&self, grammar: &JsonGrammar, state: SchemaPrefix, logits: &mut [f32]) -> usize {
         let mut allowed = 0;
         for (id, l) in logits.iter_mut().enumerate() {
             if self.advance(grammar, state, id as u32).is_some() {
@@ -148,7 +121,7 @@ pub struct JsonSampler {
     sampler: Sampler,
     vocab: Arc<JsonVocab>,
     grammar: JsonGrammar,
-    state: JsonState,
+    state: SchemaPrefix,
     masked: Vec<f32>,
 }
 

@@ -6,7 +6,10 @@
 //! can hold the output to it: properties in the schema's order, optional ones possibly
 //! skipped, no properties the schema does not list; numbers and strings in any valid form;
 //! `enum` and `const` values in their compact JSON text. So every complete output is valid
-//! against the schema.
+//! against the schema. A schema that does not constrain a value (`{}`, `true`, an object
+//! schema without `properties`, an array schema without `items`) takes any JSON there, so
+//! one object of any content (JSON mode) is the schema `{"type": "object"}`
+//! ([`JsonSchema::any_object`]).
 //!
 //! Keywords that would constrain output in ways the grammar cannot enforce (`pattern`,
 //! `minimum`, `minLength`, recursive `$ref`, ...) are refused with an error naming them,
@@ -15,7 +18,7 @@
 
 use serde_json::{Map, Value};
 
-use crate::json_prefix::MAX_DEPTH;
+use crate::json_lex::MAX_DEPTH;
 
 /// Most properties one object schema may list (the grammar tracks them in a 64-bit set).
 pub const MAX_PROPERTIES: usize = 64;
@@ -42,6 +45,9 @@ pub(crate) enum Node {
         props: Vec<(Vec<u8>, NodeId)>,
         required: u64,
     },
+    /// An object whose keys are any strings (repeats included, as JSON's syntax allows), each
+    /// with a value of `values`.
+    Map { values: NodeId },
     /// An array of `items`, with at least `min` and at most `max` (`None`: any number).
     Array {
         items: NodeId,
@@ -58,7 +64,7 @@ pub(crate) enum Node {
     Union(Vec<NodeId>),
 }
 
-/// A compiled schema; the root (node 0) is an object.
+/// A compiled schema; the root (node 0) is an object or a map.
 #[derive(Debug, Clone, PartialEq)]
 pub struct JsonSchema {
     pub(crate) nodes: Vec<Node>,
@@ -100,16 +106,23 @@ impl JsonSchema {
             first: Vec::new(),
             refs: Vec::new(),
             literal_bytes: 0,
+            any: None,
         };
         let root = c.reserve()?;
         c.fill(root, schema, 1)?;
-        if !matches!(c.nodes[0], Node::Object { .. }) {
+        if !matches!(c.nodes[0], Node::Object { .. } | Node::Map { .. }) {
             return err("the schema's root must be an object (\"type\": \"object\")");
         }
         Ok(JsonSchema {
             nodes: c.nodes,
             first: c.first,
         })
+    }
+
+    /// One JSON object of any content: the schema `{"type": "object"}`, JSON mode's grammar.
+    pub fn any_object() -> JsonSchema {
+        JsonSchema::compile(&serde_json::json!({"type": "object"}))
+            .expect("the schema of any object compiles")
     }
 
     pub(crate) fn node(&self, id: NodeId) -> &Node {
@@ -132,7 +145,7 @@ fn first_bytes(node: &Node, first: &[[u64; 4]]) -> [u64; 4] {
     let mut set = [0u64; 4];
     let mut add = |b: u8| set[b as usize / 64] |= 1 << (b % 64);
     match node {
-        Node::Object { .. } => add(b'{'),
+        Node::Object { .. } | Node::Map { .. } => add(b'{'),
         Node::Array { .. } => add(b'['),
         Node::String => add(b'"'),
         Node::Number { .. } => b"-0123456789".iter().for_each(|&b| add(b)),
@@ -157,6 +170,8 @@ struct Compiler<'a> {
     refs: Vec<String>,
     /// Bytes of literal texts so far (see [`MAX_LITERAL_BYTES`]).
     literal_bytes: usize,
+    /// The node of any JSON value, once a schema has needed it.
+    any: Option<NodeId>,
 }
 
 impl<'a> Compiler<'a> {
@@ -194,6 +209,11 @@ impl<'a> Compiler<'a> {
     /// Compiles `schema` into node `id`; `depth` counts the objects and arrays around it,
     /// itself included when it is one.
     fn fill(&mut self, id: NodeId, schema: &'a Value, depth: usize) -> Result<(), SchemaError> {
+        match schema {
+            Value::Bool(true) => return self.fill_any(id),
+            Value::Bool(false) => return err("the schema false allows no value"),
+            _ => {}
+        }
         let Some(obj) = schema.as_object() else {
             return err(format!("a schema must be an object, not {schema}"));
         };
@@ -303,14 +323,54 @@ impl<'a> Compiler<'a> {
                 Some(other) => {
                     return err(format!("\"type\" must be a string or a list, not {other}"));
                 }
-                None => {
-                    return err(
-                        "every schema needs \"type\", \"enum\", \"const\", \"anyOf\" or \"oneOf\"",
-                    );
-                }
+                // Only annotations, or nothing: any value.
+                None => return self.fill_any(id),
             }
         };
         self.set(id, node)
+    }
+
+    /// The node of any JSON value, made the first time it is needed: a union of an object of
+    /// any keys and an array whose values are this node again, strings, numbers, booleans
+    /// and null. Its depth is bounded by the grammar's, not the schema's.
+    fn any(&mut self) -> Result<NodeId, SchemaError> {
+        if let Some(any) = self.any {
+            return Ok(any);
+        }
+        let any = self.reserve()?;
+        let mut alts = Vec::new();
+        for node in [
+            Node::Map { values: any },
+            Node::Array {
+                items: any,
+                min: 0,
+                max: None,
+            },
+            Node::String,
+            Node::Number { integer: false },
+            Node::Literals(vec![b"false".to_vec(), b"null".to_vec(), b"true".to_vec()]),
+        ] {
+            let alt = self.reserve()?;
+            self.set(alt, node)?;
+            alts.push(alt);
+        }
+        let node = self.union(alts)?;
+        self.set(any, node)?;
+        self.any = Some(any);
+        Ok(any)
+    }
+
+    /// Makes node `id` take any JSON value.
+    fn fill_any(&mut self, id: NodeId) -> Result<(), SchemaError> {
+        let any = self.any()?;
+        let node = self.nodes[any as usize].clone();
+        self.set(id, node)
+    }
+
+    /// Whether node `id` takes any JSON value.
+    fn is_any(&self, id: NodeId) -> bool {
+        self.any
+            .is_some_and(|any| self.nodes[id as usize] == self.nodes[any as usize])
     }
 
     /// Inlines a local reference (`#/$defs/Name` or `#/definitions/Name`).
@@ -352,9 +412,7 @@ impl<'a> Compiler<'a> {
         Ok(match ty {
             "object" => self.object(obj, depth + 1)?,
             "array" => {
-                let Some(items) = obj.get("items") else {
-                    return err("an array schema needs \"items\"");
-                };
+                let items = obj.get("items");
                 let count = |k: &str| -> Result<Option<u64>, SchemaError> {
                     match obj.get(k) {
                         None => Ok(None),
@@ -370,7 +428,10 @@ impl<'a> Compiler<'a> {
                 let Ok(min) = u16::try_from(min) else {
                     return err(format!("\"minItems\" above {} is not supported", u16::MAX));
                 };
-                let items = self.child(items, depth + 1)?;
+                let items = match items {
+                    Some(items) => self.child(items, depth + 1)?,
+                    None => self.any()?,
+                };
                 Node::Array {
                     items,
                     min,
@@ -386,12 +447,30 @@ impl<'a> Compiler<'a> {
         })
     }
 
+    /// An object schema: its listed properties when it lists any (and only those, whatever
+    /// `additionalProperties` allows), else keys of any name with values of
+    /// `additionalProperties` (any value when absent or true; none when false).
     fn object(&mut self, obj: &'a Map<String, Value>, depth: usize) -> Result<Node, SchemaError> {
         let props = match obj.get("properties") {
             None => None,
             Some(Value::Object(p)) => Some(p),
             Some(_) => return err("\"properties\" must be an object"),
         };
+        if props.is_none() && !obj.contains_key("required") {
+            match obj.get("additionalProperties") {
+                None | Some(Value::Bool(true)) => {
+                    return Ok(Node::Map {
+                        values: self.any()?,
+                    });
+                }
+                Some(Value::Bool(false)) => {}
+                Some(values) => {
+                    return Ok(Node::Map {
+                        values: self.child(values, depth)?,
+                    });
+                }
+            }
+        }
         let props = props.into_iter().flatten();
         if props.clone().count() > MAX_PROPERTIES {
             return err(format!(
@@ -424,8 +503,12 @@ impl<'a> Compiler<'a> {
         })
     }
 
-    /// A union of `ids`, which must begin with different bytes.
+    /// A union of `ids`, which must begin with different bytes; any value when one of them
+    /// takes any.
     fn union(&mut self, ids: Vec<NodeId>) -> Result<Node, SchemaError> {
+        if let Some(&any) = ids.iter().find(|&&i| self.is_any(i)) {
+            return Ok(self.nodes[any as usize].clone());
+        }
         if let [only] = ids[..] {
             return Ok(self.nodes[only as usize].clone());
         }

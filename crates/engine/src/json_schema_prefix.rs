@@ -1,15 +1,17 @@
 //! Whether bytes are a prefix of a JSON text that a [`JsonSchema`] generates, fed a byte at
 //! a time: the grammar behind `json_schema` output ([`crate::json_mode`]).
 //!
-//! The text is what [`crate::json_prefix`] accepts (one JSON object, the same whitespace and
-//! nesting bounds, nothing after the closing brace), further held to the schema: each value
-//! of the node its position calls for, properties in the schema's order with every required
-//! one present, array lengths within bounds, `enum` and `const` values as their compact
-//! text. The state is a small `Copy` value; the schema is passed in, never stored.
+//! The text is one JSON object (RFC 8259) with nothing after its closing brace, objects and
+//! arrays nested at most [`MAX_DEPTH`] deep and whitespace between tokens in runs of at
+//! most [`MAX_WHITESPACE`] bytes, further held to the schema: each value of the node its
+//! position calls for, properties in the schema's order with every required one present,
+//! array lengths within bounds, `enum` and `const` values as their compact text. The state
+//! is a small `Copy` value, so trying a token's bytes is a copy and a loop, with no
+//! allocation; the schema is passed in, never stored.
 //!
 //! Never decides anything about tokens or sampling: it sees bytes only.
 
-use crate::json_prefix::{MAX_DEPTH, MAX_WHITESPACE, Num, string_byte};
+use crate::json_lex::{Esc, MAX_DEPTH, MAX_WHITESPACE, Num, string_byte};
 use crate::json_schema::{JsonSchema, Node, NodeId};
 
 /// An open object (`next`: its next property's index; `prop`: the property whose value is
@@ -42,8 +44,8 @@ enum At {
     /// Inside a key's text, `pos` bytes in; `cands` has a bit for each property it may
     /// still be.
     KeyText { cands: u64, pos: u16 },
-    /// Inside a string value (`escape` as for [`string_byte`]).
-    Str { escape: u8 },
+    /// Inside a string (a map's key when `key`).
+    Str { key: bool, escape: Esc },
     /// Inside a number.
     Num { num: Num, integer: bool },
     /// Inside a literal of `node`, `pos` bytes in, which may still be any of its texts
@@ -118,6 +120,13 @@ impl SchemaPrefix {
         self.whitespace = 0;
         match self.at {
             At::Start => self.start_value(s, 0, b),
+            At::KeyOrClose | At::Key if b == b'"' && self.in_map(s) => {
+                self.at = At::Str {
+                    key: true,
+                    escape: Esc::Text,
+                };
+                Some(())
+            }
             At::KeyOrClose | At::Key if b == b'"' => {
                 let cands = self.candidates(s)?;
                 (cands != 0).then_some(())?;
@@ -141,6 +150,7 @@ impl SchemaPrefix {
                             (self.candidates(s)? != 0).then_some(())?;
                             At::Key
                         }
+                        Node::Map { .. } => At::Key,
                         _ => {
                             self.value_node(s)?;
                             At::Value
@@ -153,9 +163,10 @@ impl SchemaPrefix {
                 _ => None,
             },
             At::KeyText { cands, pos } => self.key_byte(s, cands, pos, b),
-            At::Str { escape } => {
+            At::Str { key, escape } => {
                 match string_byte(escape, b)? {
-                    Some(escape) => self.at = At::Str { escape },
+                    Some(escape) => self.at = At::Str { key, escape },
+                    None if key => self.at = At::Colon,
                     None => self.end_value(),
                 }
                 Some(())
@@ -184,6 +195,12 @@ impl SchemaPrefix {
         &mut self.frames[self.depth as usize - 1]
     }
 
+    /// Whether the innermost container is an object of free keys.
+    fn in_map(&self, s: &JsonSchema) -> bool {
+        self.top()
+            .is_some_and(|f| matches!(s.node(f.node), Node::Map { .. }))
+    }
+
     /// The properties the innermost object's next key may be: from its next one up to and
     /// including the first required one (none may be skipped).
     fn candidates(&self, s: &JsonSchema) -> Option<u64> {
@@ -206,6 +223,7 @@ impl SchemaPrefix {
         let f = self.top()?;
         match s.node(f.node) {
             Node::Object { props, .. } => Some(props[f.prop as usize].1),
+            Node::Map { values } => Some(*values),
             Node::Array { items, max, .. } => max.is_none_or(|m| f.next < m).then_some(*items),
             _ => None,
         }
@@ -213,8 +231,8 @@ impl SchemaPrefix {
 
     fn start_value(&mut self, s: &JsonSchema, node: NodeId, b: u8) -> Option<()> {
         match s.node(node) {
-            Node::Object { .. } | Node::Array { .. } => {
-                let object = matches!(s.node(node), Node::Object { .. });
+            Node::Object { .. } | Node::Map { .. } | Node::Array { .. } => {
+                let object = !matches!(s.node(node), Node::Array { .. });
                 (b == if object { b'{' } else { b'[' }).then_some(())?;
                 let d = self.depth as usize;
                 (d < MAX_DEPTH).then_some(())?;
@@ -233,7 +251,10 @@ impl SchemaPrefix {
             }
             Node::String => {
                 (b == b'"').then_some(())?;
-                self.at = At::Str { escape: 0 };
+                self.at = At::Str {
+                    key: false,
+                    escape: Esc::Text,
+                };
             }
             Node::Number { integer } => {
                 self.at = At::Num {
@@ -336,6 +357,7 @@ impl SchemaPrefix {
             Node::Object { required, .. } => {
                 object && required.checked_shr(u32::from(f.next)).unwrap_or(0) == 0
             }
+            Node::Map { .. } => object,
             Node::Array { min, .. } => !object && f.next >= *min,
             _ => false,
         };
@@ -360,5 +382,7 @@ impl SchemaPrefix {
     }
 }
 
+#[cfg(test)]
+mod any_value_tests;
 #[cfg(test)]
 mod tests;

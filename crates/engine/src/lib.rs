@@ -13,8 +13,8 @@
 #![deny(missing_docs)]
 
 pub mod generate;
+pub mod json_lex;
 pub mod json_mode;
-pub mod json_prefix;
 pub mod json_schema;
 pub mod json_schema_prefix;
 pub mod rng;

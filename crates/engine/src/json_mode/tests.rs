@@ -25,7 +25,11 @@ fn sampler(temperature: f32, seed: u64) -> JsonSampler {
         seed,
         ..SamplerConfig::default()
     };
-    JsonSampler::new(Sampler::new(cfg).unwrap(), vocab(), JsonGrammar::Object)
+    JsonSampler::new(
+        Sampler::new(cfg).unwrap(),
+        vocab(),
+        JsonGrammar::any_object(),
+    )
 }
 
 /// Runs `s` until it emits EOS (returned text, true) or `steps` tokens (false).
@@ -61,7 +65,7 @@ fn greedy_takes_the_best_allowed_token_and_ends_after_the_object() {
     let mut s = sampler(0.0, 0);
     let (text, ended) = run(&mut s, |_| row.clone(), 200);
     assert!(ended, "{text:?}");
-    let run_of_spaces = " ".repeat(crate::json_prefix::MAX_WHITESPACE as usize);
+    let run_of_spaces = " ".repeat(crate::json_lex::MAX_WHITESPACE as usize);
     // Spaces up to the bound wherever they are allowed, then the best token allowed next
     // (the value is the string "a", preferred to 1).
     let want = format!("{0}{{{0}\"a\"{0}:{0}\"a\"{0}}}", run_of_spaces);
@@ -84,9 +88,8 @@ fn sampled_output_stays_a_json_prefix_and_ends_only_when_whole() {
                 .collect()
         };
         let (text, ended) = run(&mut s, row, 300);
-        let mut prefix = JsonPrefix::new();
-        prefix = prefix
-            .feed(text.as_bytes())
+        let prefix = SchemaPrefix::new()
+            .feed(&JsonSchema::any_object(), text.as_bytes())
             .unwrap_or_else(|| panic!("{text:?}"));
         if ended {
             assert!(prefix.is_complete(), "{text:?}");
@@ -110,7 +113,7 @@ fn a_vocabulary_that_cannot_open_an_object_is_an_error() {
     let mut s = JsonSampler::new(
         Sampler::new(SamplerConfig::default()).unwrap(),
         vocab,
-        JsonGrammar::Object,
+        JsonGrammar::any_object(),
     );
     assert_eq!(
         s.next_token(&[0.0, 1.0, 2.0], &[]),
@@ -138,7 +141,7 @@ fn the_mask_refuses_exactly_the_tokens_that_cannot_follow() {
         r#"{"a": [1, -2.5e3, "x\"y", {"b": null}], "c": true}"#,
         "{}",
     ] {
-        let g = JsonGrammar::Object;
+        let g = JsonGrammar::any_object();
         let mut prefix = g.start();
         for i in 0..=text.len() {
             let mut row = vec![0.0f32; tokens.len() + 3];

@@ -37,10 +37,11 @@ fn schemas_it_cannot_enforce_are_refused_by_name() {
             object_with(json!({"type": "string", "format": "date"})),
             "\"format\"",
         ),
-        (object_with(json!({})), "needs \"type\""),
+        (object_with(json!(false)), "allows no value"),
+        (json!({}), "root must be an object"),
+        (json!(true), "root must be an object"),
         (object_with(json!({"type": "decimal"})), "unknown \"type\""),
         (object_with(json!({"type": 3})), "\"type\" must be"),
-        (object_with(json!({"type": "array"})), "needs \"items\""),
         (
             object_with(
                 json!({"type": "array", "items": {"type": "null"}, "minItems": 3, "maxItems": 2}),
@@ -158,4 +159,71 @@ fn nodes_keep_the_schemas_order_and_requirements() {
     assert!(matches!(s.node(props[1].1), Node::Union(alts) if alts.len() == 2));
     // "integer" beside "number" is covered by "number".
     assert_eq!(s.node(props[2].1), &Node::Number { integer: false });
+}
+
+#[test]
+fn values_a_schema_leaves_open_take_any_json() {
+    let s = JsonSchema::compile(&json!({
+        "type": "object",
+        "properties": {
+            "any": {"title": "Anything"},
+            "yes": true,
+            "map": {"type": "object"},
+            "ints": {"type": "object", "additionalProperties": {"type": "integer"}},
+            "none": {"type": "object", "additionalProperties": false},
+            "list": {"type": "array", "maxItems": 2},
+            "absorbed": {"anyOf": [{"type": "null"}, {}]},
+            "listed": {"type": "object", "properties": {"a": {"type": "null"}}, "additionalProperties": true}
+        }
+    }))
+    .unwrap();
+    let Node::Object { props, .. } = s.node(0) else {
+        panic!("{:?}", s.node(0));
+    };
+    let node = |i: usize| s.node(props[i].1);
+    let Node::Union(alts) = node(0) else {
+        panic!("{:?}", node(0));
+    };
+    let any = node(0).clone();
+    let kinds: Vec<&Node> = alts.iter().map(|&a| s.node(a)).collect();
+    assert!(matches!(kinds[0], Node::Map { values } if *s.node(*values) == any));
+    assert!(matches!(kinds[1], Node::Array { items, min: 0, max: None } if *s.node(*items) == any));
+    assert_eq!(
+        kinds[2..4],
+        [&Node::String, &Node::Number { integer: false }]
+    );
+    assert_eq!(
+        kinds[4],
+        &Node::Literals(vec![b"false".to_vec(), b"null".to_vec(), b"true".to_vec()])
+    );
+    assert_eq!(node(1), &any);
+    assert!(matches!(node(2), Node::Map { values } if *s.node(*values) == any));
+    assert!(
+        matches!(node(3), Node::Map { values } if *s.node(*values) == Node::Number { integer: true })
+    );
+    assert_eq!(
+        node(4),
+        &Node::Object {
+            props: Vec::new(),
+            required: 0
+        }
+    );
+    assert!(matches!(node(5), Node::Array { items, max: Some(2), .. } if *s.node(*items) == any));
+    assert_eq!(node(6), &any);
+    assert!(matches!(node(7), Node::Object { props, .. } if props.len() == 1));
+    // One node of any value serves every open position.
+    let maps = s
+        .nodes
+        .iter()
+        .filter(|n| matches!(n, Node::Map { values } if *s.node(*values) == any));
+    assert_eq!(maps.count(), 2, "the any value's own map and \"map\"");
+}
+
+#[test]
+fn the_schema_of_any_object_is_a_map_of_any_values() {
+    let s = JsonSchema::any_object();
+    let Node::Map { values } = s.node(0) else {
+        panic!("{:?}", s.node(0));
+    };
+    assert!(matches!(s.node(*values), Node::Union(alts) if alts.len() == 5));
 }

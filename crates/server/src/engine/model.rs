@@ -134,8 +134,8 @@ impl Runtime for ModelRuntime<'_> {
         let sampler = Sampler::new(cfg).map_err(|e| e.to_string())?;
         let grammar = match &p.format {
             OutputFormat::Text => None,
-            OutputFormat::JsonObject => Some(JsonGrammar::Object),
-            OutputFormat::JsonSchema(s) => Some(JsonGrammar::Schema(Arc::clone(s))),
+            OutputFormat::JsonObject => Some(JsonGrammar::any_object()),
+            OutputFormat::JsonSchema(s) => Some(JsonGrammar::new(Arc::clone(s))),
         };
         let chooser = match grammar {
             None => Chooser::Free(sampler),
