@@ -96,6 +96,18 @@ impl SchemaPrefix {
         self.at == At::Done
     }
 
+    /// Whether the next byte lands in a string's text (not inside an escape sequence), where
+    /// any byte but a quote, a backslash or a control byte leaves the state as it is.
+    pub fn in_string_text(&self) -> bool {
+        matches!(
+            self.at,
+            At::Str {
+                escape: Esc::Text,
+                ..
+            }
+        )
+    }
+
     /// This prefix extended by `bytes`, or `None` when no text of `schema` starts with the
     /// result. `schema` must be the one every earlier byte was fed with.
     pub fn feed(mut self, schema: &JsonSchema, bytes: &[u8]) -> Option<SchemaPrefix> {
