@@ -1,6 +1,7 @@
 //! JSON mode: sampling held to one JSON object (OpenAI's `response_format` `json_object`),
 //! or to a JSON schema (`json_schema`), token by token, through the byte grammar of
-//! [`crate::json_schema_prefix`] (JSON mode's is the schema of any object).
+//! [`crate::json_schema_prefix`] (JSON mode's is the schema of any object). The JSON text
+//! may be framed by fixed text before and after it: a tool call in its model's markup.
 //!
 //! Each step samples the raw row first and keeps the token when its bytes continue the
 //! object; otherwise every token that cannot continue it is set to `-inf` and the sampler
@@ -18,30 +19,91 @@ use crate::json_schema::JsonSchema;
 use crate::json_schema_prefix::SchemaPrefix;
 use crate::sampler::{SampleError, Sampler, argmax};
 
-/// What the output is held to: a compiled schema ([`JsonSchema::any_object`] for JSON mode).
+/// What the output is held to: fixed text, a value of a compiled schema
+/// ([`JsonSchema::any_object`] for JSON mode), then fixed text.
 #[derive(Debug, Clone, PartialEq)]
-pub struct JsonGrammar(Arc<JsonSchema>);
+pub struct JsonGrammar {
+    schema: Arc<JsonSchema>,
+    before: Vec<u8>,
+    after: Vec<u8>,
+}
+
+/// How far a [`JsonGrammar`]'s text has got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JsonState {
+    /// Bytes of the text before the JSON written so far.
+    before: usize,
+    json: SchemaPrefix,
+    /// Bytes of the text after the JSON still to come.
+    after_left: usize,
+}
+
+impl JsonState {
+    /// Whether the text is whole.
+    pub fn is_complete(&self) -> bool {
+        self.json.is_complete() && self.after_left == 0
+    }
+
+    /// Whether the next byte lands in the text of one of the JSON's strings.
+    fn in_string_text(&self) -> bool {
+        self.json.in_string_text()
+    }
+}
 
 impl JsonGrammar {
     /// Output held to `schema`.
     pub fn new(schema: Arc<JsonSchema>) -> JsonGrammar {
-        JsonGrammar(schema)
+        JsonGrammar::framed(schema, "", "")
     }
 
     /// Output held to one JSON object of any content (JSON mode).
     pub fn any_object() -> JsonGrammar {
-        JsonGrammar(Arc::new(JsonSchema::any_object()))
+        JsonGrammar::new(Arc::new(JsonSchema::any_object()))
+    }
+
+    /// Output held to `before`, a value of `schema`, then `after`, each exactly.
+    pub fn framed(schema: Arc<JsonSchema>, before: &str, after: &str) -> JsonGrammar {
+        JsonGrammar {
+            schema,
+            before: before.as_bytes().to_vec(),
+            after: after.as_bytes().to_vec(),
+        }
     }
 
     /// The state of empty output.
-    pub fn start(&self) -> SchemaPrefix {
-        SchemaPrefix::new()
+    pub fn start(&self) -> JsonState {
+        JsonState {
+            before: 0,
+            json: SchemaPrefix::new(),
+            after_left: self.after.len(),
+        }
     }
 
     /// `state` extended by `bytes`, or `None` when the grammar has no text starting so.
     /// `state` must come from this grammar.
-    pub fn feed(&self, state: SchemaPrefix, bytes: &[u8]) -> Option<SchemaPrefix> {
-        state.feed(&self.0, bytes)
+    pub fn feed(&self, mut state: JsonState, mut bytes: &[u8]) -> Option<JsonState> {
+        if state.before < self.before.len() {
+            let n = bytes.len().min(self.before.len() - state.before);
+            (bytes[..n] == self.before[state.before..state.before + n]).then_some(())?;
+            state.before += n;
+            bytes = &bytes[n..];
+        }
+        if bytes.is_empty() {
+            return Some(state);
+        }
+        if !state.json.is_complete() {
+            let (json, took) = state.json.feed_to_end(&self.schema, bytes)?;
+            state.json = json;
+            bytes = &bytes[took..];
+        }
+        if bytes.is_empty() {
+            return Some(state);
+        }
+        // The JSON is whole: the rest must continue the text after it.
+        let rest = &self.after[self.after.len() - state.after_left..];
+        rest.starts_with(bytes).then_some(())?;
+        state.after_left -= bytes.len();
+        Some(state)
     }
 }
 
@@ -89,9 +151,9 @@ impl JsonVocab {
     pub fn advance(
         &self,
         grammar: &JsonGrammar,
-        state: SchemaPrefix,
+        state: JsonState,
         token: u32,
-    ) -> Option<SchemaPrefix> {
+    ) -> Option<JsonState> {
         if self.eog.contains(&token) {
             return state.is_complete().then_some(state);
         }
@@ -104,7 +166,7 @@ impl JsonVocab {
 
     /// Sets the logit of every token that cannot follow `state` in `grammar` to `-inf`;
     /// returns how many tokens remain.
-    pub fn mask(&self, grammar: &JsonGrammar, state: SchemaPrefix, logits: &mut [f32]) -> usize {
+    pub fn mask(&self, grammar: &JsonGrammar, state: JsonState, logits: &mut [f32]) -> usize {
         // What `advance` decides, with two shortcuts that spare most tokens the copy of the
         // state and the walk: a token whose first byte cannot come next is refused, and
         // inside a string's text a token of plain text is taken.
@@ -151,7 +213,7 @@ pub struct JsonSampler {
     sampler: Sampler,
     vocab: Arc<JsonVocab>,
     grammar: JsonGrammar,
-    state: SchemaPrefix,
+    state: JsonState,
     masked: Vec<f32>,
 }
 

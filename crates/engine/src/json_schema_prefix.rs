@@ -117,6 +117,22 @@ impl SchemaPrefix {
         Some(self)
     }
 
+    /// Like [`SchemaPrefix::feed`], but stops where the text becomes complete: the prefix
+    /// and how many of `bytes` it took (the rest may be whatever follows the JSON text).
+    pub fn feed_to_end(
+        mut self,
+        schema: &JsonSchema,
+        bytes: &[u8],
+    ) -> Option<(SchemaPrefix, usize)> {
+        for (i, &b) in bytes.iter().enumerate() {
+            if self.is_complete() {
+                return Some((self, i));
+            }
+            self.push(schema, b)?;
+        }
+        Some((self, bytes.len()))
+    }
+
     fn push(&mut self, s: &JsonSchema, b: u8) -> Option<()> {
         let structural = !matches!(
             self.at,

@@ -3,6 +3,7 @@
 //! from the best allowed token at each greedy step.
 
 use super::*;
+use crate::json_schema::JsonSchema;
 use crate::sampler::SamplerConfig;
 
 const EOS: u32 = 0;
@@ -121,27 +122,54 @@ fn a_vocabulary_that_cannot_open_an_object_is_an_error() {
     );
 }
 
+/// Markup around a tool call's JSON, for the framed grammar's tests.
+const BEFORE: &str = "<tool_call>\n";
+const AFTER: &str = "\n</tool_call>";
+
+fn framed() -> JsonGrammar {
+    JsonGrammar::framed(Arc::new(JsonSchema::any_object()), BEFORE, AFTER)
+}
+
 #[test]
 fn the_mask_refuses_exactly_the_tokens_that_cannot_follow() {
-    // Oracle: `advance` on every token, over every prefix of two objects and a vocabulary of
-    // all bytes, many two-byte pieces, a row longer than the vocabulary, and an
+    // Oracle: `advance` on every token, over every prefix of two objects (bare, and framed
+    // by tool-call markup), with a vocabulary of all bytes, many two-byte pieces, pieces of
+    // the markup and pieces across its ends, a row longer than the vocabulary, and an
     // end-of-generation token with text.
     let mut tokens: Vec<Vec<u8>> = vec![Vec::new()];
     tokens.extend((0..=255u8).map(|b| vec![b]));
-    for a in b" {}[],:\"\\-0159.eEtrufalsn\n" {
-        for b in b" {}[],:\"\\-0159.eEtrufalsn\n" {
+    for a in b" {}[],:\"\\-0159.eEtrufalsn\n<>/" {
+        for b in b" {}[],:\"\\-0159.eEtrufalsn\n<>/" {
             tokens.push(vec![*a, *b]);
         }
     }
+    tokens.extend(
+        [
+            "<tool_call>",
+            "<tool_call>\n",
+            "<tool",
+            "_call>",
+            "call>\n{",
+            "}\n</",
+            "}\n</tool_call>",
+            "</tool_call>",
+            "\n</tool_call>",
+            "\n</tool_call>x",
+        ]
+        .map(|t| t.as_bytes().to_vec()),
+    );
     tokens.extend([&b"true"[..], b"null}", b"\"key\":", b"\xc3\xa9"].map(<[u8]>::to_vec));
     // An end-of-generation token with text of its own too, allowed only once complete.
     let eog_with_text = tokens.len() as u32 - 3;
     let vocab = JsonVocab::new(&tokens, vec![EOS, eog_with_text]);
-    for text in [
-        r#"{"a": [1, -2.5e3, "x\"y", {"b": null}], "c": true}"#,
-        "{}",
-    ] {
-        let g = JsonGrammar::any_object();
+    let object = r#"{"a": [1, -2.5e3, "x\"y", {"b": null}], "c": true}"#;
+    let framed_object = format!("{BEFORE}{object}{AFTER}");
+    let cases = [
+        (JsonGrammar::any_object(), object.to_string()),
+        (JsonGrammar::any_object(), "{}".to_string()),
+        (framed(), framed_object),
+    ];
+    for (g, text) in cases {
         let mut prefix = g.start();
         for i in 0..=text.len() {
             let mut row = vec![0.0f32; tokens.len() + 3];
@@ -151,9 +179,59 @@ fn the_mask_refuses_exactly_the_tokens_that_cannot_follow() {
                 assert_eq!(*l == 0.0, want, "{text:?} after {i} bytes, token {id}");
             }
             assert_eq!(allowed, row.iter().filter(|l| **l == 0.0).count());
+            assert_eq!(
+                prefix.is_complete(),
+                i == text.len(),
+                "{text:?} after {i} bytes"
+            );
             if let Some(&b) = text.as_bytes().get(i) {
                 prefix = g.feed(prefix, &[b]).unwrap();
             }
         }
     }
+}
+
+#[test]
+fn framed_output_is_the_markup_around_one_value_and_nothing_else() {
+    let g = framed();
+    let whole = |text: &str| {
+        g.feed(g.start(), text.as_bytes())
+            .is_some_and(|s| s.is_complete())
+    };
+    let call = r#"{"name": "f", "arguments": {}}"#;
+    assert!(whole(&format!("{BEFORE}{call}{AFTER}")));
+    // Across the ends in one piece, and the JSON's leading whitespace.
+    assert!(whole(&format!("{BEFORE} {call}{AFTER}")));
+    let split = format!("{BEFORE}{call}{AFTER}");
+    for cut in 0..split.len() {
+        let s = g.feed(g.start(), &split.as_bytes()[..cut]).unwrap();
+        assert!(!s.is_complete());
+        assert!(g.feed(s, &split.as_bytes()[cut..]).unwrap().is_complete());
+    }
+    for text in [
+        call.to_string(),
+        format!("x{BEFORE}{call}{AFTER}"),
+        format!("{BEFORE}{call} {AFTER}"),
+        format!("{BEFORE}{call}{AFTER}\n"),
+        format!("{BEFORE}{call}{call}{AFTER}"),
+        format!("{BEFORE}[1]{AFTER}"),
+        format!("<tool_call>{call}{AFTER}"),
+    ] {
+        assert!(
+            g.feed(g.start(), text.as_bytes())
+                .is_none_or(|s| !s.is_complete()),
+            "{text:?}"
+        );
+    }
+    // A framed sampler ends right after the markup, through the end-of-generation token.
+    let vocab = Arc::new(JsonVocab::new(
+        ["", "<tool_call>\n", "{}", "\n</tool_call>", "{", "}", "hi"],
+        vec![EOS],
+    ));
+    let mut s = JsonSampler::new(Sampler::new(SamplerConfig::default()).unwrap(), vocab, g);
+    let prefer_hi_then_eos = [5.0, 0.0, 1.0, 0.5, 0.0, 0.0, 9.0];
+    let picked: Vec<u32> = (0..4)
+        .map(|_| s.next_token(&prefer_hi_then_eos, &[]).unwrap())
+        .collect();
+    assert_eq!(picked, [1, 2, 3, EOS]);
 }
