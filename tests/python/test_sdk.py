@@ -160,6 +160,30 @@ def openai_structured_output_parses_into_pydantic_models():
 
 
 @check
+def openai_named_tool_choice_parses_into_a_pydantic_model():
+    # A strict function tool made by the SDK from a model, forced by name: the SDK parses
+    # the call's arguments into the model, and pydantic validates them.
+    import typing
+
+    import pydantic
+
+    class GetWeather(pydantic.BaseModel):
+        city: str
+        unit: typing.Literal["c", "f"]
+
+    parse = getattr(oa.chat.completions, "parse", None) or oa.beta.chat.completions.parse
+    r = parse(model=MODEL, temperature=0, max_tokens=80,
+              messages=[{"role": "user", "content": "Is it raining in Paris?"}],
+              tools=[openai.pydantic_function_tool(GetWeather)],
+              tool_choice={"type": "function", "function": {"name": "GetWeather"}})
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls", r
+    call = choice.message.tool_calls[0].function
+    assert call.name == "GetWeather", r
+    assert isinstance(call.parsed_arguments, GetWeather), r
+
+
+@check
 def openai_errors():
     try:
         oa.chat.completions.create(model=MODEL, messages=[], max_tokens=2)
@@ -207,6 +231,19 @@ def anthropic_stop_sequences_and_errors():
         raise AssertionError("empty messages accepted")
     except anthropic.BadRequestError as e:
         assert e.status_code == 400
+
+
+@check
+def anthropic_named_tool_choice_gives_a_tool_use_block():
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    m = an.messages.create(model=MODEL, max_tokens=80, extra_body={"temperature": 0},
+                           messages=[{"role": "user", "content": "Is it raining in Paris?"}],
+                           tools=[{"name": "get_weather", "input_schema": schema}],
+                           tool_choice={"type": "tool", "name": "get_weather"})
+    assert m.stop_reason == "tool_use", m
+    uses = [b for b in m.content if b.type == "tool_use"]
+    assert len(uses) == 1 and uses[0].name == "get_weather", m
+    assert set(uses[0].input) == {"city"} and isinstance(uses[0].input["city"], str), m
 
 
 failed = [name for name, err in results if err]

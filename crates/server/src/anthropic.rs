@@ -17,7 +17,7 @@ use crate::error::{ApiError, Flavor};
 use crate::generate::{self, Finished, GenOptions};
 use crate::metrics::RequestLog;
 use crate::parse::{self, Obj, body_object, field, opt_bool, opt_u64};
-use crate::{AppState, tools};
+use crate::{AppState, tool_choice, tools};
 
 /// Anthropic tool definitions → OpenAI function tools for the template.
 fn template_tools(obj: &Obj) -> Result<Option<Value>, ApiError> {
@@ -40,17 +40,20 @@ fn template_tools(obj: &Obj) -> Result<Option<Value>, ApiError> {
     Ok(Some(Value::Array(converted)))
 }
 
-/// Render and tokenize the prompt of a messages-shaped body.
-fn prompt_tokens(backend: &dyn Backend, obj: &Obj) -> Result<(Vec<u32>, bool), ApiError> {
+/// A messages-shaped body's prompt, rendered and tokenized, and its tools as the template
+/// got them.
+fn prompt_tokens(backend: &dyn Backend, obj: &Obj) -> Result<(Vec<u32>, Option<Value>), ApiError> {
     let messages =
         parse::opt_array(obj, "messages")?.ok_or_else(|| ApiError::missing("messages"))?;
     let messages = crate::chat::anthropic_messages(field(obj, "system"), messages)?;
     let tools = template_tools(obj)?;
-    let with_tools = tools.is_some();
     let rendered = backend
-        .render_chat(&ChatPrompt { messages, tools })
+        .render_chat(&ChatPrompt {
+            messages,
+            tools: tools.clone(),
+        })
         .map_err(|e| ApiError::bad_request(format!("could not apply the chat template: {e}")))?;
-    Ok((backend.tokenize(&rendered, true, true), with_tools))
+    Ok((backend.tokenize(&rendered, true, true), tools))
 }
 
 /// POST /v1/messages/count_tokens
@@ -122,12 +125,20 @@ async fn message(
     let model = generate::check_model(backend.as_ref(), &obj, true)?;
     let max_tokens = opt_u64(&obj, "max_tokens", 1, u32::MAX as u64)?
         .ok_or_else(|| ApiError::missing("max_tokens"))?;
-    let (prompt, with_tools) = prompt_tokens(backend.as_ref(), &obj)?;
+    let (prompt, tools) = prompt_tokens(backend.as_ref(), &obj)?;
     generate::check_prompt(backend.as_ref(), &prompt, "messages")?;
+    let choice = tool_choice::anthropic(field(&obj, "tool_choice"))?;
+    let with_tools = tools.is_some() && choice.allows_calls();
+    let offered = tools.as_ref().and_then(Value::as_array);
+    let forced = tool_choice::forced_call(offered.map_or(&[], Vec::as_slice), &choice)?;
     let stop = parse::opt_stops(&obj, "stop_sequences")?;
     let stream = opt_bool(&obj, "stream")?.unwrap_or(false);
+    let mut sampling = generate::sampling(&obj, 1.0)?;
+    if let Some(call) = forced {
+        sampling.format = call;
+    }
     let opts = GenOptions {
-        sampling: generate::sampling(&obj, 1.0)?,
+        sampling,
         max_tokens: (max_tokens as usize).min(generate::room(backend.as_ref(), prompt.len())),
         stop,
         logprobs: None,

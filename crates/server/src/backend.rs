@@ -45,6 +45,9 @@ pub enum OutputFormat {
     JsonObject,
     /// A value of this schema, then the end of generation (structured outputs).
     JsonSchema(Arc<JsonSchema>),
+    /// One tool call in Hermes markup whose object is a value of this schema, then the end
+    /// of generation (a tool choice that forces a call, [`crate::tool_choice`]).
+    ToolCall(Arc<JsonSchema>),
 }
 
 impl Default for SamplingParams {

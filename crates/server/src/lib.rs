@@ -50,6 +50,7 @@ mod routes;
 mod stops;
 #[cfg(test)]
 mod testing;
+mod tool_choice;
 mod tools;
 
 use std::sync::{Arc, OnceLock};

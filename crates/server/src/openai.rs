@@ -19,7 +19,7 @@ use crate::error::{ApiError, Flavor};
 use crate::generate::{self, Finished, GenOptions};
 use crate::metrics::RequestLog;
 use crate::parse::{self, Obj, body_object, field, opt_bool, opt_object, opt_u64};
-use crate::{AppState, tools};
+use crate::{AppState, tool_choice, tools};
 
 /// Wrap an event stream as an SSE response with keep-alive comments.
 pub fn sse<S>(state: &AppState, events: S) -> Response
@@ -117,7 +117,8 @@ async fn chat(
         Some(t) if !t.is_empty() => Some(Value::Array(t.clone())),
         _ => None,
     };
-    let with_tools = tools.is_some() && parse::opt_str(&obj, "tool_choice")? != Some("none");
+    let choice = tool_choice::openai_chat(field(&obj, "tool_choice"))?;
+    let with_tools = tools.is_some() && choice.allows_calls();
     let n = opt_u64(&obj, "n", 1, 16)?.unwrap_or(1) as usize;
     let stream = opt_bool(&obj, "stream")?.unwrap_or(false);
     let usage_chunk = include_usage(&obj)?;
@@ -142,13 +143,17 @@ async fn chat(
     let prompt = backend.tokenize(&rendered, true, true);
     generate::check_prompt(backend.as_ref(), &prompt, "messages")?;
     let room = generate::room(backend.as_ref(), prompt.len());
-    let opts = options(
+    let mut opts = options(
         &obj,
         backend.as_ref(),
         max_tokens,
         room,
         logprobs.then(|| top.unwrap_or(0) as usize),
     )?;
+    let offered = tools.as_ref().and_then(Value::as_array);
+    if let Some(call) = tool_choice::forced_call(offered.map_or(&[], Vec::as_slice), &choice)? {
+        opts.sampling.format = call;
+    }
     let rxs = generate::submit_n(backend.as_ref(), &prompt, &opts, n)?;
     log.start_generation();
     let meta = Meta {

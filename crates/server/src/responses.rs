@@ -188,11 +188,13 @@ async fn respond(
         .unwrap_or_default();
     let template_tools = chat_tools(&client_tools)?;
     let choice = tool_choice(&obj)?;
-    let with_tools = !template_tools.is_empty() && choice != "none";
+    let forcing = crate::tool_choice::responses(Some(&choice))?;
+    let with_tools = !template_tools.is_empty() && forcing.allows_calls();
+    let forced = crate::tool_choice::forced_call(&template_tools, &forcing)?;
     let rendered = backend
         .render_chat(&ChatPrompt {
             messages,
-            tools: (!template_tools.is_empty()).then_some(Value::Array(template_tools)),
+            tools: (!template_tools.is_empty()).then(|| Value::Array(template_tools.clone())),
         })
         .map_err(|e| ApiError::bad_request(format!("could not apply the chat template: {e}")))?;
     let prompt = backend.tokenize(&rendered, true, true);
@@ -207,7 +209,7 @@ async fn respond(
         format_obj.map_or_else(|| json!({"type": "text"}), |f| Value::Object(f.clone()));
     let opts = GenOptions {
         sampling: SamplingParams {
-            format,
+            format: forced.unwrap_or(format),
             ..generate::sampling(&obj, 2.0)?
         },
         max_tokens: max_output_tokens.map_or(room, |m| (m as usize).min(room)),

@@ -11,7 +11,7 @@ use std::sync::mpsc::{Receiver, channel};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
 /// A running server; killed on drop.
 pub struct Server {
@@ -283,4 +283,52 @@ pub fn chat_stream_text(reply: &Reply) -> (String, Vec<Value>) {
         .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
         .collect();
     (text, chunks)
+}
+
+/// The model every server test serves.
+pub const MODEL: &str = "smollm2-135m-instruct";
+
+/// A greedy chat request of one user message.
+pub fn chat(content: &str, max_tokens: u32) -> Value {
+    json!({"model": MODEL, "messages": [{"role": "user", "content": content}],
+        "temperature": 0, "max_tokens": max_tokens})
+}
+
+/// `body` with the fields of `extra` set.
+pub fn with(mut body: Value, extra: Value) -> Value {
+    for (k, v) in extra.as_object().unwrap() {
+        body[k] = v.clone();
+    }
+    body
+}
+
+/// A metric's value from the server's `/metrics`.
+pub fn metric(server: &Server, name: &str) -> f64 {
+    let text = server.get("/metrics").body;
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("metric {name} missing:\n{text}"))
+}
+
+/// A server of the real SmolLM2 on the CPU: context 512, 4 slots, 2 threads.
+pub fn start() -> Server {
+    start_with(&[])
+}
+
+/// The server of [`start`] with `extra` flags.
+pub fn start_with(extra: &[&str]) -> Server {
+    let model = crate::common::pull(MODEL);
+    let mut args = vec![
+        "-m",
+        model.to_str().unwrap(),
+        "--ctx",
+        "512",
+        "--parallel",
+        "4",
+        "--threads",
+        "2",
+    ];
+    args.extend_from_slice(extra);
+    Server::start(&args)
 }

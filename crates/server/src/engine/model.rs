@@ -136,6 +136,11 @@ impl Runtime for ModelRuntime<'_> {
             OutputFormat::Text => None,
             OutputFormat::JsonObject => Some(JsonGrammar::any_object()),
             OutputFormat::JsonSchema(s) => Some(JsonGrammar::new(Arc::clone(s))),
+            OutputFormat::ToolCall(s) => Some(JsonGrammar::framed(
+                Arc::clone(s),
+                crate::tool_choice::CALL_BEFORE,
+                crate::tool_choice::CALL_AFTER,
+            )),
         };
         let chooser = match grammar {
             None => Chooser::Free(sampler),
