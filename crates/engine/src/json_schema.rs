@@ -6,10 +6,12 @@
 //! can hold the output to it: properties in the schema's order, optional ones possibly
 //! skipped, no properties the schema does not list; numbers and strings in any valid form;
 //! `enum` and `const` values in their compact JSON text. So every complete output is valid
-//! against the schema. A schema that does not constrain a value (`{}`, `true`, an object
-//! schema without `properties`, an array schema without `items`) takes any JSON there, so
-//! one object of any content (JSON mode) is the schema `{"type": "object"}`
-//! ([`JsonSchema::any_object`]).
+//! against the schema. Alternatives must begin with different bytes, except objects that
+//! all begin with one required property whose value is a different literal in each (a
+//! discriminated union, as pydantic writes one): the tag decides. A schema that does not
+//! constrain a value (`{}`, `true`, an object schema without `properties`, an array schema
+//! without `items`) takes any JSON there, so one object of any content (JSON mode) is the
+//! schema `{"type": "object"}` ([`JsonSchema::any_object`]).
 //!
 //! Keywords that would constrain output in ways the grammar cannot enforce (`pattern`,
 //! `minimum`, `minLength`, recursive `$ref`, ...) are refused with an error naming them,
@@ -36,14 +38,22 @@ pub const MAX_LITERAL_BYTES: usize = 1 << 20;
 /// Index of a node in [`JsonSchema::nodes`].
 pub(crate) type NodeId = u16;
 
+/// An object's property: its key's JSON text (quotes included) and its value's node.
+pub(crate) type Property = (Vec<u8>, NodeId);
+
 /// One value position of the schema.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Node {
     /// An object with these properties, in order: each key's JSON text (quotes included) and
     /// its value's node; `required` has bit `i` set when property `i` must appear.
-    Object {
-        props: Vec<(Vec<u8>, NodeId)>,
-        required: u64,
+    Object { props: Vec<Property>, required: u64 },
+    /// Objects told apart by their first property, a different literal in each (a
+    /// discriminated union): `head` is that property alone (its key, and the node of every
+    /// object's tag text, sorted), and `objects[i]` the object whose tag is text `i`. Once a
+    /// tag is written, the text goes on as its object, that first property done.
+    Tagged {
+        head: Vec<Property>,
+        objects: Vec<NodeId>,
     },
     /// An object whose keys are any strings (repeats included, as JSON's syntax allows), each
     /// with a value of `values`.
@@ -64,7 +74,7 @@ pub(crate) enum Node {
     Union(Vec<NodeId>),
 }
 
-/// A compiled schema; the root (node 0) is an object or a map.
+/// A compiled schema; the root (node 0) is an object, a tagged union of objects or a map.
 #[derive(Debug, Clone, PartialEq)]
 pub struct JsonSchema {
     pub(crate) nodes: Vec<Node>,
@@ -82,7 +92,7 @@ fn err<T>(msg: impl Into<String>) -> Result<T, SchemaError> {
 }
 
 /// Keywords that only describe and never constrain.
-const ANNOTATIONS: [&str; 12] = [
+const ANNOTATIONS: [&str; 13] = [
     "title",
     "description",
     "default",
@@ -95,6 +105,8 @@ const ANNOTATIONS: [&str; 12] = [
     "writeOnly",
     "$defs",
     "definitions",
+    // OpenAPI's hint beside `oneOf`; the alternatives' own `const` tags already decide.
+    "discriminator",
 ];
 
 impl JsonSchema {
@@ -110,7 +122,10 @@ impl JsonSchema {
         };
         let root = c.reserve()?;
         c.fill(root, schema, 1)?;
-        if !matches!(c.nodes[0], Node::Object { .. } | Node::Map { .. }) {
+        if !matches!(
+            c.nodes[0],
+            Node::Object { .. } | Node::Tagged { .. } | Node::Map { .. }
+        ) {
             return err("the schema's root must be an object (\"type\": \"object\")");
         }
         Ok(JsonSchema {
@@ -129,6 +144,16 @@ impl JsonSchema {
         &self.nodes[id as usize]
     }
 
+    /// The properties an object node lists, and which are required: a tagged union's only
+    /// its tag, until the tag picks the object.
+    pub(crate) fn properties(&self, id: NodeId) -> Option<(&[Property], u64)> {
+        match self.node(id) {
+            Node::Object { props, required } => Some((props, *required)),
+            Node::Tagged { head, .. } => Some((head, 1)),
+            _ => None,
+        }
+    }
+
     /// Whether `b` can begin a value of node `id`.
     pub(crate) fn can_begin(&self, id: NodeId, b: u8) -> bool {
         begins(&self.first[id as usize], b)
@@ -145,7 +170,7 @@ fn first_bytes(node: &Node, first: &[[u64; 4]]) -> [u64; 4] {
     let mut set = [0u64; 4];
     let mut add = |b: u8| set[b as usize / 64] |= 1 << (b % 64);
     match node {
-        Node::Object { .. } | Node::Map { .. } => add(b'{'),
+        Node::Object { .. } | Node::Tagged { .. } | Node::Map { .. } => add(b'{'),
         Node::Array { .. } => add(b'['),
         Node::String => add(b'"'),
         Node::Number { .. } => b"-0123456789".iter().for_each(|&b| add(b)),
@@ -509,6 +534,7 @@ impl<'a> Compiler<'a> {
         if let Some(&any) = ids.iter().find(|&&i| self.is_any(i)) {
             return Ok(self.nodes[any as usize].clone());
         }
+        let ids = self.tag_objects(ids)?;
         if let [only] = ids[..] {
             return Ok(self.nodes[only as usize].clone());
         }
@@ -526,6 +552,54 @@ impl<'a> Compiler<'a> {
             ));
         }
         Ok(Node::Union(ids))
+    }
+
+    /// `ids` with their objects joined into one tagged union, when there are several and
+    /// each begins with the same required property whose value is one literal, a different
+    /// one in each; otherwise `ids` as they are.
+    fn tag_objects(&mut self, ids: Vec<NodeId>) -> Result<Vec<NodeId>, SchemaError> {
+        let nodes = &self.nodes;
+        let tag = |i: NodeId| match &nodes[i as usize] {
+            Node::Object { props, required } if required & 1 == 1 => {
+                match &nodes[props[0].1 as usize] {
+                    Node::Literals(texts) if texts.len() == 1 => {
+                        Some((i, props[0].0.clone(), texts[0].clone()))
+                    }
+                    _ => None,
+                }
+            }
+            _ => None,
+        };
+        let mut objects: Vec<(NodeId, Vec<u8>, Vec<u8>)> =
+            ids.iter().filter_map(|&i| tag(i)).collect();
+        let untagged_objects = ids
+            .iter()
+            .filter(|&&i| matches!(nodes[i as usize], Node::Object { .. }))
+            .count()
+            - objects.len();
+        objects.sort_by(|a, b| a.2.cmp(&b.2));
+        let distinct = objects.windows(2).all(|w| w[0].2 != w[1].2);
+        let one_key = objects.iter().all(|o| o.1 == objects[0].1);
+        if objects.len() < 2 || untagged_objects > 0 || !distinct || !one_key {
+            return Ok(ids);
+        }
+        let others: Vec<NodeId> = ids
+            .iter()
+            .copied()
+            .filter(|&i| !matches!(self.nodes[i as usize], Node::Object { .. }))
+            .collect();
+        let tags = self.reserve()?;
+        self.set(
+            tags,
+            Node::Literals(objects.iter().map(|o| o.2.clone()).collect()),
+        )?;
+        let tagged = self.reserve()?;
+        let node = Node::Tagged {
+            head: vec![(objects[0].1.clone(), tags)],
+            objects: objects.iter().map(|o| o.0).collect(),
+        };
+        self.set(tagged, node)?;
+        Ok(std::iter::once(tagged).chain(others).collect())
     }
 }
 

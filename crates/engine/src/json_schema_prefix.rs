@@ -174,7 +174,7 @@ impl SchemaPrefix {
             At::AfterValue => match b {
                 b',' => {
                     self.at = match s.node(self.top()?.node) {
-                        Node::Object { .. } => {
+                        Node::Object { .. } | Node::Tagged { .. } => {
                             (self.candidates(s)? != 0).then_some(())?;
                             At::Key
                         }
@@ -233,9 +233,7 @@ impl SchemaPrefix {
     /// including the first required one (none may be skipped).
     fn candidates(&self, s: &JsonSchema) -> Option<u64> {
         let f = self.top()?;
-        let Node::Object { props, required } = s.node(f.node) else {
-            return None;
-        };
+        let (props, required) = s.properties(f.node)?;
         let from = u64::MAX.checked_shl(u32::from(f.next)).unwrap_or(0);
         let to = match (required & from).trailing_zeros() {
             64 => props.len(),
@@ -250,7 +248,9 @@ impl SchemaPrefix {
     fn value_node(&self, s: &JsonSchema) -> Option<NodeId> {
         let f = self.top()?;
         match s.node(f.node) {
-            Node::Object { props, .. } => Some(props[f.prop as usize].1),
+            Node::Object { props, .. } | Node::Tagged { head: props, .. } => {
+                Some(props[f.prop as usize].1)
+            }
             Node::Map { values } => Some(*values),
             Node::Array { items, max, .. } => max.is_none_or(|m| f.next < m).then_some(*items),
             _ => None,
@@ -259,7 +259,7 @@ impl SchemaPrefix {
 
     fn start_value(&mut self, s: &JsonSchema, node: NodeId, b: u8) -> Option<()> {
         match s.node(node) {
-            Node::Object { .. } | Node::Map { .. } | Node::Array { .. } => {
+            Node::Object { .. } | Node::Tagged { .. } | Node::Map { .. } | Node::Array { .. } => {
                 let object = !matches!(s.node(node), Node::Array { .. });
                 (b == if object { b'{' } else { b'[' }).then_some(())?;
                 let d = self.depth as usize;
@@ -323,14 +323,14 @@ impl SchemaPrefix {
         let end = start + rest.partition_point(|t| t[pos] <= b);
         if first == end {
             return if start > lo {
-                self.end_value();
+                self.literal_done(s, node, lo);
                 self.push(s, b)
             } else {
                 None
             };
         }
         if end - first == 1 && texts[first].len() == pos + 1 {
-            self.end_value();
+            self.literal_done(s, node, first);
         } else {
             self.at = At::Lit {
                 node,
@@ -342,10 +342,24 @@ impl SchemaPrefix {
         Some(())
     }
 
+    /// Text `i` of literal `node` was written whole. When it is the tag of a tagged
+    /// union's object, that object is the one being written from here on, its first
+    /// property (the tag) done.
+    fn literal_done(&mut self, s: &JsonSchema, node: NodeId, i: usize) {
+        if let Some(f) = self.top()
+            && let Node::Tagged { head, objects } = s.node(f.node)
+            && head[0].1 == node
+        {
+            let f = self.top_mut();
+            f.node = objects[i];
+            f.prop = 0;
+            f.next = 1;
+        }
+        self.end_value();
+    }
+
     fn key_byte(&mut self, s: &JsonSchema, cands: u64, pos: u16, b: u8) -> Option<()> {
-        let Node::Object { props, .. } = s.node(self.top()?.node) else {
-            return None;
-        };
+        let (props, _) = s.properties(self.top()?.node)?;
         let pos = pos as usize;
         let mut left = 0u64;
         let mut done = None;

@@ -227,3 +227,68 @@ fn the_schema_of_any_object_is_a_map_of_any_values() {
     };
     assert!(matches!(s.node(*values), Node::Union(alts) if alts.len() == 5));
 }
+
+fn tagged_pets() -> Value {
+    json!({"anyOf": [
+        {"type": "object", "properties": {"kind": {"const": "cat"}, "lives": {"type": "integer"}}, "required": ["kind"]},
+        {"type": "object", "properties": {"kind": {"enum": ["dog"]}, "good": {"type": "boolean"}}, "required": ["kind", "good"]}
+    ]})
+}
+
+#[test]
+fn objects_told_apart_by_a_first_literal_become_a_tagged_union() {
+    let s = JsonSchema::compile(&object_with(tagged_pets())).unwrap();
+    let Node::Object { props, .. } = s.node(0) else {
+        panic!("{:?}", s.node(0));
+    };
+    let Node::Tagged { head, objects } = s.node(props[0].1) else {
+        panic!("{:?}", s.node(props[0].1));
+    };
+    assert_eq!(head[0].0, b"\"kind\"");
+    assert_eq!(
+        s.node(head[0].1),
+        &Node::Literals(vec![b"\"cat\"".to_vec(), b"\"dog\"".to_vec()])
+    );
+    assert!(matches!(s.node(objects[1]), Node::Object { props, .. } if props[1].0 == b"\"good\""));
+    // Beside an alternative of another type; as the root; with OpenAPI's discriminator.
+    let with_null = json!({"anyOf": [tagged_pets(), {"type": "null"}]});
+    let s = JsonSchema::compile(&object_with(
+        json!({"anyOf": [tagged_pets()["anyOf"][0], tagged_pets()["anyOf"][1], {"type": "null"}]}),
+    ))
+    .unwrap();
+    let Node::Object { props, .. } = s.node(0) else {
+        panic!()
+    };
+    assert!(matches!(s.node(props[0].1), Node::Union(alts) if alts.len() == 2));
+    assert!(JsonSchema::compile(&object_with(with_null)).is_ok());
+    assert!(matches!(
+        JsonSchema::compile(&tagged_pets()).unwrap().node(0),
+        Node::Tagged { .. }
+    ));
+    let mut discriminated = tagged_pets();
+    discriminated["discriminator"] = json!({"propertyName": "kind"});
+    discriminated["oneOf"] = discriminated["anyOf"].take();
+    discriminated.as_object_mut().unwrap().remove("anyOf");
+    assert!(JsonSchema::compile(&object_with(discriminated)).is_ok());
+}
+
+#[test]
+fn objects_the_first_property_cannot_tell_apart_are_refused() {
+    let pet = |tag: Value, required: Value| json!({"type": "object", "properties": {"kind": tag, "x": {"type": "null"}}, "required": required});
+    let cases = [
+        // The same tag twice.
+        json!({"anyOf": [pet(json!({"const": "a"}), json!(["kind"])), pet(json!({"const": "a"}), json!(["kind"]))]}),
+        // A tag that is not required.
+        json!({"anyOf": [pet(json!({"const": "a"}), json!([])), pet(json!({"const": "b"}), json!(["kind"]))]}),
+        // A tag of two values.
+        json!({"anyOf": [pet(json!({"enum": ["a", "c"]}), json!(["kind"])), pet(json!({"const": "b"}), json!(["kind"]))]}),
+        // Different first keys.
+        json!({"anyOf": [pet(json!({"const": "a"}), json!(["kind"])), {"type": "object", "properties": {"k": {"const": "b"}}, "required": ["k"]}]}),
+        // An object without a tag beside tagged ones.
+        json!({"anyOf": [pet(json!({"const": "a"}), json!(["kind"])), pet(json!({"const": "b"}), json!(["kind"])), {"type": "object"}]}),
+    ];
+    for schema in cases {
+        let got = refusal(object_with(schema.clone()));
+        assert!(got.contains("both begin with '{'"), "{schema}: {got}");
+    }
+}

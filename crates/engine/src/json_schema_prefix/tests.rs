@@ -134,6 +134,33 @@ fn loose() -> Value {
     })
 }
 
+/// Discriminated unions: tags that share a prefix (`"cat"`, `"catfish"`), and numeric tags
+/// one of which is a prefix of the other (`1`, `10`), beside null.
+fn tagged() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "pet": {"oneOf": [
+                {"type": "object", "properties": {"kind": {"const": "cat"}, "lives": {"type": "integer"}},
+                    "required": ["kind", "lives"], "additionalProperties": false},
+                {"type": "object", "properties": {"kind": {"const": "catfish"}, "fins": {"type": "integer"}},
+                    "required": ["kind"], "additionalProperties": false},
+                {"type": "object", "properties": {"kind": {"const": "dog"}}, "required": ["kind"],
+                    "additionalProperties": false}
+            ], "discriminator": {"propertyName": "kind"}},
+            "level": {"anyOf": [
+                {"type": "object", "properties": {"v": {"const": 1}, "a": {"type": "string"}},
+                    "required": ["v"], "additionalProperties": false},
+                {"type": "object", "properties": {"v": {"const": 10}, "b": {"type": "boolean"}},
+                    "required": ["v", "b"], "additionalProperties": false},
+                {"type": "null"}
+            ]}
+        },
+        "required": ["pet", "level"],
+        "additionalProperties": false
+    })
+}
+
 fn compile(schema: &Value) -> JsonSchema {
     JsonSchema::compile(schema).unwrap_or_else(|e| panic!("{schema}: {e}"))
 }
@@ -168,6 +195,14 @@ fn valid_texts_are_accepted_byte_by_byte_and_complete_only_at_the_end() {
             r#"{"kind":null,"points":[{"x":1,"y":2},{"x":3,"y":4}],"label":"hi","weight":null,"version":{"major":1,"tags":["a","b"]},"codes":[]}"#,
         ),
     ];
+    let tagged_cases = [
+        r#"{"pet":{"kind":"cat","lives":9},"level":null}"#,
+        r#"{"pet": {"kind": "catfish"}, "level": {"v": 1}}"#,
+        r#"{"pet":{"kind":"catfish","fins":2},"level":{"v":1,"a":"x"}}"#,
+        r#"{"pet":{"kind":"dog"},"level":{"v":10,"b":true}}"#,
+        r#"{"pet":{ "kind" : "dog" },"level":{ "v" : 10 , "b" : false }}"#,
+    ]
+    .map(|t| (tagged(), t.to_string()));
     let loose_cases = [
         r#"{"meta":null,"counts":{}}"#,
         r#"{"meta":{"a":[1,{"b":"c"}],"a":true},"counts":{"x":1,"x":-2,"\u00e9\"":30}}"#,
@@ -189,7 +224,8 @@ fn valid_texts_are_accepted_byte_by_byte_and_complete_only_at_the_end() {
         .iter()
         .map(|(s, t)| (s.clone(), t.to_string()))
         .chain(mixed)
-        .chain(loose_cases);
+        .chain(loose_cases)
+        .chain(tagged_cases);
     for (schema, text) in cases {
         let (schema, text) = (&schema, text.as_str());
         let v: Value = serde_json::from_str(text).unwrap();
@@ -210,17 +246,28 @@ fn valid_texts_are_accepted_byte_by_byte_and_complete_only_at_the_end() {
 #[test]
 fn texts_outside_the_schema_are_refused() {
     let (p, n, l) = (compile(&person()), compile(&nested()), compile(&loose()));
+    let t = compile(&tagged());
     let refused = [
-        (&l, r#"{"counts""#),                                  // meta first
-        (&l, r#"{"meta": 1, "counts": {"a": 1.5"#),            // map values are integers
-        (&l, r#"{"meta": 1, "counts": {"a": "1""#),            // map values are integers
-        (&l, r#"{"meta": 1, "counts": {a"#),                   // keys are strings
-        (&l, r#"{"meta": 1, "counts": {"a" 1"#),               // a colon after a key
-        (&l, r#"{"meta": 1, "counts": {"a": 1,}"#),            // no trailing comma
-        (&l, r#"{"meta": 1, "counts": {}, "none": {""#),       // no keys at all
+        (&t, r#"{"pet":{"lives""#),                          // the tag comes first
+        (&t, r#"{"pet":{}"#),                                // the tag is required
+        (&t, r#"{"pet":{"kind":"cow""#),                     // not a tag
+        (&t, r#"{"pet":{"kind":"cat"}"#),                    // the cat's lives are required
+        (&t, r#"{"pet":{"kind":"cat","fins""#),              // the catfish's property
+        (&t, r#"{"pet":{"kind":"dog","lives""#),             // the cat's property
+        (&t, r#"{"pet":{"kind":"dog"},"level":{"v":1,"b""#), // 10's property after 1
+        (&t, r#"{"pet":{"kind":"dog"},"level":{"v":10}"#),   // 10 requires b
+        (&t, r#"{"pet":{"kind":"dog"},"level":{"v":100"#),   // not a tag
+        (&t, r#"{"pet":{"kind":"dog"},"level":{"v":10,"a""#), // 1's property after 10
+        (&l, r#"{"counts""#),                                // meta first
+        (&l, r#"{"meta": 1, "counts": {"a": 1.5"#),          // map values are integers
+        (&l, r#"{"meta": 1, "counts": {"a": "1""#),          // map values are integers
+        (&l, r#"{"meta": 1, "counts": {a"#),                 // keys are strings
+        (&l, r#"{"meta": 1, "counts": {"a" 1"#),             // a colon after a key
+        (&l, r#"{"meta": 1, "counts": {"a": 1,}"#),          // no trailing comma
+        (&l, r#"{"meta": 1, "counts": {}, "none": {""#),     // no keys at all
         (&l, r#"{"meta": 1, "counts": {}, "tags": [1,2,3,4"#), // maxItems 3
-        (&l, r#"{"meta": 1, "counts": {}, "extra": ["#),       // an object
-        (&l, r#"{"meta": [1}"#),                               // brackets match
+        (&l, r#"{"meta": 1, "counts": {}, "extra": ["#),     // an object
+        (&l, r#"{"meta": [1}"#),                             // brackets match
         (&l, r#"{"meta": tru}"#),
         (&l, r#"{"meta": {"a": 1}}}"#),
         (&p, r#"{"age": 1"#),                       // order: name first
@@ -301,7 +348,7 @@ fn walk(s: &JsonSchema, seed: u64, cap: usize) -> Option<String> {
 
 #[test]
 fn every_text_a_random_walk_completes_is_valid_against_the_schema() {
-    for schema in [person(), nested(), loose()] {
+    for schema in [person(), nested(), loose(), tagged()] {
         let s = compile(&schema);
         let mut done = 0;
         for seed in 0..300 {
@@ -318,8 +365,14 @@ fn every_text_a_random_walk_completes_is_valid_against_the_schema() {
 
 #[test]
 fn the_validator_oracle_sees_planted_violations() {
-    let (p, n, l) = (person(), nested(), loose());
+    let (p, n, l, t) = (person(), nested(), loose(), tagged());
     for (schema, bad) in [
+        (&t, json!({"pet": {"kind": "cat"}, "level": null})),
+        (
+            &t,
+            json!({"pet": {"kind": "dog", "lives": 1}, "level": null}),
+        ),
+        (&t, json!({"pet": {"kind": "dog"}, "level": {"v": 10}})),
         (&l, json!({"meta": 1, "counts": {"a": 1.5}})),
         (&l, json!({"meta": 1, "counts": {}, "none": {"a": 1}})),
         (&l, json!({"meta": 1, "counts": {}, "extra": []})),
