@@ -312,12 +312,15 @@ fn weather_args(args: &Value) -> bool {
 }
 
 /// `tool_choice` naming a tool (OpenAI chat and responses, Anthropic's `"tool"`) makes the
-/// answer a call of that tool whose arguments fit its parameters, plain and streamed; a name
-/// that is not among the tools is refused. Oracle: [`weather_args`].
+/// answer a call of that tool whose arguments fit its parameters, plain and streamed;
+/// `"required"` a call of one of the tools, with that tool's parameters; a name that is not
+/// among the tools is refused. Oracles: [`weather_args`], and a check of the clock's.
 #[test]
-fn a_named_tool_choice_forces_a_call_of_that_tool() {
+fn tool_choice_forces_a_call_held_to_the_tools_parameters() {
     let server = start();
-    let clock = json!({"type": "function", "function": {"name": "get_time"}});
+    let clock = json!({"type": "function", "function": {"name": "get_time", "parameters": {
+        "type": "object", "properties": {"tz": {"type": "string"}}, "required": ["tz"],
+        "additionalProperties": false}}});
     let body = with(
         chat("Is it raining in Paris?", 80),
         json!({"tools": [clock, weather_tool()],
@@ -369,6 +372,25 @@ fn a_named_tool_choice_forces_a_call_of_that_tool() {
         .unwrap_or_else(|| panic!("{v}"));
     assert_eq!(block["name"], "get_weather", "{v}");
     assert!(weather_args(&block["input"]), "{v}");
+    // Required: either tool, held to its own parameters.
+    for prompt in ["Is it raining in Paris?", "What time is it in Tokyo?"] {
+        let body = with(
+            chat(prompt, 80),
+            json!({"tools": [clock, weather_tool()], "tool_choice": "required"}),
+        );
+        let v = server.post("/v1/chat/completions", &body).json();
+        assert_eq!(v["choices"][0]["finish_reason"], "tool_calls", "{v}");
+        let call = &v["choices"][0]["message"]["tool_calls"][0]["function"];
+        let args: Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
+        let fits = match call["name"].as_str() {
+            Some("get_weather") => weather_args(&args),
+            Some("get_time") => {
+                args.as_object().is_some_and(|o| o.len() == 1) && args["tz"].is_string()
+            }
+            _ => false,
+        };
+        assert!(fits, "{v}");
+    }
     // A name that is not offered.
     let r = server.post(
         "/v1/chat/completions",

@@ -2,8 +2,8 @@
 //! `"required"` or a named function, Anthropic's `"any"` or a named tool. Such output is
 //! held, through the JSON grammar, to one call in Hermes markup (`<tool_call>\n{"name": …,
 //! "arguments": …}\n</tool_call>`) whose name is one of the tools offered and whose
-//! arguments fit that tool's parameters schema (any object when several tools may be
-//! called, since the grammar cannot tie a schema to the name chosen).
+//! arguments fit that tool's parameters schema: the call's object is a tagged union of one
+//! object per tool, its name the tag.
 //!
 //! Never parses calls back out of text: that is [`crate::tools`].
 
@@ -136,11 +136,7 @@ pub fn forced_call(tools: &[Value], choice: &ToolChoice) -> Result<Option<Output
                 "'tool_choice' requires a tool call, but no 'tools' were given",
             ));
         }
-        ([tool], _) => call_schema(json!({"const": name_of(tool)}), parameters(tool)),
-        (several, _) => {
-            let names: Vec<Option<&str>> = several.iter().map(|t| name_of(t)).collect();
-            call_schema(json!({"enum": names}), json!({"type": "object"}))
-        }
+        (tools, _) => calls_schema(tools),
     };
     let compiled = JsonSchema::compile(&schema).map_err(|e| {
         ApiError::invalid_param(
@@ -164,22 +160,49 @@ fn parameters(tool: &Value) -> Value {
     }
 }
 
-/// The schema of a call's object. The parameters' own definitions move to its root, where
-/// their local references (`#/$defs/…`, `#/definitions/…`) point.
-fn call_schema(name: Value, arguments: Value) -> Value {
-    let mut call = Map::new();
-    for key in ["$defs", "definitions"] {
-        if let Some(defs) = arguments.get(key) {
-            call.insert(key.to_string(), defs.clone());
+/// The schema of a call of one of `tools`: an object per tool, its name first, then its
+/// arguments; several such objects make a tagged union (`anyOf`). The parameters' own
+/// definitions move to the root, where their local references (`#/$defs/…`,
+/// `#/definitions/…`) point; should two tools define one name differently, each call's
+/// arguments are any object instead.
+fn calls_schema(tools: &[&Value]) -> Value {
+    let mut root = Map::new();
+    let mut clash = false;
+    for tool in tools {
+        for key in ["$defs", "definitions"] {
+            let Some(Value::Object(defs)) = parameters(tool).get(key).cloned() else {
+                continue;
+            };
+            let merged = root.entry(key).or_insert_with(|| json!({}));
+            for (name, def) in defs {
+                match merged.get(&name) {
+                    Some(old) if *old != def => clash = true,
+                    _ => merged[name] = def,
+                }
+            }
         }
     }
-    call.insert("type".into(), json!("object"));
-    call.insert(
-        "properties".into(),
-        json!({"name": name, "arguments": arguments}),
-    );
-    call.insert("required".into(), json!(["name", "arguments"]));
-    Value::Object(call)
+    let call = |tool: &Value| {
+        let arguments = if clash {
+            json!({"type": "object"})
+        } else {
+            parameters(tool)
+        };
+        json!({"type": "object", "properties": {"name": {"const": name_of(tool)},
+            "arguments": arguments}, "required": ["name", "arguments"]})
+    };
+    match tools {
+        [tool] => {
+            let Value::Object(one) = call(tool) else {
+                unreachable!("a call's schema is an object")
+            };
+            root.extend(one);
+        }
+        several => {
+            root.insert("anyOf".into(), several.iter().map(|t| call(t)).collect());
+        }
+    }
+    Value::Object(root)
 }
 
 #[cfg(test)]

@@ -109,20 +109,51 @@ fn a_named_choice_holds_the_call_to_its_tool_and_parameters() {
 }
 
 #[test]
-fn a_required_call_names_one_of_the_tools() {
-    let s = schema(&[weather(), clock()], ToolChoice::Required);
-    assert!(whole(&s, r#"{"name": "get_time", "arguments": {}}"#));
-    assert!(whole(
-        &s,
-        r#"{"name": "get_weather", "arguments": {"any": 1}}"#
-    ));
-    assert!(!whole(&s, r#"{"name": "get_date", "arguments": {}}"#));
-    // With one tool, its parameters hold.
+fn a_required_call_names_one_of_the_tools_with_its_own_parameters() {
+    for tools in [vec![weather(), clock()], vec![clock(), weather()]] {
+        let s = schema(&tools, ToolChoice::Required);
+        assert!(whole(
+            &s,
+            r#"{"name": "get_time", "arguments": {"any": [1]}}"#
+        ));
+        assert!(whole(
+            &s,
+            r#"{"name": "get_weather", "arguments": {"city": "Rome"}}"#
+        ));
+        assert!(!whole(
+            &s,
+            r#"{"name": "get_weather", "arguments": {"any": 1}}"#
+        ));
+        assert!(!whole(&s, r#"{"name": "get_date", "arguments": {}}"#));
+    }
     let s = schema(&[weather()], ToolChoice::Required);
     assert!(!whole(
         &s,
         r#"{"name": "get_weather", "arguments": {"any": 1}}"#
     ));
+}
+
+#[test]
+fn tools_whose_definitions_clash_take_any_arguments() {
+    let with_point = |name: &str, x: &str| {
+        json!({"type": "function", "function": {"name": name, "parameters": {
+            "$defs": {"P": {"type": "object", "properties": {x: {"type": "number"}}, "required": [x]}},
+            "type": "object", "properties": {"p": {"$ref": "#/$defs/P"}}, "required": ["p"]}}})
+    };
+    // The same definition in both: shared, and held.
+    let s = schema(
+        &[with_point("a", "x"), with_point("b", "x")],
+        ToolChoice::Required,
+    );
+    assert!(whole(&s, r#"{"name": "b", "arguments": {"p": {"x": 1}}}"#));
+    assert!(!whole(&s, r#"{"name": "b", "arguments": {"p": {"y": 1}}}"#));
+    // Two definitions of one name: the arguments are any object.
+    let s = schema(
+        &[with_point("a", "x"), with_point("b", "y")],
+        ToolChoice::Required,
+    );
+    assert!(whole(&s, r#"{"name": "b", "arguments": {"q": 1}}"#));
+    assert!(!whole(&s, r#"{"name": "b", "arguments": 1}"#));
 }
 
 #[test]
