@@ -4,12 +4,12 @@
 //! may be framed by fixed text before and after it: a tool call in its model's markup.
 //!
 //! Each step samples the raw row first and keeps the token when its bytes continue the
-//! object; otherwise every token that cannot continue it is set to `-inf` and the sampler
+//! text; otherwise every token that cannot continue it is set to `-inf` and the sampler
 //! runs again on that row (llama.cpp's grammar sampling does the same). Greedy decoding
 //! thus takes the best allowed token, and sampling without top-k, top-p or min-p cuts
 //! draws from the masked distribution exactly; with cuts, an allowed first draw from the
-//! unmasked cut is kept. Once the object closes, only end-of-generation tokens are
-//! allowed, and they are allowed only then.
+//! unmasked cut is kept. Once the text is whole (the object closed, and the text after it
+//! written), only end-of-generation tokens are allowed, and they are allowed only then.
 //!
 //! Never changes the logits a caller reports: log-probabilities stay those of the raw row.
 
