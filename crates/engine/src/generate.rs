@@ -7,7 +7,8 @@
 
 use ferrite_model::{ModelError, Outputs, Session};
 
-use crate::sampler::{Candidates, SampleError, Sampled, Sampler, StopReason};
+use crate::json_mode::{JsonModeError, JsonSampler};
+use crate::sampler::{Candidates, SampleError, Sampled, Sampler, StopReason, raw_logprobs};
 
 /// A timeline that [`generate`] can drive: appends tokens and returns the last one's logits.
 /// Implemented by the CPU [`Session`]; other backends implement it through a wrapper.
@@ -81,6 +82,59 @@ pub fn eval_sample<T: Timeline + ?Sized>(
     Ok(sampler.sample(row, history)?)
 }
 
+/// How [`generate`] picks each token: a [`Sampler`] (through [`eval_sample`], with the
+/// timeline's fast paths), or a [`JsonSampler`] held to a grammar (from the host copy of
+/// the logits, every step).
+pub trait Picker {
+    /// Appends `tokens` to `session` and picks the next token.
+    fn eval_pick<T: Timeline + ?Sized>(
+        &mut self,
+        session: &mut T,
+        tokens: &[u32],
+        history: &[u32],
+    ) -> Result<Sampled, GenerateError>;
+
+    /// As [`Sampler::stop_reason`].
+    fn stop_reason(&self, token: u32, n_generated: usize) -> Option<StopReason>;
+}
+
+impl Picker for Sampler {
+    fn eval_pick<T: Timeline + ?Sized>(
+        &mut self,
+        session: &mut T,
+        tokens: &[u32],
+        history: &[u32],
+    ) -> Result<Sampled, GenerateError> {
+        eval_sample(session, self, tokens, history)
+    }
+
+    fn stop_reason(&self, token: u32, n_generated: usize) -> Option<StopReason> {
+        Sampler::stop_reason(self, token, n_generated)
+    }
+}
+
+impl Picker for JsonSampler {
+    fn eval_pick<T: Timeline + ?Sized>(
+        &mut self,
+        session: &mut T,
+        tokens: &[u32],
+        history: &[u32],
+    ) -> Result<Sampled, GenerateError> {
+        let row = session.eval_last(tokens)?;
+        let token = self.next_token(row, history)?;
+        let (logprob, top) = raw_logprobs(row, token, self.sampler().config().n_logprobs);
+        Ok(Sampled {
+            token,
+            logprob,
+            top,
+        })
+    }
+
+    fn stop_reason(&self, token: u32, n_generated: usize) -> Option<StopReason> {
+        self.sampler().stop_reason(token, n_generated)
+    }
+}
+
 impl Timeline for Session<'_> {
     fn eval_last(&mut self, tokens: &[u32]) -> Result<&[f32], GenerateError> {
         self.eval(tokens, Outputs::Last)?
@@ -110,6 +164,9 @@ pub enum GenerateError {
     /// Another backend's forward pass failed.
     #[error("{0}")]
     Backend(String),
+    /// Output held to a grammar could not go on.
+    #[error(transparent)]
+    Held(#[from] JsonModeError),
 }
 
 /// What the callback of [`generate`] wants next.
@@ -144,19 +201,20 @@ pub struct Generation {
 /// Appends `prompt` to `session` (at its current position; call `reset` first for a fresh
 /// conversation) and generates. `on_token` sees each generated token before it is fed back.
 /// Penalties look at `prompt` followed by the generated tokens.
-pub fn generate<T, F>(
+pub fn generate<T, P, F>(
     session: &mut T,
-    sampler: &mut Sampler,
+    sampler: &mut P,
     prompt: &[u32],
     mut on_token: F,
 ) -> Result<Generation, GenerateError>
 where
     T: Timeline + ?Sized,
+    P: Picker,
     F: FnMut(&Sampled) -> Flow,
 {
     let mut history = prompt.to_vec();
     let mut tokens = Vec::new();
-    let mut s = eval_sample(session, sampler, prompt, &history)?;
+    let mut s = sampler.eval_pick(session, prompt, &history)?;
     loop {
         if let Some(reason @ StopReason::StopToken(_)) = sampler.stop_reason(s.token, 0) {
             return Ok(Generation {
@@ -184,7 +242,7 @@ where
                 finish: Finish::ContextFull,
             });
         }
-        s = eval_sample(session, sampler, &[s.token], &history)?;
+        s = sampler.eval_pick(session, &[s.token], &history)?;
     }
 }
 
@@ -403,5 +461,38 @@ mod tests {
             }
             assert_eq!(d.fetched, fetches, "top_p {top_p}");
         }
+    }
+
+    #[test]
+    fn a_held_picker_takes_the_host_row_and_ends_with_the_grammar() {
+        use std::sync::Arc;
+
+        use crate::json_mode::{JsonGrammar, JsonVocab};
+        // Token 0 ends generation; the fake row favours 1, 2, 3, 0, 1, ... in turn, and
+        // would pick 3 itself (which is never allowed here, "x" starting no object).
+        let vocab = Arc::new(JsonVocab::new(["", "{", "}", "x"], vec![0]));
+        let cfg = SamplerConfig {
+            stop_ids: vec![0],
+            n_logprobs: 2,
+            ..SamplerConfig::default()
+        };
+        let mut held =
+            JsonSampler::new(Sampler::new(cfg).unwrap(), vocab, JsonGrammar::any_object());
+        let mut t = fake(true);
+        let mut seen = Vec::new();
+        let g = generate(&mut t, &mut held, &[5], |s| {
+            seen.push(s.clone());
+            Flow::Continue
+        })
+        .unwrap();
+        assert_eq!(g.tokens, [1, 2]);
+        assert_eq!(g.finish, Finish::Sampler(StopReason::StopToken(0)));
+        assert_eq!(
+            t.greedy_calls, 0,
+            "a held picker never takes the timeline's pick"
+        );
+        // Log-probabilities are the raw row's: token 1 was the favourite of the first row.
+        let (lp, top) = raw_logprobs(&[0.0, 1.0, 0.0, 0.0], 1, 2);
+        assert_eq!((seen[0].logprob, &seen[0].top), (lp, &top));
     }
 }

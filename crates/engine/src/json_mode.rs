@@ -256,6 +256,11 @@ impl JsonSampler {
         Ok(token)
     }
 
+    /// The sampler that draws each token.
+    pub fn sampler(&self) -> &Sampler {
+        &self.sampler
+    }
+
     /// Whether the output so far is whole.
     pub fn is_complete(&self) -> bool {
         self.state.is_complete()

@@ -23,7 +23,9 @@ pub mod sampler;
 mod sampler_equiv;
 pub mod score;
 
-pub use generate::{Finish, Flow, GenerateError, Generation, Timeline, eval_sample, generate};
+pub use generate::{
+    Finish, Flow, GenerateError, Generation, Picker, Timeline, eval_sample, generate,
+};
 pub use sampler::{
     Candidates, SampleError, Sampled, Sampler, SamplerConfig, StopReason, find_stop_string,
     log_sum_exp, partial_stop_len, raw_logprobs,
