@@ -10,13 +10,15 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use ferrite_cuda::CudaSession;
-use ferrite_engine::{Finish, Flow, Sampler, SamplerConfig, Timeline};
+use ferrite_engine::{Finish, Flow, Picker, Sampler, SamplerConfig, Timeline};
 use ferrite_kvstore::{Compat, SnapshotBackend};
 use ferrite_model::{KvType, LoadOptions, Model, Precision, Session};
 use ferrite_tokenizer::{ChatRequest, ChatTemplate, Tokenizer};
 
 use crate::backend::{AnySession, BackendArg, CudaLoaded, CudaTimeline, load_cuda};
 use crate::models::DEFAULT_MODEL;
+
+mod held;
 
 /// Weight precision choices on the command line.
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -144,6 +146,13 @@ pub struct RunArgs {
     /// reported and ignored, as is a file written by the other backend (CPU or CUDA).
     #[arg(long)]
     load_session: Option<PathBuf>,
+    /// Hold the answer to this JSON schema, given as JSON text (`{"type": "object"}`: any
+    /// JSON object). One-shot prompts only.
+    #[arg(long, conflicts_with = "json_schema_file")]
+    json_schema: Option<String>,
+    /// As `--json-schema`, read from a file.
+    #[arg(long)]
+    json_schema_file: Option<PathBuf>,
     /// Save the session (KV cache, tokens and chat) to this file after generating.
     #[arg(long)]
     save_session: Option<PathBuf>,
@@ -277,6 +286,15 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         }
         (None, None) => None,
     };
+    let schema = held::schema(
+        args.json_schema.as_deref(),
+        args.json_schema_file.as_deref(),
+    )?;
+    if schema.is_some() && prompt.is_none() {
+        bail!(
+            "--json-schema holds a one-shot answer: pass a prompt (interactive chat is not held)"
+        );
+    }
     let loaded = Loaded::load(&args.model)?;
     let template = if args.raw {
         None
@@ -313,14 +331,15 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
                 eprintln!("session: reusing {common} of {} prompt tokens", ids.len());
             }
             let mut clocks = Clocks::default();
-            let mut sampler = Sampler::new(sampler_config(&args, &loaded))?;
+            let sampler = Sampler::new(sampler_config(&args, &loaded))?;
+            let mut picker = held::RunPicker::new(sampler, schema, &loaded.tokenizer);
             let mut dump = open_dump(&args)?;
             let start = Instant::now();
             let mut ttft = None;
             let generated = generate(
                 &loaded,
                 &mut session,
-                &mut sampler,
+                &mut picker,
                 &ids[common..],
                 &mut clocks,
                 &mut ttft,
@@ -414,7 +433,7 @@ fn encode_chat(
 fn generate(
     loaded: &Loaded,
     session: &mut AnySession<'_>,
-    sampler: &mut Sampler,
+    sampler: &mut impl Picker,
     ids: &[u32],
     clocks: &mut Clocks,
     ttft: &mut Option<Duration>,
