@@ -9,7 +9,7 @@ use ferrite_cpu::ThreadPool;
 use ferrite_engine::json_mode::{JsonGrammar, JsonSampler, JsonVocab};
 use ferrite_engine::{Sampler, SamplerConfig, raw_logprobs};
 use ferrite_model::{Batch, KvType, LoadOptions, Model, Outputs, Session, check_kv_memory};
-use ferrite_tokenizer::{TokenType, Tokenizer};
+use ferrite_tokenizer::Tokenizer;
 
 use super::prefix::{CacheStats, PrefixCache};
 use super::scheduler::{
@@ -104,7 +104,7 @@ impl<'t> ModelRuntime<'t> {
     /// The runtime of `tokenizer`'s model.
     pub(super) fn new(tokenizer: &'t Tokenizer) -> ModelRuntime<'t> {
         ModelRuntime {
-            eog: eog_ids(tokenizer),
+            eog: tokenizer.end_of_generation_ids(),
             tokenizer,
             json_vocab: OnceLock::new(),
         }
@@ -167,26 +167,6 @@ impl Runtime for ModelRuntime<'_> {
     fn decode(&self, ids: &[u32]) -> String {
         self.tokenizer.decode(ids, false).unwrap_or_default()
     }
-}
-
-/// End-of-generation ids: EOS plus the end-of-turn control tokens chat models emit.
-fn eog_ids(tok: &Tokenizer) -> Vec<u32> {
-    let mut ids: Vec<u32> = tok.eos_id().into_iter().collect();
-    for piece in [
-        "<|im_end|>",
-        "<|eot_id|>",
-        "<end_of_turn>",
-        "<|endoftext|>",
-        "<|end|>",
-    ] {
-        if let Some(id) = tok.token_id(piece)
-            && tok.token_type(id) == Some(TokenType::Control)
-            && !ids.contains(&id)
-        {
-            ids.push(id);
-        }
-    }
-    ids
 }
 
 /// What the engine thread reports once loaded: the tokenizer, the context per slot and
