@@ -332,7 +332,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
             }
             let mut clocks = Clocks::default();
             let sampler = Sampler::new(sampler_config(&args, &loaded))?;
-            let mut picker = held::RunPicker::new(sampler, schema, &loaded.tokenizer);
+            let mut picker = held::chooser(sampler, schema, &loaded.tokenizer);
             let mut dump = open_dump(&args)?;
             let start = Instant::now();
             let mut ttft = None;

@@ -7,7 +7,7 @@
 
 use ferrite_model::{ModelError, Outputs, Session};
 
-use crate::json_mode::{JsonModeError, JsonSampler};
+use crate::json_mode::{Chooser, JsonModeError, JsonSampler};
 use crate::sampler::{Candidates, SampleError, Sampled, Sampler, StopReason, raw_logprobs};
 
 /// A timeline that [`generate`] can drive: appends tokens and returns the last one's logits.
@@ -132,6 +132,27 @@ impl Picker for JsonSampler {
 
     fn stop_reason(&self, token: u32, n_generated: usize) -> Option<StopReason> {
         self.sampler().stop_reason(token, n_generated)
+    }
+}
+
+impl Picker for Chooser {
+    fn eval_pick<T: Timeline + ?Sized>(
+        &mut self,
+        session: &mut T,
+        tokens: &[u32],
+        history: &[u32],
+    ) -> Result<Sampled, GenerateError> {
+        match self {
+            Chooser::Free(s) => s.eval_pick(session, tokens, history),
+            Chooser::Held(s) => s.eval_pick(session, tokens, history),
+        }
+    }
+
+    fn stop_reason(&self, token: u32, n_generated: usize) -> Option<StopReason> {
+        match self {
+            Chooser::Free(s) => Picker::stop_reason(s, token, n_generated),
+            Chooser::Held(s) => s.stop_reason(token, n_generated),
+        }
     }
 }
 

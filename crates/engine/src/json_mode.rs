@@ -207,6 +207,28 @@ pub enum JsonModeError {
     NoToken,
 }
 
+/// What a request or a run draws its tokens with: a sampler, free or held to a grammar.
+// One per request or run, made once and never copied: the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+pub enum Chooser {
+    /// Any token the sampler draws.
+    Free(Sampler),
+    /// Tokens held to a grammar.
+    Held(JsonSampler),
+}
+
+impl Chooser {
+    /// The next token from a row of logits ([`Sampler::next_token`] or
+    /// [`JsonSampler::next_token`]).
+    pub fn next_token(&mut self, logits: &[f32], history: &[u32]) -> Result<u32, JsonModeError> {
+        match self {
+            Chooser::Free(s) => Ok(s.next_token(logits, history)?),
+            Chooser::Held(s) => s.next_token(logits, history),
+        }
+    }
+}
+
 /// A sampler held to a [`JsonGrammar`].
 #[derive(Debug)]
 pub struct JsonSampler {

@@ -1,6 +1,6 @@
 //! Output held to a JSON schema in `ferrite run` (`--json-schema`, `--json-schema-file`,
-//! as llama.cpp's CLI takes them): the schema read and compiled, and the picker that holds
-//! each token to it.
+//! as llama.cpp's CLI takes them): the schema read and compiled, and the engine's chooser
+//! that holds each token to it.
 //!
 //! Never samples on its own: the engine's JSON sampler does, over the tokenizer's bytes.
 
@@ -8,9 +8,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::Context;
-use ferrite_engine::json_mode::{JsonGrammar, JsonSampler, JsonVocab};
+use ferrite_engine::Sampler;
+use ferrite_engine::json_mode::{Chooser, JsonGrammar, JsonSampler, JsonVocab};
 use ferrite_engine::json_schema::JsonSchema;
-use ferrite_engine::{GenerateError, Picker, Sampled, Sampler, StopReason, Timeline};
 use ferrite_tokenizer::Tokenizer;
 
 /// The schema of `--json-schema` (inline text) or `--json-schema-file`, if one was given.
@@ -34,53 +34,22 @@ pub(super) fn schema(
     Ok(Some(schema))
 }
 
-/// How a one-shot run picks tokens: freely, or held to a schema.
-// Unboxed: there is one per run, made once and never moved in the loop.
-#[allow(clippy::large_enum_variant)]
-pub(super) enum RunPicker {
-    Free(Sampler),
-    Held(JsonSampler),
-}
-
-impl RunPicker {
-    /// `sampler`, held to `schema` when there is one (over `tokenizer`'s token bytes; its
-    /// end-of-generation tokens may end the output once the JSON is whole).
-    pub(super) fn new(
-        sampler: Sampler,
-        schema: Option<JsonSchema>,
-        tokenizer: &Tokenizer,
-    ) -> RunPicker {
-        let Some(schema) = schema else {
-            return RunPicker::Free(sampler);
-        };
-        let bytes = (0..tokenizer.vocab_size() as u32)
-            .map(|id| tokenizer.token_bytes(id).unwrap_or_default());
-        let vocab = Arc::new(JsonVocab::new(bytes, tokenizer.end_of_generation_ids()));
-        RunPicker::Held(JsonSampler::new(
-            sampler,
-            vocab,
-            JsonGrammar::new(Arc::new(schema)),
-        ))
-    }
-}
-
-impl Picker for RunPicker {
-    fn eval_pick<T: Timeline + ?Sized>(
-        &mut self,
-        session: &mut T,
-        tokens: &[u32],
-        history: &[u32],
-    ) -> Result<Sampled, GenerateError> {
-        match self {
-            RunPicker::Free(s) => s.eval_pick(session, tokens, history),
-            RunPicker::Held(s) => s.eval_pick(session, tokens, history),
-        }
-    }
-
-    fn stop_reason(&self, token: u32, n_generated: usize) -> Option<StopReason> {
-        match self {
-            RunPicker::Free(s) => Picker::stop_reason(s, token, n_generated),
-            RunPicker::Held(s) => s.stop_reason(token, n_generated),
-        }
-    }
+/// `sampler`, held to `schema` when there is one (over `tokenizer`'s token bytes; its
+/// end-of-generation tokens may end the output once the JSON is whole).
+pub(super) fn chooser(
+    sampler: Sampler,
+    schema: Option<JsonSchema>,
+    tokenizer: &Tokenizer,
+) -> Chooser {
+    let Some(schema) = schema else {
+        return Chooser::Free(sampler);
+    };
+    let bytes =
+        (0..tokenizer.vocab_size() as u32).map(|id| tokenizer.token_bytes(id).unwrap_or_default());
+    let vocab = Arc::new(JsonVocab::new(bytes, tokenizer.end_of_generation_ids()));
+    Chooser::Held(JsonSampler::new(
+        sampler,
+        vocab,
+        JsonGrammar::new(Arc::new(schema)),
+    ))
 }

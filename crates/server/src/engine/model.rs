@@ -6,7 +6,7 @@ use std::sync::mpsc::{Receiver, SyncSender, channel, sync_channel};
 use std::sync::{Arc, OnceLock};
 
 use ferrite_cpu::ThreadPool;
-use ferrite_engine::json_mode::{JsonGrammar, JsonSampler, JsonVocab};
+use ferrite_engine::json_mode::{Chooser, JsonGrammar, JsonSampler, JsonVocab};
 use ferrite_engine::{Sampler, SamplerConfig, raw_logprobs};
 use ferrite_model::{Batch, KvType, LoadOptions, Model, Outputs, Session, check_kv_memory};
 use ferrite_tokenizer::Tokenizer;
@@ -64,19 +64,12 @@ struct RequestSampler {
     logprobs: Option<usize>,
 }
 
-// One per request and never copied, so the variants' sizes do not matter.
-#[allow(clippy::large_enum_variant)]
-enum Chooser {
-    Free(Sampler),
-    Json(JsonSampler),
-}
-
 impl Picker for RequestSampler {
     fn pick(&mut self, logits: &[f32], history: &[u32]) -> Result<Picked, String> {
-        let token = match &mut self.chooser {
-            Chooser::Free(s) => s.next_token(logits, history).map_err(|e| e.to_string()),
-            Chooser::Json(s) => s.next_token(logits, history).map_err(|e| e.to_string()),
-        }?;
+        let token = self
+            .chooser
+            .next_token(logits, history)
+            .map_err(|e| e.to_string())?;
         let (logprob, top) = match self.logprobs {
             Some(n) => {
                 let (lp, top) = raw_logprobs(logits, token, n);
@@ -151,7 +144,7 @@ impl Runtime for ModelRuntime<'_> {
                         .map(|id| tok.token_bytes(id).unwrap_or_default());
                     Arc::new(JsonVocab::new(bytes, self.eog.clone()))
                 });
-                Chooser::Json(JsonSampler::new(sampler, Arc::clone(vocab), grammar))
+                Chooser::Held(JsonSampler::new(sampler, Arc::clone(vocab), grammar))
             }
         };
         Ok(Box::new(RequestSampler {
