@@ -410,17 +410,22 @@ mod tests {
             .collect()
     }
 
+    /// Heads of 64 values in two groups of three, as in SmolLM2 (a multiple of the q8
+    /// block).
+    fn grouped_64(window: Option<usize>) -> AttnShape {
+        AttnShape {
+            n_head: 6,
+            n_kv_head: 2,
+            head_dim: 64,
+            scale: 0.125,
+            window,
+        }
+    }
+
     #[test]
     fn q8_cache_matches_naive_over_its_values() {
         for (window, pos0, n) in [(None, 0, 9), (None, 11, 1), (Some(4), 3, 6)] {
-            let shape = AttnShape {
-                n_head: 6,
-                n_kv_head: 2,
-                head_dim: 64,
-                scale: 0.125,
-                window,
-            };
-            check_shape(&shape, pos0, n);
+            check_shape(&grouped_64(window), pos0, n);
         }
     }
 
@@ -482,13 +487,7 @@ mod tests {
         // SmolLM2-like (group 3, head dim 64) and Gemma-3-like (group 4, head dim 256,
         // window): head blocking differs between these runs, the bits must not.
         for shape in [
-            AttnShape {
-                n_head: 6,
-                n_kv_head: 2,
-                head_dim: 64,
-                scale: 0.125,
-                window: None,
-            },
+            grouped_64(None),
             AttnShape {
                 n_head: 4,
                 n_kv_head: 1,
@@ -521,14 +520,7 @@ mod tests {
             (Some(50), KvType::F16),
             (None, KvType::Q8),
         ] {
-            let shape = AttnShape {
-                n_head: 6,
-                n_kv_head: 2,
-                head_dim: 64,
-                scale: 0.125,
-                window,
-            };
-            many_equal_alone(ty, shape);
+            many_equal_alone(ty, grouped_64(window));
         }
     }
 
