@@ -480,6 +480,28 @@ mod tests {
         }
     }
 
+    /// Asserts that each score `out[h * ld + j]` has the bits of `dot_tile` of head `h` and
+    /// key row `j`, for every row of `rows` (`stride` apart).
+    fn same_as_dot_tile<X: RowElem>(
+        level: SimdLevel,
+        q: &[&[f32]],
+        rows: &[X],
+        stride: usize,
+        out: &[f32],
+        ld: usize,
+        at: &str,
+    ) {
+        let hd = q[0].len();
+        let mut one = [0f32; 1];
+        for (h, head) in q.iter().enumerate() {
+            for j in 0..rows.len() / stride {
+                let row = &rows[j * stride..][..hd];
+                dot_tile(level, &[head], &[row], hd, &mut one).unwrap();
+                assert_eq!(out[h * ld + j].to_bits(), one[0].to_bits(), "{at}");
+            }
+        }
+    }
+
     #[test]
     fn scores_equal_dot_tile_bit_for_bit() {
         // Head dims under one vector, odd, Gemma's 256; key counts across the tile size and
@@ -511,33 +533,14 @@ mod tests {
                         if let Some(kb) = &kb {
                             dot_rows(level, &q, kb, bstride, hd, n, &mut c, ld).unwrap();
                         }
-                        let mut one = [0f32; 1];
+                        let at = format!("{level} {hd} {n}");
+                        same_as_dot_tile(level, &q, &k, stride, &a, ld, &at);
+                        same_as_dot_tile(level, &q, &kh, stride, &b, ld, &format!("{at} half"));
+                        if kb.is_some() {
+                            let at = format!("{at} blocks");
+                            same_as_dot_tile(level, &q, &kbw, bstride, &c, ld, &at);
+                        }
                         for h in 0..heads {
-                            for j in 0..n {
-                                let row = &k[j * stride..][..hd];
-                                dot_tile(level, &q[h..=h], &[row], hd, &mut one).unwrap();
-                                assert_eq!(
-                                    a[h * ld + j].to_bits(),
-                                    one[0].to_bits(),
-                                    "{level} {hd} {n}"
-                                );
-                                let row = &kh[j * stride..][..hd];
-                                dot_tile(level, &q[h..=h], &[row], hd, &mut one).unwrap();
-                                assert_eq!(
-                                    b[h * ld + j].to_bits(),
-                                    one[0].to_bits(),
-                                    "{level} {hd} {n} half"
-                                );
-                                if kb.is_some() {
-                                    let row = &kbw[j * bstride..][..hd];
-                                    dot_tile(level, &q[h..=h], &[row], hd, &mut one).unwrap();
-                                    assert_eq!(
-                                        c[h * ld + j].to_bits(),
-                                        one[0].to_bits(),
-                                        "{level} {hd} {n} blocks"
-                                    );
-                                }
-                            }
                             // The stride's gap is left alone.
                             assert!(a[h * ld + n..h * ld + ld].iter().all(|x| x.is_nan()));
                         }
