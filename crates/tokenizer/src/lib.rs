@@ -224,6 +224,12 @@ impl Tokenizer {
         self.bytes.get(id, false).ok()
     }
 
+    /// Every token's bytes in id order, as [`Tokenizer::token_bytes`] gives them (what a
+    /// byte grammar over the vocabulary reads).
+    pub fn all_token_bytes(&self) -> impl Iterator<Item = &[u8]> + '_ {
+        (0..self.vocab_size() as u32).map(|id| self.token_bytes(id).unwrap_or_default())
+    }
+
     /// The piece text of a token as stored in the vocabulary (e.g. `Ġthe`, `▁the`, `<0x0A>`).
     pub fn piece(&self, id: u32) -> Option<&str> {
         self.tokens.get(id as usize)
@@ -382,6 +388,9 @@ mod tests {
                 bl.decode(&[id], false).unwrap()
             );
         }
+        let all: Vec<&[u8]> = sp.all_token_bytes().collect();
+        assert_eq!(all.len(), sp.vocab_size());
+        assert_eq!((all[0], all[7]), (&b""[..], &b" the"[..]));
     }
 
     /// The server shares one tokenizer and template across request threads.

@@ -44,9 +44,10 @@ pub(super) fn chooser(
     let Some(schema) = schema else {
         return Chooser::Free(sampler);
     };
-    let bytes =
-        (0..tokenizer.vocab_size() as u32).map(|id| tokenizer.token_bytes(id).unwrap_or_default());
-    let vocab = Arc::new(JsonVocab::new(bytes, tokenizer.end_of_generation_ids()));
+    let vocab = Arc::new(JsonVocab::new(
+        tokenizer.all_token_bytes(),
+        tokenizer.end_of_generation_ids(),
+    ));
     Chooser::Held(JsonSampler::new(
         sampler,
         vocab,

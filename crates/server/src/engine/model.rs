@@ -139,10 +139,10 @@ impl Runtime for ModelRuntime<'_> {
             None => Chooser::Free(sampler),
             Some(grammar) => {
                 let vocab = self.json_vocab.get_or_init(|| {
-                    let tok = self.tokenizer;
-                    let bytes = (0..tok.vocab_size() as u32)
-                        .map(|id| tok.token_bytes(id).unwrap_or_default());
-                    Arc::new(JsonVocab::new(bytes, self.eog.clone()))
+                    Arc::new(JsonVocab::new(
+                        self.tokenizer.all_token_bytes(),
+                        self.eog.clone(),
+                    ))
                 });
                 Chooser::Held(JsonSampler::new(sampler, Arc::clone(vocab), grammar))
             }
