@@ -161,47 +161,42 @@ fn parameters(tool: &Value) -> Value {
 }
 
 /// The schema of a call of one of `tools`: an object per tool, its name first, then its
-/// arguments; several such objects make a tagged union (`anyOf`). The parameters' own
-/// definitions move to the root, where their local references (`#/$defs/…`,
-/// `#/definitions/…`) point; should two tools define one name differently, each call's
-/// arguments are any object instead.
+/// arguments, as the alternatives of an `anyOf` (a tagged union on the name; one tool's
+/// object alone when there is one). The parameters' own definitions move to the root, where
+/// their local references (`#/$defs/…`, `#/definitions/…`) point; should two tools define
+/// one name differently, each call's arguments are any object instead.
 fn calls_schema(tools: &[&Value]) -> Value {
+    let params: Vec<Value> = tools.iter().map(|t| parameters(t)).collect();
     let mut root = Map::new();
     let mut clash = false;
-    for tool in tools {
+    for p in &params {
         for key in ["$defs", "definitions"] {
-            let Some(Value::Object(defs)) = parameters(tool).get(key).cloned() else {
+            let Some(Value::Object(defs)) = p.get(key) else {
                 continue;
             };
             let merged = root.entry(key).or_insert_with(|| json!({}));
             for (name, def) in defs {
-                match merged.get(&name) {
-                    Some(old) if *old != def => clash = true,
-                    _ => merged[name] = def,
+                match merged.get(name) {
+                    Some(old) if old != def => clash = true,
+                    _ => merged[name] = def.clone(),
                 }
             }
         }
     }
-    let call = |tool: &Value| {
-        let arguments = if clash {
-            json!({"type": "object"})
-        } else {
-            parameters(tool)
-        };
-        json!({"type": "object", "properties": {"name": {"const": name_of(tool)},
-            "arguments": arguments}, "required": ["name", "arguments"]})
-    };
-    match tools {
-        [tool] => {
-            let Value::Object(one) = call(tool) else {
-                unreachable!("a call's schema is an object")
+    let calls: Vec<Value> = tools
+        .iter()
+        .zip(params)
+        .map(|(tool, arguments)| {
+            let arguments = if clash {
+                json!({"type": "object"})
+            } else {
+                arguments
             };
-            root.extend(one);
-        }
-        several => {
-            root.insert("anyOf".into(), several.iter().map(|t| call(t)).collect());
-        }
-    }
+            json!({"type": "object", "properties": {"name": {"const": name_of(tool)},
+                "arguments": arguments}, "required": ["name", "arguments"]})
+        })
+        .collect();
+    root.insert("anyOf".into(), Value::Array(calls));
     Value::Object(root)
 }
 
