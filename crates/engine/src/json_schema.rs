@@ -559,6 +559,10 @@ impl<'a> Compiler<'a> {
     /// one in each; otherwise `ids` as they are.
     fn tag_objects(&mut self, ids: Vec<NodeId>) -> Result<Vec<NodeId>, SchemaError> {
         let nodes = &self.nodes;
+        let (objects, others): (Vec<NodeId>, Vec<NodeId>) = ids
+            .iter()
+            .partition(|&&i| matches!(nodes[i as usize], Node::Object { .. }));
+        // Each object's (id, first key, tag text), if every object has a tag.
         let tag = |i: NodeId| match &nodes[i as usize] {
             Node::Object { props, required } if required & 1 == 1 => {
                 match &nodes[props[0].1 as usize] {
@@ -570,36 +574,27 @@ impl<'a> Compiler<'a> {
             }
             _ => None,
         };
-        let mut objects: Vec<(NodeId, Vec<u8>, Vec<u8>)> =
-            ids.iter().filter_map(|&i| tag(i)).collect();
-        let untagged_objects = ids
-            .iter()
-            .filter(|&&i| matches!(nodes[i as usize], Node::Object { .. }))
-            .count()
-            - objects.len();
-        objects.sort_by(|a, b| a.2.cmp(&b.2));
-        let distinct = objects.windows(2).all(|w| w[0].2 != w[1].2);
-        let one_key = objects.iter().all(|o| o.1 == objects[0].1);
-        if objects.len() < 2 || untagged_objects > 0 || !distinct || !one_key {
+        let Some(mut tagged) = objects.into_iter().map(tag).collect::<Option<Vec<_>>>() else {
+            return Ok(ids);
+        };
+        tagged.sort_by(|a, b| a.2.cmp(&b.2));
+        let distinct = tagged.windows(2).all(|w| w[0].2 != w[1].2);
+        let one_key = tagged.iter().all(|o| o.1 == tagged[0].1);
+        if tagged.len() < 2 || !distinct || !one_key {
             return Ok(ids);
         }
-        let others: Vec<NodeId> = ids
-            .iter()
-            .copied()
-            .filter(|&i| !matches!(self.nodes[i as usize], Node::Object { .. }))
-            .collect();
         let tags = self.reserve()?;
         self.set(
             tags,
-            Node::Literals(objects.iter().map(|o| o.2.clone()).collect()),
+            Node::Literals(tagged.iter().map(|o| o.2.clone()).collect()),
         )?;
-        let tagged = self.reserve()?;
+        let union = self.reserve()?;
         let node = Node::Tagged {
-            head: vec![(objects[0].1.clone(), tags)],
-            objects: objects.iter().map(|o| o.0).collect(),
+            head: vec![(tagged[0].1.clone(), tags)],
+            objects: tagged.iter().map(|o| o.0).collect(),
         };
-        self.set(tagged, node)?;
-        Ok(std::iter::once(tagged).chain(others).collect())
+        self.set(union, node)?;
+        Ok(std::iter::once(union).chain(others).collect())
     }
 }
 
