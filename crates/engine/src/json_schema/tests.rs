@@ -284,7 +284,9 @@ fn objects_the_first_property_cannot_tell_apart_are_refused() {
         json!({"anyOf": [pet(json!({"enum": ["a", "c"]}), json!(["kind"])), pet(json!({"const": "b"}), json!(["kind"]))]}),
         // Different first keys.
         json!({"anyOf": [pet(json!({"const": "a"}), json!(["kind"])), {"type": "object", "properties": {"k": {"const": "b"}}, "required": ["k"]}]}),
-        // An object without a tag beside tagged ones.
+        // An object without a tag beside tagged ones (it must not be dropped from the union).
+        json!({"anyOf": [pet(json!({"const": "a"}), json!(["kind"])), pet(json!({"const": "b"}), json!(["kind"])), pet(json!({"type": "string"}), json!(["kind"]))]}),
+        // A map beside tagged objects.
         json!({"anyOf": [pet(json!({"const": "a"}), json!(["kind"])), pet(json!({"const": "b"}), json!(["kind"])), {"type": "object"}]}),
     ];
     for schema in cases {
