@@ -7,7 +7,7 @@
 
 use ferrite_model::{ModelError, Outputs, Session};
 
-use crate::json_mode::{Chooser, JsonModeError, JsonSampler};
+use crate::json_mode::{Chooser, JsonModeError};
 use crate::sampler::{Candidates, SampleError, Sampled, Sampler, StopReason, raw_logprobs};
 
 /// A timeline that [`generate`] can drive: appends tokens and returns the last one's logits.
@@ -83,8 +83,8 @@ pub fn eval_sample<T: Timeline + ?Sized>(
 }
 
 /// How [`generate`] picks each token: a [`Sampler`] (through [`eval_sample`], with the
-/// timeline's fast paths), or a [`JsonSampler`] held to a grammar (from the host copy of
-/// the logits, every step).
+/// timeline's fast paths), or a [`Chooser`], whose held sampler picks from the host copy of
+/// the logits every step.
 pub trait Picker {
     /// Appends `tokens` to `session` and picks the next token.
     fn eval_pick<T: Timeline + ?Sized>(
@@ -113,16 +113,20 @@ impl Picker for Sampler {
     }
 }
 
-impl Picker for JsonSampler {
+impl Picker for Chooser {
     fn eval_pick<T: Timeline + ?Sized>(
         &mut self,
         session: &mut T,
         tokens: &[u32],
         history: &[u32],
     ) -> Result<Sampled, GenerateError> {
+        let held = match self {
+            Chooser::Free(s) => return s.eval_pick(session, tokens, history),
+            Chooser::Held(s) => s,
+        };
         let row = session.eval_last(tokens)?;
-        let token = self.next_token(row, history)?;
-        let (logprob, top) = raw_logprobs(row, token, self.sampler().config().n_logprobs);
+        let token = held.next_token(row, history)?;
+        let (logprob, top) = raw_logprobs(row, token, held.sampler().config().n_logprobs);
         Ok(Sampled {
             token,
             logprob,
@@ -131,28 +135,11 @@ impl Picker for JsonSampler {
     }
 
     fn stop_reason(&self, token: u32, n_generated: usize) -> Option<StopReason> {
-        self.sampler().stop_reason(token, n_generated)
-    }
-}
-
-impl Picker for Chooser {
-    fn eval_pick<T: Timeline + ?Sized>(
-        &mut self,
-        session: &mut T,
-        tokens: &[u32],
-        history: &[u32],
-    ) -> Result<Sampled, GenerateError> {
-        match self {
-            Chooser::Free(s) => s.eval_pick(session, tokens, history),
-            Chooser::Held(s) => s.eval_pick(session, tokens, history),
-        }
-    }
-
-    fn stop_reason(&self, token: u32, n_generated: usize) -> Option<StopReason> {
-        match self {
-            Chooser::Free(s) => Picker::stop_reason(s, token, n_generated),
-            Chooser::Held(s) => s.stop_reason(token, n_generated),
-        }
+        let sampler = match self {
+            Chooser::Free(s) => s,
+            Chooser::Held(s) => s.sampler(),
+        };
+        sampler.stop_reason(token, n_generated)
     }
 }
 
@@ -488,7 +475,7 @@ mod tests {
     fn a_held_picker_takes_the_host_row_and_ends_with_the_grammar() {
         use std::sync::Arc;
 
-        use crate::json_mode::{JsonGrammar, JsonVocab};
+        use crate::json_mode::{JsonGrammar, JsonSampler, JsonVocab};
         // Token 0 ends generation; the fake row favours 1, 2, 3, 0, 1, ... in turn, and
         // would pick 3 itself (which is never allowed here, "x" starting no object).
         let vocab = Arc::new(JsonVocab::new(["", "{", "}", "x"], vec![0]));
@@ -497,8 +484,11 @@ mod tests {
             n_logprobs: 2,
             ..SamplerConfig::default()
         };
-        let mut held =
-            JsonSampler::new(Sampler::new(cfg).unwrap(), vocab, JsonGrammar::any_object());
+        let mut held = Chooser::Held(JsonSampler::new(
+            Sampler::new(cfg).unwrap(),
+            vocab,
+            JsonGrammar::any_object(),
+        ));
         let mut t = fake(true);
         let mut seen = Vec::new();
         let g = generate(&mut t, &mut held, &[5], |s| {
