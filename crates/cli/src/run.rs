@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use ferrite_cuda::CudaSession;
+use ferrite_engine::json_schema::JsonSchema;
 use ferrite_engine::{Finish, Flow, Picker, Sampler, SamplerConfig, Timeline};
 use ferrite_kvstore::{Compat, SnapshotBackend};
 use ferrite_model::{KvType, LoadOptions, Model, Precision, Session};
@@ -100,6 +101,10 @@ pub struct RunArgs {
     /// The prompt, as a positional argument.
     #[arg(conflicts_with = "prompt")]
     prompt_text: Option<String>,
+    /// Chat turn by turn even when stdin is not a terminal: each line read is the user's next
+    /// message (as llama.cpp's `-cnv`).
+    #[arg(long, conflicts_with_all = ["prompt", "prompt_text"])]
+    chat: bool,
     /// Do not apply the chat template; feed the prompt as plain text.
     #[arg(long)]
     raw: bool,
@@ -147,7 +152,7 @@ pub struct RunArgs {
     #[arg(long)]
     load_session: Option<PathBuf>,
     /// Hold the answer to this JSON schema, given as JSON text (`{"type": "object"}`: any
-    /// JSON object). One-shot prompts only.
+    /// JSON object). In a chat, every reply is held to it.
     #[arg(long, conflicts_with = "json_schema_file")]
     json_schema: Option<String>,
     /// As `--json-schema`, read from a file.
@@ -277,7 +282,7 @@ struct Clocks {
 pub fn run(args: RunArgs) -> anyhow::Result<i32> {
     let prompt = match (args.prompt.clone(), args.prompt_text.clone()) {
         (Some(p), _) | (None, Some(p)) => Some(p),
-        (None, None) if !std::io::stdin().is_terminal() => {
+        (None, None) if !args.chat && !std::io::stdin().is_terminal() => {
             let mut text = String::new();
             std::io::stdin()
                 .read_to_string(&mut text)
@@ -290,11 +295,6 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         args.json_schema.as_deref(),
         args.json_schema_file.as_deref(),
     )?;
-    if schema.is_some() && prompt.is_none() {
-        bail!(
-            "--json-schema holds a one-shot answer: pass a prompt (interactive chat is not held)"
-        );
-    }
     let loaded = Loaded::load(&args.model)?;
     let template = if args.raw {
         None
@@ -364,7 +364,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
                     args.model.model
                 );
             };
-            chat_repl(&args, &loaded, &template, &mut session)?;
+            chat_repl(&args, &loaded, &template, &mut session, schema)?;
         }
     }
     Ok(0)
@@ -632,17 +632,20 @@ fn try_load(
 }
 
 /// The interactive chat: the whole conversation is re-rendered each turn and only the part
-/// after the longest common prefix with the session's tokens is evaluated.
+/// after the longest common prefix with the session's tokens is evaluated. Each reply is
+/// held to `schema` when there is one.
 fn chat_repl(
     args: &RunArgs,
     loaded: &Loaded,
     template: &ChatTemplate,
     session: &mut AnySession<'_>,
+    schema: Option<JsonSchema>,
 ) -> anyhow::Result<()> {
     let mut messages = initial_messages(args.system.as_deref());
     // Tokens the session holds, for reusing the common prefix of the next turn.
     let mut cached: Vec<u32> = Vec::new();
-    let mut sampler = Sampler::new(sampler_config(args, loaded))?;
+    let sampler = Sampler::new(sampler_config(args, loaded))?;
+    let mut picker = held::chooser(sampler, schema, &loaded.tokenizer);
     if let Some(path) = &args.load_session
         && let Some((tokens, saved)) = try_load(loaded, session, path)?
     {
@@ -700,10 +703,11 @@ fn chat_repl(
         let mut clocks = Clocks::default();
         let mut ttft = None;
         let mut out = std::io::stdout();
+        picker.restart();
         let generated = generate(
             loaded,
             session,
-            &mut sampler,
+            &mut picker,
             &ids[common..],
             &mut clocks,
             &mut ttft,

@@ -145,35 +145,29 @@ fn a_saved_chat_continues_the_same_way_each_time_it_is_loaded() {
     assert!(f.is_file());
 }
 
-/// Runs the interactive chat under a pseudo-terminal (`script`), feeding `input` as typed
-/// lines; returns what it printed, or `None` (after printing why) without `script`.
-fn repl(model: &Path, input: &str) -> Option<String> {
-    use std::io::Write;
-    use std::process::{Command, Stdio};
-    if Command::new("script").arg("--version").output().is_err() {
-        println!("skipped: `script` (util-linux) is not installed; the chat REPL needs a terminal");
-        return None;
-    }
-    let cmd = format!(
-        "{} run -m {} --backend cpu --temp 0 --threads 2 --max-tokens 12 --ctx 512",
-        env!("CARGO_BIN_EXE_ferrite"),
-        model.display()
+/// Runs the chat (`--chat`), feeding `input` as typed lines; returns what it printed.
+fn repl(model: &Path, input: &str) -> String {
+    let out = common::run_stdin(
+        &[
+            "run",
+            "-m",
+            s(model),
+            "--chat",
+            "--backend",
+            "cpu",
+            "--temp",
+            "0",
+            "--threads",
+            "2",
+            "--max-tokens",
+            "12",
+            "--ctx",
+            "512",
+        ],
+        input,
     );
-    let mut child = Command::new("script")
-        .args(["-qec", &cmd, "/dev/null"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(input.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success());
-    Some(String::from_utf8_lossy(&out.stdout).replace('\r', ""))
+    assert!(out.status.success(), "{}", text(&out));
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// The chat REPL's `/save` writes the same file as `--save-session` after the same turn
@@ -183,12 +177,10 @@ fn chat_save_and_load_match_the_session_flags() {
     let dir = tempfile::tempdir().unwrap();
     let model = common::pull(MODEL);
     let (from_repl, from_flag) = (dir.path().join("r.kvsnap"), dir.path().join("f.kvsnap"));
-    let Some(_) = repl(
+    repl(
         &model,
         &format!("Name a fruit.\n/save {}\n/exit\n", s(&from_repl)),
-    ) else {
-        return;
-    };
+    );
     ferrite_run(&[
         "--ctx",
         "512",
@@ -212,8 +204,7 @@ fn chat_save_and_load_match_the_session_flags() {
     let got = repl(
         &model,
         &format!("/load {}\nAnd a vegetable?\n/exit\n", s(&from_repl)),
-    )
-    .unwrap();
+    );
     assert!(!want.trim().is_empty());
     assert!(got.contains(want.trim()), "REPL:\n{got}\nflags:\n{want}");
 }

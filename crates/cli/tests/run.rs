@@ -109,26 +109,15 @@ fn gemma_without_template_completes_plain_text_and_refuses_chat() {
 
 #[test]
 fn prompt_from_stdin_and_logprob_dump() {
-    use std::io::Write;
     pull("smollm2-135m-instruct");
     let dir = tempfile::tempdir().unwrap();
     let dump = dir.path().join("lp.jsonl");
-    let mut child = common::ferrite()
-        .args(["run", "--temp", "0", "--max-tokens", "5", "--dump-logprobs"])
-        .arg(&dump)
-        .args(["--logprobs-top-k", "3"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(b"What is 2+2?")
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
+    let args = ["run", "--temp", "0", "--max-tokens", "5", "--dump-logprobs"];
+    let dump_path = dump.to_str().unwrap();
+    let out = common::run_stdin(
+        &[&args[..], &[dump_path, "--logprobs-top-k", "3"]].concat(),
+        "What is 2+2?",
+    );
     assert!(out.status.success(), "{}", text(&out));
     let lines: Vec<serde_json::Value> = std::fs::read_to_string(&dump)
         .unwrap()
@@ -214,4 +203,56 @@ fn a_json_schema_holds_the_answer() {
         assert!(stderr.contains(says), "{stderr}");
     }
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `--chat` reads turns from a pipe. With a schema every reply is held to it: the two
+/// replies are two JSON values of its shape, and after `/reset` a reply is the one-shot
+/// answer to the same message (oracle: `run` with the prompt alone).
+#[test]
+fn a_chat_holds_every_reply_to_the_schema() {
+    pull("smollm2-135m-instruct");
+    let schema = r#"{"type": "object", "properties": {"name": {"type": "string"},
+        "legs": {"type": "integer"}}, "required": ["name", "legs"]}"#;
+    let base = [
+        "run",
+        "--temp",
+        "0",
+        "--max-tokens",
+        "60",
+        "--json-schema",
+        schema,
+    ];
+    let (cat, dog) = ("Describe a cat as JSON.", "Now describe a dog.");
+    let out = common::run_stdin(
+        &[&base[..], &["--chat"]].concat(),
+        &format!("{cat}\n{dog}\n"),
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let replies: Vec<serde_json::Value> = serde_json::Deserializer::from_str(&stdout)
+        .into_iter()
+        .collect::<Result<_, _>>()
+        .unwrap_or_else(|e| panic!("{stdout:?}: {e}"));
+    assert_eq!(replies.len(), 2, "{stdout}");
+    for reply in &replies {
+        let keys: Vec<&str> = reply
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        assert_eq!(keys, ["name", "legs"], "{stdout}");
+        assert!(reply["legs"].is_i64() || reply["legs"].is_u64(), "{stdout}");
+    }
+    let (alone, _) = run_ok(&[&base[..], &[dog]].concat());
+    let out = common::run_stdin(
+        &[&base[..], &["--chat"]].concat(),
+        &format!("{cat}\n/reset\n{dog}\n"),
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.ends_with(&alone),
+        "chat:\n{stdout}\none-shot:\n{alone}"
+    );
 }

@@ -227,6 +227,14 @@ impl Chooser {
             Chooser::Held(s) => s.next_token(logits, history),
         }
     }
+
+    /// Ready for a fresh output, such as the next reply of a chat: a held chooser's grammar
+    /// starts over; the sampler's random stream carries on, as it does for a free one.
+    pub fn restart(&mut self) {
+        if let Chooser::Held(s) = self {
+            s.state = s.grammar.start();
+        }
+    }
 }
 
 /// A sampler held to a [`JsonGrammar`].

@@ -21,6 +21,26 @@ pub fn run(args: &[&str]) -> Output {
         .expect("spawning the ferrite binary")
 }
 
+/// Run `ferrite` with `args` and `input` on its stdin (a pipe, not a terminal).
+pub fn run_stdin(args: &[&str], input: &str) -> Output {
+    use std::io::Write;
+    use std::process::Stdio;
+    let mut child = ferrite()
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawning the ferrite binary");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .expect("writing ferrite's stdin");
+    child.wait_with_output().expect("waiting for ferrite")
+}
+
 /// Pull a known model with `ferrite pull NAME` and return the path it printed last.
 pub fn pull(name: &str) -> PathBuf {
     let out = run(&["pull", name]);

@@ -79,6 +79,26 @@ fn greedy_takes_the_best_allowed_token_and_ends_after_the_object() {
 }
 
 #[test]
+fn a_restarted_chooser_holds_the_next_output_from_its_start() {
+    let mut row = vec![0.0f32; TOKENS.len()];
+    for (id, l) in [(0, 9.0), (1, 5.0), (2, 4.0)] {
+        row[id] = l;
+    }
+    let mut chooser = Chooser::Held(sampler(0.0, 0));
+    let mut reply = |chooser: &mut Chooser| -> Vec<u32> {
+        (0..10)
+            .map(|_| chooser.next_token(&row, &[]).unwrap())
+            .take_while(|&t| t != EOS)
+            .collect()
+    };
+    assert_eq!(reply(&mut chooser), [1, 2]);
+    // Whole already: without a restart only the end may follow.
+    assert_eq!(reply(&mut chooser), Vec::<u32>::new());
+    chooser.restart();
+    assert_eq!(reply(&mut chooser), [1, 2]);
+}
+
+#[test]
 fn sampled_output_stays_a_json_prefix_and_ends_only_when_whole() {
     let mut completed = 0;
     for seed in 0..200u64 {
