@@ -85,7 +85,7 @@ fn a_restarted_chooser_holds_the_next_output_from_its_start() {
         row[id] = l;
     }
     let mut chooser = Chooser::Held(sampler(0.0, 0));
-    let mut reply = |chooser: &mut Chooser| -> Vec<u32> {
+    let reply = |chooser: &mut Chooser| -> Vec<u32> {
         (0..10)
             .map(|_| chooser.next_token(&row, &[]).unwrap())
             .take_while(|&t| t != EOS)
