@@ -697,6 +697,17 @@ fn chat_repl(
             continue;
         }
         let ids = encode_chat(loaded, template, &messages, line)?;
+        // A turn the context cannot hold is refused before anything changes, so the
+        // conversation so far can still be saved or continued with a shorter message.
+        if ids.len() > session.ctx() {
+            eprintln!(
+                "error: the conversation with this message needs {} tokens but the context \
+                 holds {} (shorter message, /reset, or a larger --ctx)",
+                ids.len(),
+                session.ctx()
+            );
+            continue;
+        }
         // Reuse the cached conversation up to the first token that differs.
         let common = common_prefix(&cached, &ids);
         session.truncate(common);

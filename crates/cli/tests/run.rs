@@ -90,6 +90,28 @@ fn prompt_longer_than_context_is_a_clear_error() {
     assert!(stderr.contains("context holds 8"), "{stderr}");
 }
 
+/// A chat message the context cannot hold is refused with both numbers, and the chat goes
+/// on from where it was: the next message is answered as if the refused one never came.
+#[test]
+fn a_chat_survives_a_message_longer_than_the_context() {
+    pull("smollm2-135m-instruct");
+    let base = ["run", "--temp", "0", "--max-tokens", "8", "--ctx", "96"];
+    let long = "tell me more ".repeat(40);
+    let out = common::run_stdin(
+        &[&base[..], &["--chat"]].concat(),
+        &format!("{long}\nName a color.\n"),
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("needs") && stderr.contains("the context holds 96"),
+        "{stderr}"
+    );
+    let (alone, _) = run_ok(&[&base[..], &["Name a color."]].concat());
+    assert!(!alone.trim().is_empty());
+    assert_eq!(String::from_utf8_lossy(&out.stdout), alone);
+}
+
 #[test]
 fn gemma_without_template_completes_plain_text_and_refuses_chat() {
     pull("gemma3-270m");
