@@ -46,9 +46,9 @@ fn chat_logprob_items(lps: &[TokenLogprob]) -> Vec<Value> {
     lps.iter()
         .map(|l| {
             json!({
-                "token": l.token, "logprob": l.logprob, "bytes": l.token.as_bytes(),
+                "token": l.token, "logprob": l.logprob, "bytes": l.bytes,
                 "top_logprobs": l.top.iter()
-                    .map(|(t, p)| json!({"token": t, "logprob": p, "bytes": t.as_bytes()}))
+                    .map(|t| json!({"token": t.token, "logprob": t.logprob, "bytes": t.bytes}))
                     .collect::<Vec<_>>(),
             })
         })
@@ -362,8 +362,8 @@ fn legacy_logprobs<'a>(
         tokens.push(json!(l.token));
         lps.push(json!(l.logprob));
         let mut m = serde_json::Map::new();
-        for (t, p) in &l.top {
-            m.insert(t.clone(), json!(p));
+        for t in &l.top {
+            m.insert(t.token.clone(), json!(t.logprob));
         }
         tops.push(Value::Object(m));
         offsets.push(offset);
