@@ -263,3 +263,48 @@ async fn echo_with_logprobs_scores_the_prompt() {
     assert_eq!(v["choices"][0]["text"], "Sa");
     assert!(v["choices"][0]["logprobs"].is_null());
 }
+
+/// Streamed completions logprobs, joined over the chunks, equal the plain answer's, offsets
+/// included: each `text_offset` is the token's place in the choice's whole text (after the
+/// echoed prompt, if any). Regression: every streamed chunk restarted its offsets at 0.
+#[tokio::test]
+async fn streamed_completion_logprobs_keep_running_text_offsets() {
+    let (app, _) = app_with(Fake::new("Hello"), ServerConfig::default());
+    for echo in [false, true] {
+        let body = json!({"model": "fake-model", "prompt": "Sa", "max_tokens": 4, "echo": echo,
+            "logprobs": 1, "n": 2});
+        let (status, plain) = post(&app, "/v1/completions", body.clone()).await;
+        assert_eq!(status, StatusCode::OK, "{plain}");
+        let mut stream_body = body;
+        stream_body["stream"] = json!(true);
+        let (_, text) = send(
+            &app,
+            "POST",
+            "/v1/completions",
+            &stream_body.to_string(),
+            &[],
+        )
+        .await;
+        let events = sse_events(&text);
+        let mut joined = vec![json!({}); 2];
+        for (_, data) in &events[..events.len() - 1] {
+            let chunk: Value = serde_json::from_str(data).unwrap();
+            let c = &chunk["choices"][0];
+            let i = c["index"].as_u64().unwrap() as usize;
+            for key in ["tokens", "token_logprobs", "top_logprobs", "text_offset"] {
+                for item in c["logprobs"][key].as_array().into_iter().flatten() {
+                    match joined[i][key].as_array_mut() {
+                        Some(items) => items.push(item.clone()),
+                        None => joined[i][key] = json!([item]),
+                    }
+                }
+            }
+        }
+        for (i, got) in joined.iter().enumerate() {
+            assert_eq!(
+                got, &plain["choices"][i]["logprobs"],
+                "echo {echo}, choice {i}"
+            );
+        }
+    }
+}

@@ -600,8 +600,16 @@ fn completion_events(
                         continue;
                     }
                     let lp = if logprobs && states[i].logprobs.len() > before {
+                        // Offsets run on from the plain answer's: after the echoed prompt (its
+                        // scored tokens, when it was scored), then the tokens streamed so far.
+                        let text_len = |items: &[TokenLogprob]| items.iter().map(|l| l.token.len()).sum::<usize>();
+                        let echoed = match &firsts {
+                            Some(firsts) => firsts[i].len() + text_len(&states[i].prompt_logprobs),
+                            None => prefixes[i].len(),
+                        };
+                        let offset = echoed + text_len(&states[i].logprobs[..before]);
                         let one = Finished { logprobs: states[i].logprobs[before..].to_vec(), ..Finished::default() };
-                        completion_logprobs(&one, 0)
+                        completion_logprobs(&one, offset)
                     } else {
                         Value::Null
                     };
