@@ -29,14 +29,22 @@ fn template_tools(obj: &Obj) -> Result<Option<Value>, ApiError> {
     }
     let converted = tools
         .iter()
-        .map(|t| {
-            json!({"type": "function", "function": {
-                "name": t.get("name").cloned().unwrap_or(Value::Null),
+        .enumerate()
+        .map(|(i, t)| {
+            // Calls are matched to tools by name; a nameless tool could never be called.
+            let name = t.get("name").and_then(Value::as_str).ok_or_else(|| {
+                ApiError::invalid_param(
+                    &format!("tools[{i}].name"),
+                    format!("tools[{i}] needs a string 'name'"),
+                )
+            })?;
+            Ok(json!({"type": "function", "function": {
+                "name": name,
                 "description": t.get("description").cloned().unwrap_or(Value::Null),
                 "parameters": t.get("input_schema").cloned().unwrap_or(json!({})),
-            }})
+            }}))
         })
-        .collect();
+        .collect::<Result<_, ApiError>>()?;
     Ok(Some(Value::Array(converted)))
 }
 

@@ -308,3 +308,53 @@ async fn streamed_completion_logprobs_keep_running_text_offsets() {
         }
     }
 }
+
+/// Tool definitions that name no function are refused with a 400 naming the tool, in chat
+/// completions (`{"type": "function", "function": {"name", ...}}`) and in Anthropic
+/// messages (`{"name", "input_schema"}`), and the server answers normally afterwards.
+/// Regression: they were passed to the template as they were (a null name, a string, a
+/// retrieval tool), where the model saw a tool it could not call.
+#[tokio::test]
+async fn tools_without_a_function_name_are_refused() {
+    let (app, _) = app_with(Fake::new("Hello"), ServerConfig::default());
+    let chat = |tools: Value| {
+        json!({"model": "fake-model", "messages": [{"role": "user", "content": "hi"}],
+            "tools": tools})
+    };
+    for (tools, param) in [
+        (json!(["get_weather"]), "tools[0]"),
+        (json!([{"type": "retrieval"}]), "tools[0].type"),
+        (json!([{"type": "function"}]), "tools[0].function.name"),
+        (
+            json!([{"type": "function", "function": {"name": "a"}}, {"type": "function", "function": {"parameters": {}}}]),
+            "tools[1].function.name",
+        ),
+    ] {
+        let (status, v) = post(&app, "/v1/chat/completions", chat(tools.clone())).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{tools}: {v}");
+        assert_eq!(v["error"]["param"], param, "{tools}: {v}");
+    }
+    let good = json!([{"type": "function", "function": {"name": "get_weather"}}]);
+    let (status, v) = post(&app, "/v1/chat/completions", chat(good)).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+
+    let messages = |tools: Value| {
+        json!({"model": "fake-model", "max_tokens": 5, "tools": tools,
+            "messages": [{"role": "user", "content": "hi"}]})
+    };
+    for tools in [
+        json!([{"description": "no name", "input_schema": {"type": "object"}}]),
+        json!(["get_weather"]),
+    ] {
+        let (status, v) = post(&app, "/v1/messages", messages(tools.clone())).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{tools}: {v}");
+        assert_eq!(v["type"], "error", "{v}");
+        assert!(
+            v["error"]["message"].as_str().unwrap().contains("tools[0]"),
+            "{v}"
+        );
+    }
+    let good = json!([{"name": "get_weather", "input_schema": {"type": "object"}}]);
+    let (status, v) = post(&app, "/v1/messages", messages(good)).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+}

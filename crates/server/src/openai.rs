@@ -84,6 +84,40 @@ fn options(
     })
 }
 
+/// Chat tools, each `{"type": "function", "function": {"name": …}}`: the template renders
+/// them and tool calls are matched to them by name, so one without a name is refused.
+fn check_tools(tools: &[Value]) -> Result<(), ApiError> {
+    for (i, t) in tools.iter().enumerate() {
+        let at = format!("tools[{i}]");
+        let t = t
+            .as_object()
+            .ok_or_else(|| ApiError::invalid_param(&at, "each tool must be an object"))?;
+        match t.get("type").and_then(Value::as_str) {
+            Some("function") => {}
+            other => {
+                return Err(ApiError::invalid_param(
+                    &format!("{at}.type"),
+                    format!(
+                        "tool type '{}' is not supported (function tools only)",
+                        other.unwrap_or("")
+                    ),
+                ));
+            }
+        }
+        if t.get("function")
+            .and_then(|f| f.get("name"))
+            .and_then(Value::as_str)
+            .is_none()
+        {
+            return Err(ApiError::invalid_param(
+                &format!("{at}.function.name"),
+                "a function tool needs a 'function' with a string 'name'",
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn include_usage(obj: &Obj) -> Result<bool, ApiError> {
     match opt_object(obj, "stream_options")? {
         Some(o) => Ok(opt_bool(o, "include_usage")?.unwrap_or(false)),
@@ -114,7 +148,10 @@ async fn chat(
         parse::opt_array(&obj, "messages")?.ok_or_else(|| ApiError::missing("messages"))?;
     let messages = crate::chat::openai_messages(messages)?;
     let tools = match parse::opt_array(&obj, "tools")? {
-        Some(t) if !t.is_empty() => Some(Value::Array(t.clone())),
+        Some(t) if !t.is_empty() => {
+            check_tools(t)?;
+            Some(Value::Array(t.clone()))
+        }
         _ => None,
     };
     let choice = tool_choice::openai_chat(field(&obj, "tool_choice"))?;
