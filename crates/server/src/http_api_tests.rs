@@ -358,3 +358,38 @@ async fn tools_without_a_function_name_are_refused() {
     let (status, v) = post(&app, "/v1/messages", messages(good)).await;
     assert_eq!(status, StatusCode::OK, "{v}");
 }
+
+/// Completions options the server cannot honour are refused, not dropped: `suffix`
+/// (fill-in-the-middle) and `best_of` above `n` (sampling more and returning the best)
+/// would otherwise come back as an ordinary completion the client takes for what it asked
+/// for. Regression: both were ignored with a 200. The neutral values stay accepted.
+#[tokio::test]
+async fn completions_refuse_suffix_and_best_of_they_cannot_honour() {
+    let (app, _) = app_with(Fake::new("Hello"), ServerConfig::default());
+    let body = |extra: Value| {
+        let mut b = json!({"model": "fake-model", "prompt": "def f(", "max_tokens": 3});
+        for (k, v) in extra.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        b
+    };
+    for (extra, param) in [
+        (json!({"suffix": "\n    return x"}), "suffix"),
+        (json!({"best_of": 3}), "best_of"),
+        (json!({"best_of": 2, "n": 3}), "best_of"),
+        (json!({"best_of": 0}), "best_of"),
+    ] {
+        let (status, v) = post(&app, "/v1/completions", body(extra.clone())).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{extra}: {v}");
+        assert_eq!(v["error"]["param"], param, "{extra}: {v}");
+    }
+    for extra in [
+        json!({"suffix": ""}),
+        json!({"suffix": null}),
+        json!({"best_of": 1}),
+        json!({"best_of": 2, "n": 2}),
+    ] {
+        let (status, v) = post(&app, "/v1/completions", body(extra.clone())).await;
+        assert_eq!(status, StatusCode::OK, "{extra}: {v}");
+    }
+}

@@ -375,6 +375,26 @@ fn completion_prompts(obj: &Obj, backend: &dyn crate::Backend) -> Result<Vec<Vec
     Ok(prompts)
 }
 
+/// `suffix` (fill-in-the-middle) and `best_of` above `n` change what the answer means; an
+/// ordinary completion returned in their place would pass for one, so they are refused.
+fn refuse_unsupported_completion_options(obj: &Obj, n: usize) -> Result<(), ApiError> {
+    if parse::opt_str(obj, "suffix")?.is_some_and(|s| !s.is_empty()) {
+        return Err(ApiError::invalid_param(
+            "suffix",
+            "'suffix' (fill-in-the-middle) is not supported",
+        ));
+    }
+    match opt_u64(obj, "best_of", 1, u32::MAX as u64)? {
+        Some(b) if b as usize != n => Err(ApiError::invalid_param(
+            "best_of",
+            format!(
+                "'best_of' must equal 'n' ({n}): choosing the best of more samples is not supported"
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
 fn completion_logprobs(f: &Finished, offset0: usize) -> Value {
     legacy_logprobs(None, f.logprobs.iter(), offset0)
 }
@@ -451,6 +471,7 @@ async fn completion(
         generate::check_prompt(backend.as_ref(), p, "prompt")?;
     }
     let n = opt_u64(&obj, "n", 1, 16)?.unwrap_or(1) as usize;
+    refuse_unsupported_completion_options(&obj, n)?;
     if prompts.len() * n > MAX_CHOICES {
         return Err(ApiError::invalid_param(
             "n",
