@@ -107,7 +107,10 @@ fn usage_json(u: Usage) -> Value {
     })
 }
 
-fn tool_use_blocks(calls: &[Value]) -> Vec<Value> {
+/// `tool_use` blocks of message `msg_id`, with ids unique to it: clients match tool results
+/// to calls by id over a whole conversation, so no later answer may reuse one.
+fn tool_use_blocks(calls: &[Value], msg_id: &str) -> Vec<Value> {
+    let base = msg_id.trim_start_matches("msg_");
     calls
         .iter()
         .enumerate()
@@ -116,7 +119,7 @@ fn tool_use_blocks(calls: &[Value]) -> Vec<Value> {
                 .pointer("/function/arguments")
                 .and_then(Value::as_str)
                 .unwrap_or("{}");
-            json!({"type": "tool_use", "id": format!("toolu_{k}"),
+            json!({"type": "tool_use", "id": format!("toolu_{base}_{k}"),
                 "name": c.pointer("/function/name").cloned().unwrap_or(Value::Null),
                 "input": serde_json::from_str::<Value>(args).unwrap_or(json!({}))})
         })
@@ -177,7 +180,7 @@ async fn message(
             if let Some(text) = parsed.content {
                 content.push(json!({"type": "text", "text": text}));
             }
-            content.extend(tool_use_blocks(&parsed.calls));
+            content.extend(tool_use_blocks(&parsed.calls, &id));
             reason = "tool_use";
         }
         None => content.push(json!({"type": "text", "text": f.text})),
@@ -236,7 +239,7 @@ fn message_events(
                         yield named("content_block_stop", json!({"type": "content_block_stop", "index": 0}));
                         let mut reason = stop_reason(&state);
                         if let Some(calls) = splitter.calls() {
-                            for (k, block) in tool_use_blocks(&calls).into_iter().enumerate() {
+                            for (k, block) in tool_use_blocks(&calls, &id).into_iter().enumerate() {
                                 let index = k + 1;
                                 let input = block["input"].to_string();
                                 let mut start = block.clone();

@@ -393,3 +393,46 @@ async fn completions_refuse_suffix_and_best_of_they_cannot_honour() {
         assert_eq!(status, StatusCode::OK, "{extra}: {v}");
     }
 }
+
+/// Tool-call ids are unique across answers, in chat completions and Anthropic messages,
+/// plain and streamed: clients match tool results to calls by id over a whole conversation,
+/// so a second turn's call must not reuse the first's id. Regression: every answer named its
+/// calls `call_0`, `call_1`… (`toolu_0`… in Anthropic's shape).
+#[tokio::test]
+async fn tool_call_ids_differ_between_answers() {
+    let (app, _) = app_with(Fake::new(CALL_REPLY), ServerConfig::default());
+    let chat = json!({"model": "fake-model", "messages": [{"role": "user", "content": "hi"}],
+        "tools": [{"type": "function", "function": {"name": "get_weather"}}]});
+    let anthropic = json!({"model": "fake-model", "max_tokens": 200,
+        "messages": [{"role": "user", "content": "hi"}],
+        "tools": [{"name": "get_weather", "input_schema": {"type": "object"}}]});
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let (_, v) = post(&app, "/v1/chat/completions", chat.clone()).await;
+        ids.push(v["choices"][0]["message"]["tool_calls"][0]["id"].clone());
+        let (_, v) = post(&app, "/v1/messages", anthropic.clone()).await;
+        ids.push(v["content"][0]["id"].clone());
+        for (path, body) in [
+            ("/v1/chat/completions", &chat),
+            ("/v1/messages", &anthropic),
+        ] {
+            let mut body = body.clone();
+            body["stream"] = json!(true);
+            let (_, text) = send(&app, "POST", path, &body.to_string(), &[]).await;
+            let id = sse_events(&text)
+                .iter()
+                .filter_map(|(_, d)| serde_json::from_str::<Value>(d).ok())
+                .find_map(|e| {
+                    let call = e
+                        .pointer("/choices/0/delta/tool_calls/0/id")
+                        .or_else(|| e.pointer("/content_block/id"));
+                    call.cloned()
+                });
+            ids.push(id.unwrap_or_else(|| panic!("no tool call id in {text}")));
+        }
+    }
+    for (i, id) in ids.iter().enumerate() {
+        assert!(id.as_str().is_some_and(|s| !s.is_empty()), "{ids:?}");
+        assert!(!ids[..i].contains(id), "id {id} repeats: {ids:?}");
+    }
+}

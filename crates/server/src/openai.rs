@@ -214,7 +214,7 @@ async fn chat(
             let mut finish = generate::finish_name(f.finish);
             if with_tools && let Some(parsed) = tools::parse_tool_calls(&f.text) {
                 message["content"] = parsed.content.map_or(Value::Null, Value::String);
-                message["tool_calls"] = Value::Array(parsed.calls);
+                message["tool_calls"] = Value::Array(chat_tool_calls(parsed.calls, &meta.id, i));
                 finish = "tool_calls";
             }
             json!({
@@ -232,6 +232,20 @@ async fn chat(
         "usage": usage_json(generate::total_usage(&done)),
     }))
     .into_response())
+}
+
+/// The tool calls of choice `i` with ids unique to this answer: clients match tool results
+/// to calls by id over a whole conversation, so no later answer may reuse one.
+fn chat_tool_calls(calls: Vec<Value>, answer_id: &str, i: usize) -> Vec<Value> {
+    let base = answer_id.trim_start_matches("chatcmpl-");
+    calls
+        .into_iter()
+        .enumerate()
+        .map(|(k, mut call)| {
+            call["id"] = json!(format!("call_{base}_{i}_{k}"));
+            call
+        })
+        .collect()
 }
 
 fn merged(
@@ -294,7 +308,8 @@ fn chat_events(
                         done += 1;
                         let mut finish = generate::finish_name(states[i].finish);
                         if let Some(calls) = tool_buffers[i].calls() {
-                            let indexed: Vec<Value> = calls.into_iter().enumerate().map(|(k, mut c)| {
+                            let named = chat_tool_calls(calls, &meta.id, i);
+                            let indexed: Vec<Value> = named.into_iter().enumerate().map(|(k, mut c)| {
                                 c["index"] = json!(k);
                                 c
                             }).collect();
