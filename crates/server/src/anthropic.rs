@@ -197,6 +197,22 @@ fn named(name: &str, v: Value) -> Event {
     Event::default().event(name).data(v.to_string())
 }
 
+fn text_block_start() -> Event {
+    named(
+        "content_block_start",
+        json!({"type": "content_block_start", "index": 0,
+            "content_block": {"type": "text", "text": ""}}),
+    )
+}
+
+fn text_delta(text: &str) -> Event {
+    named(
+        "content_block_delta",
+        json!({"type": "content_block_delta", "index": 0,
+            "delta": {"type": "text_delta", "text": text}}),
+    )
+}
+
 fn message_events(
     log: RequestLog,
     mut rx: UnboundedReceiver<GenEvent>,
@@ -209,6 +225,11 @@ fn message_events(
         let mut state = Finished::default();
         let mut splitter = tools::StreamSplitter::new(with_tools);
         let mut started = false;
+        // With tools the text block opens only once non-blank text is shown (blank text is
+        // held): the plain answer drops blank text beside tool calls, so a reply that is only
+        // calls has no text block.
+        let mut opened = false;
+        let mut held = String::new();
         while let Some(ev) = rx.recv().await {
             if !started {
                 let cached = match &ev {
@@ -219,8 +240,10 @@ fn message_events(
                 yield named("message_start", json!({"type": "message_start", "message": {
                     "id": id, "type": "message", "role": "assistant", "model": model, "content": [],
                     "stop_reason": null, "stop_sequence": null, "usage": usage_json(usage)}}));
-                yield named("content_block_start", json!({"type": "content_block_start", "index": 0,
-                    "content_block": {"type": "text", "text": ""}}));
+                if !with_tools {
+                    opened = true;
+                    yield text_block_start();
+                }
                 yield named("ping", json!({"type": "ping"}));
                 started = true;
             }
@@ -230,17 +253,37 @@ fn message_events(
                     return;
                 }
                 Ok((text, last)) => {
-                    let text = splitter.push(&text, last);
+                    let mut text = splitter.push(&text, last);
+                    if !opened {
+                        held.push_str(&text);
+                        text = String::new();
+                        if !held.trim().is_empty() {
+                            opened = true;
+                            yield text_block_start();
+                            text = std::mem::take(&mut held);
+                        }
+                    }
                     if !text.is_empty() {
-                        yield named("content_block_delta", json!({"type": "content_block_delta", "index": 0,
-                            "delta": {"type": "text_delta", "text": text}}));
+                        yield text_delta(&text);
                     }
                     if last {
-                        yield named("content_block_stop", json!({"type": "content_block_stop", "index": 0}));
+                        let calls = splitter.calls();
+                        if !opened && calls.is_none() {
+                            // Without calls the plain answer keeps its text, blank or not.
+                            opened = true;
+                            yield text_block_start();
+                            if !held.is_empty() {
+                                yield text_delta(&held);
+                            }
+                        }
+                        if opened {
+                            yield named("content_block_stop", json!({"type": "content_block_stop", "index": 0}));
+                        }
+                        let first = usize::from(opened);
                         let mut reason = stop_reason(&state);
-                        if let Some(calls) = splitter.calls() {
+                        if let Some(calls) = calls {
                             for (k, block) in tool_use_blocks(&calls, &id).into_iter().enumerate() {
-                                let index = k + 1;
+                                let index = first + k;
                                 let input = block["input"].to_string();
                                 let mut start = block.clone();
                                 start["input"] = json!({});

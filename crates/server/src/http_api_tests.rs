@@ -436,3 +436,70 @@ async fn tool_call_ids_differ_between_answers() {
         assert!(!ids[..i].contains(id), "id {id} repeats: {ids:?}");
     }
 }
+
+/// An Anthropic stream builds the same content blocks as the plain answer. Regression: a
+/// reply that is only a tool call streamed an empty text block before the `tool_use` block
+/// (the plain answer has none, and Anthropic's API refuses empty text blocks when such a
+/// message is sent back).
+#[tokio::test]
+async fn anthropic_stream_blocks_equal_the_plain_content() {
+    for reply in [
+        CALL_REPLY.to_string(),
+        format!("\n{CALL_REPLY}"),
+        format!("Checking.{CALL_REPLY}"),
+        "Just text.".to_string(),
+    ] {
+        let (app, _) = app_with(Fake::new(&reply), ServerConfig::default());
+        let body = json!({"model": "fake-model", "max_tokens": 200,
+            "messages": [{"role": "user", "content": "hi"}],
+            "tools": [{"name": "get_weather", "input_schema": {"type": "object"}}]});
+        let (_, plain) = post(&app, "/v1/messages", body.clone()).await;
+        let mut stream = body;
+        stream["stream"] = json!(true);
+        let (_, text) = send(&app, "POST", "/v1/messages", &stream.to_string(), &[]).await;
+        let mut blocks: Vec<Value> = Vec::new();
+        let mut json_parts: Vec<String> = Vec::new();
+        for (_, data) in sse_events(&text) {
+            let e: Value = serde_json::from_str(&data).unwrap();
+            match e["type"].as_str().unwrap() {
+                "content_block_start" => {
+                    assert_eq!(e["index"], blocks.len(), "{text}");
+                    blocks.push(e["content_block"].clone());
+                    json_parts.push(String::new());
+                }
+                "content_block_delta" => {
+                    let i = e["index"].as_u64().unwrap() as usize;
+                    match e["delta"]["type"].as_str().unwrap() {
+                        "text_delta" => {
+                            let t = blocks[i]["text"].as_str().unwrap().to_string();
+                            blocks[i]["text"] = json!(t + e["delta"]["text"].as_str().unwrap());
+                        }
+                        _ => json_parts[i].push_str(e["delta"]["partial_json"].as_str().unwrap()),
+                    }
+                }
+                "content_block_stop" => {
+                    let i = e["index"].as_u64().unwrap() as usize;
+                    if !json_parts[i].is_empty() {
+                        blocks[i]["input"] = serde_json::from_str(&json_parts[i]).unwrap();
+                    }
+                }
+                _ => {}
+            }
+        }
+        let without_ids = |blocks: &[Value]| -> Vec<Value> {
+            blocks
+                .iter()
+                .map(|b| {
+                    let mut b = b.clone();
+                    b.as_object_mut().unwrap().remove("id");
+                    b
+                })
+                .collect()
+        };
+        assert_eq!(
+            without_ids(&blocks),
+            without_ids(plain["content"].as_array().unwrap()),
+            "reply {reply:?}: {text}"
+        );
+    }
+}
