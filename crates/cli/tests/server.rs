@@ -180,6 +180,57 @@ fn logit_bias_bans_and_forces_tokens() {
     );
 }
 
+/// The `bytes` of chat logprobs are each token's exact bytes, so a character the model
+/// writes over several byte-level tokens (an emoji) is rebuilt by joining them, as OpenAI
+/// documents. Regression: every partial token reported the bytes of U+FFFD instead.
+/// Oracle: the joined bytes, decoded, are the message content; plain and streamed agree.
+#[test]
+fn chat_logprob_bytes_rebuild_characters_split_across_tokens() {
+    let server = start();
+    let body = with(
+        chat("List 5 animal emojis", 24),
+        json!({"logprobs": true, "top_logprobs": 2}),
+    );
+    let plain = server.post("/v1/chat/completions", &body).json();
+    let content = plain["choices"][0]["message"]["content"].as_str().unwrap();
+    println!("answer: {content:?}");
+    assert!(
+        content.chars().any(|c| c.len_utf8() == 4),
+        "the check needs a 4-byte character in the answer: {content:?}"
+    );
+    let bytes = |v: &Value| -> Vec<u8> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|b| u8::try_from(b.as_u64().unwrap()).unwrap())
+            .collect()
+    };
+    let items = plain["choices"][0]["logprobs"]["content"]
+        .as_array()
+        .unwrap();
+    let joined: Vec<u8> = items.iter().flat_map(|i| bytes(&i["bytes"])).collect();
+    assert_eq!(String::from_utf8_lossy(&joined), content);
+    assert!(
+        items
+            .iter()
+            .any(|i| std::str::from_utf8(&bytes(&i["bytes"])).is_err()),
+        "no token split a character, so the check proves nothing: {items:?}"
+    );
+    // Greedy: the best alternative is the chosen token, bytes included.
+    for i in items {
+        assert_eq!(i["top_logprobs"][0]["bytes"], i["bytes"], "{i}");
+    }
+    let stream = server.post("/v1/chat/completions", &with(body, json!({"stream": true})));
+    let (_, chunks) = chat_stream_text(&stream);
+    let streamed: Vec<Value> = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["logprobs"]["content"].as_array())
+        .flatten()
+        .cloned()
+        .collect();
+    assert_eq!(&streamed, items);
+}
+
 #[test]
 fn anthropic_messages_and_responses() {
     let server = start();

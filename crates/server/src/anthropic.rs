@@ -29,14 +29,22 @@ fn template_tools(obj: &Obj) -> Result<Option<Value>, ApiError> {
     }
     let converted = tools
         .iter()
-        .map(|t| {
-            json!({"type": "function", "function": {
-                "name": t.get("name").cloned().unwrap_or(Value::Null),
+        .enumerate()
+        .map(|(i, t)| {
+            // Calls are matched to tools by name; a nameless tool could never be called.
+            let name = t.get("name").and_then(Value::as_str).ok_or_else(|| {
+                ApiError::invalid_param(
+                    &format!("tools[{i}].name"),
+                    format!("tools[{i}] needs a string 'name'"),
+                )
+            })?;
+            Ok(json!({"type": "function", "function": {
+                "name": name,
                 "description": t.get("description").cloned().unwrap_or(Value::Null),
                 "parameters": t.get("input_schema").cloned().unwrap_or(json!({})),
-            }})
+            }}))
         })
-        .collect();
+        .collect::<Result<_, ApiError>>()?;
     Ok(Some(Value::Array(converted)))
 }
 
@@ -99,7 +107,10 @@ fn usage_json(u: Usage) -> Value {
     })
 }
 
-fn tool_use_blocks(calls: &[Value]) -> Vec<Value> {
+/// `tool_use` blocks of message `msg_id`, with ids unique to it: clients match tool results
+/// to calls by id over a whole conversation, so no later answer may reuse one.
+fn tool_use_blocks(calls: &[Value], msg_id: &str) -> Vec<Value> {
+    let base = msg_id.trim_start_matches("msg_");
     calls
         .iter()
         .enumerate()
@@ -108,7 +119,7 @@ fn tool_use_blocks(calls: &[Value]) -> Vec<Value> {
                 .pointer("/function/arguments")
                 .and_then(Value::as_str)
                 .unwrap_or("{}");
-            json!({"type": "tool_use", "id": format!("toolu_{k}"),
+            json!({"type": "tool_use", "id": format!("toolu_{base}_{k}"),
                 "name": c.pointer("/function/name").cloned().unwrap_or(Value::Null),
                 "input": serde_json::from_str::<Value>(args).unwrap_or(json!({}))})
         })
@@ -169,7 +180,7 @@ async fn message(
             if let Some(text) = parsed.content {
                 content.push(json!({"type": "text", "text": text}));
             }
-            content.extend(tool_use_blocks(&parsed.calls));
+            content.extend(tool_use_blocks(&parsed.calls, &id));
             reason = "tool_use";
         }
         None => content.push(json!({"type": "text", "text": f.text})),
@@ -186,6 +197,22 @@ fn named(name: &str, v: Value) -> Event {
     Event::default().event(name).data(v.to_string())
 }
 
+fn text_block_start() -> Event {
+    named(
+        "content_block_start",
+        json!({"type": "content_block_start", "index": 0,
+            "content_block": {"type": "text", "text": ""}}),
+    )
+}
+
+fn text_delta(text: &str) -> Event {
+    named(
+        "content_block_delta",
+        json!({"type": "content_block_delta", "index": 0,
+            "delta": {"type": "text_delta", "text": text}}),
+    )
+}
+
 fn message_events(
     log: RequestLog,
     mut rx: UnboundedReceiver<GenEvent>,
@@ -198,6 +225,11 @@ fn message_events(
         let mut state = Finished::default();
         let mut splitter = tools::StreamSplitter::new(with_tools);
         let mut started = false;
+        // With tools the text block opens only once non-blank text is shown (blank text is
+        // held): the plain answer drops blank text beside tool calls, so a reply that is only
+        // calls has no text block.
+        let mut opened = false;
+        let mut held = String::new();
         while let Some(ev) = rx.recv().await {
             if !started {
                 let cached = match &ev {
@@ -208,8 +240,10 @@ fn message_events(
                 yield named("message_start", json!({"type": "message_start", "message": {
                     "id": id, "type": "message", "role": "assistant", "model": model, "content": [],
                     "stop_reason": null, "stop_sequence": null, "usage": usage_json(usage)}}));
-                yield named("content_block_start", json!({"type": "content_block_start", "index": 0,
-                    "content_block": {"type": "text", "text": ""}}));
+                if !with_tools {
+                    opened = true;
+                    yield text_block_start();
+                }
                 yield named("ping", json!({"type": "ping"}));
                 started = true;
             }
@@ -219,17 +253,37 @@ fn message_events(
                     return;
                 }
                 Ok((text, last)) => {
-                    let text = splitter.push(&text, last);
+                    let mut text = splitter.push(&text, last);
+                    if !opened {
+                        held.push_str(&text);
+                        text = String::new();
+                        if !held.trim().is_empty() {
+                            opened = true;
+                            yield text_block_start();
+                            text = std::mem::take(&mut held);
+                        }
+                    }
                     if !text.is_empty() {
-                        yield named("content_block_delta", json!({"type": "content_block_delta", "index": 0,
-                            "delta": {"type": "text_delta", "text": text}}));
+                        yield text_delta(&text);
                     }
                     if last {
-                        yield named("content_block_stop", json!({"type": "content_block_stop", "index": 0}));
+                        let calls = splitter.calls();
+                        if !opened && calls.is_none() {
+                            // Without calls the plain answer keeps its text, blank or not.
+                            opened = true;
+                            yield text_block_start();
+                            if !held.is_empty() {
+                                yield text_delta(&held);
+                            }
+                        }
+                        if opened {
+                            yield named("content_block_stop", json!({"type": "content_block_stop", "index": 0}));
+                        }
+                        let first = usize::from(opened);
                         let mut reason = stop_reason(&state);
-                        if let Some(calls) = splitter.calls() {
-                            for (k, block) in tool_use_blocks(&calls).into_iter().enumerate() {
-                                let index = k + 1;
+                        if let Some(calls) = calls {
+                            for (k, block) in tool_use_blocks(&calls, &id).into_iter().enumerate() {
+                                let index = first + k;
                                 let input = block["input"].to_string();
                                 let mut start = block.clone();
                                 start["input"] = json!({});

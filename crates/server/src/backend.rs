@@ -90,10 +90,24 @@ pub struct GenRequest {
 pub struct TokenLogprob {
     /// Text of the token itself (lossy for partial UTF-8).
     pub token: String,
+    /// The token's exact bytes: a byte-level token may hold part of a UTF-8 character,
+    /// which only joining the bytes of neighbouring tokens rebuilds.
+    pub bytes: Vec<u8>,
     /// Its log-probability.
     pub logprob: f32,
-    /// Best alternatives, most likely first: (text, logprob).
-    pub top: Vec<(String, f32)>,
+    /// Best alternatives, most likely first.
+    pub top: Vec<TopLogprob>,
+}
+
+/// One alternative of a [`TokenLogprob`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct TopLogprob {
+    /// Text of the token (lossy for partial UTF-8).
+    pub token: String,
+    /// The token's exact bytes.
+    pub bytes: Vec<u8>,
+    /// Its log-probability.
+    pub logprob: f32,
 }
 
 /// Why a generation ended.

@@ -81,8 +81,16 @@ pub fn openai_messages(msgs: &[Value]) -> Result<Vec<Value>, ApiError> {
             };
             let text = content_text(m.get("content").unwrap_or(&Value::Null), &at)?;
             let tool_calls = m.get("tool_calls").filter(|v| !v.is_null());
+            if let Some(calls) = tool_calls {
+                check_tool_calls(calls, &at)?;
+            }
             if text.is_none() && !(role == "assistant" && tool_calls.is_some()) {
                 return Err(ApiError::missing(&format!("{at}.content")));
+            }
+            // A tool result is rendered as the answer to one call; without the id the model
+            // cannot tell which.
+            if role == "tool" && !m.get("tool_call_id").is_some_and(Value::is_string) {
+                return Err(ApiError::missing(&format!("{at}.tool_call_id")));
             }
             let mut out = Map::new();
             out.insert("role".into(), json!(role));
@@ -98,6 +106,27 @@ pub fn openai_messages(msgs: &[Value]) -> Result<Vec<Value>, ApiError> {
             Ok(Value::Object(out))
         })
         .collect()
+}
+
+/// An assistant message's `tool_calls`: a list of calls, each naming its function.
+fn check_tool_calls(calls: &Value, at: &str) -> Result<(), ApiError> {
+    let param = format!("{at}.tool_calls");
+    let items = calls
+        .as_array()
+        .ok_or_else(|| ApiError::invalid_param(&param, "'tool_calls' must be an array"))?;
+    for (k, call) in items.iter().enumerate() {
+        if call
+            .pointer("/function/name")
+            .and_then(Value::as_str)
+            .is_none()
+        {
+            return Err(ApiError::invalid_param(
+                &format!("{param}[{k}].function.name"),
+                "each tool call needs a 'function' with a string 'name'",
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Tool calls as templates expect them: `function.arguments` as an object when the client
@@ -343,6 +372,38 @@ mod tests {
         assert!(openai_messages(&[json!("hi")]).is_err());
         let dev = openai_messages(&[json!({"role": "developer", "content": "x"})]).unwrap();
         assert_eq!(dev[0]["role"], "system");
+    }
+
+    /// A tool message must say which call it answers and an assistant's `tool_calls` must
+    /// be a list of calls, as OpenAI requires. Regression: both were accepted, and the
+    /// template rendered an answer to no call, or whatever `tool_calls` held.
+    #[test]
+    fn tool_messages_need_a_call_id_and_tool_calls_a_list() {
+        let call = json!({"id": "c1", "type": "function",
+            "function": {"name": "get", "arguments": "{}"}});
+        let asked = json!({"role": "assistant", "content": null, "tool_calls": [call]});
+        let user = json!({"role": "user", "content": "hi"});
+        let answer = json!({"role": "tool", "content": "42"});
+        let e = openai_messages(&[user.clone(), asked.clone(), answer]).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("messages[2].tool_call_id"));
+        let answer = json!({"role": "tool", "tool_call_id": "c1", "content": "42"});
+        assert!(openai_messages(&[user.clone(), asked, answer]).is_ok());
+        for bad in [
+            json!("get"),
+            json!({"id": "c1"}),
+            json!(["get"]),
+            json!([{"id": "c1"}]),
+        ] {
+            let m = json!({"role": "assistant", "content": null, "tool_calls": bad});
+            let e = openai_messages(&[user.clone(), m]).unwrap_err();
+            assert!(
+                e.param
+                    .as_deref()
+                    .unwrap()
+                    .starts_with("messages[1].tool_calls"),
+                "{bad}: {e:?}"
+            );
+        }
     }
 
     #[test]

@@ -58,7 +58,8 @@ use std::time::Duration;
 
 pub use backend::{
     Backend, BackendError, CacheSource, ChatPrompt, EngineStats, FinishReason, GenEvent,
-    GenRequest, OutputFormat, SamplingParams, SubmitError, Timings, TokenLogprob, Usage,
+    GenRequest, OutputFormat, SamplingParams, SubmitError, Timings, TokenLogprob, TopLogprob,
+    Usage,
 };
 pub use error::{ApiError, Flavor};
 pub use routes::router;

@@ -46,9 +46,9 @@ fn chat_logprob_items(lps: &[TokenLogprob]) -> Vec<Value> {
     lps.iter()
         .map(|l| {
             json!({
-                "token": l.token, "logprob": l.logprob, "bytes": l.token.as_bytes(),
+                "token": l.token, "logprob": l.logprob, "bytes": l.bytes,
                 "top_logprobs": l.top.iter()
-                    .map(|(t, p)| json!({"token": t, "logprob": p, "bytes": t.as_bytes()}))
+                    .map(|t| json!({"token": t.token, "logprob": t.logprob, "bytes": t.bytes}))
                     .collect::<Vec<_>>(),
             })
         })
@@ -84,6 +84,40 @@ fn options(
     })
 }
 
+/// Chat tools, each `{"type": "function", "function": {"name": …}}`: the template renders
+/// them and tool calls are matched to them by name, so one without a name is refused.
+fn check_tools(tools: &[Value]) -> Result<(), ApiError> {
+    for (i, t) in tools.iter().enumerate() {
+        let at = format!("tools[{i}]");
+        let t = t
+            .as_object()
+            .ok_or_else(|| ApiError::invalid_param(&at, "each tool must be an object"))?;
+        match t.get("type").and_then(Value::as_str) {
+            Some("function") => {}
+            other => {
+                return Err(ApiError::invalid_param(
+                    &format!("{at}.type"),
+                    format!(
+                        "tool type '{}' is not supported (function tools only)",
+                        other.unwrap_or("")
+                    ),
+                ));
+            }
+        }
+        if t.get("function")
+            .and_then(|f| f.get("name"))
+            .and_then(Value::as_str)
+            .is_none()
+        {
+            return Err(ApiError::invalid_param(
+                &format!("{at}.function.name"),
+                "a function tool needs a 'function' with a string 'name'",
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn include_usage(obj: &Obj) -> Result<bool, ApiError> {
     match opt_object(obj, "stream_options")? {
         Some(o) => Ok(opt_bool(o, "include_usage")?.unwrap_or(false)),
@@ -114,7 +148,10 @@ async fn chat(
         parse::opt_array(&obj, "messages")?.ok_or_else(|| ApiError::missing("messages"))?;
     let messages = crate::chat::openai_messages(messages)?;
     let tools = match parse::opt_array(&obj, "tools")? {
-        Some(t) if !t.is_empty() => Some(Value::Array(t.clone())),
+        Some(t) if !t.is_empty() => {
+            check_tools(t)?;
+            Some(Value::Array(t.clone()))
+        }
         _ => None,
     };
     let choice = tool_choice::openai_chat(field(&obj, "tool_choice"))?;
@@ -177,7 +214,7 @@ async fn chat(
             let mut finish = generate::finish_name(f.finish);
             if with_tools && let Some(parsed) = tools::parse_tool_calls(&f.text) {
                 message["content"] = parsed.content.map_or(Value::Null, Value::String);
-                message["tool_calls"] = Value::Array(parsed.calls);
+                message["tool_calls"] = Value::Array(chat_tool_calls(parsed.calls, &meta.id, i));
                 finish = "tool_calls";
             }
             json!({
@@ -195,6 +232,20 @@ async fn chat(
         "usage": usage_json(generate::total_usage(&done)),
     }))
     .into_response())
+}
+
+/// The tool calls of choice `i` with ids unique to this answer: clients match tool results
+/// to calls by id over a whole conversation, so no later answer may reuse one.
+fn chat_tool_calls(calls: Vec<Value>, answer_id: &str, i: usize) -> Vec<Value> {
+    let base = answer_id.trim_start_matches("chatcmpl-");
+    calls
+        .into_iter()
+        .enumerate()
+        .map(|(k, mut call)| {
+            call["id"] = json!(format!("call_{base}_{i}_{k}"));
+            call
+        })
+        .collect()
 }
 
 fn merged(
@@ -257,7 +308,8 @@ fn chat_events(
                         done += 1;
                         let mut finish = generate::finish_name(states[i].finish);
                         if let Some(calls) = tool_buffers[i].calls() {
-                            let indexed: Vec<Value> = calls.into_iter().enumerate().map(|(k, mut c)| {
+                            let named = chat_tool_calls(calls, &meta.id, i);
+                            let indexed: Vec<Value> = named.into_iter().enumerate().map(|(k, mut c)| {
                                 c["index"] = json!(k);
                                 c
                             }).collect();
@@ -338,6 +390,26 @@ fn completion_prompts(obj: &Obj, backend: &dyn crate::Backend) -> Result<Vec<Vec
     Ok(prompts)
 }
 
+/// `suffix` (fill-in-the-middle) and `best_of` above `n` change what the answer means; an
+/// ordinary completion returned in their place would pass for one, so they are refused.
+fn refuse_unsupported_completion_options(obj: &Obj, n: usize) -> Result<(), ApiError> {
+    if parse::opt_str(obj, "suffix")?.is_some_and(|s| !s.is_empty()) {
+        return Err(ApiError::invalid_param(
+            "suffix",
+            "'suffix' (fill-in-the-middle) is not supported",
+        ));
+    }
+    match opt_u64(obj, "best_of", 1, u32::MAX as u64)? {
+        Some(b) if b as usize != n => Err(ApiError::invalid_param(
+            "best_of",
+            format!(
+                "'best_of' must equal 'n' ({n}): choosing the best of more samples is not supported"
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
 fn completion_logprobs(f: &Finished, offset0: usize) -> Value {
     legacy_logprobs(None, f.logprobs.iter(), offset0)
 }
@@ -362,8 +434,8 @@ fn legacy_logprobs<'a>(
         tokens.push(json!(l.token));
         lps.push(json!(l.logprob));
         let mut m = serde_json::Map::new();
-        for (t, p) in &l.top {
-            m.insert(t.clone(), json!(p));
+        for t in &l.top {
+            m.insert(t.token.clone(), json!(t.logprob));
         }
         tops.push(Value::Object(m));
         offsets.push(offset);
@@ -414,6 +486,7 @@ async fn completion(
         generate::check_prompt(backend.as_ref(), p, "prompt")?;
     }
     let n = opt_u64(&obj, "n", 1, 16)?.unwrap_or(1) as usize;
+    refuse_unsupported_completion_options(&obj, n)?;
     if prompts.len() * n > MAX_CHOICES {
         return Err(ApiError::invalid_param(
             "n",
@@ -600,8 +673,16 @@ fn completion_events(
                         continue;
                     }
                     let lp = if logprobs && states[i].logprobs.len() > before {
+                        // Offsets run on from the plain answer's: after the echoed prompt (its
+                        // scored tokens, when it was scored), then the tokens streamed so far.
+                        let text_len = |items: &[TokenLogprob]| items.iter().map(|l| l.token.len()).sum::<usize>();
+                        let echoed = match &firsts {
+                            Some(firsts) => firsts[i].len() + text_len(&states[i].prompt_logprobs),
+                            None => prefixes[i].len(),
+                        };
+                        let offset = echoed + text_len(&states[i].logprobs[..before]);
                         let one = Finished { logprobs: states[i].logprobs[before..].to_vec(), ..Finished::default() };
-                        completion_logprobs(&one, 0)
+                        completion_logprobs(&one, offset)
                     } else {
                         Value::Null
                     };

@@ -11,7 +11,7 @@ use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
 use crate::backend::{
     Backend, BackendError, ChatPrompt, EngineStats, FinishReason, GenEvent, GenRequest,
-    SubmitError, Timings, TokenLogprob, Usage,
+    SubmitError, Timings, TokenLogprob, TopLogprob, Usage,
 };
 use crate::stops::StopScanner;
 
@@ -149,8 +149,9 @@ impl Backend for Fake {
                         let piece = ((id.saturating_sub(1)) as u8 as char).to_string();
                         TokenLogprob {
                             token: piece.clone(),
+                            bytes: piece.clone().into_bytes(),
                             logprob: -1.0,
-                            top: [(piece, -1.0), ("~".to_string(), -2.0)]
+                            top: [top(&piece, -1.0), top("~", -2.0)]
                                 .into_iter()
                                 .take(req.logprobs.unwrap_or(0))
                                 .collect(),
@@ -180,8 +181,9 @@ impl Backend for Fake {
                 let scanned = scanner.push(&piece);
                 let logprob = req.logprobs.map(|k| TokenLogprob {
                     token: piece.clone(),
+                    bytes: piece.clone().into_bytes(),
                     logprob: -0.5,
-                    top: [(piece.clone(), -0.5), ("~".to_string(), -1.5)]
+                    top: [top(&piece, -0.5), top("~", -1.5)]
                         .into_iter()
                         .take(k)
                         .collect(),
@@ -213,6 +215,15 @@ impl Backend for Fake {
             queue_depth: live.saturating_sub(running),
             ..EngineStats::default()
         }
+    }
+}
+
+/// A fake alternative: its bytes are its text's.
+fn top(token: &str, logprob: f32) -> TopLogprob {
+    TopLogprob {
+        token: token.to_string(),
+        bytes: token.as_bytes().to_vec(),
+        logprob,
     }
 }
 

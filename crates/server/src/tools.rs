@@ -11,7 +11,7 @@ const CLOSE: &str = "</tool_call>";
 pub struct Parsed {
     /// Text outside the tool-call blocks, if any.
     pub content: Option<String>,
-    /// OpenAI-shaped tool calls.
+    /// OpenAI-shaped tool calls, without ids: each API names them under its answer's id.
     pub calls: Vec<Value>,
 }
 
@@ -35,7 +35,6 @@ pub fn parse_tool_calls(text: &str) -> Option<Parsed> {
             other => other.to_string(),
         };
         calls.push(json!({
-            "id": format!("call_{}", calls.len()),
             "type": "function",
             "function": {"name": name, "arguments": args},
         }));

@@ -88,9 +88,9 @@ fn engine_prompt_logprobs_match_a_full_forward_pass() {
         let want = f64::from(row[prompt[j + 1] as usize]) - lse;
         worst = worst.max((f64::from(item.logprob) - want).abs());
         assert_eq!(item.top.len(), 2);
-        assert!(item.top[0].1 >= item.top[1].1);
+        assert!(item.top[0].logprob >= item.top[1].logprob);
         assert!(
-            f64::from(item.top[0].1) >= want - 1e-4,
+            f64::from(item.top[0].logprob) >= want - 1e-4,
             "top beats the target"
         );
     }

@@ -160,6 +160,13 @@ impl Runtime for ModelRuntime<'_> {
     fn decode(&self, ids: &[u32]) -> String {
         self.tokenizer.decode(ids, false).unwrap_or_default()
     }
+
+    fn token_bytes(&self, id: u32) -> Vec<u8> {
+        self.tokenizer
+            .token_bytes(id)
+            .map(<[u8]>::to_vec)
+            .unwrap_or_default()
+    }
 }
 
 /// What the engine thread reports once loaded: the tokenizer, the context per slot and

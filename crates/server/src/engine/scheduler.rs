@@ -22,7 +22,7 @@ use std::time::Instant;
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::backend::{
-    CacheSource, FinishReason, GenEvent, GenRequest, Timings, TokenLogprob, Usage,
+    CacheSource, FinishReason, GenEvent, GenRequest, Timings, TokenLogprob, TopLogprob, Usage,
 };
 use crate::stops::StopScanner;
 
@@ -107,6 +107,17 @@ pub trait Runtime {
     fn is_eog(&self, token: u32) -> bool;
     /// Lossy text of token ids (special tokens hidden).
     fn decode(&self, ids: &[u32]) -> String;
+    /// Exact bytes of one token (empty for hidden special tokens), for logprobs.
+    fn token_bytes(&self, id: u32) -> Vec<u8>;
+}
+
+/// A token's text, bytes and log-probability as an alternative in logprobs.
+fn top_logprob(rt: &dyn Runtime, id: u32, logprob: f32) -> TopLogprob {
+    TopLogprob {
+        token: rt.decode(&[id]),
+        bytes: rt.token_bytes(id),
+        logprob,
+    }
 }
 
 /// A queued request.
@@ -219,12 +230,13 @@ fn prompt_logprobs(
             top.sort_by(|&x, &y| row[y].total_cmp(&row[x]));
             Some(TokenLogprob {
                 token: rt.decode(&[target]),
+                bytes: rt.token_bytes(target),
                 logprob: row
                     .get(target as usize)
                     .map_or(f32::NEG_INFINITY, |&x| x - lse),
                 top: top
                     .into_iter()
-                    .map(|id| (rt.decode(&[id as u32]), row[id] - lse))
+                    .map(|id| top_logprob(rt, id as u32, row[id] - lse))
                     .collect(),
             })
         })
@@ -561,12 +573,13 @@ impl<'r, S: Sequence> Scheduler<'r, S> {
                 .zip(picked.logprob)
                 .map(|(k, lp)| TokenLogprob {
                     token: rt.decode(&[picked.token]),
+                    bytes: rt.token_bytes(picked.token),
                     logprob: lp,
                     top: picked
                         .top
                         .iter()
                         .take(k)
-                        .map(|&(id, lp)| (rt.decode(&[id]), lp))
+                        .map(|&(id, lp)| top_logprob(rt, id, lp))
                         .collect(),
                 });
             let _ = a.job.tx.send(GenEvent::Token {

@@ -62,6 +62,9 @@ impl Runtime for ToyRt {
             .map(|&t| (b'a' + t as u8) as char)
             .collect()
     }
+    fn token_bytes(&self, id: u32) -> Vec<u8> {
+        self.decode(&[id]).into_bytes()
+    }
 }
 
 fn toy_sched(
@@ -266,7 +269,7 @@ fn prompt_logprobs_score_every_prompt_token_and_skip_the_cache() {
         assert!((f64::from(got.logprob) - lp).abs() < 1e-5, "{got:?}");
         assert_eq!(got.top.len(), 1);
     }
-    assert_eq!(items[2].top[0].0, "e");
+    assert_eq!(items[2].top[0].token, "e");
 }
 
 #[test]
@@ -420,6 +423,9 @@ fn text_tail_holds_incomplete_utf8() {
         }
         fn decode(&self, ids: &[u32]) -> String {
             String::from_utf8_lossy(&ids.iter().map(|&i| i as u8).collect::<Vec<_>>()).into_owned()
+        }
+        fn token_bytes(&self, id: u32) -> Vec<u8> {
+            vec![id as u8]
         }
     }
     let mut t = TextTail::default();
