@@ -15,7 +15,7 @@ use ferrite_server::engine::{Engine, EngineBackend, EngineConfig};
 
 use crate::backend::BackendArg;
 use crate::run::KvArg;
-use ferrite_server::{AppState, ServerConfig, router};
+use ferrite_server::{AppState, Cors, ServerConfig, router};
 
 /// Arguments of `ferrite serve`.
 #[derive(clap::Args)]
@@ -47,6 +47,10 @@ pub struct ServeArgs {
     /// Read the required key from this file (trimmed).
     #[arg(long)]
     api_key_file: Option<PathBuf>,
+    /// Let web pages of this origin (`http://host:port`) call the API from a browser;
+    /// repeat for several, or `*` for any. None by default.
+    #[arg(long = "cors-origin", value_name = "ORIGIN")]
+    cors_origins: Vec<String>,
     /// Largest accepted request body in bytes; larger ones get 413.
     #[arg(long, default_value_t = 8 << 20)]
     max_body_bytes: usize,
@@ -197,6 +201,7 @@ async fn serve(
     let state = AppState::new(ServerConfig {
         api_key,
         max_body_bytes: args.max_body_bytes,
+        cors: Cors::parse(&args.cors_origins).context("--cors-origin")?,
         ..ServerConfig::default()
     });
     let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))

@@ -676,6 +676,10 @@ fn serve_rejects_bad_flags_and_models() {
         (vec!["--ctx", "4"], "--ctx"),
         (vec!["--api-key", ""], "--api-key"),
         (
+            without_model(&["--cors-origin", "http://localhost:3000/"]),
+            "--cors-origin: CORS origin \"http://localhost:3000/\"",
+        ),
+        (
             vec!["--api-key-file", missing_key.to_str().unwrap()],
             "API key file",
         ),

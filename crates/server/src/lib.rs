@@ -35,6 +35,7 @@
 mod anthropic;
 mod backend;
 mod chat;
+mod cors;
 pub mod engine;
 mod error;
 mod generate;
@@ -61,6 +62,7 @@ pub use backend::{
     GenRequest, OutputFormat, SamplingParams, SubmitError, Timings, TokenLogprob, TopLogprob,
     Usage,
 };
+pub use cors::{Cors, CorsError};
 pub use error::{ApiError, Flavor};
 pub use routes::router;
 pub use stops::{Scanned, StopScanner};
@@ -75,6 +77,8 @@ pub struct ServerConfig {
     pub api_key: Option<String>,
     /// Largest accepted request body; larger ones get 413.
     pub max_body_bytes: usize,
+    /// Which web pages' origins may call the API from a browser.
+    pub cors: Cors,
     /// Interval of SSE keep-alive comments while a stream has nothing to send (long prefill,
     /// queue wait).
     pub keepalive: Duration,
@@ -85,6 +89,7 @@ impl Default for ServerConfig {
         ServerConfig {
             api_key: None,
             max_body_bytes: 8 << 20,
+            cors: Cors::Off,
             keepalive: Duration::from_secs(10),
         }
     }

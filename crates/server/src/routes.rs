@@ -1,4 +1,4 @@
-//! The router, its middleware (request log, API key) and the small endpoints: health,
+//! The router, its middleware (request log, API key, CORS when asked) and the small endpoints: health,
 //! models, metrics, tokenize and detokenize.
 
 use axum::Json;
@@ -20,7 +20,7 @@ use crate::{AppState, anthropic, openai, responses};
 /// The whole HTTP API over `state`.
 pub fn router(state: AppState) -> Router {
     let limit = state.config().max_body_bytes;
-    Router::new()
+    let api = Router::new()
         .route("/health", get(health))
         .route("/v1/models", get(models))
         .route("/v1/models/{*id}", get(model))
@@ -35,8 +35,13 @@ pub fn router(state: AppState) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))
-        .layer(middleware::from_fn_with_state(state.clone(), auth))
-        .layer(middleware::from_fn_with_state(state.clone(), log_request))
+        .layer(middleware::from_fn_with_state(state.clone(), auth));
+    // Outside the key check: a browser's preflight carries no key.
+    let api = match state.config().cors.layer() {
+        Some(cors) => api.layer(cors),
+        None => api,
+    };
+    api.layer(middleware::from_fn_with_state(state.clone(), log_request))
         .with_state(state)
 }
 
