@@ -145,6 +145,17 @@ impl ModelConfig {
         let a = arch_name;
         let k = |s: &str| format!("{a}.{s}");
         let n_layer = positive(&k("block_count"), usize_key(g, &k("block_count"))?)?;
+        // Per-layer tables are sized by this count before any block's tensors are looked
+        // up; every block has tensors, so the file's tensor table bounds it.
+        if n_layer > g.tensors().len() {
+            return Err(bad(
+                &k("block_count"),
+                &format!(
+                    "{n_layer} blocks, but the file has only {} tensors",
+                    g.tensors().len()
+                ),
+            ));
+        }
         let d_model = positive(
             &k("embedding_length"),
             usize_key(g, &k("embedding_length"))?,
@@ -482,6 +493,23 @@ mod tests {
                 .contains("qwen2.attention.sliding_window_pattern"),
             "{err}"
         );
+    }
+
+    /// Regression: `block_count` = u32::MAX made the loader allocate a 64 GiB per-layer
+    /// table (and abort) before any tensor was looked up. A block needs tensors, so a count
+    /// beyond the file's tensor table is refused before anything is sized by it.
+    #[test]
+    fn rejects_more_blocks_than_the_file_has_tensors() {
+        for n in [u32::MAX, 1 << 20] {
+            for variant in ["llama", "gemma3"] {
+                let key = format!("{variant}.block_count");
+                let err = cfg_with(variant, vec![(key.clone(), Value::U32(n))]).unwrap_err();
+                assert!(
+                    matches!(&err, ModelError::BadMetadata { key: k, .. } if *k == key),
+                    "{variant} {n}: {err}"
+                );
+            }
+        }
     }
 
     #[test]
