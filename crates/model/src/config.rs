@@ -195,8 +195,22 @@ impl ModelConfig {
             None => positive(&ff_key, usize_key(g, &ff_key)?)?,
         };
         let ctx_train = usize_key(g, &k("context_length"))?;
+        // Values that would make every activation NaN are refused here, by key, rather than
+        // surfacing as NaN logits at the first token.
         let rms_eps = g.get_f32(&k("attention.layer_norm_rms_epsilon"))?;
+        if !(rms_eps.is_finite() && rms_eps >= 0.0) {
+            return Err(bad(
+                &k("attention.layer_norm_rms_epsilon"),
+                &format!("{rms_eps} is not a finite, non-negative number"),
+            ));
+        }
         let rope_base = g.get_f32(&k("rope.freq_base"))?;
+        if !(rope_base.is_finite() && rope_base > 0.0) {
+            return Err(bad(
+                &k("rope.freq_base"),
+                &format!("{rope_base} is not a finite, positive number"),
+            ));
+        }
         let head_dim = match g.get(&k("attention.key_length")) {
             Some(_) => positive(
                 &k("attention.key_length"),
@@ -510,6 +524,32 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// Regression: a NaN, negative or zero rope base and a NaN or negative RMSNorm epsilon
+    /// were accepted, and every logit came out NaN at the first token ("logit 0 is NaN"),
+    /// an error that does not name the bad key.
+    #[test]
+    fn rejects_unusable_epsilon_and_rope_base() {
+        let eps = "llama.attention.layer_norm_rms_epsilon";
+        let base = "llama.rope.freq_base";
+        for (key, v) in [
+            (eps, f32::NAN),
+            (eps, -1e-5),
+            (eps, f32::INFINITY),
+            (base, f32::NAN),
+            (base, 0.0),
+            (base, -10_000.0),
+            (base, f32::INFINITY),
+        ] {
+            let err = cfg_with("llama", vec![(key.into(), Value::F32(v))]).unwrap_err();
+            assert!(
+                matches!(&err, ModelError::BadMetadata { key: k, .. } if k == key),
+                "{key} = {v}: {err}"
+            );
+        }
+        // Zero epsilon is usable (llama.cpp accepts it too).
+        cfg_with("llama", vec![(eps.into(), Value::F32(0.0))]).unwrap();
     }
 
     #[test]
