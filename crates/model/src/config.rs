@@ -130,6 +130,27 @@ const GEMMA3_LOCAL_ROPE_BASE: f32 = 10_000.0;
 /// Gemma 3 alternates five sliding-window layers with one global layer.
 const GEMMA3_GLOBAL_EVERY: usize = 6;
 
+/// The metadata key holding the tokenizer's vocabulary.
+const TOKENS_KEY: &str = "tokenizer.ggml.tokens";
+
+/// Checks that the tokenizer's vocabulary, when the file has one, has one token per row of
+/// the embedding: llama.cpp sizes the embedding from this list, and ferrite's converter pads
+/// the list to `vocab_size`. A shorter list lets the model sample ids that cannot be
+/// decoded; a longer one lets a prompt hold ids the embedding has no row for. A list of the
+/// wrong type is left to the tokenizer, which names it.
+fn check_token_count(g: &Gguf, n_vocab: usize) -> Result<(), ModelError> {
+    match g.get(TOKENS_KEY).and_then(|v| v.as_array()) {
+        Some(tokens) if tokens.len() != n_vocab => Err(bad(
+            TOKENS_KEY,
+            &format!(
+                "{} tokens, but token_embd.weight has {n_vocab} rows",
+                tokens.len()
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
 impl ModelConfig {
     /// Reads the configuration of `g`. A missing key is reported by name.
     pub fn from_gguf(g: &Gguf) -> Result<ModelConfig, ModelError> {
@@ -252,6 +273,7 @@ impl ModelConfig {
                 });
             }
         };
+        check_token_count(g, n_vocab)?;
         let cfg = match arch {
             Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe => {
                 let windows = features::sliding_windows(g, a, n_layer)?;
@@ -550,6 +572,28 @@ mod tests {
         }
         // Zero epsilon is usable (llama.cpp accepts it too).
         cfg_with("llama", vec![(eps.into(), Value::F32(0.0))]).unwrap();
+    }
+
+    /// Regression: a tokenizer with fewer tokens than the embedding has rows let the model
+    /// sample ids the tokenizer cannot decode (the run failed mid-answer); one with more let
+    /// the prompt hold ids the embedding has no row for. llama.cpp sizes the embedding from
+    /// the token list, so both are malformed files, refused at load.
+    #[test]
+    fn rejects_a_token_list_that_disagrees_with_the_embedding() {
+        let key = "tokenizer.ggml.tokens";
+        let tokens = |n: usize| {
+            let names: Vec<String> = (0..n).map(|i| format!("t{i}")).collect();
+            Value::Array(Array::String(names.iter().map(String::as_str).collect()))
+        };
+        for n in [crate::testutil::VOCAB - 1, crate::testutil::VOCAB + 1] {
+            let err = cfg_with("llama", vec![(key.into(), tokens(n))]).unwrap_err();
+            assert!(
+                matches!(&err, ModelError::BadMetadata { key: k, .. } if k == key),
+                "{n} tokens: {err}"
+            );
+        }
+        let c = cfg_with("llama", vec![(key.into(), tokens(crate::testutil::VOCAB))]).unwrap();
+        assert_eq!(c.n_vocab, crate::testutil::VOCAB);
     }
 
     #[test]
