@@ -17,6 +17,7 @@ use ferrite_tokenizer::{ChatRequest, ChatTemplate, Tokenizer};
 
 use crate::backend::{AnySession, BackendArg, CudaLoaded, CudaTimeline, load_cuda};
 use crate::models::DEFAULT_MODEL;
+use crate::outputs::check_not_an_input;
 
 mod held;
 
@@ -296,6 +297,14 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         );
     }
     let loaded = Loaded::load(&args.model)?;
+    for (flag, output) in [
+        ("--dump-logprobs", &args.dump_logprobs),
+        ("--save-session", &args.save_session),
+    ] {
+        if let Some(output) = output {
+            check_not_an_input(flag, output, &[("model", &loaded.path)])?;
+        }
+    }
     let template = if args.raw {
         None
     } else {
@@ -573,6 +582,8 @@ fn save_session(
     path: &std::path::Path,
     messages: &[serde_json::Value],
 ) -> anyhow::Result<()> {
+    // Also reached from the chat's `/save PATH`, whose path no flag check saw.
+    check_not_an_input("the session file", path, &[("model", &loaded.path)])?;
     let state = session.export_state()?;
     let meta = serde_json::to_vec(&serde_json::json!({ "messages": messages }))?;
     let bytes = ferrite_kvstore::write_snapshot(path, &session_compat(loaded)?, &state, &meta)

@@ -77,6 +77,13 @@ fn score_fixture(args: &ScoreArgs, fixture: &PathBuf) -> anyhow::Result<i32> {
         bail!("fixture {} has no cases", fixture.display());
     }
     let loaded = Loaded::load(&args.model)?;
+    if let Some(tsv) = &args.tsv {
+        crate::outputs::check_not_an_input(
+            "--tsv",
+            tsv,
+            &[("model", &loaded.path), ("fixture", fixture)],
+        )?;
+    }
     eprintln!("{}", loaded.backend_line());
     let longest = cases
         .iter()
