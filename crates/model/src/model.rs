@@ -129,7 +129,10 @@ fn vector(g: &Gguf, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
     dequantize_tensor(g, name)
 }
 
-/// Index of tensor `name` in the file's table, after checking its GGUF dims are `dims`.
+/// Index of tensor `name` in the file's table, after checking its GGUF dims are `dims` and
+/// that the CPU kernels read its type (every product and lookup dequantizes through
+/// `ferrite_quant`), so that a matrix no kernel reads is refused at load, by name, rather
+/// than failing the first forward pass.
 pub(crate) fn find_tensor(g: &Gguf, name: &str, dims: &[u64]) -> Result<usize, ModelError> {
     let tensor = g
         .tensors()
@@ -142,6 +145,15 @@ pub(crate) fn find_tensor(g: &Gguf, name: &str, dims: &[u64]) -> Result<usize, M
             name: name.to_owned(),
             got: t.dims.clone(),
             expected: dims.to_vec(),
+        });
+    }
+    if !ferrite_quant::supports_dequantize(t.ty) {
+        return Err(ModelError::Quant {
+            name: name.to_owned(),
+            source: ferrite_quant::QuantError::Unsupported {
+                ty: t.ty,
+                op: "dequantize",
+            },
         });
     }
     Ok(tensor)
@@ -573,6 +585,39 @@ mod tests {
                 .iter()
                 .all(|l| l.qkv_bias.is_some() && l.out_bias.is_some())
         );
+    }
+
+    /// Regression: a weight matrix of a type no CPU kernel reads (I32 here; also I8, I16,
+    /// Q8_1) loaded, and the first forward pass failed with "cpu kernel: dequantize is not
+    /// implemented for I32", naming no tensor (`serve` would start and fail every request).
+    #[test]
+    fn matrices_of_unreadable_types_are_refused_at_load_by_name() {
+        use ferrite_gguf::GgufWriter;
+        for name in ["blk.0.attn_q.weight", "token_embd.weight"] {
+            let g = Gguf::from_bytes(tiny_gguf("llama", GgmlType::F32, "", "")).unwrap();
+            let mut w = GgufWriter::new();
+            for (k, v) in g.metadata() {
+                w.add_metadata(k.clone(), v.clone()).unwrap();
+            }
+            for t in g.tensors() {
+                // I32 has F32's size, so only the type changes.
+                let ty = if t.name == name { GgmlType::I32 } else { t.ty };
+                w.add_tensor(t.name.clone(), ty, &t.dims, g.tensor_data(t).to_vec())
+                    .unwrap();
+            }
+            let g = Gguf::from_bytes(w.to_bytes().unwrap()).unwrap();
+            for precision in [Precision::Default, Precision::F32] {
+                let err = Model::from_gguf(g_clone(&g), LoadOptions { precision }).unwrap_err();
+                assert!(
+                    matches!(&err, ModelError::Quant { name: n, .. } if n == name),
+                    "{name} {precision:?}: {err}"
+                );
+            }
+        }
+    }
+
+    fn g_clone(g: &Gguf) -> Gguf {
+        Gguf::from_bytes(g.bytes().to_vec()).unwrap()
     }
 
     /// Replaces one metadata value of `bytes` (a GGUF) with an extreme of its kind, or drops
