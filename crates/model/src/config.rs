@@ -199,10 +199,13 @@ impl ModelConfig {
             Some(_) => Some(usize_key(g, &k("feed_forward_length"))?),
             None => None,
         };
+        // Every architecture refuses what its forward pass lacks (Gemma 3 4B and larger
+        // ask for linear rope scaling, which this one does not do); experts are read for
+        // the architectures that have them.
+        features::check_unsupported(g, a)?;
         let (moe, d_ff) = if arch == Arch::Gemma3 {
             (None, dense_ff)
         } else {
-            features::check_unsupported(g, a)?;
             features::moe(g, a, arch == Arch::Qwen3Moe, dense_ff)?
         };
         let ff_key = if moe.is_some() && g.get(&k("expert_feed_forward_length")).is_some() {
@@ -608,6 +611,16 @@ mod tests {
             ("qwen3moe", "qwen3moe.expert_shared_count", Value::U32(1)),
             ("qwen3moe", "qwen3moe.expert_weights_scale", Value::F32(2.5)),
             ("qwen2", "qwen2.final_logit_softcapping", Value::F32(30.0)),
+            // Regression: gemma3 skipped these checks, so a Gemma 3 4B-style file (linear
+            // rope scaling, factor 8, on its global layers) or one asking for soft-capping
+            // loaded and ran with neither, giving other logits than transformers.
+            (
+                "gemma3",
+                "gemma3.rope.scaling.type",
+                Value::String("linear".into()),
+            ),
+            ("gemma3", "gemma3.final_logit_softcapping", Value::F32(30.0)),
+            ("gemma3", "gemma3.attn_logit_softcapping", Value::F32(50.0)),
         ] {
             let err = cfg_with(variant, vec![(key.into(), value)]).unwrap_err();
             assert!(
