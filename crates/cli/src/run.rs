@@ -221,6 +221,10 @@ impl Loaded {
 
     /// A fresh CPU session over this model (scoring and other CPU-only work).
     pub fn session(&self) -> anyhow::Result<Session<'_>> {
+        // The cache is allocated whole: a context the machine cannot hold is named here,
+        // with the sizes, rather than by a failed allocation.
+        ferrite_model::check_kv_memory(self.model.config(), self.kv, 1, self.ctx)
+            .with_context(|| format!("--ctx {}", self.ctx))?;
         Ok(Session::new(&self.model, &self.pool, self.ctx, self.kv)?)
     }
 
