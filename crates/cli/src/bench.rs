@@ -116,6 +116,11 @@ pub fn run(args: BenchArgs) -> anyhow::Result<i32> {
     };
     let loaded = Loaded::load(&model_args)?;
     let path = crate::models::resolve(&args.model.model)?;
+    if let Some(csv) = &args.csv {
+        let mut inputs = vec![("model", path.as_path())];
+        inputs.extend(args.prompt_file.as_deref().map(|p| ("prompt file", p)));
+        crate::outputs::check_not_an_input("--csv", csv, &inputs)?;
+    }
     let tokens = match &args.prompt_file {
         Some(p) => {
             let text = std::fs::read_to_string(p)

@@ -9,6 +9,7 @@ mod bench;
 mod convert;
 mod inspect;
 mod models;
+mod outputs;
 mod pull;
 mod quantize;
 mod run;

@@ -50,6 +50,7 @@ pub fn run(args: QuantizeArgs) -> anyhow::Result<i32> {
 
 /// Quantizes the GGUF at `path` into `output` with a progress bar, then prints the table.
 pub fn quantize_path(path: &Path, output: &Path, opts: &QuantizeOptions) -> anyhow::Result<()> {
+    crate::outputs::check_not_an_input("output", output, &[("model", path)])?;
     let input = Gguf::open(path).with_context(|| format!("reading {}", path.display()))?;
     let (mix, threads) = (opts.mix, opts.threads);
     let total: u64 = input.tensors().iter().map(|t| t.n_bytes).sum();

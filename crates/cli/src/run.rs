@@ -18,6 +18,7 @@ use ferrite_tokenizer::{ChatRequest, ChatTemplate, Tokenizer};
 
 use crate::backend::{AnySession, BackendArg, CudaLoaded, CudaTimeline, load_cuda};
 use crate::models::DEFAULT_MODEL;
+use crate::outputs::check_not_an_input;
 
 mod held;
 
@@ -225,6 +226,10 @@ impl Loaded {
 
     /// A fresh CPU session over this model (scoring and other CPU-only work).
     pub fn session(&self) -> anyhow::Result<Session<'_>> {
+        // The cache is allocated whole: a context the machine cannot hold is named here,
+        // with the sizes, rather than by a failed allocation.
+        ferrite_model::check_kv_memory(self.model.config(), self.kv, 1, self.ctx)
+            .with_context(|| format!("--ctx {}", self.ctx))?;
         Ok(Session::new(&self.model, &self.pool, self.ctx, self.kv)?)
     }
 
@@ -296,6 +301,14 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         args.json_schema_file.as_deref(),
     )?;
     let loaded = Loaded::load(&args.model)?;
+    for (flag, output) in [
+        ("--dump-logprobs", &args.dump_logprobs),
+        ("--save-session", &args.save_session),
+    ] {
+        if let Some(output) = output {
+            check_not_an_input(flag, output, &[("model", &loaded.path)])?;
+        }
+    }
     let template = if args.raw {
         None
     } else {
@@ -573,6 +586,8 @@ fn save_session(
     path: &std::path::Path,
     messages: &[serde_json::Value],
 ) -> anyhow::Result<()> {
+    // Also reached from the chat's `/save PATH`, whose path no flag check saw.
+    check_not_an_input("the session file", path, &[("model", &loaded.path)])?;
     let state = session.export_state()?;
     let meta = serde_json::to_vec(&serde_json::json!({ "messages": messages }))?;
     let bytes = ferrite_kvstore::write_snapshot(path, &session_compat(loaded)?, &state, &meta)

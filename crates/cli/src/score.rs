@@ -40,8 +40,8 @@ pub struct ScoreArgs {
     /// How the fixture's sequences are fed.
     #[arg(long, value_enum, default_value = "prefill")]
     mode: ModeArg,
-    /// Write one row per case to this TSV file.
-    #[arg(long)]
+    /// Write one row per case to this TSV file (with --fixture; perplexity has no cases).
+    #[arg(long, conflicts_with = "text")]
     tsv: Option<PathBuf>,
 }
 
@@ -77,6 +77,13 @@ fn score_fixture(args: &ScoreArgs, fixture: &PathBuf) -> anyhow::Result<i32> {
         bail!("fixture {} has no cases", fixture.display());
     }
     let loaded = Loaded::load(&args.model)?;
+    if let Some(tsv) = &args.tsv {
+        crate::outputs::check_not_an_input(
+            "--tsv",
+            tsv,
+            &[("model", &loaded.path), ("fixture", fixture)],
+        )?;
+    }
     eprintln!("{}", loaded.backend_line());
     let longest = cases
         .iter()
@@ -150,6 +157,11 @@ fn score_fixture(args: &ScoreArgs, fixture: &PathBuf) -> anyhow::Result<i32> {
 }
 
 fn score_text(args: &ScoreArgs, path: &PathBuf) -> anyhow::Result<i32> {
+    // A window of one position predicts nothing: the result would be a perfect score made
+    // of no predictions.
+    if args.model.ctx < 2 {
+        bail!("--ctx must be at least 2 to measure perplexity (windows of --ctx tokens)");
+    }
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let loaded = Loaded::load(&args.model)?;

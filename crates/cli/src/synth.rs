@@ -355,6 +355,7 @@ pub fn run(args: SynthArgs) -> anyhow::Result<i32> {
     let (tok_meta, tok_vocab) = match &args.tokenizer_from {
         Some(model) => {
             let path = crate::models::resolve(model)?;
+            crate::outputs::check_not_an_input("--output", &args.output, &[("model", &path)])?;
             let g = Gguf::open(&path).with_context(|| format!("reading {}", path.display()))?;
             let (meta, vocab) = vocab::copy_from(&g)?;
             (Some(meta), Some(vocab))

@@ -278,3 +278,52 @@ fn a_chat_holds_every_reply_to_the_schema() {
         "chat:\n{stdout}\none-shot:\n{alone}"
     );
 }
+
+/// Regression: a `--ctx` whose KV cache exceeds the machine's memory failed with "invalid
+/// argument: cannot allocate the KV cache", naming neither the flag nor the sizes.
+#[test]
+fn a_context_beyond_memory_is_refused_naming_ctx_and_sizes() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("m.gguf");
+    let o = run(&[
+        "synth",
+        "-o",
+        model.to_str().unwrap(),
+        "--hidden",
+        "64",
+        "--layers",
+        "1",
+        "--heads",
+        "4",
+        "--kv-heads",
+        "2",
+        "--ffn",
+        "128",
+        "--vocab",
+        "300",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    // 2^40 positions of 2 × 32 f16 values: 256 TiB.
+    let o = run(&[
+        "run",
+        "-m",
+        model.to_str().unwrap(),
+        "--backend",
+        "cpu",
+        "--ctx",
+        "1099511627776",
+        "-p",
+        "hi",
+    ]);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("error:"))
+        .unwrap_or("");
+    assert!(
+        line.contains("--ctx 1099511627776") && line.contains("GB of memory"),
+        "{}",
+        text(&o)
+    );
+}

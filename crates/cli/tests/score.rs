@@ -287,3 +287,64 @@ fn q8_kv_cache_meets_the_default_bounds() {
         check_default_fidelity(&last_line_fields(&stdout, "summary: "));
     }
 }
+
+/// Regression: `--text` with `--ctx 1` ended with exit 0 and `tokens=0 nll=0.00000000
+/// ppl=1.000000`, a perfect score made of no predictions (a one-token window predicts
+/// nothing); and `--tsv` with `--text` was accepted and silently not written.
+#[test]
+fn perplexity_refuses_windows_that_predict_nothing_and_a_tsv_it_would_not_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("m.gguf");
+    let o = run(&[
+        "synth",
+        "-o",
+        model.to_str().unwrap(),
+        "--type",
+        "f32",
+        "--hidden",
+        "64",
+        "--layers",
+        "1",
+        "--heads",
+        "4",
+        "--kv-heads",
+        "2",
+        "--ffn",
+        "128",
+        "--vocab",
+        "300",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let txt = dir.path().join("t.txt");
+    std::fs::write(&txt, "the quick brown fox jumps over the lazy dog").unwrap();
+    let (m, t) = (model.to_str().unwrap(), txt.to_str().unwrap());
+    let score = |extra: &[&str]| {
+        let mut args = vec!["score", "-m", m, "--backend", "cpu", "--text", t];
+        args.extend_from_slice(extra);
+        run(&args)
+    };
+    let o = score(&["--ctx", "1"]);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        stderr
+            .lines()
+            .any(|l| l.starts_with("error:") && l.contains("--ctx")),
+        "{}",
+        text(&o)
+    );
+    let tsv = dir.path().join("rows.tsv");
+    let o = score(&["--tsv", tsv.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("'--tsv <TSV>'"),
+        "{}",
+        text(&o)
+    );
+    assert!(!tsv.exists());
+    // Two positions make one prediction per window.
+    let o = score(&["--ctx", "2"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let f = last_line_fields(&String::from_utf8_lossy(&o.stdout), "perplexity: ");
+    assert!(num(&f, "tokens") > 0.0, "{f:?}");
+}

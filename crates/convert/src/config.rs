@@ -191,14 +191,22 @@ fn bad(key: &str, reason: impl Into<String>) -> ConvertError {
     }
 }
 
+/// A count of `config.json`. Counts are written as GGUF u32 values, so a larger one is
+/// refused here rather than truncated on the way out.
 fn get_usize(cfg: &Map<String, Json>, key: &str) -> Result<Option<usize>, ConvertError> {
     match cfg.get(key) {
         None | Some(Json::Null) => Ok(None),
         Some(v) => v
             .as_u64()
+            .filter(|&n| n <= u64::from(u32::MAX))
             .and_then(|n| usize::try_from(n).ok())
             .map(Some)
-            .ok_or_else(|| bad(key, format!("expected a non-negative integer, got {v}"))),
+            .ok_or_else(|| {
+                bad(
+                    key,
+                    format!("expected a non-negative integer below 2^32, got {v}"),
+                )
+            }),
     }
 }
 

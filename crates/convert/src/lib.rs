@@ -127,6 +127,26 @@ pub fn is_hf_dir(path: &Path) -> bool {
     path.is_dir() && path.join("config.json").is_file()
 }
 
+/// The checkpoint name of the embedding, whose rows are the vocabulary.
+const EMBED: &str = "model.embed_tokens.weight";
+
+/// Checks that the embedding has `vocab_size` rows.
+fn check_vocab(config: &HfConfig, checkpoint: &Checkpoint) -> Result<(), ConvertError> {
+    let Some(embed) = checkpoint.get(EMBED) else {
+        return Err(ConvertError::MissingTensor(EMBED.into()));
+    };
+    match embed.info.shape.first() {
+        Some(&rows) if rows == config.n_vocab as u64 => Ok(()),
+        _ => Err(ConvertError::BadConfig {
+            key: "vocab_size".into(),
+            reason: format!(
+                "{} tokens, but {EMBED} has shape {:?} (one row per token)",
+                config.n_vocab, embed.info.shape
+            ),
+        }),
+    }
+}
+
 impl HfModel {
     /// Reads `config.json` and the tokenizer files and opens (and validates) the weights.
     pub fn open(dir: &Path) -> Result<HfModel, ConvertError> {
@@ -138,6 +158,10 @@ impl HfModel {
         };
         let config = HfConfig::from_json(&config_json.to_string())?;
         let map = config_json.as_object().cloned().unwrap_or_default();
+        // The token table is padded to `vocab_size`, so the claim is checked against the
+        // weights before anything is sized by it.
+        let checkpoint = Checkpoint::open_dir(dir)?;
+        check_vocab(&config, &checkpoint)?;
         let tokenizer = tokenizer::metadata(
             dir,
             &map,
@@ -146,7 +170,6 @@ impl HfModel {
             // llama.cpp's Qwen3-MoE converter reads only tokenizer.json.
             config.family != Family::Qwen3Moe,
         )?;
-        let checkpoint = Checkpoint::open_dir(dir)?;
         Ok(HfModel {
             dir: dir.to_owned(),
             config,

@@ -130,6 +130,27 @@ const GEMMA3_LOCAL_ROPE_BASE: f32 = 10_000.0;
 /// Gemma 3 alternates five sliding-window layers with one global layer.
 const GEMMA3_GLOBAL_EVERY: usize = 6;
 
+/// The metadata key holding the tokenizer's vocabulary.
+const TOKENS_KEY: &str = "tokenizer.ggml.tokens";
+
+/// Checks that the tokenizer's vocabulary, when the file has one, has one token per row of
+/// the embedding: llama.cpp sizes the embedding from this list, and ferrite's converter pads
+/// the list to `vocab_size`. A shorter list lets the model sample ids that cannot be
+/// decoded; a longer one lets a prompt hold ids the embedding has no row for. A list of the
+/// wrong type is left to the tokenizer, which names it.
+fn check_token_count(g: &Gguf, n_vocab: usize) -> Result<(), ModelError> {
+    match g.get(TOKENS_KEY).and_then(|v| v.as_array()) {
+        Some(tokens) if tokens.len() != n_vocab => Err(bad(
+            TOKENS_KEY,
+            &format!(
+                "{} tokens, but token_embd.weight has {n_vocab} rows",
+                tokens.len()
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
 impl ModelConfig {
     /// Reads the configuration of `g`. A missing key is reported by name.
     pub fn from_gguf(g: &Gguf) -> Result<ModelConfig, ModelError> {
@@ -145,6 +166,17 @@ impl ModelConfig {
         let a = arch_name;
         let k = |s: &str| format!("{a}.{s}");
         let n_layer = positive(&k("block_count"), usize_key(g, &k("block_count"))?)?;
+        // Per-layer tables are sized by this count before any block's tensors are looked
+        // up; every block has tensors, so the file's tensor table bounds it.
+        if n_layer > g.tensors().len() {
+            return Err(bad(
+                &k("block_count"),
+                &format!(
+                    "{n_layer} blocks, but the file has only {} tensors",
+                    g.tensors().len()
+                ),
+            ));
+        }
         let d_model = positive(
             &k("embedding_length"),
             usize_key(g, &k("embedding_length"))?,
@@ -167,10 +199,13 @@ impl ModelConfig {
             Some(_) => Some(usize_key(g, &k("feed_forward_length"))?),
             None => None,
         };
+        // Every architecture refuses what its forward pass lacks (Gemma 3 4B and larger
+        // ask for linear rope scaling, which this one does not do); experts are read for
+        // the architectures that have them.
+        features::check_unsupported(g, a)?;
         let (moe, d_ff) = if arch == Arch::Gemma3 {
             (None, dense_ff)
         } else {
-            features::check_unsupported(g, a)?;
             features::moe(g, a, arch == Arch::Qwen3Moe, dense_ff)?
         };
         let ff_key = if moe.is_some() && g.get(&k("expert_feed_forward_length")).is_some() {
@@ -184,8 +219,22 @@ impl ModelConfig {
             None => positive(&ff_key, usize_key(g, &ff_key)?)?,
         };
         let ctx_train = usize_key(g, &k("context_length"))?;
+        // Values that would make every activation NaN are refused here, by key, rather than
+        // surfacing as NaN logits at the first token.
         let rms_eps = g.get_f32(&k("attention.layer_norm_rms_epsilon"))?;
+        if !(rms_eps.is_finite() && rms_eps >= 0.0) {
+            return Err(bad(
+                &k("attention.layer_norm_rms_epsilon"),
+                &format!("{rms_eps} is not a finite, non-negative number"),
+            ));
+        }
         let rope_base = g.get_f32(&k("rope.freq_base"))?;
+        if !(rope_base.is_finite() && rope_base > 0.0) {
+            return Err(bad(
+                &k("rope.freq_base"),
+                &format!("{rope_base} is not a finite, positive number"),
+            ));
+        }
         let head_dim = match g.get(&k("attention.key_length")) {
             Some(_) => positive(
                 &k("attention.key_length"),
@@ -227,6 +276,7 @@ impl ModelConfig {
                 });
             }
         };
+        check_token_count(g, n_vocab)?;
         let cfg = match arch {
             Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe => {
                 let windows = features::sliding_windows(g, a, n_layer)?;
@@ -484,6 +534,71 @@ mod tests {
         );
     }
 
+    /// Regression: `block_count` = u32::MAX made the loader allocate a 64 GiB per-layer
+    /// table (and abort) before any tensor was looked up. A block needs tensors, so a count
+    /// beyond the file's tensor table is refused before anything is sized by it.
+    #[test]
+    fn rejects_more_blocks_than_the_file_has_tensors() {
+        for n in [u32::MAX, 1 << 20] {
+            for variant in ["llama", "gemma3"] {
+                let key = format!("{variant}.block_count");
+                let err = cfg_with(variant, vec![(key.clone(), Value::U32(n))]).unwrap_err();
+                assert!(
+                    matches!(&err, ModelError::BadMetadata { key: k, .. } if *k == key),
+                    "{variant} {n}: {err}"
+                );
+            }
+        }
+    }
+
+    /// Regression: a NaN, negative or zero rope base and a NaN or negative RMSNorm epsilon
+    /// were accepted, and every logit came out NaN at the first token ("logit 0 is NaN"),
+    /// an error that does not name the bad key.
+    #[test]
+    fn rejects_unusable_epsilon_and_rope_base() {
+        let eps = "llama.attention.layer_norm_rms_epsilon";
+        let base = "llama.rope.freq_base";
+        for (key, v) in [
+            (eps, f32::NAN),
+            (eps, -1e-5),
+            (eps, f32::INFINITY),
+            (base, f32::NAN),
+            (base, 0.0),
+            (base, -10_000.0),
+            (base, f32::INFINITY),
+        ] {
+            let err = cfg_with("llama", vec![(key.into(), Value::F32(v))]).unwrap_err();
+            assert!(
+                matches!(&err, ModelError::BadMetadata { key: k, .. } if k == key),
+                "{key} = {v}: {err}"
+            );
+        }
+        // Zero epsilon is usable (llama.cpp accepts it too).
+        cfg_with("llama", vec![(eps.into(), Value::F32(0.0))]).unwrap();
+    }
+
+    /// Regression: a tokenizer with fewer tokens than the embedding has rows let the model
+    /// sample ids the tokenizer cannot decode (the run failed mid-answer); one with more let
+    /// the prompt hold ids the embedding has no row for. llama.cpp sizes the embedding from
+    /// the token list, so both are malformed files, refused at load.
+    #[test]
+    fn rejects_a_token_list_that_disagrees_with_the_embedding() {
+        let key = "tokenizer.ggml.tokens";
+        let tokens = |n: usize| {
+            let names: Vec<String> = (0..n).map(|i| format!("t{i}")).collect();
+            Value::Array(Array::String(names.iter().map(String::as_str).collect()))
+        };
+        for n in [crate::testutil::VOCAB - 1, crate::testutil::VOCAB + 1] {
+            let err = cfg_with("llama", vec![(key.into(), tokens(n))]).unwrap_err();
+            assert!(
+                matches!(&err, ModelError::BadMetadata { key: k, .. } if k == key),
+                "{n} tokens: {err}"
+            );
+        }
+        let c = cfg_with("llama", vec![(key.into(), tokens(crate::testutil::VOCAB))]).unwrap();
+        assert_eq!(c.n_vocab, crate::testutil::VOCAB);
+    }
+
     #[test]
     fn unsupported_features_are_named() {
         for (variant, key, value) in [
@@ -496,6 +611,16 @@ mod tests {
             ("qwen3moe", "qwen3moe.expert_shared_count", Value::U32(1)),
             ("qwen3moe", "qwen3moe.expert_weights_scale", Value::F32(2.5)),
             ("qwen2", "qwen2.final_logit_softcapping", Value::F32(30.0)),
+            // Regression: gemma3 skipped these checks, so a Gemma 3 4B-style file (linear
+            // rope scaling, factor 8, on its global layers) or one asking for soft-capping
+            // loaded and ran with neither, giving other logits than transformers.
+            (
+                "gemma3",
+                "gemma3.rope.scaling.type",
+                Value::String("linear".into()),
+            ),
+            ("gemma3", "gemma3.final_logit_softcapping", Value::F32(30.0)),
+            ("gemma3", "gemma3.attn_logit_softcapping", Value::F32(50.0)),
         ] {
             let err = cfg_with(variant, vec![(key.into(), value)]).unwrap_err();
             assert!(

@@ -129,7 +129,10 @@ fn vector(g: &Gguf, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
     dequantize_tensor(g, name)
 }
 
-/// Index of tensor `name` in the file's table, after checking its GGUF dims are `dims`.
+/// Index of tensor `name` in the file's table, after checking its GGUF dims are `dims` and
+/// that the CPU kernels read its type (every product and lookup dequantizes through
+/// `ferrite_quant`), so that a matrix no kernel reads is refused at load, by name, rather
+/// than failing the first forward pass.
 pub(crate) fn find_tensor(g: &Gguf, name: &str, dims: &[u64]) -> Result<usize, ModelError> {
     let tensor = g
         .tensors()
@@ -142,6 +145,15 @@ pub(crate) fn find_tensor(g: &Gguf, name: &str, dims: &[u64]) -> Result<usize, M
             name: name.to_owned(),
             got: t.dims.clone(),
             expected: dims.to_vec(),
+        });
+    }
+    if !ferrite_quant::supports_dequantize(t.ty) {
+        return Err(ModelError::Quant {
+            name: name.to_owned(),
+            source: ferrite_quant::QuantError::Unsupported {
+                ty: t.ty,
+                op: "dequantize",
+            },
         });
     }
     Ok(tensor)
@@ -573,5 +585,135 @@ mod tests {
                 .iter()
                 .all(|l| l.qkv_bias.is_some() && l.out_bias.is_some())
         );
+    }
+
+    /// Regression: a weight matrix of a type no CPU kernel reads (I32 here; also I8, I16,
+    /// Q8_1) loaded, and the first forward pass failed with "cpu kernel: dequantize is not
+    /// implemented for I32", naming no tensor (`serve` would start and fail every request).
+    #[test]
+    fn matrices_of_unreadable_types_are_refused_at_load_by_name() {
+        use ferrite_gguf::GgufWriter;
+        for name in ["blk.0.attn_q.weight", "token_embd.weight"] {
+            let g = Gguf::from_bytes(tiny_gguf("llama", GgmlType::F32, "", "")).unwrap();
+            let mut w = GgufWriter::new();
+            for (k, v) in g.metadata() {
+                w.add_metadata(k.clone(), v.clone()).unwrap();
+            }
+            for t in g.tensors() {
+                // I32 has F32's size, so only the type changes.
+                let ty = if t.name == name { GgmlType::I32 } else { t.ty };
+                w.add_tensor(t.name.clone(), ty, &t.dims, g.tensor_data(t).to_vec())
+                    .unwrap();
+            }
+            let g = Gguf::from_bytes(w.to_bytes().unwrap()).unwrap();
+            for precision in [Precision::Default, Precision::F32] {
+                let err = Model::from_gguf(g_clone(&g), LoadOptions { precision }).unwrap_err();
+                assert!(
+                    matches!(&err, ModelError::Quant { name: n, .. } if n == name),
+                    "{name} {precision:?}: {err}"
+                );
+            }
+        }
+    }
+
+    fn g_clone(g: &Gguf) -> Gguf {
+        Gguf::from_bytes(g.bytes().to_vec()).unwrap()
+    }
+
+    /// Replaces one metadata value of `bytes` (a GGUF) with an extreme of its kind, or drops
+    /// or renames one tensor: the lies a hand-edited or hostile file tells about its shape.
+    fn lie(rng: &mut ferrite_testkit::XorShift, bytes: &[u8]) -> Vec<u8> {
+        use ferrite_gguf::{GgufWriter, Value};
+        let g = Gguf::from_bytes(bytes.to_vec()).expect("base parses");
+        let meta = g.metadata();
+        let pick = rng.below(meta.len() + g.tensors().len());
+        let mut w = GgufWriter::new();
+        for (i, (k, v)) in meta.iter().enumerate() {
+            let v = if i != pick {
+                v.clone()
+            } else if v.as_f32().is_some() && v.as_integer().is_none() {
+                Value::F32([f32::NAN, -1.0, 0.0, f32::INFINITY, 1e30][rng.below(5)])
+            } else {
+                Value::U32([0, 1, 3, 65, 1 << 20, u32::MAX][rng.below(6)])
+            };
+            w.add_metadata(k.clone(), v).expect("metadata");
+        }
+        for (i, t) in g.tensors().iter().enumerate() {
+            let name = match pick.checked_sub(meta.len()) {
+                Some(j) if j == i && rng.below(2) == 0 => continue,
+                Some(j) if j == i => "blk.0.attn_q.bias".to_owned(),
+                _ => t.name.clone(),
+            };
+            // A rename onto an existing name would only be refused by the writer.
+            let name = if name != t.name && g.tensor(&name).is_some() {
+                t.name.clone()
+            } else {
+                name
+            };
+            w.add_tensor(name, t.ty, &t.dims, g.tensor_data(t).to_vec())
+                .expect("tensor");
+        }
+        w.to_bytes().expect("gguf bytes")
+    }
+
+    /// Whatever a damaged or lying file holds, loading returns a model or an error, never a
+    /// panic or an allocation sized by a claim the file cannot back; a model that loads runs
+    /// two tokens without panicking. Half the mutants flip bytes of the metadata and tensor
+    /// table (the data section only changes weights), half rewrite one value with an extreme
+    /// (see [`lie`]). Test of the test: with the `block_count` bound of `ModelConfig` removed,
+    /// this aborted on a 64 GiB allocation.
+    #[test]
+    fn mutated_files_load_or_fail_cleanly() {
+        use crate::{KvType, Outputs, Session};
+        const MUTANTS: usize = 3000;
+        let bases: Vec<Vec<u8>> = ["llama", "gemma3", "qwen3moe", "qwen2"]
+            .iter()
+            .map(|a| tiny_gguf(a, GgmlType::Q8_0, "", ""))
+            .collect();
+        let pool = ferrite_cpu::ThreadPool::new(1).unwrap();
+        let mut rng = ferrite_testkit::XorShift(0x5EED_0D31);
+        let (mut loaded, mut refused) = (0, 0);
+        for i in 0..MUTANTS {
+            let base = &bases[i % bases.len()];
+            let bytes = if i % 2 == 0 {
+                lie(&mut rng, base)
+            } else {
+                let header = Gguf::from_bytes(base.clone()).unwrap().data_offset() as usize;
+                let mut b = base.clone();
+                for _ in 0..1 + rng.below(3) {
+                    let at = rng.below(header);
+                    match rng.below(3) {
+                        0 => b[at] ^= 1 << rng.below(8),
+                        1 => b[at] = rng.next_u64() as u8,
+                        _ => {
+                            let v = [u64::MAX, u32::MAX as u64, 1 << 40, 0][rng.below(4)];
+                            for (slot, byte) in b[at..].iter_mut().zip(v.to_le_bytes()) {
+                                *slot = byte;
+                            }
+                        }
+                    }
+                }
+                b
+            };
+            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                let Ok(g) = Gguf::from_bytes(bytes) else {
+                    return false;
+                };
+                let Ok(m) = Model::from_gguf(g, LoadOptions::default()) else {
+                    return false;
+                };
+                if let Ok(mut s) = Session::new(&m, &pool, 8, KvType::F16) {
+                    let _ = s.eval(&[0, 1], Outputs::Last);
+                }
+                true
+            }));
+            match outcome {
+                Ok(true) => loaded += 1,
+                Ok(false) => refused += 1,
+                Err(_) => panic!("mutant {i} panicked"),
+            }
+        }
+        println!("{MUTANTS} mutants: {loaded} loaded and ran, {refused} refused");
+        assert!(loaded > 0 && refused > MUTANTS / 4, "{loaded} / {refused}");
     }
 }

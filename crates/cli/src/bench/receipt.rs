@@ -130,7 +130,28 @@ impl Receipt {
                 let v: f64 = cells[at]
                     .parse()
                     .with_context(|| format!("line {}: {want} = {:?}", i + 1, cells[at]))?;
+                // Every column is a count, a duration or a rate: a NaN, infinite or negative
+                // one is a broken receipt, which the comparison could not judge and would
+                // wave through.
+                if !(v.is_finite() && v >= 0.0) {
+                    bail!(
+                        "line {}: {want} = {v} is not a finite, non-negative number",
+                        i + 1
+                    );
+                }
                 row.push(v);
+            }
+            let (f, b) = (col("frontier"), col("batch"));
+            if rows
+                .iter()
+                .any(|r: &Vec<f64>| r[f] == row[f] && r[b] == row[b])
+            {
+                bail!(
+                    "line {}: a second row for frontier {} batch {}",
+                    i + 1,
+                    row[f],
+                    row[b]
+                );
             }
             rows.push(row);
         }
@@ -285,6 +306,27 @@ mod tests {
         let csv = sample().to_csv().replace("1.500", "x");
         assert!(Receipt::parse(&csv).is_err());
         assert!(Receipt::parse("# a: b\n").is_err());
+    }
+
+    /// Regression: a receipt holding NaN, inf or a negative measurement parsed, and
+    /// `--compare` judged such a row `investigate` and exited 0, so a broken receipt passed
+    /// the regression gate; a second row for the same (frontier, batch) was silently ignored.
+    #[test]
+    fn parse_rejects_non_finite_or_negative_values_and_duplicate_rows() {
+        let csv = sample().to_csv();
+        assert!(csv.contains(",10.500,"), "{csv}");
+        for bad in ["NaN", "inf", "-inf", "-1"] {
+            let err = Receipt::parse(&csv.replace(",10.500,", &format!(",{bad},"))).unwrap_err();
+            assert!(
+                err.to_string().contains("prefill_tps_median"),
+                "{bad}: {err}"
+            );
+        }
+        let row = csv.lines().last().unwrap();
+        let err = Receipt::parse(&format!("{csv}{row}\n")).unwrap_err();
+        assert!(err.to_string().contains("frontier"), "{err}");
+        // Zero is a value (prefill_from of a cold run).
+        Receipt::parse(&csv.replace(",2.500,", ",0,")).unwrap();
     }
 
     #[test]
