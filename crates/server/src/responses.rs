@@ -90,12 +90,13 @@ impl Shape {
             "arguments": if with_arguments { args } else { "" }, "status": status})
     }
 
-    /// Completed output items: the message (when there is text or no tool call), then one
-    /// `function_call` item per call.
-    fn output(&self, text: Option<&str>, calls: &[Value]) -> Vec<Value> {
+    /// Finished output items: the message (when there is text or no tool call), with the
+    /// response's `status`, then one `function_call` item per call (always whole: calls are
+    /// only parsed from closed markup).
+    fn output(&self, status: &str, text: Option<&str>, calls: &[Value]) -> Vec<Value> {
         let mut out = Vec::with_capacity(calls.len() + 1);
         if text.is_some() || calls.is_empty() {
-            out.push(self.item("completed", vec![Shape::part(text.unwrap_or(""))]));
+            out.push(self.item(status, vec![Shape::part(text.unwrap_or(""))]));
         }
         for (k, c) in calls.iter().enumerate() {
             out.push(self.call_item(k, c, "completed", true));
@@ -248,21 +249,26 @@ fn finished_object(shape: &Shape, f: &Finished) -> Value {
         .with_tools
         .then(|| tools::parse_tool_calls(&f.text))
         .flatten();
-    let output = match &parsed {
-        Some(p) => shape.output(p.content.as_deref(), &p.calls),
-        None => shape.output(Some(&f.text), &[]),
-    };
-    final_object(shape, f, output)
+    match &parsed {
+        Some(p) => final_object(shape, f, p.content.as_deref(), &p.calls),
+        None => final_object(shape, f, Some(&f.text), &[]),
+    }
 }
 
-fn final_object(shape: &Shape, f: &Finished, output: Vec<Value>) -> Value {
-    let incomplete = f.finish == Some(FinishReason::Length);
-    let status = if incomplete {
+/// `incomplete` when the output was cut by `max_output_tokens`, else `completed`: the
+/// response's status and its message item's.
+fn status(f: &Finished) -> &'static str {
+    if f.finish == Some(FinishReason::Length) {
         "incomplete"
     } else {
         "completed"
-    };
-    shape.object(status, output, Some(f.usage), incomplete)
+    }
+}
+
+fn final_object(shape: &Shape, f: &Finished, text: Option<&str>, calls: &[Value]) -> Value {
+    let status = status(f);
+    let output = shape.output(status, text, calls);
+    shape.object(status, output, Some(f.usage), status == "incomplete")
 }
 
 fn response_events(
@@ -330,7 +336,7 @@ fn response_events(
                             yield ev("response.content_part.done", json!({"item_id": shape.msg_id, "output_index": 0,
                                 "content_index": 0, "part": Shape::part(&shown)}));
                             yield ev("response.output_item.done", json!({"output_index": 0,
-                                "item": shape.item("completed", vec![Shape::part(&shown)])}));
+                                "item": shape.item(status(&state), vec![Shape::part(&shown)])}));
                         }
                         let first = usize::from(opened);
                         for (k, call) in calls.iter().enumerate() {
@@ -347,7 +353,7 @@ fn response_events(
                                 "item": shape.call_item(k, call, "completed", true)}));
                         }
                         let text = opened.then_some(shown.as_str());
-                        let done = final_object(&shape, &state, shape.output(text, &calls));
+                        let done = final_object(&shape, &state, text, &calls);
                         let kind = if done["status"] == "completed" { "response.completed" } else { "response.incomplete" };
                         log.finish();
                         yield ev(kind, json!({"response": done}));
