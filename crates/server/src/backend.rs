@@ -234,6 +234,8 @@ pub struct EngineStats {
     pub slots_active: usize,
     /// Requests waiting for a slot.
     pub queue_depth: usize,
+    /// Most requests that may wait for a slot (`--queue`).
+    pub queue_limit: usize,
     /// Disk-cache snapshot files written since start.
     pub kv_disk_written: u64,
     /// Disk-cache snapshot files rejected since start (another model or setting, damaged).

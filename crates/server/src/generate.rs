@@ -219,12 +219,26 @@ pub fn room(backend: &dyn Backend, prompt_len: usize) -> usize {
 }
 
 /// Queue `n` generations of the same prompt (seed offset per choice so samples differ).
+/// More choices than the server holds at once (slots and queue) could never all be
+/// queued: that is the request's fault (400), not a busy server's (429, which clients retry).
 pub fn submit_n(
     backend: &dyn Backend,
     prompt: &[u32],
     opts: &GenOptions,
     n: usize,
 ) -> Result<Vec<UnboundedReceiver<GenEvent>>, ApiError> {
+    let stats = backend.stats();
+    let capacity = stats.slots_total + stats.queue_limit;
+    if n > capacity {
+        return Err(ApiError::invalid_param(
+            "n",
+            format!(
+                "n is {n}, but this server holds at most {capacity} generations at once \
+                 ({} slots and a queue of {})",
+                stats.slots_total, stats.queue_limit
+            ),
+        ));
+    }
     (0..n)
         .map(|i| {
             let mut sampling = opts.sampling.clone();

@@ -364,6 +364,8 @@ async fn responses_plain_and_stream() {
     let (_, v) = post(&app, "/v1/responses", json!({"model": "fake-model", "input": [{"role": "user", "content": "hi"}], "max_output_tokens": 2})).await;
     assert_eq!(v["status"], "incomplete");
     assert_eq!(v["incomplete_details"]["reason"], "max_output_tokens");
+    // The cut message is itself incomplete, as the API marks it.
+    assert_eq!(v["output"][0]["status"], "incomplete", "{v}");
     let body =
         json!({"model": "fake-model", "input": "hi", "stream": true, "max_output_tokens": 3});
     let (_, text) = send(&app, "POST", "/v1/responses", &body.to_string(), &[]).await;
@@ -391,6 +393,9 @@ async fn responses_plain_and_stream() {
             k
         );
     }
+    let data = |k: usize| serde_json::from_str::<Value>(&events[k].1).unwrap();
+    assert_eq!(data(9)["item"]["status"], "incomplete");
+    assert_eq!(data(10)["response"]["output"][0]["status"], "incomplete");
     let (status, v) = post(
         &app,
         "/v1/responses",
@@ -616,6 +621,24 @@ async fn full_queue_answers_429() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(fake.stats().slots_active, 0);
+}
+
+/// More choices than slots and queue together can never be queued: a 400 naming `n`, not
+/// a 429 that clients would retry; as many as fit are served.
+#[tokio::test]
+async fn more_choices_than_the_server_holds_is_a_bad_request() {
+    let (app, _) = app_with(
+        Fake::with(REPLY, 1, 2, Duration::from_millis(1)),
+        ServerConfig::default(),
+    );
+    let (status, v) = post(&app, "/v1/chat/completions", chat_body(json!({"n": 4}))).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
+    assert_eq!(v["error"]["param"], "n");
+    let message = v["error"]["message"].as_str().unwrap();
+    assert!(message.contains("at most 3"), "{message}");
+    let (status, v) = post(&app, "/v1/chat/completions", chat_body(json!({"n": 3}))).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["choices"].as_array().unwrap().len(), 3);
 }
 
 /// A client that goes away mid-stream frees its slot, is counted as cancelled, and the next

@@ -213,6 +213,7 @@ impl Backend for Fake {
             slots_total: self.slots,
             slots_active: running,
             queue_depth: live.saturating_sub(running),
+            queue_limit: self.queue_limit,
             ..EngineStats::default()
         }
     }

@@ -114,6 +114,7 @@ impl Engine {
             slots_total: self.config.parallel,
             slots_active: active,
             queue_depth: inflight.saturating_sub(active),
+            queue_limit: self.config.queue_limit,
             kv_disk_written: self.cache_stats.written.load(Ordering::Relaxed),
             kv_disk_rejected: self.cache_stats.rejected.load(Ordering::Relaxed),
             batched_steps: self.counters.batched_steps.load(Ordering::Relaxed) as u64,
