@@ -183,6 +183,21 @@ pub fn score_case<S: LogitsSource + ?Sized>(
         return Err(bad("steps and generated_ids differ in length or are empty"));
     }
     let nv = src.n_vocab();
+    // A reference id past the vocabulary has no logit to compare: the fixture belongs to
+    // another model, and scoring it would print an infinite difference and pass on.
+    let ids = case.prompt_ids.iter().chain(&case.generated_ids);
+    let top_ids = case
+        .steps
+        .iter()
+        .flat_map(|s| s.top.iter().map(|(id, _)| id));
+    if let Some(id) = ids.chain(top_ids).find(|&&id| id as usize >= nv) {
+        return Err(bad(&format!(
+            "token id {id} is outside the model's vocabulary of {nv}"
+        )));
+    }
+    if case.steps.iter().any(|s| s.top.is_empty()) {
+        return Err(bad("a step has no reference top logprobs"));
+    }
     src.reset();
     // Logits for step i come from position np - 1 + i; the last generated id is never fed.
     let mut rows = vec![0.0f32; ns * nv];
@@ -232,10 +247,7 @@ pub fn score_case<S: LogitsSource + ?Sized>(
     for (i, step) in case.steps.iter().enumerate() {
         let row = &rows[i * nv..(i + 1) * nv];
         let lse = log_sum_exp(row);
-        let lp = |id: u32| {
-            row.get(id as usize)
-                .map_or(f64::NEG_INFINITY, |&l| f64::from(l) - lse)
-        };
+        let lp = |id: u32| f64::from(row[id as usize]) - lse;
         let ours = argmax(row);
         if i == 0 {
             sc.first_token_match = ours == case.generated_ids[0];
@@ -515,6 +527,30 @@ mod tests {
         src.calls = 0;
         score_case(&mut src, &case, ScoreMode::Decode).unwrap();
         assert_eq!(src.calls, 5);
+    }
+
+    #[test]
+    fn a_case_of_another_vocabulary_or_without_reference_tops_is_refused() {
+        let mut src = Table::new(11);
+        let good = exact_case(&src, vec![1, 2], 3);
+        let mut beyond_top = good.clone();
+        beyond_top.steps[1].top[2].0 = 11;
+        let mut beyond_prompt = good.clone();
+        beyond_prompt.prompt_ids[0] = 99;
+        let mut no_top = good.clone();
+        no_top.steps[2].top.clear();
+        for (case, says) in [
+            (
+                beyond_top,
+                "token id 11 is outside the model's vocabulary of 11",
+            ),
+            (beyond_prompt, "token id 99"),
+            (no_top, "no reference top logprobs"),
+        ] {
+            let err = score_case(&mut src, &case, ScoreMode::Prefill).unwrap_err();
+            assert!(err.to_string().contains(says), "{err}");
+        }
+        assert!(score_case(&mut src, &good, ScoreMode::Prefill).is_ok());
     }
 
     #[test]
