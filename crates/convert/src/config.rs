@@ -290,7 +290,14 @@ impl HfConfig {
         let ctx =
             get_usize(cfg, "max_position_embeddings")?.map_or(family.default_ctx(), |c| c as u64);
         let rms_eps = get_f64(cfg, "rms_norm_eps")?.unwrap_or(family.default_rms_eps());
+        // The loader refuses these too; refusing here keeps a file it cannot load unwritten.
+        if !(rms_eps.is_finite() && rms_eps >= 0.0) {
+            return Err(bad("rms_norm_eps", "must be a finite number ≥ 0"));
+        }
         let (rope_theta, llama3_rope) = rope(cfg, family)?;
+        if !(rope_theta.is_finite() && rope_theta > 0.0) {
+            return Err(bad("rope_theta", "must be a finite number > 0"));
+        }
         let tie_embeddings = get_bool(cfg, "tie_word_embeddings")?.unwrap_or(false);
         let experts = experts(cfg, family)?;
         let sliding_window = sliding_window(cfg, family, n_layer)?;

@@ -567,3 +567,27 @@ fn config_claims_are_bounded_before_use() {
         );
     }
 }
+
+/// Regression: a negative norm epsilon or a rope base of 0 was written into the GGUF, which
+/// the loader then refuses; the converter refuses them first, naming the key.
+#[test]
+fn unusable_epsilon_and_rope_base_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    for (key, value) in [
+        ("rms_norm_eps", "-1"),
+        ("rope_theta", "0"),
+        ("rope_theta", "-10000.0"),
+    ] {
+        dense_dir(
+            dir.path(),
+            "LlamaForCausalLM",
+            &format!(r#","{key}":{value}"#),
+            false,
+        );
+        let e = HfModel::open(dir.path()).unwrap_err();
+        assert!(
+            matches!(&e, ConvertError::BadConfig { key: k, .. } if k == key),
+            "{key} = {value}: {e}"
+        );
+    }
+}
