@@ -9,32 +9,6 @@
 
 mod common;
 
-use std::path::Path;
-
-/// A tiny f32 model at `path`.
-fn synth(path: &Path) {
-    let o = common::run(&[
-        "synth",
-        "-o",
-        path.to_str().unwrap(),
-        "--type",
-        "f32",
-        "--hidden",
-        "64",
-        "--layers",
-        "1",
-        "--heads",
-        "4",
-        "--kv-heads",
-        "2",
-        "--ffn",
-        "128",
-        "--vocab",
-        "300",
-    ]);
-    assert!(o.status.success(), "{}", common::text(&o));
-}
-
 /// `None` when `args` end with exit code 1 and a single stderr line starting with `error`
 /// that contains `needle`; otherwise what happened.
 fn clean_failure(args: &[&str], needle: &str) -> Option<String> {
@@ -54,7 +28,7 @@ fn clean_failure(args: &[&str], needle: &str) -> Option<String> {
 fn no_output_flag_may_name_the_model() {
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("m.gguf");
-    synth(&model);
+    common::tiny_model(&model);
     let original = std::fs::read(&model).unwrap();
     let m = model.to_str().unwrap();
     let other_spelling = dir.path().join(".").join("m.gguf");

@@ -285,24 +285,7 @@ fn a_chat_holds_every_reply_to_the_schema() {
 fn a_context_beyond_memory_is_refused_naming_ctx_and_sizes() {
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("m.gguf");
-    let o = run(&[
-        "synth",
-        "-o",
-        model.to_str().unwrap(),
-        "--hidden",
-        "64",
-        "--layers",
-        "1",
-        "--heads",
-        "4",
-        "--kv-heads",
-        "2",
-        "--ffn",
-        "128",
-        "--vocab",
-        "300",
-    ]);
-    assert!(o.status.success(), "{}", text(&o));
+    common::tiny_model(&model);
     // 2^40 positions of 2 × 32 f16 values: 256 TiB.
     let o = run(&[
         "run",

@@ -295,26 +295,7 @@ fn q8_kv_cache_meets_the_default_bounds() {
 fn perplexity_refuses_windows_that_predict_nothing_and_a_tsv_it_would_not_write() {
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("m.gguf");
-    let o = run(&[
-        "synth",
-        "-o",
-        model.to_str().unwrap(),
-        "--type",
-        "f32",
-        "--hidden",
-        "64",
-        "--layers",
-        "1",
-        "--heads",
-        "4",
-        "--kv-heads",
-        "2",
-        "--ffn",
-        "128",
-        "--vocab",
-        "300",
-    ]);
-    assert!(o.status.success(), "{}", text(&o));
+    common::tiny_model(&model);
     let txt = dir.path().join("t.txt");
     std::fs::write(&txt, "the quick brown fox jumps over the lazy dog").unwrap();
     let (m, t) = (model.to_str().unwrap(), txt.to_str().unwrap());

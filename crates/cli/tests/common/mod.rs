@@ -41,6 +41,31 @@ pub fn run_stdin(args: &[&str], input: &str) -> Output {
     child.wait_with_output().expect("waiting for ferrite")
 }
 
+/// Writes a tiny random f32 model (one layer, 64 wide, 300 tokens) to `path` with `ferrite
+/// synth`: enough for tests of flags and errors that need no real weights.
+pub fn tiny_model(path: &std::path::Path) {
+    let out = run(&[
+        "synth",
+        "-o",
+        path.to_str().unwrap(),
+        "--type",
+        "f32",
+        "--hidden",
+        "64",
+        "--layers",
+        "1",
+        "--heads",
+        "4",
+        "--kv-heads",
+        "2",
+        "--ffn",
+        "128",
+        "--vocab",
+        "300",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+}
+
 /// Pull a known model with `ferrite pull NAME` and return the path it printed last.
 pub fn pull(name: &str) -> PathBuf {
     let out = run(&["pull", name]);
