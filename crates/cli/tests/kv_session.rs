@@ -12,22 +12,21 @@ use common::{run, text};
 
 const MODEL: &str = "smollm2-135m-instruct";
 
+/// The settings of every run here: greedy, short and on the CPU, so runs compare exactly.
+const SETTINGS: [&str; 8] = [
+    "--backend",
+    "cpu",
+    "--temp",
+    "0",
+    "--threads",
+    "2",
+    "--max-tokens",
+    "12",
+];
+
 fn ferrite_run(extra: &[&str]) -> (String, String) {
     let model = common::pull(MODEL);
-    let mut args = vec![
-        "run",
-        "-m",
-        model.to_str().unwrap(),
-        "--backend",
-        "cpu",
-        "--temp",
-        "0",
-        "--threads",
-        "2",
-        "--max-tokens",
-        "12",
-    ];
-    args.extend_from_slice(extra);
+    let args = [&["run", "-m", s(&model)][..], &SETTINGS, extra].concat();
     let out = run(&args);
     assert!(out.status.success(), "{}", text(&out));
     (
@@ -147,25 +146,12 @@ fn a_saved_chat_continues_the_same_way_each_time_it_is_loaded() {
 
 /// Runs the chat (`--chat`), feeding `input` as typed lines; returns what it printed.
 fn repl(model: &Path, input: &str) -> String {
-    let out = common::run_stdin(
-        &[
-            "run",
-            "-m",
-            s(model),
-            "--chat",
-            "--backend",
-            "cpu",
-            "--temp",
-            "0",
-            "--threads",
-            "2",
-            "--max-tokens",
-            "12",
-            "--ctx",
-            "512",
-        ],
-        input,
-    );
+    let args = [
+        &["run", "-m", s(model), "--chat", "--ctx", "512"][..],
+        &SETTINGS,
+    ]
+    .concat();
+    let out = common::run_stdin(&args, input);
     assert!(out.status.success(), "{}", text(&out));
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
