@@ -605,19 +605,16 @@ mod tests {
                 w.add_tensor(t.name.clone(), ty, &t.dims, g.tensor_data(t).to_vec())
                     .unwrap();
             }
-            let g = Gguf::from_bytes(w.to_bytes().unwrap()).unwrap();
+            let bytes = w.to_bytes().unwrap();
             for precision in [Precision::Default, Precision::F32] {
-                let err = Model::from_gguf(g_clone(&g), LoadOptions { precision }).unwrap_err();
+                let g = Gguf::from_bytes(bytes.clone()).unwrap();
+                let err = Model::from_gguf(g, LoadOptions { precision }).unwrap_err();
                 assert!(
                     matches!(&err, ModelError::Quant { name: n, .. } if n == name),
                     "{name} {precision:?}: {err}"
                 );
             }
         }
-    }
-
-    fn g_clone(g: &Gguf) -> Gguf {
-        Gguf::from_bytes(g.bytes().to_vec()).unwrap()
     }
 
     /// Replaces one metadata value of `bytes` (a GGUF) with an extreme of its kind, or drops
