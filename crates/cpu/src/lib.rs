@@ -1,4 +1,6 @@
-//! ferrite-cpu: the CPU backend's thread pool and quantized matrix products.
+//! ferrite-cpu: the CPU backend: [`CpuBackend`] implements `ferrite-backend`'s contract
+//! over this crate's thread pool, quantized matrix products, attention over the KV cache
+//! ([`KvCache`]), rope with the cache store, and the f32 row ops ([`ops`]).
 //!
 //! Key design choice: one path for decode and prefill. Weights are dequantized exactly
 //! (bit-for-bit what gguf-py produces) a tile of rows at a time into per-thread scratch and
@@ -19,10 +21,17 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod attention;
+mod backend;
+mod kv;
 mod matmul;
+pub mod ops;
 mod pool;
+mod positions;
 
+pub use backend::{CpuAngles, CpuBackend};
 pub use ferrite_quant::kernels::q16::PackedRows;
+pub use kv::{KvCache, KvRows};
 pub use matmul::{Matrix, matmul, matmul_shared, matmul_with, pack};
 pub use pool::{MAX_THREADS, ThreadPool, default_threads};
 

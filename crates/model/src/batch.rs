@@ -6,15 +6,18 @@
 //! rows, so a session stepped in a batch gets the logits it would get stepped alone with
 //! the same token counts — the property the batching tests pin bit for bit.
 
+use ferrite_backend::Segment;
+use ferrite_cpu::{CpuAngles, CpuBackend, KvCache};
+
 use crate::ModelError;
-use crate::session::{Faults, Logits, Scratch, Segment, Session, forward_rows};
+use crate::session::{Faults, Logits, Scratch, Session, forward_rows};
 
 /// Scratch for stepping up to `max_rows` new tokens in total per call, over any number of
 /// sessions; allocated once and reused every step.
 #[derive(Debug)]
 pub struct Batch {
     max_rows: usize,
-    s: Option<Scratch>,
+    s: Option<Scratch<Vec<f32>, CpuAngles>>,
     logits: Vec<f32>,
     /// The step's tokens, all sessions' concatenated.
     tokens: Vec<u32>,
@@ -100,16 +103,20 @@ impl Batch {
         }
         self.tokens.clear();
         inputs.iter().for_each(|t| self.tokens.extend_from_slice(t));
-        let scratch = self.s.get_or_insert_with(|| Scratch::new(c, self.max_rows));
-        let pool = first.pool();
-        let mut segs: Vec<Segment<'_>> = sessions
+        let b = CpuBackend::new(first.pool());
+        let scratch = match self.s.take() {
+            Some(s) => s,
+            None => Scratch::new(&b, c, self.max_rows)?,
+        };
+        let scratch = self.s.insert(scratch);
+        let mut segs: Vec<Segment<'_, KvCache>> = sessions
             .iter_mut()
             .zip(inputs)
             .map(|(s, t)| s.segment(t.len()))
             .collect();
         forward_rows(
+            &b,
             model,
-            pool,
             scratch,
             &self.tokens,
             &mut segs,
@@ -126,9 +133,9 @@ impl Batch {
             end += t.len();
             self.lasts.push(end - 1);
         }
-        scratch.gather_rows(&self.lasts, d);
+        scratch.gather_rows(&b, &self.lasts, d)?;
         self.logits.resize(self.lasts.len() * n_vocab, 0.0);
-        scratch.logits(model, pool, 0, self.lasts.len(), &mut self.logits)?;
+        scratch.logits(&b, model, 0, self.lasts.len(), &mut self.logits)?;
         for (s, t) in sessions.iter_mut().zip(inputs) {
             s.advance(t);
         }

@@ -1,5 +1,5 @@
 //! The error type of this crate: unsupported or malformed models, bad session use, and the
-//! errors of the crates underneath (GGUF, dequantization, CPU kernels).
+//! errors of the crates underneath (GGUF, dequantization, the backend's ops).
 
 /// Everything that can go wrong loading or running a model.
 #[derive(Debug, thiserror::Error)]
@@ -53,9 +53,9 @@ pub enum ModelError {
         #[source]
         source: ferrite_quant::QuantError,
     },
-    /// A CPU kernel failed.
-    #[error("cpu kernel: {0}")]
-    Cpu(#[from] ferrite_cpu::CpuError),
+    /// A backend refused or failed an op.
+    #[error(transparent)]
+    Backend(#[from] ferrite_backend::BackendError),
     /// The session's context cannot hold the new tokens.
     #[error("context full: {n_past} tokens cached + {n_new} new > context size {ctx}")]
     ContextFull {

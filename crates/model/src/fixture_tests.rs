@@ -341,7 +341,7 @@ fn fixture_check_catches_mutations() {
     let pool = ThreadPool::new(2).expect("pool");
     let all = cases("smollm2");
     let mut s = Session::new(m, &pool, 256, KvType::F32).expect("session");
-    for mutation in [Mutation::RopeKeysOffByOne, Mutation::SkipAttnResidual(3)] {
+    for mutation in [Mutation::RopeWrongBase, Mutation::SkipAttnResidual(3)] {
         s.mutation = Some(mutation);
         let c = compare(&mut s, &all[0]);
         println!(

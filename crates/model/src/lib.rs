@@ -1,12 +1,13 @@
-//! ferrite-model: model configurations read from GGUF metadata, the CPU forward pass and a
-//! naive f64 reference forward pass.
+//! ferrite-model: model configurations read from GGUF metadata, the forward pass written once
+//! over `ferrite_backend::Backend`, and a naive f64 reference forward pass.
 //!
 //! Design: [`Model`] owns the mapped file and validated weight views; a [`Session`] owns
 //! one timeline (KV cache, position, token history, scratch allocated once, so decode steps
 //! allocate nothing). Architecture differences (llama incl. Mistral/Mixtral/Llama 3, gemma3,
 //! qwen2, qwen3, qwen3moe) are resolved into plain flags by [`ModelConfig::from_gguf`], so one
-//! forward pass serves all; expert FFNs run grouped by expert (see `moe`). Every weight
-//! product goes through `ferrite_cpu::matmul`; attention is spread over the same pool.
+//! forward pass serves all; expert FFNs run grouped by expert (see `moe`). The forward pass
+//! (`session::forward`) only sequences the backend contract's ops; a [`Session`] runs it on
+//! `ferrite_cpu::CpuBackend` over its pool, after asking the backend for every op it needs.
 //! Results are bit-identical for any thread count and for prefill vs decode.
 //! [`reference::forward`] is an independent f64 implementation (no KV cache, no
 //! `ferrite_cpu`) that tests use as an oracle next to the transformers fixtures.
@@ -30,17 +31,13 @@
 
 #![deny(missing_docs)]
 
-pub mod attention;
 mod batch;
 pub mod config;
 mod error;
 pub mod features;
-pub mod kv;
 mod memory;
 mod model;
 mod moe;
-pub mod ops;
-mod positions;
 pub mod reference;
 mod session;
 mod snapshot;
@@ -54,7 +51,8 @@ pub use batch::Batch;
 pub use config::{Activation, Arch, LayerConfig, ModelConfig};
 pub use error::ModelError;
 pub use features::MoeConfig;
-pub use kv::{KvCache, KvType};
+pub use ferrite_backend::KvType;
+pub use ferrite_cpu::{KvCache, ops};
 pub use memory::{check_kv_memory, physical_memory};
 pub use model::{LoadOptions, Model, Precision};
 pub use session::{Logits, Outputs, PREFILL_CHUNK, Session};

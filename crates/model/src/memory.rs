@@ -17,7 +17,7 @@ pub fn check_kv_memory(
     sessions: usize,
     ctx: usize,
 ) -> Result<(), ModelError> {
-    let row = crate::kv::row_elems(kv, config.n_kv_head, config.head_dim)?;
+    let row = kv.check_row(config.n_kv_head, config.head_dim)?;
     let per_token = SessionState::kv_bytes(kv, config.n_layer, row, 1);
     kv_fits(sessions, ctx, per_token, physical_memory()).map_err(ModelError::InvalidArgument)
 }

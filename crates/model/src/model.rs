@@ -52,6 +52,17 @@ pub(crate) struct Weight {
     packed: OnceLock<Option<PackedRows>>,
 }
 
+impl Weight {
+    /// The type the products read (`F32` under [`Precision::F32`]).
+    pub(crate) fn ty(&self) -> GgmlType {
+        if self.f32_copy.is_some() {
+            GgmlType::F32
+        } else {
+            self.ty
+        }
+    }
+}
+
 /// The weights of one transformer block.
 #[derive(Debug)]
 pub(crate) struct LayerWeights {
@@ -330,7 +341,7 @@ impl Model {
     }
 
     /// `w` as stored (or as its f32 copy), without packed rows.
-    fn raw_matrix<'a>(&'a self, w: &'a Weight) -> Matrix<'a> {
+    pub(crate) fn raw_matrix<'a>(&'a self, w: &'a Weight) -> Matrix<'a> {
         match &w.f32_copy {
             Some(v) => Matrix {
                 ty: GgmlType::F32,
@@ -381,30 +392,6 @@ impl Model {
     /// The output projection (the embedding when tied).
     pub(crate) fn output_weight(&self) -> &Weight {
         self.output.as_ref().unwrap_or(&self.embed)
-    }
-
-    /// Writes embedding row `token` (unscaled) into `dst` (`d_model` values).
-    pub(crate) fn embed_row(&self, token: u32, dst: &mut [f32]) -> Result<(), ModelError> {
-        let n_vocab = self.config.n_vocab;
-        let r = token as usize;
-        if r >= n_vocab {
-            return Err(ModelError::TokenOutOfRange { token, n_vocab });
-        }
-        let d = self.config.d_model;
-        match &self.embed.f32_copy {
-            Some(v) => dst.copy_from_slice(&v[r * d..(r + 1) * d]),
-            None => {
-                let m = self.raw_matrix(&self.embed);
-                let rb = m.data.len() / n_vocab;
-                ferrite_quant::dequantize(m.ty, &m.data[r * rb..(r + 1) * rb], dst).map_err(
-                    |source| ModelError::Quant {
-                        name: "token_embd.weight".into(),
-                        source,
-                    },
-                )?;
-            }
-        }
-        Ok(())
     }
 }
 
@@ -525,17 +512,15 @@ mod tests {
         assert_eq!(f.matrix(&f.embed).ty, GgmlType::F32);
         assert_eq!(m.matrix(&m.embed).ty, GgmlType::Q8_0);
         // The F32 copy is the exact dequantization of the stored row.
-        let (mut a, mut b) = (vec![0.0; 64], vec![0.0; 64]);
-        m.embed_row(5, &mut a).unwrap();
-        f.embed_row(5, &mut b).unwrap();
-        assert_eq!(a, b);
-        assert!(matches!(
-            m.embed_row(97, &mut a),
-            Err(ModelError::TokenOutOfRange {
-                token: 97,
-                n_vocab: 97
-            })
-        ));
+        use crate::session::Weights;
+        use ferrite_backend::Backend;
+        let pool = ThreadPool::new(1).unwrap();
+        let b = ferrite_cpu::CpuBackend::new(&pool);
+        let (mut a, mut c) = (vec![0.0; 64], vec![0.0; 64]);
+        b.embed(b.table(&m, &m.embed), &[5], 1.0, &mut a).unwrap();
+        b.embed(b.table(&f, &f.embed), &[5], 1.0, &mut c).unwrap();
+        assert_eq!(a, c);
+        assert!(b.embed(b.table(&m, &m.embed), &[97], 1.0, &mut a).is_err());
     }
 
     #[test]

@@ -2,25 +2,19 @@
 //! scratch buffers, allocated once in [`Session::new`] so that decode steps allocate no
 //! buffers (only attention's small per-layer job lists).
 //!
-//! [`Session::eval`] runs the forward pass over any number of new tokens, in chunks of at most
-//! [`PREFILL_CHUNK`] tokens (every weight product is one `ferrite_cpu::matmul` over the
-//! chunk), and returns the logits the caller asked for.
+//! [`Session::eval`] runs the forward pass (`forward`, on the CPU backend) over any number of
+//! new tokens, in chunks of at most [`PREFILL_CHUNK`] tokens (every weight product is one
+//! product over the chunk), and returns the logits the caller asked for.
 
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
-
-use ferrite_cpu::{ThreadPool, matmul, matmul_shared};
-use ferrite_quant::kernels::{GatedAct, gated_act};
-use ferrite_quant::simd_level;
+use ferrite_backend::{KvType, Segment};
+use ferrite_cpu::{CpuAngles, CpuBackend, KvCache, ThreadPool};
 
 use crate::ModelError;
-use crate::attention::{AttnJob, AttnShape, attend_many};
-use crate::config::Activation;
-use crate::kv::{KvCache, KvType, try_vec};
-use crate::model::{Ffn, Model, Weight};
-use crate::moe::{self, MoeScratch};
-use crate::ops::{RopeTable, add_assign, rms_norm};
-use crate::positions::{Rotary, rotate_and_store};
+use crate::model::Model;
+
+mod forward;
+
+pub(crate) use forward::{Faults, Scratch, Weights, forward_rows};
 
 /// Most tokens one forward chunk processes; bounds the scratch memory of long prompts.
 pub const PREFILL_CHUNK: usize = 256;
@@ -65,97 +59,6 @@ impl<'a> Logits<'a> {
     }
 }
 
-/// Scratch activations for the rows of one forward pass (the tokens of one chunk, or one
-/// token from each session of a batch).
-#[derive(Debug)]
-pub(crate) struct Scratch {
-    x: Vec<f32>,
-    pub(crate) xn: Vec<f32>,
-    q: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
-    att: Vec<f32>,
-    o: Vec<f32>,
-    gate: Vec<f32>,
-    up: Vec<f32>,
-    /// Rope tables of the rows of one forward pass, one per distinct rope base.
-    rope: Vec<RopeTable>,
-    /// Expert routing and grouping buffers (MoE models only).
-    moe: Option<MoeScratch>,
-}
-
-impl Scratch {
-    /// Buffers for up to `rows` rows of model `c`.
-    pub(crate) fn new(c: &crate::ModelConfig, rows: usize) -> Scratch {
-        Scratch {
-            x: vec![0.0; rows * c.d_model],
-            xn: vec![0.0; rows * c.d_model],
-            q: vec![0.0; rows * c.q_dim()],
-            k: vec![0.0; rows * c.kv_dim()],
-            v: vec![0.0; rows * c.kv_dim()],
-            att: vec![0.0; rows * c.q_dim()],
-            o: vec![0.0; rows * c.d_model],
-            gate: vec![0.0; rows * c.d_ff],
-            up: vec![0.0; rows * c.d_ff],
-            rope: Vec::new(),
-            moe: c
-                .moe
-                .as_ref()
-                .map(|m| MoeScratch::new(m, rows, c.d_model, c.d_ff)),
-        }
-    }
-
-    /// Moves residual rows `rows[i]` to row `i`; `rows` must be increasing (so `rows[i] >= i`
-    /// and no row is overwritten before it is read).
-    pub(crate) fn gather_rows(&mut self, rows: &[usize], d: usize) {
-        for (i, &r) in rows.iter().enumerate() {
-            self.x.copy_within(r * d..(r + 1) * d, i * d);
-        }
-    }
-
-    /// Normalizes rows `from..n` of the final residual stream into `xn[..(n - from) * d]`
-    /// and writes their logits to `out`.
-    pub(crate) fn logits(
-        &mut self,
-        m: &Model,
-        pool: &ThreadPool,
-        from: usize,
-        n: usize,
-        out: &mut [f32],
-    ) -> Result<(), ModelError> {
-        let c = m.config();
-        let (d, rows) = (c.d_model, n - from);
-        let xn = &mut self.xn[..rows * d];
-        xn.copy_from_slice(&self.x[from * d..n * d]);
-        rms_norm(xn, &m.output_norm, c.rms_eps);
-        matmul(pool, m.matrix(m.output_weight()), xn, rows, out)?;
-        Ok(())
-    }
-}
-
-/// The rows of one session inside a forward pass: `len` consecutive new tokens at positions
-/// `pos0..pos0 + len`, attending over (and appending to) that session's own cache.
-pub(crate) struct Segment<'a> {
-    pub(crate) kv: &'a mut KvCache,
-    pub(crate) pos0: usize,
-    pub(crate) len: usize,
-}
-
-/// Deliberate defects of the forward pass; always `Faults::default()` outside tests.
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct Faults {
-    /// Extra positions keys are rotated by.
-    rope_shift: usize,
-    /// A layer whose attention residual is dropped.
-    skip_attn_residual: Option<usize>,
-    /// Leave out the q/k/v biases.
-    drop_qkv_bias: bool,
-    /// Plain rope even when the model has frequency factors.
-    ignore_rope_factors: bool,
-    /// Route every row to one expert instead of the top k.
-    top_one_expert: bool,
-}
-
 /// A KV cache plus positions over one model: the state of one conversation.
 #[derive(Debug)]
 pub struct Session<'m> {
@@ -166,7 +69,7 @@ pub struct Session<'m> {
     /// The tokens at positions `0..n_past` (capacity `ctx`, allocated once).
     pub(crate) history: Vec<u32>,
     chunk: usize,
-    s: Scratch,
+    s: Scratch<Vec<f32>, CpuAngles>,
     pub(crate) logits: Vec<f32>,
     /// `Some(end)` when `logits[end - n_vocab..end]` are the logits after token `n_past - 1`
     /// (kept for snapshots; see `crate::snapshot`).
@@ -181,9 +84,9 @@ pub struct Session<'m> {
 pub(crate) enum Mutation {
     /// Drop the attention residual of this layer.
     SkipAttnResidual(usize),
-    /// Rotate keys one position too far (shifting queries and keys together would be
-    /// invisible: rope attention depends only on relative positions).
-    RopeKeysOffByOne,
+    /// Rope with twice the model's base (a misread `rope_theta`): every relative angle
+    /// but zero turns wrong.
+    RopeWrongBase,
     /// Leave out the q/k/v biases.
     DropQkvBias,
     /// Ignore the rope frequency factors (plain rope).
@@ -205,17 +108,19 @@ impl<'m> Session<'m> {
         }
         let c = model.config();
         let chunk = PREFILL_CHUNK.min(ctx);
-        let s = Scratch::new(c, chunk);
+        let b = CpuBackend::new(pool);
+        forward::require_ops(&b, model, kv)?;
+        let s = Scratch::new(&b, c, chunk)?;
+        let mut history = Vec::new();
+        history
+            .try_reserve_exact(ctx)
+            .map_err(|_| ModelError::InvalidArgument("cannot allocate the token history".into()))?;
         Ok(Session {
             model,
             pool,
             kv: KvCache::new(kv, c.n_layer, ctx, c.n_kv_head, c.head_dim)?,
             n_past: 0,
-            history: {
-                let mut h = try_vec(Some(ctx), 0u32, "token history")?;
-                h.clear();
-                h
-            },
+            history,
             chunk,
             s,
             logits: vec![0.0; c.n_vocab],
@@ -384,14 +289,15 @@ impl<'m> Session<'m> {
     ) -> Result<(), ModelError> {
         let n = tokens.len();
         let faults = self.faults();
+        let b = CpuBackend::new(self.pool);
         let mut segment = [Segment {
             kv: &mut self.kv,
             pos0: self.n_past,
             len: n,
         }];
         forward_rows(
+            &b,
             self.model,
-            self.pool,
             &mut self.s,
             tokens,
             &mut segment,
@@ -402,7 +308,7 @@ impl<'m> Session<'m> {
             let n_vocab = self.model.config().n_vocab;
             let at = (done + out_from - first) * n_vocab;
             let y = &mut self.logits[at..at + (n - out_from) * n_vocab];
-            self.s.logits(self.model, self.pool, out_from, n, y)?;
+            self.s.logits(&b, self.model, out_from, n, y)?;
         }
         Ok(())
     }
@@ -411,7 +317,7 @@ impl<'m> Session<'m> {
     fn faults(&self) -> Faults {
         #[cfg(test)]
         return Faults {
-            rope_shift: usize::from(self.mutation == Some(Mutation::RopeKeysOffByOne)),
+            wrong_rope_base: self.mutation == Some(Mutation::RopeWrongBase),
             skip_attn_residual: match self.mutation {
                 Some(Mutation::SkipAttnResidual(l)) => Some(l),
                 _ => None,
@@ -431,7 +337,7 @@ impl<'m> Session<'m> {
 
     /// This session's part of a batched forward pass: `len` new tokens at its next
     /// positions.
-    pub(crate) fn segment(&mut self, len: usize) -> Segment<'_> {
+    pub(crate) fn segment(&mut self, len: usize) -> Segment<'_, KvCache> {
         Segment {
             kv: &mut self.kv,
             pos0: self.n_past,
@@ -446,203 +352,6 @@ impl<'m> Session<'m> {
         self.history.extend_from_slice(tokens);
         self.next_logits_end = None;
     }
-}
-
-/// The transformer layers over `tokens`, which are the rows of `segs` in order. Leaves the
-/// final residual stream in the scratch for [`Scratch::logits`]. Every row's result depends
-/// only on its own token, position and session cache, never on the other rows.
-pub(crate) fn forward_rows(
-    m: &Model,
-    pool: &ThreadPool,
-    s: &mut Scratch,
-    tokens: &[u32],
-    segs: &mut [Segment<'_>],
-    hidden: &mut Option<&mut Vec<Vec<f32>>>,
-    faults: Faults,
-) -> Result<(), ModelError> {
-    let c = m.config();
-    let n = tokens.len();
-    let d = c.d_model;
-    let rope_shift = faults.rope_shift;
-    let rope_factors = c
-        .rope_freq_factors
-        .as_ref()
-        .filter(|_| !faults.ignore_rope_factors);
-    let moe_cfg = c.moe.map(|mut moe| {
-        if faults.top_one_expert {
-            moe.n_expert_used = 1;
-        }
-        moe
-    });
-
-    for (t, &tok) in tokens.iter().enumerate() {
-        let row = &mut s.x[t * d..(t + 1) * d];
-        m.embed_row(tok, row)?;
-        if c.embed_scale != 1.0 {
-            row.iter_mut().for_each(|v| *v *= c.embed_scale);
-        }
-    }
-    // One rope table per distinct base for these rows' positions (reusing memory).
-    let mut n_tables = 0;
-    for lc in &c.layers {
-        let have = s.rope[..n_tables]
-            .iter()
-            .any(|r| r.covers(c.head_dim, lc.rope_base, n));
-        if !have {
-            if n_tables == s.rope.len() {
-                s.rope.push(RopeTable::default());
-            }
-            let positions = segs.iter().flat_map(|g| g.pos0..g.pos0 + g.len);
-            s.rope[n_tables].fill(c.head_dim, lc.rope_base, positions);
-            n_tables += 1;
-        }
-    }
-    let mm = |w: &Weight, x: &[f32], y: &mut [f32]| -> Result<(), ModelError> {
-        matmul(pool, m.matrix(w), x, n, y)?;
-        Ok(())
-    };
-    for (l, lw) in m.layers.iter().enumerate() {
-        let lc = &c.layers[l];
-        let (x, xn) = (&mut s.x[..n * d], &mut s.xn[..n * d]);
-        xn.copy_from_slice(x);
-        rms_norm(xn, &lw.attn_norm, c.rms_eps);
-        let (q, k, v) = (
-            &mut s.q[..n * c.q_dim()],
-            &mut s.k[..n * c.kv_dim()],
-            &mut s.v[..n * c.kv_dim()],
-        );
-        let qkv = [m.matrix(&lw.wq), m.matrix(&lw.wk), m.matrix(&lw.wv)];
-        matmul_shared(pool, &qkv, xn, n, &mut [&mut *q, &mut *k, &mut *v])?;
-        let bias = lw.qkv_bias.as_ref().filter(|_| !faults.drop_qkv_bias);
-        if let Some([bq, bk, bv]) = bias {
-            for (y, b) in [(&mut *q, bq), (&mut *k, bk), (&mut *v, bv)] {
-                for row in y.chunks_exact_mut(b.len()) {
-                    add_assign(row, b);
-                }
-            }
-        }
-        if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
-            rms_norm(q, qn, c.rms_eps);
-            rms_norm(k, kn, c.rms_eps);
-        }
-        // Scaled-frequency rope (rope_factors) computes its own angles.
-        let table = match rope_factors {
-            Some(_) => None,
-            None => Some(
-                s.rope[..n_tables]
-                    .iter()
-                    .find(|r| r.covers(c.head_dim, lc.rope_base, n))
-                    .ok_or_else(|| ModelError::InvalidArgument("rope table missing".into()))?,
-            ),
-        };
-        let rotary = Rotary {
-            head_dim: c.head_dim,
-            q_dim: c.q_dim(),
-            kv_dim: c.kv_dim(),
-            base: lc.rope_base,
-            style: c.rope_style,
-            factors: rope_factors.map(Vec::as_slice),
-            table,
-            key_shift: rope_shift,
-        };
-        rotate_and_store(pool, &rotary, l, q, k, v, segs);
-        let shape = AttnShape {
-            n_head: c.n_head,
-            n_kv_head: c.n_kv_head,
-            head_dim: c.head_dim,
-            scale: c.attn_scale,
-            window: lc.window,
-        };
-        // All sessions' attention in one pass over the pool (see `attend_many`).
-        let qd = c.q_dim();
-        let (mut qs, mut att) = (&q[..n * qd], &mut s.att[..n * qd]);
-        let mut jobs: Vec<AttnJob<'_>> = Vec::with_capacity(segs.len());
-        for seg in segs.iter_mut() {
-            let (q_seg, q_rest) = qs.split_at(seg.len * qd);
-            let (att_seg, att_rest) = att.split_at_mut(seg.len * qd);
-            (qs, att) = (q_rest, att_rest);
-            jobs.push(AttnJob {
-                cache: &*seg.kv,
-                pos0: seg.pos0,
-                q: q_seg,
-                out: att_seg,
-            });
-        }
-        attend_many(pool, &shape, l, &mut jobs);
-        drop(jobs);
-        let att = &s.att[..n * c.q_dim()];
-        let o = &mut s.o[..n * d];
-        mm(&lw.wo, att, o)?;
-        if let Some(b) = &lw.out_bias {
-            for row in o.chunks_exact_mut(d) {
-                add_assign(row, b);
-            }
-        }
-        if let Some(w) = &lw.post_attn_norm {
-            rms_norm(o, w, c.rms_eps);
-        }
-        if faults.skip_attn_residual != Some(l) {
-            add_assign(x, o);
-        }
-
-        xn.copy_from_slice(x);
-        rms_norm(xn, &lw.ffn_norm, c.rms_eps);
-        match &lw.ffn {
-            Ffn::Dense {
-                gate: w_gate,
-                up: w_up,
-                down: w_down,
-            } => {
-                let (gate, up) = (&mut s.gate[..n * c.d_ff], &mut s.up[..n * c.d_ff]);
-                let gate_up = [m.matrix(w_gate), m.matrix(w_up)];
-                matmul_shared(pool, &gate_up, xn, n, &mut [&mut *gate, &mut *up])?;
-                let act = match c.activation {
-                    Activation::Silu => GatedAct::Silu,
-                    Activation::GeluTanh => GatedAct::GeluTanh,
-                };
-                // Element-wise, the same bits wherever an element falls, so the split
-                // over the pool (disjoint ranges, a multiple of 16) does not depend on
-                // the thread count.
-                let level = simd_level();
-                if n == 1 {
-                    gated_act(level, act, gate, up).map_err(ferrite_cpu::CpuError::from)?;
-                } else {
-                    let per = gate.len().div_ceil(16 * pool.n_threads()).max(1) * 16;
-                    let parts = Mutex::new(gate.chunks_mut(per).zip(up.chunks(per)));
-                    let failed = AtomicBool::new(false);
-                    pool.run(|_, _| {
-                        while let Some((g, u)) = parts.lock().ok().and_then(|mut it| it.next()) {
-                            if gated_act(level, act, g, u).is_err() {
-                                failed.store(true, Ordering::Relaxed);
-                            }
-                        }
-                    });
-                    if failed.into_inner() {
-                        return Err(ModelError::InvalidArgument(
-                            "activation kernel rejected its level".into(),
-                        ));
-                    }
-                }
-                mm(w_down, gate, o)?;
-            }
-            Ffn::Moe(mw) => {
-                let (Some(cfg), Some(ms)) = (&moe_cfg, s.moe.as_mut()) else {
-                    return Err(ModelError::InvalidArgument(
-                        "expert weights without expert settings".into(),
-                    ));
-                };
-                moe::ffn(pool, m, mw, cfg, c.activation, xn, n, o, ms)?;
-            }
-        }
-        if let Some(w) = &lw.post_ffn_norm {
-            rms_norm(o, w, c.rms_eps);
-        }
-        add_assign(x, o);
-        if let Some(h) = hidden.as_deref_mut() {
-            h[l].extend_from_slice(x);
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -12,10 +12,7 @@
 //! bit for bit. File formats are not this crate's concern:
 //! `ferrite-kvstore` writes a [`SessionState`] to disk.
 
-use half::f16;
-
-use crate::kv::{KvType, Store};
-use crate::{ModelError, Session};
+use crate::{KvType, ModelError, Session};
 
 /// The exported state of the first `n` positions of a session.
 #[derive(Debug, Clone, PartialEq)]
@@ -141,7 +138,7 @@ impl Session<'_> {
         }
         let c = self.model().config();
         let ty = self.kv.ty();
-        let row = self.kv.row;
+        let row = self.kv.row();
         let size = SessionState::kv_bytes(ty, c.n_layer, row, n)
             .ok_or_else(|| ModelError::InvalidArgument("session state too large".into()))?;
         let mut kv = Vec::new();
@@ -149,20 +146,7 @@ impl Session<'_> {
             .map_err(|_| ModelError::InvalidArgument("cannot allocate the session state".into()))?;
         for layer in 0..c.n_layer {
             for value in [false, true] {
-                let o = self.kv.offset(layer, value, 0);
-                let len = n * row;
-                match &self.kv.store {
-                    Store::F16(d) => d[o..o + len]
-                        .iter()
-                        .for_each(|x| kv.extend_from_slice(&x.to_bits().to_le_bytes())),
-                    Store::F32(d) => d[o..o + len]
-                        .iter()
-                        .for_each(|x| kv.extend_from_slice(&x.to_bits().to_le_bytes())),
-                    Store::Q8(d) => d[o..o + len].iter().for_each(|b| {
-                        kv.extend_from_slice(&b.d.to_bits().to_le_bytes());
-                        kv.extend(b.q.map(|q| q as u8));
-                    }),
-                }
+                self.kv.export_rows(layer, value, n, &mut kv);
             }
         }
         let logits = if n == self.n_past {
@@ -188,7 +172,7 @@ impl Session<'_> {
         let c = self.model().config();
         let logits = state.fit(
             self.kv.ty(),
-            (c.n_layer, self.kv.row),
+            (c.n_layer, self.kv.row()),
             self.ctx(),
             c.n_vocab,
             n,
@@ -201,26 +185,7 @@ impl Session<'_> {
             for value in [false, true] {
                 let at = (layer * 2 + usize::from(value)) * full;
                 let src = &state.kv[at..at + part];
-                let o = self.kv.offset(layer, value, 0);
-                match &mut self.kv.store {
-                    Store::F16(d) => {
-                        for (x, b) in d[o..o + n * state.row].iter_mut().zip(src.chunks_exact(2)) {
-                            *x = f16::from_bits(u16::from_le_bytes([b[0], b[1]]));
-                        }
-                    }
-                    Store::F32(d) => {
-                        for (x, b) in d[o..o + n * state.row].iter_mut().zip(src.chunks_exact(4)) {
-                            *x = f32::from_bits(u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
-                        }
-                    }
-                    Store::Q8(d) => {
-                        let bytes = src.chunks_exact(KvType::Q8.elem_bytes());
-                        for (x, b) in d[o..o + n * state.row].iter_mut().zip(bytes) {
-                            x.d = f32::from_bits(u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
-                            x.q = std::array::from_fn(|i| b[4 + i] as i8);
-                        }
-                    }
-                }
+                self.kv.import_rows(layer, value, n, src);
             }
         }
         self.history.extend_from_slice(tokens);

@@ -113,7 +113,7 @@ fn mutations_fail_the_naive_comparison() {
     for arch in ["llama", "gemma3"] {
         let m = tiny_model(arch, GgmlType::F32, Precision::Default);
         let mut s = Session::new(&m, &pool, 64, KvType::F32).unwrap();
-        for mutation in [Mutation::RopeKeysOffByOne, Mutation::SkipAttnResidual(1)] {
+        for mutation in [Mutation::RopeWrongBase, Mutation::SkipAttnResidual(1)] {
             s.mutation = Some(mutation);
             let worst = worst_vs_naive(&m, &mut s, &tokens(8));
             assert!(worst > 1e-3, "{arch} {mutation:?} not caught: {worst:e}");

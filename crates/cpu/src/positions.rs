@@ -8,11 +8,11 @@
 
 use std::sync::{Mutex, PoisonError};
 
-use ferrite_cpu::ThreadPool;
+use ferrite_backend::Segment;
 
+use crate::ThreadPool;
 use crate::kv::KvCache;
-use crate::ops::{RopeStyle, RopeTable, rope, rope_scaled};
-use crate::session::Segment;
+use crate::ops::{RopeStyle, RopeTable, rope_scaled};
 
 /// How one layer rotates its rows.
 pub(crate) struct Rotary<'a> {
@@ -25,8 +25,6 @@ pub(crate) struct Rotary<'a> {
     pub(crate) factors: Option<&'a [f32]>,
     /// The angles of the forward pass's rows, where there are no divisors.
     pub(crate) table: Option<&'a RopeTable>,
-    /// Extra positions keys turn by (a planted defect in tests; 0 otherwise).
-    pub(crate) key_shift: usize,
 }
 
 /// Rotates the rows of `q` and `k` (one per new token, the rows of `segs` in order) to their
@@ -38,7 +36,7 @@ pub(crate) fn rotate_and_store(
     q: &mut [f32],
     k: &mut [f32],
     v: &[f32],
-    segs: &mut [Segment<'_>],
+    segs: &mut [Segment<'_, KvCache>],
 ) {
     let n = k.len() / r.kv_dim.max(1);
     // One row is not worth waking the pool for.
@@ -103,16 +101,11 @@ pub(crate) fn rotate_and_store(
 
 /// Rope of row `t` of the forward pass (its query `qr` and key `kr`) at position `pos`.
 fn rotate_row(r: &Rotary<'_>, qr: &mut [f32], kr: &mut [f32], t: usize, pos: usize) {
-    let kpos = pos + r.key_shift;
     if let Some(f) = r.factors {
         rope_scaled(qr, r.head_dim, pos, r.base, r.style, f);
-        rope_scaled(kr, r.head_dim, kpos, r.base, r.style, f);
+        rope_scaled(kr, r.head_dim, pos, r.base, r.style, f);
     } else if let Some(table) = r.table {
         table.apply(qr, t, r.style);
-        if r.key_shift == 0 {
-            table.apply(kr, t, r.style);
-        } else {
-            rope(kr, r.head_dim, kpos, r.base, r.style);
-        }
+        table.apply(kr, t, r.style);
     }
 }

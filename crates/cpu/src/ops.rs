@@ -42,15 +42,7 @@ fn sum_squares_f64(row: &[f32]) -> f64 {
     ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]))
 }
 
-/// How rotary embedding pairs the dimensions of one head.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RopeStyle {
-    /// Adjacent pairs `(2i, 2i+1)`. llama.cpp stores llama Q/K rows permuted so that this
-    /// layout on GGUF weights equals Hugging Face's rotate-half on the original weights.
-    Interleaved,
-    /// Half-split pairs `(i, i + d/2)` (GPT-NeoX, Gemma).
-    HalfSplit,
-}
+pub use ferrite_backend::RopeStyle;
 
 /// Rotates every head of one token's row `x` (`n_head × head_dim` values) to position `pos`.
 ///

@@ -10,28 +10,14 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
 
-use ferrite_cpu::ThreadPool;
+use ferrite_backend::AttnShape;
 use ferrite_quant::kernels::{
     MAX_TILE, PREFETCH_ROWS, RowElem, dot_rows, softmax_scaled, weighted_rows,
 };
 use ferrite_quant::{SimdLevel, simd_level};
 
+use crate::ThreadPool;
 use crate::kv::{KvCache, KvRows};
-
-/// Shape and masking of one layer's attention.
-#[derive(Debug, Clone, Copy)]
-pub struct AttnShape {
-    /// Query heads.
-    pub n_head: usize,
-    /// Key/value heads; `n_head` is a multiple of it.
-    pub n_kv_head: usize,
-    /// Values per head.
-    pub head_dim: usize,
-    /// Multiplier applied to `q·k`.
-    pub scale: f32,
-    /// Sliding-window length, `None` for full causal attention.
-    pub window: Option<usize>,
-}
 
 /// First key position visible from a query at `pos`.
 fn first_visible(pos: usize, window: Option<usize>) -> usize {
@@ -294,7 +280,7 @@ fn head_block(tokens: usize, n_head: usize, group: usize, n_threads: usize) -> u
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kv::KvType;
+    use ferrite_backend::KvType;
 
     /// Plain f64 attention over full k/v arrays (`len × n_kv × hd`), no cache, no grouping
     /// shortcuts: the oracle for [`attend`].

@@ -4,13 +4,14 @@
 //! `chunk` tokens ending at `depth`. Reports the best of several passes in milliseconds and
 //! the cache bytes read per second (keys and values of every visible position, once).
 //!
-//! Run: `cargo run --release -p ferrite-model --example attention_pass [sessions] [depth]
+//! Run: `cargo run --release -p ferrite-cpu --example attention_pass [sessions] [depth]
 //! [threads] [chunk] [kv]` (defaults 16 224 2 1 f16; kv is f16, f32 or q8). Each session's cache is its own allocation,
 //! larger than the caches of the machine when there are many sessions, as in serving.
 
+use ferrite_backend::{AttnShape, KvType};
+use ferrite_cpu::KvCache;
 use ferrite_cpu::ThreadPool;
-use ferrite_model::attention::{AttnJob, AttnShape, attend_many};
-use ferrite_model::{KvCache, KvType};
+use ferrite_cpu::attention::{AttnJob, attend_many};
 
 const LAYERS: usize = 30;
 const CTX: usize = 512;

@@ -5,18 +5,21 @@
 //! checks; q8 stores blocks of 32 values as signed bytes with one f32 scale (56 % of f16's
 //! bytes, and not exact: see [`KvType::Q8`]). Attention reads the rows in place
 //! ([`KvCache::rows`]): its kernels widen f16 and q8 blocks as they load them, exactly, so
-//! every type gives the bits of attention over the f32 values it stores.
+//! every type gives the bits of attention over the f32 values it stores. The cache never
+//! computes: it stores rows and hands them out.
 
+use ferrite_backend::{BackendError, KvType};
 use ferrite_quant::kernels::Q8Block;
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 
-use crate::ModelError;
+// The contract's q8 element is this block, byte for byte (its f32 scale, then 32 quants).
+const _: () = assert!(std::mem::size_of::<Q8Block>() == 36);
 
 /// A vector of `n` copies of `v`, or an error instead of an abort when the size overflows
 /// or the allocation fails (context sizes come from users).
-pub(crate) fn try_vec<T: Clone>(n: Option<usize>, v: T, what: &str) -> Result<Vec<T>, ModelError> {
-    let fail = || ModelError::InvalidArgument(format!("cannot allocate the {what}"));
+fn try_vec<T: Clone>(n: Option<usize>, v: T) -> Result<Vec<T>, BackendError> {
+    let fail = || BackendError::Alloc { what: "KV cache" };
     let n = n.ok_or_else(fail)?;
     let mut out = Vec::new();
     out.try_reserve_exact(n).map_err(|_| fail())?;
@@ -24,53 +27,8 @@ pub(crate) fn try_vec<T: Clone>(n: Option<usize>, v: T, what: &str) -> Result<Ve
     Ok(out)
 }
 
-/// Element type of the KV cache.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum KvType {
-    /// IEEE half precision (default).
-    #[default]
-    F16,
-    /// IEEE single precision.
-    F32,
-    /// Blocks of 32 values ([`Q8Block`]): signed bytes `q = round(x · (1 / d))` (ties away
-    /// from zero) with `d = max|x| / 127` over the block, read back as `d · q`. Needs head
-    /// sizes that are multiples of 32.
-    Q8,
-}
-
-impl KvType {
-    /// The name the command line uses.
-    pub fn name(self) -> &'static str {
-        match self {
-            KvType::F16 => "f16",
-            KvType::F32 => "f32",
-            KvType::Q8 => "q8",
-        }
-    }
-
-    /// Bytes of one stored element (of [`KvType::row_elems`]).
-    pub fn elem_bytes(self) -> usize {
-        match self {
-            KvType::F16 => 2,
-            KvType::F32 => 4,
-            KvType::Q8 => std::mem::size_of::<Q8Block>(),
-        }
-    }
-
-    /// Stored elements of one position's keys (or values) for `n_kv_head` heads of
-    /// `head_dim` values: the values, or for q8 their blocks (`None` on overflow, or for q8
-    /// when `head_dim` is not a multiple of 32).
-    pub fn row_elems(self, n_kv_head: usize, head_dim: usize) -> Option<usize> {
-        let values = n_kv_head.checked_mul(head_dim)?;
-        match self {
-            KvType::F16 | KvType::F32 => Some(values),
-            KvType::Q8 => head_dim.is_multiple_of(32).then_some(values / 32),
-        }
-    }
-}
-
 #[derive(Debug)]
-pub(crate) enum Store {
+enum Store {
     F16(Vec<f16>),
     F32(Vec<f32>),
     Q8(Vec<Q8Block>),
@@ -79,10 +37,11 @@ pub(crate) enum Store {
 /// Key/value rows for `n_layer` layers and `ctx` positions.
 #[derive(Debug)]
 pub struct KvCache {
-    pub(crate) store: Store,
+    store: Store,
+    n_layer: usize,
     ctx: usize,
     /// Stored elements per row ([`KvType::row_elems`]).
-    pub(crate) row: usize,
+    row: usize,
 }
 
 /// The stored key and value rows of one layer's positions, in the cache's element type (see
@@ -110,21 +69,6 @@ pub enum KvRows<'a> {
         /// Value rows.
         v: &'a [Q8Block],
     },
-}
-
-/// [`KvType::row_elems`], or the error that says why a cache of `ty` cannot hold such rows.
-pub(crate) fn row_elems(ty: KvType, heads: usize, head_dim: usize) -> Result<usize, ModelError> {
-    ty.row_elems(heads, head_dim).ok_or_else(|| {
-        ModelError::InvalidArgument(format!(
-            "a {} KV cache cannot hold {heads} heads of {head_dim} values{}",
-            ty.name(),
-            if ty == KvType::Q8 {
-                " (q8 needs head sizes that are multiples of 32)"
-            } else {
-                ""
-            }
-        ))
-    })
 }
 
 /// `x` (32 values) as a q8 block ([`KvType::Q8`]).
@@ -167,18 +111,23 @@ impl KvCache {
         ctx: usize,
         heads: usize,
         head_dim: usize,
-    ) -> Result<KvCache, ModelError> {
-        let row = row_elems(ty, heads, head_dim)?;
+    ) -> Result<KvCache, BackendError> {
+        let row = ty.check_row(heads, head_dim)?;
         let n = n_layer
             .checked_mul(2)
             .and_then(|x| x.checked_mul(ctx))
             .and_then(|x| x.checked_mul(row));
         let store = match ty {
-            KvType::F16 => Store::F16(try_vec(n, f16::ZERO, "KV cache")?),
-            KvType::F32 => Store::F32(try_vec(n, 0.0, "KV cache")?),
-            KvType::Q8 => Store::Q8(try_vec(n, Q8Block::default(), "KV cache")?),
+            KvType::F16 => Store::F16(try_vec(n, f16::ZERO)?),
+            KvType::F32 => Store::F32(try_vec(n, 0.0)?),
+            KvType::Q8 => Store::Q8(try_vec(n, Q8Block::default())?),
         };
-        Ok(KvCache { store, ctx, row })
+        Ok(KvCache {
+            store,
+            n_layer,
+            ctx,
+            row,
+        })
     }
 
     /// Number of positions the cache holds.
@@ -195,8 +144,73 @@ impl KvCache {
         }
     }
 
+    /// Stored elements per key (or value) row ([`KvType::row_elems`]).
+    pub fn row(&self) -> usize {
+        self.row
+    }
+
+    /// Values per key (or value) row: `n_kv_head × head_dim`.
+    pub fn row_values(&self) -> usize {
+        match self.store {
+            Store::Q8(_) => self.row * 32,
+            Store::F16(_) | Store::F32(_) => self.row,
+        }
+    }
+
+    /// Number of layers.
+    pub fn n_layer(&self) -> usize {
+        self.n_layer
+    }
+
+    /// Appends the first `n` key rows (`value`: value rows) of `layer` to `out` as stored:
+    /// f16 or f32 bits little-endian, or q8 blocks as their scale's bits then their 32
+    /// quants. The caller keeps `n <= ctx`.
+    pub fn export_rows(&self, layer: usize, value: bool, n: usize, out: &mut Vec<u8>) {
+        let o = self.offset(layer, value, 0);
+        let len = n * self.row;
+        match &self.store {
+            Store::F16(d) => d[o..o + len]
+                .iter()
+                .for_each(|x| out.extend_from_slice(&x.to_bits().to_le_bytes())),
+            Store::F32(d) => d[o..o + len]
+                .iter()
+                .for_each(|x| out.extend_from_slice(&x.to_bits().to_le_bytes())),
+            Store::Q8(d) => d[o..o + len].iter().for_each(|b| {
+                out.extend_from_slice(&b.d.to_bits().to_le_bytes());
+                out.extend(b.q.map(|q| q as u8));
+            }),
+        }
+    }
+
+    /// Overwrites the first `n` key rows (`value`: value rows) of `layer` with `src`, in
+    /// the layout of [`KvCache::export_rows`]. The caller keeps `n <= ctx` and `src` that
+    /// long.
+    pub fn import_rows(&mut self, layer: usize, value: bool, n: usize, src: &[u8]) {
+        let o = self.offset(layer, value, 0);
+        let len = n * self.row;
+        match &mut self.store {
+            Store::F16(d) => {
+                for (x, b) in d[o..o + len].iter_mut().zip(src.chunks_exact(2)) {
+                    *x = f16::from_bits(u16::from_le_bytes([b[0], b[1]]));
+                }
+            }
+            Store::F32(d) => {
+                for (x, b) in d[o..o + len].iter_mut().zip(src.chunks_exact(4)) {
+                    *x = f32::from_bits(u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+                }
+            }
+            Store::Q8(d) => {
+                let bytes = src.chunks_exact(KvType::Q8.elem_bytes());
+                for (x, b) in d[o..o + len].iter_mut().zip(bytes) {
+                    x.d = f32::from_bits(u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+                    x.q = std::array::from_fn(|i| b[4 + i] as i8);
+                }
+            }
+        }
+    }
+
     /// Offset of row `pos` of the keys (or values) of `layer`, in elements.
-    pub(crate) fn offset(&self, layer: usize, value: bool, pos: usize) -> usize {
+    fn offset(&self, layer: usize, value: bool, pos: usize) -> usize {
         ((layer * 2 + usize::from(value)) * self.ctx + pos) * self.row
     }
 

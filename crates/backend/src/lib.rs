@@ -1,0 +1,303 @@
+//! ferrite-backend: the contract between the model, written once, and the compute
+//! backends that run it.
+//!
+//! Key design choice: an op-level contract in the spirit of ggml-backend's function tables
+//! and candle's `BackendStorage`, at the granularity the kernels already have (a quantized
+//! product over 1..N rows, a norm, rope with the KV store, attention over many sessions'
+//! segments, the routed experts), not a layer-level one. The layer sequence then exists
+//! once, in `ferrite-model`, generic over [`Backend`]; a backend brings buffers, weight
+//! handles and KV stores as associated types and fills in the ops. Fused ops
+//! ([`Backend::norm_into`], [`Backend::add_norm`], [`Backend::matmul_shared`],
+//! [`Backend::rope_store`]) are default methods composed from the basic ones, which a
+//! backend overrides where it has a kernel. Before a model runs, the backend answers
+//! [`Backend::supports`] for every [`Op`] the model needs, with a reason when it refuses: an
+//! op it cannot run is an error up front, never a silent fallback.
+//!
+//! [`conformance`] is the backend_ops harness every backend runs: each op, each weight type
+//! the backend claims, boundary shapes, against a naive f64 reference that shares no kernel
+//! code (only the fixture-checked dequantizers).
+//!
+//! This crate never depends on a backend (no cpu, no cuda); backends depend on it.
+//!
+//! ```
+//! use ferrite_backend::{KvType, Op, Support};
+//! // What a model asks a backend before running: an op with its data type.
+//! let op = Op::Attention { kv: KvType::Q8, head_dim: 48 };
+//! assert_eq!((op.name(), op.dtype()), ("attention", "q8 KV".to_string()));
+//! assert!(!Support::Unsupported("q8 needs whole blocks".into()).runs());
+//! assert_eq!(KvType::Q8.row_elems(2, 64), Some(4));
+//! ```
+
+#![deny(missing_docs)]
+
+pub mod conformance;
+mod error;
+mod op;
+mod routing;
+mod types;
+
+pub use error::BackendError;
+pub use op::{Op, Support};
+pub use routing::Routing;
+pub use types::{Act, AttnShape, ExpertBufs, HostMatrix, KvType, Rope, RopeStyle, Segment};
+
+/// Results of the contract's ops.
+pub type Result<T> = std::result::Result<T, BackendError>;
+
+/// A compute backend: device buffers, weight handles and KV stores, and the ops of one
+/// forward pass over them.
+///
+/// Buffers hold f32 activations, row-major; an op reads and writes the leading values its
+/// arguments name (`n` rows of the op's width) and returns [`BackendError::Shape`] when a
+/// buffer is too short. Every row's result depends only on that row (and its own session's
+/// KV store), never on the other rows of the call.
+pub trait Backend: Sync {
+    /// A buffer of f32 activations.
+    type Buf: std::fmt::Debug + Send;
+    /// A weight matrix the products read.
+    type Weight<'a>: Copy
+    where
+        Self: 'a;
+    /// A small f32 vector: a norm weight, a bias, rope frequency factors.
+    type Vector<'a>: Copy
+    where
+        Self: 'a;
+    /// The KV store of one session (all layers, `ctx` positions).
+    type Kv: Send;
+    /// Per-pass rotary state (the angles of the pass's positions), refilled by
+    /// [`Backend::rope_prepare`].
+    type Angles: std::fmt::Debug + Default + Send;
+
+    /// The backend's name, as errors and backend lines print it.
+    fn name(&self) -> &'static str;
+
+    /// Whether this backend runs `op`, answered before evaluation.
+    fn supports(&self, op: &Op) -> Support;
+
+    /// `op` as [`BackendError::Unsupported`] when [`Backend::supports`] refuses it.
+    fn require(&self, op: &Op) -> Result<()> {
+        match self.supports(op) {
+            Support::Native | Support::Composed => Ok(()),
+            Support::Unsupported(reason) => Err(BackendError::Unsupported {
+                op: op.name(),
+                dtype: op.dtype(),
+                backend: self.name(),
+                reason,
+            }),
+        }
+    }
+
+    // ---- buffers, weights and KV stores ----
+
+    /// A zeroed buffer of `len` values.
+    fn alloc(&self, len: usize) -> Result<Self::Buf>;
+    /// Copies host values `src` into `dst` at value `at`.
+    fn upload(&self, src: &[f32], dst: &mut Self::Buf, at: usize) -> Result<()>;
+    /// Copies `dst.len()` values of `src` from value `at` to the host.
+    fn download(&self, src: &Self::Buf, at: usize, dst: &mut [f32]) -> Result<()>;
+    /// Copies `len` values of `src` from `from` into `dst` at `to` (`src: None` copies
+    /// within `dst`, ranges of increasing order: `from >= to`).
+    fn copy(
+        &self,
+        src: Option<&Self::Buf>,
+        from: usize,
+        dst: &mut Self::Buf,
+        to: usize,
+        len: usize,
+    ) -> Result<()>;
+    /// The weight handle of a host matrix.
+    fn weight<'a>(&'a self, w: HostMatrix<'a>) -> Result<Self::Weight<'a>>;
+    /// The handle of a host vector.
+    fn vector<'a>(&'a self, v: &'a [f32]) -> Result<Self::Vector<'a>>;
+    /// A zeroed KV store of `n_layer` layers and `ctx` positions of `heads` heads of
+    /// `head_dim` values.
+    fn kv(
+        &self,
+        ty: KvType,
+        n_layer: usize,
+        ctx: usize,
+        heads: usize,
+        head_dim: usize,
+    ) -> Result<Self::Kv>;
+
+    // ---- products ----
+
+    /// Rows `tokens` of the embedding table `table` (`n_vocab × d`), each times `scale`,
+    /// into `x` (`tokens.len() × d`).
+    fn embed(
+        &self,
+        table: Self::Weight<'_>,
+        tokens: &[u32],
+        scale: f32,
+        x: &mut Self::Buf,
+    ) -> Result<()>;
+    /// `y[t] = W · x[t]` for `n` rows (`x`: `n × cols`, `y`: `n × rows`).
+    fn matmul(&self, w: Self::Weight<'_>, x: &Self::Buf, n: usize, y: &mut Self::Buf)
+    -> Result<()>;
+    /// `ys[i] = ws[i] · x` (a layer's q/k/v or gate/up projections), each with the bits
+    /// [`Backend::matmul`] gives it.
+    fn matmul_shared<const N: usize>(
+        &self,
+        ws: [Self::Weight<'_>; N],
+        x: &Self::Buf,
+        n: usize,
+        ys: [&mut Self::Buf; N],
+    ) -> Result<()> {
+        for (w, y) in ws.into_iter().zip(ys) {
+            self.matmul(w, x, n, y)?;
+        }
+        Ok(())
+    }
+    /// The output projection of `n` rows into host logits `out` (`n × n_vocab`).
+    fn logits(&self, w: Self::Weight<'_>, x: &Self::Buf, n: usize, out: &mut [f32]) -> Result<()>;
+
+    // ---- element-wise and row-wise ----
+
+    /// RMS normalisation of the first `len` values of `x` in rows of `dim` values, scaled
+    /// by `w` (`dim` values): `x / sqrt(mean(x²) + eps) · w`.
+    fn rms_norm(
+        &self,
+        x: &mut Self::Buf,
+        len: usize,
+        w: Self::Vector<'_>,
+        dim: usize,
+        eps: f32,
+    ) -> Result<()>;
+    /// `out = rms_norm(x)` for the first `len` values, `x` unchanged.
+    fn norm_into(
+        &self,
+        x: &Self::Buf,
+        len: usize,
+        w: Self::Vector<'_>,
+        dim: usize,
+        eps: f32,
+        out: &mut Self::Buf,
+    ) -> Result<()> {
+        self.copy(Some(x), 0, out, 0, len)?;
+        self.rms_norm(out, len, w, dim, eps)
+    }
+    /// `x += y`, then `out = rms_norm(x)`: a residual add and the next block's norm.
+    #[allow(clippy::too_many_arguments)]
+    fn add_norm(
+        &self,
+        x: &mut Self::Buf,
+        y: &Self::Buf,
+        len: usize,
+        w: Self::Vector<'_>,
+        dim: usize,
+        eps: f32,
+        out: &mut Self::Buf,
+    ) -> Result<()> {
+        self.add(x, y, len)?;
+        self.norm_into(x, len, w, dim, eps, out)
+    }
+    /// `x[i] += y[i]` for the first `len` values.
+    fn add(&self, x: &mut Self::Buf, y: &Self::Buf, len: usize) -> Result<()>;
+    /// Adds `b` (`dim` values) to each of the first `len / dim` rows of `x`.
+    fn add_bias(
+        &self,
+        x: &mut Self::Buf,
+        len: usize,
+        b: Self::Vector<'_>,
+        dim: usize,
+    ) -> Result<()>;
+    /// `gate = act(gate) · up` for `n` rows of `width` values.
+    fn gated_act(
+        &self,
+        act: Act,
+        gate: &mut Self::Buf,
+        up: &Self::Buf,
+        n: usize,
+        width: usize,
+    ) -> Result<()>;
+
+    // ---- positions, KV store, attention ----
+
+    /// Fills `angles` for the rows of `segs` for each rope base of `bases` (the layers'
+    /// bases, repeats allowed), `head_dim` values per head.
+    fn rope_prepare(
+        &self,
+        angles: &mut Self::Angles,
+        head_dim: usize,
+        bases: &mut dyn Iterator<Item = f32>,
+        segs: &[Segment<'_, Self::Kv>],
+    ) -> Result<()>;
+    /// Rotates each row of `x` (`width` values: whole heads) to its position: row `t` of
+    /// the pass belongs to the segment holding it, at `pos0 + t - first row of segment`.
+    fn rope(
+        &self,
+        r: &Rope<Self::Vector<'_>>,
+        angles: &Self::Angles,
+        x: &mut Self::Buf,
+        width: usize,
+        segs: &[Segment<'_, Self::Kv>],
+    ) -> Result<()>;
+    /// Stores each row's key and value (`width` values each) in layer `layer` of its
+    /// segment's KV store at its position.
+    fn kv_store(
+        &self,
+        layer: usize,
+        k: &Self::Buf,
+        v: &Self::Buf,
+        width: usize,
+        segs: &mut [Segment<'_, Self::Kv>],
+    ) -> Result<()>;
+    /// [`Backend::rope`] of queries (`q_dim` wide) and keys (`kv_dim` wide), then
+    /// [`Backend::kv_store`] of the rotated keys and the values.
+    #[allow(clippy::too_many_arguments)]
+    fn rope_store(
+        &self,
+        r: &Rope<Self::Vector<'_>>,
+        angles: &Self::Angles,
+        layer: usize,
+        (q, q_dim): (&mut Self::Buf, usize),
+        (k, v, kv_dim): (&mut Self::Buf, &Self::Buf, usize),
+        segs: &mut [Segment<'_, Self::Kv>],
+    ) -> Result<()> {
+        self.rope(r, angles, q, q_dim, segs)?;
+        self.rope(r, angles, k, kv_dim, segs)?;
+        self.kv_store(layer, k, v, kv_dim, segs)
+    }
+    /// Attention of each segment's rows (queries `q`, `n_head × head_dim` per row) over
+    /// layer `layer` of its own KV store, which already holds its keys and values up to
+    /// its last row; writes one `n_head × head_dim` row per query to `out`.
+    fn attention(
+        &self,
+        shape: &AttnShape,
+        layer: usize,
+        q: &Self::Buf,
+        segs: &[Segment<'_, Self::Kv>],
+        out: &mut Self::Buf,
+    ) -> Result<()>;
+
+    // ---- experts and selection ----
+
+    /// Routes the `routing.rows()` tokens of the pass by their router logits (`n_expert`
+    /// per row, in `logits`) and groups them by expert ([`Routing::route`],
+    /// [`Routing::group`]).
+    fn moe_route(&self, logits: &Self::Buf, routing: &mut Routing, norm_topk: bool) -> Result<()>;
+    /// The gated FFN of each expert over the rows routed to it (`experts(e)` gives expert
+    /// `e`'s gate, up and down matrices), and each token's weighted sum of its experts'
+    /// outputs in slot order, into `out` (`rows × d_model`).
+    #[allow(clippy::too_many_arguments)]
+    fn moe_experts<'w>(
+        &self,
+        x: &Self::Buf,
+        routing: &Routing,
+        experts: &dyn Fn(usize) -> [Self::Weight<'w>; 3],
+        act: Act,
+        bufs: &mut ExpertBufs<Self::Buf>,
+        out: &mut Self::Buf,
+    ) -> Result<()>
+    where
+        Self: 'w;
+    /// The `out.len()` largest values of row `row` of `logits` (`n_vocab` per row) with
+    /// their ids, largest first, ties to the lower id.
+    fn top_k(
+        &self,
+        logits: &Self::Buf,
+        row: usize,
+        n_vocab: usize,
+        out: &mut [(u32, f32)],
+    ) -> Result<()>;
+}

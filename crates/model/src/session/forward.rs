@@ -1,0 +1,348 @@
+//! The one forward pass: the transformer layers over the rows of one or many sessions,
+//! written once against `ferrite_backend::Backend`, plus the scratch it runs in and the
+//! binding of the model's weights to a backend's handles.
+//!
+//! Prefill chunks, decode steps and `Batch` steps all come here. The pass only sequences
+//! the contract's ops; it never computes a value itself, so what a row gets is what the
+//! backend's ops give it.
+
+use ferrite_backend::{Act, AttnShape, Backend, ExpertBufs, KvType, Op, Rope, Routing, Segment};
+use ferrite_cpu::CpuBackend;
+
+use crate::config::Activation;
+use crate::model::{Ffn, Model, Weight};
+use crate::moe::{Experts, MoeScratch};
+use crate::{ModelConfig, ModelError};
+
+/// How a backend reads this model's weights: the handle of each matrix. The products take
+/// [`Weights::matrix`]; embedding lookups take the stored rows ([`Weights::table`]).
+pub(crate) trait Weights: Backend {
+    /// Weight matrix `w` of `m` for the products.
+    fn matrix<'a>(&'a self, m: &'a Model, w: &'a Weight) -> Self::Weight<'a>;
+    /// Expert `e` of the stacked experts `x` of `m` for the products.
+    fn expert<'a>(&'a self, m: &'a Model, x: &'a Experts, e: usize) -> Self::Weight<'a>;
+    /// Matrix `w` of `m` as a table of rows to look up.
+    fn table<'a>(&'a self, m: &'a Model, w: &'a Weight) -> Self::Weight<'a>;
+}
+
+impl Weights for CpuBackend<'_> {
+    fn matrix<'a>(&'a self, m: &'a Model, w: &'a Weight) -> ferrite_cpu::Matrix<'a> {
+        m.matrix(w)
+    }
+
+    fn expert<'a>(&'a self, m: &'a Model, x: &'a Experts, e: usize) -> ferrite_cpu::Matrix<'a> {
+        x.matrix(m.gguf(), e)
+    }
+
+    fn table<'a>(&'a self, m: &'a Model, w: &'a Weight) -> ferrite_cpu::Matrix<'a> {
+        // The stored rows: packing the embedding for products it never takes part in
+        // (an untied output head) would hold a second copy and drop the rows' pages.
+        m.raw_matrix(w)
+    }
+}
+
+/// Deliberate defects of the forward pass; always `Faults::default()` outside tests.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Faults {
+    /// Rope with twice the model's base (a misread `rope_theta`).
+    pub(crate) wrong_rope_base: bool,
+    /// A layer whose attention residual is dropped.
+    pub(crate) skip_attn_residual: Option<usize>,
+    /// Leave out the q/k/v biases.
+    pub(crate) drop_qkv_bias: bool,
+    /// Plain rope even when the model has frequency factors.
+    pub(crate) ignore_rope_factors: bool,
+    /// Route every row to one expert instead of the top k.
+    pub(crate) top_one_expert: bool,
+}
+
+/// Scratch activations for the rows of one forward pass (the tokens of one chunk, or one
+/// token from each session of a batch), allocated once.
+/// Parametrized by the backend's buffer and angle types rather than the backend, so that
+/// the scratch of a `Batch` outlives the borrow of the pool a CPU backend holds.
+#[derive(Debug)]
+pub(crate) struct Scratch<Buf, Angles> {
+    x: Buf,
+    xn: Buf,
+    q: Buf,
+    k: Buf,
+    v: Buf,
+    att: Buf,
+    o: Buf,
+    gate: Buf,
+    up: Buf,
+    /// Rope angles of the rows of one forward pass.
+    angles: Angles,
+    /// Expert routing and grouping buffers (MoE models only).
+    pub(crate) moe: Option<MoeScratch<Buf>>,
+}
+
+/// The scratch of backend `B`.
+pub(crate) type ScratchOf<B> = Scratch<<B as Backend>::Buf, <B as Backend>::Angles>;
+
+impl<Buf, Angles: Default> Scratch<Buf, Angles> {
+    /// Buffers for up to `rows` rows of model `c`.
+    pub(crate) fn new<B: Backend<Buf = Buf, Angles = Angles>>(
+        b: &B,
+        c: &ModelConfig,
+        rows: usize,
+    ) -> Result<Scratch<Buf, Angles>, ModelError> {
+        let buf = |w: usize| {
+            rows.checked_mul(w)
+                .ok_or_else(|| ModelError::InvalidArgument("scratch size overflows".into()))
+                .and_then(|len| Ok(b.alloc(len)?))
+        };
+        let moe = match &c.moe {
+            None => None,
+            Some(m) => Some(MoeScratch {
+                router: buf(m.n_expert)?,
+                routing: Routing::new(m.n_expert, m.n_expert_used, rows),
+                bufs: ExpertBufs {
+                    x: buf(c.d_model)?,
+                    gate: buf(c.d_ff)?,
+                    up: buf(c.d_ff)?,
+                    y: buf(c.d_model)?,
+                    slots: buf(m.n_expert_used * c.d_model)?,
+                },
+                experts_run: 0,
+                expert_rows: 0,
+            }),
+        };
+        Ok(Scratch {
+            x: buf(c.d_model)?,
+            xn: buf(c.d_model)?,
+            q: buf(c.q_dim())?,
+            k: buf(c.kv_dim())?,
+            v: buf(c.kv_dim())?,
+            att: buf(c.q_dim())?,
+            o: buf(c.d_model)?,
+            gate: buf(c.d_ff)?,
+            up: buf(c.d_ff)?,
+            angles: Angles::default(),
+            moe,
+        })
+    }
+
+    /// Moves residual rows `rows[i]` to row `i`; `rows` must be increasing (so `rows[i] >= i`
+    /// and no row is overwritten before it is read).
+    pub(crate) fn gather_rows<B: Backend<Buf = Buf>>(
+        &mut self,
+        b: &B,
+        rows: &[usize],
+        d: usize,
+    ) -> Result<(), ModelError> {
+        for (i, &r) in rows.iter().enumerate() {
+            b.copy(None, r * d, &mut self.x, i * d, d)?;
+        }
+        Ok(())
+    }
+
+    /// Normalizes rows `from..n` of the final residual stream into the first `n - from`
+    /// rows of `xn` and writes their logits to `out`.
+    pub(crate) fn logits<B: Weights<Buf = Buf>>(
+        &mut self,
+        b: &B,
+        m: &Model,
+        from: usize,
+        n: usize,
+        out: &mut [f32],
+    ) -> Result<(), ModelError> {
+        let c = m.config();
+        let (d, rows) = (c.d_model, n - from);
+        b.copy(Some(&self.x), from * d, &mut self.xn, 0, rows * d)?;
+        b.rms_norm(
+            &mut self.xn,
+            rows * d,
+            b.vector(&m.output_norm)?,
+            d,
+            c.rms_eps,
+        )?;
+        b.logits(b.matrix(m, m.output_weight()), &self.xn, rows, out)?;
+        Ok(())
+    }
+}
+
+/// The contract's activation for the model's.
+pub(crate) fn act(a: Activation) -> Act {
+    match a {
+        Activation::Silu => Act::Silu,
+        Activation::GeluTanh => Act::GeluTanh,
+    }
+}
+
+/// Asks `b` for every op the forward pass of `m` with a `kv` cache needs, before anything
+/// runs: a refusal is an error naming the op, its type and the reason.
+pub(crate) fn require_ops<B: Weights>(b: &B, m: &Model, kv: KvType) -> Result<(), ModelError> {
+    let c = m.config();
+    let scaled = c.rope_freq_factors.is_some();
+    let act = act(c.activation);
+    b.require(&Op::Embed { ty: m.embed.ty() })?;
+    b.require(&Op::Logits {
+        ty: m.output_weight().ty(),
+    })?;
+    for op in [
+        Op::Copy,
+        Op::RmsNorm,
+        Op::NormInto,
+        Op::AddNorm,
+        Op::Add,
+        Op::RopeStore {
+            style: c.rope_style,
+            scaled,
+            kv,
+        },
+        Op::Attention {
+            kv,
+            head_dim: c.head_dim,
+        },
+    ] {
+        b.require(&op)?;
+    }
+    if c.qkv_bias || c.out_bias {
+        b.require(&Op::AddBias)?;
+    }
+    for lw in &m.layers {
+        for w in [&lw.wq, &lw.wk, &lw.wv] {
+            b.require(&Op::MatMulShared { ty: w.ty() })?;
+        }
+        b.require(&Op::MatMul { ty: lw.wo.ty() })?;
+        match &lw.ffn {
+            Ffn::Dense { gate, up, down } => {
+                b.require(&Op::MatMulShared { ty: gate.ty() })?;
+                b.require(&Op::MatMulShared { ty: up.ty() })?;
+                b.require(&Op::MatMul { ty: down.ty() })?;
+                b.require(&Op::GatedAct { act })?;
+            }
+            Ffn::Moe(mw) => {
+                b.require(&Op::MatMul { ty: mw.router.ty() })?;
+                b.require(&Op::MoeRoute {
+                    n_expert: mw.gate.n_expert(),
+                })?;
+                for x in [&mw.gate, &mw.up, &mw.down] {
+                    b.require(&Op::MoeExperts { ty: x.ty(), act })?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The transformer layers over `tokens`, which are the rows of `segs` in order. Leaves the
+/// final residual stream in the scratch for [`Scratch::logits`]. Every row's result depends
+/// only on its own token, position and session cache, never on the other rows.
+pub(crate) fn forward_rows<B: Weights>(
+    b: &B,
+    m: &Model,
+    s: &mut ScratchOf<B>,
+    tokens: &[u32],
+    segs: &mut [Segment<'_, B::Kv>],
+    hidden: &mut Option<&mut Vec<Vec<f32>>>,
+    faults: Faults,
+) -> Result<(), ModelError> {
+    let c = m.config();
+    let n = tokens.len();
+    let (d, qd, kvd, eps) = (c.d_model, c.q_dim(), c.kv_dim(), c.rms_eps);
+    let base = |theta: f32| {
+        if faults.wrong_rope_base {
+            2.0 * theta
+        } else {
+            theta
+        }
+    };
+    let rope_factors = c
+        .rope_freq_factors
+        .as_ref()
+        .filter(|_| !faults.ignore_rope_factors);
+    let moe_cfg = c.moe.map(|mut moe| {
+        if faults.top_one_expert {
+            moe.n_expert_used = 1;
+        }
+        moe
+    });
+    let act = act(c.activation);
+
+    b.embed(b.table(m, &m.embed), tokens, c.embed_scale, &mut s.x)?;
+    let mut bases = c.layers.iter().map(|l| base(l.rope_base));
+    b.rope_prepare(&mut s.angles, c.head_dim, &mut bases, segs)?;
+    for (l, lw) in m.layers.iter().enumerate() {
+        let lc = &c.layers[l];
+        b.norm_into(&s.x, n * d, b.vector(&lw.attn_norm)?, d, eps, &mut s.xn)?;
+        let qkv = [
+            b.matrix(m, &lw.wq),
+            b.matrix(m, &lw.wk),
+            b.matrix(m, &lw.wv),
+        ];
+        b.matmul_shared(qkv, &s.xn, n, [&mut s.q, &mut s.k, &mut s.v])?;
+        let bias = lw.qkv_bias.as_ref().filter(|_| !faults.drop_qkv_bias);
+        if let Some([bq, bk, bv]) = bias {
+            b.add_bias(&mut s.q, n * qd, b.vector(bq)?, qd)?;
+            b.add_bias(&mut s.k, n * kvd, b.vector(bk)?, kvd)?;
+            b.add_bias(&mut s.v, n * kvd, b.vector(bv)?, kvd)?;
+        }
+        if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
+            b.rms_norm(&mut s.q, n * qd, b.vector(qn)?, c.head_dim, eps)?;
+            b.rms_norm(&mut s.k, n * kvd, b.vector(kn)?, c.head_dim, eps)?;
+        }
+        let rope = Rope {
+            head_dim: c.head_dim,
+            base: base(lc.rope_base),
+            style: c.rope_style,
+            factors: rope_factors.map(|f| b.vector(f)).transpose()?,
+        };
+        b.rope_store(
+            &rope,
+            &s.angles,
+            l,
+            (&mut s.q, qd),
+            (&mut s.k, &s.v, kvd),
+            segs,
+        )?;
+        let shape = AttnShape {
+            n_head: c.n_head,
+            n_kv_head: c.n_kv_head,
+            head_dim: c.head_dim,
+            scale: c.attn_scale,
+            window: lc.window,
+        };
+        b.attention(&shape, l, &s.q, segs, &mut s.att)?;
+        b.matmul(b.matrix(m, &lw.wo), &s.att, n, &mut s.o)?;
+        if let Some(bias) = &lw.out_bias {
+            b.add_bias(&mut s.o, n * d, b.vector(bias)?, d)?;
+        }
+        if let Some(w) = &lw.post_attn_norm {
+            b.rms_norm(&mut s.o, n * d, b.vector(w)?, d, eps)?;
+        }
+        let ffn_norm = b.vector(&lw.ffn_norm)?;
+        if faults.skip_attn_residual == Some(l) {
+            b.norm_into(&s.x, n * d, ffn_norm, d, eps, &mut s.xn)?;
+        } else {
+            b.add_norm(&mut s.x, &s.o, n * d, ffn_norm, d, eps, &mut s.xn)?;
+        }
+        match &lw.ffn {
+            Ffn::Dense { gate, up, down } => {
+                let gate_up = [b.matrix(m, gate), b.matrix(m, up)];
+                b.matmul_shared(gate_up, &s.xn, n, [&mut s.gate, &mut s.up])?;
+                b.gated_act(act, &mut s.gate, &s.up, n, c.d_ff)?;
+                b.matmul(b.matrix(m, down), &s.gate, n, &mut s.o)?;
+            }
+            Ffn::Moe(mw) => {
+                let (Some(cfg), Some(ms)) = (&moe_cfg, s.moe.as_mut()) else {
+                    return Err(ModelError::InvalidArgument(
+                        "expert weights without expert settings".into(),
+                    ));
+                };
+                crate::moe::ffn(b, m, mw, cfg, act, &s.xn, n, &mut s.o, ms)?;
+            }
+        }
+        if let Some(w) = &lw.post_ffn_norm {
+            b.rms_norm(&mut s.o, n * d, b.vector(w)?, d, eps)?;
+        }
+        b.add(&mut s.x, &s.o, n * d)?;
+        if let Some(h) = hidden.as_deref_mut() {
+            let at = h[l].len();
+            h[l].resize(at + n * d, 0.0);
+            b.download(&s.x, 0, &mut h[l][at..])?;
+        }
+    }
+    Ok(())
+}
