@@ -14,7 +14,11 @@
 //! Adding an architecture needs: a variant of [`Arch`] with its entry in [`ARCHES`] (name and
 //! [`Features`]; any new tensor role or key goes into [`TensorRole`] or [`Key`] here), the
 //! pinned lists in this crate's tests, and one model file that reads its hyper-parameters
-//! and runs its layers, with that file's tests.
+//! and runs its layers, with that file's tests. Converter, quantizer, synth, inspect and
+//! the KV store need nothing more: they read names, keys and features from here. (Until the
+//! forward pass is written once over a backend contract, "one model file" is the
+//! architecture's arm of `ferrite-model`'s `config.rs`, plus the CPU and CUDA layer code
+//! where it brings math they lack.)
 //!
 //! ```
 //! use ferrite_arch::{Arch, GlobalTensor, Key, TensorRole};
