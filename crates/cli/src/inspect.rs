@@ -8,6 +8,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use anyhow::Context;
+use ferrite_arch::{ARCHITECTURE_KEY, Key};
 use ferrite_gguf::{GgmlType, Gguf, Value};
 use serde_json::json;
 
@@ -67,14 +68,11 @@ struct ArchSummary {
 
 impl ArchSummary {
     fn of(g: &Gguf) -> Self {
-        let arch = g.get_str("general.architecture").ok().map(str::to_string);
-        let key = |k: &str| {
-            arch.as_ref()
-                .and_then(|a| g.get_u64(&format!("{a}.{k}")).ok())
-        };
-        let heads = key("attention.head_count");
-        let embedding = key("embedding_length");
-        let head_dim = key("attention.key_length").or(match (embedding, heads) {
+        let arch = g.get_str(ARCHITECTURE_KEY).ok().map(str::to_string);
+        let key = |k: Key| arch.as_ref().and_then(|a| g.get_u64(&k.of(a)).ok());
+        let heads = key(Key::HeadCount);
+        let embedding = key(Key::EmbeddingLength);
+        let head_dim = key(Key::KeyLength).or(match (embedding, heads) {
             (Some(e), Some(h)) if h > 0 => Some(e / h),
             _ => None,
         });
@@ -82,19 +80,19 @@ impl ArchSummary {
             .get("tokenizer.ggml.tokens")
             .and_then(Value::as_array)
             .map(|a| a.len() as u64)
-            .or_else(|| key("vocab_size"));
+            .or_else(|| key(Key::VocabSize));
         ArchSummary {
-            layers: key("block_count"),
+            layers: key(Key::BlockCount),
             heads,
-            kv_heads: key("attention.head_count_kv").or(heads),
+            kv_heads: key(Key::HeadCountKv).or(heads),
             head_dim,
             embedding,
-            ffn: key("feed_forward_length"),
-            context: key("context_length"),
+            ffn: key(Key::FeedForwardLength),
+            context: key(Key::ContextLength),
             vocab,
             rope_base: arch
                 .as_ref()
-                .and_then(|a| g.get_f32(&format!("{a}.rope.freq_base")).ok()),
+                .and_then(|a| g.get_f32(&Key::RopeFreqBase.of(a)).ok()),
             parameters: g.tensors().iter().map(|t| t.n_elements()).sum(),
             arch,
         }

@@ -21,6 +21,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, bail};
+use ferrite_arch::{ARCHITECTURE_KEY, Arch, GlobalTensor, Key, Kind, TensorName, TensorRole};
 use ferrite_gguf::{GgmlType, Gguf, GgufWriter, Value};
 use ferrite_model::physical_memory;
 
@@ -35,6 +36,17 @@ pub enum ArchArg {
     Gemma3,
     /// Qwen 3 dense (q/k norms, neox rope).
     Qwen3,
+}
+
+impl ArchArg {
+    /// Its row of the architecture table.
+    fn arch(self) -> Arch {
+        match self {
+            ArchArg::Llama => Arch::Llama,
+            ArchArg::Gemma3 => Arch::Gemma3,
+            ArchArg::Qwen3 => Arch::Qwen3,
+        }
+    }
 }
 
 /// Weight type mixes.
@@ -181,15 +193,19 @@ fn fit(ty: GgmlType, cols: usize) -> GgmlType {
         .unwrap_or(T::F32)
 }
 
-/// The type of matrix `role` (`token_embd`, `output`, or a per-layer name) in `layer`.
-fn matrix_type(ty: TypeArg, role: &str, layer: usize, n_layer: usize, cols: usize) -> GgmlType {
+/// The type of matrix `name` in a model of `n_layer` layers.
+fn matrix_type(ty: TypeArg, name: TensorName, n_layer: usize, cols: usize) -> GgmlType {
     let want = match ty {
-        TypeArg::Q4KM => match role {
-            "output" => GgmlType::Q6_K,
-            "attn_v" | "ffn_down" if more_bits(layer, n_layer) => GgmlType::Q6_K,
+        TypeArg::Q4KM => match name {
+            TensorName::Global(GlobalTensor::Output) => GgmlType::Q6_K,
+            TensorName::Layer {
+                role: TensorRole::AttnV | TensorRole::FfnDown,
+                layer,
+                ..
+            } if more_bits(layer, n_layer) => GgmlType::Q6_K,
             _ => GgmlType::Q4_K,
         },
-        TypeArg::Q4_1 if role == "token_embd" => GgmlType::Q8_0,
+        TypeArg::Q4_1 if name == TensorName::Global(GlobalTensor::TokenEmbd) => GgmlType::Q8_0,
         TypeArg::Q4_1 => GgmlType::Q4_1,
         TypeArg::Q8_0 => GgmlType::Q8_0,
         TypeArg::F16 => GgmlType::F16,
@@ -214,10 +230,11 @@ fn file_type(ty: TypeArg) -> u32 {
 fn tensor_specs<'a>(args: &'a SynthArgs, s: &'a Shape) -> impl Iterator<Item = Spec> + 'a {
     let hd = s.head_dim();
     let (q, kv) = (s.heads * hd, s.kv_heads * hd);
-    let matrix = move |name: String, role: &str, layer: usize, cols: usize, rows: usize| Spec {
-        name,
+    let features = args.arch.arch().features();
+    let matrix = move |name: TensorName, cols: usize, rows: usize| Spec {
+        name: name.to_name(),
         dims: vec![cols as u64, rows as u64],
-        ty: matrix_type(args.ty, role, layer, s.layers, cols),
+        ty: matrix_type(args.ty, name, s.layers, cols),
         init: Init::Normal,
     };
     let norm = |name: String, len: usize| Spec {
@@ -226,48 +243,44 @@ fn tensor_specs<'a>(args: &'a SynthArgs, s: &'a Shape) -> impl Iterator<Item = S
         ty: GgmlType::F32,
         init: Init::Ones,
     };
-    let embeddings = [
-        matrix(
-            "token_embd.weight".into(),
-            "token_embd",
-            0,
-            s.hidden,
-            s.vocab,
-        ),
-        matrix("output.weight".into(), "output", 0, s.hidden, s.vocab),
-    ];
+    let embeddings = [GlobalTensor::TokenEmbd, GlobalTensor::Output]
+        .map(|t| matrix(TensorName::Global(t), s.hidden, s.vocab));
     let layers = (0..s.layers).flat_map(move |l| {
-        let n = |r: &str| format!("blk.{l}.{r}.weight");
+        let n = |role: TensorRole| TensorName::Layer {
+            layer: l,
+            role,
+            kind: Kind::Weight,
+        };
         [
-            matrix(n("attn_q"), "attn_q", l, s.hidden, q),
-            matrix(n("attn_k"), "attn_k", l, s.hidden, kv),
-            matrix(n("attn_v"), "attn_v", l, s.hidden, kv),
-            matrix(n("attn_output"), "attn_output", l, q, s.hidden),
-            matrix(n("ffn_gate"), "ffn_gate", l, s.hidden, s.ffn),
-            matrix(n("ffn_up"), "ffn_up", l, s.hidden, s.ffn),
-            matrix(n("ffn_down"), "ffn_down", l, s.ffn, s.hidden),
+            matrix(n(TensorRole::AttnQ), s.hidden, q),
+            matrix(n(TensorRole::AttnK), s.hidden, kv),
+            matrix(n(TensorRole::AttnV), s.hidden, kv),
+            matrix(n(TensorRole::AttnOutput), q, s.hidden),
+            matrix(n(TensorRole::FfnGate), s.hidden, s.ffn),
+            matrix(n(TensorRole::FfnUp), s.hidden, s.ffn),
+            matrix(n(TensorRole::FfnDown), s.ffn, s.hidden),
         ]
     });
     let layer_norms = (0..s.layers).flat_map(move |l| {
-        let n = |r: &str| format!("blk.{l}.{r}.weight");
         let mut norms = vec![
-            norm(n("attn_norm"), s.hidden),
-            norm(n("ffn_norm"), s.hidden),
+            norm(TensorRole::AttnNorm.weight(l), s.hidden),
+            norm(TensorRole::FfnNorm.weight(l), s.hidden),
         ];
-        if matches!(args.arch, ArchArg::Gemma3 | ArchArg::Qwen3) {
-            norms.push(norm(n("attn_q_norm"), hd));
-            norms.push(norm(n("attn_k_norm"), hd));
+        if features.qk_norm {
+            norms.push(norm(TensorRole::AttnQNorm.weight(l), hd));
+            norms.push(norm(TensorRole::AttnKNorm.weight(l), hd));
         }
-        if args.arch == ArchArg::Gemma3 {
-            norms.push(norm(n("post_attention_norm"), s.hidden));
-            norms.push(norm(n("post_ffw_norm"), s.hidden));
+        if features.post_norms {
+            norms.push(norm(TensorRole::PostAttentionNorm.weight(l), s.hidden));
+            norms.push(norm(TensorRole::PostFfwNorm.weight(l), s.hidden));
         }
         norms
     });
+    let output_norm = norm(GlobalTensor::OutputNorm.name().into(), s.hidden);
     embeddings
         .into_iter()
         .chain(layers)
-        .chain(std::iter::once(norm("output_norm.weight".into(), s.hidden)))
+        .chain(std::iter::once(output_norm))
         .chain(layer_norms)
 }
 
@@ -298,18 +311,11 @@ fn sized_specs(args: &SynthArgs, s: &Shape, memory: Option<usize>) -> anyhow::Re
 }
 
 fn model_metadata(args: &SynthArgs, s: &Shape) -> Vec<(String, Value)> {
-    let arch = match args.arch {
-        ArchArg::Llama => "llama",
-        ArchArg::Gemma3 => "gemma3",
-        ArchArg::Qwen3 => "qwen3",
-    };
+    let arch = args.arch.arch().name();
     let u = |v: usize| Value::U32(u32::try_from(v).unwrap_or(u32::MAX));
-    let k = |key: &str| format!("{arch}.{key}");
+    let k = |key: Key| key.of(arch);
     let mut m = vec![
-        (
-            "general.architecture".to_owned(),
-            Value::String(arch.into()),
-        ),
+        (ARCHITECTURE_KEY.to_owned(), Value::String(arch.into())),
         (
             "general.name".to_owned(),
             Value::String(format!(
@@ -321,29 +327,29 @@ fn model_metadata(args: &SynthArgs, s: &Shape) -> Vec<(String, Value)> {
             "general.file_type".to_owned(),
             Value::U32(file_type(args.ty)),
         ),
-        (k("block_count"), u(s.layers)),
-        (k("context_length"), u(8192)),
-        (k("embedding_length"), u(s.hidden)),
-        (k("feed_forward_length"), u(s.ffn)),
-        (k("attention.head_count"), u(s.heads)),
-        (k("attention.head_count_kv"), u(s.kv_heads)),
-        (k("attention.key_length"), u(s.head_dim())),
-        (k("attention.value_length"), u(s.head_dim())),
-        (k("rope.dimension_count"), u(s.head_dim())),
+        (k(Key::BlockCount), u(s.layers)),
+        (k(Key::ContextLength), u(8192)),
+        (k(Key::EmbeddingLength), u(s.hidden)),
+        (k(Key::FeedForwardLength), u(s.ffn)),
+        (k(Key::HeadCount), u(s.heads)),
+        (k(Key::HeadCountKv), u(s.kv_heads)),
+        (k(Key::KeyLength), u(s.head_dim())),
+        (k(Key::ValueLength), u(s.head_dim())),
+        (k(Key::RopeDimensionCount), u(s.head_dim())),
     ];
     match args.arch {
         ArchArg::Llama => m.extend([
-            (k("attention.layer_norm_rms_epsilon"), Value::F32(1e-5)),
-            (k("rope.freq_base"), Value::F32(10_000.0)),
+            (k(Key::LayerNormRmsEpsilon), Value::F32(1e-5)),
+            (k(Key::RopeFreqBase), Value::F32(10_000.0)),
         ]),
         ArchArg::Gemma3 => m.extend([
-            (k("attention.layer_norm_rms_epsilon"), Value::F32(1e-6)),
-            (k("rope.freq_base"), Value::F32(1_000_000.0)),
-            (k("attention.sliding_window"), u(512)),
+            (k(Key::LayerNormRmsEpsilon), Value::F32(1e-6)),
+            (k(Key::RopeFreqBase), Value::F32(1_000_000.0)),
+            (k(Key::SlidingWindow), u(512)),
         ]),
         ArchArg::Qwen3 => m.extend([
-            (k("attention.layer_norm_rms_epsilon"), Value::F32(1e-6)),
-            (k("rope.freq_base"), Value::F32(1_000_000.0)),
+            (k(Key::LayerNormRmsEpsilon), Value::F32(1e-6)),
+            (k(Key::RopeFreqBase), Value::F32(1_000_000.0)),
         ]),
     }
     m
@@ -418,16 +424,19 @@ mod tests {
 
     #[test]
     fn q4_k_m_mix_uses_q6_k_for_output_and_some_layers() {
-        let t = |role, layer| matrix_type(TypeArg::Q4KM, role, layer, 32, 4096);
-        assert_eq!(t("output", 0), GgmlType::Q6_K);
-        assert_eq!(t("attn_v", 0), GgmlType::Q6_K);
-        assert_eq!(t("attn_v", 4), GgmlType::Q4_K);
-        assert_eq!(t("ffn_down", 6), GgmlType::Q6_K);
-        assert_eq!(t("attn_q", 0), GgmlType::Q4_K);
-        assert_eq!(
-            matrix_type(TypeArg::Q4_1, "token_embd", 0, 2, 64),
-            GgmlType::Q8_0
-        );
+        let t = |name| matrix_type(TypeArg::Q4KM, name, 32, 4096);
+        let layer = |role, layer| TensorName::Layer {
+            layer,
+            role,
+            kind: Kind::Weight,
+        };
+        assert_eq!(t(TensorName::Global(GlobalTensor::Output)), GgmlType::Q6_K);
+        assert_eq!(t(layer(TensorRole::AttnV, 0)), GgmlType::Q6_K);
+        assert_eq!(t(layer(TensorRole::AttnV, 4)), GgmlType::Q4_K);
+        assert_eq!(t(layer(TensorRole::FfnDown, 6)), GgmlType::Q6_K);
+        assert_eq!(t(layer(TensorRole::AttnQ, 0)), GgmlType::Q4_K);
+        let embd = TensorName::Global(GlobalTensor::TokenEmbd);
+        assert_eq!(matrix_type(TypeArg::Q4_1, embd, 2, 64), GgmlType::Q8_0);
     }
 
     #[test]

@@ -9,6 +9,7 @@
 //! not handled (another activation, partial rope, a rope scaling other than llama3,
 //! interleaved dense/MoE layers) is refused by name rather than dropped.
 
+use ferrite_arch::{Arch, Key};
 use ferrite_gguf::{Array, Value};
 use serde_json::{Map, Value as Json};
 
@@ -70,19 +71,24 @@ impl Family {
         }
     }
 
+    /// The GGUF architecture this family is written as.
+    pub fn arch(self) -> Arch {
+        match self {
+            Family::Llama | Family::Mistral | Family::Mixtral => Arch::Llama,
+            Family::Qwen2 => Arch::Qwen2,
+            Family::Qwen3 => Arch::Qwen3,
+            Family::Qwen3Moe => Arch::Qwen3Moe,
+        }
+    }
+
     /// The GGUF `general.architecture` this family is written as.
     pub fn gguf_arch(self) -> &'static str {
-        match self {
-            Family::Llama | Family::Mistral | Family::Mixtral => "llama",
-            Family::Qwen2 => "qwen2",
-            Family::Qwen3 => "qwen3",
-            Family::Qwen3Moe => "qwen3moe",
-        }
+        self.arch().name()
     }
 
     /// Whether llama.cpp permutes this family's Q/K rows (interleaved rope in GGUF).
     pub fn permutes_qk(self) -> bool {
-        matches!(self, Family::Llama | Family::Mistral | Family::Mixtral)
+        self.arch().features().interleaved_rope
     }
 
     /// transformers' default `rope_theta`.
@@ -323,47 +329,44 @@ impl HfConfig {
 
     /// The `{arch}.*` hyper-parameter metadata, in llama.cpp's order.
     pub fn metadata(&self) -> Vec<(String, Value)> {
-        let arch = self.family.gguf_arch();
-        let k = |s: &str| format!("{arch}.{s}");
+        let arch = self.family.arch();
+        let k = |key: Key| arch.key(key);
         let u = |n: usize| Value::U32(n as u32);
         let mut m = vec![
-            (k("block_count"), u(self.n_layer)),
-            (k("context_length"), Value::U32(self.ctx as u32)),
-            (k("embedding_length"), u(self.d_model)),
-            (k("feed_forward_length"), u(self.d_ff)),
-            (k("attention.head_count"), u(self.n_head)),
-            (k("attention.head_count_kv"), u(self.n_kv_head)),
-            (k("rope.freq_base"), Value::F32(self.rope_theta as f32)),
-            (
-                k("attention.layer_norm_rms_epsilon"),
-                Value::F32(self.rms_eps as f32),
-            ),
+            (k(Key::BlockCount), u(self.n_layer)),
+            (k(Key::ContextLength), Value::U32(self.ctx as u32)),
+            (k(Key::EmbeddingLength), u(self.d_model)),
+            (k(Key::FeedForwardLength), u(self.d_ff)),
+            (k(Key::HeadCount), u(self.n_head)),
+            (k(Key::HeadCountKv), u(self.n_kv_head)),
+            (k(Key::RopeFreqBase), Value::F32(self.rope_theta as f32)),
+            (k(Key::LayerNormRmsEpsilon), Value::F32(self.rms_eps as f32)),
         ];
         if let Some(e) = &self.experts {
-            m.push((k("expert_count"), u(e.count)));
-            m.push((k("expert_used_count"), u(e.used)));
+            m.push((k(Key::ExpertCount), u(e.count)));
+            m.push((k(Key::ExpertUsedCount), u(e.used)));
         }
         if self.head_dim_explicit {
-            m.push((k("attention.key_length"), u(self.head_dim)));
-            m.push((k("attention.value_length"), u(self.head_dim)));
+            m.push((k(Key::KeyLength), u(self.head_dim)));
+            m.push((k(Key::ValueLength), u(self.head_dim)));
         }
-        if self.family.gguf_arch() == "llama" {
-            m.push((k("vocab_size"), u(self.n_vocab)));
-            m.push((k("rope.dimension_count"), u(self.head_dim)));
+        if arch == Arch::Llama {
+            m.push((k(Key::VocabSize), u(self.n_vocab)));
+            m.push((k(Key::RopeDimensionCount), u(self.head_dim)));
         }
         if let Some(e) = &self.experts {
             if let Some(ff) = e.ff {
-                m.push((k("expert_feed_forward_length"), u(ff)));
+                m.push((k(Key::ExpertFeedForwardLength), u(ff)));
             }
             if let Some(norm) = e.norm_topk {
-                m.push((k("expert_weights_norm"), Value::Bool(norm)));
+                m.push((k(Key::ExpertWeightsNorm), Value::Bool(norm)));
             }
         }
         if let Some(sw) = &self.sliding_window {
-            m.push((k("attention.sliding_window"), u(sw.window)));
+            m.push((k(Key::SlidingWindow), u(sw.window)));
             if !sw.layers.iter().all(|&l| l) {
                 m.push((
-                    k("attention.sliding_window_pattern"),
+                    k(Key::SlidingWindowPattern),
                     Value::Array(Array::Bool(sw.layers.clone())),
                 ));
             }

@@ -35,6 +35,7 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use ferrite_arch::{ARCHITECTURE_KEY, Arch, GlobalTensor};
 use ferrite_gguf::{GgmlType, GgufWriter, Value};
 use ferrite_safetensors::Checkpoint;
 
@@ -166,7 +167,7 @@ impl HfModel {
             dir,
             &map,
             config.n_vocab,
-            config.family.gguf_arch() == "llama",
+            config.family.arch() == Arch::Llama,
             // llama.cpp's Qwen3-MoE converter reads only tokenizer.json.
             config.family != Family::Qwen3Moe,
         )?;
@@ -230,7 +231,7 @@ impl HfModel {
         let mut tensors = Vec::with_capacity(plan.items.len() + 1);
         if let Some(f) = c.rope_freqs() {
             tensors.push(OutTensor {
-                name: "rope_freqs.weight".into(),
+                name: GlobalTensor::RopeFreqs.name().into(),
                 ty: GgmlType::F32,
                 dims: vec![f.len() as u64],
                 n_bytes: 4 * f.len() as u64,
@@ -275,10 +276,7 @@ impl HfModel {
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
         let mut metadata = vec![
-            (
-                "general.architecture".to_owned(),
-                Value::String(arch.into()),
-            ),
+            (ARCHITECTURE_KEY.to_owned(), Value::String(arch.into())),
             ("general.type".to_owned(), Value::String("model".into())),
             ("general.name".to_owned(), Value::String(name)),
         ];

@@ -1,10 +1,13 @@
 //! Checkpoint tensor names → GGUF tensor names, as llama.cpp's gguf-py tensor map spells
-//! them (`token_embd`, `blk.N.attn_q`, `blk.N.ffn_gate_exps`, ...).
+//! them (`token_embd`, `blk.N.attn_q`, `blk.N.ffn_gate_exps`, ...). This module owns the
+//! Hugging Face side; the GGUF names come from the architecture table (`ferrite-arch`).
 //!
 //! Per-expert tensors (`mlp.experts.E.gate_proj.weight`, Mixtral's
 //! `block_sparse_moe.experts.E.w1.weight`) and transformers 5's fused expert tensors
 //! (`mlp.experts.gate_up_proj`, `mlp.experts.down_proj`) are reported as such, so the
 //! caller can stack or split them into llama.cpp's 3-D `ffn_{gate,up,down}_exps`.
+
+use ferrite_arch::{GlobalTensor, Kind, TensorRole};
 
 /// Which expert matrix.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -16,12 +19,12 @@ pub(crate) enum ExpertPart {
 
 impl ExpertPart {
     pub(crate) fn gguf_name(self, layer: usize) -> String {
-        let p = match self {
-            ExpertPart::Gate => "gate",
-            ExpertPart::Up => "up",
-            ExpertPart::Down => "down",
-        };
-        format!("blk.{layer}.ffn_{p}_exps.weight")
+        match self {
+            ExpertPart::Gate => TensorRole::FfnGateExps,
+            ExpertPart::Up => TensorRole::FfnUpExps,
+            ExpertPart::Down => TensorRole::FfnDownExps,
+        }
+        .weight(layer)
     }
 }
 
@@ -46,11 +49,11 @@ pub(crate) enum Mapped {
 
 /// Maps one checkpoint name; `None` when it has no GGUF name.
 pub(crate) fn map(name: &str) -> Option<Mapped> {
-    let plain = |s: &str| Some(Mapped::Plain(s.to_owned()));
+    let plain = |t: GlobalTensor| Some(Mapped::Plain(t.name().to_owned()));
     match name {
-        "model.embed_tokens.weight" => return plain("token_embd.weight"),
-        "model.norm.weight" => return plain("output_norm.weight"),
-        "lm_head.weight" => return plain("output.weight"),
+        "model.embed_tokens.weight" => return plain(GlobalTensor::TokenEmbd),
+        "model.norm.weight" => return plain(GlobalTensor::OutputNorm),
+        "lm_head.weight" => return plain(GlobalTensor::Output),
         _ => {}
     }
     let rest = name.strip_prefix("model.layers.")?;
@@ -59,53 +62,50 @@ pub(crate) fn map(name: &str) -> Option<Mapped> {
     if rest.ends_with("rotary_emb.inv_freq") {
         return Some(Mapped::Skip);
     }
-    let (stem, suffix) = match rest.strip_suffix(".weight") {
-        Some(s) => (s, "weight"),
+    let (stem, kind) = match rest.strip_suffix(".weight") {
+        Some(s) => (s, Some(Kind::Weight)),
         None => match rest.strip_suffix(".bias") {
-            Some(s) => (s, "bias"),
+            Some(s) => (s, Some(Kind::Bias)),
             // transformers 5 fused experts carry no suffix.
-            None => (rest, ""),
+            None => (rest, None),
         },
     };
     let moe = stem
         .strip_prefix("mlp.")
         .or_else(|| stem.strip_prefix("block_sparse_moe."));
     if let Some(moe) = moe
-        && suffix != "bias"
-        && let Some(m) = map_moe(layer, moe, suffix)
+        && kind != Some(Kind::Bias)
+        && let Some(m) = map_moe(layer, moe, kind)
     {
         return Some(m);
     }
-    let gguf = match stem {
-        "input_layernorm" => "attn_norm",
-        "post_attention_layernorm" => "ffn_norm",
-        "self_attn.q_proj" => "attn_q",
-        "self_attn.k_proj" => "attn_k",
-        "self_attn.v_proj" => "attn_v",
-        "self_attn.o_proj" => "attn_output",
-        "self_attn.q_norm" => "attn_q_norm",
-        "self_attn.k_norm" => "attn_k_norm",
-        "mlp.gate_proj" => "ffn_gate",
-        "mlp.up_proj" => "ffn_up",
-        "mlp.down_proj" => "ffn_down",
+    let role = match stem {
+        "input_layernorm" => TensorRole::AttnNorm,
+        "post_attention_layernorm" => TensorRole::FfnNorm,
+        "self_attn.q_proj" => TensorRole::AttnQ,
+        "self_attn.k_proj" => TensorRole::AttnK,
+        "self_attn.v_proj" => TensorRole::AttnV,
+        "self_attn.o_proj" => TensorRole::AttnOutput,
+        "self_attn.q_norm" => TensorRole::AttnQNorm,
+        "self_attn.k_norm" => TensorRole::AttnKNorm,
+        "mlp.gate_proj" => TensorRole::FfnGate,
+        "mlp.up_proj" => TensorRole::FfnUp,
+        "mlp.down_proj" => TensorRole::FfnDown,
         _ => return None,
     };
-    if suffix.is_empty() {
-        return None;
-    }
-    Some(Mapped::Plain(format!("blk.{layer}.{gguf}.{suffix}")))
+    Some(Mapped::Plain(role.name(layer, kind?)))
 }
 
-fn map_moe(layer: usize, moe: &str, suffix: &str) -> Option<Mapped> {
-    match (moe, suffix) {
-        ("gate", "weight") => {
-            return Some(Mapped::Plain(format!("blk.{layer}.ffn_gate_inp.weight")));
+fn map_moe(layer: usize, moe: &str, kind: Option<Kind>) -> Option<Mapped> {
+    match (moe, kind) {
+        ("gate", Some(Kind::Weight)) => {
+            return Some(Mapped::Plain(TensorRole::FfnGateInp.weight(layer)));
         }
         ("experts.gate_up_proj", _) => return Some(Mapped::FusedGateUp { layer }),
         ("experts.down_proj", _) => return Some(Mapped::FusedDown { layer }),
         _ => {}
     }
-    if suffix != "weight" {
+    if kind != Some(Kind::Weight) {
         return None;
     }
     let (expert, part) = moe.strip_prefix("experts.")?.split_once('.')?;

@@ -7,6 +7,7 @@
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 
+use ferrite_arch::{GlobalTensor, TensorName, TensorRole};
 use ferrite_gguf::GgmlType;
 use ferrite_safetensors::{Checkpoint, TensorRef};
 
@@ -82,7 +83,7 @@ impl<'a> Plan<'a> {
             match mapped {
                 Mapped::Skip => {}
                 Mapped::Plain(gguf) => {
-                    if gguf == "output.weight" && c.tie_embeddings {
+                    if gguf == GlobalTensor::Output.name() && c.tie_embeddings {
                         continue;
                     }
                     items.push(Item::Plain {
@@ -166,12 +167,18 @@ impl<'a> Plan<'a> {
     fn permute_heads(&self, gguf: &str) -> Option<usize> {
         if !self.c.family.permutes_qk() {
             None
-        } else if is_blk_tensor(gguf, "attn_q") {
-            Some(self.c.n_head)
-        } else if is_blk_tensor(gguf, "attn_k") {
-            Some(self.c.n_kv_head)
         } else {
-            None
+            match TensorName::parse(gguf) {
+                Some(TensorName::Layer {
+                    role: TensorRole::AttnQ,
+                    ..
+                }) => Some(self.c.n_head),
+                Some(TensorName::Layer {
+                    role: TensorRole::AttnK,
+                    ..
+                }) => Some(self.c.n_kv_head),
+                _ => None,
+            }
         }
     }
 
@@ -296,12 +303,6 @@ impl<'a> Plan<'a> {
             Item::FusedDown { hf, .. } => Cow::Borrowed(self.tensor(hf)?.data),
         })
     }
-}
-
-/// Whether `gguf` is `blk.N.<role>.weight` or `.bias`.
-fn is_blk_tensor(gguf: &str, role: &str) -> bool {
-    gguf.starts_with("blk.")
-        && (gguf.ends_with(&format!(".{role}.weight")) || gguf.ends_with(&format!(".{role}.bias")))
 }
 
 fn float_type(hf: &str, t: &TensorRef<'_>) -> Result<GgmlType, ConvertError> {

@@ -10,6 +10,7 @@
 
 use std::borrow::Cow;
 
+use ferrite_arch::{GlobalTensor, Kind, TensorName, TensorRole};
 use ferrite_gguf::GgmlType;
 use ferrite_safetensors::Dtype;
 
@@ -67,10 +68,15 @@ pub(crate) fn slice_rows_per_block(
 /// F32; matrices take the requested type, Q8_0 falling back to F16 for rows that are not a
 /// whole number of blocks; `Stored` keeps the stored float type.
 pub(crate) fn target_type(gguf_name: &str, shape: &[u64], out: OutType, src: GgmlType) -> GgmlType {
+    // Every name here comes from the architecture table (`names::map`).
     let keep_f32 = shape.len() <= 1
-        || gguf_name.ends_with("_norm.weight")
-        || gguf_name.contains(".ffn_gate_inp.")
-        || !gguf_name.ends_with(".weight");
+        || match TensorName::parse(gguf_name) {
+            Some(TensorName::Global(g)) => g == GlobalTensor::OutputNorm,
+            Some(TensorName::Layer { role, kind, .. }) => {
+                kind == Kind::Bias || role.is_norm() || role == TensorRole::FfnGateInp
+            }
+            None => false,
+        };
     if keep_f32 {
         return GgmlType::F32;
     }

@@ -29,6 +29,7 @@ use std::time::Instant;
 
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaGraph, CudaSlice};
+use ferrite_arch::{GlobalTensor, TensorRole};
 use ferrite_gguf::Gguf;
 use ferrite_model::{Model, ModelConfig, MoeConfig};
 
@@ -208,57 +209,63 @@ impl CudaModel {
         let g = model.gguf();
         let b = &*backend;
         AttnShape::new(c.n_head, c.n_kv_head, c.head_dim, c.attn_scale, None)?;
-        let embed = upload_matrix(b, g, "token_embd.weight", c.n_vocab, c.d_model)?;
-        let output = match g.tensor("output.weight") {
-            Some(_) => Some(upload_matrix(b, g, "output.weight", c.n_vocab, c.d_model)?),
+        let embed = upload_matrix(b, g, GlobalTensor::TokenEmbd.name(), c.n_vocab, c.d_model)?;
+        let output = match g.tensor(GlobalTensor::Output.name()) {
+            Some(_) => Some(upload_matrix(
+                b,
+                g,
+                GlobalTensor::Output.name(),
+                c.n_vocab,
+                c.d_model,
+            )?),
             None => None,
         };
-        let output_norm = upload_vector(b, g, "output_norm.weight", c.d_model)?;
+        let output_norm = upload_vector(b, g, GlobalTensor::OutputNorm.name(), c.d_model)?;
         let mut layers: Vec<DeviceLayer> = Vec::with_capacity(c.n_layer);
         for i in 0..c.n_layer {
-            let n = |s: &str| format!("blk.{i}.{s}.weight");
-            let opt = |s: &str, len: usize, wanted: bool| {
+            let n = |r: TensorRole| r.weight(i);
+            let opt = |s: TensorRole, len: usize, wanted: bool| {
                 if wanted {
                     upload_vector(b, g, &n(s), len).map(Some)
                 } else {
                     Ok(None)
                 }
             };
-            let bias = |s: &str, len: usize| upload_vector(b, g, &format!("blk.{i}.{s}.bias"), len);
+            let bias = |r: TensorRole, len: usize| upload_vector(b, g, &r.bias(i), len);
             let ffn = match &c.moe {
                 None => DeviceFfn::Dense {
-                    gate: upload_matrix(b, g, &n("ffn_gate"), c.d_ff, c.d_model)?,
-                    up: upload_matrix(b, g, &n("ffn_up"), c.d_ff, c.d_model)?,
-                    down: upload_matrix(b, g, &n("ffn_down"), c.d_model, c.d_ff)?,
+                    gate: upload_matrix(b, g, &n(TensorRole::FfnGate), c.d_ff, c.d_model)?,
+                    up: upload_matrix(b, g, &n(TensorRole::FfnUp), c.d_ff, c.d_model)?,
+                    down: upload_matrix(b, g, &n(TensorRole::FfnDown), c.d_model, c.d_ff)?,
                 },
                 Some(moe) => DeviceFfn::Moe(moe::load(b, g, &c, moe, i)?),
             };
             layers.push(DeviceLayer {
-                attn_norm: upload_vector(b, g, &n("attn_norm"), c.d_model)?,
-                wq: upload_matrix(b, g, &n("attn_q"), c.q_dim(), c.d_model)?,
-                wk: upload_matrix(b, g, &n("attn_k"), c.kv_dim(), c.d_model)?,
-                wv: upload_matrix(b, g, &n("attn_v"), c.kv_dim(), c.d_model)?,
-                wo: upload_matrix(b, g, &n("attn_output"), c.d_model, c.q_dim())?,
+                attn_norm: upload_vector(b, g, &n(TensorRole::AttnNorm), c.d_model)?,
+                wq: upload_matrix(b, g, &n(TensorRole::AttnQ), c.q_dim(), c.d_model)?,
+                wk: upload_matrix(b, g, &n(TensorRole::AttnK), c.kv_dim(), c.d_model)?,
+                wv: upload_matrix(b, g, &n(TensorRole::AttnV), c.kv_dim(), c.d_model)?,
+                wo: upload_matrix(b, g, &n(TensorRole::AttnOutput), c.d_model, c.q_dim())?,
                 qkv_bias: if c.qkv_bias {
                     Some([
-                        bias("attn_q", c.q_dim())?,
-                        bias("attn_k", c.kv_dim())?,
-                        bias("attn_v", c.kv_dim())?,
+                        bias(TensorRole::AttnQ, c.q_dim())?,
+                        bias(TensorRole::AttnK, c.kv_dim())?,
+                        bias(TensorRole::AttnV, c.kv_dim())?,
                     ])
                 } else {
                     None
                 },
                 out_bias: if c.out_bias {
-                    Some(bias("attn_output", c.d_model)?)
+                    Some(bias(TensorRole::AttnOutput, c.d_model)?)
                 } else {
                     None
                 },
-                q_norm: opt("attn_q_norm", c.head_dim, c.qk_norm)?,
-                k_norm: opt("attn_k_norm", c.head_dim, c.qk_norm)?,
-                post_attn_norm: opt("post_attention_norm", c.d_model, c.post_norms)?,
-                ffn_norm: upload_vector(b, g, &n("ffn_norm"), c.d_model)?,
+                q_norm: opt(TensorRole::AttnQNorm, c.head_dim, c.qk_norm)?,
+                k_norm: opt(TensorRole::AttnKNorm, c.head_dim, c.qk_norm)?,
+                post_attn_norm: opt(TensorRole::PostAttentionNorm, c.d_model, c.post_norms)?,
+                ffn_norm: upload_vector(b, g, &n(TensorRole::FfnNorm), c.d_model)?,
                 ffn,
-                post_ffn_norm: opt("post_ffw_norm", c.d_model, c.post_norms)?,
+                post_ffn_norm: opt(TensorRole::PostFfwNorm, c.d_model, c.post_norms)?,
             });
         }
         let rope_factors = match &c.rope_freq_factors {

@@ -98,16 +98,9 @@ impl Compat {
         ctx: usize,
     ) -> Compat {
         let c = model.config();
-        let arch = match c.arch {
-            ferrite_model::Arch::Llama => "llama",
-            ferrite_model::Arch::Gemma3 => "gemma3",
-            ferrite_model::Arch::Qwen2 => "qwen2",
-            ferrite_model::Arch::Qwen3 => "qwen3",
-            ferrite_model::Arch::Qwen3Moe => "qwen3moe",
-        };
         Compat {
             model_sha256,
-            arch: arch.into(),
+            arch: c.arch.name().into(),
             precision: match model.precision() {
                 ferrite_model::Precision::Default => 0,
                 ferrite_model::Precision::F32 => 1,

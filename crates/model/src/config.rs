@@ -19,26 +19,15 @@
 //! MoE, rope-factor, sliding-window and unsupported-feature keys are read in
 //! [`crate::features`].
 
+use ferrite_arch::{ARCHITECTURE_KEY, GlobalTensor, Key, Presence, TensorRole};
 use ferrite_gguf::Gguf;
 
 use crate::ModelError;
 use crate::features::{self, MoeConfig};
 use crate::ops::RopeStyle;
 
-/// A supported architecture.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Arch {
-    /// Llama family (SmolLM2).
-    Llama,
-    /// Gemma 3 text models.
-    Gemma3,
-    /// Qwen 2 / 2.5 (q/k/v biases).
-    Qwen2,
-    /// Qwen 3 dense (q/k norms).
-    Qwen3,
-    /// Qwen 3 mixture of experts.
-    Qwen3Moe,
-}
+/// A supported architecture: the rows of the architecture table (`ferrite-arch`).
+pub use ferrite_arch::Arch;
 
 /// FFN gate activation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -143,8 +132,9 @@ fn check_token_count(g: &Gguf, n_vocab: usize) -> Result<(), ModelError> {
         Some(tokens) if tokens.len() != n_vocab => Err(bad(
             TOKENS_KEY,
             &format!(
-                "{} tokens, but token_embd.weight has {n_vocab} rows",
-                tokens.len()
+                "{} tokens, but {} has {n_vocab} rows",
+                tokens.len(),
+                GlobalTensor::TokenEmbd.name()
             ),
         )),
         _ => Ok(()),
@@ -154,23 +144,18 @@ fn check_token_count(g: &Gguf, n_vocab: usize) -> Result<(), ModelError> {
 impl ModelConfig {
     /// Reads the configuration of `g`. A missing key is reported by name.
     pub fn from_gguf(g: &Gguf) -> Result<ModelConfig, ModelError> {
-        let arch_name = g.get_str("general.architecture")?;
-        let arch = match arch_name {
-            "llama" => Arch::Llama,
-            "gemma3" => Arch::Gemma3,
-            "qwen2" => Arch::Qwen2,
-            "qwen3" => Arch::Qwen3,
-            "qwen3moe" => Arch::Qwen3Moe,
-            other => return Err(ModelError::UnknownArchitecture(other.to_owned())),
-        };
+        let arch_name = g.get_str(ARCHITECTURE_KEY)?;
+        let arch = Arch::from_name(arch_name)
+            .ok_or_else(|| ModelError::UnknownArchitecture(arch_name.to_owned()))?;
         let a = arch_name;
-        let k = |s: &str| format!("{a}.{s}");
-        let n_layer = positive(&k("block_count"), usize_key(g, &k("block_count"))?)?;
+        let f = arch.features();
+        let k = |key: Key| arch.key(key);
+        let n_layer = positive(&k(Key::BlockCount), usize_key(g, &k(Key::BlockCount))?)?;
         // Per-layer tables are sized by this count before any block's tensors are looked
         // up; every block has tensors, so the file's tensor table bounds it.
         if n_layer > g.tensors().len() {
             return Err(bad(
-                &k("block_count"),
+                &k(Key::BlockCount),
                 &format!(
                     "{n_layer} blocks, but the file has only {} tensors",
                     g.tensors().len()
@@ -178,96 +163,91 @@ impl ModelConfig {
             ));
         }
         let d_model = positive(
-            &k("embedding_length"),
-            usize_key(g, &k("embedding_length"))?,
+            &k(Key::EmbeddingLength),
+            usize_key(g, &k(Key::EmbeddingLength))?,
         )?;
-        let n_head = positive(
-            &k("attention.head_count"),
-            usize_key(g, &k("attention.head_count"))?,
-        )?;
-        let n_kv_head = positive(
-            &k("attention.head_count_kv"),
-            usize_key(g, &k("attention.head_count_kv"))?,
-        )?;
+        let n_head = positive(&k(Key::HeadCount), usize_key(g, &k(Key::HeadCount))?)?;
+        let n_kv_head = positive(&k(Key::HeadCountKv), usize_key(g, &k(Key::HeadCountKv))?)?;
         if n_head % n_kv_head != 0 {
             return Err(bad(
-                &k("attention.head_count_kv"),
+                &k(Key::HeadCountKv),
                 "must divide attention.head_count",
             ));
         }
-        let dense_ff = match g.get(&k("feed_forward_length")) {
-            Some(_) => Some(usize_key(g, &k("feed_forward_length"))?),
+        let dense_ff = match g.get(&k(Key::FeedForwardLength)) {
+            Some(_) => Some(usize_key(g, &k(Key::FeedForwardLength))?),
             None => None,
         };
         // Every architecture refuses what its forward pass lacks (Gemma 3 4B and larger
         // ask for linear rope scaling, which this one does not do); experts are read for
         // the architectures that have them.
         features::check_unsupported(g, a)?;
-        let (moe, d_ff) = if arch == Arch::Gemma3 {
+        let (moe, d_ff) = if f.experts == Presence::Never {
             (None, dense_ff)
         } else {
-            features::moe(g, a, arch == Arch::Qwen3Moe, dense_ff)?
+            features::moe(g, a, f.experts == Presence::Required, dense_ff)?
         };
-        let ff_key = if moe.is_some() && g.get(&k("expert_feed_forward_length")).is_some() {
-            k("expert_feed_forward_length")
+        let ff_key = if moe.is_some() && g.get(&k(Key::ExpertFeedForwardLength)).is_some() {
+            k(Key::ExpertFeedForwardLength)
         } else {
-            k("feed_forward_length")
+            k(Key::FeedForwardLength)
         };
         let d_ff = match d_ff {
             Some(v) => positive(&ff_key, v)?,
             // Reports the missing key by name.
             None => positive(&ff_key, usize_key(g, &ff_key)?)?,
         };
-        let ctx_train = usize_key(g, &k("context_length"))?;
+        let ctx_train = usize_key(g, &k(Key::ContextLength))?;
         // Values that would make every activation NaN are refused here, by key, rather than
         // surfacing as NaN logits at the first token.
-        let rms_eps = g.get_f32(&k("attention.layer_norm_rms_epsilon"))?;
+        let rms_eps = g.get_f32(&k(Key::LayerNormRmsEpsilon))?;
         if !(rms_eps.is_finite() && rms_eps >= 0.0) {
             return Err(bad(
-                &k("attention.layer_norm_rms_epsilon"),
+                &k(Key::LayerNormRmsEpsilon),
                 &format!("{rms_eps} is not a finite, non-negative number"),
             ));
         }
-        let rope_base = g.get_f32(&k("rope.freq_base"))?;
+        let rope_base = g.get_f32(&k(Key::RopeFreqBase))?;
         if !(rope_base.is_finite() && rope_base > 0.0) {
             return Err(bad(
-                &k("rope.freq_base"),
+                &k(Key::RopeFreqBase),
                 &format!("{rope_base} is not a finite, positive number"),
             ));
         }
-        let head_dim = match g.get(&k("attention.key_length")) {
-            Some(_) => positive(
-                &k("attention.key_length"),
-                usize_key(g, &k("attention.key_length"))?,
-            )?,
+        let head_dim = match g.get(&k(Key::KeyLength)) {
+            Some(_) => positive(&k(Key::KeyLength), usize_key(g, &k(Key::KeyLength))?)?,
             None => {
                 if d_model % n_head != 0 {
-                    return Err(bad(&k("embedding_length"), "not a multiple of head_count"));
+                    return Err(bad(
+                        &k(Key::EmbeddingLength),
+                        "not a multiple of head_count",
+                    ));
                 }
                 d_model / n_head
             }
         };
         if head_dim % 2 != 0 {
-            return Err(bad(&k("attention.key_length"), "head dim must be even"));
+            return Err(bad(&k(Key::KeyLength), "head dim must be even"));
         }
-        if let Some(_v) = g.get(&k("attention.value_length"))
-            && usize_key(g, &k("attention.value_length"))? != head_dim
+        if let Some(_v) = g.get(&k(Key::ValueLength))
+            && usize_key(g, &k(Key::ValueLength))? != head_dim
         {
-            return Err(bad(&k("attention.value_length"), "must equal key_length"));
+            return Err(bad(&k(Key::ValueLength), "must equal key_length"));
         }
-        if let Some(_r) = g.get(&k("rope.dimension_count"))
-            && usize_key(g, &k("rope.dimension_count"))? != head_dim
+        if let Some(_r) = g.get(&k(Key::RopeDimensionCount))
+            && usize_key(g, &k(Key::RopeDimensionCount))? != head_dim
         {
             return Err(bad(
-                &k("rope.dimension_count"),
+                &k(Key::RopeDimensionCount),
                 "partial rope is not supported",
             ));
         }
+        let embd_name = GlobalTensor::TokenEmbd.name();
         let embd = g
-            .tensor("token_embd.weight")
-            .ok_or_else(|| ModelError::MissingTensor("token_embd.weight".into()))?;
+            .tensor(embd_name)
+            .ok_or_else(|| ModelError::MissingTensor(embd_name.into()))?;
         let n_vocab = match embd.dims.as_slice() {
-            [_, v] => usize::try_from(*v).map_err(|_| bad("token_embd.weight", "too large"))?,
+            [_, v] => usize::try_from(*v).map_err(|_| bad(embd_name, "too large"))?,
             _ => {
                 return Err(ModelError::TensorShape {
                     name: embd.name.clone(),
@@ -293,7 +273,7 @@ impl ModelConfig {
                     rms_eps,
                     // llama.cpp permutes llama Q/K rows for interleaved rope; Qwen keeps
                     // Hugging Face's layout (NeoX rope).
-                    rope_style: if arch == Arch::Llama {
+                    rope_style: if f.interleaved_rope {
                         RopeStyle::Interleaved
                     } else {
                         RopeStyle::HalfSplit
@@ -301,12 +281,16 @@ impl ModelConfig {
                     attn_scale: 1.0 / (head_dim as f32).sqrt(),
                     embed_scale: 1.0,
                     activation: Activation::Silu,
-                    qk_norm: matches!(arch, Arch::Qwen3 | Arch::Qwen3Moe),
-                    post_norms: false,
-                    // Qwen 2 always has them; llama/qwen3 checkpoints with
-                    // `attention_bias = true` carry them too.
-                    qkv_bias: arch == Arch::Qwen2 || g.tensor("blk.0.attn_q.bias").is_some(),
-                    out_bias: g.tensor("blk.0.attn_output.bias").is_some(),
+                    qk_norm: f.qk_norm,
+                    post_norms: f.post_norms,
+                    // Qwen 2 always has them (the table says so); llama/qwen3 checkpoints
+                    // with `attention_bias = true` carry them too.
+                    qkv_bias: f
+                        .qkv_bias
+                        .resolve(g.tensor(&TensorRole::AttnQ.bias(0)).is_some()),
+                    out_bias: f
+                        .out_bias
+                        .resolve(g.tensor(&TensorRole::AttnOutput.bias(0)).is_some()),
                     rope_freq_factors: features::rope_freq_factors(g, head_dim)?,
                     moe,
                     layers: windows
@@ -317,8 +301,8 @@ impl ModelConfig {
             }
             Arch::Gemma3 => {
                 let window = positive(
-                    &k("attention.sliding_window"),
-                    usize_key(g, &k("attention.sliding_window"))?,
+                    &k(Key::SlidingWindow),
+                    usize_key(g, &k(Key::SlidingWindow))?,
                 )?;
                 let layers = (0..n_layer)
                     .map(|i| {
@@ -351,8 +335,8 @@ impl ModelConfig {
                     attn_scale: 1.0 / (head_dim as f32).sqrt(),
                     embed_scale: (d_model as f32).sqrt(),
                     activation: Activation::GeluTanh,
-                    qk_norm: true,
-                    post_norms: true,
+                    qk_norm: f.qk_norm,
+                    post_norms: f.post_norms,
                     qkv_bias: false,
                     out_bias: false,
                     rope_freq_factors: None,

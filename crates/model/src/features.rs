@@ -16,6 +16,7 @@
 //! experts, soft-capping, ...) are refused with [`ModelError::Unsupported`] naming the key,
 //! rather than silently producing wrong logits.
 
+use ferrite_arch::{GlobalTensor, Key};
 use ferrite_gguf::{Array, Gguf, Value};
 
 use crate::ModelError;
@@ -61,18 +62,18 @@ pub(crate) fn moe(
     required: bool,
     dense_ff: Option<usize>,
 ) -> Result<(Option<MoeConfig>, Option<usize>), ModelError> {
-    let k = |s: &str| format!("{a}.{s}");
-    let n_expert = count(g, &k("expert_count"))?.filter(|&n| n > 0);
+    let k = |key: Key| key.of(a);
+    let n_expert = count(g, &k(Key::ExpertCount))?.filter(|&n| n > 0);
     let Some(n_expert) = n_expert else {
         if required {
             return Err(ModelError::BadMetadata {
-                key: k("expert_count"),
+                key: k(Key::ExpertCount),
                 reason: "missing: this architecture is a mixture of experts".into(),
             });
         }
         return Ok((None, dense_ff));
     };
-    let used_key = k("expert_used_count");
+    let used_key = k(Key::ExpertUsedCount);
     let n_expert_used = count(g, &used_key)?.ok_or_else(|| ModelError::BadMetadata {
         key: used_key.clone(),
         reason: "missing".into(),
@@ -83,12 +84,12 @@ pub(crate) fn moe(
             reason: format!("must be in 1..={n_expert}"),
         });
     }
-    let norm_key = k("expert_weights_norm");
+    let norm_key = k(Key::ExpertWeightsNorm);
     let norm_topk = match g.get(&norm_key) {
         None => true,
         Some(_) => g.get_bool(&norm_key)?,
     };
-    let ff = count(g, &k("expert_feed_forward_length"))?.or(dense_ff);
+    let ff = count(g, &k(Key::ExpertFeedForwardLength))?.or(dense_ff);
     Ok((
         Some(MoeConfig {
             n_expert,
@@ -101,7 +102,7 @@ pub(crate) fn moe(
 
 /// Llama 3 rope frequency divisors from `rope_freqs.weight`, if the file has it.
 pub(crate) fn rope_freq_factors(g: &Gguf, head_dim: usize) -> Result<Option<Vec<f32>>, ModelError> {
-    const NAME: &str = "rope_freqs.weight";
+    const NAME: &str = GlobalTensor::RopeFreqs.name();
     let Some(t) = g.tensor(NAME) else {
         return Ok(None);
     };
@@ -124,8 +125,8 @@ pub(crate) fn rope_freq_factors(g: &Gguf, head_dim: usize) -> Result<Option<Vec<
 
 /// Refuses metadata that asks for behaviour the forward pass does not implement.
 pub(crate) fn check_unsupported(g: &Gguf, a: &str) -> Result<(), ModelError> {
-    let k = |s: &str| format!("{a}.{s}");
-    let key = k("rope.scaling.type");
+    let k = |key: Key| key.of(a);
+    let key = k(Key::RopeScalingType);
     if let Some(v) = g.get(&key)
         && v.as_str() != Some("none")
     {
@@ -134,24 +135,24 @@ pub(crate) fn check_unsupported(g: &Gguf, a: &str) -> Result<(), ModelError> {
             &format!("rope scaling {v:?} (only Llama 3 frequency factors are supported)"),
         ));
     }
-    let key = k("expert_gating_func");
+    let key = k(Key::ExpertGatingFunc);
     // llama.cpp's enum: 1 = softmax (the only one mixtral and qwen3moe use).
     if let Some(v) = g.get(&key)
         && v.as_integer() != Some(1)
     {
         return Err(unsupported(&key, "expert gating other than softmax"));
     }
-    let key = k("expert_weights_scale");
+    let key = k(Key::ExpertWeightsScale);
     if let Some(v) = g.get(&key)
         && v.as_f32() != Some(1.0)
     {
         return Err(unsupported(&key, "scaled expert weights"));
     }
     for (s, what) in [
-        ("expert_shared_count", "shared experts"),
-        ("expert_shared_feed_forward_length", "shared experts"),
-        ("attn_logit_softcapping", "attention logit soft-capping"),
-        ("final_logit_softcapping", "final logit soft-capping"),
+        (Key::ExpertSharedCount, "shared experts"),
+        (Key::ExpertSharedFeedForwardLength, "shared experts"),
+        (Key::AttnLogitSoftcapping, "attention logit soft-capping"),
+        (Key::FinalLogitSoftcapping, "final logit soft-capping"),
     ] {
         let key = k(s);
         if let Some(v) = g.get(&key)
@@ -171,7 +172,7 @@ pub(crate) fn sliding_windows(
     a: &str,
     n_layer: usize,
 ) -> Result<Vec<Option<usize>>, ModelError> {
-    let key = format!("{a}.attention.sliding_window");
+    let key = Key::SlidingWindow.of(a);
     let Some(w) = count(g, &key)? else {
         return Ok(vec![None; n_layer]);
     };
@@ -181,7 +182,7 @@ pub(crate) fn sliding_windows(
             reason: "must be positive".into(),
         });
     }
-    let pkey = format!("{a}.attention.sliding_window_pattern");
+    let pkey = Key::SlidingWindowPattern.of(a);
     match g.get(&pkey) {
         None => Ok(vec![Some(w); n_layer]),
         Some(Value::Array(Array::Bool(per_layer))) if per_layer.len() == n_layer => Ok(per_layer

@@ -12,6 +12,7 @@
 use std::path::Path;
 use std::sync::OnceLock;
 
+use ferrite_arch::{GlobalTensor, LayerParts, TensorName, TensorRole};
 use ferrite_cpu::{Matrix, PackedRows, ThreadPool};
 use ferrite_gguf::{GgmlType, Gguf};
 
@@ -205,16 +206,22 @@ impl Model {
         let c = &config;
         let p = opts.precision;
         let g = &gguf;
-        let embed = matrix(g, "token_embd.weight", c.n_vocab, c.d_model, p)?;
-        let output = match g.tensor("output.weight") {
-            Some(_) => Some(matrix(g, "output.weight", c.n_vocab, c.d_model, p)?),
+        let embed = matrix(g, GlobalTensor::TokenEmbd.name(), c.n_vocab, c.d_model, p)?;
+        let output = match g.tensor(GlobalTensor::Output.name()) {
+            Some(_) => Some(matrix(
+                g,
+                GlobalTensor::Output.name(),
+                c.n_vocab,
+                c.d_model,
+                p,
+            )?),
             None => None,
         };
-        let output_norm = vector(g, "output_norm.weight", c.d_model)?;
+        let output_norm = vector(g, GlobalTensor::OutputNorm.name(), c.d_model)?;
         let mut layers = Vec::with_capacity(c.n_layer);
         for i in 0..c.n_layer {
-            let n = |s: &str| format!("blk.{i}.{s}.weight");
-            let opt_vec = |s: &str, len: usize, wanted: bool| {
+            let n = |r: TensorRole| r.weight(i);
+            let opt_vec = |s: TensorRole, len: usize, wanted: bool| {
                 if wanted {
                     vector(g, &n(s), len).map(Some)
                 } else {
@@ -222,44 +229,44 @@ impl Model {
                 }
             };
             layers.push(LayerWeights {
-                attn_norm: vector(g, &n("attn_norm"), c.d_model)?,
-                wq: matrix(g, &n("attn_q"), c.q_dim(), c.d_model, p)?,
-                wk: matrix(g, &n("attn_k"), c.kv_dim(), c.d_model, p)?,
-                wv: matrix(g, &n("attn_v"), c.kv_dim(), c.d_model, p)?,
-                wo: matrix(g, &n("attn_output"), c.d_model, c.q_dim(), p)?,
-                q_norm: opt_vec("attn_q_norm", c.head_dim, c.qk_norm)?,
-                k_norm: opt_vec("attn_k_norm", c.head_dim, c.qk_norm)?,
-                post_attn_norm: opt_vec("post_attention_norm", c.d_model, c.post_norms)?,
+                attn_norm: vector(g, &n(TensorRole::AttnNorm), c.d_model)?,
+                wq: matrix(g, &n(TensorRole::AttnQ), c.q_dim(), c.d_model, p)?,
+                wk: matrix(g, &n(TensorRole::AttnK), c.kv_dim(), c.d_model, p)?,
+                wv: matrix(g, &n(TensorRole::AttnV), c.kv_dim(), c.d_model, p)?,
+                wo: matrix(g, &n(TensorRole::AttnOutput), c.d_model, c.q_dim(), p)?,
+                q_norm: opt_vec(TensorRole::AttnQNorm, c.head_dim, c.qk_norm)?,
+                k_norm: opt_vec(TensorRole::AttnKNorm, c.head_dim, c.qk_norm)?,
+                post_attn_norm: opt_vec(TensorRole::PostAttentionNorm, c.d_model, c.post_norms)?,
                 qkv_bias: if c.qkv_bias {
-                    let b = |s: &str, len: usize| vector(g, &format!("blk.{i}.{s}.bias"), len);
+                    let b = |r: TensorRole, len: usize| vector(g, &r.bias(i), len);
                     Some([
-                        b("attn_q", c.q_dim())?,
-                        b("attn_k", c.kv_dim())?,
-                        b("attn_v", c.kv_dim())?,
+                        b(TensorRole::AttnQ, c.q_dim())?,
+                        b(TensorRole::AttnK, c.kv_dim())?,
+                        b(TensorRole::AttnV, c.kv_dim())?,
                     ])
                 } else {
                     None
                 },
                 out_bias: if c.out_bias {
-                    Some(vector(g, &format!("blk.{i}.attn_output.bias"), c.d_model)?)
+                    Some(vector(g, &TensorRole::AttnOutput.bias(i), c.d_model)?)
                 } else {
                     None
                 },
-                ffn_norm: vector(g, &n("ffn_norm"), c.d_model)?,
+                ffn_norm: vector(g, &n(TensorRole::FfnNorm), c.d_model)?,
                 ffn: match &c.moe {
                     None => Ffn::Dense {
-                        gate: matrix(g, &n("ffn_gate"), c.d_ff, c.d_model, p)?,
-                        up: matrix(g, &n("ffn_up"), c.d_ff, c.d_model, p)?,
-                        down: matrix(g, &n("ffn_down"), c.d_model, c.d_ff, p)?,
+                        gate: matrix(g, &n(TensorRole::FfnGate), c.d_ff, c.d_model, p)?,
+                        up: matrix(g, &n(TensorRole::FfnUp), c.d_ff, c.d_model, p)?,
+                        down: matrix(g, &n(TensorRole::FfnDown), c.d_model, c.d_ff, p)?,
                     },
                     Some(moe) => {
                         let e = moe.n_expert;
                         let f32_copy = p == Precision::F32;
                         Ffn::Moe(MoeWeights {
-                            router: matrix(g, &n("ffn_gate_inp"), e, c.d_model, p)?,
+                            router: matrix(g, &n(TensorRole::FfnGateInp), e, c.d_model, p)?,
                             gate: Experts::load(
                                 g,
-                                &n("ffn_gate_exps"),
+                                &n(TensorRole::FfnGateExps),
                                 c.d_ff,
                                 c.d_model,
                                 e,
@@ -267,7 +274,7 @@ impl Model {
                             )?,
                             up: Experts::load(
                                 g,
-                                &n("ffn_up_exps"),
+                                &n(TensorRole::FfnUpExps),
                                 c.d_ff,
                                 c.d_model,
                                 e,
@@ -275,7 +282,7 @@ impl Model {
                             )?,
                             down: Experts::load(
                                 g,
-                                &n("ffn_down_exps"),
+                                &n(TensorRole::FfnDownExps),
                                 c.d_model,
                                 c.d_ff,
                                 e,
@@ -284,7 +291,7 @@ impl Model {
                         })
                     }
                 },
-                post_ffn_norm: opt_vec("post_ffw_norm", c.d_model, c.post_norms)?,
+                post_ffn_norm: opt_vec(TensorRole::PostFfwNorm, c.d_model, c.post_norms)?,
             });
         }
         check_all_tensors_used(g, c)?;
@@ -421,55 +428,22 @@ pub(crate) fn with_packed<'a>(
 /// checkpoint (an FFN bias, a shared expert, ...) that ignoring would silently change the
 /// logits.
 fn check_all_tensors_used(g: &Gguf, c: &ModelConfig) -> Result<(), ModelError> {
-    const GLOBAL: [&str; 4] = [
-        "token_embd.weight",
-        "output.weight",
-        "output_norm.weight",
-        "rope_freqs.weight",
-    ];
-    let mut layer: Vec<&str> = vec!["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output"];
-    layer.push("ffn_norm");
-    if c.moe.is_some() {
-        layer.extend([
-            "ffn_gate_inp",
-            "ffn_gate_exps",
-            "ffn_up_exps",
-            "ffn_down_exps",
-        ]);
-    } else {
-        layer.extend(["ffn_gate", "ffn_up", "ffn_down"]);
+    let layer = LayerParts {
+        experts: c.moe.is_some(),
+        qk_norm: c.qk_norm,
+        post_norms: c.post_norms,
+        qkv_bias: c.qkv_bias,
+        out_bias: c.out_bias,
     }
-    if c.qk_norm {
-        layer.extend(["attn_q_norm", "attn_k_norm"]);
-    }
-    if c.post_norms {
-        layer.extend(["post_attention_norm", "post_ffw_norm"]);
-    }
-    let mut biases: Vec<&str> = Vec::new();
-    if c.qkv_bias {
-        biases.extend(["attn_q", "attn_k", "attn_v"]);
-    }
-    if c.out_bias {
-        biases.push("attn_output");
-    }
-    let used = |name: &str| -> bool {
-        if GLOBAL.contains(&name) {
-            return true;
-        }
-        let Some(rest) = name.strip_prefix("blk.") else {
-            return false;
-        };
-        let Some((idx, tail)) = rest.split_once('.') else {
-            return false;
-        };
-        if idx.parse::<usize>().map_or(true, |i| i >= c.n_layer) {
-            return false;
-        }
-        match tail.rsplit_once('.') {
-            Some((base, "weight")) => layer.contains(&base),
-            Some((base, "bias")) => biases.contains(&base),
-            _ => false,
-        }
+    .tensors();
+    let used = |name: &str| match TensorName::parse(name) {
+        Some(TensorName::Global(_)) => true,
+        Some(TensorName::Layer {
+            layer: i,
+            role,
+            kind,
+        }) => i < c.n_layer && layer.contains(&(role, kind)),
+        None => false,
     };
     match g.tensors().iter().find(|t| !used(&t.name)) {
         Some(t) => Err(ModelError::Unsupported {

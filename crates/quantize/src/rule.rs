@@ -20,6 +20,7 @@
 //! 4. A row length that is not a whole number of the chosen type's blocks falls back:
 //!    Q4_K → Q5_0, Q5_K → Q5_1, Q6_K → Q8_0, and to F16 when even 32-value blocks do not fit.
 
+use ferrite_arch::{ARCHITECTURE_KEY, Arch, GlobalTensor, Key, Kind, NORM_SUFFIX, TensorRole};
 use ferrite_gguf::{GgmlType, Gguf};
 
 use crate::Mix;
@@ -39,11 +40,11 @@ impl ModelInfo {
     /// Reads the architecture, block count and expert count from GGUF metadata; missing keys
     /// give the defaults documented on the fields.
     pub fn from_gguf(g: &Gguf) -> ModelInfo {
-        let arch = g.get_str("general.architecture").unwrap_or("").to_owned();
-        let num = |key: &str| g.get_u64(&format!("{arch}.{key}")).unwrap_or(0);
+        let arch = g.get_str(ARCHITECTURE_KEY).unwrap_or("").to_owned();
+        let num = |key: Key| g.get_u64(&key.of(&arch)).unwrap_or(0);
         ModelInfo {
-            block_count: num("block_count"),
-            expert_count: num("expert_count"),
+            block_count: num(Key::BlockCount),
+            expert_count: num(Key::ExpertCount),
             arch,
         }
     }
@@ -90,32 +91,43 @@ enum Category {
     Other,
 }
 
+/// Name fragments of llama.cpp's other architectures (not in ferrite's architecture table)
+/// that its rule treats like these roles: fused QKV and MLA's `kv_b` like `attn_v`, Gemma 3n's
+/// per-layer embedding like `token_embd`.
+const FOREIGN_ATTN_V: [&str; 2] = ["attn_qkv.weight", "attn_kv_b.weight"];
+const FOREIGN_TOKEN_EMBD: &str = "per_layer_token_embd.weight";
+
+/// `role`'s weight, as a fragment of any layer's (or architecture's) name.
+fn weight_fragment(role: TensorRole) -> String {
+    format!("{}.{}", role.stem(), Kind::Weight.suffix())
+}
+
 fn category(name: &str) -> Category {
-    if name == "output.weight" {
+    // Fragments rather than parsed names: the rule applies to every architecture's files,
+    // whose names may carry prefixes of their own (llama.cpp matches them the same way).
+    if name == GlobalTensor::Output.name() {
         Category::Output
-    } else if name == "token_embd.weight" || name == "per_layer_token_embd.weight" {
+    } else if name == GlobalTensor::TokenEmbd.name() || name == FOREIGN_TOKEN_EMBD {
         Category::TokenEmbd
-    } else if ["attn_qkv.weight", "attn_kv_b.weight", "attn_v.weight"]
-        .iter()
-        .any(|s| name.contains(s))
+    } else if name.contains(&weight_fragment(TensorRole::AttnV))
+        || FOREIGN_ATTN_V.iter().any(|s| name.contains(s))
     {
         Category::AttnV
-    } else if name.contains("attn_k.weight") {
+    } else if name.contains(&weight_fragment(TensorRole::AttnK)) {
         Category::AttnK
-    } else if name.contains("attn_output.weight") {
+    } else if name.contains(&weight_fragment(TensorRole::AttnOutput)) {
         Category::AttnOutput
-    } else if name.contains("ffn_down") {
+    } else if name.contains(TensorRole::FfnDown.stem()) {
         Category::FfnDown
     } else {
         Category::Other
     }
 }
 
-/// Name fragments of weight tensors that stay unquantized: norms, the MoE router, position
-/// and token-type tables, and small convolution/bias tables that are cheap to keep exact.
-const KEEP_FRAGMENTS: [&str; 10] = [
-    "_norm.weight",
-    "ffn_gate_inp.weight",
+/// Name fragments of llama.cpp's other architectures' weight tensors that stay unquantized
+/// (besides norms and the MoE router): position and token-type tables, and small
+/// convolution/bias tables that are cheap to keep exact.
+const FOREIGN_KEEP_FRAGMENTS: [&str; 8] = [
     "position_embd",
     "pos_embd",
     "token_types",
@@ -128,7 +140,11 @@ const KEEP_FRAGMENTS: [&str; 10] = [
 
 /// Whether a tensor is a weight matrix the mixes quantize (rule 1 of the module doc).
 pub fn is_quantizable(name: &str, dims: &[u64]) -> bool {
-    dims.len() >= 2 && name.ends_with("weight") && !KEEP_FRAGMENTS.iter().any(|f| name.contains(f))
+    dims.len() >= 2
+        && name.ends_with(Kind::Weight.suffix())
+        && !name.contains(NORM_SUFFIX)
+        && !name.contains(&weight_fragment(TensorRole::FfnGateInp))
+        && !FOREIGN_KEEP_FRAGMENTS.iter().any(|f| name.contains(f))
 }
 
 /// llama.cpp's "more bits" layers: the first and last eighth of `n` layers and every third
@@ -139,7 +155,7 @@ pub fn more_bits(layer: u64, n: u64) -> bool {
 
 /// The `N` of a `blk.N.` name.
 fn layer_of(name: &str) -> Option<u64> {
-    name.strip_prefix("blk.")?.split('.').next()?.parse().ok()
+    ferrite_arch::layer_of(name).map(|l| l as u64)
 }
 
 /// Replaces `ty` by a type whose blocks divide rows of `cols` values (rule 4).
@@ -165,7 +181,9 @@ fn fit(ty: GgmlType, cols: u64) -> (GgmlType, Option<GgmlType>) {
 /// order, and the result is in the same order. The rule needs the whole list: whether the
 /// embedding is tied and the ordinal of each `attn_v` depend on the other tensors.
 pub fn choose_types(mix: Mix, model: &ModelInfo, tensors: &[(&str, &[u64])]) -> Vec<Choice> {
-    let tied = !tensors.iter().any(|(n, _)| *n == "output.weight");
+    let tied = !tensors
+        .iter()
+        .any(|(n, _)| *n == GlobalTensor::Output.name());
     let n_layer = if model.block_count > 0 {
         model.block_count
     } else {
@@ -222,7 +240,8 @@ pub fn choose_types(mix: Mix, model: &ModelInfo, tensors: &[(&str, &[u64])]) -> 
                     if k_m && more_bits(attn_v_ordinal(name), n_attn_v) {
                         pick = (GgmlType::Q6_K, Reason::MoreBits);
                     }
-                    if model.arch == "llama" && n_layer == 80 && pick.0 == GgmlType::Q4_K {
+                    if model.arch == Arch::Llama.name() && n_layer == 80 && pick.0 == GgmlType::Q4_K
+                    {
                         pick = (GgmlType::Q5_K, Reason::LargeModel);
                     }
                     if model.expert_count == 8 {

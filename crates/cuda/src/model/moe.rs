@@ -13,6 +13,7 @@
 //! selection order.
 
 use cudarc::driver::CudaSlice;
+use ferrite_arch::TensorRole;
 use ferrite_gguf::Gguf;
 use ferrite_model::{Activation, ModelConfig, MoeConfig};
 
@@ -85,13 +86,13 @@ pub(super) fn load(
     moe: &MoeConfig,
     i: usize,
 ) -> Result<DeviceMoe, CudaError> {
-    let n = |s: &str| format!("blk.{i}.{s}.weight");
+    let n = |r: TensorRole| r.weight(i);
     let e = moe.n_expert;
     Ok(DeviceMoe {
-        router: super::upload_matrix(b, g, &n("ffn_gate_inp"), e, c.d_model)?,
-        gate: upload_experts(b, g, &n("ffn_gate_exps"), c.d_ff, c.d_model, e)?,
-        up: upload_experts(b, g, &n("ffn_up_exps"), c.d_ff, c.d_model, e)?,
-        down: upload_experts(b, g, &n("ffn_down_exps"), c.d_model, c.d_ff, e)?,
+        router: super::upload_matrix(b, g, &n(TensorRole::FfnGateInp), e, c.d_model)?,
+        gate: upload_experts(b, g, &n(TensorRole::FfnGateExps), c.d_ff, c.d_model, e)?,
+        up: upload_experts(b, g, &n(TensorRole::FfnUpExps), c.d_ff, c.d_model, e)?,
+        down: upload_experts(b, g, &n(TensorRole::FfnDownExps), c.d_model, c.d_ff, e)?,
     })
 }
 

@@ -1,0 +1,172 @@
+//! GGUF metadata keys of the form `{arch}.{suffix}` (llama.cpp's `LLM_KV_NAMES`), the ones
+//! ferrite writes or reads. This module only spells keys; which are required, and their
+//! types and ranges, are the readers' business.
+
+/// The key holding the architecture name every other key is prefixed with.
+pub const ARCHITECTURE_KEY: &str = "general.architecture";
+
+/// A per-architecture metadata key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Key {
+    /// Transformer blocks.
+    BlockCount,
+    /// Training context length.
+    ContextLength,
+    /// Residual stream width.
+    EmbeddingLength,
+    /// Dense FFN width (Mixtral: one expert's width).
+    FeedForwardLength,
+    /// Query heads.
+    HeadCount,
+    /// Key/value heads.
+    HeadCountKv,
+    /// Key head size.
+    KeyLength,
+    /// Value head size.
+    ValueLength,
+    /// RMSNorm epsilon.
+    LayerNormRmsEpsilon,
+    /// Rope frequency base.
+    RopeFreqBase,
+    /// Rotated dimensions per head.
+    RopeDimensionCount,
+    /// Rope scaling type.
+    RopeScalingType,
+    /// Sliding-window length.
+    SlidingWindow,
+    /// Which layers slide (one bool per layer).
+    SlidingWindowPattern,
+    /// Vocabulary size (llama family).
+    VocabSize,
+    /// Experts per layer.
+    ExpertCount,
+    /// Experts each token uses.
+    ExpertUsedCount,
+    /// One expert's FFN width.
+    ExpertFeedForwardLength,
+    /// Whether the chosen experts' weights are renormalised.
+    ExpertWeightsNorm,
+    /// Expert gating function (llama.cpp's enum).
+    ExpertGatingFunc,
+    /// Scale of the expert weights.
+    ExpertWeightsScale,
+    /// Shared experts.
+    ExpertSharedCount,
+    /// Shared experts' FFN width.
+    ExpertSharedFeedForwardLength,
+    /// Attention logit soft-capping.
+    AttnLogitSoftcapping,
+    /// Final logit soft-capping.
+    FinalLogitSoftcapping,
+}
+
+impl Key {
+    /// Every key.
+    pub const ALL: [Key; 25] = [
+        Key::BlockCount,
+        Key::ContextLength,
+        Key::EmbeddingLength,
+        Key::FeedForwardLength,
+        Key::HeadCount,
+        Key::HeadCountKv,
+        Key::KeyLength,
+        Key::ValueLength,
+        Key::LayerNormRmsEpsilon,
+        Key::RopeFreqBase,
+        Key::RopeDimensionCount,
+        Key::RopeScalingType,
+        Key::SlidingWindow,
+        Key::SlidingWindowPattern,
+        Key::VocabSize,
+        Key::ExpertCount,
+        Key::ExpertUsedCount,
+        Key::ExpertFeedForwardLength,
+        Key::ExpertWeightsNorm,
+        Key::ExpertGatingFunc,
+        Key::ExpertWeightsScale,
+        Key::ExpertSharedCount,
+        Key::ExpertSharedFeedForwardLength,
+        Key::AttnLogitSoftcapping,
+        Key::FinalLogitSoftcapping,
+    ];
+
+    /// The part after `{arch}.`.
+    pub const fn suffix(self) -> &'static str {
+        match self {
+            Key::BlockCount => "block_count",
+            Key::ContextLength => "context_length",
+            Key::EmbeddingLength => "embedding_length",
+            Key::FeedForwardLength => "feed_forward_length",
+            Key::HeadCount => "attention.head_count",
+            Key::HeadCountKv => "attention.head_count_kv",
+            Key::KeyLength => "attention.key_length",
+            Key::ValueLength => "attention.value_length",
+            Key::LayerNormRmsEpsilon => "attention.layer_norm_rms_epsilon",
+            Key::RopeFreqBase => "rope.freq_base",
+            Key::RopeDimensionCount => "rope.dimension_count",
+            Key::RopeScalingType => "rope.scaling.type",
+            Key::SlidingWindow => "attention.sliding_window",
+            Key::SlidingWindowPattern => "attention.sliding_window_pattern",
+            Key::VocabSize => "vocab_size",
+            Key::ExpertCount => "expert_count",
+            Key::ExpertUsedCount => "expert_used_count",
+            Key::ExpertFeedForwardLength => "expert_feed_forward_length",
+            Key::ExpertWeightsNorm => "expert_weights_norm",
+            Key::ExpertGatingFunc => "expert_gating_func",
+            Key::ExpertWeightsScale => "expert_weights_scale",
+            Key::ExpertSharedCount => "expert_shared_count",
+            Key::ExpertSharedFeedForwardLength => "expert_shared_feed_forward_length",
+            Key::AttnLogitSoftcapping => "attn_logit_softcapping",
+            Key::FinalLogitSoftcapping => "final_logit_softcapping",
+        }
+    }
+
+    /// The key of architecture `arch` (any `general.architecture`, also one ferrite does
+    /// not load, e.g. for `ferrite inspect`).
+    pub fn of(self, arch: &str) -> String {
+        format!("{arch}.{}", self.suffix())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The oracle: llama.cpp's key names (`LLM_KV_NAMES`), spelled out.
+    #[test]
+    fn keys_are_pinned() {
+        let pinned = [
+            "llama.block_count",
+            "llama.context_length",
+            "llama.embedding_length",
+            "llama.feed_forward_length",
+            "llama.attention.head_count",
+            "llama.attention.head_count_kv",
+            "llama.attention.key_length",
+            "llama.attention.value_length",
+            "llama.attention.layer_norm_rms_epsilon",
+            "llama.rope.freq_base",
+            "llama.rope.dimension_count",
+            "llama.rope.scaling.type",
+            "llama.attention.sliding_window",
+            "llama.attention.sliding_window_pattern",
+            "llama.vocab_size",
+            "llama.expert_count",
+            "llama.expert_used_count",
+            "llama.expert_feed_forward_length",
+            "llama.expert_weights_norm",
+            "llama.expert_gating_func",
+            "llama.expert_weights_scale",
+            "llama.expert_shared_count",
+            "llama.expert_shared_feed_forward_length",
+            "llama.attn_logit_softcapping",
+            "llama.final_logit_softcapping",
+        ];
+        assert_eq!(Key::ALL.map(|k| k.of("llama")), pinned);
+        assert_eq!(
+            crate::Arch::Qwen3Moe.key(Key::ExpertCount),
+            "qwen3moe.expert_count"
+        );
+        assert_eq!(ARCHITECTURE_KEY, "general.architecture");
+    }
+}

@@ -1,0 +1,300 @@
+//! ferrite-arch: the architecture table. Every GGUF architecture ferrite loads, with its
+//! `general.architecture` name and the features that decide which tensors its files hold;
+//! the GGUF tensor names of every role ([`GlobalTensor`], [`TensorRole`]); and the
+//! `{arch}.*` metadata keys ([`Key`]). These are llama.cpp's conventions (its
+//! `llama-arch.cpp` tables); ferrite writes and reads them in one place so that the loaders
+//! (`ferrite-model`, `ferrite-cuda`), `ferrite-convert`, `ferrite-quantize`, `ferrite synth`,
+//! `ferrite inspect` and `ferrite-kvstore` cannot disagree on a name.
+//!
+//! Key design choice: this crate depends on nothing. The converter and the quantizer must not
+//! depend on `ferrite-model` (it pulls the CPU kernels in), and names, keys and features are
+//! plain strings and flags, so a leaf crate is the one place every reader can reach. It must
+//! never read files or hold model math: what a feature computes belongs to the model crate.
+//!
+//! Adding an architecture needs: a variant of [`Arch`] with its entry in [`ARCHES`] (name and
+//! [`Features`]; any new tensor role or key goes into [`TensorRole`] or [`Key`] here), the
+//! pinned lists in this crate's tests, and one model file that reads its hyper-parameters
+//! and runs its layers, with that file's tests. Converter, quantizer, synth, inspect and
+//! the KV store need nothing more: they read names, keys and features from here. (Until the
+//! forward pass is written once over a backend contract, "one model file" is the
+//! architecture's arm of `ferrite-model`'s `config.rs`, plus the CPU and CUDA layer code
+//! where it brings math they lack.)
+//!
+//! ```
+//! use ferrite_arch::{Arch, GlobalTensor, Key, TensorRole};
+//!
+//! let arch = Arch::from_name("qwen3").expect("a known architecture");
+//! assert!(arch.features().qk_norm);
+//! assert_eq!(arch.key(Key::HeadCountKv), "qwen3.attention.head_count_kv");
+//! assert_eq!(TensorRole::AttnQNorm.weight(3), "blk.3.attn_q_norm.weight");
+//! assert_eq!(GlobalTensor::TokenEmbd.name(), "token_embd.weight");
+//! ```
+
+#![deny(missing_docs)]
+
+mod key;
+mod tensor;
+
+pub use key::{ARCHITECTURE_KEY, Key};
+pub use tensor::{GlobalTensor, Kind, LayerParts, NORM_SUFFIX, TensorName, TensorRole, layer_of};
+
+/// A GGUF architecture ferrite loads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Arch {
+    /// Llama family (SmolLM2, Llama 3, Mistral, Mixtral).
+    Llama,
+    /// Gemma 3 text models.
+    Gemma3,
+    /// Qwen 2 / 2.5 (q/k/v biases).
+    Qwen2,
+    /// Qwen 3 dense (q/k norms).
+    Qwen3,
+    /// Qwen 3 mixture of experts.
+    Qwen3Moe,
+}
+
+/// Whether the layers of an architecture have a part.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Presence {
+    /// Never: a file that has its tensors is refused (they would be ignored).
+    Never,
+    /// When the file has it (its tensors or keys).
+    IfPresent,
+    /// Always: a file without it is refused.
+    Required,
+}
+
+impl Presence {
+    /// Whether a model has the part, given whether its file has it: a part that is
+    /// [`Presence::Required`] is looked for (and its absence reported) even when missing.
+    pub fn resolve(self, in_file: bool) -> bool {
+        match self {
+            Presence::Never => false,
+            Presence::IfPresent => in_file,
+            Presence::Required => true,
+        }
+    }
+}
+
+/// The features of an architecture that decide its tensors and their layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Features {
+    /// Q/K rows are stored for interleaved (adjacent-pair) rope: llama.cpp's converter
+    /// permutes Hugging Face's rotate-half rows. Otherwise they stay in Hugging Face's
+    /// order and the model uses half-split (NeoX) rope.
+    pub interleaved_rope: bool,
+    /// Per-head RMSNorm of Q and K before rope (`attn_q_norm`, `attn_k_norm`).
+    pub qk_norm: bool,
+    /// RMSNorm of the attention and FFN outputs before the residual add
+    /// (`post_attention_norm`, `post_ffw_norm`).
+    pub post_norms: bool,
+    /// Q, K and V projection biases.
+    pub qkv_bias: Presence,
+    /// Attention output projection bias.
+    pub out_bias: Presence,
+    /// Expert FFNs (`{arch}.expert_count` and the `ffn_*_exps` stacks) instead of dense ones.
+    pub experts: Presence,
+}
+
+/// One row of the architecture table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ArchEntry {
+    /// The architecture.
+    pub arch: Arch,
+    /// `general.architecture` in GGUF files, and the prefix of its metadata keys.
+    pub name: &'static str,
+    /// Its features.
+    pub features: Features,
+}
+
+/// The table, in the order of [`Arch`]'s variants.
+pub const ARCHES: [ArchEntry; 5] = [
+    ArchEntry {
+        arch: Arch::Llama,
+        name: "llama",
+        features: Features {
+            interleaved_rope: true,
+            qk_norm: false,
+            post_norms: false,
+            qkv_bias: Presence::IfPresent,
+            out_bias: Presence::IfPresent,
+            experts: Presence::IfPresent,
+        },
+    },
+    ArchEntry {
+        arch: Arch::Gemma3,
+        name: "gemma3",
+        features: Features {
+            interleaved_rope: false,
+            qk_norm: true,
+            post_norms: true,
+            qkv_bias: Presence::Never,
+            out_bias: Presence::Never,
+            experts: Presence::Never,
+        },
+    },
+    ArchEntry {
+        arch: Arch::Qwen2,
+        name: "qwen2",
+        features: Features {
+            interleaved_rope: false,
+            qk_norm: false,
+            post_norms: false,
+            qkv_bias: Presence::Required,
+            out_bias: Presence::IfPresent,
+            experts: Presence::IfPresent,
+        },
+    },
+    ArchEntry {
+        arch: Arch::Qwen3,
+        name: "qwen3",
+        features: Features {
+            interleaved_rope: false,
+            qk_norm: true,
+            post_norms: false,
+            qkv_bias: Presence::IfPresent,
+            out_bias: Presence::IfPresent,
+            experts: Presence::IfPresent,
+        },
+    },
+    ArchEntry {
+        arch: Arch::Qwen3Moe,
+        name: "qwen3moe",
+        features: Features {
+            interleaved_rope: false,
+            qk_norm: true,
+            post_norms: false,
+            qkv_bias: Presence::IfPresent,
+            out_bias: Presence::IfPresent,
+            experts: Presence::Required,
+        },
+    },
+];
+
+impl Arch {
+    /// Every architecture, in table order.
+    pub const ALL: [Arch; 5] = [
+        Arch::Llama,
+        Arch::Gemma3,
+        Arch::Qwen2,
+        Arch::Qwen3,
+        Arch::Qwen3Moe,
+    ];
+
+    /// The architecture whose `general.architecture` is `name`; `None` for one ferrite does
+    /// not load.
+    pub fn from_name(name: &str) -> Option<Arch> {
+        ARCHES.iter().find(|e| e.name == name).map(|e| e.arch)
+    }
+
+    /// Its row of [`ARCHES`].
+    pub fn entry(self) -> &'static ArchEntry {
+        // The table follows the variants' order; a test checks it.
+        &ARCHES[self as usize]
+    }
+
+    /// `general.architecture` of its files.
+    pub fn name(self) -> &'static str {
+        self.entry().name
+    }
+
+    /// Its features.
+    pub fn features(self) -> Features {
+        self.entry().features
+    }
+
+    /// Its metadata key `key` (`{name}.{suffix}`).
+    pub fn key(self, key: Key) -> String {
+        key.of(self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_follows_the_variants_order() {
+        for (i, a) in Arch::ALL.into_iter().enumerate() {
+            assert_eq!(ARCHES[i].arch, a);
+            assert_eq!(a.entry().arch, a);
+            assert_eq!(Arch::from_name(a.name()), Some(a));
+        }
+        assert_eq!(Arch::from_name("mamba"), None);
+        assert_eq!(Arch::from_name("Llama"), None);
+    }
+
+    /// The oracle: llama.cpp's `general.architecture` names and the features each of these
+    /// architectures has in its files (llama.cpp's `llm_build_*` graphs), spelled out.
+    #[test]
+    fn names_and_features_are_pinned() {
+        use Presence::{IfPresent, Never, Required};
+        let pinned = [
+            (
+                Arch::Llama,
+                "llama",
+                true,
+                false,
+                false,
+                IfPresent,
+                IfPresent,
+                IfPresent,
+            ),
+            (
+                Arch::Gemma3,
+                "gemma3",
+                false,
+                true,
+                true,
+                Never,
+                Never,
+                Never,
+            ),
+            (
+                Arch::Qwen2,
+                "qwen2",
+                false,
+                false,
+                false,
+                Required,
+                IfPresent,
+                IfPresent,
+            ),
+            (
+                Arch::Qwen3,
+                "qwen3",
+                false,
+                true,
+                false,
+                IfPresent,
+                IfPresent,
+                IfPresent,
+            ),
+            (
+                Arch::Qwen3Moe,
+                "qwen3moe",
+                false,
+                true,
+                false,
+                IfPresent,
+                IfPresent,
+                Required,
+            ),
+        ];
+        assert_eq!(pinned.len(), Arch::ALL.len());
+        for (arch, name, rope, qk, post, qkv, out, experts) in pinned {
+            assert_eq!(arch.name(), name);
+            let f = arch.features();
+            assert_eq!(
+                (f.interleaved_rope, f.qk_norm, f.post_norms),
+                (rope, qk, post),
+                "{name}"
+            );
+            assert_eq!(
+                (f.qkv_bias, f.out_bias, f.experts),
+                (qkv, out, experts),
+                "{name}"
+            );
+        }
+    }
+}

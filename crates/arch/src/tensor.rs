@@ -1,0 +1,410 @@
+//! GGUF tensor names: the file-level tensors, the per-layer roles (`blk.N.<stem>.weight` or
+//! `.bias`) and the parser that turns a name back into its role. Names are llama.cpp's
+//! (`LLM_TENSOR_NAMES` in `llama-arch.cpp`). Only the names of architectures ferrite loads
+//! live here; this module never decides which tensors a model needs beyond the parts it is
+//! told of ([`LayerParts`]).
+
+/// A tensor that exists once per file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum GlobalTensor {
+    /// Token embedding, `n_vocab × d_model` (also the output head when tied).
+    TokenEmbd,
+    /// Output head, `n_vocab × d_model`; absent when tied to the embedding.
+    Output,
+    /// Final RMSNorm.
+    OutputNorm,
+    /// Llama 3 rope frequency divisors, one per rotated pair.
+    RopeFreqs,
+}
+
+impl GlobalTensor {
+    /// Every file-level tensor.
+    pub const ALL: [GlobalTensor; 4] = [
+        GlobalTensor::TokenEmbd,
+        GlobalTensor::Output,
+        GlobalTensor::OutputNorm,
+        GlobalTensor::RopeFreqs,
+    ];
+
+    /// Its GGUF name.
+    pub const fn name(self) -> &'static str {
+        match self {
+            GlobalTensor::TokenEmbd => "token_embd.weight",
+            GlobalTensor::Output => "output.weight",
+            GlobalTensor::OutputNorm => "output_norm.weight",
+            GlobalTensor::RopeFreqs => "rope_freqs.weight",
+        }
+    }
+}
+
+/// A tensor of every transformer block (`blk.N.<stem>.weight`, some also `.bias`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TensorRole {
+    /// RMSNorm before attention.
+    AttnNorm,
+    /// Query projection.
+    AttnQ,
+    /// Key projection.
+    AttnK,
+    /// Value projection.
+    AttnV,
+    /// Attention output projection.
+    AttnOutput,
+    /// Per-head query RMSNorm.
+    AttnQNorm,
+    /// Per-head key RMSNorm.
+    AttnKNorm,
+    /// RMSNorm of the attention output (Gemma 3).
+    PostAttentionNorm,
+    /// RMSNorm before the FFN.
+    FfnNorm,
+    /// Dense FFN gate projection.
+    FfnGate,
+    /// Dense FFN up projection.
+    FfnUp,
+    /// Dense FFN down projection.
+    FfnDown,
+    /// MoE router, `n_expert × d_model`.
+    FfnGateInp,
+    /// Stacked expert gate projections.
+    FfnGateExps,
+    /// Stacked expert up projections.
+    FfnUpExps,
+    /// Stacked expert down projections.
+    FfnDownExps,
+    /// RMSNorm of the FFN output (Gemma 3).
+    PostFfwNorm,
+}
+
+/// The end of every norm weight's name, in ferrite's architectures and llama.cpp's others.
+pub const NORM_SUFFIX: &str = "_norm.weight";
+
+impl TensorRole {
+    /// Every per-layer role.
+    pub const ALL: [TensorRole; 17] = [
+        TensorRole::AttnNorm,
+        TensorRole::AttnQ,
+        TensorRole::AttnK,
+        TensorRole::AttnV,
+        TensorRole::AttnOutput,
+        TensorRole::AttnQNorm,
+        TensorRole::AttnKNorm,
+        TensorRole::PostAttentionNorm,
+        TensorRole::FfnNorm,
+        TensorRole::FfnGate,
+        TensorRole::FfnUp,
+        TensorRole::FfnDown,
+        TensorRole::FfnGateInp,
+        TensorRole::FfnGateExps,
+        TensorRole::FfnUpExps,
+        TensorRole::FfnDownExps,
+        TensorRole::PostFfwNorm,
+    ];
+
+    /// The middle of its names (`attn_q` in `blk.N.attn_q.weight`).
+    pub const fn stem(self) -> &'static str {
+        match self {
+            TensorRole::AttnNorm => "attn_norm",
+            TensorRole::AttnQ => "attn_q",
+            TensorRole::AttnK => "attn_k",
+            TensorRole::AttnV => "attn_v",
+            TensorRole::AttnOutput => "attn_output",
+            TensorRole::AttnQNorm => "attn_q_norm",
+            TensorRole::AttnKNorm => "attn_k_norm",
+            TensorRole::PostAttentionNorm => "post_attention_norm",
+            TensorRole::FfnNorm => "ffn_norm",
+            TensorRole::FfnGate => "ffn_gate",
+            TensorRole::FfnUp => "ffn_up",
+            TensorRole::FfnDown => "ffn_down",
+            TensorRole::FfnGateInp => "ffn_gate_inp",
+            TensorRole::FfnGateExps => "ffn_gate_exps",
+            TensorRole::FfnUpExps => "ffn_up_exps",
+            TensorRole::FfnDownExps => "ffn_down_exps",
+            TensorRole::PostFfwNorm => "post_ffw_norm",
+        }
+    }
+
+    /// The role whose stem is `stem`.
+    pub fn from_stem(stem: &str) -> Option<TensorRole> {
+        TensorRole::ALL.into_iter().find(|r| r.stem() == stem)
+    }
+
+    /// The name of its `kind` tensor in layer `layer`: `blk.{layer}.{stem}.{kind}`.
+    pub fn name(self, layer: usize, kind: Kind) -> String {
+        format!("{BLK}{layer}.{}.{}", self.stem(), kind.suffix())
+    }
+
+    /// The name of its weight in layer `layer`.
+    pub fn weight(self, layer: usize) -> String {
+        self.name(layer, Kind::Weight)
+    }
+
+    /// The name of its bias in layer `layer`.
+    pub fn bias(self, layer: usize) -> String {
+        self.name(layer, Kind::Bias)
+    }
+
+    /// Whether it is an RMSNorm weight vector.
+    pub fn is_norm(self) -> bool {
+        matches!(
+            self,
+            TensorRole::AttnNorm
+                | TensorRole::AttnQNorm
+                | TensorRole::AttnKNorm
+                | TensorRole::PostAttentionNorm
+                | TensorRole::FfnNorm
+                | TensorRole::PostFfwNorm
+        )
+    }
+}
+
+/// The prefix of every per-layer name.
+const BLK: &str = "blk.";
+
+/// Whether a per-layer tensor is the weight or the bias of its role.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    /// `.weight`.
+    Weight,
+    /// `.bias`.
+    Bias,
+}
+
+impl Kind {
+    /// The last part of the name.
+    pub const fn suffix(self) -> &'static str {
+        match self {
+            Kind::Weight => "weight",
+            Kind::Bias => "bias",
+        }
+    }
+}
+
+/// What a GGUF tensor name is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TensorName {
+    /// A file-level tensor.
+    Global(GlobalTensor),
+    /// A tensor of a block.
+    Layer {
+        /// Block index (`N` of `blk.N.`).
+        layer: usize,
+        /// Its role.
+        role: TensorRole,
+        /// Weight or bias.
+        kind: Kind,
+    },
+}
+
+impl TensorName {
+    /// Reads `name`; `None` for a name that is not one of this table's. The block index is
+    /// read as a decimal `usize`.
+    pub fn parse(name: &str) -> Option<TensorName> {
+        if let Some(g) = GlobalTensor::ALL.into_iter().find(|g| g.name() == name) {
+            return Some(TensorName::Global(g));
+        }
+        let (idx, tail) = name.strip_prefix(BLK)?.split_once('.')?;
+        let layer = idx.parse().ok()?;
+        let (stem, kind) = tail.rsplit_once('.')?;
+        let kind = [Kind::Weight, Kind::Bias]
+            .into_iter()
+            .find(|k| k.suffix() == kind)?;
+        Some(TensorName::Layer {
+            layer,
+            role: TensorRole::from_stem(stem)?,
+            kind,
+        })
+    }
+
+    /// The GGUF name (the inverse of [`TensorName::parse`]).
+    pub fn to_name(self) -> String {
+        match self {
+            TensorName::Global(g) => g.name().to_owned(),
+            TensorName::Layer { layer, role, kind } => role.name(layer, kind),
+        }
+    }
+}
+
+/// The block index `N` of any `blk.N.…` name, also of roles this table does not know.
+pub fn layer_of(name: &str) -> Option<usize> {
+    name.strip_prefix(BLK)?.split('.').next()?.parse().ok()
+}
+
+/// The optional parts a model's layers have, as its loader resolved them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LayerParts {
+    /// Expert FFNs (router and stacks) instead of dense ones.
+    pub experts: bool,
+    /// Per-head Q/K norms.
+    pub qk_norm: bool,
+    /// Post-attention and post-FFN norms.
+    pub post_norms: bool,
+    /// Q, K and V biases.
+    pub qkv_bias: bool,
+    /// Attention output bias.
+    pub out_bias: bool,
+}
+
+impl LayerParts {
+    /// Every tensor each layer of such a model has.
+    pub fn tensors(self) -> Vec<(TensorRole, Kind)> {
+        use TensorRole as R;
+        let mut roles = vec![
+            R::AttnNorm,
+            R::AttnQ,
+            R::AttnK,
+            R::AttnV,
+            R::AttnOutput,
+            R::FfnNorm,
+        ];
+        if self.experts {
+            roles.extend([R::FfnGateInp, R::FfnGateExps, R::FfnUpExps, R::FfnDownExps]);
+        } else {
+            roles.extend([R::FfnGate, R::FfnUp, R::FfnDown]);
+        }
+        if self.qk_norm {
+            roles.extend([R::AttnQNorm, R::AttnKNorm]);
+        }
+        if self.post_norms {
+            roles.extend([R::PostAttentionNorm, R::PostFfwNorm]);
+        }
+        let mut out: Vec<(TensorRole, Kind)> =
+            roles.into_iter().map(|r| (r, Kind::Weight)).collect();
+        if self.qkv_bias {
+            out.extend([R::AttnQ, R::AttnK, R::AttnV].map(|r| (r, Kind::Bias)));
+        }
+        if self.out_bias {
+            out.push((R::AttnOutput, Kind::Bias));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Arch;
+
+    /// The oracle: llama.cpp's names, spelled out (as ferrite's loaders, converter and synth
+    /// spelled them before this table).
+    #[test]
+    fn names_are_pinned() {
+        let globals = [
+            "token_embd.weight",
+            "output.weight",
+            "output_norm.weight",
+            "rope_freqs.weight",
+        ];
+        assert_eq!(GlobalTensor::ALL.map(GlobalTensor::name), globals);
+        let layer = [
+            "blk.7.attn_norm.weight",
+            "blk.7.attn_q.weight",
+            "blk.7.attn_k.weight",
+            "blk.7.attn_v.weight",
+            "blk.7.attn_output.weight",
+            "blk.7.attn_q_norm.weight",
+            "blk.7.attn_k_norm.weight",
+            "blk.7.post_attention_norm.weight",
+            "blk.7.ffn_norm.weight",
+            "blk.7.ffn_gate.weight",
+            "blk.7.ffn_up.weight",
+            "blk.7.ffn_down.weight",
+            "blk.7.ffn_gate_inp.weight",
+            "blk.7.ffn_gate_exps.weight",
+            "blk.7.ffn_up_exps.weight",
+            "blk.7.ffn_down_exps.weight",
+            "blk.7.post_ffw_norm.weight",
+        ];
+        assert_eq!(TensorRole::ALL.map(|r| r.weight(7)), layer);
+        assert_eq!(TensorRole::AttnQ.bias(12), "blk.12.attn_q.bias");
+        assert_eq!(TensorRole::AttnOutput.bias(0), "blk.0.attn_output.bias");
+        for r in TensorRole::ALL {
+            assert_eq!(r.is_norm(), r.weight(0).ends_with(NORM_SUFFIX), "{r:?}");
+        }
+    }
+
+    /// Per architecture, the tensors of a layer of a file with the parts it must have and
+    /// without those it may have, spelled out.
+    #[test]
+    fn each_architecture_layer_is_pinned() {
+        // Every layer starts with the attention block and the FFN norm.
+        let attn = "attn_norm.weight attn_q.weight attn_k.weight attn_v.weight \
+                    attn_output.weight ffn_norm.weight";
+        let dense = "ffn_gate.weight ffn_up.weight ffn_down.weight";
+        let pinned = [
+            (Arch::Llama, format!("{attn} {dense}")),
+            (
+                Arch::Gemma3,
+                format!(
+                    "{attn} {dense} attn_q_norm.weight attn_k_norm.weight \
+                     post_attention_norm.weight post_ffw_norm.weight"
+                ),
+            ),
+            (
+                Arch::Qwen2,
+                format!("{attn} {dense} attn_q.bias attn_k.bias attn_v.bias"),
+            ),
+            (
+                Arch::Qwen3,
+                format!("{attn} {dense} attn_q_norm.weight attn_k_norm.weight"),
+            ),
+            (
+                Arch::Qwen3Moe,
+                format!(
+                    "{attn} ffn_gate_inp.weight ffn_gate_exps.weight ffn_up_exps.weight \
+                     ffn_down_exps.weight attn_q_norm.weight attn_k_norm.weight"
+                ),
+            ),
+        ];
+        for (arch, tails) in pinned {
+            let f = arch.features();
+            let parts = LayerParts {
+                experts: f.experts.resolve(false),
+                qk_norm: f.qk_norm,
+                post_norms: f.post_norms,
+                qkv_bias: f.qkv_bias.resolve(false),
+                out_bias: f.out_bias.resolve(false),
+            };
+            let got: Vec<String> = parts
+                .tensors()
+                .into_iter()
+                .map(|(r, k)| r.name(2, k))
+                .collect();
+            let want: Vec<String> = tails
+                .split_whitespace()
+                .map(|t| format!("blk.2.{t}"))
+                .collect();
+            assert_eq!(got, want, "{}", arch.name());
+        }
+    }
+
+    #[test]
+    fn parse_inverts_every_name() {
+        for g in GlobalTensor::ALL {
+            assert_eq!(TensorName::parse(g.name()), Some(TensorName::Global(g)));
+        }
+        for role in TensorRole::ALL {
+            for kind in [Kind::Weight, Kind::Bias] {
+                let n = TensorName::Layer {
+                    layer: 31,
+                    role,
+                    kind,
+                };
+                assert_eq!(TensorName::parse(&n.to_name()), Some(n));
+            }
+        }
+        for bad in [
+            "blk.x.attn_q.weight",
+            "blk.0.attn_qkv.weight",
+            "blk.0.attn_q.weight.extra",
+            "blk.0.attn_q.scale",
+            "blk.-1.attn_q.weight",
+            "token_embd.bias",
+            "enc.blk.0.attn_q.weight",
+        ] {
+            assert_eq!(TensorName::parse(bad), None, "{bad}");
+        }
+        assert_eq!(layer_of("blk.17.attn_qkv.weight"), Some(17));
+        assert_eq!(layer_of("output.weight"), None);
+    }
+}
