@@ -30,12 +30,14 @@ const ROW_STRIDE: usize = 64;
 
 /// Whether the CPU has AMX with INT8 products and the kernel granted this process the tile
 /// state, probed once; `FERRITE_AMX=off` (a diagnostic switch, for comparing kernels on one
-/// machine) turns it off.
+/// machine) turns it off, and so does a process level below AVX-512 (`FERRITE_SIMD=avx2`),
+/// whose kernels do not read the tiles' byte layout.
 pub(super) fn available() -> bool {
     static AVAILABLE: OnceLock<bool> = OnceLock::new();
     *AVAILABLE.get_or_init(|| {
         let off = std::env::var("FERRITE_AMX").is_ok_and(|v| v.trim().eq_ignore_ascii_case("off"));
-        !off && cpu_has_amx_int8() && os_grants_tiles()
+        let level = crate::simd_level() == crate::SimdLevel::Avx512;
+        !off && level && cpu_has_amx_int8() && os_grants_tiles()
     })
 }
 

@@ -421,6 +421,34 @@ unsafe fn pack_group<F: Format>(
     dst: *mut u8,
     prefetch: bool,
 ) {
+    // SAFETY: forwarded contract.
+    unsafe { gather_group::<F>(w, r0, rows, rb, dst, prefetch) };
+    let nb = rb / F::BYTES;
+    // SAFETY: the words region is nb * WORDS aligned vectors at dst (contract), WORDS a
+    // multiple of four.
+    let chunks = unsafe { std::slice::from_raw_parts_mut(dst.cast::<__m512i>(), nb * F::WORDS) };
+    for chunk in chunks.chunks_exact_mut(4) {
+        transpose(chunk);
+    }
+}
+
+/// The first pass of packing rows `r0..r0 + rows` (`rows <= 16`) of `w` into one group at
+/// `dst`: every row's blocks copied by [`Format::gather`], so that only the in-register
+/// transpose of each four chunk vectors (this level's or the AVX2 one) is left. Plain
+/// copies, for every level that reads this layout.
+///
+/// # Safety
+/// The rows exist in `w` (`rb` bytes each, whole blocks of `F`); `dst` has room for
+/// `16 * rb` bytes.
+#[inline]
+pub(super) unsafe fn gather_group<F: Format>(
+    w: &[u8],
+    r0: usize,
+    rows: usize,
+    rb: usize,
+    dst: *mut u8,
+    prefetch: bool,
+) {
     let nb = rb / F::BYTES;
     let words = F::WORDS * 64;
     let scales = nb * words;
@@ -431,8 +459,9 @@ unsafe fn pack_group<F: Format>(
         for b in 0..nb {
             let src = row.as_ptr().wrapping_add(b * F::BYTES);
             if prefetch {
-                // Prefetches never fault; the pointer uses wrapping arithmetic.
-                _mm_prefetch::<_MM_HINT_T0>(src.wrapping_add(ROWS * rb).cast());
+                // SAFETY: SSE is in every x86-64 CPU; prefetches never fault, and the
+                // pointer uses wrapping arithmetic.
+                unsafe { _mm_prefetch::<_MM_HINT_T0>(src.wrapping_add(ROWS * rb).cast()) };
             }
             // SAFETY: block b lies inside the row (b < nb, rb = nb * BYTES); the packed
             // block's words and scales lie inside the group (contract).
@@ -445,12 +474,6 @@ unsafe fn pack_group<F: Format>(
                 );
             }
         }
-    }
-    // SAFETY: the words region is nb * WORDS aligned vectors at dst (contract), WORDS a
-    // multiple of four.
-    let chunks = unsafe { std::slice::from_raw_parts_mut(dst.cast::<__m512i>(), nb * F::WORDS) };
-    for chunk in chunks.chunks_exact_mut(4) {
-        transpose(chunk);
     }
 }
 

@@ -20,6 +20,8 @@ pub(crate) mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx2_dequant;
 #[cfg(target_arch = "x86_64")]
+mod avx2_q16;
+#[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512;
 #[cfg(target_arch = "x86_64")]
 mod avx512_dequant;

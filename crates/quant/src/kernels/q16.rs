@@ -1,5 +1,5 @@
 //! Weight products with 16-bit activations: the integer path of Q4_1 and Q8_0 weights on
-//! AVX-512 VNNI.
+//! AVX-512 VNNI and on AVX2.
 //!
 //! Why: a quantized weight times an f32 activation costs one f32 fused multiply-add per
 //! value. With the activations rounded to 16-bit integers per 32-value block, the products
@@ -30,6 +30,10 @@
 //! above, lane by lane, so the tile kernel's outputs are bit-identical to the `vpdpwssd`
 //! kernels', and a token's outputs still do not depend on the batch.
 //!
+//! On AVX2 (`avx2_q16`), `vpmaddwd` computes the same exact `I_b`, eight rows per vector,
+//! on the same packed groups, and the floating-point steps are again the ones above lane by
+//! lane: an AVX2 CPU gives the bits an AVX-512 VNNI CPU gives.
+//!
 //! This module never touches other formats or levels: it applies only where [`applies`]
 //! says so, and every other product stays on the f32 kernels.
 
@@ -46,9 +50,12 @@ pub(crate) const PAIRS: usize = BLOCK / 2;
 /// Whether products with weights of type `ty` take the 16-bit activation path at `level`.
 pub fn applies(level: SimdLevel, ty: GgmlType) -> bool {
     matches!(ty, GgmlType::Q4_1 | GgmlType::Q8_0)
-        && level == SimdLevel::Avx512
         && level.is_available()
-        && has_vnni()
+        && match level {
+            SimdLevel::Avx512 => has_vnni(),
+            SimdLevel::Avx2 => true,
+            SimdLevel::Scalar => false,
+        }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -392,11 +399,8 @@ impl<'a> Q16Fill<'a> {
             let (q, s, t) = quantize_block(a);
             let q: [i16; BLOCK] = order.map(|o| q[o]);
             match self.layout {
-                Layout::Pairs => {
-                    for (word, pair) in words.iter_mut().zip(q.chunks_exact(2)) {
-                        *word = u32::from(pair[0] as u16) | (u32::from(pair[1] as u16) << 16);
-                    }
-                }
+                Layout::Pairs => *words = pair_words(&q),
+
                 Layout::Bytes => {
                     let mut bytes = [0u8; 2 * BLOCK];
                     for (i, v) in q.iter().enumerate() {
@@ -410,6 +414,58 @@ impl<'a> Q16Fill<'a> {
             }
             (*scale, *sum) = (s, t);
         }
+    }
+}
+
+/// A block's 16-bit values, already in pair order, as its sixteen words.
+fn pair_words(q: &[i16; BLOCK]) -> [u32; PAIRS] {
+    std::array::from_fn(|p| u32::from(q[2 * p] as u16) | (u32::from(q[2 * p + 1] as u16) << 16))
+}
+
+impl Q16Acts {
+    /// Index of the slot of block `b` of column `c` (the layout in the type's docs).
+    fn slot(&self, c: usize, b: usize) -> usize {
+        let tile = self.layout.tile();
+        let c0 = c / tile * tile;
+        let width = tile.min(self.n - c0);
+        c0 * self.nb() + b * width + (c - c0)
+    }
+
+    /// These activations in the pairs layout: themselves, or, in the byte layout, the same
+    /// integers, `s` and `S` moved. For a kernel without the byte layout given activations
+    /// quantized for the AMX kernel (an AMX CPU asked for another level).
+    pub(crate) fn in_pairs(&self) -> std::borrow::Cow<'_, Q16Acts> {
+        match self.layout {
+            Layout::Pairs => std::borrow::Cow::Borrowed(self),
+            Layout::Bytes => std::borrow::Cow::Owned(self.bytes_to_pairs()),
+        }
+    }
+
+    /// [`Q16Acts::in_pairs`] of activations in the byte layout.
+    fn bytes_to_pairs(&self) -> Q16Acts {
+        let order = pair_order(self.ty);
+        let blocks = self.scale.len();
+        let mut out = Q16Acts {
+            layout: Layout::Pairs,
+            pairs: vec![0; blocks * PAIRS + Layout::Bytes.tile() * PAIRS],
+            ..self.clone()
+        };
+        for c in 0..self.n {
+            for b in 0..self.nb() {
+                let (from, to) = (self.slot(c, b), out.slot(c, b));
+                let words = &self.pairs[from * PAIRS..(from + 1) * PAIRS];
+                let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+                // The 16-bit value is 256 · hi + lo (hi signed, lo unsigned), exactly.
+                let q: [i16; BLOCK] = std::array::from_fn(|i| {
+                    (256 * i32::from(bytes[i] as i8) + i32::from(bytes[BLOCK + i])) as i16
+                });
+                let words = pair_words(&order.map(|o| q[o]));
+                out.pairs[to * PAIRS..(to + 1) * PAIRS].copy_from_slice(&words);
+                out.scale[to] = self.scale[from];
+                out.sum[to] = self.sum[from];
+            }
+        }
+        out
     }
 }
 
@@ -488,10 +544,16 @@ pub unsafe fn matmul_to(
         });
     }
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: `applies` proved AVX-512 F/BW/VL and VNNI; w holds nr rows of rb bytes
-    // (checked above) and every output is writable (caller's contract).
+    // SAFETY: `applies` proved AVX-512 F/BW/VL and VNNI, or AVX2/FMA/F16C, for the level
+    // that runs; w holds nr rows of rb bytes (checked above) and every output is writable
+    // (caller's contract); the AVX2 kernel is given the pairs layout.
     unsafe {
-        super::avx512_q16::matmul(ty, w, nr, rb, acts, out, stride);
+        if level == SimdLevel::Avx512 {
+            super::avx512_q16::matmul(ty, w, nr, rb, acts, out, stride);
+        } else {
+            let pairs = acts.in_pairs();
+            super::avx2_q16::matmul(ty, w, nr, rb, &pairs, out, stride);
+        }
     }
     Ok(())
 }
@@ -563,13 +625,17 @@ impl PackedRows {
             let (r0, r1) = (g0 * GROUP_ROWS, ((g0 + step) * GROUP_ROWS).min(rows));
             let span = &w[r0 * rb..r1 * rb];
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: `applies` proved AVX-512 F/BW/VL; span holds r1 - r0 rows of rb bytes of
-            // whole blocks (checked above); group g0 starts inside `lines`, which is 64-byte
-            // aligned with room for the span's groups of group_bytes, a multiple of 64 and
-            // at least 16 rows' bytes.
+            // SAFETY: `applies` proved AVX-512 F/BW/VL or AVX2 for the level that packs; span
+            // holds r1 - r0 rows of rb bytes of whole blocks (checked above); group g0 starts
+            // inside `lines`, which is 64-byte aligned with room for the span's groups of
+            // group_bytes, a multiple of 64 and at least 16 rows' bytes.
             unsafe {
                 let dst = lines.as_mut_ptr().add(g0 * group_bytes / 64).cast();
-                super::avx512_q16::pack(ty, span, r1 - r0, rb, dst, group_bytes);
+                if level == SimdLevel::Avx512 {
+                    super::avx512_q16::pack(ty, span, r1 - r0, rb, dst, group_bytes);
+                } else {
+                    super::avx2_q16::pack(ty, span, r1 - r0, rb, dst, group_bytes);
+                }
             }
             packed(span);
         }
@@ -633,20 +699,19 @@ pub unsafe fn matmul_packed_to(
         });
     }
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: `applies` proved AVX-512 F/BW/VL and VNNI; `w` was packed by `pack` for its
-    // type and width, which match the activations' (checked above), and holds the groups;
-    // every output is writable (caller's contract).
+    // SAFETY: `applies` proved AVX-512 F/BW/VL and VNNI, or AVX2/FMA/F16C, for the level
+    // that runs; `w` was packed (in the one layout both levels read) for its type and
+    // width, which match the activations' (checked above), and holds the groups; every
+    // output is writable (caller's contract); the AVX2 kernel is given the pairs layout.
     unsafe {
-        super::avx512_q16::matmul_packed(
-            w.ty,
-            w.lines.as_ptr().cast(),
-            w.group_bytes,
-            w.rows,
-            groups,
-            acts,
-            out,
-            stride,
-        );
+        let lines = w.lines.as_ptr().cast();
+        let (ty, gb, rows) = (w.ty, w.group_bytes, w.rows);
+        if level == SimdLevel::Avx512 {
+            super::avx512_q16::matmul_packed(ty, lines, gb, rows, groups, acts, out, stride);
+        } else {
+            let pairs = acts.in_pairs();
+            super::avx2_q16::matmul_packed(ty, lines, gb, rows, groups, &pairs, out, stride);
+        }
     }
     Ok(())
 }

@@ -75,9 +75,10 @@ fn assert_same_bits(ty: GgmlType, k: usize, out: &[f32], stride: usize, want: &[
     }
 }
 
-/// The layouts this CPU can multiply: the pairs always, the bytes where AMX is available.
-fn layouts() -> Vec<Layout> {
-    if amx_available() {
+/// The layouts `level` can multiply: the pairs always; the bytes on AVX2 (moved to pairs
+/// first) and, on AVX-512, where AMX is available.
+fn layouts(level: SimdLevel) -> Vec<Layout> {
+    if level == SimdLevel::Avx2 || amx_available() {
         vec![Layout::Pairs, Layout::Bytes]
     } else {
         println!("AMX kernel skipped: no AMX INT8 on this CPU (or FERRITE_AMX=off)");
@@ -99,12 +100,20 @@ fn quantize_as(ty: GgmlType, x: &[f32], k: usize, n: usize, layout: Layout) -> Q
     acts
 }
 
-fn level() -> Option<SimdLevel> {
-    let ok = applies(SimdLevel::Avx512, GgmlType::Q4_1);
-    if !ok {
-        println!("skipped: no AVX-512 VNNI on this CPU");
-    }
-    ok.then_some(SimdLevel::Avx512)
+/// The levels with 16-bit product kernels on this CPU, each named in the output.
+fn levels() -> Vec<SimdLevel> {
+    let levels: Vec<SimdLevel> = [SimdLevel::Avx512, SimdLevel::Avx2]
+        .into_iter()
+        .filter(|&l| {
+            let ok = applies(l, GgmlType::Q4_1);
+            if !ok {
+                println!("skipped: no {l} 16-bit product kernels on this CPU");
+            }
+            ok
+        })
+        .collect();
+    println!("16-bit product kernels tested: {levels:?}");
+    levels
 }
 
 #[test]
@@ -171,7 +180,8 @@ fn the_byte_layout_holds_the_16_bit_values() {
 
 #[test]
 fn the_vector_quantizer_matches_the_scalar_one() {
-    if level().is_none() {
+    if !applies(SimdLevel::Avx512, GgmlType::Q4_1) {
+        println!("skipped: no AVX-512 VNNI on this CPU");
         return;
     }
     let mut rng = Rng(17);
@@ -209,14 +219,19 @@ fn the_vector_quantizer_matches_the_scalar_one() {
 
 #[test]
 fn kernels_match_the_documented_product_bit_for_bit() {
-    let Some(level) = level() else { return };
+    for level in levels() {
+        kernels_match_at(level);
+    }
+}
+
+fn kernels_match_at(level: SimdLevel) {
     let mut rng = Rng(0x51ed_2701);
     for ty in TYPES {
         for (nr, k) in [(1, 32), (15, 64), (16, 96), (17, 32), (37, 160)] {
             let w = weights(&mut rng, ty, nr, k);
             for (n, layout) in [1, 2, 3, 4, 5, 8, 15, 16, 17, 33]
                 .into_iter()
-                .flat_map(|n| layouts().into_iter().map(move |l| (n, l)))
+                .flat_map(|n| layouts(level).into_iter().map(move |l| (n, l)))
             {
                 let x: Vec<f32> = (0..n * k).map(|_| rng.f32() * 2.0).collect();
                 let acts = quantize_as(ty, &x, k, n, layout);
@@ -232,7 +247,12 @@ fn kernels_match_the_documented_product_bit_for_bit() {
 
 #[test]
 fn rounding_costs_little_against_f32_activations() {
-    let Some(level) = level() else { return };
+    for level in levels() {
+        rounding_costs_little_at(level);
+    }
+}
+
+fn rounding_costs_little_at(level: SimdLevel) {
     let mut rng = Rng(99);
     for ty in TYPES {
         let (nr, k, n) = (33, 576, 4);
@@ -255,23 +275,22 @@ fn rounding_costs_little_against_f32_activations() {
                 worst = worst.max((f64::from(out[c * nr + r]) - s).abs() / a);
             }
         }
-        println!("{ty}: max |err| / sum|wx| = {worst:.2e}");
+        println!("{ty} [{level}]: max |err| / sum|wx| = {worst:.2e}");
         assert!(worst < 1e-4, "{ty}: 16-bit rounding error {worst:.2e}");
     }
 }
 
 #[test]
 fn non_finite_activations_give_nan_outputs() {
-    let Some(level) = level() else { return };
-    let mut rng = Rng(5);
-    for ty in TYPES {
+    for (level, ty) in levels().into_iter().flat_map(|l| TYPES.map(|t| (l, t))) {
+        let mut rng = Rng(5);
         let w = weights(&mut rng, ty, 3, 64);
         let mut x = vec![0.5f32; 64];
         x[40] = f32::INFINITY;
         let acts = quantize(ty, &x, 64, 1).expect("quantize");
         let mut out = [0f32; 3];
         matmul(level, &w, 3, &acts, &mut out, 3).expect("matmul");
-        assert!(out.iter().all(|v| v.is_nan()), "{ty}: {out:?}");
+        assert!(out.iter().all(|v| v.is_nan()), "{ty} {level}: {out:?}");
     }
 }
 
@@ -281,19 +300,26 @@ fn bad_shapes_are_errors() {
     assert!(quantize(GgmlType::Q4_K, &x, 64, 1).is_err());
     assert!(quantize(GgmlType::Q4_1, &x, 48, 1).is_err());
     assert!(quantize(GgmlType::Q4_1, &x, 32, 3).is_err());
-    let Some(level) = level() else { return };
     let acts = quantize(GgmlType::Q4_1, &x, 32, 2).expect("quantize");
     let w = vec![0u8; 2 * 20];
     let mut out = vec![0f32; 4];
-    assert!(matmul(level, &w[..39], 2, &acts, &mut out, 2).is_err());
-    assert!(matmul(level, &w, 2, &acts, &mut out[..3], 2).is_err());
-    assert!(matmul(level, &w, 2, &acts, &mut out, 1).is_err());
-    assert!(matmul(SimdLevel::Avx2, &w, 2, &acts, &mut out, 2).is_err());
+    assert!(matmul(SimdLevel::Scalar, &w, 2, &acts, &mut out, 2).is_err());
+    for level in levels() {
+        assert!(matmul(level, &w[..39], 2, &acts, &mut out, 2).is_err());
+        assert!(matmul(level, &w, 2, &acts, &mut out[..3], 2).is_err());
+        assert!(matmul(level, &w, 2, &acts, &mut out, 1).is_err());
+        assert!(matmul(level, &w, 2, &acts, &mut out, 2).is_ok());
+    }
 }
 
 #[test]
 fn packed_rows_match_the_documented_product_bit_for_bit() {
-    let Some(level) = level() else { return };
+    for level in levels() {
+        packed_rows_match_at(level);
+    }
+}
+
+fn packed_rows_match_at(level: SimdLevel) {
     let mut rng = Rng(0x7ac4_ed01);
     for ty in TYPES {
         // Odd block counts leave Q8_0 groups padded to whole lines; 37 and 17 rows end on a
@@ -304,7 +330,7 @@ fn packed_rows_match_the_documented_product_bit_for_bit() {
             assert_eq!(packed.groups(), nr.div_ceil(GROUP_ROWS));
             for (n, layout) in [1, 3, 8, 9, 16, 19]
                 .into_iter()
-                .flat_map(|n| layouts().into_iter().map(move |l| (n, l)))
+                .flat_map(|n| layouts(level).into_iter().map(move |l| (n, l)))
             {
                 let x: Vec<f32> = (0..n * k).map(|_| rng.f32() * 2.0).collect();
                 let acts = quantize_as(ty, &x, k, n, layout);
@@ -330,12 +356,17 @@ fn packed_rows_match_the_documented_product_bit_for_bit() {
 #[test]
 fn packed_rows_refuse_what_does_not_fit() {
     let w = vec![0u8; 2 * 20];
-    assert!(PackedRows::new(SimdLevel::Avx2, GgmlType::Q4_1, &w, 2, 32, |_| {}).is_err());
-    let Some(level) = level() else { return };
-    assert!(PackedRows::new(level, GgmlType::Q4_K, &w, 2, 32, |_| {}).is_err());
+    assert!(PackedRows::new(SimdLevel::Scalar, GgmlType::Q4_1, &w, 2, 32, |_| {}).is_err());
+    for level in levels() {
+        packed_rows_refuse_at(level, &w);
+    }
+}
+
+fn packed_rows_refuse_at(level: SimdLevel, w: &[u8]) {
+    assert!(PackedRows::new(level, GgmlType::Q4_K, w, 2, 32, |_| {}).is_err());
     assert!(PackedRows::new(level, GgmlType::Q4_1, &w[..39], 2, 32, |_| {}).is_err());
-    assert!(PackedRows::new(level, GgmlType::Q4_1, &w, 2, 48, |_| {}).is_err());
-    let packed = PackedRows::new(level, GgmlType::Q4_1, &w, 2, 32, |_| {}).expect("pack");
+    assert!(PackedRows::new(level, GgmlType::Q4_1, w, 2, 48, |_| {}).is_err());
+    let packed = PackedRows::new(level, GgmlType::Q4_1, w, 2, 32, |_| {}).expect("pack");
     let mut out = vec![0f32; 8];
     let x = vec![0f32; 64];
     let call = |acts: &Q16Acts, groups: std::ops::Range<usize>, stride: usize| {
@@ -353,16 +384,21 @@ fn packed_rows_refuse_what_does_not_fit() {
     let q8 = quantize(GgmlType::Q8_0, &x, 32, 2).expect("quantize");
     assert!(call(&q8, 0..1, 2).is_err(), "other type");
     // SAFETY: out holds 8 values, enough for 2 columns of stride 2.
-    let avx2 =
-        unsafe { matmul_packed_to(SimdLevel::Avx2, &packed, 0..1, &acts, out.as_mut_ptr(), 2) };
-    assert!(avx2.is_err(), "a level without the kernels");
+    let scalar =
+        unsafe { matmul_packed_to(SimdLevel::Scalar, &packed, 0..1, &acts, out.as_mut_ptr(), 2) };
+    assert!(scalar.is_err(), "a level without the kernels");
 }
 
 /// A matrix of more than one [`PACK_SPAN`] is packed in spans that cover its rows once, in
 /// order, on whole groups, and multiplies with the bits of its raw rows.
 #[test]
 fn packing_reports_each_span_of_rows_once() {
-    let Some(level) = level() else { return };
+    for level in levels() {
+        packing_reports_spans_at(level);
+    }
+}
+
+fn packing_reports_spans_at(level: SimdLevel) {
     let mut rng = Rng(23);
     let (ty, k) = (GgmlType::Q8_0, 64);
     let rb = ty.row_bytes(k as u64).expect("whole blocks") as usize;
@@ -461,5 +497,30 @@ fn fills_in_any_order_quantize_like_one_pass() {
             assert_eq!(bits(&acts.scale), bits(&whole.scale), "{what}");
             assert_eq!(bits(&acts.sum), bits(&whole.sum), "{what}");
         }
+    }
+}
+
+/// Both levels read one packed layout (a matrix packed at one level multiplies at the
+/// other), so they must pack the same bytes.
+#[test]
+fn both_levels_pack_the_same_bytes() {
+    let levels = levels();
+    if levels.len() < 2 {
+        println!("skipped: only {levels:?} here, nothing to compare");
+        return;
+    }
+    let mut rng = Rng(0x5eed);
+    for ty in TYPES {
+        let (nr, k) = (37, 96);
+        let w = weights(&mut rng, ty, nr, k);
+        let packs: Vec<PackedRows> = levels
+            .iter()
+            .map(|&l| PackedRows::new(l, ty, &w, nr, k, |_| {}).expect("pack"))
+            .collect();
+        let bytes = |p: &PackedRows| p.lines.iter().flat_map(|l| l.0).collect::<Vec<u8>>();
+        assert!(
+            bytes(&packs[0]) == bytes(&packs[1]),
+            "{ty}: packed bytes differ"
+        );
     }
 }

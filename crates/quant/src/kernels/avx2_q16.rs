@@ -1,0 +1,411 @@
+//! AVX2 kernels of the 16-bit activation products (`q16`): the packed groups of sixteen
+//! rows of `avx512_q16` (lane `r` = row `r`), read as two 256-bit halves of eight rows.
+//!
+//! `vpmaddwd` multiplies 16-bit pairs and adds each pair into a 32-bit lane exactly (a
+//! weight times an activation is at most 128 · 32767 in magnitude, a block's sum at most
+//! 2^27), so each lane builds the same integer block sum `I_b` as `vpdpwssd` does, and the
+//! per-block scale steps are the same IEEE operations lane by lane: the outputs are
+//! bit-identical to the AVX-512 kernels' and to the definition in `q16`'s module docs.
+//! Columns are worked in chunks that fit sixteen registers (a chunk's shape changes which
+//! columns share a pass over the weights, never an output's operations).
+//!
+//! This module never defines a layout of its own: packing copies rows with
+//! `avx512_q16::gather_group` and only the in-register transpose is AVX2 code.
+
+use std::arch::x86_64::*;
+
+use super::avx512_q16::{Format, Q41, Q80, ROWS, gather_group};
+use super::q16::{BLOCK, PAIRS, Q16Acts};
+use ferrite_gguf::GgmlType;
+
+/// Rows per 256-bit half of a packed group.
+const HALF: usize = 8;
+
+/// How a packed format's words and scales are read eight rows at a time.
+trait Lanes8: Format {
+    /// Pair `p` of 16-bit weights of eight rows, from the block's word halves `w`.
+    ///
+    /// # Safety
+    /// AVX2 present; `w` holds the block's `WORDS` word halves.
+    unsafe fn unpack8(w: &[__m256i; 8], p: usize) -> __m256i;
+}
+
+impl Lanes8 for Q41 {
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn unpack8(w: &[__m256i; 8], p: usize) -> __m256i {
+        // As `avx512_q16`'s Q4_1 unpack: word i holds nibble bytes 4i..4i+4.
+        let x = w[p / 4];
+        let nib = _mm256_set1_epi32(0x000F_000F);
+        let shifted = match p % 4 {
+            0 => x,
+            1 => _mm256_srli_epi32::<8>(x),
+            2 => _mm256_srli_epi32::<4>(x),
+            _ => _mm256_srli_epi32::<12>(x),
+        };
+        _mm256_and_si256(shifted, nib)
+    }
+}
+
+impl Lanes8 for Q80 {
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn unpack8(w: &[__m256i; 8], p: usize) -> __m256i {
+        // As `avx512_q16`'s Q8_0 unpack: pairs (q0, q2), (q1, q3) of word p / 2.
+        let x = w[p / 2];
+        if p.is_multiple_of(2) {
+            _mm256_srai_epi16::<8>(_mm256_slli_epi16::<8>(x))
+        } else {
+            _mm256_srai_epi16::<8>(x)
+        }
+    }
+}
+
+/// Four gathered chunk vectors (64 bytes each, at `z`) to four vectors of 32-bit words,
+/// exactly as `avx512_q16::transpose` does: its unpacks work within 128-bit lanes, so the
+/// two 256-bit halves are transposed one after the other.
+///
+/// # Safety
+/// AVX2 present; 256 bytes readable and writable at `z`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn transpose(z: *mut u8) {
+    for h in 0..2 {
+        // SAFETY: vector v's half h is 32 bytes at v * 64 + h * 32 < 256 (contract).
+        unsafe {
+            let at = |v: usize| z.add(v * 64 + h * 32).cast::<__m256i>();
+            let (z0, z1) = (_mm256_loadu_si256(at(0)), _mm256_loadu_si256(at(1)));
+            let (z2, z3) = (_mm256_loadu_si256(at(2)), _mm256_loadu_si256(at(3)));
+            let t0 = _mm256_unpacklo_epi32(z0, z1);
+            let t1 = _mm256_unpackhi_epi32(z0, z1);
+            let t2 = _mm256_unpacklo_epi32(z2, z3);
+            let t3 = _mm256_unpackhi_epi32(z2, z3);
+            _mm256_storeu_si256(at(0), _mm256_unpacklo_epi64(t0, t2));
+            _mm256_storeu_si256(at(1), _mm256_unpackhi_epi64(t0, t2));
+            _mm256_storeu_si256(at(2), _mm256_unpacklo_epi64(t1, t3));
+            _mm256_storeu_si256(at(3), _mm256_unpackhi_epi64(t1, t3));
+        }
+    }
+}
+
+/// Packs rows `r0..r0 + rows` (`rows <= 16`) of `w` into one group at `dst`, in
+/// `avx512_q16`'s layout.
+///
+/// # Safety
+/// AVX2 present; the rows exist in `w` (`rb` bytes each, whole blocks of `F`); `dst` has
+/// room for `16 * rb` bytes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn pack_group<F: Format>(
+    w: &[u8],
+    r0: usize,
+    rows: usize,
+    rb: usize,
+    dst: *mut u8,
+    prefetch: bool,
+) {
+    // SAFETY: forwarded contract; the words region is nb * WORDS vectors of 64 bytes at
+    // dst, WORDS a multiple of four.
+    unsafe {
+        gather_group::<F>(w, r0, rows, rb, dst, prefetch);
+        for chunk in 0..rb / F::BYTES * F::WORDS / 4 {
+            transpose(dst.add(chunk * 256));
+        }
+    }
+}
+
+/// Packs the `nr` rows of `w` (`rb` bytes each, blocks of `ty`), in groups of sixteen, into
+/// `dst`: group `g` at byte `g * group_bytes` (`avx512_q16::pack`'s bytes).
+///
+/// # Safety
+/// AVX2 present; `w` holds `nr` rows of `rb` bytes of whole blocks of `ty` (Q4_1 or Q8_0);
+/// `dst` has room for `nr.div_ceil(16)` groups; `group_bytes >= 16 * rb`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn pack(
+    ty: GgmlType,
+    w: &[u8],
+    nr: usize,
+    rb: usize,
+    dst: *mut u8,
+    group_bytes: usize,
+) {
+    let mut r0 = 0;
+    while r0 < nr {
+        let rows = ROWS.min(nr - r0);
+        // SAFETY: forwarded contract; group r0 / 16 starts inside dst.
+        unsafe {
+            let g = dst.add(r0 / ROWS * group_bytes);
+            if ty == GgmlType::Q4_1 {
+                pack_group::<Q41>(w, r0, rows, rb, g, false);
+            } else {
+                pack_group::<Q80>(w, r0, rows, rb, g, false);
+            }
+        }
+        r0 += rows;
+    }
+}
+
+thread_local! {
+    /// Each thread's packed group of rows, reused across calls.
+    static PACKED: std::cell::RefCell<Vec<__m256i>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Every output of `q16::matmul` (which checked the shapes) for activations in the pairs
+/// layout: each group of sixteen rows is packed into a buffer the thread reuses, then
+/// multiplied.
+///
+/// # Safety
+/// AVX2, FMA and F16C present; `w` holds `nr` rows of `rb` bytes of blocks of `ty` (Q4_1 or
+/// Q8_0) covering `acts.k()` values; `acts` is in the pairs layout; `out.add(c * stride + r)`
+/// is writable and unaliased for every column `c` and row `r < nr`, and `stride >= nr`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn matmul(
+    ty: GgmlType,
+    w: &[u8],
+    nr: usize,
+    rb: usize,
+    acts: &Q16Acts,
+    out: *mut f32,
+    stride: usize,
+) {
+    PACKED.with_borrow_mut(|packed| {
+        let vectors = (ROWS * rb).div_ceil(32);
+        if packed.len() < vectors {
+            packed.resize(vectors, _mm256_setzero_si256());
+        }
+        let dst = packed.as_mut_ptr().cast::<u8>();
+        let mut r0 = 0;
+        while r0 < nr {
+            let rows = ROWS.min(nr - r0);
+            // SAFETY: forwarded contract; the buffer holds one group (16 rows of rb bytes);
+            // rows r0..r0 + rows exist and their outputs are the caller's.
+            unsafe {
+                if ty == GgmlType::Q4_1 {
+                    pack_group::<Q41>(w, r0, rows, rb, dst, true);
+                    multiply_group::<Q41>(dst, acts, rows, out.add(r0), stride, 0);
+                } else {
+                    pack_group::<Q80>(w, r0, rows, rb, dst, true);
+                    multiply_group::<Q80>(dst, acts, rows, out.add(r0), stride, 0);
+                }
+            }
+            r0 += rows;
+        }
+    });
+}
+
+/// Every output of the packed `groups` (`group_bytes` apart at `packed`) of a matrix of
+/// `nr` rows: `out[c * stride + r]` for the rows `r` of those groups.
+///
+/// # Safety
+/// AVX2, FMA and F16C present; `packed` holds the groups of a matrix of `ty` (Q4_1 or Q8_0)
+/// with `acts.k()` values per row, packed by [`pack`] or `avx512_q16::pack`; `acts` is in
+/// the pairs layout; `groups.end <= nr.div_ceil(16)`; `out.add(c * stride + r)` is writable
+/// and unaliased for every column `c` and every row `r` of those groups below `nr`, and
+/// `stride >= nr`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn matmul_packed(
+    ty: GgmlType,
+    packed: *const u8,
+    group_bytes: usize,
+    nr: usize,
+    groups: std::ops::Range<usize>,
+    acts: &Q16Acts,
+    out: *mut f32,
+    stride: usize,
+) {
+    for g in groups {
+        let r0 = g * ROWS;
+        let rows = ROWS.min(nr - r0);
+        // SAFETY: forwarded contract: group g lies in `packed`, its rows' outputs in `out`.
+        unsafe {
+            let group = packed.add(g * group_bytes);
+            if ty == GgmlType::Q4_1 {
+                multiply_group::<Q41>(group, acts, rows, out.add(r0), stride, group_bytes);
+            } else {
+                multiply_group::<Q80>(group, acts, rows, out.add(r0), stride, group_bytes);
+            }
+        }
+    }
+}
+
+/// One packed group (of `rows` real rows) times every tile of `acts`: `out[c * stride + r]`
+/// for `r < rows`. Up to two columns take both halves of the group in one pass (decode);
+/// wider tiles take each half in chunks of up to four columns. With `ahead` > 0, the first
+/// pass fetches the bytes `ahead` past each block it reads (the next packed group's).
+///
+/// # Safety
+/// As [`matmul_packed`], for the one group at `group` and `out` at its first row.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn multiply_group<F: Lanes8>(
+    group: *const u8,
+    acts: &Q16Acts,
+    rows: usize,
+    out: *mut f32,
+    stride: usize,
+    ahead: usize,
+) {
+    let nb = acts.k() / BLOCK;
+    let mut ahead = ahead;
+    for t in 0..acts.tiles() {
+        let (width, pairs, scale, sum) = acts.tile(t);
+        let tile = Tile {
+            group,
+            nb,
+            pairs: pairs.as_ptr(),
+            scale: scale.as_ptr(),
+            sum: sum.as_ptr(),
+            width,
+            rows,
+            // SAFETY: tile t's columns start at column 8t (the pairs layout's tiles).
+            out: unsafe { out.add(t * super::q16::Layout::Pairs.tile() * stride) },
+            stride,
+        };
+        // SAFETY: forwarded contract; every chunk's columns lie in the tile and its halves
+        // in the group.
+        unsafe {
+            match width {
+                1 => tile.run::<F, 2, 1>(0, 0, ahead),
+                2 => tile.run::<F, 2, 2>(0, 0, ahead),
+                _ => {
+                    for h in (0..2).filter(|h| rows > h * HALF) {
+                        let mut c0 = 0;
+                        while c0 < width {
+                            match width - c0 {
+                                1 => tile.run::<F, 1, 1>(h, c0, ahead),
+                                2 => tile.run::<F, 1, 2>(h, c0, ahead),
+                                3 => tile.run::<F, 1, 3>(h, c0, ahead),
+                                _ => tile.run::<F, 1, 4>(h, c0, ahead),
+                            }
+                            c0 += 4;
+                            ahead = 0;
+                        }
+                    }
+                }
+            }
+        }
+        ahead = 0;
+    }
+}
+
+/// One packed group against one tile of activation columns in the pairs layout.
+struct Tile {
+    /// The packed group: `nb · WORDS` vectors of 64 bytes of words, then the scales.
+    group: *const u8,
+    /// Blocks per row.
+    nb: usize,
+    /// The tile's words: block `b` of column `c` at `(b · width + c) · 16`.
+    pairs: *const u32,
+    /// The tile's `s`, block `b` of column `c` at `b · width + c`.
+    scale: *const f32,
+    /// The tile's `S`, as `scale`.
+    sum: *const f32,
+    /// Columns in the tile.
+    width: usize,
+    /// Real rows in the group.
+    rows: usize,
+    /// Output of the tile's first column and the group's first row.
+    out: *mut f32,
+    /// Distance between two columns' outputs.
+    stride: usize,
+}
+
+impl Tile {
+    /// Rows `8 · h0 .. 8 · (h0 + H)` of the group times columns `c0 .. c0 + C` of the tile.
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C present; the fields describe one packed group of `F` and one tile
+    /// of `acts.k()` values per column as their docs say; `c0 + C <= width`, `h0 + H <= 2`;
+    /// the outputs of those columns and of the real rows are writable and unaliased.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn run<F: Lanes8, const H: usize, const C: usize>(
+        &self,
+        h0: usize,
+        c0: usize,
+        ahead: usize,
+    ) {
+        let block_bytes = F::WORDS * 64;
+        // SAFETY: the scales follow the nb blocks of words (contract).
+        let scales = unsafe { self.group.add(self.nb * block_bytes) };
+        let mut acc = [[_mm256_setzero_ps(); C]; H];
+        for b in 0..self.nb {
+            let words = self.group.wrapping_add(b * block_bytes);
+            let sc = scales.wrapping_add(b * F::SCALE_BYTES);
+            if ahead != 0 {
+                for line in 0..F::WORDS {
+                    // Prefetches never fault; the pointers use wrapping arithmetic.
+                    _mm_prefetch::<_MM_HINT_T0>(words.wrapping_add(ahead + line * 64).cast());
+                }
+                _mm_prefetch::<_MM_HINT_T0>(sc.wrapping_add(ahead).cast());
+            }
+            let mut w = [[_mm256_setzero_si256(); 8]; H];
+            for (h, w) in w.iter_mut().enumerate() {
+                for (v, w) in w.iter_mut().enumerate().take(F::WORDS) {
+                    // SAFETY: word vector v < WORDS of block b < nb, half h0 + h < 2.
+                    *w = unsafe { _mm256_loadu_si256(words.add(v * 64 + (h0 + h) * 32).cast()) };
+                }
+            }
+            // SAFETY: column c0 + c < width of block b < nb lies in the tile (contract).
+            let at = |c: usize| unsafe { self.pairs.add((b * self.width + c0 + c) * PAIRS) };
+            let mut part = [[_mm256_setzero_si256(); C]; H];
+            macro_rules! pairs {
+                ($($p:literal)*) => {$(
+                    // SAFETY: AVX2 present (this function's features).
+                    let wv: [__m256i; H] = std::array::from_fn(|h| unsafe { F::unpack8(&w[h], $p) });
+                    for c in 0..C {
+                        // SAFETY: pair $p < 16 of a slot of sixteen words.
+                        let a = _mm256_set1_epi32(unsafe { *at(c).add($p) } as i32);
+                        for h in 0..H {
+                            part[h][c] = _mm256_add_epi32(part[h][c], _mm256_madd_epi16(wv[h], a));
+                        }
+                    }
+                )*};
+            }
+            // Unrolled: the pair index picks shifts at compile time.
+            pairs!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15);
+            for h in 0..H {
+                let hh = h0 + h;
+                // SAFETY: the block's scales: 16 f16 `d`, then (with a minimum) 16 f16 `m`.
+                let (d, m) = unsafe {
+                    let d = _mm256_cvtph_ps(_mm_loadu_si128(sc.add(16 * hh).cast()));
+                    let m = if F::MIN {
+                        _mm256_cvtph_ps(_mm_loadu_si128(sc.add(32 + 16 * hh).cast()))
+                    } else {
+                        _mm256_setzero_ps()
+                    };
+                    (d, m)
+                };
+                for c in 0..C {
+                    let i = b * self.width + c0 + c;
+                    // SAFETY: i < nb · width, the length of the tile's scales and sums.
+                    let (s, t) = unsafe { (*self.scale.add(i), *self.sum.add(i)) };
+                    let ds = _mm256_mul_ps(d, _mm256_set1_ps(s));
+                    let a = &mut acc[h][c];
+                    *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(part[h][c]), ds, *a);
+                    if F::MIN {
+                        *a = _mm256_fmadd_ps(m, _mm256_set1_ps(t), *a);
+                    }
+                }
+            }
+        }
+        let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        for (h, acc) in acc.iter().enumerate() {
+            let first = (h0 + h) * HALF;
+            let n = self.rows.saturating_sub(first).min(HALF);
+            if n == 0 {
+                continue;
+            }
+            let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(n as i32), lanes);
+            for (c, a) in acc.iter().enumerate() {
+                // SAFETY: the lanes in mask are real rows of column c0 + c, whose outputs
+                // are the caller's (contract); maskstore writes only those.
+                unsafe {
+                    let dst = self.out.add((c0 + c) * self.stride + first);
+                    _mm256_maskstore_ps(dst, mask, *a);
+                }
+            }
+        }
+    }
+}
