@@ -201,7 +201,7 @@ fn quick_release_gate_fails_the_corrupted_fixture_and_labels_every_item() {
 }
 
 #[test]
-fn an_empty_fixture_directory_is_an_error_not_a_pass() {
+fn gate_refuses_an_empty_fixture_directory() {
     let dir = tempfile::tempdir().unwrap();
     let out = run(&[
         "gate",

@@ -100,6 +100,8 @@ pub struct ItemRecord {
     pub detail: String,
     /// Measured values.
     pub figures: BTreeMap<String, f64>,
+    /// Measured values that were NaN or infinite, as `name=value` (JSON has no such numbers).
+    pub nonfinite_figures: Vec<String>,
     /// Counted things.
     pub counts: BTreeMap<String, u64>,
     /// The planted-defect run, for judged items.

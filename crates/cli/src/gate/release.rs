@@ -9,6 +9,7 @@
 //! implemented in this build`. The exit code is 1 on any failure. Nothing here may drop an
 //! item from the output or the receipt.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -50,6 +51,17 @@ pub struct ReleaseArgs {
     receipt: PathBuf,
 }
 
+/// Splits off the figures JSON cannot hold (NaN, ±∞), naming them instead of writing a
+/// receipt that no reader could parse back.
+fn finite(figures: BTreeMap<String, f64>) -> (BTreeMap<String, f64>, Vec<String>) {
+    let (ok, bad): (BTreeMap<_, _>, BTreeMap<_, _>) =
+        figures.into_iter().partition(|(_, v)| v.is_finite());
+    (
+        ok,
+        bad.into_iter().map(|(k, v)| format!("{k}={v}")).collect(),
+    )
+}
+
 /// The verdict of an outcome, as the receipt records it.
 fn record(item: &Item, target: Option<&Target>, outcome: Outcome, seconds: f64) -> ItemRecord {
     let name = match target {
@@ -68,6 +80,7 @@ fn record(item: &Item, target: Option<&Target>, outcome: Outcome, seconds: f64) 
         reason: None,
         detail: String::new(),
         figures: Default::default(),
+        nonfinite_figures: Vec::new(),
         counts: Default::default(),
         planted: None,
         seconds,
@@ -80,7 +93,7 @@ fn record(item: &Item, target: Option<&Target>, outcome: Outcome, seconds: f64) 
                 detail: planted.detail,
             });
             r.detail = real.detail.clone();
-            r.figures = real.figures;
+            (r.figures, r.nonfinite_figures) = finite(real.figures);
             r.counts = real.counts;
             if planted.ok {
                 r.verdict = "failed".into();
@@ -96,7 +109,7 @@ fn record(item: &Item, target: Option<&Target>, outcome: Outcome, seconds: f64) 
             r.verdict = "blocked".into();
             r.reason = Some(reason);
             if let Some(m) = measured {
-                r.figures = m.figures;
+                (r.figures, r.nonfinite_figures) = finite(m.figures);
                 r.counts = m.counts;
             }
         }
@@ -275,4 +288,50 @@ pub fn run(args: ReleaseArgs) -> anyhow::Result<i32> {
     println!("receipt: {}", args.receipt.display());
     println!("{summary}");
     Ok(i32::from(summary.failed > 0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gate::items::Proof;
+
+    fn item() -> Item {
+        manifest::load().unwrap().items.remove(0)
+    }
+
+    #[test]
+    fn an_undetected_planted_defect_fails_the_item_even_when_the_real_run_passes() {
+        let outcome = Outcome::Judged {
+            planted: Proof::new(true, "defect went unnoticed"),
+            real: Proof::new(true, "fine"),
+        };
+        let r = record(&item(), None, outcome, 0.0);
+        assert_eq!(r.verdict, "failed");
+        assert_eq!(
+            r.reason.as_deref(),
+            Some("oracle did not detect the planted defect")
+        );
+        assert_eq!(r.planted.as_ref().map(|p| p.detected), Some(false));
+    }
+
+    #[test]
+    fn a_detected_defect_leaves_the_verdict_to_the_real_run() {
+        let judged = |real_ok| Outcome::Judged {
+            planted: Proof::new(false, "caught"),
+            real: Proof::new(real_ok, "the first difference").figure("ratio", f64::NAN),
+        };
+        let passed = record(&item(), None, judged(true), 0.0);
+        assert_eq!((passed.verdict.as_str(), passed.reason), ("passed", None));
+        let failed = record(&item(), None, judged(false), 0.0);
+        assert_eq!(failed.verdict, "failed");
+        assert_eq!(failed.reason.as_deref(), Some("the first difference"));
+        // A NaN figure is named, not written where JSON cannot hold it.
+        assert!(failed.figures.is_empty());
+        assert_eq!(failed.nonfinite_figures, ["ratio=NaN"]);
+        let blocked = record(&item(), None, Outcome::blocked("no device"), 0.0);
+        assert_eq!(
+            (blocked.verdict.as_str(), blocked.reason.as_deref()),
+            ("blocked", Some("no device"))
+        );
+    }
 }

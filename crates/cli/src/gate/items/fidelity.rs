@@ -81,12 +81,17 @@ impl Bounds {
     }
 }
 
-/// Every case of every `logits-<tag>-*.jsonl`; with `quick`, the first `quick_cases` of them.
+/// Every case of every `logits-<tag>-*.jsonl` of the target's fixture tag; with `quick`,
+/// the first `quick_cases` of them. `Err` is the reason the item is blocked.
 pub fn logits_cases(
     env: &Env,
-    tag: &str,
+    t: &Target,
     quick_cases: usize,
 ) -> anyhow::Result<Result<Vec<LogitsCase>, String>> {
+    let tag = match t.tag() {
+        Ok(tag) => tag,
+        Err(reason) => return Ok(Err(reason)),
+    };
     let pattern = format!("logits-{tag}-*.jsonl");
     let files = env.fixtures.matching(&pattern);
     if files.is_empty() {
@@ -153,11 +158,7 @@ pub fn judged<S: LogitsSource + ?Sized>(
 }
 
 fn logits(env: &Env, t: &Target, precision: Precision, bounds: Bounds) -> anyhow::Result<Outcome> {
-    let tag = match t.tag() {
-        Ok(tag) => tag,
-        Err(reason) => return Ok(Outcome::blocked(reason)),
-    };
-    let cases = match logits_cases(env, tag, 3)? {
+    let cases = match logits_cases(env, t, 3)? {
         Ok(c) => c,
         Err(reason) => return Ok(Outcome::blocked(reason)),
     };

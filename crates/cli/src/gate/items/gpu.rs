@@ -14,11 +14,7 @@ pub fn fidelity(env: &Env, t: &Target) -> anyhow::Result<Outcome> {
     if let Err(e) = CudaBackend::probe() {
         return Ok(Outcome::blocked(format!("no CUDA device: {e}")));
     }
-    let tag = match t.tag() {
-        Ok(tag) => tag,
-        Err(reason) => return Ok(Outcome::blocked(reason)),
-    };
-    let cases = match logits_cases(env, tag, 3)? {
+    let cases = match logits_cases(env, t, 3)? {
         Ok(c) => c,
         Err(reason) => return Ok(Outcome::blocked(reason)),
     };

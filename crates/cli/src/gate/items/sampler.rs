@@ -93,11 +93,7 @@ fn check(env: &Env, tops: &[Vec<(u32, f64)>], n_vocab: usize, swap: bool) -> any
 
 /// Item `sampler`.
 pub fn run(env: &Env, t: &Target) -> anyhow::Result<Outcome> {
-    let tag = match t.tag() {
-        Ok(tag) => tag,
-        Err(reason) => return Ok(Outcome::blocked(reason)),
-    };
-    let cases = match logits_cases(env, tag, 8)? {
+    let cases = match logits_cases(env, t, 8)? {
         Ok(c) => c,
         Err(reason) => return Ok(Outcome::blocked(reason)),
     };
