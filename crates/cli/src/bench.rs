@@ -6,10 +6,10 @@
 //! `bench/sweep.rs`, the file format in `bench/receipt.rs`, the judging in
 //! `bench/compare.rs`, the server load in `bench/serve.rs` (over `bench/http.rs`).
 
-mod compare;
+pub(crate) mod compare;
 mod http;
 mod prompt;
-mod receipt;
+pub(crate) mod receipt;
 mod serve;
 mod sweep;
 

@@ -7,6 +7,7 @@
 mod backend;
 mod bench;
 mod convert;
+mod gate;
 mod inspect;
 mod models;
 mod outputs;
@@ -38,8 +39,8 @@ enum Command {
     Inspect(inspect::InspectArgs),
     /// Tokenize text with a model's tokenizer.
     Tokenize(tokenize::TokenizeArgs),
-    /// Check tokenizer or chat-template output against a reference fixture.
-    Gate(tokenize::GateArgs),
+    /// Check the build against reference fixtures: one fixture file, or the release gate.
+    Gate(gate::GateArgs),
     /// Measure quality against reference logits or perplexity text.
     Score(score::ScoreArgs),
     /// Serve OpenAI- and Anthropic-compatible HTTP APIs.
@@ -100,7 +101,7 @@ fn main() {
         Command::Pull(args) => pull::run(args),
         Command::Inspect(args) => inspect::run(args),
         Command::Tokenize(args) => tokenize::run_tokenize(args),
-        Command::Gate(args) => tokenize::run_gate(args),
+        Command::Gate(args) => gate::run(args),
         Command::Score(args) => score::run(args),
         Command::Serve(args) => serve::run(args),
         Command::Bench(args) => bench::run(args),

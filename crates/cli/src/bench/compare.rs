@@ -25,7 +25,8 @@ pub enum Verdict {
 }
 
 impl Verdict {
-    fn name(self) -> &'static str {
+    /// Lower-case name, as printed.
+    pub fn name(self) -> &'static str {
         match self {
             Verdict::Ok => "ok",
             Verdict::Investigate => "investigate",
@@ -43,7 +44,7 @@ const METRICS: [(&str, bool); 3] = [
 
 /// How much slower `new` is than `old` (positive = slower), for a higher- or lower-is-better
 /// metric; `None` when `old` is not a positive finite number.
-fn slowdown(old: f64, new: f64, higher_is_better: bool) -> Option<f64> {
+pub fn slowdown(old: f64, new: f64, higher_is_better: bool) -> Option<f64> {
     if !(old.is_finite() && old > 0.0 && new.is_finite()) {
         return None;
     }
@@ -54,7 +55,8 @@ fn slowdown(old: f64, new: f64, higher_is_better: bool) -> Option<f64> {
     })
 }
 
-fn verdict(slow: f64) -> Verdict {
+/// The verdict of a slowdown (positive = slower).
+pub fn verdict(slow: f64) -> Verdict {
     if slow > REGRESSION {
         Verdict::Regression
     } else if slow > INVESTIGATE {
