@@ -6,17 +6,17 @@ use std::sync::mpsc::{Receiver, SyncSender, channel, sync_channel};
 use std::sync::{Arc, OnceLock};
 
 use ferrite_cpu::ThreadPool;
-use ferrite_engine::json_mode::{Chooser, JsonGrammar, JsonSampler, JsonVocab};
-use ferrite_engine::{Sampler, SamplerConfig, raw_logprobs};
 use ferrite_model::{Batch, KvType, LoadOptions, Model, Outputs, Session, check_kv_memory};
 use ferrite_tokenizer::Tokenizer;
 
-use super::prefix::{CacheStats, PrefixCache};
-use super::scheduler::{
+use super::{Engine, EngineBackend, EngineConfig, EngineError};
+use crate::inference::{CALL_AFTER, CALL_BEFORE, GenRequest, OutputFormat};
+use crate::json_mode::{Chooser, JsonGrammar, JsonSampler, JsonVocab};
+use crate::prefix::{CacheStats, PrefixCache};
+use crate::scheduler::{
     BatchEval, Counters, Job, Limits, Picked, Picker, Runtime, Scheduler, Sequence,
 };
-use super::{Engine, EngineBackend, EngineConfig, EngineError};
-use crate::backend::{GenRequest, OutputFormat};
+use crate::{Sampler, SamplerConfig, raw_logprobs};
 
 impl Sequence for Session<'_> {
     fn truncate(&mut self, n: usize) {
@@ -129,11 +129,9 @@ impl Runtime for ModelRuntime<'_> {
             OutputFormat::Text => None,
             OutputFormat::JsonObject => Some(JsonGrammar::any_object()),
             OutputFormat::JsonSchema(s) => Some(JsonGrammar::new(Arc::clone(s))),
-            OutputFormat::ToolCall(s) => Some(JsonGrammar::framed(
-                Arc::clone(s),
-                crate::tool_choice::CALL_BEFORE,
-                crate::tool_choice::CALL_AFTER,
-            )),
+            OutputFormat::ToolCall(s) => {
+                Some(JsonGrammar::framed(Arc::clone(s), CALL_BEFORE, CALL_AFTER))
+            }
         };
         let chooser = match grammar {
             None => Chooser::Free(sampler),

@@ -21,7 +21,7 @@ use std::time::Instant;
 
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::backend::{
+use crate::inference::{
     CacheSource, FinishReason, GenEvent, GenRequest, Timings, TokenLogprob, TopLogprob, Usage,
 };
 use crate::stops::StopScanner;

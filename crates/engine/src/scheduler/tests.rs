@@ -7,7 +7,7 @@ use std::rc::Rc;
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
 use super::*;
-use crate::backend::SamplingParams;
+use crate::inference::SamplingParams;
 
 const V: u32 = 16;
 const EOG: u32 = 15;

@@ -14,9 +14,9 @@ use ferrite_cuda::{CudaBackend, CudaBatch, CudaModel, CudaSession};
 use ferrite_model::Model;
 use ferrite_tokenizer::Tokenizer;
 
-use super::model::{ModelRuntime, Ready};
-use super::scheduler::{BatchEval, Counters, Job, Limits, Scheduler, Sequence};
+use super::cpu::{ModelRuntime, Ready};
 use super::{EngineConfig, EngineError};
+use crate::scheduler::{BatchEval, Counters, Job, Limits, Scheduler, Sequence};
 
 /// A slot's CUDA session and the logits of its last evaluation (the scheduler borrows them).
 struct CudaSeq<'m> {
