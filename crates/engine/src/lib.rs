@@ -24,6 +24,7 @@
 
 #![deny(missing_docs)]
 
+pub mod cuda_timeline;
 mod engine_thread;
 pub mod generate;
 pub mod inference;
@@ -40,6 +41,7 @@ pub mod scheduler;
 pub mod score;
 pub mod stops;
 
+pub use cuda_timeline::{AnySession, CudaTimeline, ScoreSession, sampling_where};
 pub use engine_thread::{Engine, EngineBackend, EngineConfig, EngineError};
 pub use generate::{
     Finish, Flow, GenerateError, Generation, Picker, Timeline, eval_sample, generate,
