@@ -9,16 +9,16 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use ferrite_cuda::CudaSession;
 use ferrite_engine::json_schema::JsonSchema;
 use ferrite_engine::{Finish, Flow, Picker, Sampler, SamplerConfig, Timeline};
 use ferrite_kvstore::{Compat, SnapshotBackend};
 use ferrite_model::{KvType, LoadOptions, Model, Precision, Session};
 use ferrite_tokenizer::{ChatRequest, ChatTemplate, Tokenizer};
 
-use crate::backend::{AnySession, BackendArg, CudaLoaded, CudaTimeline, load_cuda};
+use crate::backend::{BackendArg, CudaLoaded, load_cuda};
 use crate::models::DEFAULT_MODEL;
 use crate::outputs::check_not_an_input;
+use ferrite_engine::{AnySession, CudaTimeline};
 
 mod held;
 
@@ -236,11 +236,7 @@ impl Loaded {
     /// A fresh session on the chosen backend.
     pub fn any_session(&self) -> anyhow::Result<AnySession<'_>> {
         Ok(match &self.cuda {
-            Some(cuda) => AnySession::Cuda(Box::new(CudaTimeline {
-                session: CudaSession::new(&cuda.model, self.ctx)?,
-                ctx: self.ctx,
-                logits: Vec::new(),
-            })),
+            Some(cuda) => AnySession::Cuda(Box::new(CudaTimeline::new(&cuda.model, self.ctx)?)),
             None => AnySession::Cpu(Box::new(self.session()?)),
         })
     }
@@ -255,7 +251,7 @@ impl Loaded {
                 "backend=cuda device=\"{}\" cc={major}.{minor} graphs=on kv=f16 act={act} \
                  sampling={} prefill={prefill}",
                 cuda.info.name,
-                crate::backend::sampling_where()
+                ferrite_engine::sampling_where()
             );
         }
         let kv = self.kv.name();

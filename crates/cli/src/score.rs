@@ -14,8 +14,9 @@ use std::path::PathBuf;
 use anyhow::{Context, bail};
 use ferrite_engine::score::{self, ScoreMode};
 
-use crate::backend::{BackendArg, ScoreSession};
+use crate::backend::BackendArg;
 use crate::run::{Loaded, ModelArgs};
+use ferrite_engine::ScoreSession;
 
 /// Teacher-forcing mode on the command line.
 #[derive(Clone, Copy, clap::ValueEnum)]

@@ -10,8 +10,8 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use ferrite_cuda::CudaBackend;
-use ferrite_server::engine::prefix::PrefixCacheConfig;
-use ferrite_server::engine::{Engine, EngineBackend, EngineConfig};
+use ferrite_engine::prefix::PrefixCacheConfig;
+use ferrite_engine::{Engine, EngineBackend, EngineConfig};
 
 use crate::backend::BackendArg;
 use crate::run::KvArg;

@@ -10,8 +10,10 @@ use ferrite_model::{ModelError, Outputs, Session};
 use crate::json_mode::{Chooser, JsonModeError};
 use crate::sampler::{Candidates, SampleError, Sampled, Sampler, StopReason, raw_logprobs};
 
-/// A timeline that [`generate`] can drive: appends tokens and returns the last one's logits.
-/// Implemented by the CPU [`Session`]; other backends implement it through a wrapper.
+/// One KV timeline, the one trait every front end drives: [`generate`] (`ferrite run`),
+/// the slot scheduler ([`crate::scheduler`]) and scoring wrappers. Appends tokens and
+/// returns logits. Implemented by the CPU [`Session`] and by
+/// [`crate::cuda_timeline::CudaTimeline`]; tests implement it with toy models.
 pub trait Timeline {
     /// Appends `tokens` (at least one) and returns the logits of the last.
     fn eval_last(&mut self, tokens: &[u32]) -> Result<&[f32], GenerateError>;
@@ -19,6 +21,17 @@ pub trait Timeline {
     fn n_past(&self) -> usize;
     /// Capacity in tokens.
     fn ctx(&self) -> usize;
+    /// Drops everything after the first `n` positions.
+    fn truncate(&mut self, n: usize);
+    /// Appends `tokens` and returns the logits after each of them, row after row. The
+    /// default evaluates one token at a time; the CPU session does it in one pass.
+    fn eval_all(&mut self, tokens: &[u32]) -> Result<Vec<f32>, GenerateError> {
+        let mut out = Vec::new();
+        for t in tokens {
+            out.extend_from_slice(self.eval_last(std::slice::from_ref(t))?);
+        }
+        Ok(out)
+    }
     /// Appends `tokens` and picks the next token greedily where the logits are made (a
     /// device backend), following [`Sampler`]'s greedy rule; `None`, without evaluating
     /// anything, when this timeline cannot (the default): the caller then uses
@@ -44,9 +57,7 @@ pub trait Timeline {
     /// [`Timeline::eval_candidates`] were too few for the sampler's cut. Only a timeline
     /// that selects candidates needs it (the default refuses).
     fn last_logits(&mut self) -> Result<&[f32], GenerateError> {
-        Err(GenerateError::Backend(
-            "this timeline keeps no logits row to fetch".into(),
-        ))
+        Err(GenerateError::NoRow)
     }
 }
 
@@ -157,6 +168,14 @@ impl Timeline for Session<'_> {
     fn ctx(&self) -> usize {
         Session::ctx(self)
     }
+
+    fn truncate(&mut self, n: usize) {
+        Session::truncate(self, n);
+    }
+
+    fn eval_all(&mut self, tokens: &[u32]) -> Result<Vec<f32>, GenerateError> {
+        Ok(self.eval(tokens, Outputs::All)?.data.to_vec())
+    }
 }
 
 /// Errors of [`generate`].
@@ -169,12 +188,45 @@ pub enum GenerateError {
     /// Sampling failed (NaN logits, ...).
     #[error(transparent)]
     Sample(#[from] SampleError),
-    /// Another backend's forward pass failed.
-    #[error("{0}")]
-    Backend(String),
+    /// The CUDA backend failed.
+    #[error("CUDA backend: {0}")]
+    Cuda(#[from] ferrite_cuda::CudaError),
     /// Output held to a grammar could not go on.
     #[error(transparent)]
     Held(#[from] JsonModeError),
+    /// An evaluation was asked for no tokens.
+    #[error("no tokens to evaluate")]
+    NoTokens,
+    /// The tokens do not fit the timeline's context.
+    #[error("context full: {cached} cached + {new} new > {ctx}")]
+    ContextFull {
+        /// Tokens already held.
+        cached: usize,
+        /// Tokens to append.
+        new: usize,
+        /// Capacity.
+        ctx: usize,
+    },
+    /// A token id is outside the model's vocabulary.
+    #[error("token {token} outside a vocabulary of {n_vocab}")]
+    TokenOutOfVocab {
+        /// The token id.
+        token: u32,
+        /// Vocabulary size.
+        n_vocab: usize,
+    },
+    /// A batched evaluation got a different number of timelines and inputs.
+    #[error("{timelines} timelines but {inputs} inputs")]
+    BatchShape {
+        /// Timelines given.
+        timelines: usize,
+        /// Inputs given.
+        inputs: usize,
+    },
+    /// A logits row was asked of a timeline that keeps none (it selects no candidates on a
+    /// device, or nothing was evaluated).
+    #[error("this timeline keeps no logits row to fetch")]
+    NoRow,
 }
 
 /// What the callback of [`generate`] wants next.
@@ -284,6 +336,9 @@ mod tests {
         }
         fn ctx(&self) -> usize {
             64
+        }
+        fn truncate(&mut self, n: usize) {
+            let _ = n;
         }
         fn eval_greedy(&mut self, tokens: &[u32]) -> Result<Option<Sampled>, GenerateError> {
             if !self.own_greedy {
@@ -427,6 +482,9 @@ mod tests {
         }
         fn ctx(&self) -> usize {
             64
+        }
+        fn truncate(&mut self, n: usize) {
+            let _ = n;
         }
         fn eval_candidates(
             &mut self,

@@ -1,8 +1,20 @@
-//! ferrite-engine: sampling, the generation loop, and scoring of the forward pass against
-//! reference fixtures.
+//! ferrite-engine: one engine for every front end — sampling, the generation loop, the
+//! slot scheduler, the prefix cache, the engine thread, and scoring of the forward pass
+//! against reference fixtures.
 //!
 //! The sampler works on one logits row at a time and owns its random stream, so a seed and a
 //! configuration always produce the same tokens whatever the forward pass's thread count.
+//!
+//! Front ends talk to the engine through [`inference`]: the [`Backend`] trait (tokenize,
+//! render a chat, submit a [`GenRequest`], read [`GenEvent`]s from a channel whose drop
+//! cancels the work). [`Engine`] implements it on a dedicated thread that owns the model
+//! and one session per slot, driven by the [`scheduler`] (FIFO queue, chunked prefill,
+//! continuous batching, cancellation) with the shared [`prefix`] cache (memory and disk).
+//! The engine never sees HTTP or command-line concerns.
+//!
+//! Deviation from the target architecture (shared/guides/ARCHITECTURE.md): until the CUDA
+//! backend implements the backend contract, this crate depends on `ferrite-cuda` and drives
+//! `CudaSession`/`CudaBatch` directly beside the CPU `Session`/`Batch`.
 //!
 //! ```
 //! use ferrite_engine::{Sampler, SamplerConfig};
@@ -12,19 +24,32 @@
 
 #![deny(missing_docs)]
 
+pub mod cuda_timeline;
+mod engine_thread;
 pub mod generate;
+pub mod inference;
 pub mod json_lex;
 pub mod json_mode;
 pub mod json_schema;
 pub mod json_schema_prefix;
+pub mod prefix;
 pub mod rng;
 pub mod sampler;
 #[cfg(test)]
 mod sampler_equiv;
+pub mod scheduler;
 pub mod score;
+pub mod stops;
 
+pub use cuda_timeline::{AnySession, CudaTimeline, ScoreSession, sampling_where};
+pub use engine_thread::{Engine, EngineBackend, EngineConfig, EngineError};
 pub use generate::{
     Finish, Flow, GenerateError, Generation, Picker, Timeline, eval_sample, generate,
+};
+pub use inference::{
+    Backend, BackendError, CALL_AFTER, CALL_BEFORE, CacheSource, ChatPrompt, EngineStats,
+    FinishReason, GenEvent, GenRequest, OutputFormat, SamplingParams, SubmitError, Timings,
+    TokenLogprob, TopLogprob, Usage,
 };
 pub use sampler::{
     Candidates, SampleError, Sampled, Sampler, SamplerConfig, StopReason, find_stop_string,
@@ -34,3 +59,4 @@ pub use score::{
     CaseScore, LogitsCase, LogitsSource, Perplexity, ScoreError, ScoreMode, ScoreSummary,
     parse_logits_fixture, perplexity, score_case, summarize,
 };
+pub use stops::{Scanned, StopScanner};

@@ -12,12 +12,12 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio_stream::Stream;
 
-use crate::backend::{Backend, ChatPrompt, FinishReason, GenEvent, Usage};
 use crate::error::{ApiError, Flavor};
 use crate::generate::{self, Finished, GenOptions};
 use crate::metrics::RequestLog;
 use crate::parse::{self, Obj, body_object, field, opt_bool, opt_u64};
 use crate::{AppState, tool_choice, tools};
+use ferrite_engine::{Backend, ChatPrompt, FinishReason, GenEvent, Usage};
 
 /// Anthropic tool definitions → OpenAI function tools for the template.
 fn template_tools(obj: &Obj) -> Result<Option<Value>, ApiError> {

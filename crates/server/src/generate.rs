@@ -9,13 +9,13 @@ use ferrite_engine::json_schema::JsonSchema;
 use serde_json::Value;
 use tokio::sync::mpsc::UnboundedReceiver;
 
-use crate::backend::{
-    Backend, FinishReason, GenEvent, GenRequest, OutputFormat, SamplingParams, SubmitError,
-    Timings, TokenLogprob, Usage,
-};
 use crate::error::ApiError;
 use crate::metrics::RequestLog;
 use crate::parse::{Obj, int_value, opt_f32, opt_seed, opt_u64};
+use ferrite_engine::{
+    Backend, FinishReason, GenEvent, GenRequest, OutputFormat, SamplingParams, SubmitError,
+    Timings, TokenLogprob, Usage,
+};
 
 /// Whether `name` refers to the served model.
 pub fn model_matches(backend: &dyn Backend, name: &str) -> bool {

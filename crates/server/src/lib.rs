@@ -1,27 +1,19 @@
 //! ferrite-server: the OpenAI- and Anthropic-compatible HTTP front end.
 //!
-//! Design: the HTTP layer never sees tensors or sessions. It talks to an engine through the
-//! narrow [`Backend`] trait (render and tokenize prompts, submit a [`GenRequest`], read
-//! [`GenEvent`]s from a channel whose drop cancels the work). [`router`] builds the whole
-//! API as an axum `Router` over an [`AppState`], separate from binding a socket, so tests
-//! drive it with `tower::ServiceExt::oneshot`. The real engine ([`engine::Engine`]) runs on
-//! a dedicated thread that owns the model and its slots.
+//! Design: the HTTP layer never sees tensors, sessions or the scheduler. It talks to an
+//! engine only through the narrow [`ferrite_engine::Backend`] trait (render and tokenize
+//! prompts, submit a `GenRequest`, read `GenEvent`s from a channel whose drop cancels the
+//! work). [`router`] builds the whole API as an axum `Router` over an [`AppState`], separate
+//! from binding a socket, so tests drive it with `tower::ServiceExt::oneshot` over a fake
+//! engine. The real engine (`ferrite_engine::Engine`: slot scheduler, prefix cache in memory
+//! and on disk, CPU and CUDA runtimes) lives in `ferrite-engine`; this crate depends on no
+//! model, kernel or cache crate.
 //!
 //! Endpoints: `GET /health` (503 while loading), `GET /v1/models[/{id}]`, `GET /metrics`
 //! (Prometheus text), `POST /v1/chat/completions`, `/v1/completions`, `/v1/responses`
 //! (stateless), `/v1/messages` and `/v1/messages/count_tokens` (Anthropic), `/tokenize`,
 //! `/detokenize`. Errors use each API's own JSON shape; streams are SSE with keep-alive
-//! comments.
-//!
-//! Prefix reuse ([`engine::prefix`]): besides each slot's own KV, a block-hashed cache of
-//! finished sequences shared by all slots (memory, and snapshot files with `--kv-disk-dir`
-//! that survive restarts); responses report `cache_source` and `cached_tokens`.
-//!
-//! Scheduling ([`engine::scheduler`]): up to N slots each keeping its KV cache, a bounded
-//! FIFO queue (429 when full), longest-prefix slot reuse, a shared per-step prefill budget,
-//! and one decode token per active slot per step. Slots are evaluated one after another:
-//! there is no fused multi-sequence forward pass yet, so aggregate decode speed does not
-//! grow with concurrency.
+//! comments. Responses report the engine's `cache_source` and `cached_tokens`.
 //!
 //! ```
 //! use ferrite_server::{AppState, ServerConfig, router};
@@ -33,10 +25,8 @@
 #![deny(missing_docs)]
 
 mod anthropic;
-mod backend;
 mod chat;
 mod cors;
-pub mod engine;
 mod error;
 mod generate;
 #[cfg(test)]
@@ -48,7 +38,6 @@ mod openai;
 mod parse;
 mod responses;
 mod routes;
-mod stops;
 #[cfg(test)]
 mod testing;
 mod tool_choice;
@@ -57,15 +46,11 @@ mod tools;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-pub use backend::{
-    Backend, BackendError, CacheSource, ChatPrompt, EngineStats, FinishReason, GenEvent,
-    GenRequest, OutputFormat, SamplingParams, SubmitError, Timings, TokenLogprob, TopLogprob,
-    Usage,
-};
+use ferrite_engine::Backend;
+
 pub use cors::{Cors, CorsError};
 pub use error::{ApiError, Flavor};
 pub use routes::router;
-pub use stops::{Scanned, StopScanner};
 
 use metrics::{Metrics, RequestIds};
 

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crate::backend::{EngineStats, Timings, Usage};
+use ferrite_engine::{EngineStats, Timings, Usage};
 
 /// Process-wide counters exposed at `/metrics`.
 #[derive(Debug, Default)]
@@ -207,7 +207,7 @@ impl Drop for Entry {
                 .fetch_add(u.completion_tokens as u64, Ordering::Relaxed);
             if u.cached_tokens > 0 {
                 m.cache_hits.fetch_add(1, Ordering::Relaxed);
-                if u.cache_source == crate::CacheSource::Disk {
+                if u.cache_source == ferrite_engine::CacheSource::Disk {
                     m.disk_cache_hits.fetch_add(1, Ordering::Relaxed);
                 }
             }

@@ -14,12 +14,12 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tokio_stream::{Stream, StreamExt, StreamMap};
 
-use crate::backend::{Backend, ChatPrompt, GenEvent, TokenLogprob, Usage};
 use crate::error::{ApiError, Flavor};
 use crate::generate::{self, Finished, GenOptions};
 use crate::metrics::RequestLog;
 use crate::parse::{self, Obj, body_object, field, opt_bool, opt_object, opt_u64};
 use crate::{AppState, tool_choice, tools};
+use ferrite_engine::{Backend, ChatPrompt, GenEvent, TokenLogprob, Usage};
 
 /// Wrap an event stream as an SSE response with keep-alive comments.
 pub fn sse<S>(state: &AppState, events: S) -> Response

@@ -18,12 +18,12 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio_stream::Stream;
 
-use crate::backend::{ChatPrompt, FinishReason, GenEvent, SamplingParams, Usage};
 use crate::error::{ApiError, Flavor};
 use crate::generate::{self, Finished, GenOptions};
 use crate::metrics::RequestLog;
 use crate::parse::{self, body_object, field, opt_bool, opt_u64};
 use crate::{AppState, tools};
+use ferrite_engine::{ChatPrompt, FinishReason, GenEvent, SamplingParams, Usage};
 
 /// Fields echoed in every response object.
 #[derive(Clone)]

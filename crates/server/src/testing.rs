@@ -9,11 +9,11 @@ use std::time::Duration;
 use tokio::sync::Semaphore;
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
-use crate::backend::{
+use ferrite_engine::StopScanner;
+use ferrite_engine::{
     Backend, BackendError, ChatPrompt, EngineStats, FinishReason, GenEvent, GenRequest,
     SubmitError, Timings, TokenLogprob, TopLogprob, Usage,
 };
-use crate::stops::StopScanner;
 
 /// The fake engine.
 pub struct Fake {

@@ -12,14 +12,8 @@ use std::sync::Arc;
 use ferrite_engine::json_schema::JsonSchema;
 use serde_json::{Map, Value, json};
 
-use crate::backend::OutputFormat;
 use crate::error::ApiError;
-
-/// Text before a forced call's JSON object.
-pub const CALL_BEFORE: &str = "<tool_call>\n";
-
-/// Text after a forced call's JSON object.
-pub const CALL_AFTER: &str = "\n</tool_call>";
+use ferrite_engine::OutputFormat;
 
 /// Whether and how the model is to call tools.
 #[derive(Debug, Clone, PartialEq, Eq)]

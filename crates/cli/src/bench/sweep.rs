@@ -15,12 +15,11 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use ferrite_engine::{Sampler, SamplerConfig};
+use ferrite_engine::{AnySession, Sampler, SamplerConfig, Timeline};
 use ferrite_model::{Batch, Logits, PREFILL_CHUNK, Session, check_kv_memory};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use super::receipt::COLUMNS;
-use crate::backend::AnySession;
 use crate::run::Loaded;
 
 /// What to measure.

@@ -6,37 +6,16 @@ use std::sync::mpsc::{Receiver, SyncSender, channel, sync_channel};
 use std::sync::{Arc, OnceLock};
 
 use ferrite_cpu::ThreadPool;
-use ferrite_engine::json_mode::{Chooser, JsonGrammar, JsonSampler, JsonVocab};
-use ferrite_engine::{Sampler, SamplerConfig, raw_logprobs};
-use ferrite_model::{Batch, KvType, LoadOptions, Model, Outputs, Session, check_kv_memory};
+use ferrite_model::{Batch, KvType, LoadOptions, Model, Session, check_kv_memory};
 use ferrite_tokenizer::Tokenizer;
 
-use super::prefix::{CacheStats, PrefixCache};
-use super::scheduler::{
-    BatchEval, Counters, Job, Limits, Picked, Picker, Runtime, Scheduler, Sequence,
-};
 use super::{Engine, EngineBackend, EngineConfig, EngineError};
-use crate::backend::{GenRequest, OutputFormat};
-
-impl Sequence for Session<'_> {
-    fn truncate(&mut self, n: usize) {
-        Session::truncate(self, n);
-    }
-
-    fn eval_last(&mut self, tokens: &[u32]) -> Result<&[f32], String> {
-        let logits = self
-            .eval(tokens, Outputs::Last)
-            .map_err(|e| e.to_string())?;
-        logits
-            .last()
-            .ok_or_else(|| "the model returned no logits".to_string())
-    }
-
-    fn eval_all(&mut self, tokens: &[u32]) -> Result<Vec<f32>, String> {
-        let logits = self.eval(tokens, Outputs::All).map_err(|e| e.to_string())?;
-        Ok(logits.data.to_vec())
-    }
-}
+use crate::generate::GenerateError;
+use crate::inference::{CALL_AFTER, CALL_BEFORE, GenRequest, OutputFormat};
+use crate::json_mode::{Chooser, JsonGrammar, JsonSampler, JsonVocab};
+use crate::prefix::{CacheStats, PrefixCache};
+use crate::scheduler::{BatchEval, Counters, Job, Limits, Picked, RowPicker, Runtime, Scheduler};
+use crate::{Sampler, SamplerConfig, raw_logprobs};
 
 /// Continuous batching over real sessions: every step's slots share one forward pass
 /// through a [`Batch`] made once (bit-identical to stepping them one by one).
@@ -47,8 +26,8 @@ impl<'m> BatchEval<Session<'m>> for SessionBatch {
         &mut self,
         seqs: &mut [&mut Session<'m>],
         inputs: &[&[u32]],
-    ) -> Result<Vec<Vec<f32>>, String> {
-        let logits = self.0.step(seqs, inputs).map_err(|e| e.to_string())?;
+    ) -> Result<Vec<Vec<f32>>, GenerateError> {
+        let logits = self.0.step(seqs, inputs)?;
         Ok((0..logits.n_rows())
             .filter_map(|r| logits.row(r).map(<[f32]>::to_vec))
             .collect())
@@ -64,12 +43,9 @@ struct RequestSampler {
     logprobs: Option<usize>,
 }
 
-impl Picker for RequestSampler {
-    fn pick(&mut self, logits: &[f32], history: &[u32]) -> Result<Picked, String> {
-        let token = self
-            .chooser
-            .next_token(logits, history)
-            .map_err(|e| e.to_string())?;
+impl RowPicker for RequestSampler {
+    fn pick(&mut self, logits: &[f32], history: &[u32]) -> Result<Picked, GenerateError> {
+        let token = self.chooser.next_token(logits, history)?;
         let (logprob, top) = match self.logprobs {
             Some(n) => {
                 let (lp, top) = raw_logprobs(logits, token, n);
@@ -105,7 +81,7 @@ impl<'t> ModelRuntime<'t> {
 }
 
 impl Runtime for ModelRuntime<'_> {
-    fn picker(&self, req: &GenRequest) -> Result<Box<dyn Picker>, String> {
+    fn picker(&self, req: &GenRequest) -> Result<Box<dyn RowPicker>, GenerateError> {
         let p = &req.sampling;
         // top_p = 0 keeps only the best token: the same as greedy.
         let greedy = p.top_p <= 0.0;
@@ -124,16 +100,14 @@ impl Runtime for ModelRuntime<'_> {
             n_logprobs: req.logprobs.unwrap_or(0),
             logit_bias: p.logit_bias.clone(),
         };
-        let sampler = Sampler::new(cfg).map_err(|e| e.to_string())?;
+        let sampler = Sampler::new(cfg)?;
         let grammar = match &p.format {
             OutputFormat::Text => None,
             OutputFormat::JsonObject => Some(JsonGrammar::any_object()),
             OutputFormat::JsonSchema(s) => Some(JsonGrammar::new(Arc::clone(s))),
-            OutputFormat::ToolCall(s) => Some(JsonGrammar::framed(
-                Arc::clone(s),
-                crate::tool_choice::CALL_BEFORE,
-                crate::tool_choice::CALL_AFTER,
-            )),
+            OutputFormat::ToolCall(s) => {
+                Some(JsonGrammar::framed(Arc::clone(s), CALL_BEFORE, CALL_AFTER))
+            }
         };
         let chooser = match grammar {
             None => Chooser::Free(sampler),

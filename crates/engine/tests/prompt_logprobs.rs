@@ -5,9 +5,11 @@
 //! (chunk 8, so the prompt is split) and must agree. Needs SmolLM2 (skipped with a
 //! `skipped:` line when absent; a failure with FERRITE_TEST_MODELS=1).
 
+use ferrite_engine::{
+    Backend, Engine, EngineBackend, EngineConfig, GenEvent, GenRequest, SamplingParams,
+    TokenLogprob,
+};
 use ferrite_model::{KvType, LoadOptions, Model, Outputs, Session};
-use ferrite_server::engine::{Engine, EngineBackend, EngineConfig};
-use ferrite_server::{Backend, GenEvent, GenRequest, SamplingParams, TokenLogprob};
 
 fn score(engine: &Engine, prompt: &[u32]) -> (usize, Vec<TokenLogprob>) {
     let mut rx = engine

@@ -25,8 +25,8 @@ use std::sync::mpsc::{SyncSender, TrySendError, sync_channel};
 use ferrite_kvstore::{Compat, DiskCache, chain_hashes, compat_seed, read_snapshot_tokens};
 use ferrite_model::{Session, SessionState};
 
-use super::scheduler::PrefixStore;
-use crate::backend::CacheSource;
+use crate::inference::CacheSource;
+use crate::scheduler::PrefixStore;
 
 /// Settings of the shared prefix cache.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -7,7 +7,8 @@ use std::rc::Rc;
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
 use super::*;
-use crate::backend::SamplingParams;
+use crate::inference::SamplingParams;
+use crate::sampler::SampleError;
 
 const V: u32 = 16;
 const EOG: u32 = 15;
@@ -19,11 +20,17 @@ struct Toy {
     evals: Rc<RefCell<Vec<usize>>>,
 }
 
-impl Sequence for Toy {
+impl Timeline for Toy {
     fn truncate(&mut self, n: usize) {
         self.kv.truncate(n);
     }
-    fn eval_last(&mut self, tokens: &[u32]) -> Result<&[f32], String> {
+    fn n_past(&self) -> usize {
+        self.kv.len()
+    }
+    fn ctx(&self) -> usize {
+        usize::MAX
+    }
+    fn eval_last(&mut self, tokens: &[u32]) -> Result<&[f32], GenerateError> {
         self.evals.borrow_mut().push(tokens.len());
         self.kv.extend_from_slice(tokens);
         let next = (self.kv.last().copied().unwrap_or(0) + 1) % V;
@@ -33,13 +40,13 @@ impl Sequence for Toy {
 }
 
 struct Greedy;
-impl Picker for Greedy {
-    fn pick(&mut self, logits: &[f32], _history: &[u32]) -> Result<Picked, String> {
+impl RowPicker for Greedy {
+    fn pick(&mut self, logits: &[f32], _history: &[u32]) -> Result<Picked, GenerateError> {
         let (i, _) = logits
             .iter()
             .enumerate()
             .max_by(|a, b| a.1.total_cmp(b.1))
-            .ok_or("no logits")?;
+            .ok_or(SampleError::EmptyLogits)?;
         Ok(Picked {
             token: i as u32,
             logprob: Some(-0.1),
@@ -50,7 +57,7 @@ impl Picker for Greedy {
 
 struct ToyRt;
 impl Runtime for ToyRt {
-    fn picker(&self, _req: &GenRequest) -> Result<Box<dyn Picker>, String> {
+    fn picker(&self, _req: &GenRequest) -> Result<Box<dyn RowPicker>, GenerateError> {
         Ok(Box::new(Greedy))
     }
     fn is_eog(&self, token: u32) -> bool {
@@ -162,10 +169,10 @@ impl BatchEval<Toy> for ToyBatch {
         &mut self,
         seqs: &mut [&mut Toy],
         inputs: &[&[u32]],
-    ) -> Result<Vec<Vec<f32>>, String> {
+    ) -> Result<Vec<Vec<f32>>, GenerateError> {
         self.widths.borrow_mut().push(seqs.len());
         if self.fail {
-            return Err("batched pass failed".into());
+            return Err(GenerateError::NoRow);
         }
         seqs.iter_mut()
             .zip(inputs)
@@ -415,7 +422,7 @@ fn waiting_jobs_are_served_in_order() {
 fn text_tail_holds_incomplete_utf8() {
     struct Bytes;
     impl Runtime for Bytes {
-        fn picker(&self, _req: &GenRequest) -> Result<Box<dyn Picker>, String> {
+        fn picker(&self, _req: &GenRequest) -> Result<Box<dyn RowPicker>, GenerateError> {
             Ok(Box::new(Greedy))
         }
         fn is_eog(&self, _token: u32) -> bool {
@@ -444,11 +451,17 @@ struct SumSeq {
     logits: Vec<f32>,
 }
 
-impl Sequence for SumSeq {
+impl Timeline for SumSeq {
     fn truncate(&mut self, n: usize) {
         self.kv.truncate(n);
     }
-    fn eval_last(&mut self, tokens: &[u32]) -> Result<&[f32], String> {
+    fn n_past(&self) -> usize {
+        self.kv.len()
+    }
+    fn ctx(&self) -> usize {
+        usize::MAX
+    }
+    fn eval_last(&mut self, tokens: &[u32]) -> Result<&[f32], GenerateError> {
         self.kv.extend_from_slice(tokens);
         let next = self.kv.iter().sum::<u32>() % EOG;
         self.logits = (0..V).map(|t| if t == next { 5.0 } else { 0.0 }).collect();

@@ -4,10 +4,8 @@
 //! Sessions borrow the model and the pool, so all three live on the engine thread's stack;
 //! the HTTP side shares only the tokenizer (for tokenize/render) and the occupancy counters.
 
+mod cpu;
 mod cuda;
-mod model;
-pub mod prefix;
-pub mod scheduler;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -18,10 +16,11 @@ use std::time::Instant;
 use ferrite_tokenizer::{ChatRequest, ChatTemplate, Tokenizer};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
-use crate::backend::{
+use crate::inference::{
     Backend, BackendError, ChatPrompt, EngineStats, GenEvent, GenRequest, SubmitError,
 };
-use scheduler::{Counters, Job};
+use crate::prefix;
+use crate::scheduler::{Counters, Job};
 
 /// Where the engine runs the model.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -11,69 +11,31 @@ use std::sync::Arc;
 use std::sync::mpsc::{Receiver, SyncSender};
 
 use ferrite_cuda::{CudaBackend, CudaBatch, CudaModel, CudaSession};
+
 use ferrite_model::Model;
 use ferrite_tokenizer::Tokenizer;
 
-use super::model::{ModelRuntime, Ready};
-use super::scheduler::{BatchEval, Counters, Job, Limits, Scheduler, Sequence};
+use super::cpu::{ModelRuntime, Ready};
 use super::{EngineConfig, EngineError};
-
-/// A slot's CUDA session and the logits of its last evaluation (the scheduler borrows them).
-struct CudaSeq<'m> {
-    session: CudaSession<'m>,
-    ctx: usize,
-    n_vocab: usize,
-    logits: Vec<f32>,
-}
-
-impl CudaSeq<'_> {
-    /// Whether `tokens` fit the session (vocabulary, context), checked before anything
-    /// runs so a failed batched step has advanced no session.
-    fn check(&self, tokens: &[u32]) -> Result<(), String> {
-        if tokens.is_empty() {
-            return Err("no tokens to evaluate".into());
-        }
-        if self.session.n_past() + tokens.len() > self.ctx {
-            return Err(format!(
-                "context full: {} cached + {} new > {}",
-                self.session.n_past(),
-                tokens.len(),
-                self.ctx
-            ));
-        }
-        match tokens.iter().find(|&&t| t as usize >= self.n_vocab) {
-            Some(t) => Err(format!(
-                "token {t} outside a vocabulary of {}",
-                self.n_vocab
-            )),
-            None => Ok(()),
-        }
-    }
-}
-
-impl Sequence for CudaSeq<'_> {
-    fn truncate(&mut self, n: usize) {
-        self.session.truncate(n);
-    }
-
-    fn eval_last(&mut self, tokens: &[u32]) -> Result<&[f32], String> {
-        self.logits = self.session.eval(tokens).map_err(|e| e.to_string())?;
-        Ok(&self.logits)
-    }
-}
+use crate::cuda_timeline::CudaTimeline;
+use crate::generate::GenerateError;
+use crate::scheduler::{BatchEval, Counters, Job, Limits, Scheduler};
 
 /// Continuous batching on the device: the one-token inputs of a step in one
 /// [`CudaBatch::step`], longer inputs (prompt chunks) through each session's prefill.
 struct CudaBatcher<'m>(CudaBatch<'m>);
 
-impl<'m> BatchEval<CudaSeq<'m>> for CudaBatcher<'m> {
+impl<'m> BatchEval<CudaTimeline<'m>> for CudaBatcher<'m> {
     fn eval_many(
         &mut self,
-        seqs: &mut [&mut CudaSeq<'m>],
+        seqs: &mut [&mut CudaTimeline<'m>],
         inputs: &[&[u32]],
-    ) -> Result<Vec<Vec<f32>>, String> {
+    ) -> Result<Vec<Vec<f32>>, GenerateError> {
         if seqs.len() != inputs.len() {
-            return Err("sequences and inputs differ in number".into());
+            return Err(GenerateError::BatchShape {
+                timelines: seqs.len(),
+                inputs: inputs.len(),
+            });
         }
         for (s, input) in seqs.iter().zip(inputs) {
             s.check(input)?;
@@ -89,16 +51,13 @@ impl<'m> BatchEval<CudaSeq<'m>> for CudaBatcher<'m> {
             .filter(|(_, input)| input.len() == 1)
             .map(|(s, _)| &mut s.session)
             .collect();
-        let rows = self
-            .0
-            .step(&mut sessions, &tokens)
-            .map_err(|e| e.to_string())?;
+        let rows = self.0.step(&mut sessions, &tokens)?;
         for (i, row) in singles.into_iter().zip(rows) {
             out[i] = row;
         }
         for (i, (s, input)) in seqs.iter_mut().zip(inputs).enumerate() {
             if input.len() > 1 {
-                out[i] = s.session.eval(input).map_err(|e| e.to_string())?;
+                out[i] = s.session.eval(input)?;
             }
         }
         Ok(out)
@@ -143,16 +102,8 @@ pub(super) fn run(
             )));
         }
     };
-    let n_vocab = cm.config().n_vocab;
-    let seqs: Result<Vec<CudaSeq<'_>>, _> = (0..cfg.parallel)
-        .map(|_| {
-            CudaSession::new(&cm, n_ctx).map(|session| CudaSeq {
-                session,
-                ctx: n_ctx,
-                n_vocab,
-                logits: Vec::new(),
-            })
-        })
+    let seqs: Result<Vec<CudaTimeline<'_>>, _> = (0..cfg.parallel)
+        .map(|_| CudaTimeline::new(&cm, n_ctx))
         .collect();
     let seqs = match seqs {
         Ok(s) => s,

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferrite_engine::json_schema::JsonSchema;
+use crate::json_schema::JsonSchema;
 
 use tokio::sync::mpsc::UnboundedReceiver;
 
@@ -45,10 +45,17 @@ pub enum OutputFormat {
     JsonObject,
     /// A value of this schema, then the end of generation (structured outputs).
     JsonSchema(Arc<JsonSchema>),
-    /// One tool call in Hermes markup whose object is a value of this schema, then the end
-    /// of generation (a tool choice that forces a call, [`crate::tool_choice`]).
+    /// One tool call in Hermes markup ([`CALL_BEFORE`], the object, [`CALL_AFTER`]) whose
+    /// object is a value of this schema, then the end of generation (a tool choice that
+    /// forces a call).
     ToolCall(Arc<JsonSchema>),
 }
+
+/// Text before a forced call's JSON object ([`OutputFormat::ToolCall`]).
+pub const CALL_BEFORE: &str = "<tool_call>\n";
+
+/// Text after a forced call's JSON object ([`OutputFormat::ToolCall`]).
+pub const CALL_AFTER: &str = "\n</tool_call>";
 
 impl Default for SamplingParams {
     fn default() -> Self {

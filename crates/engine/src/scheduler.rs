@@ -1,7 +1,7 @@
 //! The slot scheduler: up to N sequences (slots), a FIFO of waiting jobs, prefix reuse and
 //! chunked prefill, one token per active slot per step.
 //!
-//! It is generic over [`Sequence`] (one KV timeline) and [`Runtime`] (sampling, end-of-
+//! It is generic over [`Timeline`] (one KV timeline) and [`Runtime`] (sampling, end-of-
 //! generation ids, decoding), so its state machine is tested here with a tiny deterministic
 //! model, and the same code drives real sessions.
 //!
@@ -21,27 +21,11 @@ use std::time::Instant;
 
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::backend::{
+use crate::generate::{GenerateError, Timeline};
+use crate::inference::{
     CacheSource, FinishReason, GenEvent, GenRequest, Timings, TokenLogprob, TopLogprob, Usage,
 };
 use crate::stops::StopScanner;
-
-/// One KV timeline.
-pub trait Sequence {
-    /// Drop everything after the first `n` positions.
-    fn truncate(&mut self, n: usize);
-    /// Append `tokens` and return the logits after the last one.
-    fn eval_last(&mut self, tokens: &[u32]) -> Result<&[f32], String>;
-    /// Append `tokens` and return the logits after each of them, row after row. The
-    /// default evaluates one token at a time; real sessions do it in one pass.
-    fn eval_all(&mut self, tokens: &[u32]) -> Result<Vec<f32>, String> {
-        let mut out = Vec::new();
-        for t in tokens {
-            out.extend_from_slice(self.eval_last(std::slice::from_ref(t))?);
-        }
-        Ok(out)
-    }
-}
 
 /// A prefix cache shared by all slots (memory, disk): restores a prompt's longest cached
 /// prefix into a slot's sequence and keeps checkpoints of finished sequences.
@@ -59,12 +43,12 @@ pub trait PrefixStore<S> {
 pub trait BatchEval<S> {
     /// Appends `inputs[i]` to `seqs[i]` for every `i` and returns each one's logits after
     /// its last new token, in order. Must give each sequence the logits it would get from
-    /// [`Sequence::eval_last`] alone.
+    /// [`Timeline::eval_last`] alone.
     fn eval_many(
         &mut self,
         seqs: &mut [&mut S],
         inputs: &[&[u32]],
-    ) -> Result<Vec<Vec<f32>>, String>;
+    ) -> Result<Vec<Vec<f32>>, GenerateError>;
 }
 
 /// One slot's work in a step: its new tokens and whether it scores its prompt.
@@ -93,16 +77,16 @@ pub struct Picked {
     pub top: Vec<(u32, f32)>,
 }
 
-/// A per-request sampler.
-pub trait Picker {
+/// A per-request sampler over a host logits row.
+pub trait RowPicker {
     /// Choose the next token.
-    fn pick(&mut self, logits: &[f32], history: &[u32]) -> Result<Picked, String>;
+    fn pick(&mut self, logits: &[f32], history: &[u32]) -> Result<Picked, GenerateError>;
 }
 
 /// What the scheduler needs from the model besides the sequences.
 pub trait Runtime {
     /// A sampler for a request.
-    fn picker(&self, req: &GenRequest) -> Result<Box<dyn Picker>, String>;
+    fn picker(&self, req: &GenRequest) -> Result<Box<dyn RowPicker>, GenerateError>;
     /// Whether a token ends generation.
     fn is_eog(&self, token: u32) -> bool;
     /// Lossy text of token ids (special tokens hidden).
@@ -184,7 +168,7 @@ impl TextTail {
 
 struct Active {
     job: Job,
-    picker: Box<dyn Picker>,
+    picker: Box<dyn RowPicker>,
     scanner: StopScanner,
     text: TextTail,
     /// Prompt tokens already in the KV.
@@ -258,7 +242,7 @@ pub struct Scheduler<'r, S> {
     batcher: Option<Box<dyn BatchEval<S> + 'r>>,
 }
 
-impl<'r, S: Sequence> Scheduler<'r, S> {
+impl<'r, S: Timeline> Scheduler<'r, S> {
     /// Adds a prefix cache shared by all slots.
     pub fn with_prefix_store(mut self, store: Box<dyn PrefixStore<S> + 'r>) -> Self {
         self.store = Some(store);
@@ -342,8 +326,8 @@ impl<'r, S: Sequence> Scheduler<'r, S> {
     /// Evaluate every planned input: the plain ones together through the batcher when there
     /// is one (falling back to one by one if the batched pass fails, so an error lands on
     /// the slot that caused it), prompt-scoring ones alone.
-    fn evaluate(&mut self, planned: &[Planned]) -> Vec<Result<Evaluated, String>> {
-        let mut out: Vec<Option<Result<Evaluated, String>>> =
+    fn evaluate(&mut self, planned: &[Planned]) -> Vec<Result<Evaluated, GenerateError>> {
+        let mut out: Vec<Option<Result<Evaluated, GenerateError>>> =
             planned.iter().map(|_| None).collect();
         let batchable: Vec<usize> = (0..planned.len())
             .filter(|&k| !planned[k].score_prompt)
@@ -393,7 +377,7 @@ impl<'r, S: Sequence> Scheduler<'r, S> {
             });
         }
         out.into_iter()
-            .map(|r| r.unwrap_or_else(|| Err("slot was not evaluated".into())))
+            .map(|r| r.unwrap_or(Err(GenerateError::NoRow)))
             .collect()
     }
 
@@ -425,7 +409,7 @@ impl<'r, S: Sequence> Scheduler<'r, S> {
                 Ok(p) => p,
                 Err(e) => {
                     self.end_job();
-                    let _ = job.tx.send(GenEvent::Failed(e));
+                    let _ = job.tx.send(GenEvent::Failed(e.to_string()));
                     continue;
                 }
             };
@@ -493,12 +477,12 @@ impl<'r, S: Sequence> Scheduler<'r, S> {
         active
     }
 
-    fn fail(&mut self, i: usize, msg: String) {
+    fn fail(&mut self, i: usize, err: GenerateError) {
         // The KV may be partly written; forget it rather than reuse it.
         self.slots[i].seq.truncate(0);
         self.slots[i].tokens.clear();
         if let Some(a) = self.release(i) {
-            let _ = a.job.tx.send(GenEvent::Failed(msg));
+            let _ = a.job.tx.send(GenEvent::Failed(err.to_string()));
         }
     }
 

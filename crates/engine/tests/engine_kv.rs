@@ -3,8 +3,8 @@
 //! it touches a device (so this runs on machines without one). Needs SmolLM2 (skipped with
 //! a `skipped:` line when absent; a failure with FERRITE_TEST_MODELS=1).
 
+use ferrite_engine::{Engine, EngineBackend, EngineConfig, EngineError};
 use ferrite_model::KvType;
-use ferrite_server::engine::{Engine, EngineBackend, EngineConfig, EngineError};
 
 fn config(path: std::path::PathBuf, backend: EngineBackend, kv: KvType) -> EngineConfig {
     EngineConfig {
