@@ -7,7 +7,7 @@ use ferrite_engine::score::ScoreMode;
 
 use super::fidelity::{Bounds, judged, logits_cases};
 use super::{Env, Outcome, Target};
-use crate::backend::{AnySession, ScoreSession};
+use ferrite_engine::{AnySession, ScoreSession};
 
 /// Item `cuda-fidelity`.
 pub fn fidelity(env: &Env, t: &Target) -> anyhow::Result<Outcome> {
