@@ -76,6 +76,13 @@ pub struct ServeArgs {
     /// KV cache element type of every slot (q8: the CPU backend only).
     #[arg(long, value_enum, default_value = "f16")]
     kv: KvArg,
+    /// A further name clients may give in `model` fields; repeat for several.
+    #[arg(long = "alias", value_name = "NAME")]
+    aliases: Vec<String>,
+    /// How reasoning is marked in the output: auto (from the chat template), none (no
+    /// parsing), think (`<think>…</think>` at the start) or harmony (gpt-oss channels).
+    #[arg(long, default_value = "auto")]
+    reasoning_format: ferrite_engine::output::ReasoningFormat,
 }
 
 /// The engine backend `--backend` asks for: `auto` takes CUDA when the probe finds a device,
@@ -202,6 +209,7 @@ async fn serve(
         api_key,
         max_body_bytes: args.max_body_bytes,
         cors: Cors::parse(&args.cors_origins).context("--cors-origin")?,
+        reasoning_format: args.reasoning_format,
         ..ServerConfig::default()
     });
     let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
@@ -217,9 +225,11 @@ async fn serve(
     let (ctx, parallel, queue, prefill_chunk) =
         (args.ctx, args.parallel, args.queue, args.prefill_chunk);
     let kv = args.kv.into();
+    let extra_aliases = args.aliases.clone();
     let loader = tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
         let path = crate::models::resolve(&model_arg)?;
-        let (model_id, aliases) = model_names(&model_arg, &path);
+        let (model_id, mut aliases) = model_names(&model_arg, &path);
+        aliases.extend(extra_aliases);
         let started = std::time::Instant::now();
         let engine = Engine::start(EngineConfig {
             model_path: path.clone(),

@@ -259,6 +259,8 @@ pub struct ChatPrompt {
     pub messages: Vec<serde_json::Value>,
     /// Tool definitions (OpenAI function format), passed to the template.
     pub tools: Option<serde_json::Value>,
+    /// Further template variables (`enable_thinking`, `reasoning_effort`, …).
+    pub kwargs: serde_json::Map<String, serde_json::Value>,
 }
 
 /// An inference engine as seen by the HTTP layer.

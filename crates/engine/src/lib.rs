@@ -32,6 +32,7 @@ pub mod json_lex;
 pub mod json_mode;
 pub mod json_schema;
 pub mod json_schema_prefix;
+pub mod output;
 pub mod prefix;
 pub mod rng;
 pub mod sampler;

@@ -12,12 +12,15 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio_stream::Stream;
 
+use ferrite_engine::output::{Collected, Event as ParsedEvent, OutputConfig};
+
 use crate::error::{ApiError, Flavor};
 use crate::generate::{self, Finished, GenOptions};
 use crate::metrics::RequestLog;
 use crate::parse::{self, Obj, body_object, field, opt_bool, opt_u64};
+use crate::tool_choice::ToolChoice;
 use crate::{AppState, tool_choice, tools};
-use ferrite_engine::{Backend, ChatPrompt, FinishReason, GenEvent, Usage};
+use ferrite_engine::{Backend, FinishReason, GenEvent, Usage};
 
 /// Anthropic tool definitions → OpenAI function tools for the template.
 fn template_tools(obj: &Obj) -> Result<Option<Value>, ApiError> {
@@ -48,20 +51,61 @@ fn template_tools(obj: &Obj) -> Result<Option<Value>, ApiError> {
     Ok(Some(Value::Array(converted)))
 }
 
-/// A messages-shaped body's prompt, rendered and tokenized, and its tools as the template
-/// got them.
-fn prompt_tokens(backend: &dyn Backend, obj: &Obj) -> Result<(Vec<u32>, Option<Value>), ApiError> {
+/// Anthropic's `thinking` (`{"type": "enabled", "budget_tokens": N}` or `{"type":
+/// "disabled"}`) as the `enable_thinking` template variable reasoning templates read.
+fn thinking_kwargs(obj: &Obj) -> Result<serde_json::Map<String, Value>, ApiError> {
+    let mut kwargs = serde_json::Map::new();
+    let Some(thinking) = parse::opt_object(obj, "thinking")? else {
+        return Ok(kwargs);
+    };
+    let enabled = match parse::opt_str(thinking, "type")? {
+        Some("enabled") => true,
+        Some("disabled") => false,
+        _ => {
+            return Err(ApiError::invalid_param(
+                "thinking.type",
+                "'thinking.type' must be 'enabled' or 'disabled'",
+            ));
+        }
+    };
+    if enabled {
+        opt_u64(thinking, "budget_tokens", 1, u32::MAX as u64)?
+            .ok_or_else(|| ApiError::missing("thinking.budget_tokens"))?;
+    }
+    kwargs.insert("enable_thinking".into(), json!(enabled));
+    Ok(kwargs)
+}
+
+/// A messages-shaped body's prompt, rendered and tokenized, and how to read the output;
+/// `parse_calls` when tool calls are to be parsed (a forced call is Hermes markup).
+fn prompt_tokens(
+    state: &AppState,
+    backend: &dyn Backend,
+    obj: &Obj,
+    choice: &ToolChoice,
+    forced: bool,
+) -> Result<(Vec<u32>, Option<Value>, OutputConfig), ApiError> {
     let messages =
         parse::opt_array(obj, "messages")?.ok_or_else(|| ApiError::missing("messages"))?;
     let messages = crate::chat::anthropic_messages(field(obj, "system"), messages)?;
     let tools = template_tools(obj)?;
-    let rendered = backend
-        .render_chat(&ChatPrompt {
+    let rendered = tools::render(
+        backend,
+        tools::Chat {
             messages,
             tools: tools.clone(),
-        })
-        .map_err(|e| ApiError::bad_request(format!("could not apply the chat template: {e}")))?;
-    Ok((backend.tokenize(&rendered, true, true), tools))
+            kwargs: thinking_kwargs(obj)?,
+            parse_calls: tools.is_some() && choice.allows_calls(),
+            forced,
+            format: state.config().reasoning_format,
+            tools_param: "tools",
+        },
+    )?;
+    Ok((
+        backend.tokenize(&rendered.prompt, true, true),
+        tools,
+        rendered.output,
+    ))
 }
 
 /// POST /v1/messages/count_tokens
@@ -72,8 +116,9 @@ pub async fn count_tokens(
     let result = (|| {
         let obj = body_object(body)?;
         let backend = state.backend()?;
-        generate::check_model(backend.as_ref(), &obj, true)?;
-        let (prompt, _) = prompt_tokens(backend.as_ref(), &obj)?;
+        generate::check_model(backend.as_ref(), &obj)?;
+        let choice = tool_choice::anthropic(field(&obj, "tool_choice"))?;
+        let (prompt, _, _) = prompt_tokens(&state, backend.as_ref(), &obj, &choice, false)?;
         Ok::<_, ApiError>(Json(json!({"input_tokens": prompt.len()})).into_response())
     })();
     result.unwrap_or_else(|e| e.into_response(Flavor::Anthropic))
@@ -107,23 +152,34 @@ fn usage_json(u: Usage) -> Value {
     })
 }
 
-/// `tool_use` blocks of message `msg_id`, with ids unique to it: clients match tool results
+/// The id of tool call `k` of message `msg_id`, unique to it: clients match tool results
 /// to calls by id over a whole conversation, so no later answer may reuse one.
-fn tool_use_blocks(calls: &[Value], msg_id: &str) -> Vec<Value> {
-    let base = msg_id.trim_start_matches("msg_");
-    calls
+fn tool_use_id(msg_id: &str, k: usize) -> String {
+    format!("toolu_{}_{k}", msg_id.trim_start_matches("msg_"))
+}
+
+/// The content blocks of a parsed output: thinking, text (kept when it is all there is),
+/// finished tool calls.
+fn content_blocks(out: &Collected, msg_id: &str) -> Vec<Value> {
+    let mut content = Vec::new();
+    if !out.reasoning.is_empty() {
+        content.push(json!({"type": "thinking", "thinking": out.reasoning, "signature": ""}));
+    }
+    let calls: Vec<Value> = out
+        .calls
         .iter()
         .enumerate()
+        .filter(|(_, c)| c.complete)
         .map(|(k, c)| {
-            let args = c
-                .pointer("/function/arguments")
-                .and_then(Value::as_str)
-                .unwrap_or("{}");
-            json!({"type": "tool_use", "id": format!("toolu_{base}_{k}"),
-                "name": c.pointer("/function/name").cloned().unwrap_or(Value::Null),
-                "input": serde_json::from_str::<Value>(args).unwrap_or(json!({}))})
+            json!({"type": "tool_use", "id": tool_use_id(msg_id, k), "name": c.name,
+                "input": serde_json::from_str::<Value>(&c.arguments).unwrap_or(json!({}))})
         })
-        .collect()
+        .collect();
+    if calls.is_empty() || !out.content.trim().is_empty() {
+        content.push(json!({"type": "text", "text": out.content}));
+    }
+    content.extend(calls);
+    content
 }
 
 async fn message(
@@ -133,15 +189,16 @@ async fn message(
 ) -> Result<Response, ApiError> {
     let obj = body_object(body)?;
     let backend = state.backend()?.clone();
-    let model = generate::check_model(backend.as_ref(), &obj, true)?;
+    let model = generate::check_model(backend.as_ref(), &obj)?;
     let max_tokens = opt_u64(&obj, "max_tokens", 1, u32::MAX as u64)?
         .ok_or_else(|| ApiError::missing("max_tokens"))?;
-    let (prompt, tools) = prompt_tokens(backend.as_ref(), &obj)?;
-    generate::check_prompt(backend.as_ref(), &prompt, "messages")?;
     let choice = tool_choice::anthropic(field(&obj, "tool_choice"))?;
-    let with_tools = tools.is_some() && choice.allows_calls();
-    let offered = tools.as_ref().and_then(Value::as_array);
+    let offered = template_tools(&obj)?;
+    let offered = offered.as_ref().and_then(Value::as_array);
     let forced = tool_choice::forced_call(offered.map_or(&[], Vec::as_slice), &choice)?;
+    let (prompt, _, output) =
+        prompt_tokens(&state, backend.as_ref(), &obj, &choice, forced.is_some())?;
+    generate::check_prompt(backend.as_ref(), &prompt, "messages")?;
     let stop = parse::opt_stops(&obj, "stop_sequences")?;
     let stream = opt_bool(&obj, "stream")?.unwrap_or(false);
     let mut sampling = generate::sampling(&obj, 1.0)?;
@@ -163,28 +220,14 @@ async fn message(
     if stream {
         return Ok(crate::openai::sse(
             &state,
-            message_events(log, rx, id, model, prompt.len(), with_tools),
+            message_events(log, rx, id, model, prompt.len(), output),
         ));
     }
-    let f = generate::collect(rx, &log).await?;
+    let f = generate::collect(rx, &log, Some(output)).await?;
     log.finish();
-    let mut reason = stop_reason(&f);
-    let mut content = Vec::new();
-    let calls = if with_tools {
-        tools::parse_tool_calls(&f.text)
-    } else {
-        None
-    };
-    match calls {
-        Some(parsed) => {
-            if let Some(text) = parsed.content {
-                content.push(json!({"type": "text", "text": text}));
-            }
-            content.extend(tool_use_blocks(&parsed.calls, &id));
-            reason = "tool_use";
-        }
-        None => content.push(json!({"type": "text", "text": f.text})),
-    }
+    let content = content_blocks(&f.out, &id);
+    let called = f.out.complete_calls().next().is_some();
+    let reason = if called { "tool_use" } else { stop_reason(&f) };
     Ok(Json(json!({
         "id": id, "type": "message", "role": "assistant", "model": model,
         "content": content, "stop_reason": reason, "stop_sequence": f.stop_sequence,
@@ -197,20 +240,122 @@ fn named(name: &str, v: Value) -> Event {
     Event::default().event(name).data(v.to_string())
 }
 
-fn text_block_start() -> Event {
+/// The open content block of a stream and its index.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Open {
+    Thinking,
+    Text,
+    Tool(usize),
+}
+
+fn block_start(index: usize, block: Value) -> Event {
     named(
         "content_block_start",
-        json!({"type": "content_block_start", "index": 0,
-            "content_block": {"type": "text", "text": ""}}),
+        json!({"type": "content_block_start", "index": index, "content_block": block}),
     )
 }
 
-fn text_delta(text: &str) -> Event {
+fn block_delta(index: usize, delta: Value) -> Event {
     named(
         "content_block_delta",
-        json!({"type": "content_block_delta", "index": 0,
-            "delta": {"type": "text_delta", "text": text}}),
+        json!({"type": "content_block_delta", "index": index, "delta": delta}),
     )
+}
+
+fn block_stop(index: usize) -> Event {
+    named(
+        "content_block_stop",
+        json!({"type": "content_block_stop", "index": index}),
+    )
+}
+
+/// Content blocks opened as parsed events arrive: a change of kind closes the open block.
+/// Blank text is held while tools may be called: the plain answer drops blank text beside
+/// tool calls, so a reply that is only calls has no text block.
+struct Blocks {
+    msg_id: String,
+    open: Option<Open>,
+    /// Index of the open block, or of the next one.
+    index: usize,
+    held: String,
+}
+
+impl Blocks {
+    fn switch(&mut self, to: Open, block: Value, out: &mut Vec<Event>) {
+        if self.open == Some(to) {
+            return;
+        }
+        if self.open.take().is_some() {
+            out.push(block_stop(self.index));
+            self.index += 1;
+        }
+        out.push(block_start(self.index, block));
+        self.open = Some(to);
+    }
+
+    fn text(&mut self, text: &str, out: &mut Vec<Event>) {
+        if self.open != Some(Open::Text) {
+            self.held.push_str(text);
+            if self.held.trim().is_empty() {
+                return;
+            }
+            self.switch(Open::Text, json!({"type": "text", "text": ""}), out);
+            let held = std::mem::take(&mut self.held);
+            out.push(block_delta(
+                self.index,
+                json!({"type": "text_delta", "text": held}),
+            ));
+            return;
+        }
+        out.push(block_delta(
+            self.index,
+            json!({"type": "text_delta", "text": text}),
+        ));
+    }
+
+    fn event(&mut self, ev: ParsedEvent, out: &mut Vec<Event>) {
+        match ev {
+            ParsedEvent::Reasoning(t) => {
+                self.switch(
+                    Open::Thinking,
+                    json!({"type": "thinking", "thinking": "", "signature": ""}),
+                    out,
+                );
+                out.push(block_delta(
+                    self.index,
+                    json!({"type": "thinking_delta", "thinking": t}),
+                ));
+            }
+            ParsedEvent::Content(t) => self.text(&t, out),
+            ParsedEvent::ToolStart { index, name } => {
+                let block = json!({"type": "tool_use", "id": tool_use_id(&self.msg_id, index),
+                    "name": name, "input": {}});
+                self.switch(Open::Tool(index), block, out);
+            }
+            ParsedEvent::ToolArgs { delta, .. } => out.push(block_delta(
+                self.index,
+                json!({"type": "input_json_delta", "partial_json": delta}),
+            )),
+            ParsedEvent::ToolEnd { .. } => {}
+        }
+    }
+
+    /// Close the stream's blocks; without calls the answer keeps its text, blank or not.
+    fn end(&mut self, called: bool, out: &mut Vec<Event>) {
+        if !called && !self.held.is_empty() || self.open.is_none() && !called {
+            self.switch(Open::Text, json!({"type": "text", "text": ""}), out);
+            let held = std::mem::take(&mut self.held);
+            if !held.is_empty() {
+                out.push(block_delta(
+                    self.index,
+                    json!({"type": "text_delta", "text": held}),
+                ));
+            }
+        }
+        if self.open.take().is_some() {
+            out.push(block_stop(self.index));
+        }
+    }
 }
 
 fn message_events(
@@ -219,17 +364,12 @@ fn message_events(
     id: String,
     model: String,
     prompt_len: usize,
-    with_tools: bool,
+    output: OutputConfig,
 ) -> impl Stream<Item = Event> + Send + 'static {
     async_stream::stream! {
-        let mut state = Finished::default();
-        let mut splitter = tools::StreamSplitter::new(with_tools);
+        let mut state = Finished::parsing(output);
+        let mut blocks = Blocks { msg_id: id.clone(), open: None, index: 0, held: String::new() };
         let mut started = false;
-        // With tools the text block opens only once non-blank text is shown (blank text is
-        // held): the plain answer drops blank text beside tool calls, so a reply that is only
-        // calls has no text block.
-        let mut opened = false;
-        let mut held = String::new();
         while let Some(ev) = rx.recv().await {
             if !started {
                 let cached = match &ev {
@@ -240,10 +380,6 @@ fn message_events(
                 yield named("message_start", json!({"type": "message_start", "message": {
                     "id": id, "type": "message", "role": "assistant", "model": model, "content": [],
                     "stop_reason": null, "stop_sequence": null, "usage": usage_json(usage)}}));
-                if !with_tools {
-                    opened = true;
-                    yield text_block_start();
-                }
                 yield named("ping", json!({"type": "ping"}));
                 started = true;
             }
@@ -252,49 +388,21 @@ fn message_events(
                     yield named("error", e.body(Flavor::Anthropic));
                     return;
                 }
-                Ok((text, last)) => {
-                    let mut text = splitter.push(&text, last);
-                    if !opened {
-                        held.push_str(&text);
-                        text = String::new();
-                        if !held.trim().is_empty() {
-                            opened = true;
-                            yield text_block_start();
-                            text = std::mem::take(&mut held);
-                        }
+                Ok(step) => {
+                    let mut out = Vec::new();
+                    for ev in step.events {
+                        blocks.event(ev, &mut out);
                     }
-                    if !text.is_empty() {
-                        yield text_delta(&text);
+                    if step.last {
+                        let called = state.out.complete_calls().next().is_some();
+                        blocks.end(called, &mut out);
                     }
-                    if last {
-                        let calls = splitter.calls();
-                        if !opened && calls.is_none() {
-                            // Without calls the plain answer keeps its text, blank or not.
-                            opened = true;
-                            yield text_block_start();
-                            if !held.is_empty() {
-                                yield text_delta(&held);
-                            }
-                        }
-                        if opened {
-                            yield named("content_block_stop", json!({"type": "content_block_stop", "index": 0}));
-                        }
-                        let first = usize::from(opened);
-                        let mut reason = stop_reason(&state);
-                        if let Some(calls) = calls {
-                            for (k, block) in tool_use_blocks(&calls, &id).into_iter().enumerate() {
-                                let index = first + k;
-                                let input = block["input"].to_string();
-                                let mut start = block.clone();
-                                start["input"] = json!({});
-                                yield named("content_block_start", json!({"type": "content_block_start",
-                                    "index": index, "content_block": start}));
-                                yield named("content_block_delta", json!({"type": "content_block_delta",
-                                    "index": index, "delta": {"type": "input_json_delta", "partial_json": input}}));
-                                yield named("content_block_stop", json!({"type": "content_block_stop", "index": index}));
-                            }
-                            reason = "tool_use";
-                        }
+                    for e in out {
+                        yield e;
+                    }
+                    if step.last {
+                        let called = state.out.complete_calls().next().is_some();
+                        let reason = if called { "tool_use" } else { stop_reason(&state) };
                         yield named("message_delta", json!({"type": "message_delta",
                             "delta": {"stop_reason": reason, "stop_sequence": state.stop_sequence},
                             "usage": {"output_tokens": state.usage.completion_tokens}}));

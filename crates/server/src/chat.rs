@@ -98,7 +98,7 @@ pub fn openai_messages(msgs: &[Value]) -> Result<Vec<Value>, ApiError> {
             if let Some(calls) = tool_calls {
                 out.insert("tool_calls".into(), template_tool_calls(calls));
             }
-            for key in ["tool_call_id", "name"] {
+            for key in ["tool_call_id", "name", "reasoning_content"] {
                 if let Some(v) = m.get(key).filter(|v| v.is_string()) {
                     out.insert(key.into(), v.clone());
                 }
@@ -200,6 +200,7 @@ fn anthropic_blocks(
     out: &mut Vec<Value>,
 ) -> Result<(), ApiError> {
     let mut texts = Vec::new();
+    let mut thinking = Vec::new();
     let mut calls = Vec::new();
     let mut results = Vec::new();
     for (j, b) in blocks.iter().enumerate() {
@@ -215,6 +216,19 @@ fn anthropic_blocks(
                     ));
                 }
             },
+            // Earlier reasoning goes back to the template as the message's
+            // `reasoning_content`, which reasoning templates render (or drop) as they were
+            // trained to; redacted reasoning is opaque and has nothing to render.
+            "thinking" if role == "assistant" => match b.get("thinking") {
+                Some(Value::String(t)) => thinking.push(t.clone()),
+                _ => {
+                    return Err(ApiError::invalid_param(
+                        &bat,
+                        "a thinking block needs a string 'thinking'",
+                    ));
+                }
+            },
+            "redacted_thinking" if role == "assistant" => {}
             "tool_use" => calls.push(json!({
                 "id": b.get("id").cloned().unwrap_or(Value::Null),
                 "type": "function",
@@ -236,8 +250,11 @@ fn anthropic_blocks(
         }
     }
     out.extend(results);
-    if !texts.is_empty() || !calls.is_empty() {
+    if !texts.is_empty() || !calls.is_empty() || !thinking.is_empty() {
         let mut msg = json!({"role": role, "content": texts.join("\n")});
+        if !thinking.is_empty() {
+            msg["reasoning_content"] = json!(thinking.join("\n"));
+        }
         if !calls.is_empty() {
             msg["tool_calls"] = Value::Array(calls);
         }
@@ -269,7 +286,25 @@ pub fn responses_input(instructions: Option<&str>, input: &Value) -> Result<Vec<
                     ApiError::invalid_param(&at, "each input item must be an object")
                 })?;
                 match m.get("type").and_then(Value::as_str).unwrap_or("message") {
-                    "message" => out.push(responses_message(m, &at)?),
+                    "message" => {
+                        let msg = responses_message(m, &at)?;
+                        // The answer that follows its own reasoning item is one message.
+                        match out.last_mut() {
+                            Some(last)
+                                if msg["role"] == "assistant"
+                                    && last["role"] == "assistant"
+                                    && last["content"] == "" =>
+                            {
+                                last["content"] = msg["content"].clone();
+                            }
+                            _ => out.push(msg),
+                        }
+                    }
+                    "reasoning" => {
+                        let text = reasoning_item_text(m);
+                        out.push(json!({"role": "assistant", "content": "",
+                            "reasoning_content": text}));
+                    }
                     "function_call" => push_function_call(&mut out, m, &at)?,
                     "function_call_output" => {
                         let call_id = required_str(m, "call_id", &at)?;
@@ -296,6 +331,24 @@ pub fn responses_input(instructions: Option<&str>, input: &Value) -> Result<Vec<
         }
     }
     Ok(out)
+}
+
+/// Text of a Responses `reasoning` item: its `reasoning_text` content, else its summary.
+fn reasoning_item_text(m: &Map<String, Value>) -> String {
+    let texts = |key: &str| -> Vec<String> {
+        m.get(key)
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|p| p.get("text").and_then(Value::as_str).map(str::to_string))
+            .collect()
+    };
+    let content = texts("content");
+    if content.is_empty() {
+        texts("summary").join("\n")
+    } else {
+        content.join("\n")
+    }
 }
 
 fn responses_message(m: &Map<String, Value>, at: &str) -> Result<Value, ApiError> {
@@ -421,6 +474,31 @@ mod tests {
         assert!(anthropic_messages(None, &[json!({"role": "system", "content": "x"})]).is_err());
     }
 
+    /// Regression: a `thinking` block in the history was a 400 ("content block type
+    /// 'thinking' is not supported"), found by llama.cpp's server tests.
+    #[test]
+    fn anthropic_thinking_history_becomes_reasoning_content() {
+        let msgs = vec![
+            json!({"role": "user", "content": "hi"}),
+            json!({"role": "assistant", "content": [
+                {"type": "thinking", "thinking": "greet back", "signature": "x"},
+                {"type": "redacted_thinking", "data": "opaque"},
+                {"type": "text", "text": "Hello"}]}),
+        ];
+        let out = anthropic_messages(None, &msgs).unwrap();
+        assert_eq!(
+            out[1],
+            json!({"role": "assistant", "content": "Hello", "reasoning_content": "greet back"})
+        );
+        let bad = vec![json!({"role": "assistant", "content": [{"type": "thinking"}]})];
+        assert!(anthropic_messages(None, &bad).is_err());
+        let asked = vec![json!({"role": "assistant", "content": "a", "reasoning_content": "r"})];
+        assert_eq!(
+            openai_messages(&asked).unwrap()[0]["reasoning_content"],
+            "r"
+        );
+    }
+
     #[test]
     fn responses_input_forms() {
         let out = responses_input(Some("sys"), &json!("hello")).unwrap();
@@ -430,6 +508,17 @@ mod tests {
         assert!(responses_input(None, &json!(5)).is_err());
         assert!(responses_input(None, &json!([{"type": "function_call"}])).is_err());
         assert!(responses_input(None, &json!([{"type": "web_search_call"}])).is_err());
+        let replay = json!([
+            {"role": "user", "content": "hi"},
+            {"type": "reasoning", "id": "rs_1", "summary": [],
+             "content": [{"type": "reasoning_text", "text": "greet"}]},
+            {"role": "assistant", "content": "Hello"},
+        ]);
+        let out = responses_input(None, &replay).unwrap();
+        assert_eq!(
+            out[1],
+            json!({"role": "assistant", "content": "Hello", "reasoning_content": "greet"})
+        );
     }
 
     #[test]

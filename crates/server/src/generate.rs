@@ -6,6 +6,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::http::StatusCode;
 use ferrite_engine::json_schema::JsonSchema;
+use ferrite_engine::output::{Collected, Event, OutputConfig, OutputParser};
 use serde_json::Value;
 use tokio::sync::mpsc::UnboundedReceiver;
 
@@ -22,18 +23,20 @@ pub fn model_matches(backend: &dyn Backend, name: &str) -> bool {
     name == backend.model_id() || backend.aliases().iter().any(|a| a == name)
 }
 
-/// Check the request's `model` field; `required` follows the API's own rule.
-pub fn check_model(backend: &dyn Backend, obj: &Obj, required: bool) -> Result<String, ApiError> {
+/// Check the request's `model` field: absent or null is the served model (there is only
+/// one, as llama-server does it); a name that is not one of its names is OpenAI's 404
+/// `model_not_found`.
+pub fn check_model(backend: &dyn Backend, obj: &Obj) -> Result<String, ApiError> {
     match crate::parse::opt_str(obj, "model")? {
-        None if required => Err(ApiError::missing("model")),
         None => Ok(backend.model_id().to_string()),
         Some(name) if model_matches(backend, name) => Ok(backend.model_id().to_string()),
         Some(name) => Err(ApiError {
             code: Some("model_not_found"),
-            ..ApiError::invalid_param(
-                "model",
+            param: Some("model".to_string()),
+            ..ApiError::new(
+                StatusCode::NOT_FOUND,
                 format!(
-                    "model '{name}' is not served here; this server serves '{}'",
+                    "The model '{name}' does not exist; this server serves '{}'",
                     backend.model_id()
                 ),
             )
@@ -271,6 +274,10 @@ fn submit_error(e: SubmitError) -> ApiError {
 pub struct Finished {
     /// All shown text.
     pub text: String,
+    /// Reasoning, answer and tool calls of the text, when it was parsed.
+    pub out: Collected,
+    /// Tokens that were reasoning.
+    pub reasoning_tokens: usize,
     /// Per-token logprobs (when requested).
     pub logprobs: Vec<TokenLogprob>,
     /// Logprobs of prompt tokens `1..` (when requested).
@@ -285,24 +292,67 @@ pub struct Finished {
     pub usage: Usage,
     /// Timings.
     pub timings: Timings,
+    parser: Option<OutputParser>,
+}
+
+/// What one engine event released.
+#[derive(Debug, Default)]
+pub struct Step {
+    /// Text released (unparsed).
+    pub text: String,
+    /// Parsed events of that text (with a parser).
+    pub events: Vec<Event>,
+    /// It was the last event.
+    pub last: bool,
 }
 
 impl Finished {
-    /// Fold one event in; returns the text it released (for streaming) and whether it was the
-    /// last event. A failure becomes a 500.
-    pub fn apply(&mut self, ev: GenEvent, log: &RequestLog) -> Result<(String, bool), ApiError> {
+    /// A generation whose text is parsed with `config`.
+    pub fn parsing(config: OutputConfig) -> Finished {
+        Finished {
+            parser: Some(OutputParser::new(config)),
+            ..Finished::default()
+        }
+    }
+
+    fn parse(&mut self, text: &str, last: bool) -> Vec<Event> {
+        let Some(parser) = &mut self.parser else {
+            return Vec::new();
+        };
+        let mut events = if text.is_empty() {
+            Vec::new()
+        } else {
+            parser.push(text, false)
+        };
+        if last && let Some(parser) = self.parser.take() {
+            let fin = parser.finish();
+            events.extend(fin.events);
+            self.reasoning_tokens = fin.reasoning_tokens;
+        }
+        self.out.extend(events.iter().cloned());
+        events
+    }
+
+    /// Fold one event in; returns what it released (for streaming). A failure becomes a
+    /// 500.
+    pub fn apply(&mut self, ev: GenEvent, log: &RequestLog) -> Result<Step, ApiError> {
         match ev {
-            GenEvent::Started { .. } => Ok((String::new(), false)),
+            GenEvent::Started { .. } => Ok(Step::default()),
             GenEvent::PromptLogprobs(items) => {
                 self.prompt_logprobs.extend(items);
-                Ok((String::new(), false))
+                Ok(Step::default())
             }
             GenEvent::Token { id, text, logprob } => {
                 log.first_token();
                 self.tokens.push(id);
                 self.text.push_str(&text);
                 self.logprobs.extend(logprob);
-                Ok((text, false))
+                let events = self.parse(&text, false);
+                Ok(Step {
+                    text,
+                    events,
+                    last: false,
+                })
             }
             GenEvent::Done {
                 finish,
@@ -317,21 +367,27 @@ impl Finished {
                 self.usage = usage;
                 self.timings = timings;
                 log.add_usage(usage, timings);
-                Ok((tail, true))
+                let events = self.parse(&tail, true);
+                Ok(Step {
+                    text: tail,
+                    events,
+                    last: true,
+                })
             }
             GenEvent::Failed(msg) => Err(ApiError::internal(&msg)),
         }
     }
 }
 
-/// Read a generation to its end.
+/// Read a generation to its end, parsing its text with `output` when given.
 pub async fn collect(
     mut rx: UnboundedReceiver<GenEvent>,
     log: &RequestLog,
+    output: Option<OutputConfig>,
 ) -> Result<Finished, ApiError> {
-    let mut out = Finished::default();
+    let mut out = output.map_or_else(Finished::default, Finished::parsing);
     while let Some(ev) = rx.recv().await {
-        if out.apply(ev, log)?.1 {
+        if out.apply(ev, log)?.last {
             return Ok(out);
         }
     }
@@ -344,8 +400,10 @@ pub async fn collect(
 pub async fn collect_all(
     rxs: Vec<UnboundedReceiver<GenEvent>>,
     log: &RequestLog,
+    output: Option<OutputConfig>,
 ) -> Result<Vec<Finished>, ApiError> {
-    let all = futures_util::future::join_all(rxs.into_iter().map(|rx| collect(rx, log))).await;
+    let all =
+        futures_util::future::join_all(rxs.into_iter().map(|rx| collect(rx, log, output))).await;
     all.into_iter().collect()
 }
 

@@ -89,7 +89,8 @@ async fn responses_tool_call_streams_function_call_events() {
     let tail: Vec<&str> = names
         .iter()
         .copied()
-        .filter(|n| !n.ends_with("output_text.delta"))
+        // Arguments stream in as many deltas as the model took tokens.
+        .filter(|n| !n.ends_with("output_text.delta") && !n.ends_with("arguments.delta"))
         .collect();
     assert_eq!(
         tail,
@@ -102,7 +103,6 @@ async fn responses_tool_call_streams_function_call_events() {
             "response.content_part.done",
             "response.output_item.done",
             "response.output_item.added",
-            "response.function_call_arguments.delta",
             "response.function_call_arguments.done",
             "response.output_item.done",
             "response.completed",

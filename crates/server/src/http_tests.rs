@@ -327,7 +327,8 @@ async fn anthropic_messages_plain_and_stream() {
     assert_eq!(status, StatusCode::OK);
     let events = sse_events(&text);
     let names: Vec<&str> = events.iter().map(|(n, _)| n.as_deref().unwrap()).collect();
-    let mut expected = vec!["message_start", "content_block_start", "ping"];
+    // Blocks open as the output shows what they hold (thinking, text or a tool call).
+    let mut expected = vec!["message_start", "ping", "content_block_start"];
     expected.extend(std::iter::repeat_n("content_block_delta", 5));
     expected.extend(["content_block_stop", "message_delta", "message_stop"]);
     assert_eq!(names, expected);
@@ -439,11 +440,9 @@ async fn bad_input_is_400_and_server_stays_healthy() {
         ("/v1/chat/completions", chat_body(json!({"temperature": 5})).to_string(), Some("temperature")),
         ("/v1/chat/completions", chat_body(json!({"stream": "yes"})).to_string(), Some("stream")),
         ("/v1/chat/completions", chat_body(json!({"stop": 3})).to_string(), Some("stop")),
-        ("/v1/chat/completions", chat_body(json!({"model": "gpt-4o"})).to_string(), Some("model")),
         ("/v1/chat/completions", chat_body(json!({"messages": []})).to_string(), Some("messages")),
         ("/v1/chat/completions", chat_body(json!({"messages": "hi"})).to_string(), Some("messages")),
         ("/v1/chat/completions", json!({"model": "fake-model"}).to_string(), Some("messages")),
-        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "x"}]}).to_string(), Some("model")),
         ("/v1/chat/completions", chat_body(json!({"messages": [{"role": "user", "content": 5}]})).to_string(), Some("messages[0].content")),
         ("/v1/chat/completions", chat_body(json!({"top_logprobs": 3})).to_string(), Some("top_logprobs")),
         ("/v1/completions", json!({"model": "fake-model"}).to_string(), Some("prompt")),
@@ -477,7 +476,6 @@ async fn bad_input_is_400_and_server_stays_healthy() {
         json!({"model": "fake-model", "max_tokens": 5, "messages": []}),
         json!({"model": "fake-model", "max_tokens": 5, "messages": [{"role": "system", "content": "x"}]}),
         json!({"model": "fake-model", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image"}]}]}),
-        json!({"model": "nope", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}),
         json!({"model": "fake-model", "max_tokens": 1e30, "messages": [{"role": "user", "content": "x"}]}),
     ];
     for body in anthropic_cases {
@@ -760,7 +758,8 @@ async fn tool_calls_are_parsed_when_tools_are_given() {
     assert_eq!(v["choices"][0]["finish_reason"], "tool_calls");
     let call = &v["choices"][0]["message"]["tool_calls"][0];
     assert_eq!(call["function"]["name"], "get_weather");
-    assert_eq!(call["function"]["arguments"], "{\"city\":\"Paris\"}");
+    // The arguments as the model wrote them: the stream's deltas add up to this.
+    assert_eq!(call["function"]["arguments"], "{\"city\": \"Paris\"}");
     let (_, text) = send(
         &app,
         "POST",

@@ -32,6 +32,8 @@ mod generate;
 #[cfg(test)]
 mod http_api_tests;
 #[cfg(test)]
+mod http_reasoning_tests;
+#[cfg(test)]
 mod http_tests;
 mod metrics;
 mod openai;
@@ -67,6 +69,8 @@ pub struct ServerConfig {
     /// Interval of SSE keep-alive comments while a stream has nothing to send (long prefill,
     /// queue wait).
     pub keepalive: Duration,
+    /// How reasoning is marked in chat output (`--reasoning-format`).
+    pub reasoning_format: ferrite_engine::output::ReasoningFormat,
 }
 
 impl Default for ServerConfig {
@@ -76,6 +80,7 @@ impl Default for ServerConfig {
             max_body_bytes: 8 << 20,
             cors: Cors::Off,
             keepalive: Duration::from_secs(10),
+            reasoning_format: ferrite_engine::output::ReasoningFormat::Auto,
         }
     }
 }

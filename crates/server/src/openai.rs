@@ -7,26 +7,28 @@ use axum::Json;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
-use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tokio_stream::{Stream, StreamExt, StreamMap};
 
+use ferrite_engine::output::{Event, OutputConfig};
+
 use crate::error::{ApiError, Flavor};
 use crate::generate::{self, Finished, GenOptions};
 use crate::metrics::RequestLog;
 use crate::parse::{self, Obj, body_object, field, opt_bool, opt_object, opt_u64};
 use crate::{AppState, tool_choice, tools};
-use ferrite_engine::{Backend, ChatPrompt, GenEvent, TokenLogprob, Usage};
+use ferrite_engine::{Backend, GenEvent, TokenLogprob, Usage};
 
 /// Wrap an event stream as an SSE response with keep-alive comments.
 pub fn sse<S>(state: &AppState, events: S) -> Response
 where
-    S: Stream<Item = Event> + Send + 'static,
+    S: Stream<Item = SseEvent> + Send + 'static,
 {
-    Sse::new(events.map(Ok::<Event, Infallible>))
+    Sse::new(events.map(Ok::<SseEvent, Infallible>))
         .keep_alive(KeepAlive::new().interval(state.config().keepalive))
         .into_response()
 }
@@ -143,7 +145,7 @@ async fn chat(
 ) -> Result<Response, ApiError> {
     let obj = body_object(body)?;
     let backend = state.backend()?.clone();
-    let model = generate::check_model(backend.as_ref(), &obj, true)?;
+    let model = generate::check_model(backend.as_ref(), &obj)?;
     let messages =
         parse::opt_array(&obj, "messages")?.ok_or_else(|| ApiError::missing("messages"))?;
     let messages = crate::chat::openai_messages(messages)?;
@@ -171,12 +173,22 @@ async fn chat(
         Some(m) => Some(m),
         None => opt_u64(&obj, "max_tokens", 1, u32::MAX as u64)?,
     };
-    let rendered = backend
-        .render_chat(&ChatPrompt {
+    let offered = tools.as_ref().and_then(Value::as_array);
+    let forced = tool_choice::forced_call(offered.map_or(&[], Vec::as_slice), &choice)?;
+    let rendered = tools::render(
+        backend.as_ref(),
+        tools::Chat {
             messages,
             tools: tools.clone(),
-        })
-        .map_err(|e| ApiError::bad_request(format!("could not apply the chat template: {e}")))?;
+            kwargs: tools::template_kwargs(&obj)?,
+            parse_calls: with_tools,
+            forced: forced.is_some(),
+            format: state.config().reasoning_format,
+            tools_param: "tools",
+        },
+    )?;
+    let output = rendered.output;
+    let rendered = rendered.prompt;
     let prompt = backend.tokenize(&rendered, true, true);
     generate::check_prompt(backend.as_ref(), &prompt, "messages")?;
     let room = generate::room(backend.as_ref(), prompt.len());
@@ -187,8 +199,7 @@ async fn chat(
         room,
         logprobs.then(|| top.unwrap_or(0) as usize),
     )?;
-    let offered = tools.as_ref().and_then(Value::as_array);
-    if let Some(call) = tool_choice::forced_call(offered.map_or(&[], Vec::as_slice), &choice)? {
+    if let Some(call) = forced {
         opts.sampling.format = call;
     }
     let rxs = generate::submit_n(backend.as_ref(), &prompt, &opts, n)?;
@@ -201,20 +212,38 @@ async fn chat(
     if stream {
         return Ok(sse(
             &state,
-            chat_events(log, rxs, meta, usage_chunk, with_tools),
+            chat_events(log, rxs, meta, usage_chunk, output),
         ));
     }
-    let done = generate::collect_all(rxs, &log).await?;
+    let done = generate::collect_all(rxs, &log, Some(output)).await?;
     log.finish();
     let choices: Vec<Value> = done
         .iter()
         .enumerate()
         .map(|(i, f)| {
-            let mut message = json!({"role": "assistant", "content": f.text, "refusal": null});
+            let calls: Vec<Value> = f
+                .out
+                .calls
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| c.complete)
+                .map(|(k, c)| {
+                    json!({"id": call_id(&meta.id, i, k), "type": "function",
+                        "function": {"name": c.name, "arguments": c.arguments}})
+                })
+                .collect();
+            let content = if calls.is_empty() || !f.out.content.trim().is_empty() {
+                json!(f.out.content)
+            } else {
+                Value::Null
+            };
+            let mut message = json!({"role": "assistant", "content": content, "refusal": null});
+            if !f.out.reasoning.is_empty() {
+                message["reasoning_content"] = json!(f.out.reasoning);
+            }
             let mut finish = generate::finish_name(f.finish);
-            if with_tools && let Some(parsed) = tools::parse_tool_calls(&f.text) {
-                message["content"] = parsed.content.map_or(Value::Null, Value::String);
-                message["tool_calls"] = Value::Array(chat_tool_calls(parsed.calls, &meta.id, i));
+            if !calls.is_empty() {
+                message["tool_calls"] = Value::Array(calls);
                 finish = "tool_calls";
             }
             json!({
@@ -234,18 +263,26 @@ async fn chat(
     .into_response())
 }
 
-/// The tool calls of choice `i` with ids unique to this answer: clients match tool results
-/// to calls by id over a whole conversation, so no later answer may reuse one.
-fn chat_tool_calls(calls: Vec<Value>, answer_id: &str, i: usize) -> Vec<Value> {
+/// The id of call `k` of choice `i`, unique to this answer: clients match tool results to
+/// calls by id over a whole conversation, so no later answer may reuse one.
+fn call_id(answer_id: &str, i: usize, k: usize) -> String {
     let base = answer_id.trim_start_matches("chatcmpl-");
-    calls
-        .into_iter()
-        .enumerate()
-        .map(|(k, mut call)| {
-            call["id"] = json!(format!("call_{base}_{i}_{k}"));
-            call
-        })
-        .collect()
+    format!("call_{base}_{i}_{k}")
+}
+
+/// The chat delta of one parsed event of choice `i`; `None` for events with no delta.
+fn chat_delta(ev: &Event, answer_id: &str, i: usize) -> Option<Value> {
+    Some(match ev {
+        Event::Reasoning(t) => json!({"reasoning_content": t}),
+        Event::Content(t) => json!({"content": t}),
+        Event::ToolStart { index, name } => json!({"tool_calls": [{"index": index,
+            "id": call_id(answer_id, i, *index), "type": "function",
+            "function": {"name": name, "arguments": ""}}]}),
+        Event::ToolArgs { index, delta } => {
+            json!({"tool_calls": [{"index": index, "function": {"arguments": delta}}]})
+        }
+        Event::ToolEnd { .. } => return None,
+    })
 }
 
 fn merged(
@@ -258,8 +295,8 @@ fn merged(
     map
 }
 
-fn data(v: &Value) -> Event {
-    Event::default().data(v.to_string())
+fn data(v: &Value) -> SseEvent {
+    SseEvent::default().data(v.to_string())
 }
 
 fn chat_events(
@@ -267,8 +304,8 @@ fn chat_events(
     rxs: Vec<UnboundedReceiver<GenEvent>>,
     meta: Meta,
     usage_chunk: bool,
-    with_tools: bool,
-) -> impl Stream<Item = Event> + Send + 'static {
+    output: OutputConfig,
+) -> impl Stream<Item = SseEvent> + Send + 'static {
     let n = rxs.len();
     async_stream::stream! {
         let chunk = |choices: Value| {
@@ -284,11 +321,10 @@ fn chat_events(
                 "logprobs": null, "finish_reason": null}])));
         }
         let mut map = merged(rxs);
-        let mut states: Vec<Finished> = (0..n).map(|_| Finished::default()).collect();
-        let mut tool_buffers: Vec<tools::StreamSplitter> = (0..n).map(|_| tools::StreamSplitter::new(with_tools)).collect();
+        let mut states: Vec<Finished> = (0..n).map(|_| Finished::parsing(output)).collect();
         let mut done = 0;
         while let Some((i, ev)) = map.next().await {
-            let lp = match &ev {
+            let mut lp = match &ev {
                 GenEvent::Token { logprob: Some(l), .. } => Some(chat_logprob_items(std::slice::from_ref(l))),
                 _ => None,
             };
@@ -297,26 +333,21 @@ fn chat_events(
                     yield data(&e.body(Flavor::OpenAi));
                     return;
                 }
-                Ok((text, last)) => {
-                    let text = tool_buffers[i].push(&text, last);
-                    if !text.is_empty() || lp.is_some() {
-                        let logprobs = lp.map_or(Value::Null, |c| json!({"content": c, "refusal": null}));
-                        yield data(&chunk(json!([{"index": i, "delta": {"content": text},
+                Ok(step) => {
+                    let mut deltas: Vec<Value> = step.events.iter().filter_map(|e| chat_delta(e, &meta.id, i)).collect();
+                    if deltas.is_empty() && lp.is_some() {
+                        deltas.push(json!({"content": ""}));
+                    }
+                    for delta in deltas {
+                        // A token's logprobs go with the first chunk it released.
+                        let logprobs = lp.take().map_or(Value::Null, |c| json!({"content": c, "refusal": null}));
+                        yield data(&chunk(json!([{"index": i, "delta": delta,
                             "logprobs": logprobs, "finish_reason": null}])));
                     }
-                    if last {
+                    if step.last {
                         done += 1;
-                        let mut finish = generate::finish_name(states[i].finish);
-                        if let Some(calls) = tool_buffers[i].calls() {
-                            let named = chat_tool_calls(calls, &meta.id, i);
-                            let indexed: Vec<Value> = named.into_iter().enumerate().map(|(k, mut c)| {
-                                c["index"] = json!(k);
-                                c
-                            }).collect();
-                            yield data(&chunk(json!([{"index": i, "delta": {"tool_calls": indexed},
-                                "logprobs": null, "finish_reason": null}])));
-                            finish = "tool_calls";
-                        }
+                        let called = states[i].out.complete_calls().next().is_some();
+                        let finish = if called { "tool_calls" } else { generate::finish_name(states[i].finish) };
                         yield data(&chunk(json!([{"index": i, "delta": {}, "logprobs": null,
                             "finish_reason": finish}])));
                     }
@@ -333,7 +364,7 @@ fn chat_events(
             yield data(&c);
         }
         log.finish();
-        yield Event::default().data("[DONE]");
+        yield SseEvent::default().data("[DONE]");
     }
 }
 
@@ -480,7 +511,7 @@ async fn completion(
 ) -> Result<Response, ApiError> {
     let obj = body_object(body)?;
     let backend = state.backend()?.clone();
-    let model = generate::check_model(backend.as_ref(), &obj, true)?;
+    let model = generate::check_model(backend.as_ref(), &obj)?;
     let prompts = completion_prompts(&obj, backend.as_ref())?;
     for p in &prompts {
         generate::check_prompt(backend.as_ref(), p, "prompt")?;
@@ -579,7 +610,7 @@ async fn completion(
             ),
         ));
     }
-    let done = generate::collect_all(rxs, &log).await?;
+    let done = generate::collect_all(rxs, &log, None).await?;
     log.finish();
     let choices: Vec<Value> = done
         .iter()
@@ -627,7 +658,7 @@ fn completion_events(
     echo: Echo,
     per_prompt: usize,
     logprobs: bool,
-) -> impl Stream<Item = Event> + Send + 'static {
+) -> impl Stream<Item = SseEvent> + Send + 'static {
     let n = rxs.len();
     let Echo {
         prefixes,
@@ -659,7 +690,8 @@ fn completion_events(
                     yield data(&e.body(Flavor::OpenAi));
                     return;
                 }
-                Ok((text, last)) => {
+                Ok(step) => {
+                    let (text, last) = (step.text, step.last);
                     if let Some(firsts) = &firsts && !prompt_side && echoed[i] {
                         echoed[i] = false;
                         let lp = legacy_logprobs(Some(&firsts[i]), states[i].prompt_logprobs.iter(), 0);
@@ -681,8 +713,7 @@ fn completion_events(
                             None => prefixes[i].len(),
                         };
                         let offset = echoed + text_len(&states[i].logprobs[..before]);
-                        let one = Finished { logprobs: states[i].logprobs[before..].to_vec(), ..Finished::default() };
-                        completion_logprobs(&one, offset)
+                        legacy_logprobs(None, states[i].logprobs[before..].iter(), offset)
                     } else {
                         Value::Null
                     };
@@ -709,6 +740,6 @@ fn completion_events(
                 "model": meta.model, "choices": [], "usage": usage_json(usage)}));
         }
         log.finish();
-        yield Event::default().data("[DONE]");
+        yield SseEvent::default().data("[DONE]");
     }
 }

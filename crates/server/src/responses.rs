@@ -4,8 +4,10 @@
 //!
 //! Function tools: `tools` (`{"type": "function", "name", "description", "parameters"}`)
 //! are rendered through the chat template like chat-completions tools; tool calls the model
-//! writes (Hermes `<tool_call>` blocks) come back as `function_call` output items, and the
-//! client answers them with `function_call_output` input items on the next request.
+//! writes (in its template's syntax) come back as `function_call` output items, streamed
+//! as generated, and the client answers them with `function_call_output` input items on
+//! the next request. Reasoning comes back as a `reasoning` item (streamed as
+//! `response.reasoning_text.delta`) and is counted in `output_tokens_details`.
 
 use axum::Extension;
 use axum::Json;
@@ -18,12 +20,14 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio_stream::Stream;
 
+use ferrite_engine::output::{Collected, Event as ParsedEvent, OutputConfig};
+
 use crate::error::{ApiError, Flavor};
 use crate::generate::{self, Finished, GenOptions};
 use crate::metrics::RequestLog;
 use crate::parse::{self, body_object, field, opt_bool, opt_u64};
 use crate::{AppState, tools};
-use ferrite_engine::{ChatPrompt, FinishReason, GenEvent, SamplingParams, Usage};
+use ferrite_engine::{FinishReason, GenEvent, SamplingParams, Usage};
 
 /// Fields echoed in every response object.
 #[derive(Clone)]
@@ -39,8 +43,6 @@ struct Shape {
     /// Tools as the client sent them (echoed in the response object).
     tools: Value,
     tool_choice: Value,
-    /// Whether tool calls are parsed from the output.
-    with_tools: bool,
     /// The output format object, echoed as `text.format`.
     format: Value,
 }
@@ -50,7 +52,7 @@ impl Shape {
         &self,
         status: &str,
         output: Vec<Value>,
-        usage: Option<Usage>,
+        usage: Option<(Usage, usize)>,
         incomplete: bool,
     ) -> Value {
         json!({
@@ -63,11 +65,11 @@ impl Shape {
             "tool_choice": self.tool_choice, "tools": self.tools,
             "text": {"format": self.format},
             "truncation": "disabled", "metadata": {}, "store": false,
-            "usage": usage.map_or(Value::Null, |u| json!({
+            "usage": usage.map_or(Value::Null, |(u, reasoning)| json!({
                 "input_tokens": u.prompt_tokens,
                 "input_tokens_details": {"cached_tokens": u.cached_tokens},
                 "output_tokens": u.completion_tokens,
-                "output_tokens_details": {"reasoning_tokens": 0},
+                "output_tokens_details": {"reasoning_tokens": reasoning},
                 "total_tokens": u.prompt_tokens + u.completion_tokens,
             })),
         })
@@ -81,27 +83,48 @@ impl Shape {
         json!({"type": "message", "id": self.msg_id, "status": status, "role": "assistant", "content": content})
     }
 
-    /// Output item of tool call `k`; `arguments` is the JSON text of the arguments.
-    fn call_item(&self, k: usize, call: &Value, status: &str, with_arguments: bool) -> Value {
+    /// Output item of tool call `k`.
+    fn call_item(&self, k: usize, name: &str, arguments: &str, status: &str) -> Value {
         let base = self.id.trim_start_matches("resp_");
-        let args = call["function"]["arguments"].as_str().unwrap_or("{}");
         json!({"type": "function_call", "id": format!("fc_{base}_{k}"),
-            "call_id": format!("call_{base}_{k}"), "name": call["function"]["name"],
-            "arguments": if with_arguments { args } else { "" }, "status": status})
+            "call_id": format!("call_{base}_{k}"), "name": name,
+            "arguments": arguments, "status": status})
     }
 
-    /// Finished output items: the message (when there is text or no tool call), with the
-    /// response's `status`, then one `function_call` item per call (always whole: calls are
-    /// only parsed from closed markup).
-    fn output(&self, status: &str, text: Option<&str>, calls: &[Value]) -> Vec<Value> {
-        let mut out = Vec::with_capacity(calls.len() + 1);
-        if text.is_some() || calls.is_empty() {
-            out.push(self.item(status, vec![Shape::part(text.unwrap_or(""))]));
+    fn reasoning_id(&self) -> String {
+        format!("rs_{}", self.id.trim_start_matches("resp_"))
+    }
+
+    /// The reasoning output item.
+    fn reasoning_item(&self, text: &str) -> Value {
+        let content = if text.is_empty() {
+            json!([])
+        } else {
+            json!([{"type": "reasoning_text", "text": text}])
+        };
+        json!({"type": "reasoning", "id": self.reasoning_id(), "summary": [], "content": content})
+    }
+
+    /// Finished output items of a parsed output: reasoning, the message (when there is
+    /// text or no call), with the response's `status`, then one `function_call` item per
+    /// finished call (unfinished calls are no calls).
+    fn output(&self, status: &str, out: &Collected) -> Vec<Value> {
+        let mut items = Vec::new();
+        if !out.reasoning.is_empty() {
+            items.push(self.reasoning_item(&out.reasoning));
         }
-        for (k, c) in calls.iter().enumerate() {
-            out.push(self.call_item(k, c, "completed", true));
+        let calls: Vec<Value> = out
+            .calls
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.complete)
+            .map(|(k, c)| self.call_item(k, &c.name, &c.arguments, "completed"))
+            .collect();
+        if calls.is_empty() || !out.content.trim().is_empty() {
+            items.push(self.item(status, vec![Shape::part(&out.content)]));
         }
-        out
+        items.extend(calls);
+        items
     }
 }
 
@@ -178,7 +201,7 @@ async fn respond(
             "this server is stateless: previous_response_id is not supported; send the whole conversation as input",
         ));
     }
-    let model = generate::check_model(backend.as_ref(), &obj, true)?;
+    let model = generate::check_model(backend.as_ref(), &obj)?;
     let instructions = parse::opt_str(&obj, "instructions")?;
     let input = field(&obj, "input").ok_or_else(|| ApiError::missing("input"))?;
     let messages = crate::chat::responses_input(instructions, input)?;
@@ -192,12 +215,20 @@ async fn respond(
     let forcing = crate::tool_choice::responses(Some(&choice))?;
     let with_tools = !template_tools.is_empty() && forcing.allows_calls();
     let forced = crate::tool_choice::forced_call(&template_tools, &forcing)?;
-    let rendered = backend
-        .render_chat(&ChatPrompt {
+    let rendered = tools::render(
+        backend.as_ref(),
+        tools::Chat {
             messages,
             tools: (!template_tools.is_empty()).then(|| Value::Array(template_tools.clone())),
-        })
-        .map_err(|e| ApiError::bad_request(format!("could not apply the chat template: {e}")))?;
+            kwargs: kwargs(&obj)?,
+            parse_calls: with_tools,
+            forced: forced.is_some(),
+            format: state.config().reasoning_format,
+            tools_param: "tools",
+        },
+    )?;
+    let output = rendered.output;
+    let rendered = rendered.prompt;
     let prompt = backend.tokenize(&rendered, true, true);
     generate::check_prompt(backend.as_ref(), &prompt, "input")?;
     let room = generate::room(backend.as_ref(), prompt.len());
@@ -233,26 +264,42 @@ async fn respond(
         top_p: opts.sampling.top_p,
         tools: Value::Array(client_tools),
         tool_choice: choice,
-        with_tools,
         format: format_echo,
     };
     if stream {
-        return Ok(crate::openai::sse(&state, response_events(log, rx, shape)));
+        return Ok(crate::openai::sse(
+            &state,
+            response_events(log, rx, shape, output),
+        ));
     }
-    let f = generate::collect(rx, &log).await?;
+    let f = generate::collect(rx, &log, Some(output)).await?;
     log.finish();
-    Ok(Json(finished_object(&shape, &f)).into_response())
+    let status = status(&f);
+    let out = shape.output(status, &f.out);
+    Ok(Json(shape.object(
+        status,
+        out,
+        Some((f.usage, f.reasoning_tokens)),
+        status == "incomplete",
+    ))
+    .into_response())
 }
 
-fn finished_object(shape: &Shape, f: &Finished) -> Value {
-    let parsed = shape
-        .with_tools
-        .then(|| tools::parse_tool_calls(&f.text))
-        .flatten();
-    match &parsed {
-        Some(p) => final_object(shape, f, p.content.as_deref(), &p.calls),
-        None => final_object(shape, f, Some(&f.text), &[]),
+/// Template variables: `chat_template_kwargs`, and the Responses `reasoning.effort`.
+fn kwargs(obj: &parse::Obj) -> Result<serde_json::Map<String, Value>, ApiError> {
+    let mut kwargs = tools::template_kwargs(obj)?;
+    if let Some(reasoning) = parse::opt_object(obj, "reasoning")?
+        && let Some(effort) = parse::opt_str(reasoning, "effort")?
+    {
+        if !["low", "medium", "high"].contains(&effort) {
+            return Err(ApiError::invalid_param(
+                "reasoning.effort",
+                format!("'reasoning.effort' must be 'low', 'medium' or 'high', got '{effort}'"),
+            ));
+        }
+        kwargs.insert("reasoning_effort".into(), json!(effort));
     }
+    Ok(kwargs)
 }
 
 /// `incomplete` when the output was cut by `max_output_tokens`, else `completed`: the
@@ -265,16 +312,203 @@ fn status(f: &Finished) -> &'static str {
     }
 }
 
-fn final_object(shape: &Shape, f: &Finished, text: Option<&str>, calls: &[Value]) -> Value {
-    let status = status(f);
-    let output = shape.output(status, text, calls);
-    shape.object(status, output, Some(f.usage), status == "incomplete")
+/// The open output item of a stream.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Open {
+    Reasoning,
+    Message,
+    Call(usize),
+}
+
+/// Output items opened as parsed events arrive; a change of kind finishes the open item.
+/// Blank text is held while tools may be called: a reply that is only calls has no
+/// message item.
+struct Items {
+    shape: Shape,
+    open: Option<Open>,
+    /// Finished items, in order (the final response's output).
+    done: Vec<Value>,
+    /// Text of the open item (reasoning, message text or arguments).
+    text: String,
+    /// Name of the open call.
+    name: String,
+    held: String,
+    called: bool,
+}
+
+type Out = Vec<(&'static str, Value)>;
+
+impl Items {
+    fn index(&self) -> usize {
+        self.done.len()
+    }
+
+    /// Finish the open item; `status` is a message's or a call's.
+    fn close(&mut self, status: &str, out: &mut Out) {
+        let Some(open) = self.open.take() else {
+            return;
+        };
+        let i = self.index();
+        let text = std::mem::take(&mut self.text);
+        let item = match open {
+            Open::Reasoning => {
+                let id = self.shape.reasoning_id();
+                out.push((
+                    "response.reasoning_text.done",
+                    json!({"item_id": id,
+                    "output_index": i, "content_index": 0, "text": text}),
+                ));
+                self.shape.reasoning_item(&text)
+            }
+            Open::Message => {
+                let id = self.shape.msg_id.clone();
+                out.push((
+                    "response.output_text.done",
+                    json!({"item_id": id, "output_index": i,
+                    "content_index": 0, "text": text, "logprobs": []}),
+                ));
+                out.push((
+                    "response.content_part.done",
+                    json!({"item_id": id, "output_index": i,
+                    "content_index": 0, "part": Shape::part(&text)}),
+                ));
+                self.shape.item(status, vec![Shape::part(&text)])
+            }
+            Open::Call(k) => {
+                let item = self.shape.call_item(k, &self.name, &text, status);
+                if status == "completed" {
+                    out.push((
+                        "response.function_call_arguments.done",
+                        json!({"item_id": item["id"],
+                        "output_index": i, "arguments": text}),
+                    ));
+                }
+                item
+            }
+        };
+        out.push((
+            "response.output_item.done",
+            json!({"output_index": i, "item": item}),
+        ));
+        // An unfinished call is announced but never part of the answer.
+        if !matches!(open, Open::Call(_)) || status == "completed" {
+            self.done.push(item);
+        }
+    }
+
+    fn switch(&mut self, to: Open, out: &mut Out) {
+        if self.open == Some(to) {
+            return;
+        }
+        self.close("completed", out);
+        let i = self.index();
+        match to {
+            Open::Reasoning => {
+                let mut item = self.shape.reasoning_item("");
+                item["status"] = json!("in_progress");
+                out.push((
+                    "response.output_item.added",
+                    json!({"output_index": i, "item": item}),
+                ));
+            }
+            Open::Message => {
+                out.push((
+                    "response.output_item.added",
+                    json!({"output_index": i,
+                    "item": self.shape.item("in_progress", vec![])}),
+                ));
+                out.push((
+                    "response.content_part.added",
+                    json!({"item_id": self.shape.msg_id,
+                    "output_index": i, "content_index": 0, "part": Shape::part("")}),
+                ));
+            }
+            Open::Call(k) => {
+                out.push((
+                    "response.output_item.added",
+                    json!({"output_index": i,
+                    "item": self.shape.call_item(k, &self.name, "", "in_progress")}),
+                ));
+            }
+        }
+        self.open = Some(to);
+    }
+
+    fn text_delta(&mut self, text: &str, out: &mut Out) {
+        let delta = if self.open == Some(Open::Message) {
+            text.to_string()
+        } else {
+            self.held.push_str(text);
+            if self.held.trim().is_empty() {
+                return;
+            }
+            self.switch(Open::Message, out);
+            std::mem::take(&mut self.held)
+        };
+        self.text.push_str(&delta);
+        out.push((
+            "response.output_text.delta",
+            json!({"item_id": self.shape.msg_id,
+            "output_index": self.index(), "content_index": 0, "delta": delta, "logprobs": []}),
+        ));
+    }
+
+    fn event(&mut self, ev: ParsedEvent, out: &mut Out) {
+        match ev {
+            ParsedEvent::Reasoning(t) => {
+                self.switch(Open::Reasoning, out);
+                self.text.push_str(&t);
+                out.push((
+                    "response.reasoning_text.delta",
+                    json!({"item_id": self.shape.reasoning_id(),
+                    "output_index": self.index(), "content_index": 0, "delta": t}),
+                ));
+            }
+            ParsedEvent::Content(t) => self.text_delta(&t, out),
+            ParsedEvent::ToolStart { index, name } => {
+                self.close("completed", out);
+                self.name = name;
+                self.switch(Open::Call(index), out);
+            }
+            ParsedEvent::ToolArgs { index, delta } => {
+                self.text.push_str(&delta);
+                let id = self.shape.call_item(index, "", "", "")["id"].clone();
+                out.push((
+                    "response.function_call_arguments.delta",
+                    json!({"item_id": id,
+                    "output_index": self.index(), "delta": delta}),
+                ));
+            }
+            ParsedEvent::ToolEnd { .. } => {
+                self.called = true;
+                self.close("completed", out);
+            }
+        }
+    }
+
+    /// The output ended with `status`: finish the open item (a call still open is
+    /// unfinished); without calls the answer keeps its message, blank or not.
+    fn end(&mut self, status: &str, out: &mut Out) {
+        if !self.called && (!self.held.is_empty() || self.done.is_empty() && self.open.is_none()) {
+            self.switch(Open::Message, out);
+            let held = std::mem::take(&mut self.held);
+            if !held.is_empty() {
+                self.text_delta(&held, out);
+            }
+        }
+        let status = match self.open {
+            Some(Open::Call(_)) => "incomplete",
+            _ => status,
+        };
+        self.close(status, out);
+    }
 }
 
 fn response_events(
     log: RequestLog,
     mut rx: UnboundedReceiver<GenEvent>,
     shape: Shape,
+    output: OutputConfig,
 ) -> impl Stream<Item = Event> + Send + 'static {
     async_stream::stream! {
         let mut seq = 0u64;
@@ -284,77 +518,34 @@ fn response_events(
             seq += 1;
             Event::default().event(kind).data(body.to_string())
         };
-        let msg_opened = |ev: &mut dyn FnMut(&str, Value) -> Event| [
-            ev("response.output_item.added", json!({"output_index": 0, "item": shape.item("in_progress", vec![])})),
-            ev("response.content_part.added", json!({"item_id": shape.msg_id, "output_index": 0,
-                "content_index": 0, "part": Shape::part("")})),
-        ];
         let pending = shape.object("in_progress", vec![], None, false);
         yield ev("response.created", json!({"response": pending}));
         yield ev("response.in_progress", json!({"response": pending}));
-        // With tools the message item opens only once text is shown: a reply that is only
-        // tool calls has no message item.
-        let mut opened = !shape.with_tools;
-        if opened {
-            for e in msg_opened(&mut ev) {
-                yield e;
-            }
-        }
-        let mut splitter = tools::StreamSplitter::new(shape.with_tools);
-        let mut shown = String::new();
-        let mut state = Finished::default();
+        let mut items = Items { shape: shape.clone(), open: None, done: Vec::new(), text: String::new(),
+            name: String::new(), held: String::new(), called: false };
+        let mut state = Finished::parsing(output);
         while let Some(event) = rx.recv().await {
             match state.apply(event, &log) {
                 Err(e) => {
                     yield ev("error", json!({"code": "server_error", "message": e.message, "param": null}));
                     return;
                 }
-                Ok((text, last)) => {
-                    let text = splitter.push(&text, last);
-                    if !text.is_empty() {
-                        if !opened {
-                            opened = true;
-                            for e in msg_opened(&mut ev) {
-                                yield e;
-                            }
-                        }
-                        shown.push_str(&text);
-                        yield ev("response.output_text.delta", json!({"item_id": shape.msg_id, "output_index": 0,
-                            "content_index": 0, "delta": text, "logprobs": []}));
+                Ok(step) => {
+                    let mut out = Vec::new();
+                    for e in step.events {
+                        items.event(e, &mut out);
                     }
-                    if last {
-                        let calls = splitter.calls().unwrap_or_default();
-                        if !opened && calls.is_empty() {
-                            opened = true;
-                            for e in msg_opened(&mut ev) {
-                                yield e;
-                            }
-                        }
-                        if opened {
-                            yield ev("response.output_text.done", json!({"item_id": shape.msg_id, "output_index": 0,
-                                "content_index": 0, "text": shown, "logprobs": []}));
-                            yield ev("response.content_part.done", json!({"item_id": shape.msg_id, "output_index": 0,
-                                "content_index": 0, "part": Shape::part(&shown)}));
-                            yield ev("response.output_item.done", json!({"output_index": 0,
-                                "item": shape.item(status(&state), vec![Shape::part(&shown)])}));
-                        }
-                        let first = usize::from(opened);
-                        for (k, call) in calls.iter().enumerate() {
-                            let index = first + k;
-                            let item_id = shape.call_item(k, call, "in_progress", false)["id"].clone();
-                            let args = call["function"]["arguments"].as_str().unwrap_or("{}");
-                            yield ev("response.output_item.added", json!({"output_index": index,
-                                "item": shape.call_item(k, call, "in_progress", false)}));
-                            yield ev("response.function_call_arguments.delta", json!({"item_id": item_id,
-                                "output_index": index, "delta": args}));
-                            yield ev("response.function_call_arguments.done", json!({"item_id": item_id,
-                                "output_index": index, "arguments": args}));
-                            yield ev("response.output_item.done", json!({"output_index": index,
-                                "item": shape.call_item(k, call, "completed", true)}));
-                        }
-                        let text = opened.then_some(shown.as_str());
-                        let done = final_object(&shape, &state, text, &calls);
-                        let kind = if done["status"] == "completed" { "response.completed" } else { "response.incomplete" };
+                    if step.last {
+                        items.end(status(&state), &mut out);
+                    }
+                    for (kind, body) in out {
+                        yield ev(kind, body);
+                    }
+                    if step.last {
+                        let status = status(&state);
+                        let done = shape.object(status, std::mem::take(&mut items.done),
+                            Some((state.usage, state.reasoning_tokens)), status == "incomplete");
+                        let kind = if status == "completed" { "response.completed" } else { "response.incomplete" };
                         log.finish();
                         yield ev(kind, json!({"response": done}));
                         return;

@@ -27,6 +27,8 @@ pub struct Fake {
     pub dead: std::sync::atomic::AtomicBool,
     /// Prompt of the latest submitted request.
     pub last_prompt: std::sync::Mutex<Vec<u32>>,
+    /// Render like a template without tool support (tools do not change the prompt).
+    pub drops_tools: bool,
     live: Arc<AtomicUsize>,
     running: Arc<AtomicUsize>,
     permits: Arc<Semaphore>,
@@ -48,6 +50,7 @@ impl Fake {
             submitted: AtomicUsize::new(0),
             dead: std::sync::atomic::AtomicBool::new(false),
             last_prompt: std::sync::Mutex::new(Vec::new()),
+            drops_tools: false,
             live: Arc::new(AtomicUsize::new(0)),
             running: Arc::new(AtomicUsize::new(0)),
             permits: Arc::new(Semaphore::new(slots)),
@@ -104,10 +107,19 @@ impl Backend for Fake {
             if let Some(id) = m["tool_call_id"].as_str() {
                 out.push_str(&format!(" [answers {id}]"));
             }
+            if let Some(r) = m["reasoning_content"].as_str() {
+                out.push_str(&format!(" [reasoned {r}]"));
+            }
             out.push('\n');
         }
-        if chat.tools.is_some() {
+        if chat.tools.is_some() && !self.drops_tools {
             out.push_str("tools: yes\n");
+        }
+        if !chat.kwargs.is_empty() {
+            out.push_str(&format!(
+                "kwargs: {}\n",
+                serde_json::Value::Object(chat.kwargs.clone())
+            ));
         }
         out.push_str("assistant: ");
         Ok(out)

@@ -1,148 +1,95 @@
-//! Tool calls in Hermes format: the model writes `<tool_call>{"name": …, "arguments": …}
-//! </tool_call>` blocks, which become OpenAI `tool_calls` (arguments as a JSON string).
+//! Reasoning and tool calls of one chat output, as the APIs need them: rendering the prompt
+//! (refusing tools the template would drop) and choosing what to parse out of the output
+//! (`--reasoning-format`, the tool syntax the template teaches). The parsing itself is
+//! `ferrite_engine::output`, shared with `ferrite run`; this file must never parse text.
 
-use serde_json::{Value, json};
+use ferrite_engine::output::{OutputConfig, ReasoningFormat, ToolSyntax};
+use serde_json::{Map, Value};
 
-const OPEN: &str = "<tool_call>";
-const CLOSE: &str = "</tool_call>";
+use crate::error::ApiError;
+use ferrite_engine::{Backend, ChatPrompt};
 
-/// Text with its tool calls taken out.
-#[derive(Debug, PartialEq)]
-pub struct Parsed {
-    /// Text outside the tool-call blocks, if any.
-    pub content: Option<String>,
-    /// OpenAI-shaped tool calls, without ids: each API names them under its answer's id.
-    pub calls: Vec<Value>,
+/// A rendered chat prompt and how to read the model's output.
+#[derive(Debug)]
+pub struct Rendered {
+    /// The prompt text.
+    pub prompt: String,
+    /// What to parse out of the output.
+    pub output: OutputConfig,
 }
 
-/// Parse every complete `<tool_call>` block; `None` when there is none that parses.
-pub fn parse_tool_calls(text: &str) -> Option<Parsed> {
-    let mut calls = Vec::new();
-    let mut content = String::new();
-    let mut rest = text;
-    while let Some(start) = rest.find(OPEN) {
-        content.push_str(&rest[..start]);
-        let after = &rest[start + OPEN.len()..];
-        let (body, next) = match after.find(CLOSE) {
-            Some(end) => (&after[..end], &after[end + CLOSE.len()..]),
-            None => (after, ""),
-        };
-        let call: Value = serde_json::from_str(body.trim()).ok()?;
-        let name = call.get("name")?.as_str()?;
-        let args = call.get("arguments").cloned().unwrap_or(json!({}));
-        let args = match args {
-            Value::String(s) => s,
-            other => other.to_string(),
-        };
-        calls.push(json!({
-            "type": "function",
-            "function": {"name": name, "arguments": args},
-        }));
-        rest = next;
+/// What a request asks of the template and the output parser.
+pub struct Chat<'a> {
+    /// Template messages.
+    pub messages: Vec<Value>,
+    /// Tools for the template, when offered.
+    pub tools: Option<Value>,
+    /// Template variables (`chat_template_kwargs`, `reasoning_effort`, thinking).
+    pub kwargs: Map<String, Value>,
+    /// Whether tool calls are parsed out of the output.
+    pub parse_calls: bool,
+    /// A forced call is written in Hermes markup by the grammar, whatever the template.
+    pub forced: bool,
+    /// The server's `--reasoning-format`.
+    pub format: ReasoningFormat,
+    /// Request field that carried the tools (named in the refusal).
+    pub tools_param: &'a str,
+}
+
+fn render_error(e: impl std::fmt::Display) -> ApiError {
+    ApiError::bad_request(format!("could not apply the chat template: {e}"))
+}
+
+/// Render the chat. Tools the template renders no differently from no tools would never
+/// reach the model, so they are refused (400) rather than dropped.
+pub fn render(backend: &dyn Backend, chat: Chat<'_>) -> Result<Rendered, ApiError> {
+    let has_tools = chat.tools.is_some();
+    let mut prompt = ChatPrompt {
+        messages: chat.messages,
+        tools: chat.tools,
+        kwargs: chat.kwargs,
+    };
+    let text = backend.render_chat(&prompt).map_err(render_error)?;
+    if has_tools {
+        prompt.tools = None;
+        let bare = backend.render_chat(&prompt).map_err(render_error)?;
+        if bare == text {
+            return Err(ApiError::invalid_param(
+                chat.tools_param,
+                "this model's chat template does not render tools, so the model would never \
+                 see them; send the request without tools",
+            ));
+        }
     }
-    content.push_str(rest);
-    if calls.is_empty() {
-        return None;
-    }
-    let content = content.trim();
-    Some(Parsed {
-        content: (!content.is_empty()).then(|| content.to_string()),
-        calls,
+    let syntax = chat.parse_calls.then(|| {
+        if chat.forced {
+            ToolSyntax::Hermes
+        } else {
+            // Hermes markup is the default of templates that show tools without markers.
+            ToolSyntax::detect(&text).unwrap_or(ToolSyntax::Hermes)
+        }
+    });
+    let output = OutputConfig::for_prompt(chat.format, &text, &text, syntax);
+    Ok(Rendered {
+        prompt: text,
+        output,
     })
 }
 
-/// Streaming side: passes text through until a `<tool_call>` may begin, then holds the rest
-/// to parse it at the end.
-#[derive(Debug)]
-pub struct StreamSplitter {
-    enabled: bool,
-    seen: String,
-    emitted: usize,
-    calls: Option<Vec<Value>>,
-}
-
-impl StreamSplitter {
-    /// A splitter; disabled ones pass everything through.
-    pub fn new(enabled: bool) -> StreamSplitter {
-        StreamSplitter {
-            enabled,
-            seen: String::new(),
-            emitted: 0,
-            calls: None,
+/// `chat_template_kwargs` (an object of template variables, as vLLM and llama-server take
+/// it) and OpenAI's `reasoning_effort` (the variable gpt-oss templates read).
+pub fn template_kwargs(obj: &crate::parse::Obj) -> Result<Map<String, Value>, ApiError> {
+    let mut kwargs = crate::parse::opt_object(obj, "chat_template_kwargs")?
+        .cloned()
+        .unwrap_or_default();
+    if let Some(effort) = crate::parse::opt_str(obj, "reasoning_effort")? {
+        if !["low", "medium", "high"].contains(&effort) {
+            return Err(ApiError::invalid_param(
+                "reasoning_effort",
+                format!("'reasoning_effort' must be 'low', 'medium' or 'high', got '{effort}'"),
+            ));
         }
+        kwargs.insert("reasoning_effort".into(), Value::String(effort.into()));
     }
-
-    /// Add text; returns what may be shown now. On the last push, held text that did not
-    /// parse as tool calls is released.
-    pub fn push(&mut self, text: &str, last: bool) -> String {
-        if !self.enabled {
-            return text.to_string();
-        }
-        self.seen.push_str(text);
-        let limit = if last {
-            match parse_tool_calls(&self.seen[self.emitted..]) {
-                Some(parsed) => {
-                    self.calls = Some(parsed.calls);
-                    self.seen
-                        .find(OPEN)
-                        .unwrap_or(self.seen.len())
-                        .max(self.emitted)
-                }
-                None => self.seen.len(),
-            }
-        } else if let Some(at) = self.seen.find(OPEN) {
-            at.max(self.emitted)
-        } else {
-            let mut keep = 0;
-            for len in (1..OPEN.len()).rev() {
-                if self.seen.len() >= len
-                    && self.seen.is_char_boundary(self.seen.len() - len)
-                    && OPEN.starts_with(&self.seen[self.seen.len() - len..])
-                {
-                    keep = len;
-                    break;
-                }
-            }
-            self.seen.len() - keep
-        };
-        let out = self.seen[self.emitted..limit].to_string();
-        self.emitted = limit;
-        out
-    }
-
-    /// Tool calls found at the end, if any.
-    pub fn calls(&mut self) -> Option<Vec<Value>> {
-        self.calls.take()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn parses_hermes_blocks() {
-        let text = "ok <tool_call>\n{\"name\": \"get\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
-        let p = parse_tool_calls(text).unwrap();
-        assert_eq!(p.content.as_deref(), Some("ok"));
-        assert_eq!(p.calls[0]["function"]["name"], "get");
-        assert_eq!(p.calls[0]["function"]["arguments"], "{\"city\":\"Paris\"}");
-        assert!(parse_tool_calls("plain text").is_none());
-        assert!(parse_tool_calls("<tool_call>not json</tool_call>").is_none());
-    }
-
-    #[test]
-    fn splitter_holds_tool_calls_back() {
-        let mut s = StreamSplitter::new(true);
-        let mut shown = s.push("Hi <tool", false);
-        shown += &s.push("_call>{\"name\":\"f\",\"arguments\":{}}", false);
-        shown += &s.push("</tool_call>", true);
-        assert_eq!(shown, "Hi ");
-        assert_eq!(s.calls().unwrap().len(), 1);
-        let mut plain = StreamSplitter::new(true);
-        let mut shown = plain.push("a <tool", false);
-        shown += &plain.push("box", true);
-        assert_eq!(shown, "a <toolbox");
-        assert!(plain.calls().is_none());
-    }
+    Ok(kwargs)
 }

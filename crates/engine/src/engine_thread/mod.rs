@@ -164,6 +164,7 @@ impl Backend for Engine {
                 messages: chat.messages.clone(),
                 add_generation_prompt: true,
                 tools: chat.tools.clone(),
+                extra: chat.kwargs.clone(),
                 ..ChatRequest::default()
             })
             .map_err(|e| BackendError(e.to_string()))
