@@ -342,7 +342,7 @@ impl Blocks {
 
     /// Close the stream's blocks; without calls the answer keeps its text, blank or not.
     fn end(&mut self, called: bool, out: &mut Vec<Event>) {
-        if !called && !self.held.is_empty() || self.open.is_none() && !called {
+        if !called && (!self.held.is_empty() || self.open.is_none()) {
             self.switch(Open::Text, json!({"type": "text", "text": ""}), out);
             let held = std::mem::take(&mut self.held);
             if !held.is_empty() {
