@@ -44,6 +44,7 @@ mod positions;
 pub mod reference;
 mod session;
 mod snapshot;
+mod weights_check;
 
 #[cfg(test)]
 mod fixture_tests;
@@ -59,3 +60,4 @@ pub use memory::{check_kv_memory, physical_memory};
 pub use model::{LoadOptions, Model, Precision};
 pub use session::{Logits, Outputs, PREFILL_CHUNK, Session};
 pub use snapshot::SessionState;
+pub use weights_check::check_weights;
