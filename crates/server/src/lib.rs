@@ -64,7 +64,7 @@ pub use backend::{
 };
 pub use cors::{Cors, CorsError};
 pub use error::{ApiError, Flavor};
-pub use routes::router;
+pub use routes::{route_table, router};
 pub use stops::{Scanned, StopScanner};
 
 use metrics::{Metrics, RequestIds};
