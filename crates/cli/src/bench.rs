@@ -113,6 +113,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<i32> {
         precision: args.model.precision,
         kv: args.model.kv,
         backend: args.model.backend,
+        check_weights: args.model.check_weights,
     };
     let loaded = Loaded::load(&model_args)?;
     let path = crate::models::resolve(&args.model.model)?;

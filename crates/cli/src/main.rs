@@ -13,6 +13,8 @@ mod models;
 mod outputs;
 mod pull;
 mod quantize;
+#[cfg(test)]
+mod readme_check;
 mod run;
 mod score;
 mod serve;

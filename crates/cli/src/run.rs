@@ -5,7 +5,7 @@
 //! `ferrite-model`, sampling in `ferrite-engine`.
 
 use std::io::{BufRead, IsTerminal, Read, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
@@ -67,6 +67,18 @@ pub fn check_cuda_kv(kv: KvType) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The full weight scan of `--check-weights` (run, score, bench, serve), saying on stderr that
+/// it ran and what it covered.
+pub fn check_weights(g: &ferrite_gguf::Gguf, path: &Path) -> anyhow::Result<()> {
+    ferrite_model::check_weights(g).with_context(|| format!("checking {}", path.display()))?;
+    eprintln!(
+        "checked weights: all {} tensors of {} are finite",
+        g.tensors().len(),
+        path.display()
+    );
+    Ok(())
+}
+
 /// Options shared by every command that loads a model and generates.
 #[derive(clap::Args)]
 pub struct ModelArgs {
@@ -88,6 +100,10 @@ pub struct ModelArgs {
     /// Compute backend.
     #[arg(long, value_enum, default_value = "auto")]
     pub backend: BackendArg,
+    /// Scan every value of every weight for NaN and infinity at load, naming the first bad
+    /// tensor (a pass over the whole file; norms and block scales are always checked).
+    #[arg(long)]
+    pub check_weights: bool,
 }
 
 /// Arguments of `ferrite run`.
@@ -195,6 +211,9 @@ impl Loaded {
         };
         let model = Model::load(&path, LoadOptions { precision })
             .with_context(|| format!("loading {}", path.display()))?;
+        if args.check_weights {
+            check_weights(model.gguf(), &path)?;
+        }
         let tokenizer = Tokenizer::from_gguf(model.gguf())
             .with_context(|| format!("building the tokenizer of {}", path.display()))?;
         let pool = match args.threads {
@@ -296,7 +315,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         args.json_schema.as_deref(),
         args.json_schema_file.as_deref(),
     )?;
-    let loaded = Loaded::load(&args.model)?;
+    let mut loaded = Loaded::load(&args.model)?;
+    // Positions past the model's training context are not a context it was made for; the
+    // request is clamped as `serve` clamps it (the metadata check keeps this at least 2).
+    loaded.ctx = loaded.ctx.min(loaded.model.config().ctx_train);
     for (flag, output) in [
         ("--dump-logprobs", &args.dump_logprobs),
         ("--save-session", &args.save_session),

@@ -5,8 +5,11 @@
 //! printed to stderr as `listening on http://ADDR` (with `--port 0` that is how clients
 //! learn the port).
 
+mod listener;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use ferrite_cuda::CudaBackend;
@@ -51,6 +54,21 @@ pub struct ServeArgs {
     /// repeat for several, or `*` for any. None by default.
     #[arg(long = "cors-origin", value_name = "ORIGIN")]
     cors_origins: Vec<String>,
+    /// Seconds a request's headers may take to arrive, counted from the connection being
+    /// ready for the request (accepted, or its previous response sent); slower clients are
+    /// disconnected.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    header_timeout_secs: u64,
+    /// Seconds a connection may stay silent while none of its requests is being handled
+    /// before it is closed (a request being answered is never idle).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    idle_timeout_secs: u64,
+    /// Seconds a request's body may take to arrive, counted from its headers.
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    body_timeout_secs: u64,
+    /// Connections served at once; further clients wait to be accepted until one closes.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=65_536))]
+    max_connections: u64,
     /// Largest accepted request body in bytes; larger ones get 413.
     #[arg(long, default_value_t = 8 << 20)]
     max_body_bytes: usize,
@@ -83,6 +101,11 @@ pub struct ServeArgs {
     /// parsing), think (`<think>…</think>` at the start) or harmony (gpt-oss channels).
     #[arg(long, default_value = "auto")]
     reasoning_format: ferrite_engine::output::ReasoningFormat,
+    /// Scan every value of every weight for NaN and infinity before serving, naming the
+    /// first bad tensor (a pass over the whole file; norms and block scales are always
+    /// checked).
+    #[arg(long)]
+    check_weights: bool,
 }
 
 /// The engine backend `--backend` asks for: `auto` takes CUDA when the probe finds a device,
@@ -226,8 +249,14 @@ async fn serve(
         (args.ctx, args.parallel, args.queue, args.prefill_chunk);
     let kv = args.kv.into();
     let extra_aliases = args.aliases.clone();
+    let check_weights = args.check_weights;
     let loader = tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
         let path = crate::models::resolve(&model_arg)?;
+        if check_weights {
+            let g = ferrite_gguf::Gguf::open(&path)
+                .with_context(|| format!("opening {}", path.display()))?;
+            crate::run::check_weights(&g, &path)?;
+        }
         let (model_id, mut aliases) = model_names(&model_arg, &path);
         aliases.extend(extra_aliases);
         let started = std::time::Instant::now();
@@ -254,17 +283,25 @@ async fn serve(
         load_state.set_backend(Arc::new(engine));
         Ok(())
     });
-    let server = axum::serve(listener, router(state)).with_graceful_shutdown(shutdown_signal());
-    let server = tokio::spawn(async move { server.await });
+    let limits = listener::Limits {
+        header: Duration::from_secs(args.header_timeout_secs),
+        idle: Duration::from_secs(args.idle_timeout_secs),
+        body: Duration::from_secs(args.body_timeout_secs),
+        // At most 65,536 (the flag's range), so this fits every usize.
+        max_connections: args.max_connections as usize,
+    };
+    let server = tokio::spawn(listener::serve(
+        listener,
+        router(state),
+        limits,
+        shutdown_signal(),
+    ));
     match loader.await {
         Ok(Ok(())) => {}
         Ok(Err(e)) => return Err(e.context("loading the model")),
         Err(e) => anyhow::bail!("the model loader failed: {e}"),
     }
-    server
-        .await
-        .context("the server task failed")?
-        .context("serving HTTP")?;
+    server.await.context("the server task failed")?;
     eprintln!("shut down");
     Ok(0)
 }

@@ -4,8 +4,11 @@
 //! Several servers may share a directory. Files appear only by rename, so a reader sees a
 //! complete file or none; a file deleted by another server while being read stays readable
 //! through the open handle (POSIX). "Used" is the file's modification time, refreshed on
-//! every restore. Temporary files of killed writers are removed once they are an hour old
-//! (a younger one may belong to a live writer).
+//! every restore. Temporary files name their writer's pid: those of writers that are gone
+//! are removed when the cache is opened, those of live writers count against the budget
+//! (they become entries on rename). Whether a pid is alive is read from `/proc`, so servers
+//! sharing a directory must share a pid namespace; where `/proc` is absent, or the pid is
+//! alive but the file is an hour old (the pid was reused), the age decides.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
@@ -19,8 +22,60 @@ use crate::format::{Compat, Snapshot};
 /// File extension of cache entries.
 pub const SNAPSHOT_EXT: &str = "kvsnap";
 
-/// Age after which a temporary file is taken to be left over by a killed writer.
+/// Age after which a temporary file is taken to be left over by a killed writer even when
+/// its pid answers (pids are reused) or liveness cannot be read.
 const STALE_PARTIAL: Duration = Duration::from_secs(3600);
+
+/// The writer's pid in a temporary file's name (`.<key>.kvsnap.<pid>.<n>.partial`, see
+/// `file::temp_path`), or `None` when the name is not one of ours.
+fn partial_writer(name: &str) -> Option<u32> {
+    let stem = name.strip_prefix('.')?.strip_suffix(PARTIAL_SUFFIX)?;
+    let mut parts = stem.rsplitn(3, '.');
+    let _n: u64 = parts.next()?.parse().ok()?;
+    let pid = parts.next()?.parse().ok()?;
+    parts
+        .next()
+        .filter(|entry| entry.ends_with(SNAPSHOT_EXT))
+        .map(|_| pid)
+}
+
+/// Whether process `pid` exists, where the system says (`/proc`); `None` elsewhere.
+fn process_alive(pid: u32) -> Option<bool> {
+    Path::new("/proc/self")
+        .exists()
+        .then(|| Path::new("/proc").join(pid.to_string()).exists())
+}
+
+/// A temporary file of the directory and whether its writer may still be writing it.
+struct Partial {
+    path: PathBuf,
+    len: u64,
+    live: bool,
+}
+
+/// The temporary files of `dir`; a file of a dead writer, or an hour old, is not live.
+fn partials(dir: &Path) -> std::io::Result<Vec<Partial>> {
+    let now = SystemTime::now();
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir)?.flatten() {
+        let name = e.file_name();
+        let Some(pid) = partial_writer(&name.to_string_lossy()) else {
+            continue;
+        };
+        // Renamed or removed by its writer between listing and stat.
+        let Ok(meta) = e.metadata() else { continue };
+        let old = meta
+            .modified()
+            .is_ok_and(|t| now.duration_since(t).unwrap_or_default() > STALE_PARTIAL);
+        let live = !old && process_alive(pid) != Some(false);
+        out.push(Partial {
+            path: e.path(),
+            len: meta.len(),
+            live,
+        });
+    }
+    Ok(out)
+}
 
 fn mix(mut z: u64) -> u64 {
     // splitmix64's finalizer: every input bit affects every output bit.
@@ -88,20 +143,13 @@ pub struct DiskCache {
 }
 
 impl DiskCache {
-    /// Opens (creating) `dir` with a budget of `budget` bytes and removes temporary files
-    /// left by writers that were killed long ago.
+    /// Opens (creating) `dir` with a budget of `budget` bytes and removes the temporary
+    /// files of writers that are gone (killed mid-write).
     pub fn open(dir: &Path, budget: u64) -> std::io::Result<DiskCache> {
         std::fs::create_dir_all(dir)?;
-        let now = SystemTime::now();
-        for e in std::fs::read_dir(dir)?.flatten() {
-            let name = e.file_name();
-            let stale = e
-                .metadata()
-                .and_then(|m| m.modified())
-                .is_ok_and(|t| now.duration_since(t).unwrap_or_default() > STALE_PARTIAL);
-            if name.to_string_lossy().ends_with(PARTIAL_SUFFIX) && stale {
-                let _ = std::fs::remove_file(e.path());
-            }
+        for p in partials(dir)?.into_iter().filter(|p| !p.live) {
+            // Already gone (its writer finished or another server cleaned it) is fine.
+            let _ = std::fs::remove_file(&p.path);
         }
         Ok(DiskCache {
             dir: dir.to_path_buf(),
@@ -191,11 +239,17 @@ impl DiskCache {
         }
     }
 
-    /// Deletes least-recently-used entries, never `keep`, until the total size fits the
-    /// budget. Returns the deleted paths.
+    /// Deletes least-recently-used entries, never `keep`, until the total size, with the
+    /// temporary files of live writers (they are entries soon), fits the budget. Returns the
+    /// deleted paths.
     pub fn evict(&self, keep: &Path) -> std::io::Result<Vec<PathBuf>> {
         let mut entries = self.entries()?;
-        let mut total: u64 = entries.iter().map(|e| e.len).sum();
+        let writing: u64 = partials(&self.dir)?
+            .iter()
+            .filter(|p| p.live)
+            .map(|p| p.len)
+            .sum();
+        let mut total: u64 = entries.iter().map(|e| e.len).sum::<u64>() + writing;
         entries.sort_by_key(|e| e.used);
         let mut removed = Vec::new();
         for e in entries {
@@ -329,17 +383,74 @@ mod tests {
         assert!(cache.path_for(1).is_file());
     }
 
+    /// A pid that belonged to a process which has exited (and been reaped).
+    fn dead_pid() -> u32 {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        pid
+    }
+
+    fn partial(dir: &Path, key: &str, pid: u32) -> PathBuf {
+        let p = dir.join(format!(".{key}.{SNAPSHOT_EXT}.{pid}.0{PARTIAL_SUFFIX}"));
+        std::fs::write(&p, b"half").unwrap();
+        p
+    }
+
+    /// Regression (issue 35): temporary files of SIGKILLed servers stayed for an hour and
+    /// repeated crashes pushed the directory past its budget.
     #[test]
-    fn partial_files_are_never_listed_and_old_ones_are_cleaned() {
+    fn partials_of_dead_writers_are_removed_at_open_and_live_ones_kept() {
         let dir = tempfile::tempdir().unwrap();
-        let fresh = dir.path().join(format!(".a.kvsnap.1.0{PARTIAL_SUFFIX}"));
-        let old = dir.path().join(format!(".b.kvsnap.1.1{PARTIAL_SUFFIX}"));
-        std::fs::write(&fresh, b"half").unwrap();
-        std::fs::write(&old, b"half").unwrap();
-        set_used(&old, 7200);
+        let dead = partial(dir.path(), "00000000000000aa", dead_pid());
+        let live = partial(dir.path(), "00000000000000bb", std::process::id());
+        let reused = partial(dir.path(), "00000000000000cc", std::process::id());
+        set_used(&reused, 7200);
+        let foreign = dir.path().join(".notes.partial");
+        std::fs::write(&foreign, b"not ours").unwrap();
         let cache = DiskCache::open(dir.path(), 1 << 20).unwrap();
-        assert!(cache.entries().unwrap().is_empty());
-        assert!(fresh.exists(), "may belong to a live writer");
-        assert!(!old.exists());
+        assert!(
+            cache.entries().unwrap().is_empty(),
+            "partials are never listed"
+        );
+        assert!(!dead.exists(), "its writer is gone");
+        assert!(live.exists(), "its writer (this process) is alive");
+        assert!(!reused.exists(), "an hour old: the pid was reused");
+        assert!(foreign.exists(), "a name that is not ours is left alone");
+    }
+
+    #[test]
+    fn partial_names_give_their_writer() {
+        let key = "00000000000000aa.kvsnap";
+        assert_eq!(partial_writer(&format!(".{key}.42.7.partial")), Some(42));
+        for bad in [
+            format!("{key}.42.7.partial"),
+            format!(".{key}.x.7.partial"),
+            format!(".{key}.42.partial"),
+            ".other.42.7.partial".to_string(),
+            format!(".{key}.42.7"),
+        ] {
+            assert_eq!(partial_writer(&bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn live_partials_count_against_the_budget() {
+        let dir = tempfile::tempdir().unwrap();
+        let (c, s) = sample(8, KvType::F32, false);
+        let one = write_snapshot(&dir.path().join("probe"), &c, &s, &[]).unwrap();
+        std::fs::remove_file(dir.path().join("probe")).unwrap();
+        let cache = DiskCache::open(dir.path(), 3 * one + one / 2).unwrap();
+        // Another writer of this process, as large as an entry, is busy.
+        let writing = partial(dir.path(), "00000000000000ff", std::process::id());
+        std::fs::write(&writing, vec![0u8; one as usize]).unwrap();
+        for key in 0..3 {
+            cache.put(key, &c, &s, &[]).unwrap();
+            set_used(&cache.path_for(key), 100 - key * 10);
+        }
+        let total: u64 = cache.entries().unwrap().iter().map(|e| e.len).sum();
+        assert!(total + one <= cache.budget(), "{total} + {one}");
+        assert_eq!(cache.entries().unwrap().len(), 2);
+        assert!(writing.exists());
     }
 }

@@ -141,6 +141,55 @@ fn check_token_count(g: &Gguf, n_vocab: usize) -> Result<(), ModelError> {
     }
 }
 
+/// Fewest positions a usable context has: a prompt token and the one it predicts.
+const MIN_CONTEXT: usize = 2;
+
+/// Checks the keys that restate the vocabulary and context against what the file holds:
+/// `ARCH.vocab_size` (when present) is the embedding's row count, `ARCH.context_length`
+/// holds at least [`MIN_CONTEXT`] positions, and every special token id
+/// (`tokenizer.ggml.*_token_id`) names a row of the embedding. Each of these loaded and made
+/// text before (issue 35); a model with a padding id past its vocabulary would hand that id
+/// to the embedding.
+fn check_vocab_and_context(
+    g: &Gguf,
+    arch: &str,
+    n_vocab: usize,
+    ctx_train: usize,
+) -> Result<(), ModelError> {
+    let vocab_key = format!("{arch}.vocab_size");
+    if g.get(&vocab_key).is_some() {
+        let v = usize_key(g, &vocab_key)?;
+        if v != n_vocab {
+            return Err(bad(
+                &vocab_key,
+                &format!("{v}, but token_embd.weight has {n_vocab} rows"),
+            ));
+        }
+    }
+    if ctx_train < MIN_CONTEXT {
+        return Err(bad(
+            &format!("{arch}.context_length"),
+            &format!("{ctx_train} positions cannot hold a prompt and a next token"),
+        ));
+    }
+    for (key, value) in g.metadata() {
+        if !(key.starts_with("tokenizer.ggml.") && key.ends_with("_token_id")) {
+            continue;
+        }
+        match value.as_integer() {
+            Some(id) if (0..n_vocab as i128).contains(&id) => {}
+            Some(id) => {
+                return Err(bad(
+                    key,
+                    &format!("token id {id} is outside the vocabulary of {n_vocab}"),
+                ));
+            }
+            None => return Err(bad(key, "is not an integer")),
+        }
+    }
+    Ok(())
+}
+
 impl ModelConfig {
     /// Reads the configuration of `g`. A missing key is reported by name.
     pub fn from_gguf(g: &Gguf) -> Result<ModelConfig, ModelError> {
@@ -257,6 +306,7 @@ impl ModelConfig {
             }
         };
         check_token_count(g, n_vocab)?;
+        check_vocab_and_context(g, a, n_vocab, ctx_train)?;
         let cfg = match arch {
             Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe => {
                 let windows = features::sliding_windows(g, a, n_layer)?;
@@ -581,6 +631,36 @@ mod tests {
         }
         let c = cfg_with("llama", vec![(key.into(), tokens(crate::testutil::VOCAB))]).unwrap();
         assert_eq!(c.n_vocab, crate::testutil::VOCAB);
+    }
+
+    /// Regression (issue 35): a vocabulary size, context length or special token id that
+    /// contradicts the file loaded and produced text.
+    #[test]
+    fn rejects_vocab_context_and_token_ids_that_contradict_the_file() {
+        let vocab = crate::testutil::VOCAB as u32;
+        for (key, value) in [
+            ("llama.vocab_size", Value::U32(0)),
+            ("llama.vocab_size", Value::U32(vocab + 1)),
+            ("llama.context_length", Value::U32(0)),
+            ("llama.context_length", Value::U32(1)),
+            ("tokenizer.ggml.padding_token_id", Value::U32(1 << 31)),
+            ("tokenizer.ggml.padding_token_id", Value::U32(vocab)),
+            ("tokenizer.ggml.eos_token_id", Value::I32(-1)),
+            ("tokenizer.ggml.bos_token_id", Value::String("1".into())),
+        ] {
+            let err = cfg_with("llama", vec![(key.into(), value.clone())]).unwrap_err();
+            assert!(
+                matches!(&err, ModelError::BadMetadata { key: k, .. } if k == key),
+                "{key} = {value:?}: {err}"
+            );
+        }
+        for (key, value) in [
+            ("llama.vocab_size", Value::U32(vocab)),
+            ("llama.context_length", Value::U32(2)),
+            ("tokenizer.ggml.padding_token_id", Value::U32(vocab - 1)),
+        ] {
+            cfg_with("llama", vec![(key.into(), value)]).unwrap();
+        }
     }
 
     #[test]

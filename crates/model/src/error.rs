@@ -44,6 +44,26 @@ pub enum ModelError {
         /// Dims in GGUF order as the configuration requires.
         expected: Vec<u64>,
     },
+    /// A tensor has a type that no GGUF writer gives it (1-D tensors are F32).
+    #[error("tensor {name} has type {got}, expected {expected}")]
+    TensorType {
+        /// Tensor name.
+        name: String,
+        /// Its type as found.
+        got: ferrite_gguf::GgmlType,
+        /// The type it must have.
+        expected: ferrite_gguf::GgmlType,
+    },
+    /// A weight (or a block scale) is NaN or infinite.
+    #[error("tensor {name} holds a non-finite value ({value}) at element {index}")]
+    NonFiniteWeight {
+        /// Tensor name.
+        name: String,
+        /// Index of the value (for a block scale: of its block's first value).
+        index: u64,
+        /// The value.
+        value: f32,
+    },
     /// Dequantizing a tensor failed (unsupported type or bad data).
     #[error("dequantizing {name}: {source}")]
     Quant {

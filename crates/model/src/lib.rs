@@ -41,6 +41,7 @@ mod moe;
 pub mod reference;
 mod session;
 mod snapshot;
+mod weights_check;
 
 #[cfg(test)]
 mod fixture_tests;
@@ -57,3 +58,4 @@ pub use memory::{check_kv_memory, physical_memory};
 pub use model::{LoadOptions, Model, Precision};
 pub use session::{Logits, Outputs, PREFILL_CHUNK, Session};
 pub use snapshot::SessionState;
+pub use weights_check::check_weights;

@@ -295,6 +295,7 @@ impl Model {
             });
         }
         check_all_tensors_used(g, c)?;
+        crate::weights_check::check_at_load(g)?;
         Ok(Model {
             gguf,
             config,

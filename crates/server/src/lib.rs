@@ -52,7 +52,7 @@ use ferrite_engine::Backend;
 
 pub use cors::{Cors, CorsError};
 pub use error::{ApiError, Flavor};
-pub use routes::router;
+pub use routes::{route_table, router};
 
 use metrics::{Metrics, RequestIds};
 

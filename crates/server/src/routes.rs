@@ -9,7 +9,7 @@ use axum::extract::{DefaultBodyLimit, Path, Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::MethodRouter;
 use serde_json::{Value, json};
 
 use crate::error::{ApiError, Flavor};
@@ -17,21 +17,43 @@ use crate::metrics::RequestLog;
 use crate::parse::{body_object, field, opt_bool, opt_str};
 use crate::{AppState, anthropic, openai, responses};
 
+/// Declares the API's routes once: [`route_table`] lists them (the README's endpoint table
+/// is checked against it) and [`router`] registers them, so the two cannot differ.
+macro_rules! routes {
+    ($($method:ident $path:literal => $handler:expr,)*) => {
+        fn routes() -> Vec<(&'static str, MethodRouter<AppState>)> {
+            vec![$(($path, axum::routing::$method($handler)),)*]
+        }
+
+        /// Method and path of every route of [`router`], in registration order.
+        pub fn route_table() -> Vec<(&'static str, &'static str)> {
+            vec![$((stringify!($method), $path),)*]
+        }
+    };
+}
+
+routes! {
+    get "/health" => health,
+    get "/v1/models" => models,
+    get "/v1/models/{*id}" => model,
+    get "/metrics" => metrics,
+    post "/v1/chat/completions" => openai::chat_completions,
+    post "/v1/completions" => openai::completions,
+    post "/v1/messages" => anthropic::messages,
+    post "/v1/messages/count_tokens" => anthropic::count_tokens,
+    post "/v1/responses" => responses::responses,
+    post "/tokenize" => tokenize,
+    post "/detokenize" => detokenize,
+}
+
 /// The whole HTTP API over `state`.
 pub fn router(state: AppState) -> Router {
     let limit = state.config().max_body_bytes;
-    let api = Router::new()
-        .route("/health", get(health))
-        .route("/v1/models", get(models))
-        .route("/v1/models/{*id}", get(model))
-        .route("/metrics", get(metrics))
-        .route("/v1/chat/completions", post(openai::chat_completions))
-        .route("/v1/completions", post(openai::completions))
-        .route("/v1/messages", post(anthropic::messages))
-        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
-        .route("/v1/responses", post(responses::responses))
-        .route("/tokenize", post(tokenize))
-        .route("/detokenize", post(detokenize))
+    let api = routes()
+        .into_iter()
+        .fold(Router::new(), |api, (path, handler)| {
+            api.route(path, handler)
+        })
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))

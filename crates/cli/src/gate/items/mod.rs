@@ -250,6 +250,7 @@ impl Target {
             precision,
             kv,
             backend,
+            check_weights: false,
         };
         let loaded = Loaded::load(&args)?;
         env.note_backend(loaded.backend_line());
