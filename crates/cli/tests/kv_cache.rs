@@ -204,10 +204,21 @@ fn killed_writer_leaves_no_file_that_is_used() {
             f.display()
         );
     }
-    // What a writer killed mid-file leaves (a temporary file), and a truncated snapshot
-    // under a real name (as if copied by a careless tool): neither may be used.
-    let partial = dir.path().join(".00000000deadbeef.kvsnap.99999.0.partial");
+    // What a writer killed mid-file leaves (a temporary file named with its pid), what a
+    // live writer is writing, and a truncated snapshot under a real name (as if copied by a
+    // careless tool): none may be used; the dead writer's file goes, the live one's stays.
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let dead_pid = child.id();
+    child.wait().unwrap();
+    let partial = dir
+        .path()
+        .join(format!(".00000000deadbeef.kvsnap.{dead_pid}.0.partial"));
     std::fs::write(&partial, b"FRKVSNAP half-written").unwrap();
+    let live = dir.path().join(format!(
+        ".00000000feedface.kvsnap.{}.0.partial",
+        std::process::id()
+    ));
+    std::fs::write(&live, b"FRKVSNAP being written").unwrap();
     let truncated = dir.path().join("00000000deadbeef.kvsnap");
     std::fs::write(&truncated, b"FRKVSNAP\x01\x00\x00\x00").unwrap();
     let server = start(Some(dir.path()), &[]);
@@ -219,9 +230,10 @@ fn killed_writer_leaves_no_file_that_is_used() {
         "the truncated snapshot was not removed"
     );
     assert!(
-        partial.exists(),
-        "a young temporary file may belong to a live writer"
+        !partial.exists(),
+        "a dead writer's temporary file was not removed"
     );
+    assert!(live.exists(), "a live writer's temporary file was removed");
     assert!(
         server.log().contains("kv-cache: skipping"),
         "{}",

@@ -280,23 +280,27 @@ fn a_chat_holds_every_reply_to_the_schema() {
 }
 
 /// Regression: a `--ctx` whose KV cache exceeds the machine's memory failed with "invalid
-/// argument: cannot allocate the KV cache", naming neither the flag nor the sizes.
+/// argument: cannot allocate the KV cache", naming neither the flag nor the sizes. `run`
+/// clamps `--ctx` to the model's training context (as `serve` does), so the check is driven
+/// through `score --text`, which sizes its session by `--ctx` as asked.
 #[test]
 fn a_context_beyond_memory_is_refused_naming_ctx_and_sizes() {
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("m.gguf");
     common::tiny_model(&model);
+    let text_file = dir.path().join("t.txt");
+    std::fs::write(&text_file, "hello world this is text").unwrap();
     // 2^40 positions of 2 × 32 f16 values: 256 TiB.
     let o = run(&[
-        "run",
+        "score",
         "-m",
         model.to_str().unwrap(),
         "--backend",
         "cpu",
         "--ctx",
         "1099511627776",
-        "-p",
-        "hi",
+        "--text",
+        text_file.to_str().unwrap(),
     ]);
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));

@@ -252,7 +252,7 @@ fn anthropic_messages_and_responses() {
     let names: Vec<&str> = events.iter().map(|(n, _)| n.as_deref().unwrap()).collect();
     assert_eq!(
         &names[..3],
-        ["message_start", "content_block_start", "ping"]
+        ["message_start", "ping", "content_block_start"]
     );
     assert_eq!(
         &names[names.len() - 3..],
@@ -516,7 +516,7 @@ fn bad_input_and_api_key() {
         ),
         (
             with(chat("Hi", 2), json!({"model": "other"})).to_string(),
-            400,
+            404,
             Some("model_not_found"),
         ),
         (
@@ -834,7 +834,7 @@ fn bench_serve_measures_every_level_and_counts_failures() {
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("2 of 2 requests failed") && stderr.contains("HTTP 400"),
+        stderr.contains("2 of 2 requests failed") && stderr.contains("HTTP 404"),
         "{stderr}"
     );
 

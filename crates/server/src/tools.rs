@@ -41,7 +41,9 @@ fn render_error(e: impl std::fmt::Display) -> ApiError {
 }
 
 /// Render the chat. Tools the template renders no differently from no tools would never
-/// reach the model, so they are refused (400) rather than dropped.
+/// reach the model, so they are refused (400) rather than dropped, unless the call is
+/// forced (`tool_choice` required or named): then the grammar holds the output to the
+/// tools' parameters whatever the prompt shows.
 pub fn render(backend: &dyn Backend, chat: Chat<'_>) -> Result<Rendered, ApiError> {
     let has_tools = chat.tools.is_some();
     let mut prompt = ChatPrompt {
@@ -50,7 +52,7 @@ pub fn render(backend: &dyn Backend, chat: Chat<'_>) -> Result<Rendered, ApiErro
         kwargs: chat.kwargs,
     };
     let text = backend.render_chat(&prompt).map_err(render_error)?;
-    if has_tools {
+    if has_tools && !chat.forced {
         prompt.tools = None;
         let bare = backend.render_chat(&prompt).map_err(render_error)?;
         if bare == text {
