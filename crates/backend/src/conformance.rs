@@ -149,16 +149,21 @@ impl fmt::Display for Report {
     }
 }
 
+/// The row width [`ops`] asks about for the weight ops: whole blocks of every type and
+/// whole 32-value units; each case then asks again for its own width.
+pub const LISTED_COLS: usize = 256;
+
 /// Every op of the contract the harness runs: the weight ops once per type of
 /// [`ALL_TYPES`], the others once per variant that changes the code path.
 pub fn ops() -> Vec<Op> {
     let mut ops = Vec::new();
     for ty in ALL_TYPES {
+        let cols = LISTED_COLS;
         ops.extend([
-            Op::Embed { ty },
-            Op::MatMul { ty },
-            Op::MatMulShared { ty },
-            Op::Logits { ty },
+            Op::Embed { ty, cols },
+            Op::MatMul { ty, cols },
+            Op::MatMulShared { ty, cols },
+            Op::Logits { ty, cols },
             Op::MoeExperts { ty, act: Act::Silu },
         ]);
     }
@@ -220,10 +225,10 @@ pub fn run<B: Backend>(b: &B) -> Report {
         }
         let r = &mut rng;
         match op {
-            Op::Embed { ty } => reference::embed(b, r, ty, &mut out),
-            Op::MatMul { ty } => reference::matmul(b, r, ty, &mut out),
-            Op::MatMulShared { ty } => reference::matmul_shared(b, r, ty, &mut out),
-            Op::Logits { ty } => reference::logits(b, r, ty, &mut out),
+            Op::Embed { ty, .. } => reference::embed(b, r, ty, &mut out),
+            Op::MatMul { ty, .. } => reference::matmul(b, r, ty, &mut out),
+            Op::MatMulShared { ty, .. } => reference::matmul_shared(b, r, ty, &mut out),
+            Op::Logits { ty, .. } => reference::logits(b, r, ty, &mut out),
             Op::MoeExperts { ty, act } => reference::moe_experts(b, r, ty, act, &mut out),
             Op::RmsNorm | Op::NormInto | Op::AddNorm => reference::norms(b, r, op, &mut out),
             Op::Add | Op::AddBias | Op::Copy => reference::adds(b, r, op, &mut out),
@@ -248,6 +253,18 @@ struct Out<'a> {
 }
 
 impl Out<'_> {
+    /// Records `b`'s refusal of `op`, the op of one case `shape`, and answers whether it
+    /// refused: a backend may refuse some widths of a weight type it runs.
+    fn refuses<B: Backend>(&mut self, b: &B, op: Op, shape: &str) -> bool {
+        match b.supports(&op) {
+            Support::Unsupported(why) => {
+                self.push(shape, Verdict::Refused(why));
+                true
+            }
+            Support::Native | Support::Composed => false,
+        }
+    }
+
     fn push(&mut self, shape: impl Into<String>, verdict: Verdict) {
         self.cases.push(Case {
             op: self.op.name(),

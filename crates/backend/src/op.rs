@@ -13,21 +13,33 @@ pub enum Op {
     Embed {
         /// The table's type.
         ty: GgmlType,
+        /// Values per row of the weight (the width a backend's kernels may need whole
+        /// units of).
+        cols: usize,
     },
     /// Weight × activation rows, for any number of rows ([`crate::Backend::matmul`]).
     MatMul {
         /// The weight's type.
         ty: GgmlType,
+        /// Values per row of the weight (the width a backend's kernels may need whole
+        /// units of).
+        cols: usize,
     },
     /// Several weights of `ty` times one input ([`crate::Backend::matmul_shared`]; fused).
     MatMulShared {
         /// The weights' type.
         ty: GgmlType,
+        /// Values per row of the weight (the width a backend's kernels may need whole
+        /// units of).
+        cols: usize,
     },
     /// The output projection into host logits ([`crate::Backend::logits`]).
     Logits {
         /// The weight's type.
         ty: GgmlType,
+        /// Values per row of the weight (the width a backend's kernels may need whole
+        /// units of).
+        cols: usize,
     },
     /// Row-wise RMS normalisation in place ([`crate::Backend::rms_norm`]).
     RmsNorm,
@@ -125,10 +137,10 @@ impl Op {
     /// The data type the op is asked for, as [`crate::BackendError::Unsupported`] names it.
     pub fn dtype(&self) -> String {
         match self {
-            Op::Embed { ty }
-            | Op::MatMul { ty }
-            | Op::MatMulShared { ty }
-            | Op::Logits { ty }
+            Op::Embed { ty, .. }
+            | Op::MatMul { ty, .. }
+            | Op::MatMulShared { ty, .. }
+            | Op::Logits { ty, .. }
             | Op::MoeExperts { ty, .. } => ty.to_string(),
             Op::RmsNorm
             | Op::NormInto

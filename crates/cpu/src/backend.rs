@@ -164,10 +164,10 @@ impl Backend for CpuBackend<'_> {
             }
         };
         match *op {
-            Op::Embed { ty }
-            | Op::MatMul { ty }
-            | Op::MatMulShared { ty }
-            | Op::Logits { ty }
+            Op::Embed { ty, .. }
+            | Op::MatMul { ty, .. }
+            | Op::MatMulShared { ty, .. }
+            | Op::Logits { ty, .. }
             | Op::MoeExperts { ty, .. } => weights(ty),
             // Composed: the copy and the norm are the kernels' own, and a fused form would
             // save one pass over a row that is in cache anyway.

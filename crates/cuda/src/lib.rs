@@ -43,6 +43,7 @@
 mod arch_ops;
 mod attn_ops;
 mod compile;
+mod contract;
 mod decode;
 mod device;
 mod error;
@@ -53,6 +54,7 @@ mod ops;
 
 pub use attn_ops::AttnShape;
 pub use compile::CompileReport;
+pub use contract::{CudaKv, CudaOps, MatrixId, VectorId};
 pub use device::{
     ACT_ENV, Activations, CudaBackend, DEFAULT_ACTIVATIONS, DeviceInfo, kernel_suffix,
 };

@@ -5,9 +5,11 @@
 //! `skipped: FERRITE_TEST_CUDA not set`. `arch.rs` runs the tiny transformers models of
 //! fixtures/arch (q/k/v biases, Llama 3 rope factors, mixture of experts). `batch.rs` steps
 //! several sessions through `CudaBatch` against each stepped alone. `mmq.rs` checks the
-//! integer tensor-core prefill products.
+//! integer tensor-core prefill products. `backend_ops.rs` runs the backend contract's
+//! conformance harness on `CudaOps`.
 
 mod arch;
+mod backend_ops;
 mod batch;
 mod decode;
 mod fixtures;

@@ -176,10 +176,23 @@ pub(crate) fn require_ops<B: Weights>(b: &B, m: &Model, kv: KvType) -> Result<()
     let c = m.config();
     let scaled = c.rope_freq_factors.is_some();
     let act = act(c.activation);
-    b.require(&Op::Embed { ty: m.embed.ty() })?;
-    b.require(&Op::Logits {
-        ty: m.output_weight().ty(),
+    b.require(&Op::Embed {
+        ty: m.embed.ty(),
+        cols: m.embed.cols,
     })?;
+    let head = m.output_weight();
+    b.require(&Op::Logits {
+        ty: head.ty(),
+        cols: head.cols,
+    })?;
+    let matmul = |w: &Weight| Op::MatMul {
+        ty: w.ty(),
+        cols: w.cols,
+    };
+    let shared = |w: &Weight| Op::MatMulShared {
+        ty: w.ty(),
+        cols: w.cols,
+    };
     for op in [
         Op::Copy,
         Op::RmsNorm,
@@ -203,18 +216,18 @@ pub(crate) fn require_ops<B: Weights>(b: &B, m: &Model, kv: KvType) -> Result<()
     }
     for lw in &m.layers {
         for w in [&lw.wq, &lw.wk, &lw.wv] {
-            b.require(&Op::MatMulShared { ty: w.ty() })?;
+            b.require(&shared(w))?;
         }
-        b.require(&Op::MatMul { ty: lw.wo.ty() })?;
+        b.require(&matmul(&lw.wo))?;
         match &lw.ffn {
             Ffn::Dense { gate, up, down } => {
-                b.require(&Op::MatMulShared { ty: gate.ty() })?;
-                b.require(&Op::MatMulShared { ty: up.ty() })?;
-                b.require(&Op::MatMul { ty: down.ty() })?;
+                b.require(&shared(gate))?;
+                b.require(&shared(up))?;
+                b.require(&matmul(down))?;
                 b.require(&Op::GatedAct { act })?;
             }
             Ffn::Moe(mw) => {
-                b.require(&Op::MatMul { ty: mw.router.ty() })?;
+                b.require(&matmul(&mw.router))?;
                 b.require(&Op::MoeRoute {
                     n_expert: mw.gate.n_expert(),
                 })?;

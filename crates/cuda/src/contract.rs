@@ -1,0 +1,807 @@
+//! The CUDA backend on the backend contract: [`CudaOps`] implements
+//! `ferrite_backend::Backend` over the kernels the CUDA forward pass launches, so that the
+//! contract's conformance harness (backend_ops) checks those kernels, op by op, against the
+//! same f64 reference the CPU backend answers to.
+//!
+//! Each op picks the launch the CUDA model uses for that shape: one row's products read
+//! int8 activations when [`CudaBackend::activations`] asks for them (the decode products),
+//! several rows take the f32 row products; one query's attention takes the decode kernel,
+//! several the tiled prefill kernel with its key splits. The kernels address their buffers
+//! from the start, so an op on rows inside a buffer (one segment of a pass, one row of a
+//! product) stages them through a scratch buffer first: correct, not fast. This module
+//! never computes a value on the host that a kernel computes; what has no kernel here
+//! (frequency-scaled rope without the KV store, the contract's host-side expert routing, KV
+//! stores other than f16) is refused by [`CudaOps::supports`] with the reason.
+
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::CudaSlice;
+use ferrite_backend::{
+    Act, AttnShape as ContractShape, Backend, BackendError, ExpertBufs, HostMatrix, KvType, Op,
+    Rope, Routing, Segment, Support,
+};
+use ferrite_model::Activation;
+
+use crate::decode::decode_splits;
+use crate::device::{i8_kernels, row_multiple, weight_kernels};
+use crate::model::TOPK_MAX;
+use crate::ops::{ActQ, DeviceMatrix, act_q8_bytes};
+use crate::{AttnShape, CudaBackend, CudaError};
+
+type Result<T> = ferrite_backend::Result<T>;
+
+const NAME: &str = "cuda";
+
+/// A weight matrix uploaded through [`CudaOps`]: an index into its table.
+#[derive(Debug, Clone, Copy)]
+pub struct MatrixId(usize);
+
+/// A vector (norm weight, bias, rope factors) uploaded through [`CudaOps`].
+#[derive(Debug, Clone, Copy)]
+pub struct VectorId(usize);
+
+/// The f16 KV store of one session: keys and values of every layer, `ctx` rows of `row`
+/// values each (the layout the CUDA sessions use).
+#[derive(Debug)]
+pub struct CudaKv {
+    layers: Vec<(CudaSlice<u16>, CudaSlice<u16>)>,
+    ctx: usize,
+    row: usize,
+}
+
+/// The contract's ops on one CUDA device. Matrices and vectors uploaded through
+/// [`Backend::weight`] and [`Backend::vector`] live as long as this value.
+#[derive(Debug)]
+pub struct CudaOps<'d> {
+    dev: &'d CudaBackend,
+    matrices: Mutex<Vec<Arc<DeviceMatrix>>>,
+    vectors: Mutex<Vec<Arc<CudaSlice<f32>>>>,
+}
+
+/// A kernel's failure as the contract reports it.
+fn kernel(op: &'static str) -> impl Fn(CudaError) -> BackendError {
+    move |e| BackendError::Kernel {
+        backend: NAME,
+        op,
+        source: Box::new(e),
+    }
+}
+
+fn driver(op: &'static str) -> impl Fn(cudarc::driver::DriverError) -> BackendError {
+    move |e| kernel(op)(CudaError::Driver(e))
+}
+
+fn shape(op: &'static str, what: String) -> BackendError {
+    BackendError::Shape { op, what }
+}
+
+/// `len` values at `at` lie inside a buffer of `have` values.
+fn check(op: &'static str, have: usize, at: usize, len: usize) -> Result<()> {
+    match at.checked_add(len) {
+        Some(end) if end <= have => Ok(()),
+        _ => Err(shape(
+            op,
+            format!("{len} values at {at} outside a buffer of {have}"),
+        )),
+    }
+}
+
+fn activation(act: Act) -> Activation {
+    match act {
+        Act::Silu => Activation::Silu,
+        Act::GeluTanh => Activation::GeluTanh,
+    }
+}
+
+/// The kernels' geometry for a contract shape.
+fn attn_shape(s: &ContractShape) -> Result<AttnShape> {
+    AttnShape::new(s.n_head, s.n_kv_head, s.head_dim, s.scale, s.window)
+        .map_err(kernel("attention"))
+}
+
+impl<'d> CudaOps<'d> {
+    /// The contract's ops on `dev`.
+    pub fn new(dev: &'d CudaBackend) -> CudaOps<'d> {
+        CudaOps {
+            dev,
+            matrices: Mutex::new(Vec::new()),
+            vectors: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn matrix(&self, id: MatrixId) -> Arc<DeviceMatrix> {
+        let table = self.matrices.lock().unwrap_or_else(|e| e.into_inner());
+        table[id.0].clone()
+    }
+
+    fn vec(&self, id: VectorId) -> Arc<CudaSlice<f32>> {
+        let table = self.vectors.lock().unwrap_or_else(|e| e.into_inner());
+        table[id.0].clone()
+    }
+
+    /// `len` values of `src` from `at` in a new buffer.
+    fn stage(
+        &self,
+        op: &'static str,
+        src: &CudaSlice<f32>,
+        at: usize,
+        len: usize,
+    ) -> Result<CudaSlice<f32>> {
+        check(op, src.len(), at, len)?;
+        let mut tmp = self
+            .dev
+            .stream
+            .alloc_zeros::<f32>(len.max(1))
+            .map_err(driver(op))?;
+        if len > 0 {
+            self.dev
+                .stream
+                .memcpy_dtod(&src.slice(at..at + len), &mut tmp.slice_mut(..len))
+                .map_err(driver(op))?;
+        }
+        Ok(tmp)
+    }
+
+    /// The first `len` values of `tmp` back into `dst` at `at`.
+    fn unstage(
+        &self,
+        op: &'static str,
+        tmp: &CudaSlice<f32>,
+        dst: &mut CudaSlice<f32>,
+        at: usize,
+        len: usize,
+    ) -> Result<()> {
+        check(op, dst.len(), at, len)?;
+        if len > 0 {
+            self.dev
+                .stream
+                .memcpy_dtod(&tmp.slice(..len), &mut dst.slice_mut(at..at + len))
+                .map_err(driver(op))?;
+        }
+        Ok(())
+    }
+
+    /// `(0, pos)`: the (token, position) pair the rope, store and attention kernels read.
+    fn position(&self, op: &'static str, pos: usize) -> Result<CudaSlice<i32>> {
+        let p = i32::try_from(pos).map_err(|_| shape(op, format!("position {pos}")))?;
+        self.dev.stream.clone_htod(&[0, p]).map_err(driver(op))
+    }
+
+    /// `x` (`cols` values) quantized for the decode products of `w`, when the device's
+    /// activation setting and `w`'s type have int8 kernels.
+    fn decode_input(&self, w: &DeviceMatrix, x: &CudaSlice<f32>) -> Result<Option<CudaSlice<u8>>> {
+        let planes = self.dev.activations().planes();
+        if planes == 0 || i8_kernels(w.ty, planes).is_none() || !w.cols.is_multiple_of(32) {
+            return Ok(None);
+        }
+        let buf = self
+            .dev
+            .stream
+            .alloc_zeros::<u8>(act_q8_bytes(w.cols, planes))
+            .map_err(driver("matmul"))?;
+        self.dev
+            .quantize_act(x, ActQ { buf: &buf, planes }, w.cols)
+            .map_err(kernel("matmul"))?;
+        Ok(Some(buf))
+    }
+
+    fn check_product(
+        op: &'static str,
+        w: &DeviceMatrix,
+        x: &CudaSlice<f32>,
+        n: usize,
+        y: usize,
+    ) -> Result<()> {
+        check(op, x.len(), 0, n * w.cols)?;
+        check(op, y, 0, n * w.rows)
+    }
+
+    /// The KV rows of layer `layer` of `kv`, checked to hold `width`-value rows up to
+    /// position `end`.
+    fn layer<'k>(
+        op: &'static str,
+        kv: &'k CudaKv,
+        layer: usize,
+        width: usize,
+        end: usize,
+    ) -> Result<&'k (CudaSlice<u16>, CudaSlice<u16>)> {
+        if width != kv.row || end > kv.ctx {
+            return Err(shape(
+                op,
+                format!(
+                    "rows of {width} up to position {end} in a store of {} rows of {}",
+                    kv.ctx, kv.row
+                ),
+            ));
+        }
+        kv.layers
+            .get(layer)
+            .ok_or_else(|| shape(op, format!("layer {layer} of {}", kv.layers.len())))
+    }
+
+    fn unported(what: &str) -> Support {
+        Support::Unsupported(format!("{what} is not on the CUDA contract yet"))
+    }
+}
+
+impl Backend for CudaOps<'_> {
+    type Buf = CudaSlice<f32>;
+    type Weight<'a>
+        = MatrixId
+    where
+        Self: 'a;
+    type Vector<'a>
+        = VectorId
+    where
+        Self: 'a;
+    type Kv = CudaKv;
+    /// The kernels form each rotation angle from the position and base themselves.
+    type Angles = ();
+
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn supports(&self, op: &Op) -> Support {
+        let weights = |ty, cols: usize| {
+            let unit = row_multiple(ty);
+            match weight_kernels(ty) {
+                None => Support::Unsupported(format!("no CUDA kernel reads {ty} weights")),
+                Some(_) if !cols.is_multiple_of(unit) => Support::Unsupported(format!(
+                    "the CUDA kernels read {ty} rows in whole units of {unit} values, not {cols}"
+                )),
+                Some(_) => Support::Native,
+            }
+        };
+        let f16_only = |kv: KvType| match kv {
+            KvType::F16 => Support::Native,
+            other => Support::Unsupported(format!(
+                "the CUDA KV cache is f16; {} rows have no kernels",
+                other.name()
+            )),
+        };
+        match *op {
+            Op::Embed { ty, cols }
+            | Op::MatMul { ty, cols }
+            | Op::MatMulShared { ty, cols }
+            | Op::Logits { ty, cols } => weights(ty, cols),
+            Op::MoeRoute { .. } | Op::MoeExperts { .. } => Self::unported(
+                "routing on the contract's host-side Routing (the CUDA model routes on the device)",
+            ),
+            Op::Rope { scaled: true, .. } => Support::Unsupported(
+                "frequency-scaled rope runs only fused with the KV store (rope_store)".into(),
+            ),
+            Op::Rope { scaled: false, .. }
+            | Op::RmsNorm
+            | Op::NormInto
+            | Op::AddNorm
+            | Op::Add
+            | Op::AddBias
+            | Op::Copy
+            | Op::GatedAct { .. } => Support::Native,
+            Op::KvStore { kv } | Op::RopeStore { kv, .. } => f16_only(kv),
+            Op::Attention { kv, head_dim } if head_dim.is_multiple_of(8) => f16_only(kv),
+            Op::Attention { .. } => Support::Unsupported(
+                "the attention kernels need head sizes that are multiples of 8".into(),
+            ),
+            Op::TopK { k } if (1..=TOPK_MAX).contains(&k) => Support::Native,
+            Op::TopK { k } => Support::Unsupported(format!(
+                "the device selection takes 1 to {TOPK_MAX} candidates, not {k}"
+            )),
+        }
+    }
+
+    fn alloc(&self, len: usize) -> Result<CudaSlice<f32>> {
+        self.dev
+            .stream
+            .alloc_zeros::<f32>(len.max(1))
+            .map_err(|_| BackendError::Alloc {
+                what: "activation buffer",
+            })
+    }
+
+    fn upload(&self, src: &[f32], dst: &mut CudaSlice<f32>, at: usize) -> Result<()> {
+        check("upload", dst.len(), at, src.len())?;
+        if src.is_empty() {
+            return Ok(());
+        }
+        self.dev
+            .stream
+            .memcpy_htod(src, &mut dst.slice_mut(at..at + src.len()))
+            .map_err(driver("upload"))
+    }
+
+    fn download(&self, src: &CudaSlice<f32>, at: usize, dst: &mut [f32]) -> Result<()> {
+        check("download", src.len(), at, dst.len())?;
+        if dst.is_empty() {
+            return Ok(());
+        }
+        self.dev
+            .stream
+            .memcpy_dtoh(&src.slice(at..at + dst.len()), dst)
+            .map_err(driver("download"))
+    }
+
+    fn copy(
+        &self,
+        src: Option<&CudaSlice<f32>>,
+        from: usize,
+        dst: &mut CudaSlice<f32>,
+        to: usize,
+        len: usize,
+    ) -> Result<()> {
+        // A copy within one buffer may overlap, which a device-to-device copy does not
+        // allow: it goes through a staging buffer.
+        let tmp = match src {
+            Some(s) => {
+                check("copy", s.len(), from, len)?;
+                check("copy", dst.len(), to, len)?;
+                if len > 0 {
+                    self.dev
+                        .stream
+                        .memcpy_dtod(&s.slice(from..from + len), &mut dst.slice_mut(to..to + len))
+                        .map_err(driver("copy"))?;
+                }
+                return Ok(());
+            }
+            None => self.stage("copy", dst, from, len)?,
+        };
+        self.unstage("copy", &tmp, dst, to, len)
+    }
+
+    fn weight<'a>(&'a self, w: HostMatrix<'a>) -> Result<MatrixId> {
+        let m = self
+            .dev
+            .upload_matrix(w.ty, w.rows, w.cols, w.data)
+            .map_err(kernel("weight"))?;
+        let mut table = self.matrices.lock().unwrap_or_else(|e| e.into_inner());
+        table.push(Arc::new(m));
+        Ok(MatrixId(table.len() - 1))
+    }
+
+    fn vector<'a>(&'a self, v: &'a [f32]) -> Result<VectorId> {
+        let d = self.dev.stream.clone_htod(v).map_err(driver("vector"))?;
+        let mut table = self.vectors.lock().unwrap_or_else(|e| e.into_inner());
+        table.push(Arc::new(d));
+        Ok(VectorId(table.len() - 1))
+    }
+
+    fn kv(
+        &self,
+        ty: KvType,
+        n_layer: usize,
+        ctx: usize,
+        heads: usize,
+        head_dim: usize,
+    ) -> Result<CudaKv> {
+        if ty != KvType::F16 {
+            return Err(BackendError::Unsupported {
+                op: "kv_store",
+                dtype: format!("{} KV", ty.name()),
+                backend: NAME,
+                reason: "the CUDA KV cache is f16".into(),
+            });
+        }
+        let row = ty.check_row(heads, head_dim)?;
+        let len = row
+            .checked_mul(ctx)
+            .ok_or_else(|| shape("kv", format!("{ctx} rows of {row}")))?;
+        let zeros = || {
+            self.dev
+                .stream
+                .alloc_zeros::<u16>(len.max(1))
+                .map_err(|_| BackendError::Alloc { what: "KV store" })
+        };
+        let layers = (0..n_layer)
+            .map(|_| Ok((zeros()?, zeros()?)))
+            .collect::<Result<_>>()?;
+        Ok(CudaKv { layers, ctx, row })
+    }
+
+    fn embed(
+        &self,
+        table: MatrixId,
+        tokens: &[u32],
+        scale: f32,
+        x: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        let w = self.matrix(table);
+        check("embed", x.len(), 0, tokens.len() * w.cols)?;
+        let ids = tokens
+            .iter()
+            .map(|&t| match i32::try_from(t) {
+                Ok(i) if (t as usize) < w.rows => Ok(i),
+                _ => Err(shape("embed", format!("token {t} of {} rows", w.rows))),
+            })
+            .collect::<Result<Vec<i32>>>()?;
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let ids = self.dev.stream.clone_htod(&ids).map_err(driver("embed"))?;
+        self.dev
+            .embed(&w, &ids, tokens.len(), scale, x)
+            .map_err(kernel("embed"))
+    }
+
+    fn matmul(
+        &self,
+        w: MatrixId,
+        x: &CudaSlice<f32>,
+        n: usize,
+        y: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        let w = self.matrix(w);
+        Self::check_product("matmul", &w, x, n, y.len())?;
+        match n {
+            0 => Ok(()),
+            1 => {
+                let xq = self.decode_input(&w, x)?;
+                let xq = xq.as_ref().map(|buf| ActQ {
+                    buf,
+                    planes: self.dev.activations().planes(),
+                });
+                self.dev.matvec(&w, x, xq, y).map_err(kernel("matmul"))
+            }
+            _ => self.dev.matvec_rows(&w, x, n, y).map_err(kernel("matmul")),
+        }
+    }
+
+    fn matmul_shared<const N: usize>(
+        &self,
+        ws: [MatrixId; N],
+        x: &CudaSlice<f32>,
+        n: usize,
+        ys: [&mut CudaSlice<f32>; N],
+    ) -> Result<()> {
+        // One row of up to three matrices is the decode step's fused q/k/v (or gate/up)
+        // launch over one quantized input; anything else is one product per matrix.
+        if n != 1 || N == 0 || N > 3 {
+            for (w, y) in ws.into_iter().zip(ys) {
+                self.matmul(w, x, n, y)?;
+            }
+            return Ok(());
+        }
+        let ms: Vec<Arc<DeviceMatrix>> = ws.iter().map(|&w| self.matrix(w)).collect();
+        for (m, y) in ms.iter().zip(&ys) {
+            Self::check_product("matmul_shared", m, x, 1, y.len())?;
+        }
+        let xq = self.decode_input(&ms[0], x)?;
+        let xq = xq.as_ref().map(|buf| ActQ {
+            buf,
+            planes: self.dev.activations().planes(),
+        });
+        let refs: Vec<&DeviceMatrix> = ms.iter().map(|m| &**m).collect();
+        let outs: Vec<&CudaSlice<f32>> = ys.iter().map(|y| &**y).collect();
+        self.dev
+            .matvec_multi(&refs, x, xq, &outs)
+            .map_err(kernel("matmul_shared"))
+    }
+
+    fn logits(&self, w: MatrixId, x: &CudaSlice<f32>, n: usize, out: &mut [f32]) -> Result<()> {
+        let rows = self.matrix(w).rows;
+        check("logits", out.len(), 0, n * rows)?;
+        let mut y = self.alloc(n * rows)?;
+        self.matmul(w, x, n, &mut y)?;
+        self.download(&y, 0, &mut out[..n * rows])
+    }
+
+    fn rms_norm(
+        &self,
+        x: &mut CudaSlice<f32>,
+        len: usize,
+        w: VectorId,
+        dim: usize,
+        eps: f32,
+    ) -> Result<()> {
+        let w = self.vec(w);
+        let rows = norm_rows("rms_norm", x.len(), len, w.len(), dim)?;
+        self.dev
+            .rms_norm(x, &w, x, rows, eps)
+            .map_err(kernel("rms_norm"))
+    }
+
+    fn norm_into(
+        &self,
+        x: &CudaSlice<f32>,
+        len: usize,
+        w: VectorId,
+        dim: usize,
+        eps: f32,
+        out: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        let w = self.vec(w);
+        let rows = norm_rows("norm_into", x.len().min(out.len()), len, w.len(), dim)?;
+        self.dev
+            .rms_norm(x, &w, out, rows, eps)
+            .map_err(kernel("norm_into"))
+    }
+
+    fn add_norm(
+        &self,
+        x: &mut CudaSlice<f32>,
+        y: &CudaSlice<f32>,
+        len: usize,
+        w: VectorId,
+        dim: usize,
+        eps: f32,
+        out: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        let w = self.vec(w);
+        let have = x.len().min(y.len()).min(out.len());
+        let rows = norm_rows("add_norm", have, len, w.len(), dim)?;
+        self.dev
+            .residual_norm(x, y, None, &w, out, None, rows, eps)
+            .map_err(kernel("add_norm"))
+    }
+
+    fn add(&self, x: &mut CudaSlice<f32>, y: &CudaSlice<f32>, len: usize) -> Result<()> {
+        check("add", x.len().min(y.len()), 0, len)?;
+        self.dev.add(x, y, len).map_err(kernel("add"))
+    }
+
+    fn add_bias(&self, x: &mut CudaSlice<f32>, len: usize, b: VectorId, dim: usize) -> Result<()> {
+        let b = self.vec(b);
+        let rows = norm_rows("add_bias", x.len(), len, b.len(), dim)?;
+        self.dev.add_bias(x, &b, rows).map_err(kernel("add_bias"))
+    }
+
+    fn gated_act(
+        &self,
+        act: Act,
+        gate: &mut CudaSlice<f32>,
+        up: &CudaSlice<f32>,
+        n: usize,
+        width: usize,
+    ) -> Result<()> {
+        let len = n * width;
+        check("gated_act", gate.len().min(up.len()), 0, len)?;
+        self.dev
+            .gated(activation(act), gate, up, len)
+            .map_err(kernel("gated_act"))
+    }
+
+    fn rope_prepare(
+        &self,
+        _angles: &mut (),
+        _head_dim: usize,
+        _bases: &mut dyn Iterator<Item = f32>,
+        _segs: &[Segment<'_, CudaKv>],
+    ) -> Result<()> {
+        Ok(())
+    }
+
+    fn rope(
+        &self,
+        r: &Rope<VectorId>,
+        _angles: &(),
+        x: &mut CudaSlice<f32>,
+        width: usize,
+        segs: &[Segment<'_, CudaKv>],
+    ) -> Result<()> {
+        if r.factors.is_some() {
+            return self.require(&Op::Rope {
+                style: r.style,
+                scaled: true,
+            });
+        }
+        let heads = heads("rope", width, r.head_dim)?;
+        let mut row = 0;
+        for seg in segs {
+            for t in 0..seg.len {
+                let tmp = self.stage("rope", x, row * width, width)?;
+                self.dev
+                    .rope(&tmp, heads, r.head_dim, seg.pos0 + t, r.base, r.style)
+                    .map_err(kernel("rope"))?;
+                self.unstage("rope", &tmp, x, row * width, width)?;
+                row += 1;
+            }
+        }
+        Ok(())
+    }
+
+    fn kv_store(
+        &self,
+        layer: usize,
+        k: &CudaSlice<f32>,
+        v: &CudaSlice<f32>,
+        width: usize,
+        segs: &mut [Segment<'_, CudaKv>],
+    ) -> Result<()> {
+        let mut row = 0;
+        for seg in segs.iter() {
+            let (kc, vc) = Self::layer("kv_store", seg.kv, layer, width, seg.pos0 + seg.len)?;
+            for t in 0..seg.len {
+                let kt = self.stage("kv_store", k, row * width, width)?;
+                let vt = self.stage("kv_store", v, row * width, width)?;
+                self.dev
+                    .kv_store(&kt, &vt, kc, vc, width, seg.pos0 + t)
+                    .map_err(kernel("kv_store"))?;
+                row += 1;
+            }
+        }
+        Ok(())
+    }
+
+    fn rope_store(
+        &self,
+        r: &Rope<VectorId>,
+        _angles: &(),
+        layer: usize,
+        (q, q_dim): (&mut CudaSlice<f32>, usize),
+        (k, v, kv_dim): (&mut CudaSlice<f32>, &CudaSlice<f32>, usize),
+        segs: &mut [Segment<'_, CudaKv>],
+    ) -> Result<()> {
+        let op = "rope_store";
+        // The rope and store kernel has none of the attention kernels' limits on heads.
+        let geometry = AttnShape {
+            n_head: heads(op, q_dim, r.head_dim)?,
+            n_kv_head: heads(op, kv_dim, r.head_dim)?,
+            head_dim: r.head_dim,
+            scale: 1.0,
+            window: None,
+        };
+        let factors = r.factors.map(|f| self.vec(f));
+        let mut row = 0;
+        for seg in segs.iter() {
+            let (kc, vc) = Self::layer(op, seg.kv, layer, kv_dim, seg.pos0 + seg.len)?;
+            let n = seg.len;
+            let qs = self.stage(op, q, row * q_dim, n * q_dim)?;
+            let ks = self.stage(op, k, row * kv_dim, n * kv_dim)?;
+            let vs = self.stage(op, v, row * kv_dim, n * kv_dim)?;
+            let tp = self.position(op, seg.pos0)?;
+            if n > 0 {
+                self.dev
+                    .rope_store(
+                        n,
+                        &geometry,
+                        &qs,
+                        &ks,
+                        &vs,
+                        kc,
+                        vc,
+                        &tp,
+                        r.base,
+                        r.style,
+                        factors.as_deref(),
+                    )
+                    .map_err(kernel(op))?;
+            }
+            self.unstage(op, &qs, q, row * q_dim, n * q_dim)?;
+            self.unstage(op, &ks, k, row * kv_dim, n * kv_dim)?;
+            row += n;
+        }
+        Ok(())
+    }
+
+    fn attention(
+        &self,
+        s: &ContractShape,
+        layer: usize,
+        q: &CudaSlice<f32>,
+        segs: &[Segment<'_, CudaKv>],
+        out: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        let op = "attention";
+        let geometry = attn_shape(s)?;
+        let (qdim, kv_dim) = (s.n_head * s.head_dim, geometry.kv_dim());
+        let mut row = 0;
+        for seg in segs {
+            let (kc, vc) = Self::layer(op, seg.kv, layer, kv_dim, seg.pos0 + seg.len)?;
+            let n = seg.len;
+            if n == 0 {
+                continue;
+            }
+            let qs = self.stage(op, q, row * qdim, n * qdim)?;
+            let os = self.alloc(n * qdim)?;
+            let tp = self.position(op, seg.pos0)?;
+            // The launches the CUDA model makes for this many queries at this depth.
+            let splits = if n == 1 {
+                decode_splits(s.n_head, seg.pos0 + 1)
+            } else {
+                crate::attn_ops::prefill_splits(&geometry, n, seg.pos0 + n)
+            };
+            let part = self.alloc(n * s.n_head * splits * (s.head_dim + 2))?;
+            if n == 1 {
+                let cnt = self
+                    .dev
+                    .stream
+                    .alloc_zeros::<u32>(s.n_head.max(1))
+                    .map_err(driver(op))?;
+                self.dev
+                    .decode_attention(&geometry, &qs, kc, vc, &os, &part, &cnt, &tp, splits, None)
+                    .map_err(kernel(op))?;
+            } else {
+                self.dev
+                    .attention(&geometry, &qs, kc, vc, &os, &part, &tp, n, splits)
+                    .map_err(kernel(op))?;
+            }
+            self.unstage(op, &os, out, row * qdim, n * qdim)?;
+            row += n;
+        }
+        Ok(())
+    }
+
+    fn moe_route(
+        &self,
+        _logits: &CudaSlice<f32>,
+        routing: &mut Routing,
+        _norm_topk: bool,
+    ) -> Result<()> {
+        self.require(&Op::MoeRoute {
+            n_expert: routing.n_expert(),
+        })
+    }
+
+    fn moe_experts<'w>(
+        &self,
+        _x: &CudaSlice<f32>,
+        _routing: &Routing,
+        experts: &dyn Fn(usize) -> [MatrixId; 3],
+        act: Act,
+        _bufs: &mut ExpertBufs<CudaSlice<f32>>,
+        _out: &mut CudaSlice<f32>,
+    ) -> Result<()>
+    where
+        Self: 'w,
+    {
+        let ty = self.matrix(experts(0)[0]).ty;
+        self.require(&Op::MoeExperts { ty, act })
+    }
+
+    fn top_k(
+        &self,
+        logits: &CudaSlice<f32>,
+        row: usize,
+        n_vocab: usize,
+        out: &mut [(u32, f32)],
+    ) -> Result<()> {
+        let op = "top_k";
+        let k = out.len();
+        self.require(&Op::TopK { k })?;
+        if k > n_vocab {
+            return Err(shape(op, format!("{k} candidates of {n_vocab}")));
+        }
+        let at = row
+            .checked_mul(n_vocab)
+            .ok_or_else(|| shape(op, format!("row {row} of {n_vocab}")))?;
+        let tmp = self.stage(op, logits, at, n_vocab)?;
+        let words = self
+            .dev
+            .stream
+            .alloc_zeros::<u32>(4 + 2 * k)
+            .map_err(driver(op))?;
+        let picked = self
+            .dev
+            .top_candidates(&tmp, k, &words)
+            .map_err(kernel(op))?;
+        if picked.best.len() < k {
+            return Err(shape(
+                op,
+                format!("only {} values that are not NaN", picked.best.len()),
+            ));
+        }
+        out.copy_from_slice(&picked.best);
+        Ok(())
+    }
+}
+
+/// Rows of a row-wise op over `len` values in rows of `dim`, its vector holding `w` values
+/// and its buffers `have`.
+fn norm_rows(op: &'static str, have: usize, len: usize, w: usize, dim: usize) -> Result<usize> {
+    if dim == 0 || w != dim || !len.is_multiple_of(dim) {
+        return Err(shape(
+            op,
+            format!("{len} values in rows of {dim} with a vector of {w}"),
+        ));
+    }
+    check(op, have, 0, len)?;
+    Ok(len / dim)
+}
+
+/// Heads of `head_dim` in rows of `width` values.
+fn heads(op: &'static str, width: usize, head_dim: usize) -> Result<usize> {
+    if head_dim == 0 || !width.is_multiple_of(head_dim) || !head_dim.is_multiple_of(2) {
+        return Err(shape(op, format!("rows of {width} in heads of {head_dim}")));
+    }
+    Ok(width / head_dim)
+}

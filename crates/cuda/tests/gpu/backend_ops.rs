@@ -1,0 +1,58 @@
+//! backend_ops on the CUDA backend (GPU lane): every op of the contract, every weight type,
+//! the boundary shapes of `ferrite_backend::conformance`, through `CudaOps` (the kernels the
+//! CUDA model launches) against the harness's naive f64 reference — the same table the CPU
+//! backend passes in the default lane. Refusals are listed, never counted as passes.
+
+use ferrite_backend::conformance::{self, Verdict};
+use ferrite_cuda::CudaOps;
+
+#[test]
+fn cuda_backend_passes_backend_ops() {
+    let Some(dev) = crate::backend() else { return };
+    println!("decode activations: {}", dev.activations().name());
+    let report = conformance::run(&CudaOps::new(&dev));
+    println!("{report}");
+    let failures = report.failures();
+    assert!(
+        failures.is_empty(),
+        "{} cases failed: {failures:#?}",
+        failures.len()
+    );
+    let refused: Vec<(&str, &str)> = report
+        .cases
+        .iter()
+        .filter(|c| matches!(c.verdict, Verdict::Refused(_)))
+        .map(|c| (c.op, c.dtype.as_str()))
+        .collect();
+    // What the CUDA contract refuses today, by name: every other op ran checked cases.
+    let expected_refusals = [
+        "moe_route",
+        "moe_experts",
+        "rope",
+        "kv_store",
+        "rope_store",
+        "attention",
+        "top_k",
+    ];
+    let checked = report.ops_checked();
+    for op in conformance::ops() {
+        assert!(
+            checked.contains(&op.name()) || expected_refusals.contains(&op.name()),
+            "{} never checked and not an expected refusal",
+            op.name()
+        );
+    }
+    // The f16 KV path and the weight types the decode step reads ran, not only refusals.
+    for op in [
+        "attention",
+        "kv_store",
+        "rope_store",
+        "rope",
+        "matmul",
+        "matmul_shared",
+        "top_k",
+    ] {
+        assert!(checked.contains(&op), "{op} has no checked case");
+    }
+    assert!(refused.contains(&("attention", "q8 KV")), "{refused:?}");
+}
