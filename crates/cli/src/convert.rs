@@ -72,7 +72,7 @@ pub fn run(args: ConvertArgs) -> anyhow::Result<i32> {
         .with_context(|| format!("reading {}", args.hf_dir.display()))?;
     match (direct, mix) {
         (Some(ty), _) => {
-            let summary = write_atomically(&model, &args.out, ty, true)?;
+            let summary = write_with_progress(&model, &args.out, ty, true)?;
             print_summary(&args.out, ty, &summary)?;
         }
         (None, Some(mix)) => {
@@ -84,7 +84,7 @@ pub fn run(args: ConvertArgs) -> anyhow::Result<i32> {
                 .tempdir_in(&dir)
                 .with_context(|| format!("creating a temporary directory in {}", dir.display()))?;
             let stored = tmp.path().join("stored.gguf");
-            write_atomically(&model, &stored, OutType::Stored, true)?;
+            write_with_progress(&model, &stored, OutType::Stored, true)?;
             let opts = QuantizeOptions {
                 mix,
                 threads: std::thread::available_parallelism().map_or(1, usize::from),
@@ -105,19 +105,14 @@ fn out_dir(out: &Path) -> PathBuf {
     }
 }
 
-/// Converts `model` into `out` through a temporary file in the same directory.
-fn write_atomically(
+/// Converts `model` into `out` (atomically: `HfModel::write_gguf`), with a progress bar
+/// when `show_progress`.
+fn write_with_progress(
     model: &HfModel,
     out: &Path,
     ty: OutType,
     show_progress: bool,
 ) -> anyhow::Result<Summary> {
-    let dir = out_dir(out);
-    let tmp = tempfile::Builder::new()
-        .prefix(".ferrite-convert-")
-        .suffix(".tmp")
-        .tempfile_in(&dir)
-        .with_context(|| format!("creating a temporary file in {}", dir.display()))?;
     let bar = if show_progress {
         ProgressBar::new(0)
     } else {
@@ -132,11 +127,9 @@ fn write_atomically(
         bar.set_message(format!("{} {:?}", p.name, p.ty));
     };
     let summary = model
-        .write_gguf(tmp.path(), ty, &mut progress)
-        .with_context(|| format!("writing {}", tmp.path().display()))?;
+        .write_gguf(out, ty, &mut progress)
+        .with_context(|| format!("writing {}", out.display()))?;
     bar.finish_and_clear();
-    tmp.persist(out)
-        .with_context(|| format!("moving the result to {}", out.display()))?;
     Ok(summary)
 }
 
@@ -165,10 +158,7 @@ fn print_summary(out: &Path, ty: OutType, s: &Summary) -> anyhow::Result<()> {
 /// The cached GGUF for the model directory `dir`, converting it on first use.
 pub fn cached(dir: &Path) -> anyhow::Result<PathBuf> {
     let key = cache_key(dir)?;
-    let cache = crate::models::models_dir()?
-        .parent()
-        .map(|home| home.join("converted"))
-        .context("model cache directory has no parent")?;
+    let cache = crate::models::home()?.join("converted");
     std::fs::create_dir_all(&cache).with_context(|| format!("creating {}", cache.display()))?;
     let path = cache.join(format!("{key}.gguf"));
     if path.is_file() {
@@ -180,7 +170,7 @@ pub fn cached(dir: &Path) -> anyhow::Result<PathBuf> {
         path.display()
     );
     let model = HfModel::open(dir).with_context(|| format!("reading {}", dir.display()))?;
-    write_atomically(&model, &path, OutType::Stored, false)?;
+    write_with_progress(&model, &path, OutType::Stored, false)?;
     Ok(path)
 }
 

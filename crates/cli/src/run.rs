@@ -582,10 +582,8 @@ fn common_prefix(held: &[u32], ids: &[u32]) -> usize {
 /// What a session file must agree with: this model file, precision, KV type, context and
 /// backend (the CUDA cache is always f16; see docs/kv-snapshot-format.md on backends).
 fn session_compat(loaded: &Loaded) -> anyhow::Result<Compat> {
-    // Digests are remembered under the ferrite home (next to models/), keyed by file version.
-    let cache = crate::models::models_dir()
-        .ok()
-        .and_then(|d| d.parent().map(std::path::Path::to_path_buf));
+    // Digests are remembered under the ferrite home, keyed by file version.
+    let cache = ferrite_files::home();
     let sha = ferrite_kvstore::model_sha256(&loaded.path, cache.as_deref())
         .with_context(|| format!("hashing {}", loaded.path.display()))?;
     Ok(match loaded.cuda {

@@ -77,3 +77,12 @@ pub enum ConvertError {
         source: ferrite_quant::QuantError,
     },
 }
+
+impl From<ferrite_files::FileError> for ConvertError {
+    fn from(e: ferrite_files::FileError) -> ConvertError {
+        ConvertError::Io {
+            path: e.path.display().to_string(),
+            source: e.source,
+        }
+    }
+}

@@ -213,14 +213,21 @@ impl HfModel {
 
     /// Converts into the file `out_path`, producing and writing one tensor at a time, so
     /// memory holds at most one re-encoded tensor; returns the summary. The file's bytes are
-    /// those [`HfModel::to_gguf`] would give.
+    /// those [`HfModel::to_gguf`] would give. The file is written atomically
+    /// (`ferrite_files::write_atomic`): a failed or killed conversion leaves no partial
+    /// model under `out_path`.
     pub fn write_gguf(
         &self,
         out_path: &Path,
         out: OutType,
         progress: &mut dyn FnMut(TensorDone<'_>),
     ) -> Result<Summary, ConvertError> {
-        write::stream(&self.layout(out)?, out_path, progress)
+        let layout = self.layout(out)?;
+        let mut summary = layout.summary();
+        ferrite_files::write_atomic(out_path, |w| {
+            write::stream(&layout, w, out_path, &mut summary, progress)
+        })?;
+        Ok(summary)
     }
 
     /// Everything about the output except the tensor bytes.

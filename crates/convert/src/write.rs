@@ -9,8 +9,7 @@
 //! section then starts at `file size - data length` and each tensor sits at its offset from
 //! the writer's tensor table.
 
-use std::fs::File;
-use std::io::{BufWriter, Seek, Write};
+use std::io::Write;
 use std::path::Path;
 
 use ferrite_gguf::GgufWriter;
@@ -43,12 +42,15 @@ fn io(path: &Path) -> impl Fn(std::io::Error) -> ConvertError + '_ {
     }
 }
 
-/// Writes `layout` to `path`, producing each tensor's bytes only when it is written.
+/// Writes `layout` to `out` (the file `path`, which errors name), producing each tensor's
+/// bytes only when it is written and recording it in `summary`.
 pub(crate) fn stream(
     layout: &Layout<'_>,
+    out: &mut dyn Write,
     path: &Path,
+    summary: &mut Summary,
     progress: &mut dyn FnMut(TensorDone<'_>),
-) -> Result<Summary, ConvertError> {
+) -> Result<(), ConvertError> {
     let largest = layout.tensors.iter().map(|t| t.n_bytes).max().unwrap_or(0);
     let zeros = vec![0u8; largest as usize];
     let mut w = GgufWriter::new();
@@ -65,34 +67,30 @@ pub(crate) fn stream(
     });
     let data_start = total - data_len;
 
-    let file = File::create(path).map_err(io(path))?;
-    let mut out = BufWriter::new(file);
-    w.write_to(HeadOnly {
-        inner: &mut out,
+    let mut head = HeadOnly {
+        inner: &mut *out,
         left: data_start,
-    })?;
-    let mut summary = layout.summary();
+    };
+    w.write_to(&mut head)?;
+    if head.left != 0 {
+        return Err(ConvertError::BadTensor {
+            tensor: String::new(),
+            reason: format!("the header came {} bytes short", head.left),
+        });
+    }
     let mut pos = data_start;
     for (t, info) in layout.tensors.iter().zip(&infos) {
         let data = layout.data(t)?;
-        pad(&mut out, &mut pos, data_start + info.offset).map_err(io(path))?;
+        pad(out, &mut pos, data_start + info.offset).map_err(io(path))?;
         out.write_all(&data).map_err(io(path))?;
         pos += data.len() as u64;
         summary.record(t, layout.tensors.len(), progress);
     }
-    pad(&mut out, &mut pos, total).map_err(io(path))?;
-    out.flush().map_err(io(path))?;
-    let written = out.stream_position().map_err(io(path))?;
-    if written != total {
-        return Err(ConvertError::BadTensor {
-            tensor: String::new(),
-            reason: format!("wrote {written} bytes, laid out {total}"),
-        });
-    }
-    Ok(summary)
+    pad(out, &mut pos, total).map_err(io(path))?;
+    out.flush().map_err(io(path))
 }
 
-fn pad<W: Write>(out: &mut W, pos: &mut u64, target: u64) -> std::io::Result<()> {
+fn pad(out: &mut dyn Write, pos: &mut u64, target: u64) -> std::io::Result<()> {
     const ZEROS: [u8; 4096] = [0; 4096];
     while *pos < target {
         let n = (target - *pos).min(ZEROS.len() as u64);

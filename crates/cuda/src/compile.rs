@@ -46,12 +46,9 @@ pub struct CompileReport {
     pub cache_file: Option<PathBuf>,
 }
 
-/// The cache directory: `$FERRITE_HOME/cuda-cache`, else `$HOME/.cache/ferrite/cuda-cache`.
+/// The cache directory: `cuda-cache` in ferrite's home (`ferrite_files::home`).
 pub(crate) fn cache_dir() -> Option<PathBuf> {
-    if let Some(h) = std::env::var_os("FERRITE_HOME") {
-        return Some(PathBuf::from(h).join("cuda-cache"));
-    }
-    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/ferrite/cuda-cache"))
+    ferrite_files::home().map(|h| h.join("cuda-cache"))
 }
 
 /// The cache file name for `src` compiled for `sm_<arch>` under driver `driver`.
@@ -101,19 +98,19 @@ pub(crate) fn kernels_ptx(arch: u32, driver: i32) -> Result<(Ptx, CompileReport)
     Ok((ptx, report))
 }
 
-/// Writes through a temporary file and a rename, so a concurrent reader never sees a torn
-/// file.
+/// Writes the cache file atomically, so a concurrent reader never sees a torn file.
 fn write_atomically(path: &std::path::Path, text: &str) -> Result<(), CudaError> {
-    let io = |source| CudaError::Cache {
-        path: path.to_owned(),
-        source,
-    };
     if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(io)?;
+        std::fs::create_dir_all(dir).map_err(|source| CudaError::Cache {
+            path: dir.to_owned(),
+            source,
+        })?;
     }
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    std::fs::write(&tmp, text).map_err(io)?;
-    std::fs::rename(&tmp, path).map_err(io)
+    ferrite_files::write_atomic(path, |w| {
+        w.write_all(text.as_bytes())
+            .map_err(|e| ferrite_files::FileError::new(path, e).into())
+    })
+    .map(|_| ())
 }
 
 #[cfg(test)]

@@ -45,3 +45,12 @@ pub enum CudaError {
     #[error(transparent)]
     Model(#[from] ferrite_model::ModelError),
 }
+
+impl From<ferrite_files::FileError> for CudaError {
+    fn from(e: ferrite_files::FileError) -> CudaError {
+        CudaError::Cache {
+            path: e.path,
+            source: e.source,
+        }
+    }
+}

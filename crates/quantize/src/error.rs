@@ -73,3 +73,12 @@ pub enum QuantizeError {
         source: std::io::Error,
     },
 }
+
+impl From<ferrite_files::FileError> for QuantizeError {
+    fn from(e: ferrite_files::FileError) -> QuantizeError {
+        QuantizeError::Io {
+            path: e.path.display().to_string(),
+            source: e.source,
+        }
+    }
+}

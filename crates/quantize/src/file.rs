@@ -372,34 +372,17 @@ fn add_totals(types: &mut Vec<TypeTotals>, p: &TensorPlan, bytes: u64) {
     }
 }
 
-/// Writes `writer` to a temporary file next to `out`, syncs it and renames it over `out`;
-/// the temporary file is removed when anything fails.
+/// Writes `writer` to `out` atomically (`ferrite_files::write_atomic`): a killed or failed
+/// quantization never leaves a partial model under the output name.
 fn write_atomically(writer: &GgufWriter<'_>, out: &Path) -> Result<u64, QuantizeError> {
-    let file_name = out
-        .file_name()
-        .map_or_else(|| "out.gguf".into(), |n| n.to_string_lossy().into_owned());
-    let tmp = parent_dir(out).join(format!(".{file_name}.partial-{}", std::process::id()));
-    let io = |path: &Path| {
-        let path = path.display().to_string();
-        move |source| QuantizeError::Io { path, source }
-    };
-    let result = (|| {
-        let file = std::fs::File::create(&tmp).map_err(io(&tmp))?;
-        let mut buf = std::io::BufWriter::with_capacity(1 << 20, file);
-        let n = writer.write_to(&mut buf).map_err(|e| match e {
-            ferrite_gguf::GgufError::Io { source, .. } => io(&tmp)(source),
+    ferrite_files::write_atomic(out, |w| {
+        writer.write_to(w).map(|_| ()).map_err(|e| match e {
+            ferrite_gguf::GgufError::Io { source, .. } => {
+                ferrite_files::FileError::new(out, source).into()
+            }
             other => QuantizeError::Gguf(other),
-        })?;
-        let file = buf.into_inner().map_err(|e| io(&tmp)(e.into_error()))?;
-        file.sync_all().map_err(io(&tmp))?;
-        std::fs::rename(&tmp, out).map_err(io(out))?;
-        Ok(n)
-    })();
-    if result.is_err() {
-        // Best effort: the error being returned matters more than a failed cleanup.
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
+        })
+    })
 }
 
 #[cfg(test)]

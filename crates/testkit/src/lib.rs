@@ -39,11 +39,7 @@ pub const GEMMA3: &str = "gemma-3-270m-q4_k_m.gguf";
 /// # Panics
 /// When the file is absent and `FERRITE_TEST_MODELS=1` (a requested model must not skip).
 pub fn real_model(file: &str) -> Option<PathBuf> {
-    let home = std::env::var_os("FERRITE_HOME")
-        .filter(|h| !h.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/ferrite")));
-    let path = home.map(|h| h.join("models").join(file));
+    let path = ferrite_files::home().map(|h| h.join("models").join(file));
     if let Some(path) = path.as_ref().filter(|p| p.is_file()) {
         return Some(path.clone());
     }

@@ -7,12 +7,10 @@
 //! rules; everything textual lives in the comment block.
 
 use std::collections::BTreeMap;
-use std::io::Read;
 use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, bail};
-use sha2::{Digest, Sha256};
 
 /// Column names of a receipt, in order.
 pub const COLUMNS: [&str; 16] = [
@@ -190,23 +188,9 @@ fn format_number(v: f64) -> String {
     }
 }
 
-/// Lowercase hex sha256 of a file, read in 1 MiB pieces.
+/// Lowercase hex sha256 of a file (`ferrite_files::sha256_file`).
 pub fn sha256_file(path: &Path) -> anyhow::Result<String> {
-    let mut f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = f.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buf[..n]);
-    }
-    Ok(hasher
-        .finalize()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect())
+    Ok(ferrite_files::hex(&ferrite_files::sha256_file(path)?))
 }
 
 /// `TYPE:count` for each tensor type in the file, most common first.
