@@ -5,7 +5,7 @@
 //! printed to stderr as `listening on http://ADDR` (with `--port 0` that is how clients
 //! learn the port).
 
-mod listener;
+pub(crate) mod listener;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

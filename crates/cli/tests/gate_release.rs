@@ -106,6 +106,12 @@ fn quick_release_gate_fails_the_corrupted_fixture_and_labels_every_item() {
         "batched:smollm2",
         "gguf-mutants:smollm2",
         "kv-snapshot:smollm2",
+        // The server items, on the real server stack in-process.
+        "http-malformed:smollm2",
+        "json-nonfinite:smollm2",
+        "cancellation:smollm2",
+        "structured-output:smollm2",
+        "tool-call:smollm2",
     ] {
         let i = item(&receipt, name);
         assert_eq!(i["verdict"], "passed", "{i}");
@@ -123,9 +129,26 @@ fn quick_release_gate_fails_the_corrupted_fixture_and_labels_every_item() {
     assert_eq!(speed["verdict"], "blocked");
     assert_eq!(speed["reason"], "no --baseline receipt given");
     assert!(speed["figures"]["decode_tps_median"].as_f64().unwrap() > 0.0);
+    let malformed = &item(&receipt, "http-malformed:smollm2")["counts"];
+    assert_eq!(malformed["endpoints"], 7, "{malformed}");
+    assert_eq!(malformed["failed"], 0, "{malformed}");
     assert_eq!(
-        item(&receipt, "http-malformed")["reason"],
-        "not implemented in this build"
+        item(&receipt, "cancellation:smollm2")["counts"]["phases"],
+        5
+    );
+    assert!(
+        item(&receipt, "kv-snapshot:smollm2")["counts"]["restart_cached_tokens"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
+    assert!(
+        receipt["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|i| i["reason"] != "not implemented in this build"),
+        "an item of the manifest is not implemented"
     );
     assert_eq!(item(&receipt, "build")["verdict"], "static");
     let not_requested = receipt["not_requested"].as_array().unwrap();

@@ -3,8 +3,9 @@
 //! continues exactly as the session that wrote it (docs/ARCHITECTURE.md, "Decisions").
 //!
 //! The oracle is bit equality of logits rows, computed in the same run; nothing here compares
-//! with a tolerance, and nothing may write outside memory (snapshots are encoded to bytes,
-//! which is what the file reader reads).
+//! with a tolerance, and nothing here may write outside memory (snapshots are encoded to
+//! bytes, which is what the file reader reads). `kv-snapshot` also runs `restart`'s check,
+//! which goes through the disk cache of two servers.
 
 use ferrite_kvstore::{Compat, encode};
 use ferrite_model::{Batch, KvType, Outputs, Precision, Session};
@@ -13,7 +14,7 @@ use super::{Env, Outcome, Proof, Target, argmax, same_bits};
 use crate::run::Loaded;
 
 /// Prompts of the sessions; any text works, they only need to differ.
-const PROMPTS: [&str; 3] = [
+pub(super) const PROMPTS: [&str; 3] = [
     "The capital of France is",
     "def fibonacci(n):\n    if n < 2:",
     "Once upon a time, in a village by the sea, there lived",
@@ -51,7 +52,7 @@ fn first_difference(got: &[Vec<Vec<f32>>], want: &[Vec<Vec<f32>>]) -> Option<(us
     None
 }
 
-fn exact_proof(got: &[Vec<Vec<f32>>], want: &[Vec<Vec<f32>>], what: &str) -> Proof {
+pub(super) fn exact_proof(got: &[Vec<Vec<f32>>], want: &[Vec<Vec<f32>>], what: &str) -> Proof {
     let rows: usize = got.iter().map(Vec::len).sum();
     match first_difference(got, want) {
         None => Proof::new(true, format!("{rows} {what} rows bit-identical")),
@@ -183,7 +184,8 @@ pub fn kv_snapshot(env: &Env, t: &Target) -> anyhow::Result<Outcome> {
             accepted.push(at);
         }
     }
-    let ok = restored.ok && accepted.is_empty();
+    let (restart_planted, restart) = super::restart::reuse(t)?;
+    let ok = restored.ok && accepted.is_empty() && restart.ok;
     let detail = match accepted.first() {
         Some(at) => format!(
             "{} of {} flipped snapshots accepted (first at byte {at} of {})",
@@ -191,11 +193,13 @@ pub fn kv_snapshot(env: &Env, t: &Target) -> anyhow::Result<Outcome> {
             offsets.len(),
             bytes.len()
         ),
+        None if !restart.ok => restart.detail.clone(),
         None => format!(
-            "{}; {} flipped snapshots of {} bytes all refused",
+            "{}; {} flipped snapshots of {} bytes all refused; {}",
             restored.detail,
             offsets.len(),
-            bytes.len()
+            bytes.len(),
+            restart.detail
         ),
     };
     let real = Proof::new(ok, detail)
@@ -203,5 +207,14 @@ pub fn kv_snapshot(env: &Env, t: &Target) -> anyhow::Result<Outcome> {
         .count("flips_accepted", accepted.len())
         .count("snapshot_bytes", bytes.len())
         .count("restored_rows", want.len());
+    let real = restart
+        .counts
+        .into_iter()
+        .fold(real, |p, (k, v)| p.count(&k, v as usize));
+    // Both planted defects must be caught: either one unnoticed fails the item.
+    let planted = Proof::new(
+        planted.ok || restart_planted.ok,
+        format!("{}; {}", planted.detail, restart_planted.detail),
+    );
     Ok(Outcome::Judged { planted, real })
 }

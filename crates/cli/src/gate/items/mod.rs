@@ -22,11 +22,17 @@ use crate::backend::BackendArg;
 use crate::run::{KvArg, Loaded, ModelArgs, PrecisionArg};
 
 mod build;
+mod constrained;
 mod exact;
 mod fidelity;
 mod gpu;
 mod hostile;
+mod http;
+mod lifecycle;
+mod malformed;
+mod nonfinite;
 mod quant;
+mod restart;
 mod sampler;
 mod speed;
 mod text;
@@ -167,6 +173,7 @@ pub struct Target {
     cpu: OnceCell<Loaded>,
     cpu_f32: OnceCell<Loaded>,
     cuda: OnceCell<Loaded>,
+    server: OnceCell<http::GateServer>,
 }
 
 impl Target {
@@ -189,6 +196,7 @@ impl Target {
             cpu: OnceCell::new(),
             cpu_f32: OnceCell::new(),
             cuda: OnceCell::new(),
+            server: OnceCell::new(),
         }
     }
 
@@ -202,6 +210,7 @@ impl Target {
             cpu: OnceCell::new(),
             cpu_f32: OnceCell::new(),
             cuda: OnceCell::new(),
+            server: OnceCell::new(),
         }
     }
 
@@ -257,6 +266,37 @@ impl Target {
         Ok(cell.get_or_init(|| loaded))
     }
 
+    /// The real server stack over this model, shared by the HTTP items: one slot (so a
+    /// second request queues), context 512, prompts prefilled 32 tokens per step, no prefix
+    /// cache (every request computes its own prompt).
+    pub fn server(&self, env: &Env) -> anyhow::Result<&http::GateServer> {
+        if let Some(s) = self.server.get() {
+            return Ok(s);
+        }
+        let s = http::GateServer::start(
+            self.path()?,
+            http::ServerOpts {
+                ctx: 512,
+                parallel: 1,
+                prefill_chunk: 32,
+                kv_mem_bytes: 0,
+                kv_disk_dir: None,
+            },
+        )?;
+        // The engine loads the file itself; its backend line is the CPU model's.
+        self.cpu(env, Precision::Default)?;
+        Ok(self.server.get_or_init(|| s))
+    }
+
+    /// Whether the model's file carries a chat template the server can render.
+    pub fn has_chat_template(&self, env: &Env) -> anyhow::Result<bool> {
+        Ok(self
+            .cpu(env, Precision::Default)?
+            .tokenizer
+            .chat_template_renderer()
+            .is_ok())
+    }
+
     /// The fixture tag, or why an item that needs fixtures is blocked without one.
     pub fn tag(&self) -> Result<&'static str, String> {
         self.tag.ok_or_else(|| {
@@ -296,7 +336,13 @@ pub fn implementation(name: &str) -> Option<ItemFn> {
         "gguf-mutants" => hostile::run,
         "kv-snapshot" => exact::kv_snapshot,
         "speed" => speed::run,
+        "http-malformed" => malformed::run,
+        "json-nonfinite" => nonfinite::run,
+        "cancellation" => lifecycle::run,
+        "structured-output" => constrained::structured,
+        "tool-call" => constrained::tool_call,
         "cuda-fidelity" => gpu::fidelity,
+        "cuda-batched" => gpu::batched,
         _ => return None,
     })
 }
@@ -439,7 +485,13 @@ mod tests {
             "gguf-mutants",
             "kv-snapshot",
             "speed",
+            "http-malformed",
+            "json-nonfinite",
+            "cancellation",
+            "structured-output",
+            "tool-call",
             "cuda-fidelity",
+            "cuda-batched",
         ] {
             assert!(implementation(name).is_some(), "{name}");
             assert!(
@@ -453,7 +505,7 @@ mod tests {
             .filter(|i| implementation(&i.name).is_some())
             .count();
         assert_eq!(
-            declared, 14,
+            declared, 20,
             "an implementation the list above does not name"
         );
     }

@@ -56,8 +56,15 @@ fn run(env: &Env, t: &Target, kind: FixtureKind) -> anyhow::Result<Outcome> {
     let pattern = format!("{prefix}-{tag}-*.jsonl");
     let files = env.fixtures.matching(&pattern);
     if files.is_empty() {
+        // A base model without a template has nothing to render: say so, not only that the
+        // fixture is missing (no reference can exist for it).
+        let why = if kind == FixtureKind::Template && !t.has_chat_template(env)? {
+            " (the model file has no chat template, so there is nothing to render)"
+        } else {
+            ""
+        };
         return Ok(Outcome::blocked(format!(
-            "no {pattern} in {}",
+            "no {pattern} in {}{why}",
             env.fixtures.dir.display()
         )));
     }
