@@ -1,7 +1,7 @@
 //! ferrite-grammar: structured output through [llguidance]. It owns the three things a
 //! held generation needs: a [`Vocab`] (llguidance's token trie and parser factory, built
 //! once per model from ferrite's own token bytes), a [`Constraint`] (a JSON Schema, JSON
-//! mode, a regex or a Lark grammar, compiled and checked when a request is read), and a
+//! mode, a regex, a Lark or GBNF grammar, compiled and checked when a request is read), and a
 //! [`Matcher`] (one generation's state: the mask of tokens that may come next, and the
 //! tokens taken).
 //!
@@ -34,11 +34,13 @@
 
 #![deny(missing_docs)]
 
+mod gbnf;
+
 use std::fmt;
 use std::sync::{Arc, OnceLock};
 
 use llguidance::ParserFactory;
-use llguidance::api::TopLevelGrammar;
+use llguidance::api::{GrammarWithLexer, TopLevelGrammar};
 use llguidance::toktrie::{ApproximateTokEnv, SimpleVob, TokEnv, TokRxInfo, TokTrie};
 use serde_json::{Value, json};
 
@@ -195,38 +197,28 @@ impl Constraint {
         Constraint::checked(TopLevelGrammar::from_lark(grammar.to_string()))
     }
 
+    /// A sentence of a GBNF grammar (llama.cpp's format), rewritten as Lark (see `gbnf.rs`).
+    pub fn gbnf(grammar: &str) -> Result<Constraint, GrammarError> {
+        Constraint::lark(&gbnf::to_lark(grammar)?)
+    }
+
     /// `before`, a value of one of `schemas`, then `after`, each exactly: a tool call in its
     /// model's markup, one alternative per tool (each schema keeps its own definitions).
-    /// With `reasoning` (the opening and closing markers of a reasoning block), free
-    /// reasoning may come first; with `in_reasoning` the output starts inside the block.
     pub fn framed_json(
         before: &str,
         schemas: &[Value],
         after: &str,
-        reasoning: Option<Reasoning<'_>>,
     ) -> Result<Constraint, GrammarError> {
         if schemas.is_empty() {
             return Err(GrammarError::Invalid("no schema to frame".into()));
         }
         let calls: Vec<String> = (0..schemas.len()).map(|i| format!("call{i}")).collect();
-        let call = format!("{} ({}) {}", quote(before), calls.join(" | "), quote(after));
-        // The reasoning text is one lazy lexeme: it ends at the first closing marker.
-        let mut lark = match reasoning {
-            None => format!("start: {call}"),
-            Some(r) if r.in_reasoning => format!(
-                "start: think ws? {call}\nthink[lazy]: /(?s:.*){}/",
-                regex_escape(r.close)
-            ),
-            Some(r) => format!(
-                "start: (think ws?)? {call}\nthink: {} think_text\nthink_text[lazy]: /(?s:.*){}/",
-                quote(r.open),
-                regex_escape(r.close)
-            ),
-        };
-        if reasoning.is_some() {
-            // At most two blanks between the reasoning and the call: never a run of them.
-            lark += "\nws: /[ \\t\\r\\n]{1,2}/";
-        }
+        let mut lark = format!(
+            "start: {} ({}) {}",
+            quote(before),
+            calls.join(" | "),
+            quote(after)
+        );
         for (name, schema) in calls.iter().zip(schemas) {
             let schema = serde_json::to_string(&compact(schema)?).map_err(invalid)?;
             lark += &format!("\n{name}: %json {schema}");
@@ -234,20 +226,52 @@ impl Constraint {
         Constraint::lark(&lark)
     }
 
+    /// Free reasoning, ended by the first `close` (`</think>`) and at most two blanks, then
+    /// this constraint: for output that starts inside a reasoning block the prompt opened.
+    pub fn after_reasoning(&self, close: &str) -> Result<Constraint, GrammarError> {
+        if close.is_empty() {
+            return Err(GrammarError::Invalid(
+                "an empty reasoning close marker".into(),
+            ));
+        }
+        let mut held = self.top_level()?;
+        let Some(first) = held.grammars.first_mut() else {
+            return Err(GrammarError::Invalid(
+                "a constraint without a grammar".into(),
+            ));
+        };
+        first.name = Some("held".into());
+        // The reasoning text is one lazy lexeme: it ends at the first closing marker.
+        let start = GrammarWithLexer::from_lark(format!(
+            "start: think ws? @held\nthink[lazy]: /(?s:.*){}/\nws: /[ \\t\\r\\n]{{1,2}}/",
+            regex_escape(close)
+        ));
+        held.grammars.insert(0, start);
+        Constraint::checked(held)
+    }
+
+    /// Whether `text` is a whole text of this constraint (fed byte by byte): the grammar
+    /// as the oracle for text written by hand.
+    pub fn accepts(&self, text: &[u8]) -> bool {
+        self.fed(text).is_some_and(|mut m| m.is_accepting())
+    }
+
+    /// Whether `text` begins a whole text of this constraint (output cut by a token limit).
+    pub fn admits_prefix(&self, text: &[u8]) -> bool {
+        self.fed(text).is_some()
+    }
+
+    fn fed(&self, text: &[u8]) -> Option<Matcher> {
+        let mut m = Matcher::new(Vocab::bytes(), self).ok()?;
+        // The byte vocabulary's first 256 ids are the bytes themselves.
+        text.iter()
+            .all(|&b| m.accept(u32::from(b)).is_ok())
+            .then_some(m)
+    }
+
     fn top_level(&self) -> Result<TopLevelGrammar, GrammarError> {
         serde_json::from_value(self.grammar.clone()).map_err(invalid)
     }
-}
-
-/// The markers of a reasoning block free text may fill before a framed value.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Reasoning<'a> {
-    /// The text that opens the block (`<think>`).
-    pub open: &'a str,
-    /// The text that closes it (`</think>`).
-    pub close: &'a str,
-    /// The prompt already opened the block.
-    pub in_reasoning: bool,
 }
 
 /// `schema` with this crate's JSON options; a schema that is not an object or a boolean

@@ -179,19 +179,13 @@ fn feed(v: &Vocab, c: &Constraint, text: &str) -> Result<bool, GrammarError> {
 }
 
 #[test]
-fn framed_calls_take_one_alternative_and_bounded_reasoning_blanks() {
+fn framed_calls_take_one_alternative() {
     let v = vocab();
     let a = json!({"type": "object", "properties": {"name": {"const": "a"}}, "required": ["name"],
         "additionalProperties": false});
     let b = json!({"type": "object", "properties": {"name": {"const": "b"}}, "required": ["name"],
         "additionalProperties": false});
-    let plain = Constraint::framed_json(
-        "<tool_call>\n",
-        &[a.clone(), b.clone()],
-        "\n</tool_call>",
-        None,
-    )
-    .unwrap();
+    let plain = Constraint::framed_json("<tool_call>\n", &[a, b], "\n</tool_call>").unwrap();
     assert_eq!(
         feed(&v, &plain, "<tool_call>\n{\"name\": \"b\"}\n</tool_call>"),
         Ok(true)
@@ -207,30 +201,59 @@ fn framed_calls_take_one_alternative_and_bounded_reasoning_blanks() {
         let call: Value = serde_json::from_str(inner.unwrap()).unwrap();
         assert!(call["name"] == "a" || call["name"] == "b", "{text}");
     }
-    let think = Reasoning {
-        open: "<think>",
-        close: "</think>",
-        in_reasoning: false,
-    };
-    let c = Constraint::framed_json(
-        "<tool_call>\n",
-        std::slice::from_ref(&a),
-        "\n</tool_call>",
-        Some(think),
-    )
-    .unwrap();
-    let call = "<tool_call>\n{\"name\": \"a\"}\n</tool_call>";
-    assert_eq!(feed(&v, &c, call), Ok(true));
-    assert_eq!(
-        feed(&v, &c, &format!("<think>x {{ < / y</think>\n\n{call}")),
-        Ok(true)
-    );
-    assert!(feed(&v, &c, &format!("<think>x</think>\n\n\n{call}")).is_err());
-    let inside = Reasoning {
-        in_reasoning: true,
-        ..think
-    };
-    let c = Constraint::framed_json("<tool_call>\n", &[a], "\n</tool_call>", Some(inside)).unwrap();
-    assert_eq!(feed(&v, &c, &format!("why</think>{call}")), Ok(true));
-    assert!(feed(&v, &c, call).map_or(true, |whole| !whole));
+}
+
+#[test]
+fn reasoning_runs_free_to_its_close_then_the_constraint_holds() {
+    let v = vocab();
+    let c = Constraint::regex("[0-9]+")
+        .unwrap()
+        .after_reasoning("</think>")
+        .unwrap();
+    assert_eq!(feed(&v, &c, "why { < / not</think>\n\n42"), Ok(true));
+    assert_eq!(feed(&v, &c, "</think>7"), Ok(true));
+    // The first close ends the reasoning; blanks after it are bounded.
+    assert!(feed(&v, &c, "a</think>b</think>1").is_err());
+    assert!(feed(&v, &c, "a</think>\n\n\n1").is_err());
+    assert_eq!(feed(&v, &c, "no close 42"), Ok(false));
+    let json = Constraint::json_object()
+        .after_reasoning("</think>")
+        .unwrap();
+    assert_eq!(feed(&v, &json, "hm</think>\n{\"k\": 1}"), Ok(true));
+    assert!(Constraint::json_object().after_reasoning("").is_err());
+    assert!(json.accepts(b"</think>{}"));
+    assert!(!json.accepts(b"</think>{"));
+    assert!(json.admits_prefix(b"</think>{") && !json.admits_prefix(b"</think>}"));
+}
+
+#[test]
+fn gbnf_grammars_read_as_their_lark_rewrite() {
+    let g = r#"
+        # a list of small words
+        root   ::= "[" ws item ("," ws item){0,2} "]"
+        item   ::= [a-z]+ | "\"" [^"\\]* "\""
+        ws     ::= " "?
+    "#;
+    let c = Constraint::gbnf(g).unwrap();
+    for ok in ["[ab]", "[ ab, cd,x]", "[\"Q /\"]"] {
+        assert!(c.accepts(ok.as_bytes()), "{ok}");
+    }
+    for no in ["[]", "[a,b,c,d]", "[A]", "[a"] {
+        assert!(!c.accepts(no.as_bytes()), "{no}");
+    }
+    let any = Constraint::gbnf("root ::= . \"!\"").unwrap();
+    assert!(any.accepts("\n!".as_bytes()) && any.accepts("é!".as_bytes()));
+    for bad in [
+        "item ::= \"a\"",
+        "root ::= \"a",
+        "root ::= [a",
+        "\"a\" root ::= x",
+        "root ::= a{x}",
+    ] {
+        let e = Constraint::gbnf(bad).unwrap_err();
+        assert!(
+            e.to_string().contains("GBNF") || e.to_string().contains("g_a"),
+            "{bad}: {e}"
+        );
+    }
 }
