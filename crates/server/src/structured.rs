@@ -99,13 +99,14 @@ fn openai_format(format: Option<&Obj>, param: &str) -> Result<Option<Constraint>
         Some("json_object") => Ok(Some(Constraint::json_object())),
         Some("json_schema") => {
             let inner = opt_object(format, "json_schema")?;
-            if let Some(strict) = inner.unwrap_or(format).get("strict") {
-                if !strict.is_boolean() && !strict.is_null() {
-                    return Err(ApiError::invalid_param(
-                        param,
-                        format!("'{param}' 'strict' must be a boolean"),
-                    ));
-                }
+            if let Some(strict) = inner.unwrap_or(format).get("strict")
+                && !strict.is_boolean()
+                && !strict.is_null()
+            {
+                return Err(ApiError::invalid_param(
+                    param,
+                    format!("'{param}' 'strict' must be a boolean"),
+                ));
             }
             let schema = match inner {
                 Some(inner) => inner.get("schema"),
