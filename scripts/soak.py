@@ -10,8 +10,12 @@ after MAX_REQUESTS requests, whichever comes first, and every socket has a timeo
 
 The rule (flat RSS after warm-up): split the samples into thirds by time; the first third
 is warm-up. Pass when the largest RSS of the last third is at most the largest of the
-second third plus TOLERANCE_MB, every sample's prefix-cache bytes are within their budget,
-no request got a 5xx or a broken stream, and the server is alive at the end.
+second third plus TOLERANCE_MB; the same holds for the RSS less the prefix cache's
+accounted bytes (so memory growing outside the caches shows even while the cache still
+fills); every sample's cache bytes are within their budgets; no request got a 5xx or a
+broken stream; and the server is alive at the end. The cache must fill during warm-up for
+the first part to mean a plateau: on a slow or shared machine give a smaller
+`--kv-mem-space-mb` (the receipt names it).
 
 Writes a markdown receipt (--receipt) and exits 0 on pass, 1 on fail. Python stdlib only.
 """
@@ -224,21 +228,27 @@ def commit():
         return "unknown"
 
 
+def unaccounted(sample):
+    """RSS less what the prefix cache says it holds in memory."""
+    return sample["rss"] - sample["metrics"].get("ferrite_prefix_cache_memory_bytes", 0)
+
+
 def judge(samples, args, stats, alive):
     """The verdict and its reasons."""
     reasons = []
     t0, t1 = samples[0]["t"], samples[-1]["t"]
     third = (t1 - t0) / 3
-    second = [s["rss"] for s in samples if t0 + third <= s["t"] < t0 + 2 * third]
-    last = [s["rss"] for s in samples if s["t"] >= t0 + 2 * third]
-    if len(second) < 3 or len(last) < 3:
-        reasons.append("too few samples in the second or last third")
-    else:
+    for name, value in [("RSS", lambda s: s["rss"]), ("RSS less the prefix cache", unaccounted)]:
+        second = [value(s) for s in samples if t0 + third <= s["t"] < t0 + 2 * third]
+        last = [value(s) for s in samples if s["t"] >= t0 + 2 * third]
+        if len(second) < 3 or len(last) < 3:
+            reasons.append("too few samples in the second or last third")
+            break
         bound = max(second) + args.tolerance_mb * (1 << 20)
         if max(last) > bound:
-            reasons.append("RSS grew after warm-up: max of last third %.1f MiB > max of second "
-                           "third %.1f MiB + %d MiB" % (max(last) / 2**20, max(second) / 2**20,
-                                                        args.tolerance_mb))
+            reasons.append("%s grew after warm-up: max of last third %.1f MiB > max of second "
+                           "third %.1f MiB + %d MiB" % (name, max(last) / 2**20,
+                                                        max(second) / 2**20, args.tolerance_mb))
     for s in samples:
         g = s["metrics"]
         mem, budget = g.get("ferrite_prefix_cache_memory_bytes"), g.get(
@@ -249,6 +259,12 @@ def judge(samples, args, stats, alive):
         if mem > budget:
             reasons.append("prefix cache %d bytes over its budget %d at t=%.0fs" % (
                 mem, budget, s["t"] - t0))
+            break
+        disk, disk_budget = g.get("ferrite_kv_disk_bytes", 0), g.get(
+            "ferrite_kv_disk_budget_bytes", 0)
+        if disk_budget and disk > disk_budget:
+            reasons.append("disk cache %d bytes over its budget %d at t=%.0fs" % (
+                disk, disk_budget, s["t"] - t0))
             break
     bad = {k: v for k, v in stats.counts.items()
            if k.startswith("req_status_5") or k in ("req_broken_stream", "req_transport_error")}
@@ -265,7 +281,7 @@ def mib(x):
     return "%.1f" % (x / 2**20)
 
 
-def receipt(args, samples, stats, ok, reasons, backend, elapsed):
+def receipt(args, samples, stats, ok, reasons, backend, elapsed, head):
     model, flags, cores = cpu_line()
     t0 = samples[0]["t"]
     third = (samples[-1]["t"] - t0) / 3
@@ -276,7 +292,7 @@ def receipt(args, samples, stats, ok, reasons, backend, elapsed):
     out = []
     out.append("# Soak receipt: `ferrite serve` under %d streaming clients (%s)\n" % (
         args.clients, time.strftime("%Y-%m-%d", time.gmtime())))
-    out.append("- commit: %s" % commit())
+    out.append("- commit: %s" % head)
     out.append("- command: `scripts/soak.sh %s`" % " ".join(sys.argv[1:]))
     out.append("- server: `ferrite serve %s` (loopback); %s" % (
         " ".join(args.server_args) or "(defaults)", backend.get("backend", "")))
@@ -290,25 +306,30 @@ def receipt(args, samples, stats, ok, reasons, backend, elapsed):
                    args.disconnect * 100, args.seed))
     out.append("- rule: samples every %g s split into thirds by time (first = warm-up); pass "
                "when max RSS of the last third <= max RSS of the second third + %d MiB, the "
-               "prefix cache's memory bytes <= its budget in every sample, no 5xx, broken "
-               "stream or transport error, and the server alive at the end" % (
+               "same for RSS less the prefix cache's accounted bytes, the memory and disk "
+               "caches within their budgets in every sample, no 5xx, broken stream or "
+               "transport error, and the server alive at the end" % (
                    args.step, args.tolerance_mb))
     out.append("")
-    out.append("| part | samples | RSS min MiB | RSS max MiB | prefix cache MiB (max) | "
-               "entries (max) |")
-    out.append("|---|---|---|---|---|---|")
+    out.append("| part | samples | RSS min MiB | RSS max MiB | RSS less cache, max MiB | "
+               "prefix cache MiB (max) | entries (max) |")
+    out.append("|---|---|---|---|---|---|---|")
     for name, part in zip(["warm-up", "second third", "last third"], parts):
         if not part:
             continue
         rss = [s["rss"] for s in part]
         pc = [s["metrics"].get("ferrite_prefix_cache_memory_bytes", 0) for s in part]
         ent = [s["metrics"].get("ferrite_prefix_cache_memory_entries", 0) for s in part]
-        out.append("| %s | %d | %s | %s | %s | %d |" % (
-            name, len(part), mib(min(rss)), mib(max(rss)), mib(max(pc)), max(ent)))
+        out.append("| %s | %d | %s | %s | %s | %s | %d |" % (
+            name, len(part), mib(min(rss)), mib(max(rss)),
+            mib(max(unaccounted(s) for s in part)), mib(max(pc)), max(ent)))
     out.append("")
+    every = max(1, len(samples) // 20)
     out.append("RSS series (MiB, every %d-th sample): %s" % (
-        max(1, len(samples) // 20),
-        " ".join(mib(s["rss"]) for s in samples[::max(1, len(samples) // 20)])))
+        every, " ".join(mib(s["rss"]) for s in samples[::every])))
+    out.append("")
+    out.append("Prefix cache series (MiB, same samples): %s" % " ".join(
+        mib(s["metrics"].get("ferrite_prefix_cache_memory_bytes", 0)) for s in samples[::every]))
     out.append("")
     out.append("Requests: %s" % json.dumps(dict(sorted(stats.counts.items()))))
     keys = ["ferrite_prefix_cache_memory_budget_bytes", "ferrite_kv_disk_bytes",
@@ -346,6 +367,7 @@ def main():
     p.add_argument("server_args", nargs="*", help="after --: more `ferrite serve` arguments")
     args = p.parse_args()
 
+    head = commit()
     rng = random.Random(args.seed)
     prefixes = [text_of(rng, n) for n in PREFIX_WORDS]
     proc, addr, backend = start_server(args)
@@ -393,7 +415,7 @@ def main():
         print("no samples taken", file=sys.stderr)
         return 1
     ok, reasons = judge(samples, args, stats, alive)
-    text = receipt(args, samples, stats, ok, reasons, backend, elapsed)
+    text = receipt(args, samples, stats, ok, reasons, backend, elapsed, head)
     print(text)
     if args.receipt:
         with open(args.receipt, "w") as f:
