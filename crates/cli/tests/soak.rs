@@ -58,8 +58,9 @@ fn client(srv: &Server, id: usize, stop: &AtomicBool, done: &AtomicUsize, cut: &
             "stream": true,
             "temperature": if k % 2 == 0 { 0.0 } else { 0.8 },
         });
-        if k % 4 == 0 {
-            // Hang up after the first bytes of the stream.
+        // Every client hangs up on one request in four (k / CLIENTS counts its requests),
+        // after the first bytes of the stream.
+        if (k / CLIENTS + id) % 4 == 0 {
             drop(srv.open_stream("/v1/completions", &body, 1, &[]));
             cut.fetch_add(1, Ordering::Relaxed);
             continue;
