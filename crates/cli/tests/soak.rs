@@ -56,11 +56,11 @@ fn client(srv: &Server, id: usize, stop: &AtomicBool, done: &AtomicUsize, cut: &
             "prompt": prompt,
             "max_tokens": 2 + k % 7,
             "stream": true,
-            "temperature": if k % 2 == 0 { 0.0 } else { 0.8 },
+            "temperature": if k.is_multiple_of(2) { 0.0 } else { 0.8 },
         });
         // Every client hangs up on one request in four (k / CLIENTS counts its requests),
         // after the first bytes of the stream.
-        if (k / CLIENTS + id) % 4 == 0 {
+        if (k / CLIENTS + id).is_multiple_of(4) {
             drop(srv.open_stream("/v1/completions", &body, 1, &[]));
             cut.fetch_add(1, Ordering::Relaxed);
             continue;
