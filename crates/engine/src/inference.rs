@@ -244,6 +244,18 @@ pub struct EngineStats {
     pub kv_disk_rejected: u64,
     /// Steps that evaluated two or more slots in one batched forward pass.
     pub batched_steps: u64,
+    /// Bytes of prefix-cache checkpoints held in memory.
+    pub prefix_memory_bytes: u64,
+    /// The prefix cache's memory budget (`--kv-mem-space-mb`; 0 when there is none).
+    pub prefix_memory_budget: u64,
+    /// Prefix-cache checkpoints held in memory.
+    pub prefix_memory_entries: u64,
+    /// Bytes of the disk cache directory, as its budget counts them.
+    pub kv_disk_bytes: u64,
+    /// The disk cache's budget (`--kv-disk-space-mb`; 0 when there is none).
+    pub kv_disk_budget: u64,
+    /// Complete files of the disk cache directory.
+    pub kv_disk_files: u64,
 }
 
 /// A chat to render into prompt text with the model's template.

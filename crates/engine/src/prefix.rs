@@ -52,7 +52,9 @@ impl Default for PrefixCacheConfig {
     }
 }
 
-/// Counters of the prefix cache (read by tests and logged).
+/// Counters and gauges of the prefix cache (read by `/metrics`, tests and logs). The gauges
+/// say what the cache holds now against its budgets, so a reader can tell a cache filling
+/// up to its budget from memory growing elsewhere.
 #[derive(Debug, Default)]
 pub struct CacheStats {
     /// Restores from memory.
@@ -63,6 +65,25 @@ pub struct CacheStats {
     pub rejected: AtomicU64,
     /// Disk files written.
     pub written: AtomicU64,
+    /// Bytes of the checkpoints held in memory (KV rows, token ids, logits).
+    pub memory_bytes: AtomicU64,
+    /// The memory budget (0 when there is no memory cache).
+    pub memory_budget: AtomicU64,
+    /// Checkpoints held in memory.
+    pub memory_entries: AtomicU64,
+    /// Bytes of the disk directory as its budget counts them, after the last write.
+    pub disk_bytes: AtomicU64,
+    /// The disk budget (0 when there is no disk cache).
+    pub disk_budget: AtomicU64,
+    /// Complete files of the disk directory, after the last write.
+    pub disk_files: AtomicU64,
+}
+
+impl CacheStats {
+    fn set_disk(&self, usage: ferrite_kvstore::DiskUsage) {
+        self.disk_bytes.store(usage.bytes, Ordering::Relaxed);
+        self.disk_files.store(usage.files, Ordering::Relaxed);
+    }
 }
 
 struct MemEntry {
@@ -81,11 +102,27 @@ struct Memory {
 }
 
 impl Memory {
+    /// The heap bytes a checkpoint holds: what the budget counts.
     fn size(state: &SessionState) -> u64 {
-        (state.kv.len() + 4 * state.tokens.len()) as u64
+        let logits = state.logits.as_ref().map_or(0, Vec::len);
+        (state.kv.len() + 4 * state.tokens.len() + 4 * logits) as u64
     }
 
-    fn insert(&mut self, state: Arc<SessionState>, hashes: Vec<u64>, tick: u64) {
+    fn publish(&self, stats: &CacheStats) {
+        stats.memory_bytes.store(self.bytes, Ordering::Relaxed);
+        stats
+            .memory_entries
+            .store(self.entries.len() as u64, Ordering::Relaxed);
+    }
+
+    /// Adds a checkpoint, then evicts least-recently-used ones until the budget holds.
+    fn insert(
+        &mut self,
+        state: Arc<SessionState>,
+        hashes: Vec<u64>,
+        tick: u64,
+        stats: &CacheStats,
+    ) {
         let size = Self::size(&state);
         if size > self.budget {
             return;
@@ -123,6 +160,7 @@ impl Memory {
                 }
             }
         }
+        self.publish(stats);
     }
 }
 
@@ -138,11 +176,18 @@ struct Disk {
 }
 
 impl Disk {
-    /// Adds files of the directory not seen before to the index.
+    /// Adds files of the directory not seen before to the index and drops the files that
+    /// are gone (evicted by the writer or another server), so the index stays as large as
+    /// the directory.
     fn refresh(&mut self, seed: u64, block: usize, stats: &CacheStats) {
         let Ok(entries) = self.cache.entries() else {
             return;
         };
+        // A file still queued for the writer is dropped too; once written it is found
+        // again as a new file.
+        let present: HashSet<&PathBuf> = entries.iter().map(|e| &e.path).collect();
+        self.known.retain(|p| present.contains(p));
+        self.index.retain(|_, p| present.contains(p));
         for e in entries {
             if !self.known.insert(e.path.clone()) {
                 continue;
@@ -204,6 +249,8 @@ impl PrefixCache {
             None => None,
             Some((dir, budget)) => {
                 let cache = DiskCache::open(dir, *budget)?;
+                stats.disk_budget.store(*budget, Ordering::Relaxed);
+                stats.set_disk(cache.usage()?);
                 let (tx, rx) = sync_channel::<(u64, Arc<SessionState>)>(2);
                 let (wcache, wcompat, wstats) = (cache.clone(), compat.clone(), stats.clone());
                 let thread = std::thread::Builder::new()
@@ -213,6 +260,9 @@ impl PrefixCache {
                             match wcache.put(key, &wcompat, &state, &[]) {
                                 Ok(Some(len)) => {
                                     wstats.written.fetch_add(1, Ordering::Relaxed);
+                                    if let Ok(usage) = wcache.usage() {
+                                        wstats.set_disk(usage);
+                                    }
                                     eprintln!(
                                         "kv-cache: wrote {} tokens ({len} bytes) to {key:016x}",
                                         state.n_tokens()
@@ -235,6 +285,9 @@ impl PrefixCache {
                 Some(d)
             }
         };
+        stats
+            .memory_budget
+            .store(cfg.memory_bytes, Ordering::Relaxed);
         Ok(PrefixCache {
             memory: Memory {
                 budget: cfg.memory_bytes,
@@ -276,7 +329,8 @@ impl PrefixCache {
                 // Keep it in memory too: the next request of this conversation is near.
                 let all = chain_hashes(self.seed, &snap.state.tokens, self.cfg.block);
                 self.tick += 1;
-                self.memory.insert(Arc::new(snap.state), all, self.tick);
+                self.memory
+                    .insert(Arc::new(snap.state), all, self.tick, &self.stats);
                 true
             }
             // A hash collision or a file replaced under the same name: not this prefix.
@@ -374,7 +428,8 @@ impl<'m> PrefixStore<Session<'m>> for PrefixCache {
             None => match seq.export_state(len) {
                 Ok(s) => {
                     let s = Arc::new(s);
-                    self.memory.insert(s.clone(), hashes.clone(), self.tick);
+                    self.memory
+                        .insert(s.clone(), hashes.clone(), self.tick, &self.stats);
                     s
                 }
                 Err(e) => {
@@ -416,6 +471,105 @@ mod tests {
     use ferrite_model::{KvType, LoadOptions, Model, Outputs};
 
     use super::*;
+
+    fn state(tokens: usize, kv: usize, logits: bool) -> Arc<SessionState> {
+        Arc::new(SessionState {
+            kv_type: KvType::F16,
+            n_layer: 1,
+            row: 2,
+            tokens: (0..tokens as u32).collect(),
+            kv: vec![0; kv],
+            logits: logits.then(|| vec![0.0; 100]),
+        })
+    }
+
+    /// The memory part never holds more than its budget, its gauges say what it holds
+    /// (logits included), and the newest checkpoint survives eviction. Oracle: the sum of
+    /// the sizes of the entries left, recomputed here from their fields.
+    #[test]
+    fn memory_stays_within_its_budget_and_reports_it() {
+        let stats = CacheStats::default();
+        let budget = 10_000;
+        let mut m = Memory {
+            budget,
+            bytes: 0,
+            next_id: 0,
+            entries: HashMap::new(),
+            index: HashMap::new(),
+        };
+        for i in 0..50u64 {
+            let s = state(10 + i as usize, 1_000 + 37 * i as usize, i % 3 == 0);
+            m.insert(s, vec![i, 1000 + i], i, &stats);
+            let held: u64 = m
+                .entries
+                .values()
+                .map(|e| {
+                    let s = &e.state;
+                    (s.kv.len() + 4 * s.tokens.len() + 4 * s.logits.as_ref().map_or(0, Vec::len))
+                        as u64
+                })
+                .sum();
+            assert_eq!(m.bytes, held);
+            assert!(held <= budget, "{held} > {budget}");
+            assert_eq!(stats.memory_bytes.load(Ordering::Relaxed), held);
+            assert_eq!(
+                stats.memory_entries.load(Ordering::Relaxed),
+                m.entries.len() as u64
+            );
+            assert_eq!(m.index.get(&i), Some(&i), "the newest entry is kept");
+            // The index names only entries that are held.
+            assert!(m.index.values().all(|id| m.entries.contains_key(id)));
+        }
+        // A checkpoint larger than the whole budget is not kept.
+        m.insert(state(1, budget as usize + 1, false), vec![7777], 99, &stats);
+        assert!(!m.index.contains_key(&7777));
+    }
+
+    /// The disk index forgets files that left the directory (evicted by the writer or
+    /// another server), so it grows only with the directory. Oracle: the directory listing.
+    #[test]
+    fn disk_index_follows_the_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let compat = Compat {
+            model_sha256: [1; 32],
+            arch: "llama".into(),
+            precision: 0,
+            kv_type: KvType::F16,
+            ctx: 64,
+            n_layer: 1,
+            kv_row: 2,
+            n_vocab: 4,
+            backend: ferrite_kvstore::SnapshotBackend::Cpu,
+        };
+        let stats = Arc::new(CacheStats::default());
+        let cfg = PrefixCacheConfig {
+            block: 4,
+            disk: Some((dir.path().to_path_buf(), 1 << 20)),
+            ..PrefixCacheConfig::default()
+        };
+        let cache = DiskCache::open(dir.path(), 1 << 20).unwrap();
+        for key in 0..3 {
+            let s = SessionState {
+                tokens: (key..key + 8).collect(),
+                kv: vec![0; 2 * 2 * 2 * 8],
+                ..(*state(0, 0, false)).clone()
+            };
+            cache.put(u64::from(key), &compat, &s, &[]).unwrap();
+        }
+        let mut pc = PrefixCache::new(cfg, compat, stats.clone()).unwrap();
+        let disk = pc.disk.as_mut().unwrap();
+        assert_eq!(disk.known.len(), 3);
+        assert_eq!(disk.index.len(), 6, "two blocks per file");
+        assert_eq!(stats.disk_files.load(Ordering::Relaxed), 3);
+        let on_disk: u64 = cache.entries().unwrap().iter().map(|e| e.len).sum();
+        assert_eq!(stats.disk_bytes.load(Ordering::Relaxed), on_disk);
+        assert_eq!(stats.disk_budget.load(Ordering::Relaxed), 1 << 20);
+        std::fs::remove_file(cache.path_for(1)).unwrap();
+        disk.refresh(pc.seed, 4, &stats);
+        assert_eq!(disk.known.len(), 2);
+        assert_eq!(disk.index.len(), 4);
+        assert!(disk.index.values().all(|p| p.is_file()));
+    }
 
     fn prompt(n: usize) -> Vec<u32> {
         (0..n as u32).map(|i| 300 + (i * 31 + 5) % 2000).collect()

@@ -135,6 +135,15 @@ pub struct DiskEntry {
     pub used: SystemTime,
 }
 
+/// The size of a cache directory as its budget counts it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DiskUsage {
+    /// Complete entries.
+    pub files: u64,
+    /// Bytes of the complete entries and of the temporary files of live writers.
+    pub bytes: u64,
+}
+
 /// A snapshot directory with a byte budget.
 #[derive(Debug, Clone)]
 pub struct DiskCache {
@@ -239,17 +248,31 @@ impl DiskCache {
         }
     }
 
+    /// Bytes of the temporary files of live writers (they are entries soon).
+    fn writing(&self) -> std::io::Result<u64> {
+        Ok(partials(&self.dir)?
+            .iter()
+            .filter(|p| p.live)
+            .map(|p| p.len)
+            .sum())
+    }
+
+    /// What the directory holds now, as the budget counts it: the complete entries plus
+    /// the temporary files of live writers.
+    pub fn usage(&self) -> std::io::Result<DiskUsage> {
+        let entries = self.entries()?;
+        Ok(DiskUsage {
+            files: entries.len() as u64,
+            bytes: entries.iter().map(|e| e.len).sum::<u64>() + self.writing()?,
+        })
+    }
+
     /// Deletes least-recently-used entries, never `keep`, until the total size, with the
     /// temporary files of live writers (they are entries soon), fits the budget. Returns the
     /// deleted paths.
     pub fn evict(&self, keep: &Path) -> std::io::Result<Vec<PathBuf>> {
         let mut entries = self.entries()?;
-        let writing: u64 = partials(&self.dir)?
-            .iter()
-            .filter(|p| p.live)
-            .map(|p| p.len)
-            .sum();
-        let mut total: u64 = entries.iter().map(|e| e.len).sum::<u64>() + writing;
+        let mut total: u64 = entries.iter().map(|e| e.len).sum::<u64>() + self.writing()?;
         entries.sort_by_key(|e| e.used);
         let mut removed = Vec::new();
         for e in entries {
@@ -452,5 +475,9 @@ mod tests {
         assert!(total + one <= cache.budget(), "{total} + {one}");
         assert_eq!(cache.entries().unwrap().len(), 2);
         assert!(writing.exists());
+        let usage = cache.usage().unwrap();
+        assert_eq!(usage.files, 2);
+        assert_eq!(usage.bytes, total + one, "the live partial is counted");
+        assert!(usage.bytes <= cache.budget());
     }
 }

@@ -37,7 +37,7 @@ mod error;
 mod file;
 mod format;
 
-pub use dir::{DiskCache, DiskEntry, SNAPSHOT_EXT, chain_hashes, compat_seed};
+pub use dir::{DiskCache, DiskEntry, DiskUsage, SNAPSHOT_EXT, chain_hashes, compat_seed};
 pub use error::KvStoreError;
 pub use file::{
     PARTIAL_SUFFIX, model_sha256, read_snapshot, read_snapshot_tokens, write_atomic, write_snapshot,

@@ -1,4 +1,5 @@
-//! Server counters and the one-line-per-request log.
+//! Server counters, the engine's gauges (occupancy, every cache's size against its budget,
+//! the process's resident memory) and the one-line-per-request log.
 //!
 //! A [`RequestLog`] is created per request by the logging middleware; handlers fill in token
 //! counts and timings, and streaming bodies keep a clone alive until the stream ends. When the
@@ -83,17 +84,52 @@ impl Metrics {
             (
                 "ferrite_queue_depth",
                 "Requests waiting for a slot.",
-                stats.queue_depth,
+                stats.queue_depth as u64,
+            ),
+            (
+                "ferrite_queue_limit",
+                "Most requests that may wait for a slot.",
+                stats.queue_limit as u64,
             ),
             (
                 "ferrite_slots_active",
                 "Slots running a request.",
-                stats.slots_active,
+                stats.slots_active as u64,
             ),
             (
                 "ferrite_slots_total",
                 "Slots (parallel sequences).",
-                stats.slots_total,
+                stats.slots_total as u64,
+            ),
+            (
+                "ferrite_prefix_cache_memory_bytes",
+                "Bytes of prefix-cache checkpoints held in memory.",
+                stats.prefix_memory_bytes,
+            ),
+            (
+                "ferrite_prefix_cache_memory_budget_bytes",
+                "Memory budget of the prefix cache (0: none).",
+                stats.prefix_memory_budget,
+            ),
+            (
+                "ferrite_prefix_cache_memory_entries",
+                "Prefix-cache checkpoints held in memory.",
+                stats.prefix_memory_entries,
+            ),
+            (
+                "ferrite_kv_disk_bytes",
+                "Bytes of the disk cache directory (entries and live writers' temporary files).",
+                stats.kv_disk_bytes,
+            ),
+            (
+                "ferrite_kv_disk_budget_bytes",
+                "Byte budget of the disk cache directory (0: none).",
+                stats.kv_disk_budget,
+            ),
+            (
+                "ferrite_kv_disk_files",
+                "Complete files of the disk cache directory.",
+                stats.kv_disk_files,
             ),
         ];
         let engine_counters = [
@@ -119,7 +155,14 @@ impl Metrics {
                 "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}"
             );
         }
-        for (name, help, value) in gauges {
+        let resident = resident_bytes().map(|b| {
+            (
+                "ferrite_process_resident_bytes",
+                "Resident memory of the server process (VmRSS of /proc/self/status).",
+                b,
+            )
+        });
+        for (name, help, value) in gauges.into_iter().chain(resident) {
             let _ = writeln!(
                 out,
                 "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}"
@@ -127,6 +170,22 @@ impl Metrics {
         }
         out
     }
+}
+
+/// The process's resident set in bytes, where the system says (Linux `/proc`); `None`
+/// elsewhere, and then `/metrics` leaves the line out rather than report 0. Read from
+/// `/proc/self/status` (kB) rather than `statm` (pages), which would need the page size
+/// from libc.
+fn resident_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    parse_vm_rss(&status)
+}
+
+/// The `VmRSS:` line of a `/proc/PID/status` text, in bytes.
+fn parse_vm_rss(status: &str) -> Option<u64> {
+    let line = status.lines().find_map(|l| l.strip_prefix("VmRSS:"))?;
+    let kb: u64 = line.trim().strip_suffix("kB")?.trim().parse().ok()?;
+    kb.checked_mul(1024)
 }
 
 /// The metrics label of a path: known routes by name, everything else as `other`, so
@@ -340,6 +399,48 @@ mod tests {
         assert!(text.contains("ferrite_cached_prompt_tokens_total 3"));
         assert!(text.contains("ferrite_cache_hits_total 1"));
         assert!(text.contains("ferrite_cancelled_requests_total 1"));
+    }
+
+    /// Every cache gauge comes from the engine's figures, and the resident set from the
+    /// system. Oracle: the values put in, and this process's own `/proc/self/status`.
+    #[test]
+    fn cache_gauges_and_resident_memory_are_rendered() {
+        let text = Metrics::default().render(Some(EngineStats {
+            prefix_memory_bytes: 11,
+            prefix_memory_budget: 12,
+            prefix_memory_entries: 13,
+            kv_disk_bytes: 14,
+            kv_disk_budget: 15,
+            kv_disk_files: 16,
+            queue_limit: 17,
+            ..EngineStats::default()
+        }));
+        for line in [
+            "ferrite_prefix_cache_memory_bytes 11",
+            "ferrite_prefix_cache_memory_budget_bytes 12",
+            "ferrite_prefix_cache_memory_entries 13",
+            "ferrite_kv_disk_bytes 14",
+            "ferrite_kv_disk_budget_bytes 15",
+            "ferrite_kv_disk_files 16",
+            "ferrite_queue_limit 17",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
+        }
+        if std::path::Path::new("/proc/self/status").exists() {
+            let rss = text
+                .lines()
+                .find_map(|l| l.strip_prefix("ferrite_process_resident_bytes "))
+                .expect("resident bytes on Linux");
+            assert!(rss.parse::<u64>().unwrap() > 1 << 20, "{rss}");
+        } else {
+            println!("skipped: no /proc/self/status on this system");
+        }
+        assert_eq!(
+            parse_vm_rss("Name:\tx\nVmRSS:\t  1234 kB\n"),
+            Some(1234 * 1024)
+        );
+        assert_eq!(parse_vm_rss("VmRSS: lots\n"), None);
+        assert_eq!(parse_vm_rss("VmHWM: 5 kB\n"), None);
     }
 
     #[test]

@@ -219,6 +219,9 @@ fn engine_thread(
         model.cpu_kernels(),
         cfg.kv.name()
     );
+    // Before the server reports ready, so that `/metrics` shows the cache's budgets from
+    // the first request on.
+    let cache = prefix_cache(&cfg, &model, n_ctx, cache_stats);
     if ready.send(Ok((tokenizer.clone(), n_ctx, line))).is_err() {
         return;
     }
@@ -229,7 +232,7 @@ fn engine_thread(
     };
     let mut scheduler =
         Scheduler::new(&rt, sessions, counters, limits).with_batcher(Box::new(SessionBatch(batch)));
-    match prefix_cache(&cfg, &model, n_ctx, cache_stats) {
+    match cache {
         Some(cache) => scheduler.with_prefix_store(Box::new(cache)).run(&jobs),
         None => scheduler.run(&jobs),
     }

@@ -9,7 +9,7 @@ mod cuda;
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::Sender;
 use std::time::Instant;
 
@@ -109,14 +109,22 @@ impl Engine {
     pub fn occupancy(&self) -> EngineStats {
         let active = self.counters.active.load(Ordering::SeqCst);
         let inflight = self.counters.inflight.load(Ordering::SeqCst);
+        let cache = &self.cache_stats;
+        let read = |v: &AtomicU64| v.load(Ordering::Relaxed);
         EngineStats {
             slots_total: self.config.parallel,
             slots_active: active,
             queue_depth: inflight.saturating_sub(active),
             queue_limit: self.config.queue_limit,
-            kv_disk_written: self.cache_stats.written.load(Ordering::Relaxed),
-            kv_disk_rejected: self.cache_stats.rejected.load(Ordering::Relaxed),
+            kv_disk_written: read(&cache.written),
+            kv_disk_rejected: read(&cache.rejected),
             batched_steps: self.counters.batched_steps.load(Ordering::Relaxed) as u64,
+            prefix_memory_bytes: read(&cache.memory_bytes),
+            prefix_memory_budget: read(&cache.memory_budget),
+            prefix_memory_entries: read(&cache.memory_entries),
+            kv_disk_bytes: read(&cache.disk_bytes),
+            kv_disk_budget: read(&cache.disk_budget),
+            kv_disk_files: read(&cache.disk_files),
         }
     }
 }

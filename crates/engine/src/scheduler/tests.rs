@@ -613,3 +613,125 @@ fn run_all_sum(s: &mut Scheduler<'_, SumSeq>) {
     }
     panic!("scheduler did not finish");
 }
+
+/// Regression (issue 35, defect 7): under overload some requests waited longer than FIFO
+/// order explains. Bursts of arrivals beyond what three slots drain, mixing short and long
+/// prompts, prompts that share a slot's cached prefix, `n = 2` pairs (the same prompt
+/// twice in a row), prompt scoring and clients leaving while queued or running. Each job's
+/// id is its sampling seed, in submission order. Oracle, checked after every admission:
+/// jobs start in submission order; no slot is idle while a live job waits; and every
+/// running job was submitted before every waiting one, so a job waits only for the jobs
+/// ahead of it.
+#[test]
+fn admission_is_fifo_and_a_wait_is_bounded_by_the_jobs_ahead() {
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = |m: u64| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng % m
+    };
+    let (s, _, _) = toy_sched(3, 64, 4);
+    let mut s = s.with_batcher(Box::new(ToyBatch {
+        widths: Rc::new(RefCell::new(Vec::new())),
+        fail: false,
+    }));
+    let mut rxs: Vec<Option<UnboundedReceiver<GenEvent>>> = Vec::new();
+    let mut started: Vec<u64> = Vec::new();
+    let mut recent: Vec<u32> = vec![1, 2, 3, 4, 5, 6, 7, 8];
+    let seed_of = |j: &Job| j.req.sampling.seed;
+    for step in 0..20_000 {
+        // Bursts for the first 400 steps, then the queue drains.
+        if step >= 400 && s.idle() {
+            break;
+        }
+        let arrivals = if step < 400 { next(3) } else { 0 };
+        for _ in 0..arrivals {
+            let kind = next(5);
+            let prompt: Vec<u32> = match kind {
+                0 => vec![next(V as u64) as u32],
+                1 => (0..10 + next(20)).map(|_| next(V as u64) as u32).collect(),
+                // A prefix some slot probably still holds: a cache hit if admitted there.
+                _ => {
+                    let keep = 1 + next(recent.len().min(12) as u64) as usize;
+                    let mut p = recent[..keep].to_vec();
+                    p.push(next(V as u64) as u32);
+                    p
+                }
+            };
+            recent = prompt.clone();
+            let copies = if kind == 4 { 2 } else { 1 };
+            for _ in 0..copies {
+                let id = rxs.len() as u64;
+                let rx = job(&mut s, &prompt, 1 + next(8) as usize, &[]);
+                let last = s.waiting.back_mut().unwrap();
+                last.req.sampling.seed = id;
+                last.req.prompt_logprobs = next(7) == 0;
+                // Leave before being served: must not hold anyone up.
+                if next(8) == 0 {
+                    drop(rx);
+                    rxs.push(None);
+                    continue;
+                }
+                rxs.push(Some(rx));
+            }
+        }
+        // Leave while queued or running.
+        if next(12) == 0 && !rxs.is_empty() {
+            let k = next(rxs.len() as u64) as usize;
+            rxs[k] = None;
+        }
+        s.admit();
+        let live_waiting: Vec<u64> = s
+            .waiting
+            .iter()
+            .filter(|j| !j.tx.is_closed())
+            .map(seed_of)
+            .collect();
+        let running: Vec<u64> = s
+            .slots
+            .iter()
+            .filter_map(|x| x.active.as_ref().map(|a| seed_of(&a.job)))
+            .collect();
+        if !live_waiting.is_empty() {
+            assert_eq!(
+                running.len(),
+                3,
+                "a slot is idle while {live_waiting:?} wait"
+            );
+        }
+        if let (Some(newest), Some(oldest)) = (running.iter().max(), live_waiting.iter().min()) {
+            assert!(
+                newest < oldest,
+                "step {step}: job {newest} runs while earlier job {oldest} waits"
+            );
+        }
+        for (id, rx) in rxs.iter_mut().enumerate() {
+            if let Some(rx) = rx {
+                while let Ok(ev) = rx.try_recv() {
+                    if matches!(ev, GenEvent::Started { .. }) {
+                        started.push(id as u64);
+                    }
+                }
+            }
+        }
+        s.step();
+    }
+    assert!(s.idle(), "the queue never drained");
+    assert!(
+        started.windows(2).all(|w| w[0] < w[1]),
+        "jobs started out of submission order: {started:?}"
+    );
+    let kept: Vec<u64> = (0..rxs.len() as u64)
+        .filter(|&id| rxs[id as usize].is_some())
+        .collect();
+    assert!(
+        kept.iter().all(|id| started.contains(id)),
+        "every job whose client stayed was served"
+    );
+    assert!(
+        kept.len() > 200,
+        "too little traffic to mean anything: {}",
+        kept.len()
+    );
+}
