@@ -13,10 +13,11 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
+use ferrite_files::process_alive;
 use ferrite_model::SessionState;
 
 use crate::KvStoreError;
-use crate::file::{PARTIAL_SUFFIX, read_snapshot, write_snapshot};
+use crate::file::{read_snapshot, write_snapshot};
 use crate::format::{Compat, Snapshot};
 
 /// File extension of cache entries.
@@ -26,24 +27,12 @@ pub const SNAPSHOT_EXT: &str = "kvsnap";
 /// its pid answers (pids are reused) or liveness cannot be read.
 const STALE_PARTIAL: Duration = Duration::from_secs(3600);
 
-/// The writer's pid in a temporary file's name (`.<key>.kvsnap.<pid>.<n>.partial`, see
-/// `file::temp_path`), or `None` when the name is not one of ours.
+/// The writer's pid of a partial cache entry (`.<key>.kvsnap.<pid>.<n>.partial`, named by
+/// `ferrite_files::partial_path`), or `None` when the name is not one of ours.
 fn partial_writer(name: &str) -> Option<u32> {
-    let stem = name.strip_prefix('.')?.strip_suffix(PARTIAL_SUFFIX)?;
-    let mut parts = stem.rsplitn(3, '.');
-    let _n: u64 = parts.next()?.parse().ok()?;
-    let pid = parts.next()?.parse().ok()?;
-    parts
-        .next()
-        .filter(|entry| entry.ends_with(SNAPSHOT_EXT))
-        .map(|_| pid)
-}
-
-/// Whether process `pid` exists, where the system says (`/proc`); `None` elsewhere.
-fn process_alive(pid: u32) -> Option<bool> {
-    Path::new("/proc/self")
-        .exists()
-        .then(|| Path::new("/proc").join(pid.to_string()).exists())
+    ferrite_files::partial_writer(name)
+        .filter(|(target, _)| target.ends_with(SNAPSHOT_EXT))
+        .map(|(_, pid)| pid)
 }
 
 /// A temporary file of the directory and whether its writer may still be writing it.
@@ -305,6 +294,7 @@ fn touch(path: &Path) {
 mod tests {
     use super::*;
     use crate::format::tests::sample;
+    use ferrite_files::PARTIAL_SUFFIX;
     use ferrite_model::KvType;
 
     #[test]

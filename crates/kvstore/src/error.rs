@@ -46,3 +46,10 @@ impl KvStoreError {
         matches!(self, KvStoreError::Corrupt(_) | KvStoreError::NotASnapshot)
     }
 }
+
+/// A failed atomic write keeps its system error (the snapshot's path is the caller's).
+impl From<ferrite_files::FileError> for KvStoreError {
+    fn from(e: ferrite_files::FileError) -> KvStoreError {
+        KvStoreError::Io(e.source)
+    }
+}

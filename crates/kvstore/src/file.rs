@@ -1,63 +1,16 @@
-//! Snapshot files on disk: atomic writes (temporary file in the same directory, fsync,
-//! rename, fsync of the directory) and validated reads; plus the cached SHA-256 of model
-//! files that identifies the model in every header.
+//! Snapshot files on disk: atomic writes (`ferrite_files::write_atomic`) and validated
+//! reads; plus the cached SHA-256 of model files that identifies the model in every header.
 
 use std::fs::File;
-use std::io::{BufReader, BufWriter, Read, Write};
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::io::BufReader;
+use std::path::Path;
 use std::time::UNIX_EPOCH;
 
+use ferrite_files::{FileError, hex};
 use sha2::{Digest, Sha256};
 
 use crate::KvStoreError;
 use crate::format::{Compat, Snapshot, decode, encode, read_tokens};
-
-/// Suffix of temporary files; readers never open them.
-pub const PARTIAL_SUFFIX: &str = ".partial";
-
-/// A name for a temporary file next to `path`, unique within this process and across
-/// processes (pid), so concurrent writers never share one.
-fn temp_path(path: &Path) -> PathBuf {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let name = path
-        .file_name()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    path.with_file_name(format!(
-        ".{name}.{}.{n}{PARTIAL_SUFFIX}",
-        std::process::id()
-    ))
-}
-
-/// Writes `bytes` producer output to `path` atomically: readers see either no file or
-/// the complete one, even if this process is killed at any point.
-pub fn write_atomic(
-    path: &Path,
-    produce: impl FnOnce(&mut dyn Write) -> Result<(), KvStoreError>,
-) -> Result<u64, KvStoreError> {
-    let tmp = temp_path(path);
-    let result = (|| {
-        let file = File::create(&tmp)?;
-        let mut w = BufWriter::with_capacity(1 << 20, file);
-        produce(&mut w)?;
-        let file = w.into_inner().map_err(|e| e.into_error())?;
-        file.sync_all()?;
-        let len = file.metadata()?.len();
-        drop(file);
-        std::fs::rename(&tmp, path)?;
-        // The rename itself must survive a crash too.
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            File::open(dir)?.sync_all()?;
-        }
-        Ok(len)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
-}
 
 /// Writes a snapshot file atomically; returns its size.
 pub fn write_snapshot(
@@ -66,7 +19,7 @@ pub fn write_snapshot(
     state: &ferrite_model::SessionState,
     meta: &[u8],
 ) -> Result<u64, KvStoreError> {
-    write_atomic(path, |w| encode(compat, state, meta, w))
+    ferrite_files::write_atomic(path, |w| encode(compat, state, meta, w))
 }
 
 /// Reads and fully validates a snapshot file for a session described by `want`.
@@ -83,29 +36,12 @@ pub fn read_snapshot_tokens(path: &Path, want: &Compat) -> Result<Vec<u32>, KvSt
     read_tokens(&mut BufReader::new(file), len, want)
 }
 
-fn sha256_file(path: &Path) -> std::io::Result<[u8; 32]> {
-    let mut f = File::open(path)?;
-    let mut sha = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = f.read(&mut buf)?;
-        if n == 0 {
-            return Ok(sha.finalize().into());
-        }
-        sha.update(&buf[..n]);
-    }
-}
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
 /// SHA-256 of a model file. With `cache_dir`, the digest is remembered in
 /// `cache_dir/model-sha256/` under a key made of the canonical path, size and modification
 /// time, so it is computed once per file version rather than at every start.
 pub fn model_sha256(path: &Path, cache_dir: Option<&Path>) -> std::io::Result<[u8; 32]> {
     let Some(cache_dir) = cache_dir else {
-        return sha256_file(path);
+        return Ok(ferrite_files::sha256_file(path).map_err(|e| e.source)?);
     };
     let meta = std::fs::metadata(path)?;
     let mtime = meta
@@ -131,10 +67,13 @@ pub fn model_sha256(path: &Path, cache_dir: Option<&Path>) -> std::io::Result<[u
             }
         }
     }
-    let sha = sha256_file(path)?;
+    let sha = ferrite_files::sha256_file(path).map_err(|e| e.source)?;
     std::fs::create_dir_all(&dir)?;
     // A failed cache write only costs recomputing next time.
-    let _ = write_atomic(&entry, |w| Ok(w.write_all(hex(&sha).as_bytes())?));
+    let _ = ferrite_files::write_atomic(&entry, |w| {
+        w.write_all(hex(&sha).as_bytes())
+            .map_err(|e| FileError::new(&entry, e))
+    });
     Ok(sha)
 }
 
@@ -145,7 +84,7 @@ mod tests {
     use ferrite_model::KvType;
 
     #[test]
-    fn atomic_write_leaves_no_temporary_files() {
+    fn a_snapshot_is_written_whole_and_read_back() {
         let dir = tempfile::tempdir().unwrap();
         let (c, s) = sample(5, KvType::F16, true);
         let path = dir.path().join("a.kvsnap");
@@ -153,18 +92,11 @@ mod tests {
         assert_eq!(len, std::fs::metadata(&path).unwrap().len());
         assert_eq!(read_snapshot(&path, &c).unwrap().state, s);
         assert_eq!(read_snapshot_tokens(&path, &c).unwrap(), s.tokens);
-        // A failing producer leaves neither the target nor a temporary file.
-        let bad = dir.path().join("b.kvsnap");
-        let err = write_atomic(&bad, |w| {
-            w.write_all(b"half")?;
-            Err(KvStoreError::Corrupt("producer failed".into()))
-        });
-        assert!(err.is_err());
         let names: Vec<_> = std::fs::read_dir(dir.path())
             .unwrap()
             .map(|e| e.unwrap().file_name())
             .collect();
-        assert_eq!(names, ["a.kvsnap"]);
+        assert_eq!(names, ["a.kvsnap"], "no partial file is left");
     }
 
     #[test]

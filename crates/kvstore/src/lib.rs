@@ -11,7 +11,7 @@
 //!
 //! Design choices: reading validates every length against the file size before allocating
 //! anything ([`decode`]); writes go to a temporary file that is fsynced and renamed
-//! ([`write_atomic`]), so a killed writer leaves no file a reader would open; the cache
+//! (`ferrite_files::write_atomic`), so a killed writer leaves no file a reader would open; the cache
 //! directory ([`DiskCache`]) names files by chained block hashes ([`chain_hashes`]) and
 //! evicts least-recently-used files within a byte budget, never the one just written.
 //!
@@ -39,9 +39,7 @@ mod format;
 
 pub use dir::{DiskCache, DiskEntry, DiskUsage, SNAPSHOT_EXT, chain_hashes, compat_seed};
 pub use error::KvStoreError;
-pub use file::{
-    PARTIAL_SUFFIX, model_sha256, read_snapshot, read_snapshot_tokens, write_atomic, write_snapshot,
-};
+pub use file::{model_sha256, read_snapshot, read_snapshot_tokens, write_snapshot};
 pub use format::{
     Compat, FERRITE_VERSION, FORMAT_VERSION, HEADER_LEN, Header, MAGIC, Snapshot, SnapshotBackend,
     check_compat, decode, encode, parse_header, read_header, read_tokens,
