@@ -41,7 +41,7 @@ pub fn read_snapshot_tokens(path: &Path, want: &Compat) -> Result<Vec<u32>, KvSt
 /// time, so it is computed once per file version rather than at every start.
 pub fn model_sha256(path: &Path, cache_dir: Option<&Path>) -> std::io::Result<[u8; 32]> {
     let Some(cache_dir) = cache_dir else {
-        return Ok(ferrite_files::sha256_file(path).map_err(|e| e.source)?);
+        return ferrite_files::sha256_file(path).map_err(|e| e.source);
     };
     let meta = std::fs::metadata(path)?;
     let mtime = meta
