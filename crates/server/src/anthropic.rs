@@ -202,12 +202,9 @@ async fn message(
     let stop = parse::opt_stops(&obj, "stop_sequences")?;
     let stream = opt_bool(&obj, "stream")?.unwrap_or(false);
     let mut sampling = generate::sampling(&obj, 1.0)?;
-    sampling.format = match forced {
-        Some(call) => call.format(&output)?,
-        None => {
-            crate::structured::after_reasoning(crate::structured::requested(&obj, None)?, &output)?
-        }
-    };
+    if let Some(call) = forced {
+        sampling.format = call;
+    }
     let opts = GenOptions {
         sampling,
         max_tokens: (max_tokens as usize).min(generate::room(backend.as_ref(), prompt.len())),

@@ -40,7 +40,6 @@ mod openai;
 mod parse;
 mod responses;
 mod routes;
-mod structured;
 #[cfg(test)]
 mod testing;
 mod tool_choice;
