@@ -188,7 +188,7 @@ fn a_json_schema_holds_the_answer() {
     pull("smollm2-135m-instruct");
     let schema = r#"{"type": "object", "properties": {"name": {"type": "string"},
         "legs": {"type": "integer"}, "sounds": {"type": "array", "items": {"type": "string"},
-        "maxItems": 3}}, "required": ["name", "legs", "sounds"]}"#;
+        "maxItems": 3}}, "required": ["name", "legs", "sounds"], "additionalProperties": false}"#;
     let base = ["run", "--temp", "0", "--max-tokens", "120"];
     let prompt = "Describe a cat as JSON.";
     let (stdout, _) = run_ok(&[&base[..], &["--json-schema", schema, prompt]].concat());
@@ -234,7 +234,7 @@ fn a_json_schema_holds_the_answer() {
 fn a_chat_holds_every_reply_to_the_schema() {
     pull("smollm2-135m-instruct");
     let schema = r#"{"type": "object", "properties": {"name": {"type": "string"},
-        "legs": {"type": "integer"}}, "required": ["name", "legs"]}"#;
+        "legs": {"type": "integer"}}, "required": ["name", "legs"], "additionalProperties": false}"#;
     let base = [
         "run",
         "--temp",
