@@ -4,7 +4,9 @@
 Each model is a randomly initialised transformers checkpoint (seed fixed) of one architecture
 ferrite supports: llama (plain, and with Llama 3 rope scaling), mistral (sliding window shorter
 than the prompts), qwen2 (q/k/v biases), qwen3 (q/k norms, head_dim != hidden/heads), qwen3moe
-and mixtral (mixture of experts, top-2). Weights are drawn with a larger spread than the
+and mixtral (mixture of experts, top-2), gemma2 (attention and final logit soft-capping,
+alternating sliding/global layers), gemma3 (Gemma3ForCausalLM with linear rope scaling on its
+global layers) and phi3 (LongRoPE: short factors below the original context, long above). Weights are drawn with a larger spread than the
 transformers default so the logits are far from uniform: a top-1 that wins by a wide margin
 survives f16 and Q8_0 rounding, so the tests can demand top-1 agreement.
 
@@ -124,6 +126,60 @@ MODELS = {
             rope_theta=1000000.0,
             sliding_window=None,
             output_router_logits=False,
+        ),
+        False,
+        torch.float32,
+    ),
+    "gemma2": (
+        "Gemma2Config",
+        dict(
+            num_hidden_layers=3,
+            head_dim=16,
+            query_pre_attn_scalar=16,
+            sliding_window=8,
+            # Caps near the random network's score and logit spreads (~±40 logits), so both
+            # change the logits; a lower final cap compresses the top of the distribution
+            # into near-ties.
+            attn_logit_softcapping=20.0,
+            final_logit_softcapping=50.0,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+            hidden_activation="gelu_pytorch_tanh",
+        ),
+        False,
+        torch.float32,
+    ),
+    "gemma3": (
+        "Gemma3TextConfig",
+        dict(
+            num_hidden_layers=3,
+            head_dim=16,
+            query_pre_attn_scalar=16,
+            sliding_window=8,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+            rope_theta=1000000.0,
+            rope_local_base_freq=10000.0,
+            rope_scaling=dict(rope_type="linear", factor=8.0),
+            hidden_activation="gelu_pytorch_tanh",
+        ),
+        True,
+        torch.float32,
+    ),
+    "phi3": (
+        "Phi3Config",
+        dict(
+            num_hidden_layers=3,
+            # Original context 64: the three short prompts and their continuations stay
+            # inside it (short factors), the long one is past it from its first step (long
+            # factors), so both factor sets are checked.
+            original_max_position_embeddings=64,
+            rope_theta=10000.0,
+            rope_scaling=dict(
+                type="longrope",
+                short_factor=[1.0 + 0.1 * i for i in range(8)],
+                long_factor=[1.5 + 0.3 * i for i in range(8)],
+            ),
+            sliding_window=None,
+            pad_token_id=0,
         ),
         False,
         torch.float32,
@@ -252,17 +308,22 @@ def logits_of(model, ids):
     return model(torch.tensor([ids])).logits[0].to(torch.float32)
 
 
-# A feature whose effect the fixture must show: turning it off changes the recorded logits.
-FEATURE_KEYS = {"llama3": "rope_scaling", "mistral": "sliding_window"}
+# Features whose effect the fixture must show: turning each off changes the recorded logits.
+FEATURE_KEYS = {
+    "llama3": ["rope_scaling"],
+    "mistral": ["sliding_window"],
+    "gemma2": ["attn_logit_softcapping", "final_logit_softcapping"],
+    "gemma3": ["rope_scaling"],
+    "phi3": ["rope_scaling"],
+}
 
 
 def check_feature_matters(name: str, spec, attempt: int, seed: int, model, ids) -> None:
-    if name not in FEATURE_KEYS:
-        return
-    plain = make_model(name, spec, attempt, drop=FEATURE_KEYS[name], seed=seed)
-    delta = float((logits_of(model, ids) - logits_of(plain, ids)).abs().max())
-    print(f"{name}: max |delta logit| without {FEATURE_KEYS[name]} = {delta:.3f}")
-    assert delta > 0.5, f"{name}: {FEATURE_KEYS[name]} does not change the logits"
+    for key in FEATURE_KEYS.get(name, []):
+        plain = make_model(name, spec, attempt, drop=key, seed=seed)
+        delta = float((logits_of(model, ids) - logits_of(plain, ids)).abs().max())
+        print(f"{name}: max |delta logit| without {key} = {delta:.3f}")
+        assert delta > 0.5, f"{name}: {key} does not change the logits"
 
 
 def record(model, tok, name: str):
@@ -317,14 +378,15 @@ def main() -> None:
     ap.add_argument("out", nargs="?", type=pathlib.Path, default=ROOT / "fixtures/arch")
     ap.add_argument("--seed", type=int, default=SEED, help="another seed makes a held-out set")
     ap.add_argument("--alt-shapes", action="store_true", help="held-out shapes (ALT_COMMON)")
+    ap.add_argument("--only", nargs="+", metavar="NAME", help="make only these models")
     args = ap.parse_args()
     out_root, seed = args.out, args.seed
-    models = MODELS
+    models = {n: s for n, s in MODELS.items() if not args.only or n in args.only}
     if args.alt_shapes:
         COMMON.update(ALT_COMMON)
         models = {
             n: (cls, {**extra, **ALT_EXTRA.get(n, {})}, tie, dt)
-            for n, (cls, extra, tie, dt) in MODELS.items()
+            for n, (cls, extra, tie, dt) in models.items()
         }
     torch.set_num_threads(1)
     tok_dir = out_root / ".tokenizer"
@@ -339,10 +401,11 @@ def main() -> None:
             model = make_model(name, spec, attempt, seed=seed)
             lines, raw = record(model, tok, name)
             margin = min(line["min_top1_margin"] for line in lines)
-            if margin >= MIN_MARGIN and q8_0_keeps_top1(model, lines):
+            consistent = all(line["argmax_consistent"] for line in lines)
+            if margin >= MIN_MARGIN and consistent and q8_0_keeps_top1(model, lines):
                 break
         else:
-            raise SystemExit(f"{name}: no draw without near-ties")
+            raise SystemExit(f"{name}: no draw without near-ties (last: margin {margin}, consistent {consistent})")
         model.save_pretrained(out, safe_serialization=True)
         if spec[3] != torch.float32:
             # save_pretrained writes float32; store the rounded weights in their own dtype.

@@ -32,6 +32,8 @@ pub enum Key {
     RopeDimensionCount,
     /// Rope scaling type.
     RopeScalingType,
+    /// Linear rope scaling factor (positions are divided by it).
+    RopeScalingFactor,
     /// Sliding-window length.
     SlidingWindow,
     /// Which layers slide (one bool per layer).
@@ -62,7 +64,7 @@ pub enum Key {
 
 impl Key {
     /// Every key.
-    pub const ALL: [Key; 25] = [
+    pub const ALL: [Key; 26] = [
         Key::BlockCount,
         Key::ContextLength,
         Key::EmbeddingLength,
@@ -75,6 +77,7 @@ impl Key {
         Key::RopeFreqBase,
         Key::RopeDimensionCount,
         Key::RopeScalingType,
+        Key::RopeScalingFactor,
         Key::SlidingWindow,
         Key::SlidingWindowPattern,
         Key::VocabSize,
@@ -105,6 +108,7 @@ impl Key {
             Key::RopeFreqBase => "rope.freq_base",
             Key::RopeDimensionCount => "rope.dimension_count",
             Key::RopeScalingType => "rope.scaling.type",
+            Key::RopeScalingFactor => "rope.scaling.factor",
             Key::SlidingWindow => "attention.sliding_window",
             Key::SlidingWindowPattern => "attention.sliding_window_pattern",
             Key::VocabSize => "vocab_size",
@@ -148,6 +152,7 @@ mod tests {
             "llama.rope.freq_base",
             "llama.rope.dimension_count",
             "llama.rope.scaling.type",
+            "llama.rope.scaling.factor",
             "llama.attention.sliding_window",
             "llama.attention.sliding_window_pattern",
             "llama.vocab_size",

@@ -45,6 +45,8 @@ pub enum Arch {
     Llama,
     /// Gemma 3 text models.
     Gemma3,
+    /// Gemma 2 (soft-capped attention and output logits).
+    Gemma2,
     /// Qwen 2 / 2.5 (q/k/v biases).
     Qwen2,
     /// Qwen 3 dense (q/k norms).
@@ -108,7 +110,7 @@ pub struct ArchEntry {
 }
 
 /// The table, in the order of [`Arch`]'s variants.
-pub const ARCHES: [ArchEntry; 5] = [
+pub const ARCHES: [ArchEntry; 6] = [
     ArchEntry {
         arch: Arch::Llama,
         name: "llama",
@@ -127,6 +129,18 @@ pub const ARCHES: [ArchEntry; 5] = [
         features: Features {
             interleaved_rope: false,
             qk_norm: true,
+            post_norms: true,
+            qkv_bias: Presence::Never,
+            out_bias: Presence::Never,
+            experts: Presence::Never,
+        },
+    },
+    ArchEntry {
+        arch: Arch::Gemma2,
+        name: "gemma2",
+        features: Features {
+            interleaved_rope: false,
+            qk_norm: false,
             post_norms: true,
             qkv_bias: Presence::Never,
             out_bias: Presence::Never,
@@ -173,9 +187,10 @@ pub const ARCHES: [ArchEntry; 5] = [
 
 impl Arch {
     /// Every architecture, in table order.
-    pub const ALL: [Arch; 5] = [
+    pub const ALL: [Arch; 6] = [
         Arch::Llama,
         Arch::Gemma3,
+        Arch::Gemma2,
         Arch::Qwen2,
         Arch::Qwen3,
         Arch::Qwen3Moe,
@@ -245,6 +260,16 @@ mod tests {
                 "gemma3",
                 false,
                 true,
+                true,
+                Never,
+                Never,
+                Never,
+            ),
+            (
+                Arch::Gemma2,
+                "gemma2",
+                false,
+                false,
                 true,
                 Never,
                 Never,

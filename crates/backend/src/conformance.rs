@@ -192,7 +192,13 @@ pub fn ops() -> Vec<Op> {
     for kv in [KvType::F32, KvType::F16, KvType::Q8] {
         ops.push(Op::KvStore { kv });
         for head_dim in [8, 64] {
-            ops.push(Op::Attention { kv, head_dim });
+            for softcap in [false, true] {
+                ops.push(Op::Attention {
+                    kv,
+                    head_dim,
+                    softcap,
+                });
+            }
         }
     }
     ops.extend([
@@ -237,7 +243,11 @@ pub fn run<B: Backend>(b: &B) -> Report {
                 reference::rope(b, r, style, scaled, Some(kv), &mut out)
             }
             Op::KvStore { kv } => reference::kv_store(b, r, kv, &mut out),
-            Op::Attention { kv, head_dim } => reference::attention(b, r, kv, head_dim, &mut out),
+            Op::Attention {
+                kv,
+                head_dim,
+                softcap,
+            } => reference::attention(b, r, kv, head_dim, softcap, &mut out),
             Op::GatedAct { act } => reference::gated_act(b, r, act, &mut out),
             Op::MoeRoute { n_expert } => reference::moe_route(b, r, n_expert, &mut out),
             Op::TopK { k } => reference::top_k(b, r, k, &mut out),
@@ -392,6 +402,7 @@ fn attn_shape(
     n_kv_head: usize,
     head_dim: usize,
     window: Option<usize>,
+    softcap: Option<f32>,
 ) -> AttnShape {
     AttnShape {
         n_head,
@@ -399,6 +410,7 @@ fn attn_shape(
         head_dim,
         scale: 1.0 / (head_dim as f32).sqrt(),
         window,
+        softcap,
     }
 }
 

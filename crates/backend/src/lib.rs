@@ -22,7 +22,7 @@
 //! ```
 //! use ferrite_backend::{KvType, Op, Support};
 //! // What a model asks a backend before running: an op with its data type.
-//! let op = Op::Attention { kv: KvType::Q8, head_dim: 48 };
+//! let op = Op::Attention { kv: KvType::Q8, head_dim: 48, softcap: false };
 //! assert_eq!((op.name(), op.dtype()), ("attention", "q8 KV".to_string()));
 //! assert!(!Support::Unsupported("q8 needs whole blocks".into()).runs());
 //! assert_eq!(KvType::Q8.row_elems(2, 64), Some(4));

@@ -83,6 +83,8 @@ pub enum Op {
         kv: KvType,
         /// Values per head.
         head_dim: usize,
+        /// With soft-capped scores ([`crate::AttnShape::softcap`]).
+        softcap: bool,
     },
     /// The gated FFN activation ([`crate::Backend::gated_act`]).
     GatedAct {

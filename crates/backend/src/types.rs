@@ -96,6 +96,9 @@ pub struct AttnShape {
     /// Sliding-window length, `None` for full causal attention. A query at position `p`
     /// sees keys at `kv <= p` with `p - kv < w`.
     pub window: Option<usize>,
+    /// Soft cap of the scaled scores, `cap · tanh(s / cap)` before the mask and softmax
+    /// (Gemma 2); `None` for plain scores.
+    pub softcap: Option<f32>,
 }
 
 /// How one layer rotates its query and key rows.

@@ -10,7 +10,8 @@
 //! drawn so that every greedy step wins by a log-prob margin ≥ 0.02, so top-1 is a fair
 //! demand. Also checked: the naive f64 reference against the optimized path on each
 //! converted model, and mutants of the converted files (q/k/v biases zeroed, one expert
-//! instead of two) that the f32 check must reject.
+//! instead of two, Gemma 2's soft caps off, linear rope scaling off) that the f32 check must
+//! reject.
 //!
 //! `FERRITE_ARCH_FIXTURES` names another directory of the same layout (the held-out set); a
 //! missing or empty directory is a failure.
@@ -302,6 +303,37 @@ fn mutant(src: &Path, dst: &Path, extra: &[(&str, Value)], zero: &[&str]) -> boo
     changed
 }
 
+/// The features a converted file's metadata shows, each as a mutation that knocks it out:
+/// label, metadata to set, tensors (by name suffix) to zero.
+fn mutations(g: &Gguf) -> Vec<(String, Vec<(String, Value)>, Vec<&'static str>)> {
+    let arch = g.get_str("general.architecture").unwrap().to_owned();
+    let mut out = Vec::new();
+    let experts_key = format!("{arch}.expert_used_count");
+    if g.get(&experts_key).is_some() {
+        out.push((
+            "one expert".into(),
+            vec![(experts_key, Value::U32(1))],
+            vec![],
+        ));
+    }
+    if g.tensors().iter().any(|t| t.name.ends_with(".bias")) {
+        let zero = vec!["attn_q.bias", "attn_k.bias", "attn_v.bias"];
+        out.push(("no q/k/v biases".into(), vec![], zero));
+    }
+    // A zero cap is no cap; a factor of 1 is no scaling.
+    for (key, off) in [
+        ("attn_logit_softcapping", Value::F32(0.0)),
+        ("final_logit_softcapping", Value::F32(0.0)),
+        ("rope.scaling.factor", Value::F32(1.0)),
+    ] {
+        let key = format!("{arch}.{key}");
+        if g.get(&key).is_some() {
+            out.push((format!("{key} = {off:?}"), vec![(key, off)], vec![]));
+        }
+    }
+    out
+}
+
 #[test]
 fn mutated_models_fail_the_f32_check() {
     // Test of the test: a converted model with a feature knocked out must fail the bound
@@ -313,28 +345,19 @@ fn mutated_models_fail_the_f32_check() {
         let (cases, want) = reference_of(&dir);
         let f32_path = convert(&dir, tmp.path(), "f32");
         let g = Gguf::open(&f32_path).unwrap();
-        let arch = g.get_str("general.architecture").unwrap().to_owned();
-        let experts_key = format!("{arch}.expert_used_count");
-        let bad = tmp.path().join(format!("{n}-mutant.gguf"));
-        let made = if g.get(&experts_key).is_some() {
-            mutant(&f32_path, &bad, &[(&experts_key, Value::U32(1))], &[])
-        } else if g.tensors().iter().any(|t| t.name.ends_with(".bias")) {
-            mutant(
-                &f32_path,
-                &bad,
-                &[],
-                &["attn_q.bias", "attn_k.bias", "attn_v.bias"],
-            )
-        } else {
-            false
-        };
-        if !made {
-            continue;
+        for (i, (label, extra, zero)) in mutations(&g).into_iter().enumerate() {
+            let bad = tmp.path().join(format!("{n}-mutant-{i}.gguf"));
+            let extra: Vec<(&str, Value)> =
+                extra.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+            assert!(mutant(&f32_path, &bad, &extra, &zero), "{n}: {label}");
+            tried += 1;
+            let st = score(&load(&bad), &cases, &want);
+            println!("{n} mutant ({label}): {st:?}");
+            assert!(
+                st.check_f32().is_err(),
+                "{n}: mutant ({label}) passed: {st:?}"
+            );
         }
-        tried += 1;
-        let st = score(&load(&bad), &cases, &want);
-        println!("{n} mutant: {st:?}");
-        assert!(st.check_f32().is_err(), "{n}: mutant passed: {st:?}");
     }
-    assert!(tried > 0, "no fixture has biases or experts to mutate");
+    assert!(tried > 0, "no fixture has a feature to knock out");
 }

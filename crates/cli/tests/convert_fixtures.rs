@@ -36,6 +36,8 @@ fn expected_arch(config: &Value) -> &'static str {
         "Qwen2ForCausalLM" => "qwen2",
         "Qwen3ForCausalLM" => "qwen3",
         "Qwen3MoeForCausalLM" => "qwen3moe",
+        "Gemma2ForCausalLM" => "gemma2",
+        "Gemma3ForCausalLM" => "gemma3",
         _ => "llama",
     }
 }

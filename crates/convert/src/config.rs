@@ -3,7 +3,10 @@
 //! Which GGUF architecture a Hugging Face class becomes, and the keys written, follow
 //! llama.cpp's converter (see docs/gguf-conventions.md): Llama, Mistral and Mixtral all become
 //! `llama` (Q/K rows permuted for interleaved rope; Mixtral adds expert counts), Qwen 2/3
-//! become `qwen2`/`qwen3`, Qwen3-MoE becomes `qwen3moe` (neox rope, no permutation). Missing
+//! become `qwen2`/`qwen3`, Qwen3-MoE becomes `qwen3moe` (neox rope, no permutation), Gemma 2
+//! and Gemma 3 (`Gemma3ForCausalLM`) become `gemma2`/`gemma3` (norm weights stored as
+//! `1 + w`, soft caps, linear rope scaling of the global layers, the sliding layers of
+//! `layer_types` as `attention.sliding_window_pattern`). Missing
 //! optional keys take the defaults transformers' config classes use, so the GGUF describes
 //! the model transformers would build. Anything that would change the computation and is
 //! not handled (another activation, partial rope, a rope scaling other than llama3,
@@ -31,6 +34,10 @@ pub enum Family {
     Qwen3,
     /// `Qwen3MoeForCausalLM`.
     Qwen3Moe,
+    /// `Gemma2ForCausalLM`.
+    Gemma2,
+    /// `Gemma3ForCausalLM` (the text model).
+    Gemma3,
 }
 
 impl Family {
@@ -48,6 +55,8 @@ impl Family {
                 "Qwen2ForCausalLM" => Family::Qwen2,
                 "Qwen3ForCausalLM" => Family::Qwen3,
                 "Qwen3MoeForCausalLM" => Family::Qwen3Moe,
+                "Gemma2ForCausalLM" => Family::Gemma2,
+                "Gemma3ForCausalLM" => Family::Gemma3,
                 _ => return None,
             })
         });
@@ -62,6 +71,8 @@ impl Family {
             (None, Some("qwen2")) => Ok(Family::Qwen2),
             (None, Some("qwen3")) => Ok(Family::Qwen3),
             (None, Some("qwen3_moe")) => Ok(Family::Qwen3Moe),
+            (None, Some("gemma2")) => Ok(Family::Gemma2),
+            (None, Some("gemma3_text")) => Ok(Family::Gemma3),
             (Some(c), _) => Err(ConvertError::UnsupportedArchitecture(c.to_owned())),
             (None, Some(t)) => Err(ConvertError::UnsupportedArchitecture(t.to_owned())),
             (None, None) => Err(ConvertError::BadConfig {
@@ -78,7 +89,15 @@ impl Family {
             Family::Qwen2 => Arch::Qwen2,
             Family::Qwen3 => Arch::Qwen3,
             Family::Qwen3Moe => Arch::Qwen3Moe,
+            Family::Gemma2 => Arch::Gemma2,
+            Family::Gemma3 => Arch::Gemma3,
         }
+    }
+
+    /// Gemma stores RMSNorm weights as offsets from 1 (`1 + w` is the scale) and names its
+    /// four per-layer norms its own way.
+    pub fn gemma(self) -> bool {
+        matches!(self, Family::Gemma2 | Family::Gemma3)
     }
 
     /// The GGUF `general.architecture` this family is written as.
@@ -94,7 +113,7 @@ impl Family {
     /// transformers' default `rope_theta`.
     fn default_rope_theta(self) -> f64 {
         match self {
-            Family::Mixtral => 1e6,
+            Family::Mixtral | Family::Gemma3 => 1e6,
             _ => 1e4,
         }
     }
@@ -105,6 +124,8 @@ impl Family {
             Family::Llama => 2048,
             Family::Mistral | Family::Mixtral => 4096 * 32,
             Family::Qwen2 | Family::Qwen3 | Family::Qwen3Moe => 32768,
+            Family::Gemma2 => 8192,
+            Family::Gemma3 => 131_072,
         }
     }
 
@@ -182,6 +203,10 @@ pub struct HfConfig {
     pub rope_theta: f64,
     /// Llama 3 rope scaling, if configured.
     pub llama3_rope: Option<Llama3Rope>,
+    /// Linear rope scaling's factor (positions divided by it; Gemma 3: global layers only).
+    pub linear_rope: Option<f64>,
+    /// Gemma 2's soft caps of the attention scores and of the output logits.
+    pub softcaps: [Option<f64>; 2],
     /// Output projection shares the embedding matrix.
     pub tie_embeddings: bool,
     /// MoE settings, for MoE families.
@@ -257,13 +282,19 @@ impl HfConfig {
 
     fn from_map(cfg: &Map<String, Json>) -> Result<HfConfig, ConvertError> {
         let family = Family::from_config(cfg)?;
+        let (act_key, want) = if family.gemma() {
+            ("hidden_activation", "gelu_pytorch_tanh")
+        } else {
+            ("hidden_act", "silu")
+        };
         let act = cfg
-            .get("hidden_act")
+            .get(act_key)
+            .or_else(|| cfg.get("hidden_act"))
             .and_then(Json::as_str)
-            .unwrap_or("silu");
-        if act != "silu" {
+            .unwrap_or(want);
+        if act != want {
             return Err(ConvertError::UnsupportedFeature(format!(
-                "hidden_act {act:?} (only silu)"
+                "{act_key} {act:?} (only {want} for this family)"
             )));
         }
         let n_layer = need_usize(cfg, "num_hidden_layers")?;
@@ -292,6 +323,16 @@ impl HfConfig {
         if head_dim % 2 != 0 {
             return Err(bad("head_dim", "must be even for rope"));
         }
+        // ferrite's Gemma scales queries by 1/sqrt(head_dim), as every Gemma but 2 27B and
+        // 3 27B does; those would need a key no reader has.
+        if family.gemma()
+            && let Some(s) = get_f64(cfg, "query_pre_attn_scalar")?
+            && s != head_dim as f64
+        {
+            return Err(ConvertError::UnsupportedFeature(format!(
+                "query_pre_attn_scalar {s} other than head_dim {head_dim}"
+            )));
+        }
         let n_vocab = need_usize(cfg, "vocab_size")?;
         let ctx =
             get_usize(cfg, "max_position_embeddings")?.map_or(family.default_ctx(), |c| c as u64);
@@ -300,11 +341,29 @@ impl HfConfig {
         if !(rms_eps.is_finite() && rms_eps >= 0.0) {
             return Err(bad("rms_norm_eps", "must be a finite number ≥ 0"));
         }
-        let (rope_theta, llama3_rope) = rope(cfg, family)?;
+        let (rope_theta, llama3_rope, linear_rope) = rope(cfg, family)?;
         if !(rope_theta.is_finite() && rope_theta > 0.0) {
             return Err(bad("rope_theta", "must be a finite number > 0"));
         }
-        let tie_embeddings = get_bool(cfg, "tie_word_embeddings")?.unwrap_or(false);
+        let tie_embeddings = get_bool(cfg, "tie_word_embeddings")?.unwrap_or(family.gemma());
+        let mut softcaps = [None; 2];
+        for (cap, key) in softcaps
+            .iter_mut()
+            .zip(["attn_logit_softcapping", "final_logit_softcapping"])
+        {
+            *cap = match get_f64(cfg, key)? {
+                None => None,
+                Some(c) if family == Family::Gemma2 && c.is_finite() && c > 0.0 => Some(c),
+                Some(c) if family == Family::Gemma2 => {
+                    return Err(bad(key, format!("{c} is not a positive cap")));
+                }
+                Some(_) => {
+                    return Err(ConvertError::UnsupportedFeature(format!(
+                        "{key} outside Gemma 2"
+                    )));
+                }
+            };
+        }
         let experts = experts(cfg, family)?;
         let sliding_window = sliding_window(cfg, family, n_layer)?;
         Ok(HfConfig {
@@ -321,6 +380,8 @@ impl HfConfig {
             rms_eps,
             rope_theta,
             llama3_rope,
+            linear_rope,
+            softcaps,
             tie_embeddings,
             experts,
             sliding_window,
@@ -360,6 +421,18 @@ impl HfConfig {
             }
             if let Some(norm) = e.norm_topk {
                 m.push((k(Key::ExpertWeightsNorm), Value::Bool(norm)));
+            }
+        }
+        if let Some(f) = self.linear_rope {
+            m.push((k(Key::RopeScalingType), Value::String("linear".into())));
+            m.push((k(Key::RopeScalingFactor), Value::F32(f as f32)));
+        }
+        for (key, cap) in [Key::AttnLogitSoftcapping, Key::FinalLogitSoftcapping]
+            .into_iter()
+            .zip(self.softcaps)
+        {
+            if let Some(c) = cap {
+                m.push((k(key), Value::F32(c as f32)));
             }
         }
         if let Some(sw) = &self.sliding_window {
@@ -408,7 +481,7 @@ impl HfConfig {
 fn rope(
     cfg: &Map<String, Json>,
     family: Family,
-) -> Result<(f64, Option<Llama3Rope>), ConvertError> {
+) -> Result<(f64, Option<Llama3Rope>, Option<f64>), ConvertError> {
     if let Some(f) = get_f64(cfg, "partial_rotary_factor")?
         && f != 1.0
     {
@@ -423,6 +496,10 @@ fn rope(
         (None | Some(Json::Null), None | Some(Json::Null)) => ("rope_scaling", &empty),
         _ => return Err(bad("rope_scaling", "expected an object or null")),
     };
+    let (key, params) = match family {
+        Family::Gemma3 => gemma3_global_rope(cfg, key, params)?,
+        _ => (key, params),
+    };
     let theta = match get_f64(params, "rope_theta")? {
         Some(t) => t,
         None => get_f64(cfg, "rope_theta")?.unwrap_or(family.default_rope_theta()),
@@ -432,6 +509,12 @@ fn rope(
         .or_else(|| params.get("type"))
         .and_then(Json::as_str)
         .unwrap_or("default");
+    if kind == "linear" {
+        let factor = get_f64(params, "factor")?
+            .filter(|f| f.is_finite() && *f > 0.0)
+            .ok_or_else(|| bad(&format!("{key}.factor"), "linear rope needs a factor > 0"))?;
+        return Ok((theta, None, Some(factor)));
+    }
     let scaling = match kind {
         "default" => None,
         "llama3" => {
@@ -456,11 +539,51 @@ fn rope(
         }
         other => {
             return Err(ConvertError::UnsupportedFeature(format!(
-                "{key} type {other:?} (supported: default, llama3)"
+                "{key} type {other:?} (supported: default, linear, llama3)"
             )));
         }
     };
-    Ok((theta, scaling))
+    Ok((theta, scaling, None))
+}
+
+/// Gemma 3's local rope base: GGUF has no key for it, so readers hard-code it.
+const GEMMA3_LOCAL_ROPE_BASE: f64 = 10_000.0;
+
+/// The rope parameters of Gemma 3's global layers: transformers 5 nests them per layer type
+/// (`rope_parameters.full_attention`), older configs are flat with `rope_local_base_freq`.
+/// The sliding layers' rope must be the plain 10 000 base every reader assumes.
+fn gemma3_global_rope<'c>(
+    cfg: &'c Map<String, Json>,
+    key: &'static str,
+    params: &'c Map<String, Json>,
+) -> Result<(&'static str, &'c Map<String, Json>), ConvertError> {
+    let local = match params.get("sliding_attention") {
+        Some(Json::Object(p)) => {
+            let kind = p
+                .get("rope_type")
+                .and_then(Json::as_str)
+                .unwrap_or("default");
+            if kind != "default" {
+                return Err(ConvertError::UnsupportedFeature(format!(
+                    "{key}.sliding_attention type {kind:?} (only default)"
+                )));
+            }
+            get_f64(p, "rope_theta")?
+        }
+        _ => get_f64(cfg, "rope_local_base_freq")?,
+    };
+    if let Some(b) = local
+        && b != GEMMA3_LOCAL_ROPE_BASE
+    {
+        return Err(ConvertError::UnsupportedFeature(format!(
+            "a local rope base of {b} (readers assume {GEMMA3_LOCAL_ROPE_BASE})"
+        )));
+    }
+    match params.get("full_attention") {
+        Some(Json::Object(p)) => Ok(("rope_parameters.full_attention", p)),
+        Some(_) => Err(bad(&format!("{key}.full_attention"), "expected an object")),
+        None => Ok((key, params)),
+    }
 }
 
 fn experts(cfg: &Map<String, Json>, family: Family) -> Result<Option<Experts>, ConvertError> {
@@ -509,6 +632,23 @@ fn experts(cfg: &Map<String, Json>, family: Family) -> Result<Option<Experts>, C
     })
 }
 
+/// The layers `layer_types` marks `sliding_attention`, when the config has the list.
+fn sliding_layers(
+    cfg: &Map<String, Json>,
+    n_layer: usize,
+) -> Result<Option<Vec<bool>>, ConvertError> {
+    match cfg.get("layer_types").and_then(Json::as_array) {
+        Some(types) if types.len() == n_layer => Ok(Some(
+            types
+                .iter()
+                .map(|t| t.as_str() == Some("sliding_attention"))
+                .collect(),
+        )),
+        Some(_) => Err(bad("layer_types", "length differs from num_hidden_layers")),
+        None => Ok(None),
+    }
+}
+
 /// Mistral and Mixtral slide on every layer when `sliding_window` is set; Qwen only with
 /// `use_sliding_window`, on the layers `layer_types` marks (else from `max_window_layers`
 /// on), as transformers decides.
@@ -520,17 +660,35 @@ fn sliding_window(
     let window = get_usize(cfg, "sliding_window")?;
     let layers = match family {
         Family::Llama => return Ok(None),
+        Family::Gemma2 | Family::Gemma3 => {
+            if window.is_none() {
+                return Err(bad(
+                    "sliding_window",
+                    "missing (Gemma slides on most layers)",
+                ));
+            }
+            match sliding_layers(cfg, n_layer)? {
+                Some(layers) => layers,
+                // transformers' defaults: Gemma 2 alternates, Gemma 3 has one global layer
+                // in every `sliding_window_pattern` (6).
+                None => {
+                    let every = match family {
+                        Family::Gemma2 => 2,
+                        _ => get_usize(cfg, "sliding_window_pattern")?
+                            .unwrap_or(6)
+                            .max(1),
+                    };
+                    (0..n_layer).map(|i| (i + 1) % every != 0).collect()
+                }
+            }
+        }
         Family::Mistral | Family::Mixtral => vec![true; n_layer],
         Family::Qwen2 | Family::Qwen3 | Family::Qwen3Moe => {
             if !get_bool(cfg, "use_sliding_window")?.unwrap_or(false) {
                 return Ok(None);
             }
-            match cfg.get("layer_types").and_then(Json::as_array) {
-                Some(types) if types.len() == n_layer => types
-                    .iter()
-                    .map(|t| t.as_str() == Some("sliding_attention"))
-                    .collect(),
-                Some(_) => return Err(bad("layer_types", "length differs from num_hidden_layers")),
+            match sliding_layers(cfg, n_layer)? {
+                Some(layers) => layers,
                 None => {
                     let from = get_usize(cfg, "max_window_layers")?.unwrap_or(n_layer);
                     (0..n_layer).map(|i| i >= from).collect()

@@ -47,8 +47,10 @@ pub(crate) enum Mapped {
     Skip,
 }
 
-/// Maps one checkpoint name; `None` when it has no GGUF name.
-pub(crate) fn map(name: &str) -> Option<Mapped> {
+/// Maps one checkpoint name; `None` when it has no GGUF name. `gemma`: Gemma's four
+/// per-layer norms (its `post_attention_layernorm` is the attention output's norm, and
+/// `pre_feedforward_layernorm` the FFN input's).
+pub(crate) fn map(name: &str, gemma: bool) -> Option<Mapped> {
     let plain = |t: GlobalTensor| Some(Mapped::Plain(t.name().to_owned()));
     match name {
         "model.embed_tokens.weight" => return plain(GlobalTensor::TokenEmbd),
@@ -81,6 +83,9 @@ pub(crate) fn map(name: &str) -> Option<Mapped> {
     }
     let role = match stem {
         "input_layernorm" => TensorRole::AttnNorm,
+        "post_attention_layernorm" if gemma => TensorRole::PostAttentionNorm,
+        "pre_feedforward_layernorm" if gemma => TensorRole::FfnNorm,
+        "post_feedforward_layernorm" if gemma => TensorRole::PostFfwNorm,
         "post_attention_layernorm" => TensorRole::FfnNorm,
         "self_attn.q_proj" => TensorRole::AttnQ,
         "self_attn.k_proj" => TensorRole::AttnK,
@@ -127,45 +132,69 @@ fn map_moe(layer: usize, moe: &str, kind: Option<Kind>) -> Option<Mapped> {
 mod tests {
     use super::*;
 
+    fn map_llama(name: &str) -> Option<Mapped> {
+        map(name, false)
+    }
+
+    #[test]
+    fn maps_gemma_norms_like_gguf_py() {
+        for (hf, gguf) in [
+            ("input_layernorm", "attn_norm"),
+            ("post_attention_layernorm", "post_attention_norm"),
+            ("pre_feedforward_layernorm", "ffn_norm"),
+            ("post_feedforward_layernorm", "post_ffw_norm"),
+        ] {
+            let name = format!("model.layers.2.{hf}.weight");
+            assert_eq!(map(&name, true), plain(&format!("blk.2.{gguf}.weight")));
+        }
+        assert_eq!(
+            map("model.layers.0.pre_feedforward_layernorm.weight", false),
+            None
+        );
+    }
+
     fn plain(s: &str) -> Option<Mapped> {
         Some(Mapped::Plain(s.into()))
     }
 
     #[test]
     fn maps_dense_names_like_gguf_py() {
-        assert_eq!(map("model.embed_tokens.weight"), plain("token_embd.weight"));
         assert_eq!(
-            map("model.layers.3.self_attn.q_proj.bias"),
+            map_llama("model.embed_tokens.weight"),
+            plain("token_embd.weight")
+        );
+        assert_eq!(
+            map_llama("model.layers.3.self_attn.q_proj.bias"),
             plain("blk.3.attn_q.bias")
         );
         assert_eq!(
-            map("model.layers.0.self_attn.k_norm.weight"),
+            map_llama("model.layers.0.self_attn.k_norm.weight"),
             plain("blk.0.attn_k_norm.weight")
         );
         assert_eq!(
-            map("model.layers.1.post_attention_layernorm.weight"),
+            map_llama("model.layers.1.post_attention_layernorm.weight"),
             plain("blk.1.ffn_norm.weight")
         );
         assert_eq!(
-            map("model.layers.1.self_attn.rotary_emb.inv_freq"),
+            map_llama("model.layers.1.self_attn.rotary_emb.inv_freq"),
             Some(Mapped::Skip)
         );
-        assert_eq!(map("model.layers.x.mlp.up_proj.weight"), None);
-        assert_eq!(map("vision_tower.weight"), None);
+        assert_eq!(map_llama("model.layers.x.mlp.up_proj.weight"), None);
+        assert_eq!(map_llama("vision_tower.weight"), None);
     }
 
     #[test]
     fn maps_expert_names_of_both_moe_families() {
         assert_eq!(
-            map("model.layers.2.block_sparse_moe.gate.weight"),
+            map_llama("model.layers.2.block_sparse_moe.gate.weight"),
             plain("blk.2.ffn_gate_inp.weight")
         );
         assert_eq!(
-            map("model.layers.2.mlp.gate.weight"),
+            map_llama("model.layers.2.mlp.gate.weight"),
             plain("blk.2.ffn_gate_inp.weight")
         );
         assert_eq!(
-            map("model.layers.2.block_sparse_moe.experts.7.w3.weight"),
+            map_llama("model.layers.2.block_sparse_moe.experts.7.w3.weight"),
             Some(Mapped::Expert {
                 layer: 2,
                 expert: 7,
@@ -173,7 +202,7 @@ mod tests {
             })
         );
         assert_eq!(
-            map("model.layers.0.mlp.experts.1.down_proj.weight"),
+            map_llama("model.layers.0.mlp.experts.1.down_proj.weight"),
             Some(Mapped::Expert {
                 layer: 0,
                 expert: 1,
@@ -181,7 +210,7 @@ mod tests {
             })
         );
         assert_eq!(
-            map("model.layers.5.mlp.experts.gate_up_proj"),
+            map_llama("model.layers.5.mlp.experts.gate_up_proj"),
             Some(Mapped::FusedGateUp { layer: 5 })
         );
         assert_eq!(ExpertPart::Gate.gguf_name(4), "blk.4.ffn_gate_exps.weight");

@@ -7,7 +7,7 @@
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 
-use ferrite_arch::{GlobalTensor, TensorName, TensorRole};
+use ferrite_arch::{GlobalTensor, Kind, TensorName, TensorRole};
 use ferrite_gguf::GgmlType;
 use ferrite_safetensors::{Checkpoint, TensorRef};
 
@@ -61,7 +61,8 @@ impl<'a> Plan<'a> {
         let mut stacks = Stacks::new();
         let n_experts = c.experts.map_or(0, |e| e.count);
         for hf in checkpoint.names() {
-            let mapped = names::map(hf).ok_or_else(|| ConvertError::UnmappedTensor(hf.into()))?;
+            let mapped = names::map(hf, c.family.gemma())
+                .ok_or_else(|| ConvertError::UnmappedTensor(hf.into()))?;
             let layer = hf
                 .strip_prefix("model.layers.")
                 .and_then(|r| r.split('.').next())
@@ -182,6 +183,19 @@ impl<'a> Plan<'a> {
         }
     }
 
+    /// Whether `gguf` is a Gemma norm weight, which GGUF stores as the scale `1 + w` (as
+    /// llama.cpp's converter writes it) rather than Hugging Face's offset `w`.
+    fn offset_norm(&self, gguf: &str) -> bool {
+        self.c.family.gemma()
+            && match TensorName::parse(gguf) {
+                Some(TensorName::Global(g)) => g == GlobalTensor::OutputNorm,
+                Some(TensorName::Layer { role, kind, .. }) => {
+                    kind == Kind::Weight && role.is_norm()
+                }
+                None => false,
+            }
+    }
+
     /// Name, stored type and shape of `item`, from the headers only; every check on dtypes
     /// and shapes happens here.
     pub fn describe(&self, item: &Item) -> Result<Described, ConvertError> {
@@ -203,7 +217,12 @@ impl<'a> Plan<'a> {
                 }
                 Ok(Described {
                     gguf: gguf.clone(),
-                    src,
+                    // `1 + w` is computed, so it is held in f32 whatever the stored type.
+                    src: if self.offset_norm(gguf) {
+                        GgmlType::F32
+                    } else {
+                        src
+                    },
                     shape: t.info.shape.clone(),
                 })
             }
@@ -272,6 +291,11 @@ impl<'a> Plan<'a> {
     /// mapped file when nothing moves.
     pub fn bytes(&self, item: &Item, d: &Described) -> Result<Cow<'a, [u8]>, ConvertError> {
         Ok(match item {
+            Item::Plain { gguf, hf } if self.offset_norm(gguf) => {
+                let t = self.tensor(hf)?;
+                let src = float_type(hf, &t)?;
+                Cow::Owned(tensors::plus_one(gguf, src, t.data)?)
+            }
             Item::Plain { gguf, hf } => {
                 let data = self.tensor(hf)?.data;
                 match self.permute_heads(gguf) {

@@ -91,6 +91,24 @@ pub(crate) fn target_type(gguf_name: &str, shape: &[u64], out: OutType, src: Ggm
     }
 }
 
+/// `1 + w` of every value of `bytes` (stored as `src`), as f32 bytes: Gemma's norm weights.
+pub(crate) fn plus_one(
+    gguf_name: &str,
+    src: GgmlType,
+    bytes: &[u8],
+) -> Result<Vec<u8>, ConvertError> {
+    let n = (bytes.len() as u64 / src.type_size()) as usize;
+    let mut values = vec![0f32; n];
+    ferrite_quant::dequantize(src, bytes, &mut values).map_err(|source| ConvertError::Quant {
+        tensor: gguf_name.to_owned(),
+        source,
+    })?;
+    Ok(values
+        .iter()
+        .flat_map(|v| (v + 1.0).to_le_bytes())
+        .collect())
+}
+
 /// Re-encodes `bytes` (stored as `src`) as `target`; borrowed bytes pass through untouched
 /// when the type does not change.
 pub(crate) fn encode<'a>(

@@ -41,6 +41,7 @@ fn main() {
         head_dim: 64,
         scale: 0.125,
         window: None,
+        softcap: None,
     };
     let row = shape.n_kv_head * shape.head_dim;
     let qw = shape.n_head * shape.head_dim;

@@ -228,7 +228,17 @@ fn heads<'b, X: RowElem>(
         }
     }
     for s in sc.chunks_exact_mut(len) {
-        let _ = softmax_scaled(level, shape.scale, s);
+        match shape.softcap {
+            // Gemma 2: the cap applies to the scaled scores, so the softmax gets scale 1.
+            Some(cap) => {
+                s.iter_mut()
+                    .for_each(|x| *x = cap * (*x * shape.scale / cap).tanh());
+                let _ = softmax_scaled(level, 1.0, s);
+            }
+            None => {
+                let _ = softmax_scaled(level, shape.scale, s);
+            }
+        }
     }
     for j0 in (0..len).step_by(step) {
         let nb = step.min(len - j0);
@@ -346,6 +356,7 @@ mod tests {
             head_dim: 8,
             scale: 0.35,
             window,
+            softcap: None,
         };
         check_shape(&shape, pos0, n);
     }
@@ -405,6 +416,7 @@ mod tests {
             head_dim: 64,
             scale: 0.125,
             window,
+            softcap: None,
         }
     }
 
@@ -480,6 +492,7 @@ mod tests {
                 head_dim: 256,
                 scale: 0.0625,
                 window: Some(13),
+                softcap: None,
             },
         ] {
             for ty in [KvType::F16, KvType::Q8] {
@@ -587,6 +600,7 @@ mod tests {
             head_dim: 8,
             scale: 0.35,
             window: None,
+            softcap: None,
         };
         check_shape(&shape, 0, 5);
         check_shape(&shape, 9, 1);
@@ -609,6 +623,7 @@ mod tests {
             head_dim: 2,
             scale: 1.0,
             window: Some(2),
+            softcap: None,
         };
         let mut cache = KvCache::new(KvType::F32, 1, 8, 1, 2).unwrap();
         let k = pseudo(12, 4);

@@ -175,6 +175,7 @@ impl Backend for CpuBackend<'_> {
             Op::Attention {
                 kv: KvType::Q8,
                 head_dim,
+                ..
             } if !head_dim.is_multiple_of(32) => {
                 Support::Unsupported("q8 KV needs head sizes that are multiples of 32".into())
             }

@@ -95,6 +95,14 @@ fn activation(act: Act) -> Activation {
 
 /// The kernels' geometry for a contract shape.
 fn attn_shape(s: &ContractShape) -> Result<AttnShape> {
+    if s.softcap.is_some() {
+        return Err(BackendError::Unsupported {
+            op: "attention",
+            dtype: "soft-capped scores".into(),
+            backend: "cuda",
+            reason: "the attention kernels have no score soft-capping".into(),
+        });
+    }
     AttnShape::new(s.n_head, s.n_kv_head, s.head_dim, s.scale, s.window)
         .map_err(kernel("attention"))
 }
@@ -280,7 +288,10 @@ impl Backend for CudaOps<'_> {
             | Op::Copy
             | Op::GatedAct { .. } => Support::Native,
             Op::KvStore { kv } | Op::RopeStore { kv, .. } => f16_only(kv),
-            Op::Attention { kv, head_dim } if head_dim.is_multiple_of(8) => f16_only(kv),
+            Op::Attention { softcap: true, .. } => {
+                Support::Unsupported("the attention kernels have no score soft-capping".into())
+            }
+            Op::Attention { kv, head_dim, .. } if head_dim.is_multiple_of(8) => f16_only(kv),
             Op::Attention { .. } => Support::Unsupported(
                 "the attention kernels need head sizes that are multiples of 8".into(),
             ),

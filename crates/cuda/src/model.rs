@@ -196,6 +196,18 @@ fn unsupported_feature(d_model: usize, moe: Option<&MoeConfig>) -> Option<&'stat
     }
 }
 
+/// Model math the CUDA layer sequence (its own, not yet the contract's) does not have:
+/// refused so that such a model never runs with the wrong logits.
+fn unported_math(c: &ferrite_model::ModelConfig) -> Option<&'static str> {
+    if c.attn_softcap.is_some() || c.final_softcap.is_some() {
+        return Some("attention or final logit soft-capping");
+    }
+    if c.rope_freq_factors.is_some() && c.layers.iter().any(|l| !l.rope_scaled) {
+        return Some("rope scaling on only some layers");
+    }
+    None
+}
+
 impl CudaModel {
     /// Uploads the weights of `model` (already loaded and checked on the host). When cuBLAS
     /// is present and f16 copies of all layer matrices fit in a quarter of the free device
@@ -203,7 +215,9 @@ impl CudaModel {
     pub fn load(backend: Arc<CudaBackend>, model: &Model) -> Result<CudaModel, CudaError> {
         let start = Instant::now();
         let c = model.config().clone();
-        if let Some(feature) = unsupported_feature(c.d_model, c.moe.as_ref()) {
+        if let Some(feature) =
+            unsupported_feature(c.d_model, c.moe.as_ref()).or_else(|| unported_math(&c))
+        {
             return Err(CudaError::UnsupportedFeature(feature));
         }
         let g = model.gguf();

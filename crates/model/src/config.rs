@@ -4,11 +4,17 @@
 //! passes (optimized and reference) never branch on the architecture name:
 //! - `llama` (SmolLM2): interleaved rope on GGUF weights (llama.cpp's converter permutes
 //!   the Q/K rows of Hugging Face's rotate-half layout), SiLU-gated FFN, tied output.
-//! - `gemma3`: half-split rope, embeddings scaled by `sqrt(d_model)`, per-head Q/K norms,
+//! - `gemma3` and `gemma2`: half-split rope, embeddings scaled by `sqrt(d_model)`, per-head Q/K norms,
 //!   post-attention and post-FFN norms, GELU-tanh gated FFN, sliding-window attention on
 //!   5 of every 6 layers with rope base 10 000 (llama.cpp and transformers both hard-code
 //!   it; the GGUF stores only the global base), query scale `1/sqrt(key_length)`.
 //!   RMSNorm weights are used as stored: the converter already folded Gemma's `1 + w`.
+//!   Gemma 3 with linear rope scaling (`rope.scaling.type = linear`, 4B and larger) divides
+//!   the positions of its global layers only, as llama.cpp and transformers do. Gemma 2 has
+//!   no q/k norms, one rope base, every other layer sliding (even ones), and soft-caps its
+//!   attention scores and output logits (`cap · tanh(x / cap)`, llama.cpp's defaults 50 and
+//!   30 when the keys are absent). `{arch}.attention.sliding_window_pattern`, when present,
+//!   names the sliding layers instead (ferrite's converter writes it from `layer_types`).
 //! - `llama` also covers Mistral (optional `llama.attention.sliding_window`),
 //!   Mixtral (expert layers when `llama.expert_count` is set) and Llama 3 (rope frequency
 //!   factors in `rope_freqs.weight`); optional q/k/v biases are used when present.
@@ -45,6 +51,9 @@ pub struct LayerConfig {
     pub window: Option<usize>,
     /// Rope frequency base of this layer.
     pub rope_base: f32,
+    /// Whether this layer's rope divides its frequencies by the model's
+    /// [`ModelConfig::rope_freq_factors`] (Gemma 3's sliding layers are never scaled).
+    pub rope_scaled: bool,
 }
 
 /// Hyper-parameters of a loaded model.
@@ -86,8 +95,14 @@ pub struct ModelConfig {
     pub qkv_bias: bool,
     /// The attention output projection adds a bias.
     pub out_bias: bool,
-    /// Rope frequency divisors, one per rotated pair (Llama 3 scaling); `None` for plain rope.
+    /// Rope frequency divisors, one per rotated pair (Llama 3 scaling, or linear scaling's
+    /// one factor repeated); `None` for plain rope. Used by the layers marked
+    /// [`LayerConfig::rope_scaled`].
     pub rope_freq_factors: Option<Vec<f32>>,
+    /// Soft cap of the attention scores (after the query scale, before the mask).
+    pub attn_softcap: Option<f32>,
+    /// Soft cap of the output logits.
+    pub final_softcap: Option<f32>,
     /// Expert FFN settings; `None` for dense FFNs.
     pub moe: Option<MoeConfig>,
     /// One entry per layer.
@@ -118,6 +133,11 @@ fn positive(key: &str, v: usize) -> Result<usize, ModelError> {
 const GEMMA3_LOCAL_ROPE_BASE: f32 = 10_000.0;
 /// Gemma 3 alternates five sliding-window layers with one global layer.
 const GEMMA3_GLOBAL_EVERY: usize = 6;
+/// Gemma 2 alternates sliding (even) and global (odd) layers.
+const GEMMA2_GLOBAL_EVERY: usize = 2;
+/// llama.cpp's Gemma 2 soft caps when the file has no keys.
+const GEMMA2_ATTN_SOFTCAP: f32 = 50.0;
+const GEMMA2_FINAL_SOFTCAP: f32 = 30.0;
 
 /// The metadata key holding the tokenizer's vocabulary.
 const TOKENS_KEY: &str = "tokenizer.ggml.tokens";
@@ -230,7 +250,7 @@ impl ModelConfig {
         // Every architecture refuses what its forward pass lacks (Gemma 3 4B and larger
         // ask for linear rope scaling, which this one does not do); experts are read for
         // the architectures that have them.
-        features::check_unsupported(g, a)?;
+        features::check_unsupported(g, arch)?;
         let (moe, d_ff) = if f.experts == Presence::Never {
             (None, dense_ff)
         } else {
@@ -307,6 +327,7 @@ impl ModelConfig {
         };
         check_token_count(g, n_vocab)?;
         check_vocab_and_context(g, a, n_vocab, ctx_train)?;
+        let rope_factors = features::rope_factors(g, arch, head_dim)?;
         let cfg = match arch {
             Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe => {
                 let windows = features::sliding_windows(g, a, n_layer)?;
@@ -341,34 +362,62 @@ impl ModelConfig {
                     out_bias: f
                         .out_bias
                         .resolve(g.tensor(&TensorRole::AttnOutput.bias(0)).is_some()),
-                    rope_freq_factors: features::rope_freq_factors(g, head_dim)?,
+                    rope_freq_factors: rope_factors.clone(),
+                    attn_softcap: None,
+                    final_softcap: None,
                     moe,
                     layers: windows
                         .into_iter()
-                        .map(|window| LayerConfig { window, rope_base })
+                        .map(|window| LayerConfig {
+                            window,
+                            rope_base,
+                            rope_scaled: rope_factors.is_some(),
+                        })
                         .collect(),
                 }
             }
-            Arch::Gemma3 => {
+            Arch::Gemma3 | Arch::Gemma2 => {
                 let window = positive(
                     &k(Key::SlidingWindow),
                     usize_key(g, &k(Key::SlidingWindow))?,
                 )?;
-                let layers = (0..n_layer)
-                    .map(|i| {
-                        if i % GEMMA3_GLOBAL_EVERY == GEMMA3_GLOBAL_EVERY - 1 {
-                            LayerConfig {
-                                window: None,
-                                rope_base,
-                            }
-                        } else {
-                            LayerConfig {
-                                window: Some(window),
-                                rope_base: GEMMA3_LOCAL_ROPE_BASE,
-                            }
-                        }
+                let gemma2 = arch == Arch::Gemma2;
+                let every = if gemma2 {
+                    GEMMA2_GLOBAL_EVERY
+                } else {
+                    GEMMA3_GLOBAL_EVERY
+                };
+                let sliding = match g.get(&k(Key::SlidingWindowPattern)) {
+                    Some(_) => features::sliding_windows(g, a, n_layer)?,
+                    None => (0..n_layer)
+                        .map(|i| (i % every != every - 1).then_some(window))
+                        .collect(),
+                };
+                let layers = sliding
+                    .into_iter()
+                    .map(|window| LayerConfig {
+                        window,
+                        // Gemma 3's local layers have their own base and no scaling.
+                        rope_base: match window {
+                            Some(_) if !gemma2 => GEMMA3_LOCAL_ROPE_BASE,
+                            _ => rope_base,
+                        },
+                        rope_scaled: window.is_none() && rope_factors.is_some(),
                     })
                     .collect();
+                let cap = |key: Key, default: f32| -> Result<Option<f32>, ModelError> {
+                    if !gemma2 {
+                        return Ok(None);
+                    }
+                    let v = match g.get(&k(key)) {
+                        Some(_) => g.get_f32(&k(key))?,
+                        None => default,
+                    };
+                    if !(v.is_finite() && v >= 0.0) {
+                        return Err(bad(&k(key), &format!("{v} is not a finite cap ≥ 0")));
+                    }
+                    Ok((v > 0.0).then_some(v))
+                };
                 ModelConfig {
                     arch,
                     n_layer,
@@ -389,7 +438,9 @@ impl ModelConfig {
                     post_norms: f.post_norms,
                     qkv_bias: false,
                     out_bias: false,
-                    rope_freq_factors: None,
+                    rope_freq_factors: rope_factors,
+                    attn_softcap: cap(Key::AttnLogitSoftcapping, GEMMA2_ATTN_SOFTCAP)?,
+                    final_softcap: cap(Key::FinalLogitSoftcapping, GEMMA2_FINAL_SOFTCAP)?,
                     moe: None,
                     layers,
                 }

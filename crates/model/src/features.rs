@@ -7,16 +7,18 @@
 //!   selected experts' weights are renormalised to sum 1: Hugging Face's `norm_topk_prob`;
 //!   absent means true, as llama.cpp hard-codes for mixtral and qwen3moe);
 //! - Llama 3 rope scaling: the `rope_freqs.weight` tensor (`head_dim / 2` divisors of the
-//!   rope frequencies, computed by the converter from `rope_scaling`);
+//!   rope frequencies, computed by the converter from `rope_scaling`); linear rope scaling:
+//!   `{arch}.rope.scaling.type = linear` with `{arch}.rope.scaling.factor`, the same divisor
+//!   for every pair;
 //! - sliding window (Mistral, Qwen with `use_sliding_window`): `{arch}.attention.sliding_window`,
 //!   on every layer or, with the bool array `{arch}.attention.sliding_window_pattern`, on the
 //!   layers marked true.
 //!
-//! Features ferrite does not implement (rope scaling types, other gating functions, shared
-//! experts, soft-capping, ...) are refused with [`ModelError::Unsupported`] naming the key,
+//! Features ferrite does not implement (other rope scaling types, other gating functions,
+//! shared experts, soft-capping outside Gemma 2, ...) are refused with [`ModelError::Unsupported`] naming the key,
 //! rather than silently producing wrong logits.
 
-use ferrite_arch::{GlobalTensor, Key};
+use ferrite_arch::{Arch, GlobalTensor, Key};
 use ferrite_gguf::{Array, Gguf, Value};
 
 use crate::ModelError;
@@ -100,9 +102,36 @@ pub(crate) fn moe(
     ))
 }
 
-/// Llama 3 rope frequency divisors from `rope_freqs.weight`, if the file has it.
-pub(crate) fn rope_freq_factors(g: &Gguf, head_dim: usize) -> Result<Option<Vec<f32>>, ModelError> {
+/// The rope frequency divisors of `arch`'s file: linear scaling's factor for every pair,
+/// or Llama 3's `rope_freqs.weight`; `None` for plain rope. A file asking for both is
+/// refused (no model combines them).
+pub(crate) fn rope_factors(
+    g: &Gguf,
+    arch: Arch,
+    head_dim: usize,
+) -> Result<Option<Vec<f32>>, ModelError> {
     const NAME: &str = GlobalTensor::RopeFreqs.name();
+    let linear = g
+        .get(&arch.key(Key::RopeScalingType))
+        .and_then(Value::as_str)
+        == Some("linear");
+    if linear {
+        let key = arch.key(Key::RopeScalingFactor);
+        let factor = g.get_f32(&key)?;
+        if !(factor.is_finite() && factor > 0.0) {
+            return Err(ModelError::BadMetadata {
+                key,
+                reason: format!("{factor} is not a finite, positive factor"),
+            });
+        }
+        if g.tensor(NAME).is_some() {
+            return Err(unsupported(
+                &arch.key(Key::RopeScalingType),
+                "linear rope scaling together with rope_freqs.weight",
+            ));
+        }
+        return Ok((factor != 1.0).then(|| vec![factor; head_dim / 2]));
+    }
     let Some(t) = g.tensor(NAME) else {
         return Ok(None);
     };
@@ -123,16 +152,16 @@ pub(crate) fn rope_freq_factors(g: &Gguf, head_dim: usize) -> Result<Option<Vec<
     Ok(Some(f))
 }
 
-/// Refuses metadata that asks for behaviour the forward pass does not implement.
-pub(crate) fn check_unsupported(g: &Gguf, a: &str) -> Result<(), ModelError> {
-    let k = |key: Key| key.of(a);
+/// Refuses metadata that asks for behaviour the forward pass of `arch` does not implement.
+pub(crate) fn check_unsupported(g: &Gguf, arch: Arch) -> Result<(), ModelError> {
+    let k = |key: Key| arch.key(key);
     let key = k(Key::RopeScalingType);
     if let Some(v) = g.get(&key)
-        && v.as_str() != Some("none")
+        && !matches!(v.as_str(), Some("none" | "linear"))
     {
         return Err(unsupported(
             &key,
-            &format!("rope scaling {v:?} (only Llama 3 frequency factors are supported)"),
+            &format!("rope scaling {v:?} (only linear and Llama 3 frequency factors)"),
         ));
     }
     let key = k(Key::ExpertGatingFunc);
@@ -148,12 +177,15 @@ pub(crate) fn check_unsupported(g: &Gguf, a: &str) -> Result<(), ModelError> {
     {
         return Err(unsupported(&key, "scaled expert weights"));
     }
-    for (s, what) in [
+    let mut refused = vec![
         (Key::ExpertSharedCount, "shared experts"),
         (Key::ExpertSharedFeedForwardLength, "shared experts"),
-        (Key::AttnLogitSoftcapping, "attention logit soft-capping"),
-        (Key::FinalLogitSoftcapping, "final logit soft-capping"),
-    ] {
+    ];
+    if arch != Arch::Gemma2 {
+        refused.push((Key::AttnLogitSoftcapping, "attention logit soft-capping"));
+        refused.push((Key::FinalLogitSoftcapping, "final logit soft-capping"));
+    }
+    for (s, what) in refused {
         let key = k(s);
         if let Some(v) = g.get(&key)
             && !is_neutral(v)

@@ -205,7 +205,7 @@ pub fn forward(model: &Model, tokens: &[u32]) -> Result<RefOutput, ModelError> {
         }
         for t in 0..n {
             let base = f64::from(lc.rope_base);
-            let f = c.rope_freq_factors.as_deref();
+            let f = c.rope_freq_factors.as_deref().filter(|_| lc.rope_scaled);
             rotate(&mut q[t * qd..(t + 1) * qd], hd, t, base, c.rope_style, f);
             rotate(&mut k[t * kd..(t + 1) * kd], hd, t, base, c.rope_style, f);
         }
@@ -222,7 +222,9 @@ pub fn forward(model: &Model, tokens: &[u32]) -> Result<RefOutput, ModelError> {
                     .iter()
                     .map(|&j| {
                         let kv = &k[j * kd + kvh * hd..j * kd + (kvh + 1) * hd];
-                        qv.iter().zip(kv).map(|(a, b)| a * b).sum::<f64>() * f64::from(c.attn_scale)
+                        let s = qv.iter().zip(kv).map(|(a, b)| a * b).sum::<f64>()
+                            * f64::from(c.attn_scale);
+                        soft_cap(s, c.attn_softcap)
                     })
                     .collect();
                 let mx = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
@@ -304,11 +306,19 @@ pub fn forward(model: &Model, tokens: &[u32]) -> Result<RefOutput, ModelError> {
             let hv = &h[t * d..(t + 1) * d];
             for r in 0..rows {
                 let wr = &dst[r * d..(r + 1) * d];
-                logits[t * c.n_vocab + r0 + r] =
-                    wr.iter().zip(hv).map(|(&a, b)| f64::from(a) * b).sum();
+                let logit = wr.iter().zip(hv).map(|(&a, b)| f64::from(a) * b).sum();
+                logits[t * c.n_vocab + r0 + r] = soft_cap(logit, c.final_softcap);
             }
         }
         r0 += rows;
     }
     Ok(RefOutput { hidden, logits })
+}
+
+/// `cap · tanh(x / cap)` (Gemma 2's soft cap), or `x` without a cap.
+fn soft_cap(x: f64, cap: Option<f32>) -> f64 {
+    match cap {
+        Some(c) => f64::from(c) * (x / f64::from(c)).tanh(),
+        None => x,
+    }
 }

@@ -578,7 +578,7 @@ pub(super) fn kv_store<B: Backend>(b: &B, rng: &mut Rng, kv: KvType, out: &mut O
         b.kv_store(0, &kb, &vb, w, &mut segs)?;
         let mut o = b.alloc(rows * w)?;
         b.attention(
-            &attn_shape(heads, heads, hd, Some(1)),
+            &attn_shape(heads, heads, hd, Some(1), None),
             0,
             &qb,
             &segs,
@@ -597,10 +597,15 @@ fn attention_ref(
     n_kv: usize,
     hd: usize,
     window: Option<usize>,
+    softcap: Option<f32>,
     q: &[f32],
     kvs: &[(Vec<f32>, Vec<f32>)],
     spans: &[(usize, usize)],
 ) -> (Vec<f64>, Vec<f64>) {
+    let cap = |x: f64| match softcap {
+        Some(c) => f64::from(c) * (x / f64::from(c)).tanh(),
+        None => x,
+    };
     let (mut want, mut bound) = (Vec::new(), Vec::new());
     let scale = f64::from(1.0 / (hd as f32).sqrt());
     let mut row = 0;
@@ -621,6 +626,7 @@ fn attention_ref(
                             .sum::<f64>()
                             * scale
                     })
+                    .map(cap)
                     .collect();
                 let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
                 let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
@@ -647,8 +653,11 @@ pub(super) fn attention<B: Backend>(
     rng: &mut Rng,
     kv: KvType,
     hd: usize,
+    softcap: bool,
     out: &mut Out<'_>,
 ) {
+    // Scaled scores of unit-scale q and k spread about ±1: a cap of 0.8 changes them all.
+    let softcap = softcap.then_some(0.8f32);
     // A prefill chunk; one query deep in a window; two sessions of a batch at different
     // depths, one past the attention's key blocks; a single KV head (Gemma 3's group of 4).
     let cases: [AttnCase; 4] = [
@@ -669,7 +678,7 @@ pub(super) fn attention<B: Backend>(
             .iter()
             .map(|(k, v)| (stored(kv, k), stored(kv, v)))
             .collect();
-        let (want, bound) = attention_ref(n_head, n_kv, hd, window, &q, &rounded, spans);
+        let (want, bound) = attention_ref(n_head, n_kv, hd, window, softcap, &q, &rounded, spans);
         let got = (|| {
             let mut kvs = stores(b, kv, n_kv, hd, spans)?;
             // Every position's key and value first, one store call per session.
@@ -686,10 +695,13 @@ pub(super) fn attention<B: Backend>(
             let segs = segments(&mut kvs, spans);
             let qb = buf(b, &q)?;
             let mut o = b.alloc(rows * n_head * hd)?;
-            b.attention(&attn_shape(n_head, n_kv, hd, window), 0, &qb, &segs, &mut o)?;
+            let shape = attn_shape(n_head, n_kv, hd, window, softcap);
+            b.attention(&shape, 0, &qb, &segs, &mut o)?;
             host(b, &o, rows * n_head * hd)
         })();
-        let shape = format!("{n_head}/{n_kv} heads, window {window:?}, segments {spans:?}");
+        let shape = format!(
+            "{n_head}/{n_kv} heads, window {window:?}, cap {softcap:?}, segments {spans:?}"
+        );
         out.compare(shape, got, &want, &bound, "1e-5 * max|v|");
     }
 }

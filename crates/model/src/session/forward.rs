@@ -158,6 +158,13 @@ impl<Buf, Angles: Default> Scratch<Buf, Angles> {
             c.rms_eps,
         )?;
         b.logits(b.matrix(m, m.output_weight()), &self.xn, rows, out)?;
+        // Gemma 2's final soft cap, on the host logits every backend hands back.
+        if let Some(cap) = c.final_softcap {
+            let n = (rows * c.n_vocab).min(out.len());
+            out[..n]
+                .iter_mut()
+                .for_each(|x| *x = cap * (*x / cap).tanh());
+        }
         Ok(())
     }
 }
@@ -174,7 +181,6 @@ pub(crate) fn act(a: Activation) -> Act {
 /// runs: a refusal is an error naming the op, its type and the reason.
 pub(crate) fn require_ops<B: Weights>(b: &B, m: &Model, kv: KvType) -> Result<(), ModelError> {
     let c = m.config();
-    let scaled = c.rope_freq_factors.is_some();
     let act = act(c.activation);
     b.require(&Op::Embed {
         ty: m.embed.ty(),
@@ -193,24 +199,21 @@ pub(crate) fn require_ops<B: Weights>(b: &B, m: &Model, kv: KvType) -> Result<()
         ty: w.ty(),
         cols: w.cols,
     };
-    for op in [
-        Op::Copy,
-        Op::RmsNorm,
-        Op::NormInto,
-        Op::AddNorm,
-        Op::Add,
-        Op::RopeStore {
-            style: c.rope_style,
-            scaled,
-            kv,
-        },
-        Op::Attention {
-            kv,
-            head_dim: c.head_dim,
-        },
-    ] {
+    for op in [Op::Copy, Op::RmsNorm, Op::NormInto, Op::AddNorm, Op::Add] {
         b.require(&op)?;
     }
+    for lc in &c.layers {
+        b.require(&Op::RopeStore {
+            style: c.rope_style,
+            scaled: lc.rope_scaled,
+            kv,
+        })?;
+    }
+    b.require(&Op::Attention {
+        kv,
+        head_dim: c.head_dim,
+        softcap: c.attn_softcap.is_some(),
+    })?;
     if c.qkv_bias || c.out_bias {
         b.require(&Op::AddBias)?;
     }
@@ -300,7 +303,10 @@ pub(crate) fn forward_rows<B: Weights>(
             head_dim: c.head_dim,
             base: base(lc.rope_base),
             style: c.rope_style,
-            factors: rope_factors.map(|f| b.vector(f)).transpose()?,
+            factors: rope_factors
+                .filter(|_| lc.rope_scaled)
+                .map(|f| b.vector(f))
+                .transpose()?,
         };
         b.rope_store(
             &rope,
@@ -316,6 +322,7 @@ pub(crate) fn forward_rows<B: Weights>(
             head_dim: c.head_dim,
             scale: c.attn_scale,
             window: lc.window,
+            softcap: c.attn_softcap,
         };
         b.attention(&shape, l, &s.q, segs, &mut s.att)?;
         b.matmul(b.matrix(m, &lw.wo), &s.att, n, &mut s.o)?;
