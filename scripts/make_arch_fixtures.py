@@ -5,8 +5,9 @@ Each model is a randomly initialised transformers checkpoint (seed fixed) of one
 ferrite supports: llama (plain, and with Llama 3 rope scaling), mistral (sliding window shorter
 than the prompts), qwen2 (q/k/v biases), qwen3 (q/k norms, head_dim != hidden/heads), qwen3moe
 and mixtral (mixture of experts, top-2), gemma2 (attention and final logit soft-capping,
-alternating sliding/global layers), gemma3 (Gemma3ForCausalLM with linear rope scaling on its
-global layers) and phi3 (LongRoPE: short factors below the original context, long above). Weights are drawn with a larger spread than the
+alternating sliding/global layers), gemma3 (Gemma3ForCausalLM with linear rope scaling on
+its global layers) and phi3 (fused projections; LongRoPE: short factors within the original
+context, long past it). Weights are drawn with a larger spread than the
 transformers default so the logits are far from uniform: a top-1 that wins by a wide margin
 survives f16 and Q8_0 rounding, so the tests can demand top-1 agreement.
 

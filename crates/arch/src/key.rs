@@ -34,6 +34,10 @@ pub enum Key {
     RopeScalingType,
     /// Linear rope scaling factor (positions are divided by it).
     RopeScalingFactor,
+    /// LongRoPE's attention factor (scales q and k after rope).
+    RopeScalingAttnFactor,
+    /// The context the rope was trained for before scaling (LongRoPE's switch point).
+    RopeScalingOriginalContextLength,
     /// Sliding-window length.
     SlidingWindow,
     /// Which layers slide (one bool per layer).
@@ -64,7 +68,7 @@ pub enum Key {
 
 impl Key {
     /// Every key.
-    pub const ALL: [Key; 26] = [
+    pub const ALL: [Key; 28] = [
         Key::BlockCount,
         Key::ContextLength,
         Key::EmbeddingLength,
@@ -78,6 +82,8 @@ impl Key {
         Key::RopeDimensionCount,
         Key::RopeScalingType,
         Key::RopeScalingFactor,
+        Key::RopeScalingAttnFactor,
+        Key::RopeScalingOriginalContextLength,
         Key::SlidingWindow,
         Key::SlidingWindowPattern,
         Key::VocabSize,
@@ -109,6 +115,8 @@ impl Key {
             Key::RopeDimensionCount => "rope.dimension_count",
             Key::RopeScalingType => "rope.scaling.type",
             Key::RopeScalingFactor => "rope.scaling.factor",
+            Key::RopeScalingAttnFactor => "rope.scaling.attn_factor",
+            Key::RopeScalingOriginalContextLength => "rope.scaling.original_context_length",
             Key::SlidingWindow => "attention.sliding_window",
             Key::SlidingWindowPattern => "attention.sliding_window_pattern",
             Key::VocabSize => "vocab_size",
@@ -153,6 +161,8 @@ mod tests {
             "llama.rope.dimension_count",
             "llama.rope.scaling.type",
             "llama.rope.scaling.factor",
+            "llama.rope.scaling.attn_factor",
+            "llama.rope.scaling.original_context_length",
             "llama.attention.sliding_window",
             "llama.attention.sliding_window_pattern",
             "llama.vocab_size",

@@ -53,6 +53,8 @@ pub enum Arch {
     Qwen3,
     /// Qwen 3 mixture of experts.
     Qwen3Moe,
+    /// Phi-3 (fused projections, LongRoPE).
+    Phi3,
 }
 
 /// Whether the layers of an architecture have a part.
@@ -96,6 +98,8 @@ pub struct Features {
     pub out_bias: Presence,
     /// Expert FFNs (`{arch}.expert_count` and the `ffn_*_exps` stacks) instead of dense ones.
     pub experts: Presence,
+    /// Fused projections: `attn_qkv` for Q/K/V, one `ffn_up` for gate and up ([`LayerParts`]).
+    pub fused: bool,
 }
 
 /// One row of the architecture table.
@@ -110,7 +114,7 @@ pub struct ArchEntry {
 }
 
 /// The table, in the order of [`Arch`]'s variants.
-pub const ARCHES: [ArchEntry; 6] = [
+pub const ARCHES: [ArchEntry; 7] = [
     ArchEntry {
         arch: Arch::Llama,
         name: "llama",
@@ -121,6 +125,7 @@ pub const ARCHES: [ArchEntry; 6] = [
             qkv_bias: Presence::IfPresent,
             out_bias: Presence::IfPresent,
             experts: Presence::IfPresent,
+            fused: false,
         },
     },
     ArchEntry {
@@ -133,6 +138,7 @@ pub const ARCHES: [ArchEntry; 6] = [
             qkv_bias: Presence::Never,
             out_bias: Presence::Never,
             experts: Presence::Never,
+            fused: false,
         },
     },
     ArchEntry {
@@ -145,6 +151,7 @@ pub const ARCHES: [ArchEntry; 6] = [
             qkv_bias: Presence::Never,
             out_bias: Presence::Never,
             experts: Presence::Never,
+            fused: false,
         },
     },
     ArchEntry {
@@ -157,6 +164,7 @@ pub const ARCHES: [ArchEntry; 6] = [
             qkv_bias: Presence::Required,
             out_bias: Presence::IfPresent,
             experts: Presence::IfPresent,
+            fused: false,
         },
     },
     ArchEntry {
@@ -169,6 +177,7 @@ pub const ARCHES: [ArchEntry; 6] = [
             qkv_bias: Presence::IfPresent,
             out_bias: Presence::IfPresent,
             experts: Presence::IfPresent,
+            fused: false,
         },
     },
     ArchEntry {
@@ -181,19 +190,34 @@ pub const ARCHES: [ArchEntry; 6] = [
             qkv_bias: Presence::IfPresent,
             out_bias: Presence::IfPresent,
             experts: Presence::Required,
+            fused: false,
+        },
+    },
+    ArchEntry {
+        arch: Arch::Phi3,
+        name: "phi3",
+        features: Features {
+            interleaved_rope: false,
+            qk_norm: false,
+            post_norms: false,
+            qkv_bias: Presence::Never,
+            out_bias: Presence::Never,
+            experts: Presence::Never,
+            fused: true,
         },
     },
 ];
 
 impl Arch {
     /// Every architecture, in table order.
-    pub const ALL: [Arch; 6] = [
+    pub const ALL: [Arch; 7] = [
         Arch::Llama,
         Arch::Gemma3,
         Arch::Gemma2,
         Arch::Qwen2,
         Arch::Qwen3,
         Arch::Qwen3Moe,
+        Arch::Phi3,
     ];
 
     /// The architecture whose `general.architecture` is `name`; `None` for one ferrite does
@@ -305,10 +329,12 @@ mod tests {
                 IfPresent,
                 Required,
             ),
+            (Arch::Phi3, "phi3", false, false, false, Never, Never, Never),
         ];
         assert_eq!(pinned.len(), Arch::ALL.len());
         for (arch, name, rope, qk, post, qkv, out, experts) in pinned {
             assert_eq!(arch.name(), name);
+            assert_eq!(arch.features().fused, arch == Arch::Phi3, "{name}");
             let f = arch.features();
             assert_eq!(
                 (f.interleaved_rope, f.qk_norm, f.post_norms),

@@ -15,15 +15,21 @@ pub enum GlobalTensor {
     OutputNorm,
     /// Llama 3 rope frequency divisors, one per rotated pair.
     RopeFreqs,
+    /// LongRoPE (Phi-3) divisors for contexts past the original one.
+    RopeFactorsLong,
+    /// LongRoPE divisors within the original context.
+    RopeFactorsShort,
 }
 
 impl GlobalTensor {
     /// Every file-level tensor.
-    pub const ALL: [GlobalTensor; 4] = [
+    pub const ALL: [GlobalTensor; 6] = [
         GlobalTensor::TokenEmbd,
         GlobalTensor::Output,
         GlobalTensor::OutputNorm,
         GlobalTensor::RopeFreqs,
+        GlobalTensor::RopeFactorsLong,
+        GlobalTensor::RopeFactorsShort,
     ];
 
     /// Its GGUF name.
@@ -33,6 +39,8 @@ impl GlobalTensor {
             GlobalTensor::Output => "output.weight",
             GlobalTensor::OutputNorm => "output_norm.weight",
             GlobalTensor::RopeFreqs => "rope_freqs.weight",
+            GlobalTensor::RopeFactorsLong => "rope_factors_long.weight",
+            GlobalTensor::RopeFactorsShort => "rope_factors_short.weight",
         }
     }
 }
@@ -50,6 +58,8 @@ pub enum TensorRole {
     AttnV,
     /// Attention output projection.
     AttnOutput,
+    /// Query, key and value projections as one matrix (their rows in that order; Phi-3).
+    AttnQkv,
     /// Per-head query RMSNorm.
     AttnQNorm,
     /// Per-head key RMSNorm.
@@ -81,12 +91,13 @@ pub const NORM_SUFFIX: &str = "_norm.weight";
 
 impl TensorRole {
     /// Every per-layer role.
-    pub const ALL: [TensorRole; 17] = [
+    pub const ALL: [TensorRole; 18] = [
         TensorRole::AttnNorm,
         TensorRole::AttnQ,
         TensorRole::AttnK,
         TensorRole::AttnV,
         TensorRole::AttnOutput,
+        TensorRole::AttnQkv,
         TensorRole::AttnQNorm,
         TensorRole::AttnKNorm,
         TensorRole::PostAttentionNorm,
@@ -109,6 +120,7 @@ impl TensorRole {
             TensorRole::AttnK => "attn_k",
             TensorRole::AttnV => "attn_v",
             TensorRole::AttnOutput => "attn_output",
+            TensorRole::AttnQkv => "attn_qkv",
             TensorRole::AttnQNorm => "attn_q_norm",
             TensorRole::AttnKNorm => "attn_k_norm",
             TensorRole::PostAttentionNorm => "post_attention_norm",
@@ -243,22 +255,26 @@ pub struct LayerParts {
     pub qkv_bias: bool,
     /// Attention output bias.
     pub out_bias: bool,
+    /// Q/K/V as one `attn_qkv` and the dense gate and up as one `ffn_up` of twice the
+    /// width (gate rows first), as Phi-3 files hold them.
+    pub fused: bool,
 }
 
 impl LayerParts {
     /// Every tensor each layer of such a model has.
     pub fn tensors(self) -> Vec<(TensorRole, Kind)> {
         use TensorRole as R;
-        let mut roles = vec![
-            R::AttnNorm,
-            R::AttnQ,
-            R::AttnK,
-            R::AttnV,
-            R::AttnOutput,
-            R::FfnNorm,
-        ];
+        let mut roles = vec![R::AttnNorm];
+        if self.fused {
+            roles.push(R::AttnQkv);
+        } else {
+            roles.extend([R::AttnQ, R::AttnK, R::AttnV]);
+        }
+        roles.extend([R::AttnOutput, R::FfnNorm]);
         if self.experts {
             roles.extend([R::FfnGateInp, R::FfnGateExps, R::FfnUpExps, R::FfnDownExps]);
+        } else if self.fused {
+            roles.extend([R::FfnUp, R::FfnDown]);
         } else {
             roles.extend([R::FfnGate, R::FfnUp, R::FfnDown]);
         }
@@ -294,6 +310,8 @@ mod tests {
             "output.weight",
             "output_norm.weight",
             "rope_freqs.weight",
+            "rope_factors_long.weight",
+            "rope_factors_short.weight",
         ];
         assert_eq!(GlobalTensor::ALL.map(GlobalTensor::name), globals);
         let layer = [
@@ -302,6 +320,7 @@ mod tests {
             "blk.7.attn_k.weight",
             "blk.7.attn_v.weight",
             "blk.7.attn_output.weight",
+            "blk.7.attn_qkv.weight",
             "blk.7.attn_q_norm.weight",
             "blk.7.attn_k_norm.weight",
             "blk.7.post_attention_norm.weight",
@@ -341,8 +360,18 @@ mod tests {
                 ),
             ),
             (
+                Arch::Gemma2,
+                format!("{attn} {dense} post_attention_norm.weight post_ffw_norm.weight"),
+            ),
+            (
                 Arch::Qwen2,
                 format!("{attn} {dense} attn_q.bias attn_k.bias attn_v.bias"),
+            ),
+            (
+                Arch::Phi3,
+                "attn_norm.weight attn_qkv.weight attn_output.weight ffn_norm.weight \
+                 ffn_up.weight ffn_down.weight"
+                    .to_owned(),
             ),
             (
                 Arch::Qwen3,
@@ -364,6 +393,7 @@ mod tests {
                 post_norms: f.post_norms,
                 qkv_bias: f.qkv_bias.resolve(false),
                 out_bias: f.out_bias.resolve(false),
+                fused: f.fused,
             };
             let got: Vec<String> = parts
                 .tensors()
@@ -395,7 +425,6 @@ mod tests {
         }
         for bad in [
             "blk.x.attn_q.weight",
-            "blk.0.attn_qkv.weight",
             "blk.0.attn_q.weight.extra",
             "blk.0.attn_q.scale",
             "blk.-1.attn_q.weight",

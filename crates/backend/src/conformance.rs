@@ -180,11 +180,16 @@ pub fn ops() -> Vec<Op> {
         Op::Copy,
     ]);
     for style in [RopeStyle::Interleaved, RopeStyle::HalfSplit] {
-        for scaled in [false, true] {
-            ops.push(Op::Rope { style, scaled });
+        for (scaled, long) in [(false, false), (true, false), (true, true)] {
+            ops.push(Op::Rope {
+                style,
+                scaled,
+                long,
+            });
             ops.push(Op::RopeStore {
                 style,
                 scaled,
+                long,
                 kv: KvType::F16,
             });
         }
@@ -238,10 +243,17 @@ pub fn run<B: Backend>(b: &B) -> Report {
             Op::MoeExperts { ty, act } => reference::moe_experts(b, r, ty, act, &mut out),
             Op::RmsNorm | Op::NormInto | Op::AddNorm => reference::norms(b, r, op, &mut out),
             Op::Add | Op::AddBias | Op::Copy => reference::adds(b, r, op, &mut out),
-            Op::Rope { style, scaled } => reference::rope(b, r, style, scaled, None, &mut out),
-            Op::RopeStore { style, scaled, kv } => {
-                reference::rope(b, r, style, scaled, Some(kv), &mut out)
-            }
+            Op::Rope {
+                style,
+                scaled,
+                long,
+            } => reference::rope(b, r, style, (scaled, long), None, &mut out),
+            Op::RopeStore {
+                style,
+                scaled,
+                long,
+                kv,
+            } => reference::rope(b, r, style, (scaled, long), Some(kv), &mut out),
             Op::KvStore { kv } => reference::kv_store(b, r, kv, &mut out),
             Op::Attention {
                 kv,
@@ -387,12 +399,18 @@ fn segments<'a, K>(stores: &'a mut [K], spans: &[(usize, usize)]) -> Vec<Segment
 }
 
 /// The rope of one layer for the harness's shapes.
-fn rope_args<V>(head_dim: usize, style: RopeStyle, factors: Option<V>) -> Rope<V> {
+fn rope_args<V>(
+    head_dim: usize,
+    style: RopeStyle,
+    factors: Option<V>,
+    long: Option<(V, usize)>,
+) -> Rope<V> {
     Rope {
         head_dim,
         base: 10_000.0,
         style,
         factors,
+        long,
     }
 }
 

@@ -60,6 +60,8 @@ pub enum Op {
         style: RopeStyle,
         /// With per-pair frequency factors.
         scaled: bool,
+        /// With LongRoPE's second factor set ([`crate::Rope::long`]).
+        long: bool,
     },
     /// Key and value rows into their sessions' KV stores ([`crate::Backend::kv_store`]).
     KvStore {
@@ -73,6 +75,8 @@ pub enum Op {
         style: RopeStyle,
         /// With per-pair frequency factors.
         scaled: bool,
+        /// With LongRoPE's second factor set ([`crate::Rope::long`]).
+        long: bool,
         /// The store's type.
         kv: KvType,
     },

@@ -113,6 +113,11 @@ pub struct Rope<V> {
     /// Per-pair frequency divisors (Llama 3 scaling): pair `i` turns by
     /// `pos · base^(-2i/head_dim) / factors[i]`.
     pub factors: Option<V>,
+    /// LongRoPE (Phi-3): the divisors `(long, after)` that replace `factors` for the rows of
+    /// every segment whose KV store holds more than `after` positions (llama.cpp's rule: a
+    /// session's context decides, so chunking, batching and decode order change nothing).
+    /// Requires `factors`.
+    pub long: Option<(V, usize)>,
 }
 
 /// A weight matrix in host memory, as the file stores it: `rows` rows of `cols` values

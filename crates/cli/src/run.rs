@@ -245,18 +245,29 @@ impl Loaded {
 
     /// A fresh CPU session over this model (scoring and other CPU-only work).
     pub fn session(&self) -> anyhow::Result<Session<'_>> {
+        self.session_of(self.ctx)
+    }
+
+    /// A fresh CPU session of `ctx` positions.
+    fn session_of(&self, ctx: usize) -> anyhow::Result<Session<'_>> {
         // The cache is allocated whole: a context the machine cannot hold is named here,
         // with the sizes, rather than by a failed allocation.
-        ferrite_model::check_kv_memory(self.model.config(), self.kv, 1, self.ctx)
-            .with_context(|| format!("--ctx {}", self.ctx))?;
-        Ok(Session::new(&self.model, &self.pool, self.ctx, self.kv)?)
+        ferrite_model::check_kv_memory(self.model.config(), self.kv, 1, ctx)
+            .with_context(|| format!("--ctx {ctx}"))?;
+        Ok(Session::new(&self.model, &self.pool, ctx, self.kv)?)
     }
 
     /// A fresh session on the chosen backend.
     pub fn any_session(&self) -> anyhow::Result<AnySession<'_>> {
+        self.any_session_of(self.ctx)
+    }
+
+    /// A fresh session of `ctx` positions (at most `--ctx`) on the chosen backend.
+    pub fn any_session_of(&self, ctx: usize) -> anyhow::Result<AnySession<'_>> {
+        let ctx = ctx.min(self.ctx);
         Ok(match &self.cuda {
-            Some(cuda) => AnySession::Cuda(Box::new(CudaTimeline::new(&cuda.model, self.ctx)?)),
-            None => AnySession::Cpu(Box::new(self.session()?)),
+            Some(cuda) => AnySession::Cuda(Box::new(CudaTimeline::new(&cuda.model, ctx)?)),
+            None => AnySession::Cpu(Box::new(self.session_of(ctx)?)),
         })
     }
 

@@ -119,8 +119,16 @@ fn score_fixture(args: &ScoreArgs, fixture: &PathBuf) -> anyhow::Result<i32> {
         session: loaded.any_session()?,
         n_vocab: loaded.model.config().n_vocab,
     };
+    // LongRoPE picks its factors by the session's context (llama.cpp's rule); transformers,
+    // whose logits the fixtures hold, by the sequence it is given. A session of exactly the
+    // case's length makes the two the same.
+    let per_case = loaded.model.config().rope_long.is_some();
     let mut scores = Vec::with_capacity(cases.len());
     for case in &cases {
+        if per_case {
+            let len = case.prompt_ids.len() + case.generated_ids.len();
+            session.session = loaded.any_session_of(len)?;
+        }
         let s = score::score_case(&mut session, case, mode)
             .with_context(|| format!("scoring case {}", case.id))?;
         let mean = s.sum_abs_dlogprob / s.n_dlogprob.max(1) as f64;

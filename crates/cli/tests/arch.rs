@@ -10,8 +10,8 @@
 //! drawn so that every greedy step wins by a log-prob margin ≥ 0.02, so top-1 is a fair
 //! demand. Also checked: the naive f64 reference against the optimized path on each
 //! converted model, and mutants of the converted files (q/k/v biases zeroed, one expert
-//! instead of two, Gemma 2's soft caps off, linear rope scaling off) that the f32 check must
-//! reject.
+//! instead of two, Gemma 2's soft caps off, linear rope scaling off, LongRoPE's attention
+//! factor or long factors off) that the f32 check must reject.
 //!
 //! `FERRITE_ARCH_FIXTURES` names another directory of the same layout (the held-out set); a
 //! missing or empty directory is a failure.
@@ -320,11 +320,14 @@ fn mutations(g: &Gguf) -> Vec<(String, Vec<(String, Value)>, Vec<&'static str>)>
         let zero = vec!["attn_q.bias", "attn_k.bias", "attn_v.bias"];
         out.push(("no q/k/v biases".into(), vec![], zero));
     }
-    // A zero cap is no cap; a factor of 1 is no scaling.
+    // A zero cap is no cap; a factor of 1 is no scaling; LongRoPE without its attention
+    // factor, or with a switch point no fixture reaches (short factors only).
     for (key, off) in [
         ("attn_logit_softcapping", Value::F32(0.0)),
         ("final_logit_softcapping", Value::F32(0.0)),
         ("rope.scaling.factor", Value::F32(1.0)),
+        ("rope.scaling.attn_factor", Value::F32(1.0)),
+        ("rope.scaling.original_context_length", Value::U32(1 << 20)),
     ] {
         let key = format!("{arch}.{key}");
         if g.get(&key).is_some() {

@@ -38,6 +38,7 @@ fn expected_arch(config: &Value) -> &'static str {
         "Qwen3MoeForCausalLM" => "qwen3moe",
         "Gemma2ForCausalLM" => "gemma2",
         "Gemma3ForCausalLM" => "gemma3",
+        "Phi3ForCausalLM" => "phi3",
         _ => "llama",
     }
 }

@@ -12,11 +12,14 @@
 //! not handled (another activation, partial rope, a rope scaling other than llama3,
 //! interleaved dense/MoE layers) is refused by name rather than dropped.
 
-use ferrite_arch::{Arch, Key};
+use ferrite_arch::{Arch, GlobalTensor, Key};
 use ferrite_gguf::{Array, Value};
 use serde_json::{Map, Value as Json};
 
 use crate::ConvertError;
+
+/// The multimodal Gemma 3 class, whose text model converts (`text_config`).
+const GEMMA3_MULTIMODAL: &str = "Gemma3ForConditionalGeneration";
 
 /// A supported Hugging Face model family.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,6 +41,8 @@ pub enum Family {
     Gemma2,
     /// `Gemma3ForCausalLM` (the text model).
     Gemma3,
+    /// `Phi3ForCausalLM`.
+    Phi3,
 }
 
 impl Family {
@@ -57,6 +62,7 @@ impl Family {
                 "Qwen3MoeForCausalLM" => Family::Qwen3Moe,
                 "Gemma2ForCausalLM" => Family::Gemma2,
                 "Gemma3ForCausalLM" => Family::Gemma3,
+                "Phi3ForCausalLM" => Family::Phi3,
                 _ => return None,
             })
         });
@@ -73,6 +79,7 @@ impl Family {
             (None, Some("qwen3_moe")) => Ok(Family::Qwen3Moe),
             (None, Some("gemma2")) => Ok(Family::Gemma2),
             (None, Some("gemma3_text")) => Ok(Family::Gemma3),
+            (None, Some("phi3")) => Ok(Family::Phi3),
             (Some(c), _) => Err(ConvertError::UnsupportedArchitecture(c.to_owned())),
             (None, Some(t)) => Err(ConvertError::UnsupportedArchitecture(t.to_owned())),
             (None, None) => Err(ConvertError::BadConfig {
@@ -91,6 +98,7 @@ impl Family {
             Family::Qwen3Moe => Arch::Qwen3Moe,
             Family::Gemma2 => Arch::Gemma2,
             Family::Gemma3 => Arch::Gemma3,
+            Family::Phi3 => Arch::Phi3,
         }
     }
 
@@ -125,6 +133,7 @@ impl Family {
             Family::Mistral | Family::Mixtral => 4096 * 32,
             Family::Qwen2 | Family::Qwen3 | Family::Qwen3Moe => 32768,
             Family::Gemma2 => 8192,
+            Family::Phi3 => 4096,
             Family::Gemma3 => 131_072,
         }
     }
@@ -132,7 +141,7 @@ impl Family {
     /// transformers' default `rms_norm_eps`.
     fn default_rms_eps(self) -> f64 {
         match self {
-            Family::Mixtral => 1e-5,
+            Family::Mixtral | Family::Phi3 => 1e-5,
             _ => 1e-6,
         }
     }
@@ -149,6 +158,29 @@ pub struct Llama3Rope {
     pub high_freq_factor: f64,
     /// `original_max_position_embeddings`.
     pub original_ctx: f64,
+}
+
+/// LongRoPE (`rope_scaling.type = "longrope"`, Phi-3): two divisor sets and the context
+/// where the long one takes over.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LongRope {
+    /// `short_factor`, one per rotated pair.
+    pub short: Vec<f32>,
+    /// `long_factor`, one per rotated pair.
+    pub long: Vec<f32>,
+    /// `original_max_position_embeddings`.
+    pub original_ctx: u64,
+    /// `attention_factor`, else transformers' `sqrt(1 + ln(s) / ln(original_ctx))` with
+    /// `s = max_position_embeddings / original_ctx` (1 when `s <= 1`).
+    pub attn_factor: f64,
+}
+
+/// How a config scales its rope.
+enum Scaling {
+    None,
+    Llama3(Llama3Rope),
+    Linear(f64),
+    Long(LongRope),
 }
 
 /// Mixture-of-experts settings.
@@ -205,6 +237,8 @@ pub struct HfConfig {
     pub llama3_rope: Option<Llama3Rope>,
     /// Linear rope scaling's factor (positions divided by it; Gemma 3: global layers only).
     pub linear_rope: Option<f64>,
+    /// LongRoPE, if configured.
+    pub long_rope: Option<LongRope>,
     /// Gemma 2's soft caps of the attention scores and of the output logits.
     pub softcaps: [Option<f64>; 2],
     /// Output projection shares the embedding matrix.
@@ -213,6 +247,9 @@ pub struct HfConfig {
     pub experts: Option<Experts>,
     /// Sliding-window attention, if any layer uses it.
     pub sliding_window: Option<SlidingWindow>,
+    /// The text model of a multimodal checkpoint (`Gemma3ForConditionalGeneration`): its
+    /// weights carry a `language_model` prefix and the vision weights are left out.
+    pub multimodal: bool,
 }
 
 fn bad(key: &str, reason: impl Into<String>) -> ConvertError {
@@ -281,6 +318,34 @@ impl HfConfig {
     }
 
     fn from_map(cfg: &Map<String, Json>) -> Result<HfConfig, ConvertError> {
+        let class = cfg
+            .get("architectures")
+            .and_then(Json::as_array)
+            .and_then(|a| a.first())
+            .and_then(Json::as_str);
+        if class != Some(GEMMA3_MULTIMODAL) {
+            return Self::from_text_map(cfg);
+        }
+        // The text model's config, as Gemma3ForCausalLM would have it.
+        let Some(Json::Object(text)) = cfg.get("text_config") else {
+            return Err(bad(
+                "text_config",
+                format!("missing: {GEMMA3_MULTIMODAL} keeps its text model's config there"),
+            ));
+        };
+        let mut text = text.clone();
+        text.insert("architectures".into(), Json::from(["Gemma3ForCausalLM"]));
+        if let Some(tie) = cfg.get("tie_word_embeddings") {
+            text.entry("tie_word_embeddings")
+                .or_insert_with(|| tie.clone());
+        }
+        Ok(HfConfig {
+            multimodal: true,
+            ..Self::from_text_map(&text)?
+        })
+    }
+
+    fn from_text_map(cfg: &Map<String, Json>) -> Result<HfConfig, ConvertError> {
         let family = Family::from_config(cfg)?;
         let (act_key, want) = if family.gemma() {
             ("hidden_activation", "gelu_pytorch_tanh")
@@ -341,7 +406,14 @@ impl HfConfig {
         if !(rms_eps.is_finite() && rms_eps >= 0.0) {
             return Err(bad("rms_norm_eps", "must be a finite number ≥ 0"));
         }
-        let (rope_theta, llama3_rope, linear_rope) = rope(cfg, family)?;
+        let (rope_theta, scaling) = rope(cfg, family, head_dim, ctx)?;
+        let (mut llama3_rope, mut linear_rope, mut long_rope) = (None, None, None);
+        match scaling {
+            Scaling::None => {}
+            Scaling::Llama3(r) => llama3_rope = Some(r),
+            Scaling::Linear(f) => linear_rope = Some(f),
+            Scaling::Long(r) => long_rope = Some(r),
+        }
         if !(rope_theta.is_finite() && rope_theta > 0.0) {
             return Err(bad("rope_theta", "must be a finite number > 0"));
         }
@@ -381,10 +453,12 @@ impl HfConfig {
             rope_theta,
             llama3_rope,
             linear_rope,
+            long_rope,
             softcaps,
             tie_embeddings,
             experts,
             sliding_window,
+            multimodal: false,
         })
     }
 
@@ -413,6 +487,8 @@ impl HfConfig {
         }
         if arch == Arch::Llama {
             m.push((k(Key::VocabSize), u(self.n_vocab)));
+        }
+        if matches!(arch, Arch::Llama | Arch::Phi3) {
             m.push((k(Key::RopeDimensionCount), u(self.head_dim)));
         }
         if let Some(e) = &self.experts {
@@ -422,6 +498,16 @@ impl HfConfig {
             if let Some(norm) = e.norm_topk {
                 m.push((k(Key::ExpertWeightsNorm), Value::Bool(norm)));
             }
+        }
+        if let Some(r) = &self.long_rope {
+            m.push((
+                k(Key::RopeScalingAttnFactor),
+                Value::F32(r.attn_factor as f32),
+            ));
+            m.push((
+                k(Key::RopeScalingOriginalContextLength),
+                Value::U32(r.original_ctx as u32),
+            ));
         }
         if let Some(f) = self.linear_rope {
             m.push((k(Key::RopeScalingType), Value::String("linear".into())));
@@ -445,6 +531,21 @@ impl HfConfig {
             }
         }
         m
+    }
+
+    /// The rope divisor tensors the GGUF holds: Llama 3's `rope_freqs.weight`, LongRoPE's
+    /// `rope_factors_long.weight` and `rope_factors_short.weight`.
+    pub fn rope_tensors(&self) -> Vec<(GlobalTensor, Vec<f32>)> {
+        let mut out: Vec<_> = self
+            .rope_freqs()
+            .map(|f| (GlobalTensor::RopeFreqs, f))
+            .into_iter()
+            .collect();
+        if let Some(r) = &self.long_rope {
+            out.push((GlobalTensor::RopeFactorsLong, r.long.clone()));
+            out.push((GlobalTensor::RopeFactorsShort, r.short.clone()));
+        }
+        out
     }
 
     /// The `rope_freqs.weight` values (one per rotated pair) for Llama 3 rope scaling:
@@ -481,7 +582,9 @@ impl HfConfig {
 fn rope(
     cfg: &Map<String, Json>,
     family: Family,
-) -> Result<(f64, Option<Llama3Rope>, Option<f64>), ConvertError> {
+    head_dim: usize,
+    ctx: u64,
+) -> Result<(f64, Scaling), ConvertError> {
     if let Some(f) = get_f64(cfg, "partial_rotary_factor")?
         && f != 1.0
     {
@@ -513,7 +616,13 @@ fn rope(
         let factor = get_f64(params, "factor")?
             .filter(|f| f.is_finite() && *f > 0.0)
             .ok_or_else(|| bad(&format!("{key}.factor"), "linear rope needs a factor > 0"))?;
-        return Ok((theta, None, Some(factor)));
+        return Ok((theta, Scaling::Linear(factor)));
+    }
+    if kind == "longrope" {
+        return Ok((
+            theta,
+            Scaling::Long(long_rope(cfg, key, params, head_dim, ctx)?),
+        ));
     }
     let scaling = match kind {
         "default" => None,
@@ -543,7 +652,71 @@ fn rope(
             )));
         }
     };
-    Ok((theta, scaling, None))
+    Ok((theta, scaling.map_or(Scaling::None, Scaling::Llama3)))
+}
+
+/// LongRoPE's parameters from `params` (the `rope_scaling` / `rope_parameters` object named
+/// `key`), with the original context there or at the top level of `cfg`.
+fn long_rope(
+    cfg: &Map<String, Json>,
+    key: &str,
+    params: &Map<String, Json>,
+    head_dim: usize,
+    ctx: u64,
+) -> Result<LongRope, ConvertError> {
+    let list = |name: &str| -> Result<Vec<f32>, ConvertError> {
+        let field = format!("{key}.{name}");
+        let values = params
+            .get(name)
+            .and_then(Json::as_array)
+            .ok_or_else(|| bad(&field, "missing: LongRoPE needs both factor lists"))?;
+        let f: Option<Vec<f32>> = values
+            .iter()
+            .map(|v| {
+                v.as_f64()
+                    .filter(|x| x.is_finite() && *x > 0.0)
+                    .map(|x| x as f32)
+            })
+            .collect();
+        match f {
+            Some(f) if f.len() == head_dim / 2 => Ok(f),
+            _ => Err(bad(
+                &field,
+                format!(
+                    "expected {} positive numbers (one per rotated pair)",
+                    head_dim / 2
+                ),
+            )),
+        }
+    };
+    let orig_key = "original_max_position_embeddings";
+    let original_ctx = match get_usize(params, orig_key)? {
+        Some(n) => n,
+        None => need_usize(cfg, orig_key)?,
+    } as u64;
+    if original_ctx < 2 {
+        return Err(bad(orig_key, "must be at least 2"));
+    }
+    let attn_factor = match get_f64(params, "attention_factor")? {
+        Some(f) if f.is_finite() && f > 0.0 => f,
+        Some(f) => {
+            return Err(bad(
+                &format!("{key}.attention_factor"),
+                format!("{f} is not positive"),
+            ));
+        }
+        None if ctx > original_ctx => {
+            let s = ctx as f64 / original_ctx as f64;
+            (1.0 + s.ln() / (original_ctx as f64).ln()).sqrt()
+        }
+        None => 1.0,
+    };
+    Ok(LongRope {
+        short: list("short_factor")?,
+        long: list("long_factor")?,
+        original_ctx,
+        attn_factor,
+    })
 }
 
 /// Gemma 3's local rope base: GGUF has no key for it, so readers hard-code it.
@@ -682,7 +855,7 @@ fn sliding_window(
                 }
             }
         }
-        Family::Mistral | Family::Mixtral => vec![true; n_layer],
+        Family::Mistral | Family::Mixtral | Family::Phi3 => vec![true; n_layer],
         Family::Qwen2 | Family::Qwen3 | Family::Qwen3Moe => {
             if !get_bool(cfg, "use_sliding_window")?.unwrap_or(false) {
                 return Ok(None);
@@ -732,6 +905,90 @@ mod tests {
         assert!(e.to_string().contains("\"yarn\""), "{e}");
         let e = cfg(r#","hidden_act":"gelu""#).unwrap_err();
         assert!(e.to_string().contains("gelu"), "{e}");
+    }
+
+    fn gemma(class: &str, extra: &str) -> Result<HfConfig, ConvertError> {
+        HfConfig::from_json(&format!(
+            r#"{{"architectures":["{class}"],"num_hidden_layers":4,"hidden_size":64,
+            "intermediate_size":128,"num_attention_heads":4,"num_key_value_heads":2,
+            "head_dim":16,"vocab_size":100,"sliding_window":8,
+            "hidden_activation":"gelu_pytorch_tanh"{extra}}}"#
+        ))
+    }
+
+    fn value<'m>(m: &'m [(String, Value)], key: &str) -> Option<&'m Value> {
+        m.iter().find(|(k, _)| k == key).map(|(_, v)| v)
+    }
+
+    #[test]
+    fn gemma_families_write_caps_scaling_and_layer_pattern() {
+        let g2 = gemma(
+            "Gemma2ForCausalLM",
+            r#","attn_logit_softcapping":50.0,"final_logit_softcapping":30.0"#,
+        )
+        .unwrap();
+        assert!(g2.tie_embeddings, "Gemma ties its output by default");
+        let m = g2.metadata();
+        assert_eq!(
+            value(&m, "gemma2.attn_logit_softcapping"),
+            Some(&Value::F32(50.0))
+        );
+        assert_eq!(
+            value(&m, "gemma2.final_logit_softcapping"),
+            Some(&Value::F32(30.0))
+        );
+        // transformers' rule without layer_types: Gemma 2 alternates, sliding first.
+        let pattern = Value::Array(Array::Bool(vec![true, false, true, false]));
+        assert_eq!(
+            value(&m, "gemma2.attention.sliding_window_pattern"),
+            Some(&pattern)
+        );
+        // transformers 5's nested rope of Gemma 3: the global layers' scaling is written.
+        let g3 = gemma(
+            "Gemma3ForCausalLM",
+            r#","layer_types":["sliding_attention","full_attention","sliding_attention",
+            "full_attention"],"rope_parameters":{"full_attention":{"rope_type":"linear",
+            "factor":8.0,"rope_theta":1000000.0},"sliding_attention":{"rope_type":"default",
+            "rope_theta":10000.0}}"#,
+        )
+        .unwrap();
+        assert_eq!((g3.rope_theta, g3.linear_rope), (1e6, Some(8.0)));
+        let m = g3.metadata();
+        assert_eq!(
+            value(&m, "gemma3.rope.scaling.type"),
+            Some(&Value::String("linear".into()))
+        );
+        assert_eq!(
+            value(&m, "gemma3.rope.scaling.factor"),
+            Some(&Value::F32(8.0))
+        );
+        assert_eq!(value(&m, "gemma3.attn_logit_softcapping"), None);
+        // What no reader can express is refused by name.
+        for (class, extra, named) in [
+            (
+                "Gemma3ForCausalLM",
+                r#","rope_local_base_freq":20000.0"#,
+                "local rope base",
+            ),
+            (
+                "Gemma3ForCausalLM",
+                r#","query_pre_attn_scalar":168"#,
+                "query_pre_attn_scalar",
+            ),
+            (
+                "Gemma3ForCausalLM",
+                r#","final_logit_softcapping":30.0"#,
+                "final_logit_softcapping",
+            ),
+            (
+                "Gemma2ForCausalLM",
+                r#","hidden_activation":"silu""#,
+                "hidden_activation",
+            ),
+        ] {
+            let e = gemma(class, extra).unwrap_err();
+            assert!(e.to_string().contains(named), "{class} {extra}: {e}");
+        }
     }
 
     #[test]

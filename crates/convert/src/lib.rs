@@ -35,11 +35,11 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use ferrite_arch::{ARCHITECTURE_KEY, Arch, GlobalTensor};
+use ferrite_arch::{ARCHITECTURE_KEY, Arch};
 use ferrite_gguf::{GgmlType, GgufWriter, Value};
 use ferrite_safetensors::Checkpoint;
 
-pub use config::{Experts, Family, HfConfig, Llama3Rope, SlidingWindow};
+pub use config::{Experts, Family, HfConfig, Llama3Rope, LongRope, SlidingWindow};
 pub use error::ConvertError;
 use plan::{Described, Plan};
 
@@ -161,7 +161,10 @@ impl HfModel {
         let map = config_json.as_object().cloned().unwrap_or_default();
         // The token table is padded to `vocab_size`, so the claim is checked against the
         // weights before anything is sized by it.
-        let checkpoint = Checkpoint::open_dir(dir)?;
+        let mut checkpoint = Checkpoint::open_dir(dir)?;
+        if config.multimodal {
+            checkpoint = checkpoint.renamed(names::text_model_name)?;
+        }
         check_vocab(&config, &checkpoint)?;
         let tokenizer = tokenizer::metadata(
             dir,
@@ -236,13 +239,13 @@ impl HfModel {
         let c = &self.config;
         let arch = c.family.gguf_arch();
         let mut tensors = Vec::with_capacity(plan.items.len() + 1);
-        if let Some(f) = c.rope_freqs() {
+        for (t, f) in c.rope_tensors() {
             tensors.push(OutTensor {
-                name: GlobalTensor::RopeFreqs.name().into(),
+                name: t.name().into(),
                 ty: GgmlType::F32,
                 dims: vec![f.len() as u64],
                 n_bytes: 4 * f.len() as u64,
-                source: Source::RopeFreqs(f.iter().flat_map(|x| x.to_le_bytes()).collect()),
+                source: Source::Computed(f.iter().flat_map(|x| x.to_le_bytes()).collect()),
             });
         }
         let mut first_matrix = None;
@@ -311,8 +314,8 @@ fn tensor_bytes(ty: GgmlType, dims: &[u64]) -> Option<u64> {
 
 /// Where an output tensor's bytes come from.
 enum Source {
-    /// Computed from the config (Llama 3 rope factors).
-    RopeFreqs(Vec<u8>),
+    /// Computed from the config (rope divisors).
+    Computed(Vec<u8>),
     /// Plan item `.0`, described as `.1`.
     Item(usize, Described),
 }
@@ -338,7 +341,7 @@ impl<'a> Layout<'a> {
     /// The bytes of `t` in its output type.
     fn data(&self, t: &OutTensor) -> Result<Cow<'a, [u8]>, ConvertError> {
         let data = match &t.source {
-            Source::RopeFreqs(bytes) => Cow::Owned(bytes.clone()),
+            Source::Computed(bytes) => Cow::Owned(bytes.clone()),
             Source::Item(i, d) => {
                 let bytes = self.plan.bytes(&self.plan.items[*i], d)?;
                 tensors::encode(&t.name, d.src, bytes, t.ty)?

@@ -47,6 +47,32 @@ pub(crate) enum Mapped {
     Skip,
 }
 
+/// The text model's name of tensor `name` of a multimodal checkpoint
+/// (`Gemma3ForConditionalGeneration`): `model.language_model.*` (transformers 5) and
+/// `language_model.model.*` (4.x) become `model.*`, `language_model.lm_head.*` becomes
+/// `lm_head.*`; the vision tower and projector are `None` (left out). Other names stay.
+pub(crate) fn text_model_name(name: &str) -> Option<String> {
+    const VISION: [&str; 4] = [
+        "model.vision_tower.",
+        "vision_tower.",
+        "model.multi_modal_projector.",
+        "multi_modal_projector.",
+    ];
+    if VISION.iter().any(|p| name.starts_with(p)) {
+        return None;
+    }
+    for (from, to) in [
+        ("model.language_model.", "model."),
+        ("language_model.model.", "model."),
+        ("language_model.lm_head.", "lm_head."),
+    ] {
+        if let Some(rest) = name.strip_prefix(from) {
+            return Some(format!("{to}{rest}"));
+        }
+    }
+    Some(name.to_owned())
+}
+
 /// Maps one checkpoint name; `None` when it has no GGUF name. `gemma`: Gemma's four
 /// per-layer norms (its `post_attention_layernorm` is the attention output's norm, and
 /// `pre_feedforward_layernorm` the FFN input's).
@@ -91,6 +117,9 @@ pub(crate) fn map(name: &str, gemma: bool) -> Option<Mapped> {
         "self_attn.k_proj" => TensorRole::AttnK,
         "self_attn.v_proj" => TensorRole::AttnV,
         "self_attn.o_proj" => TensorRole::AttnOutput,
+        // Phi-3's fused projections, kept fused as llama.cpp does.
+        "self_attn.qkv_proj" => TensorRole::AttnQkv,
+        "mlp.gate_up_proj" => TensorRole::FfnUp,
         "self_attn.q_norm" => TensorRole::AttnQNorm,
         "self_attn.k_norm" => TensorRole::AttnKNorm,
         "mlp.gate_proj" => TensorRole::FfnGate,
@@ -134,6 +163,29 @@ mod tests {
 
     fn map_llama(name: &str) -> Option<Mapped> {
         map(name, false)
+    }
+
+    #[test]
+    fn text_model_names_of_multimodal_gemma3() {
+        for (hf, text) in [
+            (
+                "model.language_model.layers.1.mlp.up_proj.weight",
+                Some("model.layers.1.mlp.up_proj.weight"),
+            ),
+            (
+                "language_model.model.norm.weight",
+                Some("model.norm.weight"),
+            ),
+            ("language_model.lm_head.weight", Some("lm_head.weight")),
+            ("lm_head.weight", Some("lm_head.weight")),
+            (
+                "model.vision_tower.vision_model.post_layernorm.weight",
+                None,
+            ),
+            ("multi_modal_projector.mm_input_projection_weight", None),
+        ] {
+            assert_eq!(text_model_name(hf).as_deref(), text, "{hf}");
+        }
     }
 
     #[test]

@@ -572,3 +572,107 @@ fn config_claims_are_bounded_before_use() {
         );
     }
 }
+
+/// A one-layer Gemma 3 text directory (Gemma's four norms, q/k norms, tied output); with
+/// `multimodal`, the same weights as `Gemma3ForConditionalGeneration` saves them (text
+/// config nested, `model.language_model.` names, a vision tensor beside them).
+fn gemma3_dir(dir: &Path, multimodal: bool) -> Vec<Tensor> {
+    let l = "model.layers.0.";
+    let mut t = vec![
+        f32_tensor("model.embed_tokens.weight", &[VOCAB, D], 1),
+        bf16_tensor("model.norm.weight", &[D], 2),
+        f32_tensor(&format!("{l}input_layernorm.weight"), &[D], 3),
+        f32_tensor(&format!("{l}self_attn.q_proj.weight"), &[HEADS * HD, D], 4),
+        f32_tensor(&format!("{l}self_attn.k_proj.weight"), &[KV * HD, D], 5),
+        f32_tensor(&format!("{l}self_attn.v_proj.weight"), &[KV * HD, D], 6),
+        f32_tensor(&format!("{l}self_attn.o_proj.weight"), &[D, HEADS * HD], 7),
+        f32_tensor(&format!("{l}self_attn.q_norm.weight"), &[HD], 8),
+        f32_tensor(&format!("{l}self_attn.k_norm.weight"), &[HD], 9),
+        f32_tensor(&format!("{l}post_attention_layernorm.weight"), &[D], 10),
+        f32_tensor(&format!("{l}pre_feedforward_layernorm.weight"), &[D], 11),
+        f32_tensor(&format!("{l}post_feedforward_layernorm.weight"), &[D], 12),
+        f32_tensor(&format!("{l}mlp.gate_proj.weight"), &[FF, D], 13),
+        f32_tensor(&format!("{l}mlp.up_proj.weight"), &[FF, D], 14),
+        f32_tensor(&format!("{l}mlp.down_proj.weight"), &[D, FF], 15),
+    ];
+    let text = config(
+        "Gemma3ForCausalLM",
+        &format!(
+            r#","head_dim":{HD},"sliding_window":4,"hidden_activation":"gelu_pytorch_tanh",
+            "rope_scaling":{{"rope_type":"linear","factor":8.0}},"rope_local_base_freq":10000.0"#
+        ),
+    );
+    let cfg = if multimodal {
+        for x in &mut t {
+            x.name = x.name.replacen("model.", "model.language_model.", 1);
+        }
+        t.push(f32_tensor(
+            "model.vision_tower.vision_model.post_layernorm.weight",
+            &[D],
+            16,
+        ));
+        format!(
+            r#"{{"architectures":["Gemma3ForConditionalGeneration"],"model_type":"gemma3",
+            "text_config":{text},"vision_config":{{"hidden_size":{D}}}}}"#
+        )
+    } else {
+        text
+    };
+    std::fs::write(dir.join("config.json"), cfg).unwrap();
+    std::fs::write(dir.join("tokenizer.json"), TOKENIZER).unwrap();
+    std::fs::write(dir.join("tokenizer_config.json"), TOKENIZER_CONFIG).unwrap();
+    write_safetensors(&dir.join("model.safetensors"), &t);
+    t
+}
+
+#[test]
+fn gemma3_norms_are_stored_as_one_plus_w_under_gemma_names() {
+    let dir = tempfile::tempdir().unwrap();
+    gemma3_dir(dir.path(), false);
+    let g = convert(dir.path(), OutType::Stored).unwrap();
+    assert_eq!(g.get_str("general.architecture").unwrap(), "gemma3");
+    assert_eq!(g.get_str("gemma3.rope.scaling.type").unwrap(), "linear");
+    assert!(g.tensor("output.weight").is_none(), "Gemma ties its output");
+    for (name, seed, len) in [
+        ("output_norm.weight", 2, D),
+        ("blk.0.attn_norm.weight", 3, D),
+        ("blk.0.attn_q_norm.weight", 8, HD),
+        ("blk.0.attn_k_norm.weight", 9, HD),
+        ("blk.0.post_attention_norm.weight", 10, D),
+        ("blk.0.ffn_norm.weight", 11, D),
+        ("blk.0.post_ffw_norm.weight", 12, D),
+    ] {
+        assert_eq!(g.tensor(name).unwrap().ty, GgmlType::F32, "{name}");
+        // The output norm is stored bf16: its values truncated to bf16 (as the test file
+        // writes them), then shifted in f32.
+        let stored = |v: f32| match name {
+            "output_norm.weight" => f32::from_bits(v.to_bits() >> 16 << 16),
+            _ => v,
+        };
+        let want: Vec<f32> = values(seed, len).iter().map(|&v| stored(v) + 1.0).collect();
+        assert_eq!(f32s(&g, name), want, "{name}");
+    }
+    // Matrices are not shifted.
+    assert_eq!(f32s(&g, "blk.0.ffn_up.weight"), values(14, FF * D));
+}
+
+#[test]
+fn multimodal_gemma3_converts_its_text_model_to_the_same_tensors() {
+    let (text, mm) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    gemma3_dir(text.path(), false);
+    gemma3_dir(mm.path(), true);
+    let (a, b) = (
+        convert(text.path(), OutType::F16).unwrap(),
+        convert(mm.path(), OutType::F16).unwrap(),
+    );
+    assert_eq!(a.tensors(), b.tensors());
+    for t in a.tensors() {
+        let other = b.tensor(&t.name).unwrap();
+        assert_eq!(a.tensor_data(t), b.tensor_data(other), "{}", t.name);
+    }
+    for (k, v) in a.metadata() {
+        if k != "general.name" {
+            assert_eq!(b.get(k), Some(v), "{k}");
+        }
+    }
+}

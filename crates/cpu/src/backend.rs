@@ -138,6 +138,23 @@ fn positions<'a>(segs: &'a [Segment<'_, KvCache>]) -> impl Iterator<Item = usize
     segs.iter().flat_map(|s| s.pos0..s.pos0 + s.len)
 }
 
+/// The divisors of a segment whose store holds `ctx` positions: LongRoPE's long set when
+/// that is past its switch point, else the plain factors.
+pub(crate) fn factors_at<'a>(r: &Rope<&'a [f32]>, ctx: usize) -> Option<&'a [f32]> {
+    match r.long {
+        Some((long, after)) if ctx > after => Some(long),
+        _ => r.factors,
+    }
+}
+
+/// LongRoPE's long divisors need the plain ones (the rows before the switch point use them).
+fn check_long(op: &'static str, r: &Rope<&[f32]>) -> Result<()> {
+    if r.long.is_some() && r.factors.is_none() {
+        return Err(bad(op, "long rope factors without the short ones"));
+    }
+    Ok(())
+}
+
 impl Backend for CpuBackend<'_> {
     type Buf = Vec<f32>;
     type Weight<'a>
@@ -431,13 +448,18 @@ impl Backend for CpuBackend<'_> {
                 format!("rows of {width} values in heads of {}", r.head_dim),
             ));
         }
+        check_long("rope", r)?;
         let x = get_mut("rope", x, 0, mul("rope", rows, width)?)?;
         let table = match r.factors {
             Some(_) => None,
             None => Some(angles.table(r.head_dim, r.base, rows)?),
         };
-        for (t, (row, pos)) in x.chunks_exact_mut(width).zip(positions(segs)).enumerate() {
-            match (r.factors, table) {
+        let rows = segs.iter().flat_map(|s| {
+            let f = factors_at(r, s.kv.ctx());
+            (s.pos0..s.pos0 + s.len).map(move |pos| (pos, f))
+        });
+        for (t, (row, (pos, f))) in x.chunks_exact_mut(width).zip(rows).enumerate() {
+            match (f, table) {
                 (Some(f), _) => rope_scaled(row, r.head_dim, pos, r.base, r.style, f),
                 (None, Some(table)) => table.apply(row, t, r.style),
                 (None, None) => {}
@@ -494,17 +516,15 @@ impl Backend for CpuBackend<'_> {
         {
             return Err(bad("rope_store", "rows are not whole heads"));
         }
+        check_long("rope_store", r)?;
         let table = match r.factors {
             Some(_) => None,
             None => Some(angles.table(r.head_dim, r.base, rows)?),
         };
         let rotary = Rotary {
-            head_dim: r.head_dim,
             q_dim,
             kv_dim,
-            base: r.base,
-            style: r.style,
-            factors: r.factors,
+            rope: r,
             table,
         };
         let q = get_mut("rope_store", q, 0, mul("rope_store", rows, q_dim)?)?;

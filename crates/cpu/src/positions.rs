@@ -8,21 +8,20 @@
 
 use std::sync::{Mutex, PoisonError};
 
-use ferrite_backend::Segment;
+use ferrite_backend::{Rope, Segment};
 
 use crate::ThreadPool;
+use crate::backend::factors_at;
 use crate::kv::KvCache;
-use crate::ops::{RopeStyle, RopeTable, rope_scaled};
+use crate::ops::{RopeTable, rope_scaled};
 
 /// How one layer rotates its rows.
 pub(crate) struct Rotary<'a> {
-    pub(crate) head_dim: usize,
     pub(crate) q_dim: usize,
     pub(crate) kv_dim: usize,
-    pub(crate) base: f32,
-    pub(crate) style: RopeStyle,
-    /// Per-pair frequency divisors (scaled rope), which compute their own angles.
-    pub(crate) factors: Option<&'a [f32]>,
+    /// The layer's rope: head size, base, pairing and its per-pair divisors (scaled rope,
+    /// LongRoPE's two sets), which compute their own angles.
+    pub(crate) rope: &'a Rope<&'a [f32]>,
     /// The angles of the forward pass's rows, where there are no divisors.
     pub(crate) table: Option<&'a RopeTable>,
 }
@@ -53,7 +52,7 @@ pub(crate) fn rotate_and_store(
     let mut starts = Vec::with_capacity(segs.len());
     let mut row = 0;
     for seg in segs.iter() {
-        starts.push((row, seg.pos0, seg.len));
+        starts.push((row, seg.pos0, seg.len, seg.kv.ctx()));
         row += seg.len;
     }
     let caches: Vec<Mutex<&mut KvCache>> =
@@ -72,12 +71,12 @@ pub(crate) fn rotate_and_store(
             .enumerate()
         {
             let t = first + j;
-            let Some(&(start, pos0, _)) = starts.iter().rev().find(|s| s.0 <= t) else {
+            let Some(&(start, pos0, _, ctx)) = starts.iter().rev().find(|s| s.0 <= t) else {
                 continue;
             };
-            rotate_row(r, qr, kr, t, pos0 + t - start);
+            rotate_row(r, qr, kr, t, pos0 + t - start, ctx);
         }
-        for (&(start, pos0, len), cache) in starts.iter().zip(&caches) {
+        for (&(start, pos0, len, _), cache) in starts.iter().zip(&caches) {
             let (lo, hi) = (start.max(first), (start + len).min(first + rows));
             if lo >= hi {
                 continue;
@@ -99,13 +98,15 @@ pub(crate) fn rotate_and_store(
     }
 }
 
-/// Rope of row `t` of the forward pass (its query `qr` and key `kr`) at position `pos`.
-fn rotate_row(r: &Rotary<'_>, qr: &mut [f32], kr: &mut [f32], t: usize, pos: usize) {
-    if let Some(f) = r.factors {
-        rope_scaled(qr, r.head_dim, pos, r.base, r.style, f);
-        rope_scaled(kr, r.head_dim, pos, r.base, r.style, f);
+/// Rope of row `t` of the forward pass (its query `qr` and key `kr`) at position `pos`, of a
+/// session whose store holds `ctx` positions.
+fn rotate_row(r: &Rotary<'_>, qr: &mut [f32], kr: &mut [f32], t: usize, pos: usize, ctx: usize) {
+    let rope = r.rope;
+    if let Some(f) = factors_at(rope, ctx) {
+        rope_scaled(qr, rope.head_dim, pos, rope.base, rope.style, f);
+        rope_scaled(kr, rope.head_dim, pos, rope.base, rope.style, f);
     } else if let Some(table) = r.table {
-        table.apply(qr, t, r.style);
-        table.apply(kr, t, r.style);
+        table.apply(qr, t, rope.style);
+        table.apply(kr, t, rope.style);
     }
 }

@@ -593,6 +593,7 @@ impl Backend for CudaOps<'_> {
             return self.require(&Op::Rope {
                 style: r.style,
                 scaled: true,
+                long: r.long.is_some(),
             });
         }
         let heads = heads("rope", width, r.head_dim)?;
@@ -651,9 +652,22 @@ impl Backend for CudaOps<'_> {
             scale: 1.0,
             window: None,
         };
+        if r.long.is_some() && r.factors.is_none() {
+            return Err(BackendError::Shape {
+                op,
+                what: "long rope factors without the short ones".into(),
+            });
+        }
         let factors = r.factors.map(|f| self.vec(f));
+        let long = r.long.map(|(f, after)| (self.vec(f), after));
         let mut row = 0;
         for seg in segs.iter() {
+            // LongRoPE: a session whose context is past the switch point takes the long
+            // divisors.
+            let factors = match &long {
+                Some((f, after)) if seg.kv.ctx > *after => Some(f),
+                _ => factors.as_ref(),
+            };
             let (kc, vc) = Self::layer(op, seg.kv, layer, kv_dim, seg.pos0 + seg.len)?;
             let n = seg.len;
             let qs = self.stage(op, q, row * q_dim, n * q_dim)?;
@@ -673,7 +687,7 @@ impl Backend for CudaOps<'_> {
                         &tp,
                         r.base,
                         r.style,
-                        factors.as_deref(),
+                        factors.map(|f| &**f),
                     )
                     .map_err(kernel(op))?;
             }

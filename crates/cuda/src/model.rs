@@ -205,6 +205,12 @@ fn unported_math(c: &ferrite_model::ModelConfig) -> Option<&'static str> {
     if c.rope_freq_factors.is_some() && c.layers.iter().any(|l| !l.rope_scaled) {
         return Some("rope scaling on only some layers");
     }
+    if c.rope_long.is_some() {
+        return Some("LongRoPE");
+    }
+    if c.arch.features().fused {
+        return Some("fused q/k/v and gate/up tensors");
+    }
     None
 }
 

@@ -189,6 +189,11 @@ mod tests {
             ("qwen3moe", GgmlType::Q4_1, KvType::F16),
             ("qwen2", GgmlType::Q8_0, KvType::F16),
             ("llama3", GgmlType::Q8_0, KvType::F16),
+            // Soft-capped scores and logits, and rope scaled on some layers only.
+            ("gemma2", GgmlType::Q8_0, KvType::F16),
+            ("gemma3_linear", GgmlType::Q4_1, KvType::F16),
+            // LongRoPE: sessions on both sides of the switch point in one step.
+            ("phi3", GgmlType::Q8_0, KvType::F16),
             // An 8-bit cache scales each block of a row on its own, so rows stay independent
             // too (the tiny models with head sizes of whole blocks).
             ("qwen3", GgmlType::Q4_1, KvType::Q8),

@@ -21,6 +21,12 @@
 //! - `qwen2`: half-split (NeoX) rope, q/k/v biases (required), SiLU FFN.
 //! - `qwen3`: half-split rope, per-head q/k RMSNorm, no biases.
 //! - `qwen3moe`: `qwen3` attention with an expert FFN on every layer.
+//! - `phi3`: half-split rope, SiLU FFN, fused `attn_qkv` and `ffn_up` (gate rows first),
+//!   LongRoPE: `rope_factors_short.weight` divides the frequencies of a session whose context
+//!   is within `rope.scaling.original_context_length`, `rope_factors_long.weight` those of a
+//!   longer one (llama.cpp's rule; transformers decides by the sequence it is given, which a
+//!   session of exactly that length reproduces); `rope.scaling.attn_factor` (else transformers' `sqrt(1 + ln(s)/ln(orig))`,
+//!   `s = context_length / orig`) scales q and k, so the scores by its square.
 //!
 //! MoE, rope-factor, sliding-window and unsupported-feature keys are read in
 //! [`crate::features`].
@@ -99,6 +105,9 @@ pub struct ModelConfig {
     /// one factor repeated); `None` for plain rope. Used by the layers marked
     /// [`LayerConfig::rope_scaled`].
     pub rope_freq_factors: Option<Vec<f32>>,
+    /// LongRoPE's long divisors and the session length past which they replace
+    /// [`ModelConfig::rope_freq_factors`] (Phi-3).
+    pub rope_long: Option<(Vec<f32>, usize)>,
     /// Soft cap of the attention scores (after the query scale, before the mask).
     pub attn_softcap: Option<f32>,
     /// Soft cap of the output logits.
@@ -247,9 +256,8 @@ impl ModelConfig {
             Some(_) => Some(usize_key(g, &k(Key::FeedForwardLength))?),
             None => None,
         };
-        // Every architecture refuses what its forward pass lacks (Gemma 3 4B and larger
-        // ask for linear rope scaling, which this one does not do); experts are read for
-        // the architectures that have them.
+        // Every architecture refuses what its forward pass lacks (YaRN rope, shared
+        // experts, ...); experts are read for the architectures that have them.
         features::check_unsupported(g, arch)?;
         let (moe, d_ff) = if f.experts == Presence::Never {
             (None, dense_ff)
@@ -329,8 +337,10 @@ impl ModelConfig {
         check_vocab_and_context(g, a, n_vocab, ctx_train)?;
         let rope_factors = features::rope_factors(g, arch, head_dim)?;
         let cfg = match arch {
-            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe => {
+            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Phi3 => {
                 let windows = features::sliding_windows(g, a, n_layer)?;
+                let long = features::long_rope(g, arch, head_dim, ctx_train)?;
+                let attn_factor = long.as_ref().map_or(1.0, |l| l.attn_factor);
                 ModelConfig {
                     arch,
                     n_layer,
@@ -349,7 +359,7 @@ impl ModelConfig {
                     } else {
                         RopeStyle::HalfSplit
                     },
-                    attn_scale: 1.0 / (head_dim as f32).sqrt(),
+                    attn_scale: attn_factor * attn_factor / (head_dim as f32).sqrt(),
                     embed_scale: 1.0,
                     activation: Activation::Silu,
                     qk_norm: f.qk_norm,
@@ -363,6 +373,7 @@ impl ModelConfig {
                         .out_bias
                         .resolve(g.tensor(&TensorRole::AttnOutput.bias(0)).is_some()),
                     rope_freq_factors: rope_factors.clone(),
+                    rope_long: long.map(|l| (l.factors, l.after)),
                     attn_softcap: None,
                     final_softcap: None,
                     moe,
@@ -439,6 +450,7 @@ impl ModelConfig {
                     qkv_bias: false,
                     out_bias: false,
                     rope_freq_factors: rope_factors,
+                    rope_long: None,
                     attn_softcap: cap(Key::AttnLogitSoftcapping, GEMMA2_ATTN_SOFTCAP)?,
                     final_softcap: cap(Key::FinalLogitSoftcapping, GEMMA2_FINAL_SOFTCAP)?,
                     moe: None,
@@ -504,6 +516,39 @@ mod tests {
                 assert_eq!((l.window, l.rope_base), (Some(4), 1e4));
             }
         }
+    }
+
+    #[test]
+    fn gemma2_caps_and_alternation_and_gemma3_linear_scaling() {
+        let g2 = cfg("gemma2", "").unwrap();
+        assert_eq!(g2.arch, Arch::Gemma2);
+        assert!(!g2.qk_norm && g2.post_norms);
+        assert_eq!((g2.attn_softcap, g2.final_softcap), (Some(1.5), Some(3.0)));
+        for (i, l) in g2.layers.iter().enumerate() {
+            let window = (i % 2 == 0).then_some(4);
+            assert_eq!((l.window, l.rope_base, l.rope_scaled), (window, 1e6, false));
+        }
+        // llama.cpp's defaults when the keys are absent; a zero cap is none.
+        let g2 = cfg("gemma2", "gemma2.final_logit_softcapping").unwrap();
+        assert_eq!(g2.final_softcap, Some(30.0));
+        let g2 = cfg_with(
+            "gemma2",
+            vec![("gemma2.attn_logit_softcapping".into(), Value::F32(0.0))],
+        )
+        .unwrap();
+        assert_eq!(g2.attn_softcap, None);
+        let g3 = cfg("gemma3_linear", "").unwrap();
+        assert_eq!(g3.rope_freq_factors.as_deref(), Some(&[4.0; 16][..]));
+        assert!(g3.attn_softcap.is_none() && g3.final_softcap.is_none());
+        for (i, l) in g3.layers.iter().enumerate() {
+            // Only the global layer (5) is scaled.
+            assert_eq!(l.rope_scaled, i == 5, "layer {i}");
+        }
+        let err = cfg("gemma3_linear", "gemma3.rope.scaling.factor").unwrap_err();
+        assert!(
+            err.to_string().contains("gemma3.rope.scaling.factor"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -726,13 +771,12 @@ mod tests {
             ("qwen3moe", "qwen3moe.expert_shared_count", Value::U32(1)),
             ("qwen3moe", "qwen3moe.expert_weights_scale", Value::F32(2.5)),
             ("qwen2", "qwen2.final_logit_softcapping", Value::F32(30.0)),
-            // Regression: gemma3 skipped these checks, so a Gemma 3 4B-style file (linear
-            // rope scaling, factor 8, on its global layers) or one asking for soft-capping
-            // loaded and ran with neither, giving other logits than transformers.
+            // Regression: gemma3 skipped these checks, so a file asking for soft-capping
+            // loaded and ran without it, giving other logits than transformers.
             (
                 "gemma3",
                 "gemma3.rope.scaling.type",
-                Value::String("linear".into()),
+                Value::String("yarn".into()),
             ),
             ("gemma3", "gemma3.final_logit_softcapping", Value::F32(30.0)),
             ("gemma3", "gemma3.attn_logit_softcapping", Value::F32(50.0)),

@@ -132,24 +132,86 @@ pub(crate) fn rope_factors(
         }
         return Ok((factor != 1.0).then(|| vec![factor; head_dim / 2]));
     }
-    let Some(t) = g.tensor(NAME) else {
+    if g.tensor(GlobalTensor::RopeFactorsLong.name()).is_some() {
+        return divisors(g, GlobalTensor::RopeFactorsShort, head_dim).map(Some);
+    }
+    if g.tensor(NAME).is_none() {
         return Ok(None);
-    };
-    if t.dims != [(head_dim / 2) as u64] {
+    }
+    divisors(g, GlobalTensor::RopeFreqs, head_dim).map(Some)
+}
+
+/// LongRoPE (Phi-3): the long divisors, the switch point and the attention factor.
+#[derive(Debug)]
+pub(crate) struct LongRope {
+    pub(crate) factors: Vec<f32>,
+    pub(crate) after: usize,
+    pub(crate) attn_factor: f32,
+}
+
+/// `head_dim / 2` positive divisors from tensor `t` of `g`.
+fn divisors(g: &Gguf, t: GlobalTensor, head_dim: usize) -> Result<Vec<f32>, ModelError> {
+    let name = t.name();
+    let tensor = g
+        .tensor(name)
+        .ok_or_else(|| ModelError::MissingTensor(name.into()))?;
+    if tensor.dims != [(head_dim / 2) as u64] {
         return Err(ModelError::TensorShape {
-            name: NAME.into(),
-            got: t.dims.clone(),
+            name: name.into(),
+            got: tensor.dims.clone(),
             expected: vec![(head_dim / 2) as u64],
         });
     }
-    let f = crate::model::dequantize_tensor(g, NAME)?;
+    let f = crate::model::dequantize_tensor(g, name)?;
     if f.iter().any(|v| !v.is_finite() || *v <= 0.0) {
         return Err(ModelError::BadMetadata {
-            key: NAME.into(),
+            key: name.into(),
             reason: "rope frequency factors must be finite and positive".into(),
         });
     }
-    Ok(Some(f))
+    Ok(f)
+}
+
+/// LongRoPE's settings when the file has `rope_factors_long.weight` (then the short
+/// factors, as [`rope_factors`] reads them, and the original context are required).
+pub(crate) fn long_rope(
+    g: &Gguf,
+    arch: Arch,
+    head_dim: usize,
+    ctx_train: usize,
+) -> Result<Option<LongRope>, ModelError> {
+    if g.tensor(GlobalTensor::RopeFactorsLong.name()).is_none() {
+        return Ok(None);
+    }
+    let factors = divisors(g, GlobalTensor::RopeFactorsLong, head_dim)?;
+    let orig_key = arch.key(Key::RopeScalingOriginalContextLength);
+    let after = count(g, &orig_key)?
+        .filter(|&n| n > 1)
+        .ok_or_else(|| ModelError::BadMetadata {
+            key: orig_key.clone(),
+            reason: "LongRoPE needs the original context (more than 1 position)".into(),
+        })?;
+    let key = arch.key(Key::RopeScalingAttnFactor);
+    let attn_factor = match g.get(&key) {
+        Some(_) => g.get_f32(&key)?,
+        // transformers' LongRoPE default.
+        None if ctx_train > after => {
+            let s = ctx_train as f64 / after as f64;
+            (1.0 + s.ln() / (after as f64).ln()).sqrt() as f32
+        }
+        None => 1.0,
+    };
+    if !(attn_factor.is_finite() && attn_factor > 0.0) {
+        return Err(ModelError::BadMetadata {
+            key,
+            reason: format!("{attn_factor} is not a finite, positive factor"),
+        });
+    }
+    Ok(Some(LongRope {
+        factors,
+        after,
+        attn_factor,
+    }))
 }
 
 /// Refuses metadata that asks for behaviour the forward pass of `arch` does not implement.

@@ -42,6 +42,8 @@ pub struct LoadOptions {
 pub(crate) struct Weight {
     /// Index into the file's tensor table.
     tensor: usize,
+    /// The first of its rows in that tensor (a part of a fused projection; else 0).
+    row0: usize,
     ty: GgmlType,
     pub(crate) rows: usize,
     pub(crate) cols: usize,
@@ -178,20 +180,73 @@ fn matrix(
     cols: usize,
     precision: Precision,
 ) -> Result<Weight, ModelError> {
-    let tensor = find_tensor(g, name, &[cols as u64, rows as u64])?;
+    matrix_rows(g, name, rows, 0..rows, cols, precision)
+}
+
+/// Rows `part` of the `total × cols` matrix `name`: one projection of a fused tensor
+/// (Phi-3's `attn_qkv`, `ffn_up`), read in place like a whole matrix.
+fn matrix_rows(
+    g: &Gguf,
+    name: &str,
+    total: usize,
+    part: std::ops::Range<usize>,
+    cols: usize,
+    precision: Precision,
+) -> Result<Weight, ModelError> {
+    let tensor = find_tensor(g, name, &[cols as u64, total as u64])?;
     let t = &g.tensors()[tensor];
     let f32_copy = match precision {
         Precision::Default => None,
-        Precision::F32 => Some(dequantize_tensor(g, name)?),
+        Precision::F32 => {
+            Some(dequantize_tensor(g, name)?[part.start * cols..part.end * cols].to_vec())
+        }
     };
     Ok(Weight {
         tensor,
+        row0: part.start,
         ty: t.ty,
-        rows,
+        rows: part.len(),
         cols,
         f32_copy,
         packed: OnceLock::new(),
     })
+}
+
+/// The Q, K and V projections of layer `i`: three matrices, or the rows of one fused
+/// `attn_qkv` (Phi-3).
+fn qkv(g: &Gguf, c: &ModelConfig, i: usize, p: Precision) -> Result<[Weight; 3], ModelError> {
+    let (d, q, kv) = (c.d_model, c.q_dim(), c.kv_dim());
+    if !c.arch.features().fused {
+        return Ok([
+            matrix(g, &TensorRole::AttnQ.weight(i), q, d, p)?,
+            matrix(g, &TensorRole::AttnK.weight(i), kv, d, p)?,
+            matrix(g, &TensorRole::AttnV.weight(i), kv, d, p)?,
+        ]);
+    }
+    let name = TensorRole::AttnQkv.weight(i);
+    let total = q + 2 * kv;
+    Ok([
+        matrix_rows(g, &name, total, 0..q, d, p)?,
+        matrix_rows(g, &name, total, q..q + kv, d, p)?,
+        matrix_rows(g, &name, total, q + kv..total, d, p)?,
+    ])
+}
+
+/// The dense gate and up projections of layer `i`: two matrices, or the halves of one
+/// `ffn_up` of twice the width, gate rows first (Phi-3).
+fn gate_up(g: &Gguf, c: &ModelConfig, i: usize, p: Precision) -> Result<[Weight; 2], ModelError> {
+    let (d, ff) = (c.d_model, c.d_ff);
+    if !c.arch.features().fused {
+        return Ok([
+            matrix(g, &TensorRole::FfnGate.weight(i), ff, d, p)?,
+            matrix(g, &TensorRole::FfnUp.weight(i), ff, d, p)?,
+        ]);
+    }
+    let name = TensorRole::FfnUp.weight(i);
+    Ok([
+        matrix_rows(g, &name, 2 * ff, 0..ff, d, p)?,
+        matrix_rows(g, &name, 2 * ff, ff..2 * ff, d, p)?,
+    ])
 }
 
 impl Model {
@@ -228,11 +283,12 @@ impl Model {
                     Ok(None)
                 }
             };
+            let [wq, wk, wv] = qkv(g, c, i, p)?;
             layers.push(LayerWeights {
                 attn_norm: vector(g, &n(TensorRole::AttnNorm), c.d_model)?,
-                wq: matrix(g, &n(TensorRole::AttnQ), c.q_dim(), c.d_model, p)?,
-                wk: matrix(g, &n(TensorRole::AttnK), c.kv_dim(), c.d_model, p)?,
-                wv: matrix(g, &n(TensorRole::AttnV), c.kv_dim(), c.d_model, p)?,
+                wq,
+                wk,
+                wv,
                 wo: matrix(g, &n(TensorRole::AttnOutput), c.d_model, c.q_dim(), p)?,
                 q_norm: opt_vec(TensorRole::AttnQNorm, c.head_dim, c.qk_norm)?,
                 k_norm: opt_vec(TensorRole::AttnKNorm, c.head_dim, c.qk_norm)?,
@@ -254,11 +310,14 @@ impl Model {
                 },
                 ffn_norm: vector(g, &n(TensorRole::FfnNorm), c.d_model)?,
                 ffn: match &c.moe {
-                    None => Ffn::Dense {
-                        gate: matrix(g, &n(TensorRole::FfnGate), c.d_ff, c.d_model, p)?,
-                        up: matrix(g, &n(TensorRole::FfnUp), c.d_ff, c.d_model, p)?,
-                        down: matrix(g, &n(TensorRole::FfnDown), c.d_model, c.d_ff, p)?,
-                    },
+                    None => {
+                        let [gate, up] = gate_up(g, c, i, p)?;
+                        Ffn::Dense {
+                            gate,
+                            up,
+                            down: matrix(g, &n(TensorRole::FfnDown), c.d_model, c.d_ff, p)?,
+                        }
+                    }
                     Some(moe) => {
                         let e = moe.n_expert;
                         let f32_copy = p == Precision::F32;
@@ -358,13 +417,19 @@ impl Model {
                 data: f32_bytes(v),
                 packed: None,
             },
-            None => Matrix {
-                ty: w.ty,
-                rows: w.rows,
-                cols: w.cols,
-                data: self.gguf.tensor_data(&self.gguf.tensors()[w.tensor]),
-                packed: None,
-            },
+            None => {
+                let data = self.gguf.tensor_data(&self.gguf.tensors()[w.tensor]);
+                // The file's reader checked the tensor holds whole rows of its dims, and the
+                // loader that `row0 + rows` is within them.
+                let row = w.ty.row_bytes(w.cols as u64).map_or(0, |b| b as usize);
+                Matrix {
+                    ty: w.ty,
+                    rows: w.rows,
+                    cols: w.cols,
+                    data: &data[w.row0 * row..(w.row0 + w.rows) * row],
+                    packed: None,
+                }
+            }
         }
     }
 
@@ -435,6 +500,7 @@ fn check_all_tensors_used(g: &Gguf, c: &ModelConfig) -> Result<(), ModelError> {
         post_norms: c.post_norms,
         qkv_bias: c.qkv_bias,
         out_bias: c.out_bias,
+        fused: c.arch.features().fused,
     }
     .tensors();
     let used = |name: &str| match TensorName::parse(name) {

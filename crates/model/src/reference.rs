@@ -188,9 +188,19 @@ pub fn forward(model: &Model, tokens: &[u32]) -> Result<RefOutput, ModelError> {
         let w = |s: &str| load(g, &format!("blk.{l}.{s}.weight"));
         let lc = c.layers[l];
         let h = norm(&x, &w("attn_norm")?, eps);
-        let mut q = linear(&w("attn_q")?, &h, qd, d);
-        let mut k = linear(&w("attn_k")?, &h, kd, d);
-        let mut v = linear(&w("attn_v")?, &h, kd, d);
+        let fused = c.arch.features().fused;
+        // Phi-3's fused `attn_qkv` holds the Q, K and V rows in that order.
+        let (wq, wk, wv) = if fused {
+            let qkv = w("attn_qkv")?;
+            let (q, rest) = qkv.split_at(qd * d);
+            let (k, v) = rest.split_at(kd * d);
+            (q.to_vec(), k.to_vec(), v.to_vec())
+        } else {
+            (w("attn_q")?, w("attn_k")?, w("attn_v")?)
+        };
+        let mut q = linear(&wq, &h, qd, d);
+        let mut k = linear(&wk, &h, kd, d);
+        let mut v = linear(&wv, &h, kd, d);
         if c.qkv_bias {
             for (y, s) in [(&mut q, "attn_q"), (&mut k, "attn_k"), (&mut v, "attn_v")] {
                 let b = load(g, &format!("blk.{l}.{s}.bias"))?;
@@ -205,7 +215,13 @@ pub fn forward(model: &Model, tokens: &[u32]) -> Result<RefOutput, ModelError> {
         }
         for t in 0..n {
             let base = f64::from(lc.rope_base);
-            let f = c.rope_freq_factors.as_deref().filter(|_| lc.rope_scaled);
+            // A context of exactly the prompt: LongRoPE's long set when that is past the
+            // switch point.
+            let f = match &c.rope_long {
+                Some((long, after)) if n > *after => Some(&long[..]),
+                _ => c.rope_freq_factors.as_deref(),
+            }
+            .filter(|_| lc.rope_scaled);
             rotate(&mut q[t * qd..(t + 1) * qd], hd, t, base, c.rope_style, f);
             rotate(&mut k[t * kd..(t + 1) * kd], hd, t, base, c.rope_style, f);
         }
@@ -253,8 +269,16 @@ pub fn forward(model: &Model, tokens: &[u32]) -> Result<RefOutput, ModelError> {
         let h = norm(&x, &w("ffn_norm")?, eps);
         let mut o = match &c.moe {
             None => {
-                let gate = linear(&w("ffn_gate")?, &h, c.d_ff, d);
-                let up = linear(&w("ffn_up")?, &h, c.d_ff, d);
+                // Phi-3's fused `ffn_up` holds the gate rows, then the up rows.
+                let (wg, wu) = if fused {
+                    let both = w("ffn_up")?;
+                    let (g, u) = both.split_at(c.d_ff * d);
+                    (g.to_vec(), u.to_vec())
+                } else {
+                    (w("ffn_gate")?, w("ffn_up")?)
+                };
+                let gate = linear(&wg, &h, c.d_ff, d);
+                let up = linear(&wu, &h, c.d_ff, d);
                 let act = gated(&gate, &up, c.activation);
                 linear(&w("ffn_down")?, &act, d, c.d_ff)
             }

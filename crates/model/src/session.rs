@@ -93,6 +93,8 @@ pub(crate) enum Mutation {
     IgnoreRopeFactors,
     /// Route every token to its single best expert instead of the top k.
     TopOneExpert,
+    /// Attention scores without their soft cap.
+    DropAttnSoftcap,
 }
 
 impl<'m> Session<'m> {
@@ -325,6 +327,7 @@ impl<'m> Session<'m> {
             drop_qkv_bias: self.mutation == Some(Mutation::DropQkvBias),
             ignore_rope_factors: self.mutation == Some(Mutation::IgnoreRopeFactors),
             top_one_expert: self.mutation == Some(Mutation::TopOneExpert),
+            drop_attn_softcap: self.mutation == Some(Mutation::DropAttnSoftcap),
         };
         #[cfg(not(test))]
         Faults::default()

@@ -231,7 +231,7 @@ mod tests {
         // be equal bit for bit, not just close. Gemma's tiny window is 4: prefixes on both
         // sides of it, and one token before the end.
         let pool = ThreadPool::new(2).unwrap();
-        for arch in ["llama", "gemma3"] {
+        for arch in ["llama", "gemma3", "gemma2", "gemma3_linear", "phi3"] {
             let m = tiny_model(arch, GgmlType::Q8_0, Precision::Default);
             // q8 needs head sizes of whole blocks: the tiny gemma3 has them.
             let q8 = (arch == "gemma3").then_some(KvType::Q8);

@@ -3,7 +3,10 @@
 //! `mistral` (llama + sliding window 4), `llama3` (llama + `rope_freqs.weight`), `mixtral`
 //! (llama + 4 experts, top-2), `qwen2` (q/k/v biases), `qwen3` (q/k norms, head dim 32 with
 //! 4 heads on d=64), `qwen3moe` (qwen3 attention, 4 experts, top-2, not renormalised),
-//! `llama_bias` (llama + q/k/v/o biases, Llama's `attention_bias = true`).
+//! `llama_bias` (llama + q/k/v/o biases, Llama's `attention_bias = true`), `gemma2` (no q/k
+//! norms, soft caps small enough to bite, even layers sliding) and `gemma3_linear` (gemma3 +
+//! linear rope scaling by 4 on its global layer), `phi3` (fused `attn_qkv` and `ffn_up`,
+//! LongRoPE switching to its long factors past 8 positions, attention factor 1.2).
 
 use ferrite_gguf::{GgmlType, Gguf, GgufWriter, Value};
 
@@ -37,11 +40,13 @@ pub(crate) fn tiny_gguf(
 ) -> Vec<u8> {
     let arch = match variant {
         "mistral" | "llama3" | "mixtral" | "llama_bias" => "llama",
+        "gemma3_linear" => "gemma3",
         other => other,
     };
-    let gemma = arch == "gemma3";
+    let gemma = matches!(arch, "gemma3" | "gemma2");
     let qwen3 = matches!(arch, "qwen3" | "qwen3moe");
     let moe = matches!(variant, "mixtral" | "qwen3moe");
+    let fused = arch == "phi3";
     let (d, n_head, n_kv, hd, ff) = if gemma {
         (64, 4, 1, 32, 128)
     } else if qwen3 {
@@ -103,6 +108,25 @@ pub(crate) fn tiny_gguf(
     if gemma {
         meta.push((format!("{arch}.attention.sliding_window"), Value::U32(4)));
     }
+    if arch == "gemma2" {
+        // Scores of these weights spread about ±2 and logits about ±6: both caps bite.
+        meta.push((format!("{arch}.attn_logit_softcapping"), Value::F32(1.5)));
+        meta.push((format!("{arch}.final_logit_softcapping"), Value::F32(3.0)));
+    }
+    if arch == "phi3" {
+        meta.push((
+            format!("{arch}.rope.scaling.original_context_length"),
+            Value::U32(8),
+        ));
+        meta.push((format!("{arch}.rope.scaling.attn_factor"), Value::F32(1.2)));
+    }
+    if variant == "gemma3_linear" {
+        meta.push((
+            format!("{arch}.rope.scaling.type"),
+            Value::String("linear".into()),
+        ));
+        meta.push((format!("{arch}.rope.scaling.factor"), Value::F32(4.0)));
+    }
     let mut w = GgufWriter::new();
     for (k, v) in meta {
         if k != skip_key {
@@ -138,15 +162,22 @@ pub(crate) fn tiny_gguf(
     let mut biases: Vec<(String, usize)> = Vec::new();
     for l in 0..n_layer as usize {
         let n = |s: &str| format!("blk.{l}.{s}.weight");
-        add_stack(n("attn_q"), n_head * hd, d, 1, &mut seed);
-        add_stack(n("attn_k"), n_kv * hd, d, 1, &mut seed);
-        add_stack(n("attn_v"), n_kv * hd, d, 1, &mut seed);
+        if fused {
+            add_stack(n("attn_qkv"), (n_head + 2 * n_kv) * hd, d, 1, &mut seed);
+        } else {
+            add_stack(n("attn_q"), n_head * hd, d, 1, &mut seed);
+            add_stack(n("attn_k"), n_kv * hd, d, 1, &mut seed);
+            add_stack(n("attn_v"), n_kv * hd, d, 1, &mut seed);
+        }
         add_stack(n("attn_output"), d, n_head * hd, 1, &mut seed);
         if moe {
             add_stack(n("ffn_gate_inp"), N_EXPERT, d, 1, &mut seed);
             add_stack(n("ffn_gate_exps"), ff, d, N_EXPERT, &mut seed);
             add_stack(n("ffn_up_exps"), ff, d, N_EXPERT, &mut seed);
             add_stack(n("ffn_down_exps"), d, ff, N_EXPERT, &mut seed);
+        } else if fused {
+            add_stack(n("ffn_up"), 2 * ff, d, 1, &mut seed);
+            add_stack(n("ffn_down"), d, ff, 1, &mut seed);
         } else {
             add_stack(n("ffn_gate"), ff, d, 1, &mut seed);
             add_stack(n("ffn_up"), ff, d, 1, &mut seed);
@@ -170,9 +201,11 @@ pub(crate) fn tiny_gguf(
                 biases.push((format!("blk.{l}.{s}.bias"), len));
             }
         }
-        if gemma {
+        if arch == "gemma3" {
             norms.push((n("attn_q_norm"), hd));
             norms.push((n("attn_k_norm"), hd));
+        }
+        if gemma {
             norms.push((n("post_attention_norm"), d));
             norms.push((n("post_ffw_norm"), d));
         }
@@ -192,6 +225,17 @@ pub(crate) fn tiny_gguf(
             .flat_map(|x| (0.5 * x).to_le_bytes())
             .collect();
         tensors.push((name, GgmlType::F32, vec![len as u64], v));
+    }
+    if arch == "phi3" {
+        for (name, first) in [
+            ("rope_factors_short.weight", 1.0f32),
+            ("rope_factors_long.weight", 2.0),
+        ] {
+            let f: Vec<u8> = (0..hd / 2)
+                .flat_map(|i| (first + 0.5 * i as f32).to_le_bytes())
+                .collect();
+            tensors.push((name.into(), GgmlType::F32, vec![(hd / 2) as u64], f));
+        }
     }
     if variant == "llama3" {
         // Llama 3 style divisors: 1 for the fastest pairs, up to 8 for the slowest.
@@ -214,9 +258,12 @@ pub(crate) fn tiny_gguf(
 }
 
 /// Every variant [`tiny_gguf`] builds.
-pub(crate) const VARIANTS: [&str; 9] = [
+pub(crate) const VARIANTS: [&str; 12] = [
     "llama",
     "gemma3",
+    "gemma2",
+    "gemma3_linear",
+    "phi3",
     "mistral",
     "llama3",
     "mixtral",

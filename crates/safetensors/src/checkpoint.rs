@@ -182,6 +182,39 @@ impl Checkpoint {
         })
     }
 
+    /// The same checkpoint with each tensor under the name `rename` gives it, and without
+    /// those it gives none (the text model of a multimodal checkpoint, under a text model's
+    /// names). Two tensors given one name are an error.
+    pub fn renamed(
+        self,
+        rename: impl Fn(&str) -> Option<String>,
+    ) -> Result<Checkpoint, SafetensorsError> {
+        let mut order = Vec::new();
+        let mut lookup: HashMap<String, usize> = HashMap::new();
+        // The original name of each kept tensor, for the error naming both.
+        let mut from: Vec<&String> = Vec::new();
+        for (name, f, i) in &self.order {
+            let Some(new) = rename(name) else {
+                continue;
+            };
+            if let Some(&prev) = lookup.get(&new) {
+                return Err(SafetensorsError::DuplicateTensor {
+                    tensor: new,
+                    first: from[prev].clone(),
+                    second: name.clone(),
+                });
+            }
+            lookup.insert(new.clone(), order.len());
+            order.push((new, *f, *i));
+            from.push(name);
+        }
+        Ok(Checkpoint {
+            files: self.files,
+            order,
+            lookup,
+        })
+    }
+
     /// The opened files.
     pub fn files(&self) -> &[SafeTensors] {
         &self.files

@@ -453,12 +453,21 @@ fn rope_ref(
     hd: usize,
     style: RopeStyle,
     factors: Option<&[f32]>,
+    long: Option<(&[f32], usize)>,
     spans: &[(usize, usize)],
 ) -> (Vec<f64>, Vec<f64>) {
     let mut want: Vec<f64> = x.iter().map(|&v| f64::from(v)).collect();
     let mut bound = vec![1e-30; x.len()];
-    let positions = spans.iter().flat_map(|&(p, n)| p..p + n);
-    for (row, pos) in positions.enumerate() {
+    // Each row's position and its segment's divisors (the long ones for a store of more
+    // than `after` positions; the harness's stores hold exactly `pos0 + len`).
+    let rows = spans.iter().flat_map(|&(p, n)| {
+        let f = match long {
+            Some((l, after)) if p + n > after => Some(l),
+            _ => factors,
+        };
+        (p..p + n).map(move |pos| (pos, f))
+    });
+    for (row, (pos, factors)) in rows.enumerate() {
         for h in 0..width / hd {
             let at = row * width + h * hd;
             for i in 0..hd / 2 {
@@ -483,10 +492,12 @@ pub(super) fn rope<B: Backend>(
     b: &B,
     rng: &mut Rng,
     style: RopeStyle,
-    scaled: bool,
+    (scaled, long): (bool, bool),
     store: Option<KvType>,
     out: &mut Out<'_>,
 ) {
+    // With `long`, the session at 1000 is past the switch point and the one at 5 is not.
+    const AFTER: usize = 500;
     // Heads of 2 and of 64; one session at 0, and two at once, one deep in its context.
     for (hd, heads, spans) in [
         (2, 3, &[(0usize, 3usize)][..]),
@@ -501,9 +512,11 @@ pub(super) fn rope<B: Backend>(
         );
         let factors: Vec<f32> = (0..hd / 2).map(|i| 1.0 + i as f32 * 0.5).collect();
         let factors = scaled.then_some(&factors[..]);
-        let (mut want, mut bound) = rope_ref(&q, qw, hd, style, factors, spans);
+        let long_f: Vec<f32> = (0..hd / 2).map(|i| 2.0 + i as f32 * 0.25).collect();
+        let long = long.then_some((&long_f[..], AFTER));
+        let (mut want, mut bound) = rope_ref(&q, qw, hd, style, factors, long, spans);
         if store.is_some() {
-            let (wk, bk) = rope_ref(&k, kw, hd, style, factors, spans);
+            let (wk, bk) = rope_ref(&k, kw, hd, style, factors, long, spans);
             want.extend(wk);
             bound.extend(bk);
         }
@@ -519,7 +532,11 @@ pub(super) fn rope<B: Backend>(
                 &mut [10_000.0, 10_000.0].into_iter(),
                 &segs,
             )?;
-            let r = rope_args(hd, style, factors.map(|f| b.vector(f)).transpose()?);
+            let long = match long {
+                Some((f, after)) => Some((b.vector(f)?, after)),
+                None => None,
+            };
+            let r = rope_args(hd, style, factors.map(|f| b.vector(f)).transpose()?, long);
             let (mut qb, mut kb, vb) = (buf(b, &q)?, buf(b, &k)?, buf(b, &v)?);
             if store.is_some() {
                 b.rope_store(&r, &angles, 0, (&mut qb, qw), (&mut kb, &vb, kw), &mut segs)?;

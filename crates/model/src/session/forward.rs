@@ -54,6 +54,8 @@ pub(crate) struct Faults {
     pub(crate) ignore_rope_factors: bool,
     /// Route every row to one expert instead of the top k.
     pub(crate) top_one_expert: bool,
+    /// Attention scores without their soft cap.
+    pub(crate) drop_attn_softcap: bool,
 }
 
 /// Scratch activations for the rows of one forward pass (the tokens of one chunk, or one
@@ -206,6 +208,7 @@ pub(crate) fn require_ops<B: Weights>(b: &B, m: &Model, kv: KvType) -> Result<()
         b.require(&Op::RopeStore {
             style: c.rope_style,
             scaled: lc.rope_scaled,
+            long: lc.rope_scaled && c.rope_long.is_some(),
             kv,
         })?;
     }
@@ -307,6 +310,10 @@ pub(crate) fn forward_rows<B: Weights>(
                 .filter(|_| lc.rope_scaled)
                 .map(|f| b.vector(f))
                 .transpose()?,
+            long: match c.rope_long.as_ref().filter(|_| lc.rope_scaled) {
+                Some((f, after)) if rope_factors.is_some() => Some((b.vector(f)?, *after)),
+                _ => None,
+            },
         };
         b.rope_store(
             &rope,
@@ -322,7 +329,7 @@ pub(crate) fn forward_rows<B: Weights>(
             head_dim: c.head_dim,
             scale: c.attn_scale,
             window: lc.window,
-            softcap: c.attn_softcap,
+            softcap: c.attn_softcap.filter(|_| !faults.drop_attn_softcap),
         };
         b.attention(&shape, l, &s.q, segs, &mut s.att)?;
         b.matmul(b.matrix(m, &lw.wo), &s.att, n, &mut s.o)?;

@@ -64,6 +64,9 @@ fn arch_mutations_fail_the_naive_comparison() {
     for (arch, mutation) in [
         ("qwen2", Mutation::DropQkvBias),
         ("llama3", Mutation::IgnoreRopeFactors),
+        ("gemma3_linear", Mutation::IgnoreRopeFactors),
+        ("gemma2", Mutation::DropAttnSoftcap),
+        ("phi3", Mutation::IgnoreRopeFactors),
         ("mixtral", Mutation::TopOneExpert),
         ("qwen3moe", Mutation::TopOneExpert),
     ] {
@@ -139,7 +142,17 @@ fn logits_in_pieces(s: &mut Session<'_>, toks: &[u32], pieces: &[usize]) -> Vec<
 #[test]
 fn prefill_chunks_and_decode_agree() {
     let pool = ThreadPool::new(2).unwrap();
-    for arch in ["llama", "gemma3", "mixtral", "qwen3moe", "qwen2", "mistral"] {
+    for arch in [
+        "llama",
+        "gemma3",
+        "gemma2",
+        "gemma3_linear",
+        "phi3",
+        "mixtral",
+        "qwen3moe",
+        "qwen2",
+        "mistral",
+    ] {
         let m = tiny_model(arch, GgmlType::Q8_0, Precision::Default);
         let n = PREFILL_CHUNK + 44;
         let toks = tokens(n);
