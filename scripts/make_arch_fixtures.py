@@ -6,8 +6,8 @@ ferrite supports: llama (plain, and with Llama 3 rope scaling), mistral (sliding
 than the prompts), qwen2 (q/k/v biases), qwen3 (q/k norms, head_dim != hidden/heads), qwen3moe
 and mixtral (mixture of experts, top-2), gemma2 (attention and final logit soft-capping,
 alternating sliding/global layers), gemma3 (Gemma3ForCausalLM with linear rope scaling on
-its global layers) and phi3 (fused projections; LongRoPE: short factors within the original
-context, long past it). Weights are drawn with a larger spread than the
+its global layers), phi3 (fused projections; LongRoPE: short factors within the original
+context, long past it) and qwen2yarn (YaRN rope scaling with its attention factor). Weights are drawn with a larger spread than the
 transformers default so the logits are far from uniform: a top-1 that wins by a wide margin
 survives f16 and Q8_0 rounding, so the tests can demand top-1 agreement.
 
@@ -165,6 +165,24 @@ MODELS = {
         True,
         torch.float32,
     ),
+    "qwen2yarn": (
+        "Qwen2Config",
+        dict(
+            rope_theta=10000.0,
+            use_sliding_window=False,
+            # YaRN by 4 from an original context of 32: every prompt runs past it, and the
+            # ramp between the corrected dimensions falls inside the 8 rotated pairs.
+            rope_scaling=dict(
+                rope_type="yarn",
+                factor=4.0,
+                original_max_position_embeddings=32,
+                beta_fast=32.0,
+                beta_slow=1.0,
+            ),
+        ),
+        False,
+        torch.float32,
+    ),
     "phi3": (
         "Phi3Config",
         dict(
@@ -316,6 +334,7 @@ FEATURE_KEYS = {
     "gemma2": ["attn_logit_softcapping", "final_logit_softcapping"],
     "gemma3": ["rope_scaling"],
     "phi3": ["rope_scaling"],
+    "qwen2yarn": ["rope_scaling"],
 }
 
 

@@ -36,8 +36,13 @@ pub enum Key {
     RopeScalingFactor,
     /// LongRoPE's attention factor (scales q and k after rope).
     RopeScalingAttnFactor,
-    /// The context the rope was trained for before scaling (LongRoPE's switch point).
+    /// The context the rope was trained for before scaling (LongRoPE's switch point, YaRN's
+    /// correction range).
     RopeScalingOriginalContextLength,
+    /// YaRN's fast correction (rotations), 32 when absent.
+    RopeScalingYarnBetaFast,
+    /// YaRN's slow correction (rotations), 1 when absent.
+    RopeScalingYarnBetaSlow,
     /// Sliding-window length.
     SlidingWindow,
     /// Which layers slide (one bool per layer).
@@ -68,7 +73,7 @@ pub enum Key {
 
 impl Key {
     /// Every key.
-    pub const ALL: [Key; 28] = [
+    pub const ALL: [Key; 30] = [
         Key::BlockCount,
         Key::ContextLength,
         Key::EmbeddingLength,
@@ -84,6 +89,8 @@ impl Key {
         Key::RopeScalingFactor,
         Key::RopeScalingAttnFactor,
         Key::RopeScalingOriginalContextLength,
+        Key::RopeScalingYarnBetaFast,
+        Key::RopeScalingYarnBetaSlow,
         Key::SlidingWindow,
         Key::SlidingWindowPattern,
         Key::VocabSize,
@@ -117,6 +124,8 @@ impl Key {
             Key::RopeScalingFactor => "rope.scaling.factor",
             Key::RopeScalingAttnFactor => "rope.scaling.attn_factor",
             Key::RopeScalingOriginalContextLength => "rope.scaling.original_context_length",
+            Key::RopeScalingYarnBetaFast => "rope.scaling.yarn_beta_fast",
+            Key::RopeScalingYarnBetaSlow => "rope.scaling.yarn_beta_slow",
             Key::SlidingWindow => "attention.sliding_window",
             Key::SlidingWindowPattern => "attention.sliding_window_pattern",
             Key::VocabSize => "vocab_size",
@@ -163,6 +172,8 @@ mod tests {
             "llama.rope.scaling.factor",
             "llama.rope.scaling.attn_factor",
             "llama.rope.scaling.original_context_length",
+            "llama.rope.scaling.yarn_beta_fast",
+            "llama.rope.scaling.yarn_beta_slow",
             "llama.attention.sliding_window",
             "llama.attention.sliding_window_pattern",
             "llama.vocab_size",

@@ -175,12 +175,29 @@ pub struct LongRope {
     pub attn_factor: f64,
 }
 
+/// YaRN (`rope_type = "yarn"`): frequencies past the slow correction divided by `factor`,
+/// a ramp down to the fast one, and an attention factor.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Yarn {
+    /// `factor`.
+    pub factor: f64,
+    /// `original_max_position_embeddings`.
+    pub original_ctx: u64,
+    /// `beta_fast` (32 when absent).
+    pub beta_fast: f64,
+    /// `beta_slow` (1 when absent).
+    pub beta_slow: f64,
+    /// `attention_factor`, when given (readers default to `1 + 0.1 ln(factor)`).
+    pub attn_factor: Option<f64>,
+}
+
 /// How a config scales its rope.
 enum Scaling {
     None,
     Llama3(Llama3Rope),
     Linear(f64),
     Long(LongRope),
+    Yarn(Yarn),
 }
 
 /// Mixture-of-experts settings.
@@ -239,6 +256,8 @@ pub struct HfConfig {
     pub linear_rope: Option<f64>,
     /// LongRoPE, if configured.
     pub long_rope: Option<LongRope>,
+    /// YaRN, if configured.
+    pub yarn: Option<Yarn>,
     /// Gemma 2's soft caps of the attention scores and of the output logits.
     pub softcaps: [Option<f64>; 2],
     /// Output projection shares the embedding matrix.
@@ -407,12 +426,13 @@ impl HfConfig {
             return Err(bad("rms_norm_eps", "must be a finite number ≥ 0"));
         }
         let (rope_theta, scaling) = rope(cfg, family, head_dim, ctx)?;
-        let (mut llama3_rope, mut linear_rope, mut long_rope) = (None, None, None);
+        let (mut llama3_rope, mut linear_rope, mut long_rope, mut yarn) = (None, None, None, None);
         match scaling {
             Scaling::None => {}
             Scaling::Llama3(r) => llama3_rope = Some(r),
             Scaling::Linear(f) => linear_rope = Some(f),
             Scaling::Long(r) => long_rope = Some(r),
+            Scaling::Yarn(r) => yarn = Some(r),
         }
         if !(rope_theta.is_finite() && rope_theta > 0.0) {
             return Err(bad("rope_theta", "must be a finite number > 0"));
@@ -454,6 +474,7 @@ impl HfConfig {
             llama3_rope,
             linear_rope,
             long_rope,
+            yarn,
             softcaps,
             tie_embeddings,
             experts,
@@ -508,6 +529,25 @@ impl HfConfig {
                 k(Key::RopeScalingOriginalContextLength),
                 Value::U32(r.original_ctx as u32),
             ));
+        }
+        if let Some(y) = &self.yarn {
+            m.push((k(Key::RopeScalingType), Value::String("yarn".into())));
+            m.push((k(Key::RopeScalingFactor), Value::F32(y.factor as f32)));
+            m.push((
+                k(Key::RopeScalingOriginalContextLength),
+                Value::U32(y.original_ctx as u32),
+            ));
+            m.push((
+                k(Key::RopeScalingYarnBetaFast),
+                Value::F32(y.beta_fast as f32),
+            ));
+            m.push((
+                k(Key::RopeScalingYarnBetaSlow),
+                Value::F32(y.beta_slow as f32),
+            ));
+            if let Some(a) = y.attn_factor {
+                m.push((k(Key::RopeScalingAttnFactor), Value::F32(a as f32)));
+            }
         }
         if let Some(f) = self.linear_rope {
             m.push((k(Key::RopeScalingType), Value::String("linear".into())));
@@ -618,6 +658,14 @@ fn rope(
             .ok_or_else(|| bad(&format!("{key}.factor"), "linear rope needs a factor > 0"))?;
         return Ok((theta, Scaling::Linear(factor)));
     }
+    if kind == "yarn" {
+        if family.gemma() {
+            return Err(ConvertError::UnsupportedFeature(format!(
+                "{key} type \"yarn\" on a Gemma model"
+            )));
+        }
+        return Ok((theta, Scaling::Yarn(yarn(cfg, key, params)?)));
+    }
     if kind == "longrope" {
         return Ok((
             theta,
@@ -653,6 +701,49 @@ fn rope(
         }
     };
     Ok((theta, scaling.map_or(Scaling::None, Scaling::Llama3)))
+}
+
+/// YaRN's parameters from `params` (named `key`), the original context there or at the top
+/// level of `cfg`. DeepSeek's `mscale` / `mscale_all_dim` are refused (not yet read).
+fn yarn(
+    cfg: &Map<String, Json>,
+    key: &str,
+    params: &Map<String, Json>,
+) -> Result<Yarn, ConvertError> {
+    for k in ["mscale", "mscale_all_dim"] {
+        if get_f64(params, k)?.is_some_and(|m| m != 0.0) {
+            return Err(ConvertError::UnsupportedFeature(format!(
+                "{key}.{k} (YaRN as DeepSeek scales it)"
+            )));
+        }
+    }
+    let num = |k: &str, default: f64| -> Result<f64, ConvertError> {
+        match get_f64(params, k)? {
+            None => Ok(default),
+            Some(v) if v.is_finite() && v > 0.0 => Ok(v),
+            Some(v) => Err(bad(&format!("{key}.{k}"), format!("{v} is not positive"))),
+        }
+    };
+    let factor = num("factor", 0.0)?;
+    if factor <= 0.0 {
+        return Err(bad(&format!("{key}.factor"), "YaRN needs a factor > 0"));
+    }
+    let orig_key = "original_max_position_embeddings";
+    let original_ctx = match get_usize(params, orig_key)? {
+        Some(n) => n,
+        None => need_usize(cfg, orig_key)?,
+    } as u64;
+    let attn_factor = match get_f64(params, "attention_factor")? {
+        None => None,
+        Some(_) => Some(num("attention_factor", 1.0)?),
+    };
+    Ok(Yarn {
+        factor,
+        original_ctx,
+        beta_fast: num("beta_fast", 32.0)?,
+        beta_slow: num("beta_slow", 1.0)?,
+        attn_factor,
+    })
 }
 
 /// LongRoPE's parameters from `params` (the `rope_scaling` / `rope_parameters` object named

@@ -39,7 +39,7 @@ use ferrite_arch::{ARCHITECTURE_KEY, Arch};
 use ferrite_gguf::{GgmlType, GgufWriter, Value};
 use ferrite_safetensors::Checkpoint;
 
-pub use config::{Experts, Family, HfConfig, Llama3Rope, LongRope, SlidingWindow};
+pub use config::{Experts, Family, HfConfig, Llama3Rope, LongRope, SlidingWindow, Yarn};
 pub use error::ConvertError;
 use plan::{Described, Plan};
 

@@ -21,6 +21,9 @@
 //! - `qwen2`: half-split (NeoX) rope, q/k/v biases (required), SiLU FFN.
 //! - `qwen3`: half-split rope, per-head q/k RMSNorm, no biases.
 //! - `qwen3moe`: `qwen3` attention with an expert FFN on every layer.
+//! - YaRN (`rope.scaling.type = yarn`, llama and qwen families): per-pair divisors from
+//!   `rope.scaling.factor`, `original_context_length` and the beta corrections, and the
+//!   attention factor `1 + 0.1 ln(factor)` (or `rope.scaling.attn_factor`) on q and k.
 //! - `phi3`: half-split rope, SiLU FFN, fused `attn_qkv` and `ffn_up` (gate rows first),
 //!   LongRoPE: `rope_factors_short.weight` divides the frequencies of a session whose context
 //!   is within `rope.scaling.original_context_length`, `rope_factors_long.weight` those of a
@@ -335,12 +338,15 @@ impl ModelConfig {
         };
         check_token_count(g, n_vocab)?;
         check_vocab_and_context(g, a, n_vocab, ctx_train)?;
-        let rope_factors = features::rope_factors(g, arch, head_dim)?;
+        let rope_factors = features::rope_factors(g, arch, head_dim, rope_base)?;
         let cfg = match arch {
             Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Phi3 => {
                 let windows = features::sliding_windows(g, a, n_layer)?;
                 let long = features::long_rope(g, arch, head_dim, ctx_train)?;
-                let attn_factor = long.as_ref().map_or(1.0, |l| l.attn_factor);
+                let attn_factor = match &long {
+                    Some(l) => l.attn_factor,
+                    None => features::yarn_attn_factor(g, arch)?,
+                };
                 ModelConfig {
                     arch,
                     n_layer,

@@ -9,7 +9,8 @@
 //! - Llama 3 rope scaling: the `rope_freqs.weight` tensor (`head_dim / 2` divisors of the
 //!   rope frequencies, computed by the converter from `rope_scaling`); linear rope scaling:
 //!   `{arch}.rope.scaling.type = linear` with `{arch}.rope.scaling.factor`, the same divisor
-//!   for every pair;
+//!   for every pair; YaRN (`= yarn`): divisors from the factor, the original context and
+//!   the beta corrections, and an attention factor;
 //! - sliding window (Mistral, Qwen with `use_sliding_window`): `{arch}.attention.sliding_window`,
 //!   on every layer or, with the bool array `{arch}.attention.sliding_window_pattern`, on the
 //!   layers marked true.
@@ -109,27 +110,21 @@ pub(crate) fn rope_factors(
     g: &Gguf,
     arch: Arch,
     head_dim: usize,
+    base: f32,
 ) -> Result<Option<Vec<f32>>, ModelError> {
     const NAME: &str = GlobalTensor::RopeFreqs.name();
-    let linear = g
-        .get(&arch.key(Key::RopeScalingType))
-        .and_then(Value::as_str)
-        == Some("linear");
-    if linear {
-        let key = arch.key(Key::RopeScalingFactor);
-        let factor = g.get_f32(&key)?;
-        if !(factor.is_finite() && factor > 0.0) {
-            return Err(ModelError::BadMetadata {
-                key,
-                reason: format!("{factor} is not a finite, positive factor"),
-            });
-        }
-        if g.tensor(NAME).is_some() {
-            return Err(unsupported(
-                &arch.key(Key::RopeScalingType),
-                "linear rope scaling together with rope_freqs.weight",
-            ));
-        }
+    let kind = scaling(g, arch);
+    if matches!(kind, Some("yarn" | "linear")) && g.tensor(NAME).is_some() {
+        return Err(unsupported(
+            &arch.key(Key::RopeScalingType),
+            "rope scaling together with rope_freqs.weight",
+        ));
+    }
+    if kind == Some("yarn") {
+        return yarn_divisors(g, arch, head_dim, base).map(Some);
+    }
+    if kind == Some("linear") {
+        let factor = positive_f32(g, &arch.key(Key::RopeScalingFactor), None)?;
         return Ok((factor != 1.0).then(|| vec![factor; head_dim / 2]));
     }
     if g.tensor(GlobalTensor::RopeFactorsLong.name()).is_some() {
@@ -139,6 +134,83 @@ pub(crate) fn rope_factors(
         return Ok(None);
     }
     divisors(g, GlobalTensor::RopeFreqs, head_dim).map(Some)
+}
+
+/// `{arch}.rope.scaling.type`, when the file has it as a string.
+fn scaling(g: &Gguf, arch: Arch) -> Option<&str> {
+    g.get(&arch.key(Key::RopeScalingType))
+        .and_then(Value::as_str)
+}
+
+/// A positive finite f32 of key `key`, `default` when absent.
+fn positive_f32(g: &Gguf, key: &str, default: Option<f32>) -> Result<f32, ModelError> {
+    let v = match (g.get(key), default) {
+        (None, Some(d)) => d,
+        _ => g.get_f32(key)?,
+    };
+    if v.is_finite() && v > 0.0 {
+        Ok(v)
+    } else {
+        Err(ModelError::BadMetadata {
+            key: key.into(),
+            reason: format!("{v} is not a finite, positive number"),
+        })
+    }
+}
+
+/// YaRN's per-pair divisors, as transformers' `_compute_yarn_parameters` and llama.cpp's
+/// `ggml_rope_yarn_corr_dims` compute them: pairs below the fast correction dimension keep
+/// their frequency (extrapolation), pairs past the slow one are divided by the factor
+/// (interpolation), with a linear ramp between.
+fn yarn_divisors(g: &Gguf, arch: Arch, head_dim: usize, base: f32) -> Result<Vec<f32>, ModelError> {
+    let factor = f64::from(positive_f32(g, &arch.key(Key::RopeScalingFactor), None)?);
+    let orig_key = arch.key(Key::RopeScalingOriginalContextLength);
+    let orig = count(g, &orig_key)?.ok_or_else(|| ModelError::BadMetadata {
+        key: orig_key.clone(),
+        reason: "missing: YaRN needs the original context".into(),
+    })? as f64;
+    let fast = f64::from(positive_f32(
+        g,
+        &arch.key(Key::RopeScalingYarnBetaFast),
+        Some(32.0),
+    )?);
+    let slow = f64::from(positive_f32(
+        g,
+        &arch.key(Key::RopeScalingYarnBetaSlow),
+        Some(1.0),
+    )?);
+    let (dim, ln_base) = (head_dim as f64, f64::from(base).ln());
+    // The dimension whose wavelength makes `rotations` turns over the original context.
+    let corr = |rotations: f64| {
+        dim * (orig / (rotations * 2.0 * std::f64::consts::PI)).ln() / (2.0 * ln_base)
+    };
+    let low = corr(fast).floor().max(0.0);
+    let high = corr(slow).ceil().min(dim - 1.0);
+    let span = if high == low { 0.001 } else { high - low };
+    Ok((0..head_dim / 2)
+        .map(|i| {
+            let extrapolate = 1.0 - ((i as f64 - low) / span).clamp(0.0, 1.0);
+            (1.0 / ((1.0 - extrapolate) / factor + extrapolate)) as f32
+        })
+        .collect())
+}
+
+/// YaRN's attention factor on q and k: `rope.scaling.attn_factor`, else `1 + 0.1 ln(factor)`
+/// (1 for a factor of at most 1, and without YaRN).
+pub(crate) fn yarn_attn_factor(g: &Gguf, arch: Arch) -> Result<f32, ModelError> {
+    if scaling(g, arch) != Some("yarn") {
+        return Ok(1.0);
+    }
+    let key = arch.key(Key::RopeScalingAttnFactor);
+    if g.get(&key).is_some() {
+        return positive_f32(g, &key, None);
+    }
+    let factor = positive_f32(g, &arch.key(Key::RopeScalingFactor), None)?;
+    Ok(if factor <= 1.0 {
+        1.0
+    } else {
+        1.0 + 0.1 * factor.ln()
+    })
 }
 
 /// LongRoPE (Phi-3): the long divisors, the switch point and the attention factor.
@@ -219,12 +291,16 @@ pub(crate) fn check_unsupported(g: &Gguf, arch: Arch) -> Result<(), ModelError> 
     let k = |key: Key| arch.key(key);
     let key = k(Key::RopeScalingType);
     if let Some(v) = g.get(&key)
-        && !matches!(v.as_str(), Some("none" | "linear"))
+        && !matches!(v.as_str(), Some("none" | "linear" | "yarn"))
     {
         return Err(unsupported(
             &key,
-            &format!("rope scaling {v:?} (only linear and Llama 3 frequency factors)"),
+            &format!("rope scaling {v:?} (only linear, YaRN and Llama 3 frequency factors)"),
         ));
+    }
+    if matches!(arch, Arch::Gemma2 | Arch::Gemma3) && scaling(g, arch) == Some("yarn") {
+        // Gemma's local layers would need their own YaRN parameters.
+        return Err(unsupported(&key, "YaRN on a Gemma model"));
     }
     let key = k(Key::ExpertGatingFunc);
     // llama.cpp's enum: 1 = softmax (the only one mixtral and qwen3moe use).
