@@ -506,6 +506,10 @@ fn fused_matvec(level: SimdLevel, ty: GgmlType, k: usize) -> Option<MatvecFn> {
         SimdLevel::Avx512 if k.is_multiple_of(16) && level.is_available() => {
             avx512_dequant::lookup_matvec(ty)
         }
+        #[cfg(target_arch = "x86_64")]
+        SimdLevel::Avx2 if k.is_multiple_of(8) && level.is_available() => {
+            avx2_dequant::lookup_matvec(ty)
+        }
         _ => None,
     }
 }
