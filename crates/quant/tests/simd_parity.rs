@@ -110,11 +110,7 @@ fn hot_formats_have_simd_dequant_at_avx_levels() {
 #[test]
 fn simd_dequant_is_bit_exact_and_dots_agree() {
     let mut rng = Rng(0x1234_5678_9abc_def1);
-    for level in [SimdLevel::Avx2, SimdLevel::Avx512] {
-        if !level.is_available() {
-            println!("skipped: {level} not available on this CPU");
-            continue;
-        }
+    for level in avx_levels() {
         for ty in TYPES {
             let mut worst = 0f64;
             for nb in sizes(ty) {
@@ -264,23 +260,29 @@ fn axpy_matches_scalar_at_every_level() {
     }
 }
 
-/// Formats whose matvec at the AVX levels is fused: blocks decoded in registers and fed to
-/// the FMA accumulators, no row dequantized to memory.
-const FUSED: [GgmlType; 13] = [
-    GgmlType::F16,
-    GgmlType::BF16,
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q8_0,
-    GgmlType::Q4_K,
-    GgmlType::Q5_K,
-    GgmlType::Q6_K,
-    GgmlType::IQ4_NL,
-    GgmlType::IQ4_XS,
-    GgmlType::MXFP4,
-];
+/// Whether `ty`'s matvec at the AVX levels is fused (blocks decoded in registers and fed
+/// to the FMA accumulators, no row dequantized to memory): every type with a SIMD
+/// dequantizer there.
+fn fused(ty: GgmlType) -> bool {
+    !matches!(
+        ty,
+        GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::TQ1_0 | GgmlType::TQ2_0
+    )
+}
+
+/// The AVX levels this CPU has, printing a skip line for each it lacks.
+fn avx_levels() -> Vec<SimdLevel> {
+    [SimdLevel::Avx2, SimdLevel::Avx512]
+        .into_iter()
+        .filter(|level| {
+            let here = level.is_available();
+            if !here {
+                println!("skipped: {level} not available on this CPU");
+            }
+            here
+        })
+        .collect()
+}
 
 /// The fused matvec of every format at each AVX level, against an oracle that shares none
 /// of its decoding: the scalar reference dequantizer, then the level's f32 dot (the
@@ -290,12 +292,8 @@ const FUSED: [GgmlType; 13] = [
 #[test]
 fn fused_matvec_equals_scalar_dequant_then_level_dot_bit_for_bit() {
     let mut rng = Rng(0xa5a5_0f0f);
-    for level in [SimdLevel::Avx2, SimdLevel::Avx512] {
-        if !level.is_available() {
-            println!("skipped: {level} not available on this CPU");
-            continue;
-        }
-        for ty in FUSED {
+    for level in avx_levels() {
+        for ty in TYPES.into_iter().filter(|&t| fused(t)) {
             assert!(
                 has_fused_matvec(level, ty),
                 "{ty} has no fused {level} matvec"
