@@ -15,7 +15,7 @@
 use std::arch::x86_64::*;
 
 use super::avx2::hsum;
-use super::{DequantFn, MatvecFn};
+use super::{DequantFn, MatvecFn, prefetch_ahead};
 use crate::block::{Block, cast_blocks, f16_le, impl_block};
 use crate::kquants::{BlockQ4K, BlockQ5K, BlockQ6K, scale_min_k4};
 use crate::legacy::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0};
@@ -199,19 +199,13 @@ unsafe fn rows_dot<F: Format, const R: usize>(
     out: &mut [f32],
 ) {
     let mut acc = [_mm256_setzero_ps(); R];
-    // The rows are adjacent in memory (a matvec's consecutive rows) and short, too short
-    // for the hardware prefetcher to lock on to R streams: fetch the linear region a fixed
-    // distance ahead of the group's frontier, as `avx512_dequant` does. Prefetches never
-    // fault, and the pointer is formed with wrapping arithmetic.
+    // The rows are a matvec's consecutive rows, adjacent in memory: fetch the linear region
+    // PF bytes ahead of the group's frontier, as `avx512_dequant` does.
     let size = std::mem::size_of::<F::Block>();
     let base = blocks[0].as_ptr().cast::<i8>();
     let mut fetched = PF;
     for bi in 0..nb {
-        let frontier = R * (bi + 1) * size + PF;
-        while fetched < frontier {
-            _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(fetched));
-            fetched += 64;
-        }
+        prefetch_ahead(base, &mut fetched, R * (bi + 1) * size + PF);
         for (r, acc) in acc.iter_mut().enumerate() {
             // SAFETY: bi < nb blocks of row r < R, and block bi's values of x (contract).
             unsafe {
