@@ -110,11 +110,7 @@ fn hot_formats_have_simd_dequant_at_avx_levels() {
 #[test]
 fn simd_dequant_is_bit_exact_and_dots_agree() {
     let mut rng = Rng(0x1234_5678_9abc_def1);
-    for level in [SimdLevel::Avx2, SimdLevel::Avx512] {
-        if !level.is_available() {
-            println!("skipped: {level} not available on this CPU");
-            continue;
-        }
+    for level in avx_levels() {
         for ty in TYPES {
             let mut worst = 0f64;
             for nb in sizes(ty) {
@@ -260,6 +256,79 @@ fn axpy_matches_scalar_at_every_level() {
                     want[i]
                 );
             }
+        }
+    }
+}
+
+/// Whether `ty`'s matvec at the AVX levels is fused (blocks decoded in registers and fed
+/// to the FMA accumulators, no row dequantized to memory): every type with a SIMD
+/// dequantizer there.
+fn fused(ty: GgmlType) -> bool {
+    !matches!(
+        ty,
+        GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::TQ1_0 | GgmlType::TQ2_0
+    )
+}
+
+/// The AVX levels this CPU has, printing a skip line for each it lacks.
+fn avx_levels() -> Vec<SimdLevel> {
+    [SimdLevel::Avx2, SimdLevel::Avx512]
+        .into_iter()
+        .filter(|level| {
+            let here = level.is_available();
+            if !here {
+                println!("skipped: {level} not available on this CPU");
+            }
+            here
+        })
+        .collect()
+}
+
+/// The fused matvec of every format at each AVX level, against an oracle that shares none
+/// of its decoding: the scalar reference dequantizer, then the level's f32 dot (the
+/// canonical order). Row counts cover one, two, three and four rows per group and a
+/// remainder after whole groups; widths cover one and several blocks (and, for the float
+/// formats, a width AVX2 fuses but AVX-512 does not). Equal bits, every output.
+#[test]
+fn fused_matvec_equals_scalar_dequant_then_level_dot_bit_for_bit() {
+    let mut rng = Rng(0xa5a5_0f0f);
+    for level in avx_levels() {
+        for ty in TYPES.into_iter().filter(|&t| fused(t)) {
+            assert!(
+                has_fused_matvec(level, ty),
+                "{ty} has no fused {level} matvec"
+            );
+            let bs = ty.block_size() as usize;
+            let mut ks = vec![256, 768];
+            if bs == 32 {
+                ks.push(160);
+            }
+            if bs == 1 {
+                ks.push(24);
+            }
+            for k in ks {
+                for n_rows in [1usize, 2, 3, 4, 5, 8, 11] {
+                    let nb = k / bs;
+                    let row_bytes = nb * ty.type_size() as usize;
+                    let bytes = random_blocks(&mut rng, ty, n_rows * nb);
+                    let x: Vec<f32> = (0..k).map(|_| rng.f32()).collect();
+                    let mut y = vec![f32::NAN; n_rows];
+                    matvec(level, ty, &bytes, &x, &mut y).expect("matvec");
+                    for (r, got) in y.iter().enumerate() {
+                        let mut w = vec![0f32; k];
+                        let row = &bytes[r * row_bytes..(r + 1) * row_bytes];
+                        dequantize_with(SimdLevel::Scalar, ty, row, &mut w).expect("scalar");
+                        let want = dot_f32(level, &w, &x).expect("dot");
+                        assert!(got.is_finite(), "{ty} {level} k {k} row {r}: {got}");
+                        assert_eq!(
+                            got.to_bits(),
+                            want.to_bits(),
+                            "{ty} {level} rows {n_rows} k {k} row {r}: {got} vs {want}"
+                        );
+                    }
+                }
+            }
+            println!("fused matvec {ty} [{level}]: scalar dequant + {level} dot, bit for bit");
         }
     }
 }

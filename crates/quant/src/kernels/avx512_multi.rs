@@ -10,8 +10,8 @@
 
 use std::arch::x86_64::*;
 
-use super::super::MatmatFn;
 use super::super::avx512::{hsum, hsum16};
+use super::super::{MatmatFn, prefetch_ahead};
 use super::{PF, k4_scales_h, kaffine, load16, load64, nibbles, q6k_scales, splat_f16};
 use super::{affine_v, scaled, scaled_v, table_nibbles, with_fifth_bit};
 use crate::block::cast_blocks;
@@ -73,11 +73,7 @@ macro_rules! multi_kernel {
                 let base = rows.as_ptr().cast::<i8>();
                 let mut fetched = PF;
                 for bi in 0..nb {
-                    let frontier = R * (bi + 1) * size + PF;
-                    while fetched < frontier {
-                        _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(fetched));
-                        fetched += 64;
-                    }
+                    prefetch_ahead(base, &mut fetched, R * (bi + 1) * size + PF);
                     if $units == 1 {
                         // Whole-block decoders: every row's block decoded first, so each
                         // column's chunk is loaded once for all R rows (one load per R

@@ -138,6 +138,22 @@ pub(crate) fn tail<X: RowElem>(acc: f32, w: &[f32], x: &[X], from: usize, k: usi
     s
 }
 
+/// Prefetches the 64-byte lines from `*fetched` up to `frontier` bytes past `base` and
+/// moves `*fetched` there: the fused kernels' look-ahead over a group of adjacent rows, which
+/// are too short for the hardware prefetcher to follow as separate streams. Prefetches never
+/// fault, and the pointers are formed with wrapping arithmetic.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) fn prefetch_ahead(base: *const i8, fetched: &mut usize, frontier: usize) {
+    use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+    while *fetched < frontier {
+        // SAFETY: SSE is part of every x86_64 CPU; a prefetch reads nothing and cannot
+        // fault, whatever the address.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(*fetched)) };
+        *fetched += 64;
+    }
+}
+
 /// The vector loads reinterpret a row's memory by [`RowElem::KIND`], so only the three
 /// types above may implement it.
 mod sealed {
@@ -505,6 +521,10 @@ fn fused_matvec(level: SimdLevel, ty: GgmlType, k: usize) -> Option<MatvecFn> {
         #[cfg(target_arch = "x86_64")]
         SimdLevel::Avx512 if k.is_multiple_of(16) && level.is_available() => {
             avx512_dequant::lookup_matvec(ty)
+        }
+        #[cfg(target_arch = "x86_64")]
+        SimdLevel::Avx2 if k.is_multiple_of(8) && level.is_available() => {
+            avx2_dequant::lookup_matvec(ty)
         }
         _ => None,
     }
