@@ -303,9 +303,11 @@ fn mutant(src: &Path, dst: &Path, extra: &[(&str, Value)], zero: &[&str]) -> boo
     changed
 }
 
-/// The features a converted file's metadata shows, each as a mutation that knocks it out:
-/// label, metadata to set, tensors (by name suffix) to zero.
-fn mutations(g: &Gguf) -> Vec<(String, Vec<(String, Value)>, Vec<&'static str>)> {
+/// A mutation of a converted file: label, metadata to set, tensors (by name suffix) to zero.
+type Mutation = (String, Vec<(String, Value)>, Vec<&'static str>);
+
+/// The features a converted file's metadata shows, each as a mutation that knocks it out.
+fn mutations(g: &Gguf) -> Vec<Mutation> {
     let arch = g.get_str("general.architecture").unwrap().to_owned();
     let mut out = Vec::new();
     let experts_key = format!("{arch}.expert_used_count");

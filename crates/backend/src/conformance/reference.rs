@@ -9,7 +9,7 @@ use super::{
     ATTENTION_TOL, ELEMENT_TOL, Out, PRODUCT_TOL, TestMatrix, attn_shape, buf, expert_bufs, host,
     random_routing, rope_args, segments, stores,
 };
-use crate::{Act, Backend, KvType, Op, RopeStyle, Routing};
+use crate::{Act, AttnShape, Backend, KvType, Op, RopeStyle, Routing};
 
 /// A xorshift generator: reproducible inputs without a dependency.
 pub(super) struct Rng(pub(super) u64);
@@ -610,21 +610,18 @@ pub(super) fn kv_store<B: Backend>(b: &B, rng: &mut Rng, kv: KvType, out: &mut O
 /// Causal (windowed) attention of each span's rows over all positions `0..pos0 + len` of
 /// its keys and values (`kvs[s]`: `(pos0 + len) × n_kv × hd` values each), in f64.
 fn attention_ref(
-    n_head: usize,
-    n_kv: usize,
-    hd: usize,
-    window: Option<usize>,
-    softcap: Option<f32>,
+    shape: &AttnShape,
     q: &[f32],
     kvs: &[(Vec<f32>, Vec<f32>)],
     spans: &[(usize, usize)],
 ) -> (Vec<f64>, Vec<f64>) {
-    let cap = |x: f64| match softcap {
+    let (n_head, n_kv, hd, window) = (shape.n_head, shape.n_kv_head, shape.head_dim, shape.window);
+    let cap = |x: f64| match shape.softcap {
         Some(c) => f64::from(c) * (x / f64::from(c)).tanh(),
         None => x,
     };
     let (mut want, mut bound) = (Vec::new(), Vec::new());
-    let scale = f64::from(1.0 / (hd as f32).sqrt());
+    let scale = f64::from(shape.scale);
     let mut row = 0;
     for ((k, v), &(pos0, len)) in kvs.iter().zip(spans) {
         let vmax = v.iter().fold(0.0f64, |a, &x| a.max(f64::from(x).abs()));
@@ -695,7 +692,8 @@ pub(super) fn attention<B: Backend>(
             .iter()
             .map(|(k, v)| (stored(kv, k), stored(kv, v)))
             .collect();
-        let (want, bound) = attention_ref(n_head, n_kv, hd, window, softcap, &q, &rounded, spans);
+        let shape = attn_shape(n_head, n_kv, hd, window, softcap);
+        let (want, bound) = attention_ref(&shape, &q, &rounded, spans);
         let got = (|| {
             let mut kvs = stores(b, kv, n_kv, hd, spans)?;
             // Every position's key and value first, one store call per session.
@@ -712,7 +710,6 @@ pub(super) fn attention<B: Backend>(
             let segs = segments(&mut kvs, spans);
             let qb = buf(b, &q)?;
             let mut o = b.alloc(rows * n_head * hd)?;
-            let shape = attn_shape(n_head, n_kv, hd, window, softcap);
             b.attention(&shape, 0, &qb, &segs, &mut o)?;
             host(b, &o, rows * n_head * hd)
         })();
