@@ -12,8 +12,12 @@
 //! the first compile accepts the second does, since llguidance's grammar compiler never
 //! reads the vocabulary.
 //!
-//! JSON is always compact with the separators `json.dumps` writes (`", "`, `": "`) and no
-//! other whitespace: a model can never pad its output with runs of blanks.
+//! A schema's JSON is always compact with the separators `json.dumps` writes (`", "`,
+//! `": "`) and no other whitespace: a model can never pad its output with runs of blanks.
+//! An object whose schema lists properties and says nothing of `additionalProperties` is
+//! closed, as llama.cpp and xgrammar read it. JSON mode takes blanks as a model writes them,
+//! in runs of bounded length, and numbers of bounded length, so a model cannot run on in
+//! blanks or digits (all in `json.rs`).
 //!
 //! Never samples and never touches logits beyond masking them: choosing a token is the
 //! engine's.
@@ -35,6 +39,7 @@
 #![deny(missing_docs)]
 
 mod gbnf;
+mod json;
 
 use std::fmt;
 use std::sync::{Arc, OnceLock};
@@ -42,13 +47,7 @@ use std::sync::{Arc, OnceLock};
 use llguidance::ParserFactory;
 use llguidance::api::{GrammarWithLexer, TopLevelGrammar};
 use llguidance::toktrie::{ApproximateTokEnv, SimpleVob, TokEnv, TokRxInfo, TokTrie};
-use serde_json::{Value, json};
-
-/// The JSON options every schema is compiled with (llguidance's `x-guidance` key): the
-/// separators `json.dumps` writes and no flexible whitespace.
-fn json_options() -> Value {
-    json!({"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": false})
-}
+use serde_json::Value;
 
 /// Errors of this crate.
 #[derive(Debug, thiserror::Error, Clone, PartialEq)]
@@ -173,15 +172,15 @@ impl Constraint {
 
     /// A value of a JSON Schema, as much of the standard as llguidance implements; a
     /// keyword it does not is refused by name (`Unimplemented keys: ["…"]`), as is an unknown
-    /// `format`.
+    /// `format`. Objects that list properties are closed unless the schema opens them.
     pub fn json_schema(schema: &Value) -> Result<Constraint, GrammarError> {
-        Constraint::checked(TopLevelGrammar::from_json_schema(compact(schema)?))
+        Constraint::checked(TopLevelGrammar::from_json_schema(json::compact(schema)?))
     }
 
-    /// One JSON object of any content (JSON mode).
+    /// One JSON object of any content (JSON mode), with blank runs and numbers of bounded
+    /// length, so a model cannot run on in blanks or digits (see `json.rs`).
     pub fn json_object() -> Constraint {
-        Constraint::json_schema(&json!({"type": "object"}))
-            .expect("the schema of any object compiles")
+        Constraint::lark(&json::object_lark()).expect("the JSON-mode grammar compiles")
     }
 
     /// A match of a regex (Rust `regex` syntax) over the whole output.
@@ -220,7 +219,7 @@ impl Constraint {
             quote(after)
         );
         for (name, schema) in calls.iter().zip(schemas) {
-            let schema = serde_json::to_string(&compact(schema)?).map_err(invalid)?;
+            let schema = serde_json::to_string(&json::compact(schema)?).map_err(invalid)?;
             lark += &format!("\n{name}: %json {schema}");
         }
         Constraint::lark(&lark)
@@ -272,28 +271,6 @@ impl Constraint {
     fn top_level(&self) -> Result<TopLevelGrammar, GrammarError> {
         serde_json::from_value(self.grammar.clone()).map_err(invalid)
     }
-}
-
-/// `schema` with this crate's JSON options; a schema that is not an object or a boolean
-/// is refused.
-fn compact(schema: &Value) -> Result<Value, GrammarError> {
-    let mut schema = match schema {
-        Value::Object(o) => o.clone(),
-        Value::Bool(true) => serde_json::Map::new(),
-        Value::Bool(false) => {
-            return Err(GrammarError::Invalid(
-                "the schema 'false' admits no value".into(),
-            ));
-        }
-        _ => {
-            return Err(GrammarError::Invalid(
-                "a schema must be an object or a boolean".into(),
-            ));
-        }
-    };
-    // Ours replaces any the request set: `lenient` there would let keywords be ignored.
-    schema.insert("x-guidance".into(), json_options());
-    Ok(Value::Object(schema))
 }
 
 /// A Lark string literal of `s`.

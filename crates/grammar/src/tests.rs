@@ -2,6 +2,7 @@
 //! the walks pick among the allowed tokens pseudo-randomly, so each test covers many texts.
 
 use super::*;
+use serde_json::json;
 
 /// Ids 0..=255 are the bytes, then a few multi-byte tokens, a special token, and the end.
 const MULTI: [&str; 6] = ["{\"", "\": ", ", \"", "abc", "  ", "</tool_call>"];
@@ -118,8 +119,9 @@ fn objects_are_compact_and_whole() {
         assert!(text.starts_with("{\"a\": "), "{text}");
         assert!(text.contains(", \"b\": "), "{text}");
     }
-    // Whitespace never comes where the separators do not put it: no padding.
-    let mut m = Matcher::new(&v, &Constraint::json_object()).unwrap();
+    // Whitespace never comes where a schema's separators do not put it: no padding.
+    let any = Constraint::json_schema(&json!({"type": "object"})).unwrap();
+    let mut m = Matcher::new(&v, &any).unwrap();
     m.accept(u32::from(b'{')).unwrap();
     for b in [b' ', b'\n', b'\t'] {
         assert!(!m.allows(u32::from(b)).unwrap(), "{b} after '{{'");
@@ -256,4 +258,108 @@ fn gbnf_grammars_read_as_their_lark_rewrite() {
             "{bad}: {e}"
         );
     }
+}
+
+/// Regression: JSON mode's numbers were unbounded, and a real model ran on in digits to its
+/// token limit (its output forced compact, where it wanted blanks). Oracle: the grammar's own
+/// refusal one digit or one blank past each bound, and serde_json parsing whole texts that
+/// use every kind of value, compact and pretty-printed.
+#[test]
+fn json_mode_numbers_end_and_every_text_parses() {
+    let c = Constraint::json_object();
+    let with = |number: &str| format!("{{\"n\": {number}");
+    for (kept, past) in [
+        (
+            "1".repeat(json::INT_DIGITS),
+            "1".repeat(json::INT_DIGITS + 1),
+        ),
+        (
+            format!("0.{}", "5".repeat(json::FRACTION_DIGITS)),
+            format!("0.{}", "5".repeat(json::FRACTION_DIGITS + 1)),
+        ),
+        (
+            format!("-2e+{}", "9".repeat(json::EXPONENT_DIGITS)),
+            format!("-2e+{}", "9".repeat(json::EXPONENT_DIGITS + 1)),
+        ),
+    ] {
+        assert!(c.admits_prefix(with(&kept).as_bytes()), "{kept}");
+        assert!(!c.admits_prefix(with(&past).as_bytes()), "{past}");
+        let whole = format!("{}}}", with(&kept));
+        assert!(c.accepts(whole.as_bytes()), "{whole}");
+        serde_json::from_str::<Value>(&whole).unwrap_or_else(|e| panic!("{whole}: {e}"));
+    }
+    let every = r#"{"a": [1, -0.5e+10, "x\u00e9\ud83d\ude00\n", true, false, null, {}, []], "b": {"c": {"d": 0}}}"#;
+    assert!(c.accepts(every.as_bytes()), "{every}");
+    assert!(serde_json::from_str::<Value>(every).unwrap().is_object());
+    // Compact or pretty-printed, as a model writes it, with runs of blanks up to the bound.
+    let run = " ".repeat(json::MAX_BLANKS);
+    for ok in [
+        "{\"a\":1,\"b\":[]}".to_string(),
+        "\n{\n  \"a\": [\n    1,\n    {}\n  ]\n}".to_string(),
+        format!("{run}{{{run}\"a\"{run}:{run}[{run}1{run},{run}2{run}]{run}}}"),
+    ] {
+        assert!(c.accepts(ok.as_bytes()), "{ok:?}");
+        assert!(serde_json::from_str::<Value>(&ok).unwrap().is_object());
+    }
+    // Refused: a lone surrogate (serde_json refuses it too), a leading zero, a value that is
+    // not an object, blanks after it, and a run of blanks one past the bound anywhere.
+    let past = format!("{run} ");
+    for no in [
+        r#"{"a": "\ud800"}"#.to_string(),
+        r#"{"a": 01}"#.to_string(),
+        "[1]".to_string(),
+        "{} ".to_string(),
+        format!("{past}{{}}"),
+        format!("{{{past}}}"),
+        format!("{{\"a\"{past}: 1}}"),
+        format!("{{\"a\": [1,{past}2]}}"),
+    ] {
+        assert!(!c.accepts(no.as_bytes()), "{no:?}");
+    }
+    assert!(!c.admits_prefix(format!("{{\"a\": 1{past}").as_bytes()));
+}
+
+/// Regression: an object schema without `additionalProperties: false` let a real model add
+/// keys of its own. Objects that list properties are closed wherever they sit, unless the
+/// schema opens them; data (`const`) is never rewritten; the members of an `allOf` keep
+/// each other's keys. Oracle: the grammar's acceptance of texts written by hand.
+#[test]
+fn listed_properties_close_an_object_unless_the_schema_opens_it() {
+    let accepts = |schema: Value, text: &str| {
+        Constraint::json_schema(&schema)
+            .unwrap()
+            .accepts(text.as_bytes())
+    };
+    let a = json!({"a": {"type": "integer"}});
+    assert!(accepts(json!({"properties": a}), r#"{"a": 1}"#));
+    assert!(!accepts(json!({"properties": a}), r#"{"a": 1, "x": 2}"#));
+    let nested = [
+        json!({"properties": {"o": {"properties": a}}}),
+        json!({"type": "array", "items": {"properties": a}}),
+        json!({"anyOf": [{"properties": a}, {"type": "string"}]}),
+        json!({"$defs": {"t": {"properties": a}}, "$ref": "#/$defs/t"}),
+    ];
+    for (schema, whole) in nested.into_iter().zip([
+        r#"{"o": {"a": 1}}"#,
+        r#"[{"a": 1}]"#,
+        r#"{"a": 1}"#,
+        r#"{"a": 1}"#,
+    ]) {
+        assert!(accepts(schema.clone(), whole), "{schema} {whole}");
+        let extra = whole.replacen("\"a\": 1", "\"a\": 1, \"x\": 2", 1);
+        assert!(
+            !accepts(schema.clone(), &extra),
+            "{schema} let through {extra}"
+        );
+    }
+    let open = json!({"properties": a, "additionalProperties": true});
+    assert!(accepts(open, r#"{"a": 1, "x": [2]}"#));
+    let typed = json!({"properties": a, "additionalProperties": {"type": "integer"}});
+    assert!(accepts(typed.clone(), r#"{"a": 1, "x": 2}"#));
+    assert!(!accepts(typed, r#"{"a": 1, "x": "2"}"#));
+    assert!(accepts(json!({"type": "object"}), r#"{"x": 2}"#));
+    let data = json!({"properties": {"k": {"const": {"properties": {"p": 1}, "q": 2}}}});
+    assert!(accepts(data, r#"{"k": {"properties": {"p": 1}, "q": 2}}"#));
+    let both = json!({"allOf": [{"properties": a}, {"properties": {"b": {"type": "integer"}}}]});
+    assert!(accepts(both, r#"{"a": 1, "b": 2}"#));
 }
