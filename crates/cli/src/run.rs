@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use ferrite_engine::json_schema::JsonSchema;
+use ferrite_engine::grammar::Constraint;
 use ferrite_engine::{Finish, Flow, Picker, Sampler, SamplerConfig, Timeline};
 use ferrite_kvstore::{Compat, SnapshotBackend};
 use ferrite_model::{KvType, LoadOptions, Model, Precision, Session};
@@ -374,7 +374,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
             }
             let mut clocks = Clocks::default();
             let sampler = Sampler::new(sampler_config(&args, &loaded))?;
-            let mut picker = held::chooser(sampler, schema, &loaded.tokenizer);
+            let mut picker = held::chooser(sampler, schema, &loaded.tokenizer)?;
             let mut dump = open_dump(&args)?;
             let start = Instant::now();
             let mut ttft = None;
@@ -681,13 +681,13 @@ fn chat_repl(
     loaded: &Loaded,
     template: &ChatTemplate,
     session: &mut AnySession<'_>,
-    schema: Option<JsonSchema>,
+    schema: Option<Constraint>,
 ) -> anyhow::Result<()> {
     let mut messages = initial_messages(args.system.as_deref());
     // Tokens the session holds, for reusing the common prefix of the next turn.
     let mut cached: Vec<u32> = Vec::new();
     let sampler = Sampler::new(sampler_config(args, loaded))?;
-    let mut picker = held::chooser(sampler, schema, &loaded.tokenizer);
+    let mut picker = held::chooser(sampler, schema, &loaded.tokenizer)?;
     if let Some(path) = &args.load_session
         && let Some((tokens, saved)) = try_load(loaded, session, path)?
     {
@@ -756,7 +756,7 @@ fn chat_repl(
         let mut clocks = Clocks::default();
         let mut ttft = None;
         let mut out = std::io::stdout();
-        picker.restart();
+        picker.restart()?;
         let generated = generate(
             loaded,
             session,

@@ -181,8 +181,8 @@ fn explicit_cuda_backend_runs_or_fails_clearly() {
 
 /// `--json-schema` holds the answer to the schema. Oracle: the answer parses, with exactly
 /// the schema's keys in its order and their types (checked by hand); the same schema from a
-/// file gives the same answer; schemas that are not JSON or cannot be enforced are refused
-/// by name.
+/// file gives the same answer; schemas that are not JSON or cannot be enforced
+/// (`uniqueItems`) are refused by name.
 #[test]
 fn a_json_schema_holds_the_answer() {
     pull("smollm2-135m-instruct");
@@ -215,8 +215,8 @@ fn a_json_schema_holds_the_answer() {
     for (bad, says) in [
         ("{not json", "--json-schema is not valid JSON"),
         (
-            r#"{"type": "object", "properties": {"a": {"type": "string", "pattern": "x"}}}"#,
-            "\"pattern\"",
+            r#"{"type": "object", "properties": {"a": {"type": "array", "uniqueItems": true}}}"#,
+            "\"uniqueItems\"",
         ),
     ] {
         let out = run(&[&base[..], &["--json-schema", bad, prompt]].concat());
@@ -225,6 +225,37 @@ fn a_json_schema_holds_the_answer() {
         assert!(stderr.contains(says), "{stderr}");
     }
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A `pattern` is enforced, not refused: the answer's code is three capitals, a dash and two
+/// digits. Oracle: the answer parses, and the code is checked against the pattern by hand.
+#[test]
+fn a_json_schema_pattern_holds_the_answer() {
+    pull("smollm2-135m-instruct");
+    let schema = r#"{"type": "object", "properties": {"code": {"type": "string",
+        "pattern": "^[A-Z]{3}-[0-9]{2}$"}}, "required": ["code"]}"#;
+    let (stdout, _) = run_ok(&[
+        "run",
+        "--temp",
+        "0",
+        "--max-tokens",
+        "40",
+        "--json-schema",
+        schema,
+        "Give the product code of a cat toy as JSON.",
+    ]);
+    let v: serde_json::Value =
+        serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{stdout:?}: {e}"));
+    let keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+    assert_eq!(keys, ["code"], "{stdout}");
+    let code = v["code"].as_str().unwrap().as_bytes();
+    assert!(
+        code.len() == 6
+            && code[..3].iter().all(u8::is_ascii_uppercase)
+            && code[3] == b'-'
+            && code[4..].iter().all(u8::is_ascii_digit),
+        "{stdout}"
+    );
 }
 
 /// `--chat` reads turns from a pipe. With a schema every reply is held to it: the two

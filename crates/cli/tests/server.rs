@@ -534,12 +534,13 @@ fn bad_input_and_api_key() {
         json!({"7": 100.5}),
         json!({"7": "1"}),
     ];
-    // So is every output format but text, JSON objects and schemas the server enforces.
+    // So is every output format but text, JSON objects and schemas the server enforces
+    // (llguidance holds any schema it implements; `not` it does not).
     let formats = [
         json!("json_object"),
-        json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}),
+        json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {"not": {}}}}),
         json!({"type": "json_schema", "json_schema": {"name": "x"}}),
-        json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string"}}}),
+        json!({"type": "json_schema", "json_schema": {"name": "x", "schema": "string"}}),
         json!({"type": "xml"}),
         json!({"schema": {}}),
     ];

@@ -4,6 +4,7 @@
 mod common;
 mod server_util;
 
+use ferrite_engine::grammar::Constraint;
 use serde_json::{Value, json};
 use server_util::{MODEL, Server, chat, chat_stream_text, metric, start, with};
 
@@ -49,9 +50,7 @@ fn constrained_chats(
 /// plain text.
 #[test]
 fn json_mode_holds_output_to_one_object() {
-    use ferrite_engine::json_schema::JsonSchema;
-    use ferrite_engine::json_schema_prefix::SchemaPrefix;
-    let any_object = JsonSchema::any_object();
+    let any_object = Constraint::json_object();
     let server = start();
     let object = |text: &str| {
         serde_json::from_str::<Value>(text)
@@ -70,9 +69,7 @@ fn json_mode_holds_output_to_one_object() {
         ),
     ];
     let finished = constrained_chats(&server, &json, 150, &prompts, object, |text| {
-        SchemaPrefix::new()
-            .feed(&any_object, text.as_bytes())
-            .is_some()
+        any_object.admits_prefix(text.as_bytes())
     });
     assert!(
         finished >= 3,
@@ -125,10 +122,8 @@ fn is_person(text: &str) -> bool {
 /// server cannot enforce is refused with the parameter named.
 #[test]
 fn json_schema_holds_output_to_the_schema() {
-    use ferrite_engine::json_schema::JsonSchema;
-    use ferrite_engine::json_schema_prefix::SchemaPrefix;
     let server = start();
-    let compiled = JsonSchema::compile(&person_schema()).unwrap();
+    let compiled = Constraint::json_schema(&person_schema()).unwrap();
     let format = json!({"response_format": {"type": "json_schema",
         "json_schema": {"name": "person", "strict": true, "schema": person_schema()}}});
     let prompts = [
@@ -144,9 +139,7 @@ fn json_schema_holds_output_to_the_schema() {
         ),
     ];
     let finished = constrained_chats(&server, &format, 120, &prompts, is_person, |text| {
-        SchemaPrefix::new()
-            .feed(&compiled, text.as_bytes())
-            .is_some()
+        compiled.admits_prefix(text.as_bytes())
     });
     assert!(finished >= 2, "only {finished} of 4 outputs were whole");
     let comp = with(
@@ -172,17 +165,12 @@ fn json_schema_holds_output_to_the_schema() {
         "traits": {"type": "object", "additionalProperties": {"type": "string"}},
         "notes": {}
     }, "required": ["name", "traits", "notes"]});
-    let open_compiled = JsonSchema::compile(&open).unwrap();
+    let open_compiled = Constraint::json_schema(&open).unwrap();
     let comp = json!({"model": MODEL, "prompt": "A cat, as JSON:", "max_tokens": 120, "temperature": 0,
         "response_format": {"type": "json_schema", "json_schema": {"name": "cat", "schema": open}}});
     let v = server.post("/v1/completions", &comp).json();
     let text = v["choices"][0]["text"].as_str().unwrap();
-    assert!(
-        SchemaPrefix::new()
-            .feed(&open_compiled, text.as_bytes())
-            .is_some(),
-        "{v}"
-    );
+    assert!(open_compiled.admits_prefix(text.as_bytes()), "{v}");
     if v["choices"][0]["finish_reason"] == "stop" {
         let cat: Value = serde_json::from_str(text).unwrap();
         let keys: Vec<&str> = cat
@@ -203,7 +191,7 @@ fn json_schema_holds_output_to_the_schema() {
         );
     }
     let unsupported = json!({"type": "json_schema", "name": "x",
-        "schema": {"type": "object", "properties": {"a": {"type": "string", "pattern": "^a"}}}});
+        "schema": {"type": "object", "properties": {"a": {"type": "array", "uniqueItems": true}}}});
     let r = server.post(
         "/v1/responses",
         &with(resp, json!({"text": {"format": unsupported}})),
@@ -215,7 +203,7 @@ fn json_schema_holds_output_to_the_schema() {
         e["error"]["message"]
             .as_str()
             .unwrap()
-            .contains("\"pattern\""),
+            .contains("\"uniqueItems\""),
         "{e}"
     );
 }
@@ -406,4 +394,136 @@ fn tool_choice_forces_a_call_held_to_the_tools_parameters() {
     );
     assert_eq!(r.status, 400, "{}", r.body);
     assert_eq!(r.json()["error"]["param"], "tool_choice");
+}
+
+/// The JSON Schema keywords the hand-written grammar refused, now held through llguidance:
+/// `pattern`, `minLength`, `format` and `minimum`. Oracle: each greedy SmolLM2 answer that
+/// ended by itself is checked against each keyword's rule, written here by hand.
+#[test]
+fn pattern_min_length_format_and_minimum_hold_on_the_real_model() {
+    let server = start();
+    let schema = json!({"type": "object", "properties": {
+        "code": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{2}$"},
+        "name": {"type": "string", "minLength": 4, "maxLength": 24},
+        "born": {"type": "string", "format": "date"},
+        "age": {"type": "integer", "minimum": 18, "maximum": 120}
+    }, "required": ["code", "name", "born", "age"], "additionalProperties": false});
+    let valid = |text: &str| -> bool {
+        let Ok(v) = serde_json::from_str::<Value>(text) else {
+            return false;
+        };
+        let code = v["code"].as_str().unwrap_or("").as_bytes();
+        let name = v["name"].as_str().unwrap_or("");
+        let born = v["born"].as_str().unwrap_or("").as_bytes();
+        code.len() == 6
+            && code[..3].iter().all(u8::is_ascii_uppercase)
+            && code[3] == b'-'
+            && code[4..].iter().all(u8::is_ascii_digit)
+            && (4..=24).contains(&name.chars().count())
+            && born.len() == 10
+            && born
+                .iter()
+                .enumerate()
+                .all(|(i, b)| [4, 7].contains(&i) == (*b == b'-'))
+            && v["age"].as_i64().is_some_and(|a| (18..=120).contains(&a))
+    };
+    let format = json!({"response_format": {"type": "json_schema",
+        "json_schema": {"name": "person", "strict": true, "schema": schema}}});
+    let prompts = [
+        "Describe a person as JSON.",
+        "Hi",
+        "Who is a child of five?",
+    ];
+    for prompt in prompts {
+        let v = server
+            .post(
+                "/v1/chat/completions",
+                &with(chat(prompt, 160), format.clone()),
+            )
+            .json();
+        let text = v["choices"][0]["message"]["content"].as_str().unwrap();
+        assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+        assert!(valid(text), "{prompt}: {text}");
+    }
+}
+
+/// The extension fields, each on a different endpoint (and `json_schema` on all four), on
+/// the real model. Oracle: llguidance's own check of the whole answer, and a hand check.
+#[test]
+fn extension_fields_hold_output_on_every_endpoint() {
+    let server = start();
+    let digits = |t: &str| t.len() == 5 && t.bytes().all(|b| b.is_ascii_digit());
+    let comp = json!({"model": MODEL, "prompt": "A zip code:", "max_tokens": 20, "temperature": 0,
+        "structured_outputs": {"regex": "[0-9]{5}"}});
+    let v = server.post("/v1/completions", &comp).json();
+    assert!(digits(v["choices"][0]["text"].as_str().unwrap()), "{v}");
+    let msg = json!({"model": MODEL, "max_tokens": 20, "temperature": 0,
+        "messages": [{"role": "user", "content": "Is the sky green?"}],
+        "guided_regex": "(yes|no)"});
+    let v = server.post("/v1/messages", &msg).json();
+    let answer = v["content"][0]["text"].as_str().unwrap();
+    assert!(answer == "yes" || answer == "no", "{v}");
+    let resp = json!({"model": MODEL, "input": "Pick a color.", "max_output_tokens": 20,
+        "temperature": 0, "grammar": "start: \"red\" | \"green\" | \"blue\""});
+    let v = server.post("/v1/responses", &resp).json();
+    let color = v["output"][0]["content"][0]["text"].as_str().unwrap();
+    assert!(["red", "green", "blue"].contains(&color), "{v}");
+    let v = server
+        .post(
+            "/v1/chat/completions",
+            &with(
+                chat("Pick one.", 20),
+                json!({"guided_grammar":
+            "start: \"left\" | \"right\""}),
+            ),
+        )
+        .json();
+    let side = v["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(side == "left" || side == "right", "{v}");
+    let pet = json!({"type": "object", "properties": {"pet": {"enum": ["cat", "dog"]}},
+        "required": ["pet"], "additionalProperties": false});
+    let held = Constraint::json_schema(&pet).unwrap();
+    let bodies = [
+        (
+            "/v1/chat/completions",
+            with(chat("A pet?", 30), json!({"json_schema": pet})),
+        ),
+        (
+            "/v1/completions",
+            json!({"model": MODEL, "prompt": "A pet:", "max_tokens": 30,
+            "temperature": 0, "guided_json": pet}),
+        ),
+        (
+            "/v1/messages",
+            json!({"model": MODEL, "max_tokens": 30, "temperature": 0,
+            "messages": [{"role": "user", "content": "A pet?"}], "structured_outputs": {"json": pet}}),
+        ),
+        (
+            "/v1/responses",
+            json!({"model": MODEL, "input": "A pet?", "max_output_tokens": 30,
+            "temperature": 0, "json_schema": pet}),
+        ),
+    ];
+    for (path, body) in bodies {
+        let v = server.post(path, &body).json();
+        let text = v
+            .pointer("/choices/0/message/content")
+            .or_else(|| v.pointer("/choices/0/text"))
+            .or_else(|| v.pointer("/content/0/text"))
+            .or_else(|| v.pointer("/output/0/content/0/text"))
+            .and_then(Value::as_str)
+            .unwrap_or_else(|| panic!("{path}: {v}"));
+        assert!(held.accepts(text.as_bytes()), "{path}: {text}");
+    }
+    // Refused by name on an endpoint whose own API has no such field.
+    let r = server.post(
+        "/v1/messages",
+        &with(
+            msg,
+            json!({"guided_regex": null,
+        "json_schema": {"type": "array", "uniqueItems": true}}),
+        ),
+    );
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(r.body.contains("uniqueItems"), "{}", r.body);
 }

@@ -7,7 +7,7 @@
 
 use ferrite_model::{ModelError, Outputs, Session};
 
-use crate::json_mode::{Chooser, JsonModeError};
+use crate::held::{Chooser, HeldError};
 use crate::sampler::{Candidates, SampleError, Sampled, Sampler, StopReason, raw_logprobs};
 
 /// One KV timeline, the one trait every front end drives: [`generate`] (`ferrite run`),
@@ -137,7 +137,7 @@ impl Picker for Chooser {
         };
         let row = session.eval_last(tokens)?;
         let token = held.next_token(row, history)?;
-        let (logprob, top) = raw_logprobs(row, token, held.sampler().config().n_logprobs);
+        let (logprob, top) = raw_logprobs(row, token, self.sampler().config().n_logprobs);
         Ok(Sampled {
             token,
             logprob,
@@ -146,11 +146,7 @@ impl Picker for Chooser {
     }
 
     fn stop_reason(&self, token: u32, n_generated: usize) -> Option<StopReason> {
-        let sampler = match self {
-            Chooser::Free(s) => s,
-            Chooser::Held(s) => s.sampler(),
-        };
-        sampler.stop_reason(token, n_generated)
+        self.sampler().stop_reason(token, n_generated)
     }
 }
 
@@ -193,7 +189,7 @@ pub enum GenerateError {
     Cuda(#[from] ferrite_cuda::CudaError),
     /// Output held to a grammar could not go on.
     #[error(transparent)]
-    Held(#[from] JsonModeError),
+    Held(#[from] HeldError),
     /// An evaluation was asked for no tokens.
     #[error("no tokens to evaluate")]
     NoTokens,
@@ -531,22 +527,20 @@ mod tests {
 
     #[test]
     fn a_held_picker_takes_the_host_row_and_ends_with_the_grammar() {
-        use std::sync::Arc;
-
-        use crate::json_mode::{JsonGrammar, JsonSampler, JsonVocab};
+        use ferrite_grammar::{Constraint, Token, Vocab};
         // Token 0 ends generation; the fake row favours 1, 2, 3, 0, 1, ... in turn, and
         // would pick 3 itself (which is never allowed here, "x" starting no object).
-        let vocab = Arc::new(JsonVocab::new(["", "{", "}", "x"], vec![0]));
+        let tokens = ["{", "}", "x"].map(|t| Token::Text(t.as_bytes().to_vec()));
+        let mut tokens = tokens.to_vec();
+        tokens.insert(0, Token::Special("<eos>".into()));
+        let vocab = Vocab::new(tokens, &[0]).unwrap();
         let cfg = SamplerConfig {
             stop_ids: vec![0],
             n_logprobs: 2,
             ..SamplerConfig::default()
         };
-        let mut held = Chooser::Held(JsonSampler::new(
-            Sampler::new(cfg).unwrap(),
-            vocab,
-            JsonGrammar::any_object(),
-        ));
+        let json = Constraint::json_object();
+        let mut held = Chooser::new(Sampler::new(cfg).unwrap(), Some(&json), &vocab).unwrap();
         let mut t = fake(true);
         let mut seen = Vec::new();
         let g = generate(&mut t, &mut held, &[5], |s| {

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::json_schema::JsonSchema;
+use ferrite_grammar::Constraint;
 
 use tokio::sync::mpsc::UnboundedReceiver;
 
@@ -41,20 +41,15 @@ pub enum OutputFormat {
     /// Any text.
     #[default]
     Text,
-    /// One JSON object, then the end of generation (JSON mode).
-    JsonObject,
-    /// A value of this schema, then the end of generation (structured outputs).
-    JsonSchema(Arc<JsonSchema>),
-    /// One tool call in Hermes markup ([`CALL_BEFORE`], the object, [`CALL_AFTER`]) whose
-    /// object is a value of this schema, then the end of generation (a tool choice that
-    /// forces a call).
-    ToolCall(Arc<JsonSchema>),
+    /// Text of this constraint, then the end of generation: JSON mode, structured outputs,
+    /// a regex or Lark grammar, or a forced tool call in the model's markup.
+    Held(Arc<Constraint>),
 }
 
-/// Text before a forced call's JSON object ([`OutputFormat::ToolCall`]).
+/// Text before a forced call's JSON object in Hermes markup.
 pub const CALL_BEFORE: &str = "<tool_call>\n";
 
-/// Text after a forced call's JSON object ([`OutputFormat::ToolCall`]).
+/// Text after a forced call's JSON object in Hermes markup.
 pub const CALL_AFTER: &str = "\n</tool_call>";
 
 impl Default for SamplingParams {

@@ -27,11 +27,8 @@
 pub mod cuda_timeline;
 mod engine_thread;
 pub mod generate;
+pub mod held;
 pub mod inference;
-pub mod json_lex;
-pub mod json_mode;
-pub mod json_schema;
-pub mod json_schema_prefix;
 pub mod output;
 pub mod prefix;
 pub mod rng;
@@ -41,6 +38,10 @@ mod sampler_equiv;
 pub mod scheduler;
 pub mod score;
 pub mod stops;
+
+/// Structured output's constraints and vocabulary (llguidance), for front ends that build
+/// an [`OutputFormat`].
+pub use ferrite_grammar as grammar;
 
 pub use cuda_timeline::{AnySession, CudaTimeline, ScoreSession, sampling_where};
 pub use engine_thread::{Engine, EngineBackend, EngineConfig, EngineError};

@@ -202,9 +202,12 @@ async fn message(
     let stop = parse::opt_stops(&obj, "stop_sequences")?;
     let stream = opt_bool(&obj, "stream")?.unwrap_or(false);
     let mut sampling = generate::sampling(&obj, 1.0)?;
-    if let Some(call) = forced {
-        sampling.format = call;
-    }
+    sampling.format = match forced {
+        Some(call) => call.format(&output)?,
+        None => {
+            crate::structured::after_reasoning(crate::structured::requested(&obj, None)?, &output)?
+        }
+    };
     let opts = GenOptions {
         sampling,
         max_tokens: (max_tokens as usize).min(generate::room(backend.as_ref(), prompt.len())),

@@ -1,11 +1,9 @@
 //! Pieces every generation endpoint shares: model-name checks, prompt limits, sampling
 //! options read from the OpenAI-style fields, submission, and collecting a finished run.
 
-use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::http::StatusCode;
-use ferrite_engine::json_schema::JsonSchema;
 use ferrite_engine::output::{Collected, Event, OutputConfig, OutputParser};
 use serde_json::Value;
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -124,45 +122,6 @@ pub fn sampling(obj: &Obj, temp_max: f64) -> Result<SamplingParams, ApiError> {
         logit_bias: Vec::new(),
         format: OutputFormat::Text,
     })
-}
-
-/// OpenAI's output format object (`response_format` in chat and completions, `text.format`
-/// in responses; `param` names it in errors): `text`, `json_object` for JSON mode, or
-/// `json_schema` with its schema (under `json_schema.schema` in chat and completions,
-/// `schema` in responses). A schema the server cannot enforce whole is refused, never
-/// loosened, so a client never takes output for schema-valid when it was not held to it.
-pub fn output_format(format: Option<&Obj>, param: &str) -> Result<OutputFormat, ApiError> {
-    let Some(format) = format else {
-        return Ok(OutputFormat::Text);
-    };
-    match crate::parse::opt_str(format, "type")? {
-        Some("text") => Ok(OutputFormat::Text),
-        Some("json_object") => Ok(OutputFormat::JsonObject),
-        Some("json_schema") => {
-            let schema = match crate::parse::opt_object(format, "json_schema")? {
-                Some(inner) => inner.get("schema"),
-                None => format.get("schema"),
-            };
-            let Some(schema) = schema else {
-                return Err(ApiError::invalid_param(
-                    param,
-                    format!("'{param}' type 'json_schema' needs a 'schema'"),
-                ));
-            };
-            let schema = JsonSchema::compile(schema).map_err(|e| {
-                ApiError::invalid_param(param, format!("'{param}' schema is not supported: {e}"))
-            })?;
-            Ok(OutputFormat::JsonSchema(Arc::new(schema)))
-        }
-        Some(other) => Err(ApiError::invalid_param(
-            param,
-            format!("'{param}' type must be 'text', 'json_object' or 'json_schema', got '{other}'"),
-        )),
-        None => Err(ApiError::invalid_param(
-            param,
-            format!("'{param}' needs a 'type'"),
-        )),
-    }
 }
 
 /// Largest bias OpenAI's `logit_bias` takes either way: ±100 bans a token or all but

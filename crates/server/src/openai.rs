@@ -75,8 +75,10 @@ fn options(
     let stop = parse::opt_stops(obj, "stop")?;
     let mut sampling = generate::sampling(obj, 2.0)?;
     sampling.logit_bias = generate::logit_bias(obj, backend.vocab_size())?;
-    sampling.format =
-        generate::output_format(opt_object(obj, "response_format")?, "response_format")?;
+    sampling.format = crate::structured::requested(
+        obj,
+        Some(("response_format", opt_object(obj, "response_format")?)),
+    )?;
     Ok(GenOptions {
         sampling,
         max_tokens: max_tokens.map_or(room, |m| (m as usize).min(room)),
@@ -199,9 +201,10 @@ async fn chat(
         room,
         logprobs.then(|| top.unwrap_or(0) as usize),
     )?;
-    if let Some(call) = forced {
-        opts.sampling.format = call;
-    }
+    opts.sampling.format = match forced {
+        Some(call) => call.format(&output)?,
+        None => crate::structured::after_reasoning(opts.sampling.format, &output)?,
+    };
     let rxs = generate::submit_n(backend.as_ref(), &prompt, &opts, n)?;
     log.start_generation();
     let meta = Meta {

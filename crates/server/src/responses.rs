@@ -236,12 +236,18 @@ async fn respond(
         Some(t) => parse::opt_object(t, "format")?,
         None => None,
     };
-    let format = generate::output_format(format_obj, "text.format")?;
+    let format = match &forced {
+        Some(call) => call.format(&output)?,
+        None => crate::structured::after_reasoning(
+            crate::structured::requested(&obj, Some(("text.format", format_obj)))?,
+            &output,
+        )?,
+    };
     let format_echo =
         format_obj.map_or_else(|| json!({"type": "text"}), |f| Value::Object(f.clone()));
     let opts = GenOptions {
         sampling: SamplingParams {
-            format: forced.unwrap_or(format),
+            format,
             ..generate::sampling(&obj, 2.0)?
         },
         max_tokens: max_output_tokens.map_or(room, |m| (m as usize).min(room)),

@@ -1,19 +1,21 @@
 //! Tool choices, and the output format of those that force a call: OpenAI's `tool_choice`
 //! `"required"` or a named function, Anthropic's `"any"` or a named tool. Such output is
-//! held, through the JSON grammar, to one call in Hermes markup (`<tool_call>\n{"name": …,
-//! "arguments": …}\n</tool_call>`) whose name is one of the tools offered and whose
-//! arguments fit that tool's parameters schema: the call's object is a tagged union of one
-//! object per tool, its name the tag.
+//! held, through an llguidance grammar, to one call in Hermes markup (`<tool_call>\n{"name":
+//! …, "arguments": …}\n</tool_call>`) whose name is one of the tools offered and whose
+//! arguments fit that tool's parameters schema: one alternative per tool, each a compact
+//! JSON object with its name first. When the prompt opened a reasoning block, the reasoning
+//! runs free to its close before the call.
 //!
 //! Never parses calls back out of text: that is [`crate::tools`].
 
 use std::sync::Arc;
 
-use ferrite_engine::json_schema::JsonSchema;
-use serde_json::{Map, Value, json};
+use ferrite_engine::grammar::{Constraint, GrammarError};
+use ferrite_engine::output::{OutputConfig, ReasoningFormat};
+use ferrite_engine::{CALL_AFTER, CALL_BEFORE, OutputFormat};
+use serde_json::{Value, json};
 
 use crate::error::ApiError;
-use ferrite_engine::OutputFormat;
 
 /// Whether and how the model is to call tools.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -106,9 +108,39 @@ pub fn anthropic(v: Option<&Value>) -> Result<ToolChoice, ApiError> {
     }
 }
 
-/// The output format of a choice that forces a call among `tools` (OpenAI function tools,
-/// as the template gets them), `None` when the choice forces none.
-pub fn forced_call(tools: &[Value], choice: &ToolChoice) -> Result<Option<OutputFormat>, ApiError> {
+/// A call a tool choice forces: the call object's schema for each tool it may be.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ForcedCall {
+    calls: Vec<Value>,
+}
+
+impl ForcedCall {
+    fn constraint(&self) -> Result<Constraint, GrammarError> {
+        Constraint::framed_json(CALL_BEFORE, &self.calls, CALL_AFTER)
+    }
+
+    /// The output format of the call for output read as `output` says: when the prompt
+    /// opened a `<think>` block, reasoning runs free to its close first.
+    pub fn format(&self, output: &OutputConfig) -> Result<OutputFormat, ApiError> {
+        let mut c = self.constraint().map_err(unenforceable)?;
+        if output.starts_in_reasoning && output.reasoning == ReasoningFormat::Think {
+            c = c.after_reasoning("</think>").map_err(unenforceable)?;
+        }
+        Ok(OutputFormat::Held(Arc::new(c)))
+    }
+}
+
+fn unenforceable(e: GrammarError) -> ApiError {
+    ApiError::invalid_param(
+        "tools",
+        format!("the tool's parameters cannot be enforced for 'tool_choice': {e}"),
+    )
+}
+
+/// The call a choice forces among `tools` (OpenAI function tools, as the template gets
+/// them), `None` when the choice forces none; tools whose parameters cannot be enforced
+/// are refused here, before anything is queued.
+pub fn forced_call(tools: &[Value], choice: &ToolChoice) -> Result<Option<ForcedCall>, ApiError> {
     let candidates: Vec<&Value> = match choice {
         ToolChoice::None | ToolChoice::Auto => return Ok(None),
         ToolChoice::Required => tools.iter().collect(),
@@ -117,7 +149,7 @@ pub fn forced_call(tools: &[Value], choice: &ToolChoice) -> Result<Option<Output
             .filter(|t| name_of(t) == Some(name.as_str()))
             .collect(),
     };
-    let schema = match (&candidates[..], choice) {
+    match (&candidates[..], choice) {
         ([], ToolChoice::Named(name)) => {
             return Err(ApiError::invalid_param(
                 "tool_choice",
@@ -130,15 +162,13 @@ pub fn forced_call(tools: &[Value], choice: &ToolChoice) -> Result<Option<Output
                 "'tool_choice' requires a tool call, but no 'tools' were given",
             ));
         }
-        (tools, _) => calls_schema(tools),
+        _ => {}
+    }
+    let forced = ForcedCall {
+        calls: candidates.iter().map(|t| call_schema(t)).collect(),
     };
-    let compiled = JsonSchema::compile(&schema).map_err(|e| {
-        ApiError::invalid_param(
-            "tools",
-            format!("the tool's parameters cannot be enforced for 'tool_choice': {e}"),
-        )
-    })?;
-    Ok(Some(OutputFormat::ToolCall(Arc::new(compiled))))
+    forced.constraint().map_err(unenforceable)?;
+    Ok(Some(forced))
 }
 
 /// A function tool's name.
@@ -146,52 +176,23 @@ fn name_of(tool: &Value) -> Option<&str> {
     tool.pointer("/function/name").and_then(Value::as_str)
 }
 
-/// A tool's parameters schema: any object when it gives none.
-fn parameters(tool: &Value) -> Value {
-    match tool.pointer("/function/parameters") {
-        Some(Value::Object(p)) if !p.is_empty() => Value::Object(p.clone()),
-        _ => json!({"type": "object"}),
-    }
-}
-
-/// The schema of a call of one of `tools`: an object per tool, its name first, then its
-/// arguments, as the alternatives of an `anyOf` (a tagged union on the name; one tool's
-/// object alone when there is one). The parameters' own definitions move to the root, where
-/// their local references (`#/$defs/…`, `#/definitions/…`) point; should two tools define
-/// one name differently, each call's arguments are any object instead.
-fn calls_schema(tools: &[&Value]) -> Value {
-    let params: Vec<Value> = tools.iter().map(|t| parameters(t)).collect();
-    let mut root = Map::new();
-    let mut clash = false;
-    for p in &params {
-        for key in ["$defs", "definitions"] {
-            let Some(Value::Object(defs)) = p.get(key) else {
-                continue;
-            };
-            let merged = root.entry(key).or_insert_with(|| json!({}));
-            for (name, def) in defs {
-                match merged.get(name) {
-                    Some(old) if old != def => clash = true,
-                    _ => merged[name] = def.clone(),
-                }
-            }
+/// The schema of a call of `tool`: its name, then arguments of its parameters schema (any
+/// object when it gives none), nothing else. The parameters' own definitions move to the
+/// call's root, where their local references (`#/$defs/…`, `#/definitions/…`) point.
+fn call_schema(tool: &Value) -> Value {
+    let mut arguments = match tool.pointer("/function/parameters") {
+        Some(Value::Object(p)) if !p.is_empty() => p.clone(),
+        _ => serde_json::Map::from_iter([("type".to_string(), json!("object"))]),
+    };
+    let mut call = json!({"type": "object", "properties": {"name": {"const": name_of(tool)}},
+        "required": ["name", "arguments"], "additionalProperties": false});
+    for key in ["$defs", "definitions"] {
+        if let Some(defs) = arguments.remove(key) {
+            call[key] = defs;
         }
     }
-    let calls: Vec<Value> = tools
-        .iter()
-        .zip(params)
-        .map(|(tool, arguments)| {
-            let arguments = if clash {
-                json!({"type": "object"})
-            } else {
-                arguments
-            };
-            json!({"type": "object", "properties": {"name": {"const": name_of(tool)},
-                "arguments": arguments}, "required": ["name", "arguments"]})
-        })
-        .collect();
-    root.insert("anyOf".into(), Value::Array(calls));
-    Value::Object(root)
+    call["properties"]["arguments"] = Value::Object(arguments);
+    call
 }
 
 #[cfg(test)]

@@ -2,22 +2,21 @@
 //! as llama.cpp's CLI takes them): the schema read and compiled, and the engine's chooser
 //! that holds each token to it.
 //!
-//! Never samples on its own: the engine's JSON sampler does, over the tokenizer's bytes.
+//! Never samples on its own: the engine's held sampler does, over the tokenizer's bytes.
 
 use std::path::Path;
-use std::sync::Arc;
 
 use anyhow::Context;
 use ferrite_engine::Sampler;
-use ferrite_engine::json_mode::{Chooser, JsonGrammar, JsonSampler, JsonVocab};
-use ferrite_engine::json_schema::JsonSchema;
+use ferrite_engine::grammar::Constraint;
+use ferrite_engine::held::{Chooser, grammar_vocab};
 use ferrite_tokenizer::Tokenizer;
 
 /// The schema of `--json-schema` (inline text) or `--json-schema-file`, if one was given.
 pub(super) fn schema(
     inline: Option<&str>,
     file: Option<&Path>,
-) -> anyhow::Result<Option<JsonSchema>> {
+) -> anyhow::Result<Option<Constraint>> {
     let (text, flag) = match (inline, file) {
         (Some(text), _) => (text.to_string(), "--json-schema"),
         (None, Some(path)) => (
@@ -29,7 +28,7 @@ pub(super) fn schema(
     };
     let value: serde_json::Value =
         serde_json::from_str(&text).with_context(|| format!("{flag} is not valid JSON"))?;
-    let schema = JsonSchema::compile(&value)
+    let schema = Constraint::json_schema(&value)
         .with_context(|| format!("{flag}: the schema cannot be enforced"))?;
     Ok(Some(schema))
 }
@@ -38,19 +37,12 @@ pub(super) fn schema(
 /// end-of-generation tokens may end the output once the JSON is whole).
 pub(super) fn chooser(
     sampler: Sampler,
-    schema: Option<JsonSchema>,
+    schema: Option<Constraint>,
     tokenizer: &Tokenizer,
-) -> Chooser {
+) -> anyhow::Result<Chooser> {
     let Some(schema) = schema else {
-        return Chooser::Free(sampler);
+        return Ok(Chooser::Free(sampler));
     };
-    let vocab = Arc::new(JsonVocab::new(
-        tokenizer.all_token_bytes(),
-        tokenizer.end_of_generation_ids(),
-    ));
-    Chooser::Held(JsonSampler::new(
-        sampler,
-        vocab,
-        JsonGrammar::new(Arc::new(schema)),
-    ))
+    let vocab = grammar_vocab(tokenizer).context("building the grammar vocabulary")?;
+    Ok(Chooser::new(sampler, Some(&schema), &vocab)?)
 }

@@ -11,8 +11,8 @@ use ferrite_tokenizer::Tokenizer;
 
 use super::{Engine, EngineBackend, EngineConfig, EngineError};
 use crate::generate::GenerateError;
-use crate::inference::{CALL_AFTER, CALL_BEFORE, GenRequest, OutputFormat};
-use crate::json_mode::{Chooser, JsonGrammar, JsonSampler, JsonVocab};
+use crate::held::{Chooser, HeldError, grammar_vocab};
+use crate::inference::{GenRequest, OutputFormat};
 use crate::prefix::{CacheStats, PrefixCache};
 use crate::scheduler::{BatchEval, Counters, Job, Limits, Picked, RowPicker, Runtime, Scheduler};
 use crate::{Sampler, SamplerConfig, raw_logprobs};
@@ -65,8 +65,8 @@ impl RowPicker for RequestSampler {
 pub(super) struct ModelRuntime<'t> {
     tokenizer: &'t Tokenizer,
     eog: Vec<u32>,
-    /// The vocabulary as JSON mode reads it, made on the first JSON request.
-    json_vocab: OnceLock<Arc<JsonVocab>>,
+    /// The vocabulary as the grammar reads it, made on the first held request.
+    grammar_vocab: OnceLock<Result<ferrite_grammar::Vocab, ferrite_grammar::GrammarError>>,
 }
 
 impl<'t> ModelRuntime<'t> {
@@ -75,7 +75,7 @@ impl<'t> ModelRuntime<'t> {
         ModelRuntime {
             eog: tokenizer.end_of_generation_ids(),
             tokenizer,
-            json_vocab: OnceLock::new(),
+            grammar_vocab: OnceLock::new(),
         }
     }
 }
@@ -101,24 +101,15 @@ impl Runtime for ModelRuntime<'_> {
             logit_bias: p.logit_bias.clone(),
         };
         let sampler = Sampler::new(cfg)?;
-        let grammar = match &p.format {
-            OutputFormat::Text => None,
-            OutputFormat::JsonObject => Some(JsonGrammar::any_object()),
-            OutputFormat::JsonSchema(s) => Some(JsonGrammar::new(Arc::clone(s))),
-            OutputFormat::ToolCall(s) => {
-                Some(JsonGrammar::framed(Arc::clone(s), CALL_BEFORE, CALL_AFTER))
-            }
-        };
-        let chooser = match grammar {
-            None => Chooser::Free(sampler),
-            Some(grammar) => {
-                let vocab = self.json_vocab.get_or_init(|| {
-                    Arc::new(JsonVocab::new(
-                        self.tokenizer.all_token_bytes(),
-                        self.eog.clone(),
-                    ))
-                });
-                Chooser::Held(JsonSampler::new(sampler, Arc::clone(vocab), grammar))
+        let chooser = match &p.format {
+            OutputFormat::Text => Chooser::Free(sampler),
+            OutputFormat::Held(c) => {
+                let vocab = self
+                    .grammar_vocab
+                    .get_or_init(|| grammar_vocab(self.tokenizer))
+                    .as_ref()
+                    .map_err(|e| HeldError::Grammar(e.clone()))?;
+                Chooser::new(sampler, Some(c), vocab)?
             }
         };
         Ok(Box::new(RequestSampler {

@@ -1,7 +1,5 @@
-//! Parsing each API's tool choice, and the schema of forced calls. Oracle for the schemas:
-//! the schema grammar itself, fed call objects written by hand.
-
-use ferrite_engine::json_schema_prefix::SchemaPrefix;
+//! Parsing each API's tool choice, and the grammar of forced calls. Oracle for the
+//! grammars: llguidance itself, fed call objects written by hand in their markup.
 
 use super::*;
 
@@ -17,17 +15,28 @@ fn clock() -> Value {
     json!({"type": "function", "function": {"name": "get_time"}})
 }
 
-fn schema(tools: &[Value], choice: ToolChoice) -> JsonSchema {
-    match forced_call(tools, &choice) {
-        Ok(Some(OutputFormat::ToolCall(s))) => (*s).clone(),
+fn output(starts_in_reasoning: bool) -> OutputConfig {
+    OutputConfig {
+        reasoning: ReasoningFormat::Think,
+        starts_in_reasoning,
+        tools: None,
+    }
+}
+
+fn held(tools: &[Value], choice: &ToolChoice, in_reasoning: bool) -> Constraint {
+    match forced_call(tools, choice).map(|f| f.map(|f| f.format(&output(in_reasoning)))) {
+        Ok(Some(Ok(OutputFormat::Held(c)))) => (*c).clone(),
         other => panic!("{choice:?}: {other:?}"),
     }
 }
 
-fn whole(s: &JsonSchema, text: &str) -> bool {
-    SchemaPrefix::new()
-        .feed(s, text.as_bytes())
-        .is_some_and(|p| p.is_complete())
+fn schema(tools: &[Value], choice: ToolChoice) -> Constraint {
+    held(tools, &choice, false)
+}
+
+/// Whether `call` in its markup is a whole text of `c`.
+fn whole(c: &Constraint, call: &str) -> bool {
+    c.accepts(format!("{CALL_BEFORE}{call}{CALL_AFTER}").as_bytes())
 }
 
 #[test]
@@ -87,9 +96,13 @@ fn a_named_choice_holds_the_call_to_its_tool_and_parameters() {
     ));
     assert!(whole(
         &s,
-        r#"{"name":"get_weather","arguments":{"city":"Oslo","unit":"c"}}"#
+        r#"{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "c"}}"#
     ));
     for text in [
+        // Compact JSON only: no padding a model could run out of tokens in.
+        r#"{"name":"get_weather","arguments":{"city":"Oslo"}}"#,
+        r#"{"name": "get_weather",  "arguments": {"city": "Oslo"}}"#,
+        r#" {"name": "get_weather", "arguments": {"city": "Oslo"}}"#,
         r#"{"name": "get_time", "arguments": {}}"#,
         r#"{"name": "get_weather", "arguments": {}}"#,
         r#"{"name": "get_weather", "arguments": {"city": 3}}"#,
@@ -134,7 +147,7 @@ fn a_required_call_names_one_of_the_tools_with_its_own_parameters() {
 }
 
 #[test]
-fn tools_whose_definitions_clash_take_any_arguments() {
+fn tools_whose_definitions_clash_keep_their_own() {
     let with_point = |name: &str, x: &str| {
         json!({"type": "function", "function": {"name": name, "parameters": {
             "$defs": {"P": {"type": "object", "properties": {x: {"type": "number"}}, "required": [x]}},
@@ -147,13 +160,27 @@ fn tools_whose_definitions_clash_take_any_arguments() {
     );
     assert!(whole(&s, r#"{"name": "b", "arguments": {"p": {"x": 1}}}"#));
     assert!(!whole(&s, r#"{"name": "b", "arguments": {"p": {"y": 1}}}"#));
-    // Two definitions of one name: the arguments are any object.
+    // Two definitions of one name: each call is held to its own tool's.
     let s = schema(
         &[with_point("a", "x"), with_point("b", "y")],
         ToolChoice::Required,
     );
-    assert!(whole(&s, r#"{"name": "b", "arguments": {"q": 1}}"#));
+    assert!(whole(&s, r#"{"name": "b", "arguments": {"p": {"y": 1}}}"#));
+    assert!(whole(&s, r#"{"name": "a", "arguments": {"p": {"x": 1}}}"#));
+    assert!(!whole(&s, r#"{"name": "b", "arguments": {"p": {"x": 1}}}"#));
     assert!(!whole(&s, r#"{"name": "b", "arguments": 1}"#));
+}
+
+#[test]
+fn reasoning_the_prompt_opened_runs_free_before_the_call() {
+    let tools = [weather()];
+    let call = r#"{"name": "get_weather", "arguments": {"city": "Paris"}}"#;
+    let c = held(&tools, &ToolChoice::Required, true);
+    let text = format!("sunny? {{ maybe</think>\n\n{CALL_BEFORE}{call}{CALL_AFTER}");
+    assert!(c.accepts(text.as_bytes()));
+    assert!(!c.accepts(format!("{CALL_BEFORE}{call}{CALL_AFTER}").as_bytes()));
+    // Without an open block the call comes first.
+    assert!(!held(&tools, &ToolChoice::Required, false).accepts(text.as_bytes()));
 }
 
 #[test]
@@ -193,11 +220,11 @@ fn choices_that_cannot_be_met_are_refused_by_name() {
         (
             vec![
                 json!({"type": "function", "function": {"name": "f", "parameters": {
-                "type": "object", "properties": {"a": {"type": "string", "pattern": "x"}}}}}),
+                "type": "object", "properties": {"a": {"type": "array", "uniqueItems": true}}}}}),
             ],
             ToolChoice::Required,
             "tools",
-            "\"pattern\"",
+            "\"uniqueItems\"",
         ),
     ];
     for (tools, choice, param, says) in cases {

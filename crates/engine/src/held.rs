@@ -1,0 +1,145 @@
+//! Held sampling: a request's or run's tokens drawn free, or held to a grammar
+//! ([`ferrite_grammar::Constraint`], compiled by llguidance over the model's vocabulary).
+//!
+//! Each held step masks a copy of the row (every token the grammar refuses set to `-inf`)
+//! and samples that copy, so greedy decoding takes the best allowed token and sampling
+//! draws from the masked distribution, top-k, top-p and min-p cuts included. End-of-
+//! generation tokens survive the mask only where the text is whole.
+//!
+//! Never changes the logits a caller reports (log-probabilities stay those of the raw row),
+//! and never touches a free sampler's path: without a grammar, sampling is bit-identical.
+
+use ferrite_grammar::{Constraint, GrammarError, Matcher, Token, Vocab};
+use ferrite_tokenizer::Tokenizer;
+
+use crate::sampler::{SampleError, Sampler, argmax};
+
+/// The grammar vocabulary of `tokenizer`'s model: text tokens by their bytes (a
+/// byte-fallback token is its byte), control tokens by their piece, never as text; the
+/// end-of-generation tokens end a whole text. Build it once per model.
+pub fn grammar_vocab(tokenizer: &Tokenizer) -> Result<Vocab, GrammarError> {
+    let tokens = (0..tokenizer.vocab_size() as u32)
+        .map(|id| match tokenizer.token_bytes(id) {
+            Some(bytes) if !bytes.is_empty() => Token::Text(bytes.to_vec()),
+            _ => Token::Special(tokenizer.piece(id).unwrap_or_default().to_string()),
+        })
+        .collect();
+    Vocab::new(tokens, &tokenizer.end_of_generation_ids())
+}
+
+/// Held sampling's errors.
+#[derive(Debug, thiserror::Error, PartialEq)]
+#[non_exhaustive]
+pub enum HeldError {
+    /// The sampler failed on the row.
+    #[error(transparent)]
+    Sample(#[from] SampleError),
+    /// The grammar refused a token or could not be compiled over the vocabulary.
+    #[error(transparent)]
+    Grammar(#[from] GrammarError),
+    /// No token of the vocabulary continues the text.
+    #[error("structured output: no token of the vocabulary can continue the text")]
+    NoToken,
+}
+
+/// What a request or a run draws its tokens with: a sampler, free or held to a grammar.
+// One per request or run, made once and never copied: the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+pub enum Chooser {
+    /// Any token the sampler draws.
+    Free(Sampler),
+    /// Tokens held to a grammar.
+    Held(HeldSampler),
+}
+
+impl Chooser {
+    /// `sampler`, held to `constraint` over `vocab` when there is one.
+    pub fn new(
+        sampler: Sampler,
+        constraint: Option<&Constraint>,
+        vocab: &Vocab,
+    ) -> Result<Chooser, HeldError> {
+        Ok(match constraint {
+            None => Chooser::Free(sampler),
+            Some(c) => Chooser::Held(HeldSampler::new(sampler, Matcher::new(vocab, c)?)),
+        })
+    }
+
+    /// The next token from a row of logits ([`Sampler::next_token`] or
+    /// [`HeldSampler::next_token`]).
+    pub fn next_token(&mut self, logits: &[f32], history: &[u32]) -> Result<u32, HeldError> {
+        match self {
+            Chooser::Free(s) => Ok(s.next_token(logits, history)?),
+            Chooser::Held(s) => s.next_token(logits, history),
+        }
+    }
+
+    /// Ready for a fresh output, such as the next reply of a chat: a held chooser's grammar
+    /// starts over; the sampler's random stream carries on, as it does for a free one.
+    pub fn restart(&mut self) -> Result<(), HeldError> {
+        if let Chooser::Held(s) = self {
+            s.matcher.reset()?;
+        }
+        Ok(())
+    }
+
+    /// The sampler that draws each token.
+    pub fn sampler(&self) -> &Sampler {
+        match self {
+            Chooser::Free(s) => s,
+            Chooser::Held(s) => &s.sampler,
+        }
+    }
+}
+
+/// A sampler held to a grammar.
+#[derive(Debug)]
+pub struct HeldSampler {
+    sampler: Sampler,
+    matcher: Matcher,
+    masked: Vec<f32>,
+}
+
+impl HeldSampler {
+    /// Holds `sampler` to `matcher`'s grammar.
+    pub fn new(sampler: Sampler, matcher: Matcher) -> HeldSampler {
+        HeldSampler {
+            sampler,
+            matcher,
+            masked: Vec::new(),
+        }
+    }
+
+    /// The next token (see the module documentation). `history` is as for
+    /// [`Sampler::next_token`].
+    pub fn next_token(&mut self, logits: &[f32], history: &[u32]) -> Result<u32, HeldError> {
+        self.masked.clear();
+        self.masked.extend_from_slice(logits);
+        if self.matcher.mask(&mut self.masked)? == 0 {
+            return Err(HeldError::NoToken);
+        }
+        let drawn = self.sampler.next_token(&self.masked, history)?;
+        // A draw's rounding can land past the last candidate with weight, on a masked one:
+        // the best allowed token (greedy's choice on the masked row) stands in for it.
+        let token = if self
+            .masked
+            .get(drawn as usize)
+            .is_some_and(|l| l.is_finite())
+        {
+            drawn
+        } else {
+            argmax(&self.masked)
+        };
+        self.matcher.accept(token)?;
+        Ok(token)
+    }
+
+    /// Whether the output so far is whole.
+    pub fn is_complete(&mut self) -> bool {
+        self.matcher.is_accepting()
+    }
+}
+
+#[cfg(test)]
+mod tests;
