@@ -122,10 +122,11 @@ def openai_json_mode_and_logit_bias():
     try:
         oa.chat.completions.create(model=MODEL, messages=MSGS, max_tokens=2, response_format={
             "type": "json_schema", "json_schema": {"name": "x", "schema": {
-                "type": "object", "properties": {"a": {"type": "string", "pattern": "^a"}}}}})
-        raise AssertionError("a schema with 'pattern' accepted")
+                "type": "object",
+                "properties": {"a": {"type": "array", "uniqueItems": True}}}}})
+        raise AssertionError("a schema with 'uniqueItems' accepted")
     except openai.BadRequestError as e:
-        assert e.status_code == 400 and "pattern" in str(e), e
+        assert e.status_code == 400 and "uniqueItems" in str(e), e
     best = oa.chat.completions.create(model=MODEL, messages=MSGS, temperature=0, max_tokens=1,
                                       logprobs=True, top_logprobs=2).choices[0].logprobs.content[0]
     token_id = tokenize(best.token)

@@ -992,8 +992,8 @@ mod tests {
     fn unknown_architecture_and_rope_type_are_named() {
         let e = HfConfig::from_json(r#"{"architectures":["GPTNeoXForCausalLM"]}"#).unwrap_err();
         assert!(e.to_string().contains("GPTNeoXForCausalLM"), "{e}");
-        let e = cfg(r#","rope_scaling":{"type":"yarn","factor":4.0}"#).unwrap_err();
-        assert!(e.to_string().contains("\"yarn\""), "{e}");
+        let e = cfg(r#","rope_scaling":{"type":"dynamic","factor":4.0}"#).unwrap_err();
+        assert!(e.to_string().contains("\"dynamic\""), "{e}");
         let e = cfg(r#","hidden_act":"gelu""#).unwrap_err();
         assert!(e.to_string().contains("gelu"), "{e}");
     }

@@ -192,7 +192,8 @@ mod tests {
             // Soft-capped scores and logits, and rope scaled on some layers only.
             ("gemma2", GgmlType::Q8_0, KvType::F16),
             ("gemma3_linear", GgmlType::Q4_1, KvType::F16),
-            // LongRoPE: sessions on both sides of the switch point in one step.
+            // LongRoPE (these sessions' contexts are past the switch point; segments on
+            // both sides of it in one call are a backend_ops case).
             ("phi3", GgmlType::Q8_0, KvType::F16),
             // An 8-bit cache scales each block of a row on its own, so rows stay independent
             // too (the tiny models with head sizes of whole blocks).

@@ -771,7 +771,7 @@ mod tests {
             (
                 "llama",
                 "llama.rope.scaling.type",
-                Value::String("yarn".into()),
+                Value::String("dynamic".into()),
             ),
             ("mixtral", "llama.expert_gating_func", Value::U32(2)),
             ("qwen3moe", "qwen3moe.expert_shared_count", Value::U32(1)),

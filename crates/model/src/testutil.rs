@@ -6,7 +6,7 @@
 //! `llama_bias` (llama + q/k/v/o biases, Llama's `attention_bias = true`), `gemma2` (no q/k
 //! norms, soft caps small enough to bite, even layers sliding) and `gemma3_linear` (gemma3 +
 //! linear rope scaling by 4 on its global layer), `phi3` (fused `attn_qkv` and `ffn_up`,
-//! LongRoPE switching to its long factors past 8 positions, attention factor 1.2).
+//! LongRoPE switching to its long factors past 4 positions, attention factor 1.2).
 
 use ferrite_gguf::{GgmlType, Gguf, GgufWriter, Value};
 
@@ -116,7 +116,7 @@ pub(crate) fn tiny_gguf(
     if arch == "phi3" {
         meta.push((
             format!("{arch}.rope.scaling.original_context_length"),
-            Value::U32(8),
+            Value::U32(4),
         ));
         meta.push((format!("{arch}.rope.scaling.attn_factor"), Value::F32(1.2)));
     }
