@@ -703,6 +703,20 @@ fn rope(
     Ok((theta, scaling.map_or(Scaling::None, Scaling::Llama3)))
 }
 
+/// `original_max_position_embeddings` of a scaled rope: in its parameters, else at the top
+/// level of `cfg`; at least 2 positions.
+fn original_ctx(cfg: &Map<String, Json>, params: &Map<String, Json>) -> Result<u64, ConvertError> {
+    const KEY: &str = "original_max_position_embeddings";
+    let n = match get_usize(params, KEY)? {
+        Some(n) => n,
+        None => need_usize(cfg, KEY)?,
+    };
+    if n < 2 {
+        return Err(bad(KEY, "must be at least 2"));
+    }
+    Ok(n as u64)
+}
+
 /// YaRN's parameters from `params` (named `key`), the original context there or at the top
 /// level of `cfg`. DeepSeek's `mscale` / `mscale_all_dim` are refused (not yet read).
 fn yarn(
@@ -728,11 +742,7 @@ fn yarn(
     if factor <= 0.0 {
         return Err(bad(&format!("{key}.factor"), "YaRN needs a factor > 0"));
     }
-    let orig_key = "original_max_position_embeddings";
-    let original_ctx = match get_usize(params, orig_key)? {
-        Some(n) => n,
-        None => need_usize(cfg, orig_key)?,
-    } as u64;
+    let original_ctx = original_ctx(cfg, params)?;
     let attn_factor = match get_f64(params, "attention_factor")? {
         None => None,
         Some(_) => Some(num("attention_factor", 1.0)?),
@@ -780,14 +790,7 @@ fn long_rope(
             )),
         }
     };
-    let orig_key = "original_max_position_embeddings";
-    let original_ctx = match get_usize(params, orig_key)? {
-        Some(n) => n,
-        None => need_usize(cfg, orig_key)?,
-    } as u64;
-    if original_ctx < 2 {
-        return Err(bad(orig_key, "must be at least 2"));
-    }
+    let original_ctx = original_ctx(cfg, params)?;
     let attn_factor = match get_f64(params, "attention_factor")? {
         Some(f) if f.is_finite() && f > 0.0 => f,
         Some(f) => {
