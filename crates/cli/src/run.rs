@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use ferrite_engine::grammar::Constraint;
+use ferrite_engine::output::OutputConfig;
 use ferrite_engine::{Finish, Flow, Picker, Sampler, SamplerConfig, Timeline};
 use ferrite_kvstore::{Compat, SnapshotBackend};
 use ferrite_model::{KvType, LoadOptions, Model, Precision, Session};
@@ -21,6 +22,7 @@ use crate::outputs::check_not_an_input;
 use ferrite_engine::{AnySession, CudaTimeline};
 
 mod held;
+pub(crate) mod reasoning;
 
 /// Weight precision choices on the command line.
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -175,9 +177,18 @@ pub struct RunArgs {
     /// As `--json-schema`, read from a file.
     #[arg(long)]
     json_schema_file: Option<PathBuf>,
+    /// Hold the answer to this grammar (GBNF, as llama.cpp's `--grammar`).
+    #[arg(long, conflicts_with_all = ["json_schema", "json_schema_file"])]
+    grammar: Option<String>,
     /// Save the session (KV cache, tokens and chat) to this file after generating.
     #[arg(long)]
     save_session: Option<PathBuf>,
+    #[command(flatten)]
+    reasoning: reasoning::ReasoningFormatArg,
+    /// Do not show the model's reasoning, only its answer (shown dimmed on a terminal,
+    /// between `[reasoning]` lines otherwise).
+    #[arg(long)]
+    hide_reasoning: bool,
 }
 
 /// A loaded model with its tokenizer and thread pool.
@@ -322,9 +333,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         }
         (None, None) => None,
     };
-    let schema = held::schema(
+    let schema = held::constraint(
         args.json_schema.as_deref(),
         args.json_schema_file.as_deref(),
+        args.grammar.as_deref(),
     )?;
     let mut loaded = Loaded::load(&args.model)?;
     // Positions past the model's training context are not a context it was made for; the
@@ -362,9 +374,12 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
                     messages = saved;
                 }
             }
-            let ids = match &template {
-                Some(t) => encode_chat(&loaded, t, &messages, &prompt)?,
-                None => loaded.tokenizer.encode(&prompt, true, true),
+            let (ids, shown) = match &template {
+                Some(t) => encode_chat(&args, &loaded, t, &messages, &prompt)?,
+                None => (
+                    loaded.tokenizer.encode(&prompt, true, true),
+                    shown(&args, &loaded, &prompt),
+                ),
             };
             // Reuse the restored tokens up to the first that differs.
             let common = common_prefix(&held, &ids);
@@ -388,6 +403,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
                 start,
                 dump.as_mut(),
                 &mut std::io::stdout(),
+                shown,
             )?;
             println!();
             report(&loaded, &clocks, ttft);
@@ -451,14 +467,24 @@ fn initial_messages(system: Option<&str>) -> Vec<serde_json::Value> {
         .collect()
 }
 
+/// How the output of `prompt` (the text the model continues) is read and shown.
+fn shown(args: &RunArgs, loaded: &Loaded, prompt: &str) -> reasoning::Shown {
+    let template = loaded.tokenizer.chat_template().unwrap_or_default();
+    let config = OutputConfig::for_prompt(args.reasoning.reasoning_format, template, prompt, None);
+    let style = reasoning::Style::new(args.hide_reasoning, std::io::stdout().is_terminal());
+    reasoning::Shown::new(config, style)
+}
+
 /// Render `messages` plus a new user turn and tokenize it as Hugging Face does
-/// (`apply_chat_template`: special-token text parsed, nothing added).
+/// (`apply_chat_template`: special-token text parsed, nothing added), with the view of
+/// its output.
 fn encode_chat(
+    args: &RunArgs,
     loaded: &Loaded,
     template: &ChatTemplate,
     messages: &[serde_json::Value],
     user: &str,
-) -> anyhow::Result<Vec<u32>> {
+) -> anyhow::Result<(Vec<u32>, reasoning::Shown)> {
     let mut all = messages.to_vec();
     all.push(serde_json::json!({"role": "user", "content": user}));
     let rendered = template.render(&ChatRequest {
@@ -466,11 +492,12 @@ fn encode_chat(
         add_generation_prompt: true,
         ..ChatRequest::default()
     })?;
-    Ok(loaded.tokenizer.encode(&rendered, false, true))
+    let ids = loaded.tokenizer.encode(&rendered, false, true);
+    Ok((ids, shown(args, loaded, &rendered)))
 }
 
 /// Feed `ids` (after whatever the session already holds) and generate until a stop,
-/// streaming decoded text to `out`. Returns the generated token ids (without a stop token).
+/// streaming decoded text to `out` through `shown` (reasoning marked or hidden). Returns the generated token ids (without a stop token).
 #[allow(clippy::too_many_arguments)]
 fn generate(
     loaded: &Loaded,
@@ -482,6 +509,7 @@ fn generate(
     start: Instant,
     mut dump: Option<&mut std::io::BufWriter<std::fs::File>>,
     out: &mut dyn Write,
+    mut shown: reasoning::Shown,
 ) -> anyhow::Result<Vec<u32>> {
     if ids.is_empty() {
         bail!("the prompt is empty: it encodes to no tokens");
@@ -513,7 +541,7 @@ fn generate(
                 });
                 writeln!(dump, "{line}")?;
             }
-            out.write_all(decoder.push(sampled.token)?.as_bytes())?;
+            out.write_all(shown.push(&decoder.push(sampled.token)?).as_bytes())?;
             out.flush()?;
             Ok(())
         };
@@ -528,7 +556,13 @@ fn generate(
     if let Some(err) = failure {
         return Err(err);
     }
-    out.write_all(decoder.finish().as_bytes())?;
+    let mut tail = shown.push(&decoder.finish());
+    let (rest, unclosed) = shown.finish();
+    tail.push_str(&rest);
+    out.write_all(tail.as_bytes())?;
+    if unclosed {
+        eprintln!("\nnote: the output ended inside reasoning (no answer followed)");
+    }
     if generation.finish == Finish::ContextFull {
         eprintln!("\nnote: context full ({ctx} tokens); stopping");
     }
@@ -738,7 +772,7 @@ fn chat_repl(
             }
             continue;
         }
-        let ids = encode_chat(loaded, template, &messages, line)?;
+        let (ids, shown) = encode_chat(args, loaded, template, &messages, line)?;
         // A turn the context cannot hold is refused before anything changes, so the
         // conversation so far can still be saved or continued with a shorter message.
         if ids.len() > session.ctx() {
@@ -767,6 +801,7 @@ fn chat_repl(
             Instant::now(),
             None,
             &mut out,
+            shown,
         )?;
         println!();
         report(loaded, &clocks, ttft);

@@ -97,10 +97,8 @@ pub struct ServeArgs {
     /// A further name clients may give in `model` fields; repeat for several.
     #[arg(long = "alias", value_name = "NAME")]
     aliases: Vec<String>,
-    /// How reasoning is marked in the output: auto (from the chat template), none (no
-    /// parsing), think (`<think>…</think>` at the start) or harmony (gpt-oss channels).
-    #[arg(long, default_value = "auto")]
-    reasoning_format: ferrite_engine::output::ReasoningFormat,
+    #[command(flatten)]
+    reasoning: crate::run::reasoning::ReasoningFormatArg,
     /// Scan every value of every weight for NaN and infinity before serving, naming the
     /// first bad tensor (a pass over the whole file; norms and block scales are always
     /// checked).
@@ -232,7 +230,7 @@ async fn serve(
         api_key,
         max_body_bytes: args.max_body_bytes,
         cors: Cors::parse(&args.cors_origins).context("--cors-origin")?,
-        reasoning_format: args.reasoning_format,
+        reasoning_format: args.reasoning.reasoning_format,
         ..ServerConfig::default()
     });
     let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))

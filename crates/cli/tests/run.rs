@@ -345,3 +345,57 @@ fn a_context_beyond_memory_is_refused_naming_ctx_and_sizes() {
         text(&o)
     );
 }
+
+/// Reasoning is marked off from the answer when stdout is a pipe, hidden with
+/// `--hide-reasoning`, and left as text with `--reasoning-format none`. SmolLM2 does not
+/// reason, so a grammar makes it write `<think>…</think>` and an answer; the oracle is the
+/// grammar's language (yes/no inside the block, Paris/Rome after it), checked by hand.
+#[test]
+fn reasoning_is_marked_off_hidden_or_left_as_text() {
+    pull("smollm2-135m-instruct");
+    let grammar = r#"root ::= "<think>" ("yes" | "no") "</think>" ("Paris" | "Rome")"#;
+    let run_with = |extra: &[&str]| {
+        let base = [
+            "run",
+            "--temp",
+            "0",
+            "--max-tokens",
+            "30",
+            "--grammar",
+            grammar,
+        ];
+        let prompt = "Is Paris in France? Where is it?";
+        run_ok(&[&base[..], extra, &[prompt]].concat())
+    };
+    let (shown, _) = run_with(&[]);
+    let marked = |r: &str, a: &str| format!("[reasoning]\n{r}\n[end of reasoning]\n\n{a}\n");
+    let pairs = [
+        ("yes", "Paris"),
+        ("yes", "Rome"),
+        ("no", "Paris"),
+        ("no", "Rome"),
+    ];
+    let (think, answer) = pairs
+        .into_iter()
+        .find(|(r, a)| shown == marked(r, a))
+        .unwrap_or_else(|| panic!("reasoning not marked off: {shown:?}"));
+    // No ANSI codes in a pipe.
+    assert!(!shown.contains('\x1b'), "{shown:?}");
+    let (hidden, _) = run_with(&["--hide-reasoning"]);
+    assert_eq!(hidden, format!("{answer}\n"));
+    let (raw, _) = run_with(&["--reasoning-format", "none"]);
+    assert_eq!(raw, format!("<think>{think}</think>{answer}\n"));
+    // A grammar GBNF cannot express is refused by flag; so is an unknown format.
+    for (bad, says) in [
+        (&["--grammar", "root ::= (", "x"][..], "--grammar"),
+        (
+            &["--reasoning-format", "thinking", "x"][..],
+            "unknown reasoning format 'thinking'",
+        ),
+    ] {
+        let out = run(&[&["run"][..], bad].concat());
+        assert!(!out.status.success(), "{}", text(&out));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(says), "{stderr}");
+    }
+}

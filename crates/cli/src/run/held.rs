@@ -1,6 +1,6 @@
-//! Output held to a JSON schema in `ferrite run` (`--json-schema`, `--json-schema-file`,
-//! as llama.cpp's CLI takes them): the schema read and compiled, and the engine's chooser
-//! that holds each token to it.
+//! Output held to a JSON schema or a grammar in `ferrite run` (`--json-schema`,
+//! `--json-schema-file`, `--grammar`, as llama.cpp's CLI takes them): the schema or grammar
+//! read and compiled, and the engine's chooser that holds each token to it.
 //!
 //! Never samples on its own: the engine's held sampler does, over the tokenizer's bytes.
 
@@ -12,11 +12,17 @@ use ferrite_engine::grammar::Constraint;
 use ferrite_engine::held::{Chooser, grammar_vocab};
 use ferrite_tokenizer::Tokenizer;
 
-/// The schema of `--json-schema` (inline text) or `--json-schema-file`, if one was given.
-pub(super) fn schema(
+/// The schema of `--json-schema` (inline text) or `--json-schema-file`, or the GBNF
+/// grammar of `--grammar`, if one was given (clap lets only one through).
+pub(super) fn constraint(
     inline: Option<&str>,
     file: Option<&Path>,
+    grammar: Option<&str>,
 ) -> anyhow::Result<Option<Constraint>> {
+    if let Some(grammar) = grammar {
+        let c = Constraint::gbnf(grammar).context("--grammar: the grammar cannot be enforced")?;
+        return Ok(Some(c));
+    }
     let (text, flag) = match (inline, file) {
         (Some(text), _) => (text.to_string(), "--json-schema"),
         (None, Some(path)) => (
