@@ -39,6 +39,8 @@ mod mistral;
 mod qwen_xml;
 mod scan;
 pub mod stream;
+#[cfg(test)]
+mod template_tests;
 
 use std::fmt;
 use std::str::FromStr;
