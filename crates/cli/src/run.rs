@@ -497,7 +497,8 @@ fn encode_chat(
 }
 
 /// Feed `ids` (after whatever the session already holds) and generate until a stop,
-/// streaming decoded text to `out` through `shown` (reasoning marked or hidden). Returns the generated token ids (without a stop token).
+/// streaming decoded text to `out` through `shown` (reasoning marked or hidden). Returns
+/// the generated token ids (without a stop token).
 #[allow(clippy::too_many_arguments)]
 fn generate(
     loaded: &Loaded,
