@@ -463,6 +463,7 @@ fn matvec4_chunked(
     let mut buf = [[0f32; ROW_CHUNK]; 4];
     let mut lanes = [[0f32; 16]; 4];
     let mut tail = [0f32; 4];
+    let mut reduced = false;
     let mut start = 0;
     while start < n {
         let len = ROW_CHUNK.min(n - start);
@@ -498,19 +499,29 @@ fn matvec4_chunked(
             #[cfg(not(target_arch = "x86_64"))]
             _ => {}
         }
-        for (t, b) in tail.iter_mut().zip(&buf) {
-            // Scalar: the whole chunk in order; SIMD levels: the final partial vector.
-            *t = scalar::dot_acc(*t, &b[vec_len..len], &xs[vec_len..]);
+        if level == SimdLevel::Scalar {
+            for (t, b) in tail.iter_mut().zip(&buf) {
+                *t = scalar::dot_acc(*t, &b[..len], xs);
+            }
+        } else if vec_len < len {
+            // The final partial vector (only the last chunk has one) continues from the
+            // reduced lanes, in order, as `dot_f32` does.
+            for (r, (t, b)) in tail.iter_mut().zip(&buf).enumerate() {
+                let mut acc = RowAcc::new(level);
+                acc.lanes = lanes[r];
+                *t = scalar::dot_acc(acc.finish(), &b[vec_len..len], &xs[vec_len..]);
+            }
+            reduced = true;
         }
         start += len;
     }
-    if level == SimdLevel::Scalar {
+    if level == SimdLevel::Scalar || reduced {
         return tail;
     }
     std::array::from_fn(|r| {
         let mut acc = RowAcc::new(level);
         acc.lanes = lanes[r];
-        acc.finish() + tail[r]
+        acc.finish()
     })
 }
 
@@ -555,6 +566,7 @@ pub fn dot_row(level: SimdLevel, ty: GgmlType, row: &[u8], x: &[f32]) -> Result<
     };
     let mut acc = RowAcc::new(level);
     let mut tail = 0.0f32;
+    let mut reduced = None;
     let mut start = 0;
     while start < n {
         let len = ROW_CHUNK.min(n - start);
@@ -566,16 +578,22 @@ pub fn dot_row(level: SimdLevel, ty: GgmlType, row: &[u8], x: &[f32]) -> Result<
         } else {
             let vec_len = full.saturating_sub(start).min(len);
             acc.add(&buf[..vec_len], &xs[..vec_len]);
-            for (w, v) in buf[vec_len..len].iter().zip(&xs[vec_len..]) {
-                tail += w * v;
+            if vec_len < len {
+                // The final partial vector (only the last chunk has one) continues from the
+                // reduced lanes, in order, as `dot_f32` does.
+                reduced = Some(scalar::dot_acc(
+                    acc.finish(),
+                    &buf[vec_len..len],
+                    &xs[vec_len..],
+                ));
             }
         }
         start += len;
     }
-    Ok(if level == SimdLevel::Scalar {
-        tail
-    } else {
-        acc.finish() + tail
+    Ok(match (level, reduced) {
+        (SimdLevel::Scalar, _) => tail,
+        (_, Some(s)) => s,
+        (_, None) => acc.finish(),
     })
 }
 
