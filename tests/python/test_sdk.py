@@ -247,6 +247,56 @@ def anthropic_named_tool_choice_gives_a_tool_use_block():
     assert set(uses[0].input) == {"city"} and isinstance(uses[0].input["city"], str), m
 
 
+# Any model can be made to reason: a regex holds the output to a <think> block, then an answer.
+THINK = {"structured_outputs": {"regex": "<think>[a-z]{2,12}</think>[A-Z][a-z ]{2,20}"}}
+
+
+@check
+def openai_reasoning_is_separated_plain_and_streamed():
+    body = dict(THINK, thinking_token_budget=256, chat_template_kwargs={"enable_thinking": True})
+    kw = dict(model=MODEL, messages=MSGS, temperature=0, max_tokens=40, extra_body=body)
+    r = oa.chat.completions.create(**kw)
+    m = r.choices[0].message
+    reasoning = (m.model_extra or {}).get("reasoning_content")
+    assert reasoning and "<think>" not in m.content and "</think>" not in m.content, m
+    assert m.content.strip(), m
+    chunks = list(oa.chat.completions.create(stream=True, **kw))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    streamed = "".join((d.model_extra or {}).get("reasoning_content") or "" for d in deltas)
+    assert streamed == reasoning, (streamed, reasoning)
+    assert "".join(d.content or "" for d in deltas) == m.content
+
+
+@check
+def openai_responses_reasoning_item_and_token_count():
+    r = oa.responses.create(model=MODEL, input="What is the capital of France?", temperature=0,
+                            max_output_tokens=40, extra_body=dict(THINK, thinking_token_budget=256))
+    kinds = [item.type for item in r.output]
+    assert kinds[0] == "reasoning" and "message" in kinds, kinds
+    assert r.usage.output_tokens_details.reasoning_tokens > 0, r.usage
+    assert "<think>" not in r.output_text, r.output_text
+
+
+@check
+def anthropic_thinking_blocks_plain_and_streamed():
+    kw = dict(model=MODEL, max_tokens=40, messages=MSGS, thinking={"type": "enabled", "budget_tokens": 1024},
+              extra_body=dict(THINK, temperature=0))
+    m = an.messages.create(**kw)
+    assert [b.type for b in m.content] == ["thinking", "text"], m
+    assert m.content[0].thinking and "<think>" not in m.content[1].text, m
+    with an.messages.stream(**kw) as s:
+        final = s.get_final_message()
+    assert [b.type for b in final.content] == ["thinking", "text"], final
+    assert final.content[0].thinking == m.content[0].thinking
+    assert final.content[1].text == m.content[1].text
+    # History with a thinking block is accepted, as the template expects it.
+    history = [MSGS[0], {"role": "assistant", "content": [
+        {"type": "thinking", "thinking": "recall", "signature": ""}, {"type": "text", "text": "Paris."}]},
+        {"role": "user", "content": "And of Italy?"}]
+    m = an.messages.create(model=MODEL, max_tokens=5, messages=history, extra_body={"temperature": 0})
+    assert m.content[0].type == "text", m
+
+
 failed = [name for name, err in results if err]
 print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
 sys.exit(1 if failed else 0)

@@ -99,6 +99,16 @@ pub struct ServeArgs {
     aliases: Vec<String>,
     #[command(flatten)]
     reasoning: crate::run::reasoning::ReasoningFormatArg,
+    /// Most tokens a generation may spend inside `<think>…</think>` when its request sets
+    /// no budget (`thinking.budget_tokens`, `thinking_token_budget`): at the limit the block
+    /// is closed and the answer follows. Unset: no limit.
+    #[arg(long, value_name = "N")]
+    reasoning_budget: Option<usize>,
+    /// The tool-call syntax parsed out of chat output, whatever the model's template shows:
+    /// hermes, qwen3coder, llama3, mistral, deepseek, glm45 or harmony. Unset: the
+    /// template's (Hermes when it shows none).
+    #[arg(long, value_name = "SYNTAX")]
+    tool_syntax: Option<ferrite_engine::output::ToolSyntax>,
     /// Scan every value of every weight for NaN and infinity before serving, naming the
     /// first bad tensor (a pass over the whole file; norms and block scales are always
     /// checked).
@@ -231,6 +241,8 @@ async fn serve(
         max_body_bytes: args.max_body_bytes,
         cors: Cors::parse(&args.cors_origins).context("--cors-origin")?,
         reasoning_format: args.reasoning.reasoning_format,
+        reasoning_budget: args.reasoning_budget,
+        tool_syntax: args.tool_syntax,
         ..ServerConfig::default()
     });
     let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))

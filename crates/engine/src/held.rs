@@ -75,6 +75,15 @@ impl Chooser {
         }
     }
 
+    /// Take `token` as the next token without sampling (a reasoning budget closing its
+    /// block): a held chooser's grammar must accept it.
+    pub fn force(&mut self, token: u32) -> Result<(), HeldError> {
+        if let Chooser::Held(s) = self {
+            s.matcher.accept(token)?;
+        }
+        Ok(())
+    }
+
     /// Ready for a fresh output, such as the next reply of a chat: a held chooser's grammar
     /// starts over; the sampler's random stream carries on, as it does for a free one.
     pub fn restart(&mut self) -> Result<(), HeldError> {

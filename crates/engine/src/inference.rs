@@ -10,6 +10,8 @@ use std::time::Duration;
 
 use ferrite_grammar::Constraint;
 
+pub use crate::budget::ReasoningBudget;
+
 use tokio::sync::mpsc::UnboundedReceiver;
 
 /// Sampling settings of one generation, already validated by the HTTP layer.
@@ -85,6 +87,8 @@ pub struct GenRequest {
     /// alternatives) as [`GenEvent::PromptLogprobs`]. The whole prompt is then evaluated:
     /// no cached prefix is reused.
     pub prompt_logprobs: bool,
+    /// Most tokens of reasoning before the block is closed for the answer; `None`: no limit.
+    pub reasoning_budget: Option<ReasoningBudget>,
 }
 
 /// Log-probability of a generated token and its best alternatives.

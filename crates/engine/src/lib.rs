@@ -24,6 +24,7 @@
 
 #![deny(missing_docs)]
 
+pub mod budget;
 pub mod cuda_timeline;
 mod engine_thread;
 pub mod generate;
@@ -50,8 +51,8 @@ pub use generate::{
 };
 pub use inference::{
     Backend, BackendError, CALL_AFTER, CALL_BEFORE, CacheSource, ChatPrompt, EngineStats,
-    FinishReason, GenEvent, GenRequest, OutputFormat, SamplingParams, SubmitError, Timings,
-    TokenLogprob, TopLogprob, Usage,
+    FinishReason, GenEvent, GenRequest, OutputFormat, ReasoningBudget, SamplingParams, SubmitError,
+    Timings, TokenLogprob, TopLogprob, Usage,
 };
 pub use sampler::{
     Candidates, SampleError, Sampled, Sampler, SamplerConfig, StopReason, find_stop_string,

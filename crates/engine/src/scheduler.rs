@@ -21,6 +21,7 @@ use std::time::Instant;
 
 use tokio::sync::mpsc::UnboundedSender;
 
+use crate::budget::BudgetState;
 use crate::generate::{GenerateError, Timeline};
 use crate::inference::{
     CacheSource, FinishReason, GenEvent, GenRequest, Timings, TokenLogprob, TopLogprob, Usage,
@@ -81,6 +82,9 @@ pub struct Picked {
 pub trait RowPicker {
     /// Choose the next token.
     fn pick(&mut self, logits: &[f32], history: &[u32]) -> Result<Picked, GenerateError>;
+    /// Take `token` next whatever the row says (a reasoning budget closing its block): a
+    /// grammar advances over it, and its log-probability is read from the row.
+    fn force(&mut self, logits: &[f32], token: u32) -> Result<Picked, GenerateError>;
 }
 
 /// What the scheduler needs from the model besides the sequences.
@@ -169,6 +173,8 @@ impl TextTail {
 struct Active {
     job: Job,
     picker: Box<dyn RowPicker>,
+    /// The request's reasoning budget, when it has one.
+    budget: Option<BudgetState>,
     scanner: StopScanner,
     text: TextTail,
     /// Prompt tokens already in the KV.
@@ -451,6 +457,7 @@ impl<'r, S: Timeline> Scheduler<'r, S> {
             self.counters.active.fetch_add(1, Ordering::SeqCst);
             slot.active = Some(Active {
                 scanner: StopScanner::new(&job.req.stop),
+                budget: job.req.reasoning_budget.clone().map(BudgetState::new),
                 job,
                 picker,
                 text: TextTail::default(),
@@ -537,11 +544,18 @@ impl<'r, S: Timeline> Scheduler<'r, S> {
         }
         let mut history = a.job.req.prompt.clone();
         history.extend_from_slice(&a.generated);
-        let picked = match a.picker.pick(logits, &history) {
+        let picked = match a.budget.as_ref().and_then(BudgetState::forced) {
+            Some(token) => a.picker.force(logits, token),
+            None => a.picker.pick(logits, &history),
+        };
+        let picked = match picked {
             Ok(p) => p,
             Err(e) => return self.fail(i, e),
         };
         let rt = self.rt;
+        if let Some(b) = a.budget.as_mut() {
+            b.observe(picked.token, &rt.token_bytes(picked.token));
+        }
         let now = Instant::now();
         a.first_token.get_or_insert(now);
         let finish = if rt.is_eog(picked.token) {

@@ -23,6 +23,7 @@ fn score(engine: &Engine, prompt: &[u32]) -> (usize, Vec<TokenLogprob>) {
             stop: Vec::new(),
             logprobs: Some(2),
             prompt_logprobs: true,
+            reasoning_budget: None,
         })
         .expect("submit");
     let (mut cached, mut items) = (usize::MAX, Vec::new());

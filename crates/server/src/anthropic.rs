@@ -51,28 +51,44 @@ fn template_tools(obj: &Obj) -> Result<Option<Value>, ApiError> {
     Ok(Some(Value::Array(converted)))
 }
 
-/// Anthropic's `thinking` (`{"type": "enabled", "budget_tokens": N}` or `{"type":
-/// "disabled"}`) as the `enable_thinking` template variable reasoning templates read.
+/// Anthropic's `thinking`: `{"type": "enabled", "budget_tokens": N}` or `{"type":
+/// "disabled"}`; `None` when the request leaves it out.
+fn thinking(obj: &Obj) -> Result<Option<Thinking>, ApiError> {
+    let Some(thinking) = parse::opt_object(obj, "thinking")? else {
+        return Ok(None);
+    };
+    match parse::opt_str(thinking, "type")? {
+        Some("enabled") => {
+            let budget = opt_u64(thinking, "budget_tokens", 1, u32::MAX as u64)?
+                .ok_or_else(|| ApiError::missing("thinking.budget_tokens"))?;
+            Ok(Some(Thinking::Enabled {
+                budget: budget as usize,
+            }))
+        }
+        Some("disabled") => Ok(Some(Thinking::Disabled)),
+        _ => Err(ApiError::invalid_param(
+            "thinking.type",
+            "'thinking.type' must be 'enabled' or 'disabled'",
+        )),
+    }
+}
+
+/// A request's `thinking`.
+enum Thinking {
+    /// Think, at most `budget` tokens.
+    Enabled {
+        budget: usize,
+    },
+    Disabled,
+}
+
+/// `thinking` as the `enable_thinking` template variable reasoning templates read.
 fn thinking_kwargs(obj: &Obj) -> Result<serde_json::Map<String, Value>, ApiError> {
     let mut kwargs = serde_json::Map::new();
-    let Some(thinking) = parse::opt_object(obj, "thinking")? else {
-        return Ok(kwargs);
-    };
-    let enabled = match parse::opt_str(thinking, "type")? {
-        Some("enabled") => true,
-        Some("disabled") => false,
-        _ => {
-            return Err(ApiError::invalid_param(
-                "thinking.type",
-                "'thinking.type' must be 'enabled' or 'disabled'",
-            ));
-        }
-    };
-    if enabled {
-        opt_u64(thinking, "budget_tokens", 1, u32::MAX as u64)?
-            .ok_or_else(|| ApiError::missing("thinking.budget_tokens"))?;
+    if let Some(t) = thinking(obj)? {
+        let enabled = matches!(t, Thinking::Enabled { .. });
+        kwargs.insert("enable_thinking".into(), json!(enabled));
     }
-    kwargs.insert("enable_thinking".into(), json!(enabled));
     Ok(kwargs)
 }
 
@@ -98,6 +114,7 @@ fn prompt_tokens(
             parse_calls: tools.is_some() && choice.allows_calls(),
             forced,
             format: state.config().reasoning_format,
+            tool_syntax: state.config().tool_syntax,
             tools_param: "tools",
         },
     )?;
@@ -208,12 +225,24 @@ async fn message(
             crate::structured::after_reasoning(crate::structured::requested(&obj, None)?, &output)?
         }
     };
+    let budget = match thinking(&obj)? {
+        Some(Thinking::Enabled { budget }) => Some((budget, "thinking.budget_tokens")),
+        _ => None,
+    };
+    let reasoning_budget = tools::reasoning_budget(
+        backend.as_ref(),
+        budget,
+        state.config().reasoning_budget,
+        &output,
+        &sampling.format,
+    )?;
     let opts = GenOptions {
         sampling,
         max_tokens: (max_tokens as usize).min(generate::room(backend.as_ref(), prompt.len())),
         stop,
         logprobs: None,
         prompt_logprobs: false,
+        reasoning_budget,
     };
     let rx = generate::submit_n(backend.as_ref(), &prompt, &opts, 1)?
         .pop()

@@ -12,8 +12,8 @@ use crate::error::ApiError;
 use crate::metrics::RequestLog;
 use crate::parse::{Obj, int_value, opt_f32, opt_seed, opt_u64};
 use ferrite_engine::{
-    Backend, FinishReason, GenEvent, GenRequest, OutputFormat, SamplingParams, SubmitError,
-    Timings, TokenLogprob, Usage,
+    Backend, FinishReason, GenEvent, GenRequest, OutputFormat, ReasoningBudget, SamplingParams,
+    SubmitError, Timings, TokenLogprob, Usage,
 };
 
 /// Whether `name` refers to the served model.
@@ -103,6 +103,8 @@ pub struct GenOptions {
     pub logprobs: Option<usize>,
     /// Report prompt-token logprobs too (completions `echo` with `logprobs`).
     pub prompt_logprobs: bool,
+    /// The reasoning budget, when there is one.
+    pub reasoning_budget: Option<ReasoningBudget>,
 }
 
 /// Read temperature, top_p, top_k, min_p, penalties and seed from an OpenAI-style body;
@@ -175,6 +177,13 @@ fn random_seed() -> u64 {
     nanos ^ 0x9e37_79b9_7f4a_7c15
 }
 
+/// The OpenAI-style APIs' reasoning budget field (`thinking_token_budget`, as vLLM names
+/// it), with its name for errors.
+pub fn thinking_token_budget(obj: &Obj) -> Result<Option<(usize, &'static str)>, ApiError> {
+    const KEY: &str = "thinking_token_budget";
+    Ok(opt_u64(obj, KEY, 0, u32::MAX as u64)?.map(|n| (n as usize, KEY)))
+}
+
 /// Default and upper bound of `max_tokens`: the room left in the context.
 pub fn room(backend: &dyn Backend, prompt_len: usize) -> usize {
     backend.n_ctx().saturating_sub(prompt_len)
@@ -213,6 +222,7 @@ pub fn submit_n(
                     stop: opts.stop.clone(),
                     logprobs: opts.logprobs,
                     prompt_logprobs: opts.prompt_logprobs,
+                    reasoning_budget: opts.reasoning_budget.clone(),
                 })
                 .map_err(submit_error)
         })

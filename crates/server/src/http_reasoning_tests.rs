@@ -192,7 +192,12 @@ async fn responses(app: &axum::Router, tools: bool, stream: bool) -> Said {
 /// `reply` through every API, plain and streamed, with or without tools: all must say
 /// `expected`.
 async fn everywhere(reply: &str, tools: bool, expected: &Said) {
-    let (app, _) = app_with(Fake::new(reply), ServerConfig::default());
+    everywhere_with(ServerConfig::default(), reply, tools, expected).await;
+}
+
+/// As [`everywhere`], served with `config`.
+async fn everywhere_with(config: ServerConfig, reply: &str, tools: bool, expected: &Said) {
+    let (app, _) = app_with(Fake::new(reply), config);
     for stream in [false, true] {
         let got = openai(&app, tools, stream).await;
         assert_eq!(&got, expected, "openai stream={stream} reply {reply:?}");
@@ -341,6 +346,127 @@ async fn template_kwargs_reach_the_template() {
     let body = json!({"input": "hi", "reasoning": {"effort": "low"}});
     assert_eq!(post(&app, "/v1/responses", body).await.0, StatusCode::OK);
     assert!(rendered(&fake).contains("\"reasoning_effort\":\"low\""));
+}
+
+fn budget_tokens(fake: &Fake) -> Option<usize> {
+    fake.last_budget.lock().unwrap().as_ref().map(|b| b.tokens)
+}
+
+/// Oracle: the field each API documents, read back from the request the engine received
+/// (the engine's own tests show a budget closing the block).
+#[tokio::test]
+async fn reasoning_budgets_reach_the_engine_from_every_api() {
+    let (app, fake) = app_with(Fake::new("ok"), ServerConfig::default());
+    let (status, _) = post(
+        &app,
+        "/v1/chat/completions",
+        chat_body(json!({"thinking_token_budget": 7})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(budget_tokens(&fake), Some(7));
+    let b = fake.last_budget.lock().unwrap().clone().unwrap();
+    // One token per byte in the fake: the markers as the fake tokenizes them.
+    assert_eq!(b.close, fake.tokenize("</think>", false, true));
+    assert_eq!(b.open, fake.tokenize("<think>", false, true));
+    assert_eq!(b.forced, b.close);
+    let body = json!({"input": "hi", "thinking_token_budget": 0});
+    assert_eq!(post(&app, "/v1/responses", body).await.0, StatusCode::OK);
+    assert_eq!(budget_tokens(&fake), Some(0));
+    let body = json!({"max_tokens": 10, "thinking": {"type": "enabled", "budget_tokens": 64},
+        "messages": [{"role": "user", "content": "hi"}]});
+    assert_eq!(post(&app, "/v1/messages", body).await.0, StatusCode::OK);
+    assert_eq!(budget_tokens(&fake), Some(64));
+    let body = json!({"max_tokens": 10, "thinking": {"type": "disabled"},
+        "messages": [{"role": "user", "content": "hi"}]});
+    assert_eq!(post(&app, "/v1/messages", body).await.0, StatusCode::OK);
+    assert_eq!(budget_tokens(&fake), None);
+    assert_eq!(
+        post(&app, "/v1/chat/completions", chat_body(json!({})))
+            .await
+            .0,
+        StatusCode::OK
+    );
+    assert_eq!(budget_tokens(&fake), None);
+}
+
+#[tokio::test]
+async fn the_servers_budget_applies_where_the_request_sets_none() {
+    let config = ServerConfig {
+        reasoning_budget: Some(5),
+        ..ServerConfig::default()
+    };
+    let (app, fake) = app_with(Fake::new("ok"), config);
+    assert_eq!(
+        post(&app, "/v1/chat/completions", chat_body(json!({})))
+            .await
+            .0,
+        StatusCode::OK
+    );
+    assert_eq!(budget_tokens(&fake), Some(5));
+    let body = chat_body(json!({"thinking_token_budget": 9}));
+    assert_eq!(
+        post(&app, "/v1/chat/completions", body).await.0,
+        StatusCode::OK
+    );
+    assert_eq!(budget_tokens(&fake), Some(9));
+}
+
+/// A budget that cannot be enforced is refused, never ignored: harmony output has no
+/// `<think>` block to close.
+#[tokio::test]
+async fn a_budget_on_output_without_think_blocks_is_refused() {
+    let config = ServerConfig {
+        reasoning_format: ferrite_engine::output::ReasoningFormat::Harmony,
+        reasoning_budget: Some(5),
+        ..ServerConfig::default()
+    };
+    let (app, fake) = app_with(Fake::new("ok"), config);
+    assert_eq!(
+        post(&app, "/v1/chat/completions", chat_body(json!({})))
+            .await
+            .0,
+        StatusCode::OK
+    );
+    assert_eq!(
+        budget_tokens(&fake),
+        None,
+        "the server's default applies only where it can"
+    );
+    let (status, v) = post(
+        &app,
+        "/v1/chat/completions",
+        chat_body(json!({"thinking_token_budget": 9})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(v["error"]["param"], "thinking_token_budget");
+    let body = json!({"max_tokens": 10, "thinking": {"type": "enabled", "budget_tokens": 64},
+        "messages": [{"role": "user", "content": "hi"}]});
+    let (status, v) = post(&app, "/v1/messages", body).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(v.to_string().contains("thinking.budget_tokens"), "{v}");
+}
+
+/// `--tool-syntax` decides what is parsed when the template shows no markers (the fake's
+/// shows none, so Hermes would be read): GLM 4.5 markup becomes a call in every API, and
+/// Hermes markup is left as text.
+#[tokio::test]
+async fn the_servers_tool_syntax_overrides_the_templates() {
+    let config = || ServerConfig {
+        tool_syntax: Some(ferrite_engine::output::ToolSyntax::Glm45),
+        ..ServerConfig::default()
+    };
+    let glm = "<tool_call>get\n<arg_key>city</arg_key>\n<arg_value>Oslo</arg_value>\n</tool_call>";
+    everywhere_with(
+        config(),
+        glm,
+        true,
+        &said("", "", &[("get", "{\"city\":\"Oslo\"}")]),
+    )
+    .await;
+    let hermes = "<tool_call>{\"name\": \"get\", \"arguments\": {}}</tool_call>";
+    everywhere_with(config(), hermes, true, &said("", hermes, &[])).await;
 }
 
 /// Regression: tools were silently dropped when the template could not render them.

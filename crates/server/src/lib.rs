@@ -72,6 +72,12 @@ pub struct ServerConfig {
     pub keepalive: Duration,
     /// How reasoning is marked in chat output (`--reasoning-format`).
     pub reasoning_format: ferrite_engine::output::ReasoningFormat,
+    /// Most reasoning tokens of a generation that sets no budget itself
+    /// (`--reasoning-budget`); `None`: no limit.
+    pub reasoning_budget: Option<usize>,
+    /// The tool-call syntax parsed out of chat output (`--tool-syntax`); `None`: the one the
+    /// model's template shows.
+    pub tool_syntax: Option<ferrite_engine::output::ToolSyntax>,
 }
 
 impl Default for ServerConfig {
@@ -82,6 +88,8 @@ impl Default for ServerConfig {
             cors: Cors::Off,
             keepalive: Duration::from_secs(10),
             reasoning_format: ferrite_engine::output::ReasoningFormat::Auto,
+            reasoning_budget: None,
+            tool_syntax: None,
         }
     }
 }

@@ -85,6 +85,7 @@ fn options(
         stop,
         logprobs,
         prompt_logprobs: false,
+        reasoning_budget: None,
     })
 }
 
@@ -186,6 +187,7 @@ async fn chat(
             parse_calls: with_tools,
             forced: forced.is_some(),
             format: state.config().reasoning_format,
+            tool_syntax: state.config().tool_syntax,
             tools_param: "tools",
         },
     )?;
@@ -205,6 +207,13 @@ async fn chat(
         Some(call) => call.format(&output)?,
         None => crate::structured::after_reasoning(opts.sampling.format, &output)?,
     };
+    opts.reasoning_budget = tools::reasoning_budget(
+        backend.as_ref(),
+        generate::thinking_token_budget(&obj)?,
+        state.config().reasoning_budget,
+        &output,
+        &opts.sampling.format,
+    )?;
     let rxs = generate::submit_n(backend.as_ref(), &prompt, &opts, n)?;
     log.start_generation();
     let meta = Meta {

@@ -224,6 +224,7 @@ async fn respond(
             parse_calls: with_tools,
             forced: forced.is_some(),
             format: state.config().reasoning_format,
+            tool_syntax: state.config().tool_syntax,
             tools_param: "tools",
         },
     )?;
@@ -245,6 +246,13 @@ async fn respond(
     };
     let format_echo =
         format_obj.map_or_else(|| json!({"type": "text"}), |f| Value::Object(f.clone()));
+    let reasoning_budget = tools::reasoning_budget(
+        backend.as_ref(),
+        generate::thinking_token_budget(&obj)?,
+        state.config().reasoning_budget,
+        &output,
+        &format,
+    )?;
     let opts = GenOptions {
         sampling: SamplingParams {
             format,
@@ -254,6 +262,7 @@ async fn respond(
         stop: Vec::new(),
         logprobs: None,
         prompt_logprobs: false,
+        reasoning_budget,
     };
     let rx = generate::submit_n(backend.as_ref(), &prompt, &opts, 1)?
         .pop()

@@ -27,6 +27,8 @@ pub struct Fake {
     pub dead: std::sync::atomic::AtomicBool,
     /// Prompt of the latest submitted request.
     pub last_prompt: std::sync::Mutex<Vec<u32>>,
+    /// Reasoning budget of the latest submitted request.
+    pub last_budget: std::sync::Mutex<Option<ferrite_engine::ReasoningBudget>>,
     /// Render like a template without tool support (tools do not change the prompt).
     pub drops_tools: bool,
     live: Arc<AtomicUsize>,
@@ -50,6 +52,7 @@ impl Fake {
             submitted: AtomicUsize::new(0),
             dead: std::sync::atomic::AtomicBool::new(false),
             last_prompt: std::sync::Mutex::new(Vec::new()),
+            last_budget: std::sync::Mutex::new(None),
             drops_tools: false,
             live: Arc::new(AtomicUsize::new(0)),
             running: Arc::new(AtomicUsize::new(0)),
@@ -134,6 +137,9 @@ impl Backend for Fake {
         self.submitted.fetch_add(1, Ordering::SeqCst);
         if let Ok(mut last) = self.last_prompt.lock() {
             last.clone_from(&req.prompt);
+        }
+        if let Ok(mut last) = self.last_budget.lock() {
+            last.clone_from(&req.reasoning_budget);
         }
         self.live.fetch_add(1, Ordering::SeqCst);
         let live_guard = Count(self.live.clone());

@@ -3,11 +3,12 @@
 //! (`--reasoning-format`, the tool syntax the template teaches). The parsing itself is
 //! `ferrite_engine::output`, shared with `ferrite run`; this file must never parse text.
 
+use ferrite_engine::output::stream::{THINK_CLOSE, THINK_OPEN};
 use ferrite_engine::output::{OutputConfig, ReasoningFormat, ToolSyntax};
 use serde_json::{Map, Value};
 
 use crate::error::ApiError;
-use ferrite_engine::{Backend, ChatPrompt};
+use ferrite_engine::{Backend, ChatPrompt, OutputFormat, ReasoningBudget};
 
 /// A rendered chat prompt and how to read the model's output.
 #[derive(Debug)]
@@ -32,6 +33,8 @@ pub struct Chat<'a> {
     pub forced: bool,
     /// The server's `--reasoning-format`.
     pub format: ReasoningFormat,
+    /// The server's `--tool-syntax`: the syntax to parse whatever the template shows.
+    pub tool_syntax: Option<ToolSyntax>,
     /// Request field that carried the tools (named in the refusal).
     pub tools_param: &'a str,
 }
@@ -68,7 +71,9 @@ pub fn render(backend: &dyn Backend, chat: Chat<'_>) -> Result<Rendered, ApiErro
             ToolSyntax::Hermes
         } else {
             // Hermes markup is the default of templates that show tools without markers.
-            ToolSyntax::detect(&text).unwrap_or(ToolSyntax::Hermes)
+            chat.tool_syntax
+                .or_else(|| ToolSyntax::detect(&text))
+                .unwrap_or(ToolSyntax::Hermes)
         }
     });
     let output = OutputConfig::for_prompt(chat.format, &text, &text, syntax);
@@ -94,4 +99,48 @@ pub fn template_kwargs(obj: &crate::parse::Obj) -> Result<Map<String, Value>, Ap
         kwargs.insert("reasoning_effort".into(), Value::String(effort.into()));
     }
     Ok(kwargs)
+}
+
+/// The reasoning budget of one generation read as `output`: the request's (`requested`,
+/// with the field it came from), else the server's `--reasoning-budget`. A budget closes a
+/// `<think>` block, so a request that asks one of output marked otherwise (harmony
+/// channels, `--reasoning-format none`) is refused rather than ignored; the server's
+/// default applies only where it can. `format` decides how the close is forced: as text
+/// where a grammar holds the output, since grammars read markers as text.
+pub fn reasoning_budget(
+    backend: &dyn Backend,
+    requested: Option<(usize, &str)>,
+    default: Option<usize>,
+    output: &OutputConfig,
+    format: &OutputFormat,
+) -> Result<Option<ReasoningBudget>, ApiError> {
+    let tokens = match (requested, output.reasoning) {
+        (Some((n, _)), ReasoningFormat::Think) => n,
+        (Some((_, param)), other) => {
+            return Err(ApiError::invalid_param(
+                param,
+                format!(
+                    "a reasoning budget closes a <think> block, and this server reads this \
+                     model's output as '{other}' reasoning; send the request without '{param}'"
+                ),
+            ));
+        }
+        (None, ReasoningFormat::Think) => match default {
+            Some(n) => n,
+            None => return Ok(None),
+        },
+        (None, _) => return Ok(None),
+    };
+    let close = backend.tokenize(THINK_CLOSE, false, true);
+    let forced = match format {
+        OutputFormat::Held(_) => backend.tokenize(THINK_CLOSE, false, false),
+        OutputFormat::Text => close.clone(),
+    };
+    Ok(Some(ReasoningBudget {
+        tokens,
+        starts_inside: output.starts_in_reasoning,
+        open: backend.tokenize(THINK_OPEN, false, true),
+        close,
+        forced,
+    }))
 }

@@ -46,6 +46,18 @@ struct RequestSampler {
 impl RowPicker for RequestSampler {
     fn pick(&mut self, logits: &[f32], history: &[u32]) -> Result<Picked, GenerateError> {
         let token = self.chooser.next_token(logits, history)?;
+        Ok(self.picked(logits, token))
+    }
+
+    fn force(&mut self, logits: &[f32], token: u32) -> Result<Picked, GenerateError> {
+        self.chooser.force(token)?;
+        Ok(self.picked(logits, token))
+    }
+}
+
+impl RequestSampler {
+    /// `token` as chosen from `logits`, with its log-probabilities when asked for.
+    fn picked(&self, logits: &[f32], token: u32) -> Picked {
         let (logprob, top) = match self.logprobs {
             Some(n) => {
                 let (lp, top) = raw_logprobs(logits, token, n);
@@ -53,11 +65,11 @@ impl RowPicker for RequestSampler {
             }
             None => (None, Vec::new()),
         };
-        Ok(Picked {
+        Picked {
             token,
             logprob,
             top,
-        })
+        }
     }
 }
 

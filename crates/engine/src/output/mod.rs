@@ -160,7 +160,55 @@ pub enum ToolSyntax {
     Harmony,
 }
 
+/// A `--tool-syntax` value that names no syntax.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "unknown tool-call syntax '{0}' (hermes, qwen3coder, llama3, mistral, deepseek, glm45 or \
+     harmony)"
+)]
+pub struct UnknownSyntax(pub String);
+
+impl FromStr for ToolSyntax {
+    type Err = UnknownSyntax;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        ToolSyntax::ALL
+            .into_iter()
+            .find(|t| t.name() == s)
+            .ok_or_else(|| UnknownSyntax(s.to_string()))
+    }
+}
+
+impl fmt::Display for ToolSyntax {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 impl ToolSyntax {
+    /// Every syntax, in the order of the documentation.
+    pub const ALL: [ToolSyntax; 7] = [
+        ToolSyntax::Hermes,
+        ToolSyntax::Qwen3Coder,
+        ToolSyntax::Llama3,
+        ToolSyntax::Mistral,
+        ToolSyntax::DeepSeek,
+        ToolSyntax::Glm45,
+        ToolSyntax::Harmony,
+    ];
+
+    /// The syntax's name on the command line (`--tool-syntax`).
+    pub fn name(self) -> &'static str {
+        match self {
+            ToolSyntax::Hermes => "hermes",
+            ToolSyntax::Qwen3Coder => "qwen3coder",
+            ToolSyntax::Llama3 => "llama3",
+            ToolSyntax::Mistral => "mistral",
+            ToolSyntax::DeepSeek => "deepseek",
+            ToolSyntax::Glm45 => "glm45",
+            ToolSyntax::Harmony => "harmony",
+        }
+    }
+
     /// The syntax a template (its source, or a prompt it rendered with tools) teaches its
     /// model, from the markers it writes; `None` when it shows none.
     pub fn detect(template: &str) -> Option<ToolSyntax> {
@@ -275,5 +323,20 @@ impl Collected {
     /// The finished calls only.
     pub fn complete_calls(&self) -> impl Iterator<Item = &Call> {
         self.calls.iter().filter(|c| c.complete)
+    }
+}
+
+#[cfg(test)]
+mod name_tests {
+    use super::*;
+
+    #[test]
+    fn every_tool_syntax_parses_from_its_name_and_nothing_else_does() {
+        for t in ToolSyntax::ALL {
+            assert_eq!(t.name().parse::<ToolSyntax>().unwrap(), t);
+            assert_eq!(t.to_string(), t.name());
+        }
+        let err = "Hermes".parse::<ToolSyntax>().unwrap_err().to_string();
+        assert!(err.contains("'Hermes'") && err.contains("glm45"), "{err}");
     }
 }

@@ -53,6 +53,13 @@ impl RowPicker for Greedy {
             top: vec![(i as u32, -0.1)],
         })
     }
+    fn force(&mut self, _logits: &[f32], token: u32) -> Result<Picked, GenerateError> {
+        Ok(Picked {
+            token,
+            logprob: Some(-0.2),
+            top: vec![(token, -0.2)],
+        })
+    }
 }
 
 struct ToyRt;
@@ -120,6 +127,7 @@ fn job(
             stop: stop.iter().map(|x| x.to_string()).collect(),
             logprobs: Some(1),
             prompt_logprobs: false,
+            reasoning_budget: None,
         },
         tx,
         queued_at: Instant::now(),
@@ -249,6 +257,7 @@ fn prompt_logprobs_score_every_prompt_token_and_skip_the_cache() {
             stop: Vec::new(),
             logprobs: Some(1),
             prompt_logprobs: true,
+            reasoning_budget: None,
         },
         tx,
         queued_at: Instant::now(),
@@ -505,6 +514,7 @@ fn sum_job(
         stop: Vec::new(),
         logprobs: None,
         prompt_logprobs: false,
+        reasoning_budget: None,
     };
     s.waiting.push_back(Job {
         req,
@@ -734,4 +744,25 @@ fn admission_is_fifo_and_a_wait_is_bounded_by_the_jobs_ahead() {
         "too little traffic to mean anything: {}",
         kept.len()
     );
+}
+
+/// Oracle: the toy model's known continuation (last token + 1), with the forced close
+/// marker's tokens spliced in after exactly the budget.
+#[test]
+fn a_reasoning_budget_closes_the_block_and_the_answer_follows() {
+    let (mut s, _, _) = toy_sched(1, 64, 8);
+    let mut rx = job(&mut s, &[0], 8, &[]);
+    s.waiting.back_mut().unwrap().req.reasoning_budget = Some(crate::ReasoningBudget {
+        tokens: 3,
+        starts_inside: true,
+        open: vec![13],
+        close: vec![14],
+        forced: vec![10, 11],
+    });
+    run_all(&mut s);
+    // 1, 2, 3 of reasoning, then the forced 10, 11, then the model's own 12, 13, 14.
+    assert_eq!(drain(&mut rx).0, "bcdklmno");
+    let mut plain = job(&mut s, &[0], 8, &[]);
+    run_all(&mut s);
+    assert_eq!(drain(&mut plain).0, "bcdefghi", "no budget: untouched");
 }
