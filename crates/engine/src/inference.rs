@@ -48,12 +48,6 @@ pub enum OutputFormat {
     Held(Arc<Constraint>),
 }
 
-/// Text before a forced call's JSON object in Hermes markup.
-pub const CALL_BEFORE: &str = "<tool_call>\n";
-
-/// Text after a forced call's JSON object in Hermes markup.
-pub const CALL_AFTER: &str = "\n</tool_call>";
-
 impl Default for SamplingParams {
     fn default() -> Self {
         SamplingParams {

@@ -50,9 +50,9 @@ pub use generate::{
     Finish, Flow, GenerateError, Generation, Picker, Timeline, eval_sample, generate,
 };
 pub use inference::{
-    Backend, BackendError, CALL_AFTER, CALL_BEFORE, CacheSource, ChatPrompt, EngineStats,
-    FinishReason, GenEvent, GenRequest, OutputFormat, ReasoningBudget, SamplingParams, SubmitError,
-    Timings, TokenLogprob, TopLogprob, Usage,
+    Backend, BackendError, CacheSource, ChatPrompt, EngineStats, FinishReason, GenEvent,
+    GenRequest, OutputFormat, ReasoningBudget, SamplingParams, SubmitError, Timings, TokenLogprob,
+    TopLogprob, Usage,
 };
 pub use sampler::{
     Candidates, SampleError, Sampled, Sampler, SamplerConfig, StopReason, find_stop_string,

@@ -93,7 +93,7 @@ fn thinking_kwargs(obj: &Obj) -> Result<serde_json::Map<String, Value>, ApiError
 }
 
 /// A messages-shaped body's prompt, rendered and tokenized, and how to read the output;
-/// `parse_calls` when tool calls are to be parsed (a forced call is Hermes markup).
+/// `parse_calls` when tool calls are to be parsed.
 fn prompt_tokens(
     state: &AppState,
     backend: &dyn Backend,

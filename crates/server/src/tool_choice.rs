@@ -1,18 +1,20 @@
 //! Tool choices, and the output format of those that force a call: OpenAI's `tool_choice`
 //! `"required"` or a named function, Anthropic's `"any"` or a named tool. Such output is
-//! held, through an llguidance grammar, to one call in Hermes markup (`<tool_call>\n{"name":
-//! …, "arguments": …}\n</tool_call>`) whose name is one of the tools offered and whose
-//! arguments fit that tool's parameters schema: one alternative per tool, each a compact
-//! JSON object with its name first. When the prompt opened a reasoning block, the reasoning
-//! runs free to its close before the call.
+//! held, through an llguidance grammar, to one call in the model's own syntax where that
+//! call is one JSON object ([`Framing`]: Hermes `<tool_call>\n{"name": …, "arguments":
+//! …}\n</tool_call>`, Llama 3 `{"name": …, "parameters": …}`, Mistral `[TOOL_CALLS][…]`),
+//! else in Hermes markup, whose name is one of the tools offered and whose arguments fit
+//! that tool's parameters schema: one alternative per tool, each a compact JSON object with
+//! its name first. When the prompt opened a reasoning block, the reasoning runs free to its
+//! close before the call.
 //!
 //! Never parses calls back out of text: that is [`crate::tools`].
 
 use std::sync::Arc;
 
+use ferrite_engine::OutputFormat;
 use ferrite_engine::grammar::{Constraint, GrammarError};
-use ferrite_engine::output::{OutputConfig, ReasoningFormat};
-use ferrite_engine::{CALL_AFTER, CALL_BEFORE, OutputFormat};
+use ferrite_engine::output::{OutputConfig, ReasoningFormat, ToolSyntax};
 use serde_json::{Value, json};
 
 use crate::error::ApiError;
@@ -108,21 +110,71 @@ pub fn anthropic(v: Option<&Value>) -> Result<ToolChoice, ApiError> {
     }
 }
 
-/// A call a tool choice forces: the call object's schema for each tool it may be.
+/// How a forced call is written in a syntax whose call is one JSON object: the text
+/// around it and the key of its arguments. Calls of the other syntaxes (XML arguments,
+/// markers that are special tokens, which grammars read only as text) are forced in
+/// Hermes markup, and the output is parsed as Hermes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Framing {
+    /// The syntax the call is written, and parsed, in.
+    pub syntax: ToolSyntax,
+    /// Text before the call object.
+    pub before: &'static str,
+    /// Text after it.
+    pub after: &'static str,
+    /// The call object's key of the arguments.
+    pub arguments: &'static str,
+}
+
+impl Framing {
+    /// The framing of a forced call for a model that writes `syntax`.
+    pub fn of(syntax: ToolSyntax) -> Framing {
+        match syntax {
+            // Llama 3.1's template shows calls as `{"name": …, "parameters": …}`.
+            ToolSyntax::Llama3 => Framing {
+                syntax,
+                before: "",
+                after: "",
+                arguments: "parameters",
+            },
+            ToolSyntax::Mistral => Framing {
+                syntax,
+                before: "[TOOL_CALLS][",
+                after: "]",
+                arguments: "arguments",
+            },
+            _ => Framing {
+                syntax: ToolSyntax::Hermes,
+                before: "<tool_call>\n",
+                after: "\n</tool_call>",
+                arguments: "arguments",
+            },
+        }
+    }
+}
+
+/// A call a tool choice forces: the tools it may be.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ForcedCall {
-    calls: Vec<Value>,
+    tools: Vec<Value>,
 }
 
 impl ForcedCall {
-    fn constraint(&self) -> Result<Constraint, GrammarError> {
-        Constraint::framed_json(CALL_BEFORE, &self.calls, CALL_AFTER)
+    fn constraint(&self, framing: Framing) -> Result<Constraint, GrammarError> {
+        let calls: Vec<Value> = self
+            .tools
+            .iter()
+            .map(|t| call_schema(t, framing.arguments))
+            .collect();
+        Constraint::framed_json(framing.before, &calls, framing.after)
     }
 
-    /// The output format of the call for output read as `output` says: when the prompt
-    /// opened a `<think>` block, reasoning runs free to its close first.
+    /// The output format of the call for output read as `output` says (its tool syntax
+    /// decides the framing): when the prompt opened a `<think>` block, reasoning runs free
+    /// to its close first.
     pub fn format(&self, output: &OutputConfig) -> Result<OutputFormat, ApiError> {
-        let mut c = self.constraint().map_err(unenforceable)?;
+        let framing = Framing::of(output.tools.unwrap_or(ToolSyntax::Hermes));
+        let mut c = self.constraint(framing).map_err(unenforceable)?;
         if output.starts_in_reasoning && output.reasoning == ReasoningFormat::Think {
             c = c.after_reasoning("</think>").map_err(unenforceable)?;
         }
@@ -165,9 +217,11 @@ pub fn forced_call(tools: &[Value], choice: &ToolChoice) -> Result<Option<Forced
         _ => {}
     }
     let forced = ForcedCall {
-        calls: candidates.iter().map(|t| call_schema(t)).collect(),
+        tools: candidates.into_iter().cloned().collect(),
     };
-    forced.constraint().map_err(unenforceable)?;
+    forced
+        .constraint(Framing::of(ToolSyntax::Hermes))
+        .map_err(unenforceable)?;
     Ok(Some(forced))
 }
 
@@ -176,22 +230,22 @@ fn name_of(tool: &Value) -> Option<&str> {
     tool.pointer("/function/name").and_then(Value::as_str)
 }
 
-/// The schema of a call of `tool`: its name, then arguments of its parameters schema (any
-/// object when it gives none), nothing else. The parameters' own definitions move to the
+/// The schema of a call of `tool`: its name, then (under `key`) arguments of its
+/// parameters schema (any object when it gives none), nothing else. The parameters' own definitions move to the
 /// call's root, where their local references (`#/$defs/…`, `#/definitions/…`) point.
-fn call_schema(tool: &Value) -> Value {
+fn call_schema(tool: &Value, key: &str) -> Value {
     let mut arguments = match tool.pointer("/function/parameters") {
         Some(Value::Object(p)) if !p.is_empty() => p.clone(),
         _ => serde_json::Map::from_iter([("type".to_string(), json!("object"))]),
     };
     let mut call = json!({"type": "object", "properties": {"name": {"const": name_of(tool)}},
-        "required": ["name", "arguments"], "additionalProperties": false});
+        "required": ["name", key], "additionalProperties": false});
     for key in ["$defs", "definitions"] {
         if let Some(defs) = arguments.remove(key) {
             call[key] = defs;
         }
     }
-    call["properties"]["arguments"] = Value::Object(arguments);
+    call["properties"][key] = Value::Object(arguments);
     call
 }
 

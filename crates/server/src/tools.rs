@@ -8,6 +8,7 @@ use ferrite_engine::output::{OutputConfig, ReasoningFormat, ToolSyntax};
 use serde_json::{Map, Value};
 
 use crate::error::ApiError;
+use crate::tool_choice::Framing;
 use ferrite_engine::{Backend, ChatPrompt, OutputFormat, ReasoningBudget};
 
 /// A rendered chat prompt and how to read the model's output.
@@ -29,7 +30,8 @@ pub struct Chat<'a> {
     pub kwargs: Map<String, Value>,
     /// Whether tool calls are parsed out of the output.
     pub parse_calls: bool,
-    /// A forced call is written in Hermes markup by the grammar, whatever the template.
+    /// A forced call is written by the grammar, in the model's syntax where it can be
+    /// ([`Framing`]).
     pub forced: bool,
     /// The server's `--reasoning-format`.
     pub format: ReasoningFormat,
@@ -67,13 +69,15 @@ pub fn render(backend: &dyn Backend, chat: Chat<'_>) -> Result<Rendered, ApiErro
         }
     }
     let syntax = chat.parse_calls.then(|| {
+        // Hermes markup is the default of templates that show tools without markers.
+        let syntax = chat
+            .tool_syntax
+            .or_else(|| ToolSyntax::detect(&text))
+            .unwrap_or(ToolSyntax::Hermes);
         if chat.forced {
-            ToolSyntax::Hermes
+            Framing::of(syntax).syntax
         } else {
-            // Hermes markup is the default of templates that show tools without markers.
-            chat.tool_syntax
-                .or_else(|| ToolSyntax::detect(&text))
-                .unwrap_or(ToolSyntax::Hermes)
+            syntax
         }
     });
     let output = OutputConfig::for_prompt(chat.format, &text, &text, syntax);

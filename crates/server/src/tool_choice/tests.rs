@@ -34,9 +34,15 @@ fn schema(tools: &[Value], choice: ToolChoice) -> Constraint {
     held(tools, &choice, false)
 }
 
+/// `call` in Hermes markup.
+fn hermes(call: &str) -> String {
+    let f = Framing::of(ToolSyntax::Hermes);
+    format!("{}{call}{}", f.before, f.after)
+}
+
 /// Whether `call` in its markup is a whole text of `c`.
 fn whole(c: &Constraint, call: &str) -> bool {
-    c.accepts(format!("{CALL_BEFORE}{call}{CALL_AFTER}").as_bytes())
+    c.accepts(hermes(call).as_bytes())
 }
 
 #[test]
@@ -176,9 +182,9 @@ fn reasoning_the_prompt_opened_runs_free_before_the_call() {
     let tools = [weather()];
     let call = r#"{"name": "get_weather", "arguments": {"city": "Paris"}}"#;
     let c = held(&tools, &ToolChoice::Required, true);
-    let text = format!("sunny? {{ maybe</think>\n\n{CALL_BEFORE}{call}{CALL_AFTER}");
+    let text = format!("sunny? {{ maybe</think>\n\n{}", hermes(call));
     assert!(c.accepts(text.as_bytes()));
-    assert!(!c.accepts(format!("{CALL_BEFORE}{call}{CALL_AFTER}").as_bytes()));
+    assert!(!c.accepts(hermes(call).as_bytes()));
     // Without an open block the call comes first.
     assert!(!held(&tools, &ToolChoice::Required, false).accepts(text.as_bytes()));
 }
@@ -234,4 +240,66 @@ fn choices_that_cannot_be_met_are_refused_by_name() {
     }
     assert_eq!(forced_call(&[weather()], &ToolChoice::Auto).unwrap(), None);
     assert_eq!(forced_call(&[weather()], &ToolChoice::None).unwrap(), None);
+}
+
+/// Oracle: the output parser itself. A call written as each syntax's framing says is a
+/// whole text of the forced grammar and parses back, in that syntax, to the same call;
+/// the other syntaxes' key is refused. Syntaxes without a JSON framing fall back to Hermes.
+#[test]
+fn forced_calls_are_written_in_the_models_own_syntax_and_parse_back() {
+    use ferrite_engine::output::{Collected, OutputParser};
+    for syntax in ToolSyntax::ALL {
+        let f = Framing::of(syntax);
+        if syntax == ToolSyntax::Llama3 {
+            assert_eq!(
+                f.arguments, "parameters",
+                "as Llama 3.1's template writes calls"
+            );
+        }
+        let json_framed = matches!(syntax, ToolSyntax::Llama3 | ToolSyntax::Mistral);
+        assert_eq!(
+            f.syntax == syntax,
+            json_framed || syntax == ToolSyntax::Hermes
+        );
+        let out = OutputConfig {
+            tools: Some(f.syntax),
+            ..output(false)
+        };
+        let c = match forced_call(&[weather()], &ToolChoice::Required)
+            .unwrap()
+            .unwrap()
+            .format(&out)
+            .unwrap()
+        {
+            OutputFormat::Held(c) => c,
+            other => panic!("{other:?}"),
+        };
+        let call = format!(
+            "{{\"name\": \"get_weather\", \"{}\": {{\"city\": \"Oslo\"}}}}",
+            f.arguments
+        );
+        let text = format!("{}{call}{}", f.before, f.after);
+        assert!(c.accepts(text.as_bytes()), "{syntax:?}: {text}");
+        let other = if f.arguments == "arguments" {
+            "parameters"
+        } else {
+            "arguments"
+        };
+        assert!(
+            !c.accepts(text.replace(f.arguments, other).as_bytes()),
+            "{syntax:?}"
+        );
+        let mut parser = OutputParser::new(out);
+        let mut got = Collected::default();
+        got.extend(parser.push(&text, false));
+        got.extend(parser.finish().events);
+        assert_eq!(got.calls.len(), 1, "{syntax:?}: {got:?}");
+        assert!(
+            got.calls[0].complete && got.calls[0].name == "get_weather",
+            "{got:?}"
+        );
+        let args: Value = serde_json::from_str(&got.calls[0].arguments).unwrap();
+        assert_eq!(args, json!({"city": "Oslo"}), "{syntax:?}");
+        assert_eq!(got.content.trim(), "", "{syntax:?}: {got:?}");
+    }
 }
