@@ -353,7 +353,7 @@ where
             // the plain loop's next row.
             v.at += 1;
             stats.accepted += 1;
-            s = sampler.pick_row(v.row(), &history)?;
+            s = v.pick(session, sampler, &history)?;
             continue;
         }
         if let Some(v) = verify.take() {
@@ -378,6 +378,7 @@ where
         let base = session.n_past();
         let rows = session.eval_all(&inputs)?;
         if rows.is_empty() || rows.len() % inputs.len() != 0 {
+            session.truncate(base + 1);
             return Err(GenerateError::Rows {
                 values: rows.len(),
                 tokens: inputs.len(),
@@ -389,7 +390,7 @@ where
             rows,
             at: 0,
         });
-        s = sampler.pick_row(v.row(), &history)?;
+        s = v.pick(session, sampler, &history)?;
     };
     // The session holds what the plain loop's would: nothing after the last token fed.
     if let Some(v) = verify {
@@ -422,10 +423,19 @@ impl Verify {
         self.inputs.get(self.at + 1) == Some(&token)
     }
 
-    /// Row `at` of the logits.
-    fn row(&self) -> &[f32] {
+    /// Picks from row `at`; on failure the session is first cut back to what the plain
+    /// loop would hold after the same failure.
+    fn pick<T: Timeline + ?Sized, P: Picker>(
+        &self,
+        session: &mut T,
+        sampler: &mut P,
+        history: &[u32],
+    ) -> Result<Sampled, GenerateError> {
         let n_vocab = self.rows.len() / self.inputs.len();
-        &self.rows[self.at * n_vocab..(self.at + 1) * n_vocab]
+        let row = &self.rows[self.at * n_vocab..(self.at + 1) * n_vocab];
+        sampler.pick_row(row, history).inspect_err(|_| {
+            session.truncate(self.held());
+        })
     }
 }
 

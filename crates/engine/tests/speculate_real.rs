@@ -53,32 +53,41 @@ fn batched_rows_are_bit_identical_to_one_token_decode() {
         };
         let pool = ThreadPool::new(2).expect("pool");
         let prompt = tok.encode(REPEAT, true, true);
-        let tail = &prompt[prompt.len() - 9..];
-        let head = &prompt[..prompt.len() - 9];
-        let mut batched = Session::new(&m, &pool, 512, KvType::F16).expect("session");
-        let mut single = Session::new(&m, &pool, 512, KvType::F16).expect("session");
-        batched.eval_last(head).expect("eval");
-        single.eval_last(head).expect("eval");
-        let rows = batched.eval_all(tail).expect("eval_all");
-        let n_vocab = rows.len() / tail.len();
-        for (i, &t) in tail.iter().enumerate() {
-            let row = single.eval_last(&[t]).expect("eval").to_vec();
-            assert_eq!(
-                bits(&rows[i * n_vocab..(i + 1) * n_vocab]),
-                bits(&row),
-                "{file}: row {i} of a batch of {}",
-                tail.len()
+        // Every verify-step size from the smallest to `--draft-max 15`'s, every KV type.
+        for (kv, batch) in [KvType::F16, KvType::F32, KvType::Q8]
+            .into_iter()
+            .flat_map(|kv| [2, 9, 16].map(|b| (kv, b)))
+        {
+            let tail = &prompt[prompt.len() - batch..];
+            let head = &prompt[..prompt.len() - batch];
+            let mut batched = Session::new(&m, &pool, 512, kv).expect("session");
+            let mut single = Session::new(&m, &pool, 512, kv).expect("session");
+            batched.eval_last(head).expect("eval");
+            single.eval_last(head).expect("eval");
+            let rows = batched.eval_all(tail).expect("eval_all");
+            let n_vocab = rows.len() / tail.len();
+            for (i, &t) in tail.iter().enumerate() {
+                let row = single.eval_last(&[t]).expect("eval").to_vec();
+                assert_eq!(
+                    bits(&rows[i * n_vocab..(i + 1) * n_vocab]),
+                    bits(&row),
+                    "{file}: row {i} of a batch of {batch}, kv {}",
+                    kv.name()
+                );
+            }
+            let mut other = Session::new(&m, &pool, 512, kv).expect("session");
+            other.eval_last(head).expect("eval");
+            let wrong = other.eval_last(&[tail[0] ^ 1]).expect("eval").to_vec();
+            assert_ne!(
+                bits(&rows[..n_vocab]),
+                bits(&wrong),
+                "{file}: vacuous check"
+            );
+            println!(
+                "{file}: {batch} batched rows bit-identical, kv {}",
+                kv.name()
             );
         }
-        let mut other = Session::new(&m, &pool, 512, KvType::F16).expect("session");
-        other.eval_last(head).expect("eval");
-        let wrong = other.eval_last(&[tail[0] ^ 1]).expect("eval").to_vec();
-        assert_ne!(
-            bits(&rows[..n_vocab]),
-            bits(&wrong),
-            "{file}: vacuous check"
-        );
-        println!("{file}: {} batched rows bit-identical", tail.len());
     }
 }
 
