@@ -201,7 +201,7 @@ pub struct RunArgs {
 }
 
 /// Parses `--draft-max`, with the bound the proposer itself enforces.
-fn draft_max_arg(s: &str) -> Result<usize, String> {
+pub(crate) fn draft_max_arg(s: &str) -> Result<usize, String> {
     let n: usize = s.parse().map_err(|e| format!("{e}"))?;
     Lookup::new(n)
         .map(|l| l.draft_max())
