@@ -4,10 +4,12 @@
 //!
 //! This file owns the command line and the receipt's header; the timed loop is in
 //! `bench/sweep.rs`, the file format in `bench/receipt.rs`, the judging in
-//! `bench/compare.rs`, the server load in `bench/serve.rs` (over `bench/http.rs`).
+//! `bench/compare.rs`, the server load in `bench/serve.rs` (over `bench/http.rs`), and the
+//! speculation comparison of `--lookup` in `bench/lookup.rs`.
 
 pub(crate) mod compare;
 mod http;
+mod lookup;
 mod prompt;
 pub(crate) mod receipt;
 mod serve;
@@ -77,6 +79,16 @@ pub struct BenchArgs {
     /// With --compare: report regressions but exit 0.
     #[arg(long, requires = "compare")]
     allow_regression: bool,
+    /// Instead of the sweep: greedy decoding of --gen-tokens tokens on a repeat workload
+    /// (the prompt text's first passage twice, then its start), plain and with prompt
+    /// lookup (`run --lookup`), checking the outputs are identical, then reporting
+    /// acceptance, tokens per step and decode tok/s of both (CPU backend).
+    #[arg(long, conflicts_with_all = ["csv", "json", "cold", "teacher_forced", "compare"])]
+    lookup: bool,
+    /// Most tokens `--lookup` guesses a step (1 to 15).
+    #[arg(long, default_value_t = 8, requires = "lookup",
+          value_parser = crate::run::draft_max_arg)]
+    draft_max: usize,
 }
 
 /// What `ferrite bench` measures instead of the in-process sweep.
@@ -130,6 +142,16 @@ pub fn run(args: BenchArgs) -> anyhow::Result<i32> {
         }
         None => prompt::tokens(&loaded.tokenizer, &prompt::builtin_text(), need)?,
     };
+    if args.lookup {
+        let plan = lookup::Plan {
+            gen_tokens: args.gen_tokens,
+            runs: args.runs,
+            warmup: args.warmup,
+            draft_max: args.draft_max,
+        };
+        lookup::run(&loaded, &lookup::repeat_prompt(&tokens), &plan)?;
+        return Ok(0);
+    }
     let plan = sweep::Plan {
         frontiers,
         gen_tokens: args.gen_tokens,

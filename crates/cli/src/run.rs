@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use ferrite_engine::grammar::Constraint;
 use ferrite_engine::output::OutputConfig;
+use ferrite_engine::speculate::{Lookup, Proposer, Stats};
 use ferrite_engine::{Finish, Flow, Picker, Sampler, SamplerConfig, Timeline};
 use ferrite_kvstore::{Compat, SnapshotBackend};
 use ferrite_model::{KvType, LoadOptions, Model, Precision, Session};
@@ -189,6 +190,34 @@ pub struct RunArgs {
     /// between `[reasoning]` lines otherwise).
     #[arg(long)]
     hide_reasoning: bool,
+    /// Speculate with prompt lookup: guess the next tokens from earlier text of the
+    /// context and verify them in one batched step (CPU backend). The output is the same
+    /// as without it; the end-of-run line says how many guesses were accepted.
+    #[arg(long)]
+    lookup: bool,
+    /// Most tokens `--lookup` guesses a step (1 to 15).
+    #[arg(long, default_value_t = 8, requires = "lookup", value_parser = draft_max_arg)]
+    draft_max: usize,
+}
+
+/// Parses `--draft-max`, with the bound the proposer itself enforces.
+pub(crate) fn draft_max_arg(s: &str) -> Result<usize, String> {
+    let n: usize = s.parse().map_err(|e| format!("{e}"))?;
+    Lookup::new(n)
+        .map(|l| l.draft_max())
+        .map_err(|e| e.to_string())
+}
+
+/// Refuses `--lookup` on the CUDA backend: its session evaluates a draft one token at a
+/// time, so verifying would be slower than plain decoding while looking like speculation.
+pub fn check_cuda_lookup(lookup: bool) -> anyhow::Result<()> {
+    if lookup {
+        bail!(
+            "--lookup runs on the CPU backend only (the CUDA backend has no batched verify \
+             step yet); add --backend cpu"
+        );
+    }
+    Ok(())
 }
 
 /// A loaded model with its tokenizer and thread pool.
@@ -318,6 +347,8 @@ struct Clocks {
     /// Tokens sampled after the first (the first one's time belongs to prefill).
     decoded: usize,
     decode: Duration,
+    /// What `--lookup` did, when it ran.
+    speculation: Option<Stats>,
 }
 
 /// Run `ferrite run`.
@@ -358,6 +389,13 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
             None => None,
         }
     };
+    if loaded.cuda.is_some() {
+        check_cuda_lookup(args.lookup)?;
+    }
+    let mut lookup = args
+        .lookup
+        .then(|| Lookup::new(args.draft_max))
+        .transpose()?;
     let mut session = loaded.any_session()?;
     match prompt {
         Some(prompt) => {
@@ -397,6 +435,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
                 &loaded,
                 &mut session,
                 &mut picker,
+                lookup.as_mut().map(|l| l as &mut dyn Proposer),
                 &ids[common..],
                 &mut clocks,
                 &mut ttft,
@@ -422,7 +461,14 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
                     args.model.model
                 );
             };
-            chat_repl(&args, &loaded, &template, &mut session, schema)?;
+            chat_repl(
+                &args,
+                &loaded,
+                &template,
+                &mut session,
+                schema,
+                lookup.as_mut(),
+            )?;
         }
     }
     Ok(0)
@@ -504,6 +550,7 @@ fn generate(
     loaded: &Loaded,
     session: &mut AnySession<'_>,
     sampler: &mut impl Picker,
+    proposer: Option<&mut dyn Proposer>,
     ids: &[u32],
     clocks: &mut Clocks,
     ttft: &mut Option<Duration>,
@@ -527,7 +574,8 @@ fn generate(
     let mut first_token_at = None;
     // The callback cannot return errors; the first one is kept and ends generation.
     let mut failure: Option<anyhow::Error> = None;
-    let generation = ferrite_engine::generate(session, sampler, ids, |sampled| {
+    let speculating = proposer.is_some();
+    let generation = ferrite_engine::generate_with(session, sampler, proposer, ids, |sampled| {
         first_token_at.get_or_insert_with(Instant::now);
         if ttft.is_none() {
             *ttft = Some(start.elapsed());
@@ -574,6 +622,14 @@ fn generate(
     clocks.generated += generation.tokens.len();
     clocks.decoded += generation.tokens.len().saturating_sub(1);
     clocks.decode += first.elapsed();
+    if speculating {
+        let st = clocks.speculation.get_or_insert_default();
+        let g = generation.speculation;
+        st.steps += g.steps;
+        st.verify_steps += g.verify_steps;
+        st.proposed += g.proposed;
+        st.accepted += g.accepted;
+    }
     if let Some(dump) = dump {
         dump.flush()?;
     }
@@ -597,6 +653,16 @@ fn report(loaded: &Loaded, clocks: &Clocks, ttft: Option<Duration>) {
         clocks.prompt_tokens,
         clocks.generated
     );
+    if let Some(st) = &clocks.speculation {
+        eprintln!(
+            "lookup: proposed {} accepted {} ({:.1} %) | {:.2} tokens per step over {} steps",
+            st.proposed,
+            st.accepted,
+            st.acceptance() * 100.0,
+            st.tokens_per_step(clocks.generated),
+            st.steps
+        );
+    }
     eprintln!("{}", loaded.backend_line());
     if let Some(cuda) = &loaded.cuda
         && std::env::var_os(COUNTS_ENV).is_some_and(|v| v == "1")
@@ -717,6 +783,7 @@ fn chat_repl(
     template: &ChatTemplate,
     session: &mut AnySession<'_>,
     schema: Option<Constraint>,
+    mut lookup: Option<&mut Lookup>,
 ) -> anyhow::Result<()> {
     let mut messages = initial_messages(args.system.as_deref());
     // Tokens the session holds, for reusing the common prefix of the next turn.
@@ -796,6 +863,7 @@ fn chat_repl(
             loaded,
             session,
             &mut picker,
+            lookup.as_deref_mut().map(|l| l as &mut dyn Proposer),
             &ids[common..],
             &mut clocks,
             &mut ttft,
@@ -817,6 +885,20 @@ fn chat_repl(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn draft_max_is_bounded_and_lookup_refused_on_cuda() {
+        assert_eq!(draft_max_arg("1"), Ok(1));
+        assert_eq!(draft_max_arg("15"), Ok(15));
+        for bad in ["0", "16"] {
+            let err = draft_max_arg(bad).unwrap_err();
+            assert!(err.contains("outside 1..=15"), "{err}");
+        }
+        assert!(draft_max_arg("x").is_err());
+        assert!(check_cuda_lookup(false).is_ok());
+        let err = check_cuda_lookup(true).unwrap_err().to_string();
+        assert!(err.contains("--backend cpu"), "{err}");
+    }
 
     #[test]
     fn cuda_refuses_every_kv_type_but_f16() {

@@ -340,3 +340,39 @@ fn batch_sizes_each_get_rows_and_zero_is_refused() {
         "{text}"
     );
 }
+
+/// `bench --lookup` checks the outputs before it reports speeds (oracle: its own plain
+/// runs; a difference makes it fail), and names acceptance, tokens per step and both
+/// speeds. `--draft-max` alone is refused.
+#[test]
+fn lookup_bench_checks_identity_and_reports_both_speeds() {
+    common::pull("smollm2-135m-instruct");
+    let out = common::run(&[
+        "bench",
+        "--lookup",
+        "--gen-tokens",
+        "24",
+        "--runs",
+        "1",
+        "--warmup",
+        "0",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", common::text(&out));
+    for needle in [
+        "outputs identical in every run",
+        "plain  decode tok/s median ",
+        "lookup decode tok/s median ",
+        " tokens per step",
+        "accepted ",
+    ] {
+        assert!(stdout.contains(needle), "missing {needle:?}: {stdout}");
+    }
+    let out = common::run(&["bench", "--draft-max", "4"]);
+    assert!(!out.status.success());
+    assert!(
+        common::text(&out).contains("--lookup"),
+        "{}",
+        common::text(&out)
+    );
+}

@@ -399,3 +399,32 @@ fn reasoning_is_marked_off_hidden_or_left_as_text() {
         assert!(stderr.contains(says), "{stderr}");
     }
 }
+
+/// `--lookup` changes the speed, never the output: greedy and seeded sampling give the
+/// text of the same run without it (oracle: that run), and the end-of-run line says what
+/// speculation did. Bad draft lengths and `--draft-max` alone are refused.
+#[test]
+fn lookup_gives_the_plain_output_and_reports_acceptance() {
+    pull("smollm2-135m-instruct");
+    let prompt = "Repeat after me: one two three four five, one two three four five, one two";
+    for sampling in [&["--temp", "0"][..], &["--temp", "0.9", "--seed", "5"][..]] {
+        let base = [&["run", "--max-tokens", "48"][..], sampling].concat();
+        let (plain, plain_err) = run_ok(&[&base[..], &[prompt]].concat());
+        let (spec, spec_err) =
+            run_ok(&[&base[..], &["--lookup", "--draft-max", "6", prompt]].concat());
+        assert_eq!(spec, plain, "{sampling:?}");
+        assert!(!plain_err.contains("lookup:"), "{plain_err}");
+        assert!(
+            spec_err.contains("lookup: proposed ") && spec_err.contains(" tokens per step"),
+            "{spec_err}"
+        );
+    }
+    for bad in ["0", "16"] {
+        let out = run(&["run", "--lookup", "--draft-max", bad, "hi"]);
+        assert!(!out.status.success());
+        assert!(text(&out).contains("outside 1..=15"), "{}", text(&out));
+    }
+    let out = run(&["run", "--draft-max", "4", "hi"]);
+    assert!(!out.status.success());
+    assert!(text(&out).contains("--lookup"), "{}", text(&out));
+}

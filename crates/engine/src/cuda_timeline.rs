@@ -209,6 +209,13 @@ impl Timeline for AnySession<'_> {
         }
     }
 
+    fn eval_all(&mut self, tokens: &[u32]) -> Result<Vec<f32>, GenerateError> {
+        match self {
+            AnySession::Cpu(s) => s.eval_all(tokens),
+            AnySession::Cuda(c) => c.eval_all(tokens),
+        }
+    }
+
     fn eval_greedy(&mut self, tokens: &[u32]) -> Result<Option<Sampled>, GenerateError> {
         match self {
             AnySession::Cpu(_) => Ok(None),

@@ -4,11 +4,26 @@
 //! The loop owns no state of its own: the session keeps the KV cache, the sampler its
 //! random stream, and the caller sees every token (with its log-probabilities) through a
 //! callback, where it can also decode text and check stop strings.
+//!
+//! With a [`Proposer`] the same loop speculates: it evaluates the last token and the draft
+//! `[last, d1..dk]` in one [`Timeline::eval_all`] call, then picks each position's token in
+//! order with the caller's own picker, exactly as the plain loop would, and keeps going
+//! while the picked token equals the draft token that was evaluated after it. At the first
+//! difference the picked token is emitted and the KV is cut back to the accepted positions.
+//! This is exact by construction, at any temperature: row `i` is the logits the plain loop
+//! would have seen (the CPU's batched rows are bit-identical to one-token decode), the
+//! picker sees the same history and advances its random stream and grammar the same way,
+//! and no row past the first difference is ever picked from. So for a seed and settings
+//! the tokens are the plain loop's, token for token; the draft decides only how many of
+//! them one forward pass yields. (The rejection rule min(1, p/q) is needed only when the
+//! emitted token must be decided from the draft's own probabilities; the picked-token rule
+//! needs none, and reproduces the plain stream rather than only its distribution.)
 
 use ferrite_model::{ModelError, Outputs, Session};
 
 use crate::held::{Chooser, HeldError};
 use crate::sampler::{Candidates, SampleError, Sampled, Sampler, StopReason, raw_logprobs};
+use crate::speculate::{Proposer, Stats};
 
 /// One KV timeline, the one trait every front end drives: [`generate`] (`ferrite run`),
 /// the slot scheduler ([`crate::scheduler`]) and scoring wrappers. Appends tokens and
@@ -105,6 +120,10 @@ pub trait Picker {
         history: &[u32],
     ) -> Result<Sampled, GenerateError>;
 
+    /// Picks the next token from a host row of logits, as [`Picker::eval_pick`] would from
+    /// the same row: a verify step's rows are all on the host.
+    fn pick_row(&mut self, row: &[f32], history: &[u32]) -> Result<Sampled, GenerateError>;
+
     /// As [`Sampler::stop_reason`].
     fn stop_reason(&self, token: u32, n_generated: usize) -> Option<StopReason>;
 }
@@ -119,6 +138,10 @@ impl Picker for Sampler {
         eval_sample(session, self, tokens, history)
     }
 
+    fn pick_row(&mut self, row: &[f32], history: &[u32]) -> Result<Sampled, GenerateError> {
+        Ok(self.sample(row, history)?)
+    }
+
     fn stop_reason(&self, token: u32, n_generated: usize) -> Option<StopReason> {
         Sampler::stop_reason(self, token, n_generated)
     }
@@ -131,11 +154,18 @@ impl Picker for Chooser {
         tokens: &[u32],
         history: &[u32],
     ) -> Result<Sampled, GenerateError> {
+        if let Chooser::Free(s) = self {
+            return s.eval_pick(session, tokens, history);
+        }
+        let row = session.eval_last(tokens)?;
+        self.pick_row(row, history)
+    }
+
+    fn pick_row(&mut self, row: &[f32], history: &[u32]) -> Result<Sampled, GenerateError> {
         let held = match self {
-            Chooser::Free(s) => return s.eval_pick(session, tokens, history),
+            Chooser::Free(s) => return s.pick_row(row, history),
             Chooser::Held(s) => s,
         };
-        let row = session.eval_last(tokens)?;
         let token = held.next_token(row, history)?;
         let (logprob, top) = raw_logprobs(row, token, self.sampler().config().n_logprobs);
         Ok(Sampled {
@@ -219,6 +249,14 @@ pub enum GenerateError {
         /// Inputs given.
         inputs: usize,
     },
+    /// [`Timeline::eval_all`] returned values that are not one whole row per token.
+    #[error("{values} logits for {tokens} tokens are not one row per token")]
+    Rows {
+        /// Logits returned.
+        values: usize,
+        /// Tokens evaluated.
+        tokens: usize,
+    },
     /// A logits row was asked of a timeline that keeps none (it selects no candidates on a
     /// device, or nothing was evaluated).
     #[error("this timeline keeps no logits row to fetch")]
@@ -252,6 +290,8 @@ pub struct Generation {
     pub tokens: Vec<u32>,
     /// Why generation ended.
     pub finish: Finish,
+    /// What speculation did (all zero but `steps` without a proposer).
+    pub speculation: Stats,
 }
 
 /// Appends `prompt` to `session` (at its current position; call `reset` first for a fresh
@@ -260,6 +300,25 @@ pub struct Generation {
 pub fn generate<T, P, F>(
     session: &mut T,
     sampler: &mut P,
+    prompt: &[u32],
+    on_token: F,
+) -> Result<Generation, GenerateError>
+where
+    T: Timeline + ?Sized,
+    P: Picker,
+    F: FnMut(&Sampled) -> Flow,
+{
+    generate_with(session, sampler, None, prompt, on_token)
+}
+
+/// [`generate`], speculating with `proposer` when there is one (see the module
+/// documentation): the tokens, the callbacks, the picker's state afterwards and the
+/// session's contents on return are those of [`generate`]; only the number of forward
+/// passes differs.
+pub fn generate_with<T, P, F>(
+    session: &mut T,
+    sampler: &mut P,
+    mut proposer: Option<&mut dyn Proposer>,
     prompt: &[u32],
     mut on_token: F,
 ) -> Result<Generation, GenerateError>
@@ -270,35 +329,113 @@ where
 {
     let mut history = prompt.to_vec();
     let mut tokens = Vec::new();
+    let mut stats = Stats::default();
+    let mut verify: Option<Verify> = None;
     let mut s = sampler.eval_pick(session, prompt, &history)?;
-    loop {
+    let finish = loop {
         if let Some(reason @ StopReason::StopToken(_)) = sampler.stop_reason(s.token, 0) {
-            return Ok(Generation {
-                tokens,
-                finish: Finish::Sampler(reason),
-            });
+            break Finish::Sampler(reason);
         }
         tokens.push(s.token);
         history.push(s.token);
         if on_token(&s) == Flow::Stop {
-            return Ok(Generation {
-                tokens,
-                finish: Finish::Caller,
-            });
+            break Finish::Caller;
         }
         if let Some(reason) = sampler.stop_reason(s.token, tokens.len()) {
-            return Ok(Generation {
-                tokens,
-                finish: Finish::Sampler(reason),
+            break Finish::Sampler(reason);
+        }
+        let held = verify.as_ref().map_or(session.n_past(), Verify::held);
+        if held >= session.ctx() {
+            break Finish::ContextFull;
+        }
+        if let Some(v) = verify.as_mut().filter(|v| v.accepts(s.token)) {
+            // The picked token is the draft token already evaluated after it: its row is
+            // the plain loop's next row.
+            v.at += 1;
+            stats.accepted += 1;
+            s = v.pick(session, sampler, &history)?;
+            continue;
+        }
+        if let Some(v) = verify.take() {
+            session.truncate(v.held());
+        }
+        stats.steps += 1;
+        // Room for the draft after the last token, inside the context.
+        let room = session.ctx() - session.n_past() - 1;
+        let draft = match proposer.as_deref_mut() {
+            Some(p) if room > 0 => p.propose(&history, room),
+            _ => Vec::new(),
+        };
+        if draft.is_empty() {
+            s = sampler.eval_pick(session, &[s.token], &history)?;
+            continue;
+        }
+        stats.verify_steps += 1;
+        stats.proposed += draft.len();
+        let mut inputs = Vec::with_capacity(draft.len() + 1);
+        inputs.push(s.token);
+        inputs.extend_from_slice(&draft);
+        let base = session.n_past();
+        let rows = session.eval_all(&inputs)?;
+        if rows.is_empty() || rows.len() % inputs.len() != 0 {
+            session.truncate(base + 1);
+            return Err(GenerateError::Rows {
+                values: rows.len(),
+                tokens: inputs.len(),
             });
         }
-        if session.n_past() >= session.ctx() {
-            return Ok(Generation {
-                tokens,
-                finish: Finish::ContextFull,
-            });
-        }
-        s = sampler.eval_pick(session, &[s.token], &history)?;
+        let v = verify.insert(Verify {
+            base,
+            inputs,
+            rows,
+            at: 0,
+        });
+        s = v.pick(session, sampler, &history)?;
+    };
+    // The session holds what the plain loop's would: nothing after the last token fed.
+    if let Some(v) = verify {
+        session.truncate(v.held());
+    }
+    Ok(Generation {
+        tokens,
+        finish,
+        speculation: stats,
+    })
+}
+
+/// One verify step of [`generate_with`]: `inputs` (`[last, d1..dk]`) were evaluated at
+/// positions `base..`, giving `rows`; the token being emitted was picked from row `at`.
+struct Verify {
+    base: usize,
+    inputs: Vec<u32>,
+    rows: Vec<f32>,
+    at: usize,
+}
+
+impl Verify {
+    /// Positions the plain loop would hold now: the inputs up to the one row `at` follows.
+    fn held(&self) -> usize {
+        self.base + self.at + 1
+    }
+
+    /// Whether `token`, picked from row `at`, is the draft token evaluated after it.
+    fn accepts(&self, token: u32) -> bool {
+        self.inputs.get(self.at + 1) == Some(&token)
+    }
+
+    /// Picks from row `at`; on failure the session is first cut back to what the plain
+    /// loop would hold after the same failure.
+    fn pick<T: Timeline + ?Sized, P: Picker>(
+        &self,
+        session: &mut T,
+        sampler: &mut P,
+        history: &[u32],
+    ) -> Result<Sampled, GenerateError> {
+        let n_vocab = self.rows.len() / self.inputs.len();
+        let row = &self.rows[self.at * n_vocab..(self.at + 1) * n_vocab];
+        sampler.pick_row(row, history).inspect_err(|_| {
+            session.truncate(self.held());
+        })
     }
 }
 

@@ -12,6 +12,9 @@
 //! continuous batching, cancellation) with the shared [`prefix`] cache (memory and disk).
 //! The engine never sees HTTP or command-line concerns.
 //!
+//! [`speculate`] holds the proposers of speculative decoding ([`speculate::Lookup`]); the
+//! loop verifies their drafts itself ([`generate_with`]) and so stays exact.
+//!
 //! Deviation from the target architecture (shared/guides/ARCHITECTURE.md): until the CUDA
 //! backend implements the backend contract, this crate depends on `ferrite-cuda` and drives
 //! `CudaSession`/`CudaBatch` directly beside the CPU `Session`/`Batch`.
@@ -38,6 +41,7 @@ pub mod sampler;
 mod sampler_equiv;
 pub mod scheduler;
 pub mod score;
+pub mod speculate;
 pub mod stops;
 
 /// Structured output's constraints and vocabulary (llguidance), for front ends that build
@@ -47,7 +51,7 @@ pub use ferrite_grammar as grammar;
 pub use cuda_timeline::{AnySession, CudaTimeline, ScoreSession, sampling_where};
 pub use engine_thread::{Engine, EngineBackend, EngineConfig, EngineError};
 pub use generate::{
-    Finish, Flow, GenerateError, Generation, Picker, Timeline, eval_sample, generate,
+    Finish, Flow, GenerateError, Generation, Picker, Timeline, eval_sample, generate, generate_with,
 };
 pub use inference::{
     Backend, BackendError, CacheSource, ChatPrompt, EngineStats, FinishReason, GenEvent,

@@ -1,0 +1,69 @@
+//! Speculative decoding's proposers: what guesses the next few tokens cheaply, so that the
+//! target model can verify several of them in one batched step.
+//!
+//! A [`Proposer`] only guesses. Verification lives in the one generation loop
+//! ([`crate::generate::generate_with`]), which picks every position with the caller's own
+//! sampler and accepts a draft token only where the picked token equals it: what a
+//! proposer returns can change the speed, never the output. A proposer must never read
+//! logits or touch the target's session.
+//!
+//! [`Lookup`] is prompt lookup (n-gram matching over the tokens so far); a draft model or
+//! a multi-token-prediction head implements the same trait later.
+
+mod lookup;
+
+pub use lookup::{Lookup, LookupError, NGRAM_MAX};
+
+/// Most draft tokens a proposer may be asked for in one step (`--draft-max`): a verify
+/// step evaluates one token more than this.
+pub const DRAFT_MAX_LIMIT: usize = 15;
+
+/// Guesses the tokens that follow a history.
+///
+/// Takes `&mut self` so that a proposer with state (a draft model's own session, an index
+/// over the context) can keep it between steps; `history` is always the whole sequence the
+/// loop has seen (prompt and emitted tokens), so a proposer may also rebuild from it.
+pub trait Proposer {
+    /// Up to `max` tokens guessed to follow `history`, most likely continuation first;
+    /// empty when the proposer has no guess (the loop then decodes one token plainly).
+    fn propose(&mut self, history: &[u32], max: usize) -> Vec<u32>;
+}
+
+/// What speculation did during one [`crate::generate::generate_with`] call.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Forward passes after the prompt's: plain one-token steps and verify steps alike.
+    pub steps: usize,
+    /// Steps that verified at least one draft token.
+    pub verify_steps: usize,
+    /// Draft tokens proposed and evaluated.
+    pub proposed: usize,
+    /// Draft tokens accepted (the picked token equalled the draft).
+    pub accepted: usize,
+}
+
+impl Stats {
+    /// Accepted over proposed (0 when nothing was proposed).
+    pub fn acceptance(&self) -> f64 {
+        if self.proposed == 0 {
+            0.0
+        } else {
+            self.accepted as f64 / self.proposed as f64
+        }
+    }
+
+    /// Tokens emitted per forward pass after the prompt, given `generated` tokens in all
+    /// (the first of which came from the prompt's pass).
+    pub fn tokens_per_step(&self, generated: usize) -> f64 {
+        if self.steps == 0 {
+            0.0
+        } else {
+            generated.saturating_sub(1) as f64 / self.steps as f64
+        }
+    }
+}
+
+#[cfg(test)]
+mod chi_square;
+#[cfg(test)]
+mod verify_tests;
