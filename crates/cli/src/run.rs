@@ -11,9 +11,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use ferrite_engine::grammar::Constraint;
 use ferrite_engine::output::OutputConfig;
-use ferrite_engine::speculate::{Lookup, Proposer, Stats};
+use ferrite_engine::speculate::{Lookup, Proposer};
 use ferrite_engine::{Finish, Flow, Picker, Sampler, SamplerConfig, Timeline};
-use ferrite_kvstore::{Compat, SnapshotBackend};
 use ferrite_model::{KvType, LoadOptions, Model, Precision, Session};
 use ferrite_tokenizer::{ChatRequest, ChatTemplate, Tokenizer};
 
@@ -24,6 +23,11 @@ use ferrite_engine::{AnySession, CudaTimeline};
 
 mod held;
 pub(crate) mod reasoning;
+mod report;
+mod session_file;
+
+use report::{Clocks, report};
+use session_file::{save_session, try_load};
 
 /// Weight precision choices on the command line.
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -338,19 +342,6 @@ impl Loaded {
     }
 }
 
-/// Counters for the end-of-run report.
-#[derive(Default)]
-struct Clocks {
-    prompt_tokens: usize,
-    prefill: Duration,
-    generated: usize,
-    /// Tokens sampled after the first (the first one's time belongs to prefill).
-    decoded: usize,
-    decode: Duration,
-    /// What `--lookup` did, when it ran.
-    speculation: Option<Stats>,
-}
-
 /// Run `ferrite run`.
 pub fn run(args: RunArgs) -> anyhow::Result<i32> {
     let prompt = match (args.prompt.clone(), args.prompt_text.clone()) {
@@ -636,51 +627,6 @@ fn generate(
     Ok(generation.tokens)
 }
 
-fn report(loaded: &Loaded, clocks: &Clocks, ttft: Option<Duration>) {
-    let rate = |n: usize, d: Duration| {
-        if d.is_zero() {
-            0.0
-        } else {
-            n as f64 / d.as_secs_f64()
-        }
-    };
-    eprintln!(
-        "load {:.0} ms | ttft {:.0} ms | prefill {:.1} tok/s | decode {:.1} tok/s | tokens in {} out {}",
-        loaded.load_time.as_secs_f64() * 1e3,
-        ttft.unwrap_or_default().as_secs_f64() * 1e3,
-        rate(clocks.prompt_tokens, clocks.prefill),
-        rate(clocks.decoded, clocks.decode),
-        clocks.prompt_tokens,
-        clocks.generated
-    );
-    if let Some(st) = &clocks.speculation {
-        eprintln!(
-            "lookup: proposed {} accepted {} ({:.1} %) | {:.2} tokens per step over {} steps",
-            st.proposed,
-            st.accepted,
-            st.acceptance() * 100.0,
-            st.tokens_per_step(clocks.generated),
-            st.steps
-        );
-    }
-    eprintln!("{}", loaded.backend_line());
-    if let Some(cuda) = &loaded.cuda
-        && std::env::var_os(COUNTS_ENV).is_some_and(|v| v == "1")
-    {
-        let counts = cuda.model.backend().launch_counts();
-        let ran: Vec<String> = counts
-            .iter()
-            .filter(|(_, n)| **n > 0)
-            .map(|(k, n)| format!("{k}={n}"))
-            .collect();
-        eprintln!("cuda launches: {}", ran.join(" "));
-    }
-}
-
-/// Set to `1`, a CUDA run ends with a line of the kernel launch counts (the path markers:
-/// which products, attention and sampling kernels ran).
-const COUNTS_ENV: &str = "FERRITE_CUDA_COUNTS";
-
 /// Length of the shared prefix of the held tokens and a prompt, leaving at least the last
 /// prompt token to evaluate (its logits pick the first new token).
 fn common_prefix(held: &[u32], ids: &[u32]) -> usize {
@@ -689,89 +635,6 @@ fn common_prefix(held: &[u32], ids: &[u32]) -> usize {
         .take_while(|(a, b)| a == b)
         .count()
         .min(ids.len().saturating_sub(1))
-}
-
-/// What a session file must agree with: this model file, precision, KV type, context and
-/// backend (the CUDA cache is always f16; see docs/kv-snapshot-format.md on backends).
-fn session_compat(loaded: &Loaded) -> anyhow::Result<Compat> {
-    // Digests are remembered under the ferrite home, keyed by file version.
-    let cache = ferrite_files::home();
-    let sha = ferrite_kvstore::model_sha256(&loaded.path, cache.as_deref())
-        .with_context(|| format!("hashing {}", loaded.path.display()))?;
-    Ok(match loaded.cuda {
-        Some(_) => Compat {
-            backend: SnapshotBackend::Cuda,
-            ..Compat::for_session(&loaded.model, sha, KvType::F16, loaded.ctx)
-        },
-        None => Compat::for_session(&loaded.model, sha, loaded.kv, loaded.ctx),
-    })
-}
-
-/// Writes the session's KV cache, tokens and chat messages to `path` (atomically).
-fn save_session(
-    loaded: &Loaded,
-    session: &AnySession<'_>,
-    path: &std::path::Path,
-    messages: &[serde_json::Value],
-) -> anyhow::Result<()> {
-    // Also reached from the chat's `/save PATH`, whose path no flag check saw.
-    check_not_an_input("the session file", path, &[("model", &loaded.path)])?;
-    let state = session.export_state()?;
-    let meta = serde_json::to_vec(&serde_json::json!({ "messages": messages }))?;
-    let bytes = ferrite_kvstore::write_snapshot(path, &session_compat(loaded)?, &state, &meta)
-        .with_context(|| format!("saving the session to {}", path.display()))?;
-    eprintln!(
-        "session: saved {} tokens ({bytes} bytes) to {}",
-        state.n_tokens(),
-        path.display()
-    );
-    Ok(())
-}
-
-/// Restores a session file into `session`: its tokens and, when it has them, its chat
-/// messages. A file that cannot be used (another model or setting, damaged, missing) is
-/// reported and `None` returned, so the caller starts fresh.
-#[allow(clippy::type_complexity)]
-fn try_load(
-    loaded: &Loaded,
-    session: &mut AnySession<'_>,
-    path: &std::path::Path,
-) -> anyhow::Result<Option<(Vec<u32>, Option<Vec<serde_json::Value>>)>> {
-    let sha_start = Instant::now();
-    let compat = session_compat(loaded)?;
-    let sha_ms = sha_start.elapsed().as_secs_f64() * 1e3;
-    let read_start = Instant::now();
-    let snap = match ferrite_kvstore::read_snapshot(path, &compat) {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!(
-                "note: not using session file {}: {e}; starting fresh",
-                path.display()
-            );
-            return Ok(None);
-        }
-    };
-    let read_ms = read_start.elapsed().as_secs_f64() * 1e3;
-    let n = snap.state.n_tokens();
-    let import_start = Instant::now();
-    if let Err(e) = session.import_state(&snap.state) {
-        eprintln!(
-            "note: not using session file {}: {e:#}; starting fresh",
-            path.display()
-        );
-        return Ok(None);
-    }
-    eprintln!(
-        "session: model sha256 {sha_ms:.1} ms, read and checked {} KV bytes in {read_ms:.1} ms, \
-         restored in {:.1} ms",
-        snap.state.kv.len(),
-        import_start.elapsed().as_secs_f64() * 1e3
-    );
-    let messages = serde_json::from_slice::<serde_json::Value>(&snap.meta)
-        .ok()
-        .and_then(|v| v.get("messages").and_then(|m| m.as_array()).cloned());
-    eprintln!("session: restored {n} tokens from {}", path.display());
-    Ok(Some((snap.state.tokens, messages)))
 }
 
 /// The interactive chat: the whole conversation is re-rendered each turn and only the part
