@@ -312,6 +312,12 @@ async fn reasoning_format_none_leaves_the_text_alone() {
     assert_eq!(s, said("", "<think>plan</think>Answer.", &[]));
 }
 
+/// An Anthropic messages body with this `thinking` object.
+fn anthropic_thinking(thinking: Value) -> Value {
+    json!({"max_tokens": 10, "thinking": thinking,
+        "messages": [{"role": "user", "content": "hi"}]})
+}
+
 fn rendered(fake: &Fake) -> String {
     let prompt = fake.last_prompt.lock().unwrap().clone();
     fake.detokenize(&prompt).unwrap()
@@ -339,8 +345,7 @@ async fn template_kwargs_reach_the_template() {
         (status, v["error"]["param"].as_str()),
         (StatusCode::BAD_REQUEST, Some("reasoning_effort"))
     );
-    let body = json!({"max_tokens": 10, "thinking": {"type": "enabled", "budget_tokens": 64},
-        "messages": [{"role": "user", "content": "hi"}]});
+    let body = anthropic_thinking(json!({"type": "enabled", "budget_tokens": 64}));
     assert_eq!(post(&app, "/v1/messages", body).await.0, StatusCode::OK);
     assert!(rendered(&fake).contains("\"enable_thinking\":true"));
     let body = json!({"input": "hi", "reasoning": {"effort": "low"}});
@@ -373,12 +378,10 @@ async fn reasoning_budgets_reach_the_engine_from_every_api() {
     let body = json!({"input": "hi", "thinking_token_budget": 0});
     assert_eq!(post(&app, "/v1/responses", body).await.0, StatusCode::OK);
     assert_eq!(budget_tokens(&fake), Some(0));
-    let body = json!({"max_tokens": 10, "thinking": {"type": "enabled", "budget_tokens": 64},
-        "messages": [{"role": "user", "content": "hi"}]});
+    let body = anthropic_thinking(json!({"type": "enabled", "budget_tokens": 64}));
     assert_eq!(post(&app, "/v1/messages", body).await.0, StatusCode::OK);
     assert_eq!(budget_tokens(&fake), Some(64));
-    let body = json!({"max_tokens": 10, "thinking": {"type": "disabled"},
-        "messages": [{"role": "user", "content": "hi"}]});
+    let body = anthropic_thinking(json!({"type": "disabled"}));
     assert_eq!(post(&app, "/v1/messages", body).await.0, StatusCode::OK);
     assert_eq!(budget_tokens(&fake), None);
     assert_eq!(
@@ -441,8 +444,7 @@ async fn a_budget_on_output_without_think_blocks_is_refused() {
     .await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert_eq!(v["error"]["param"], "thinking_token_budget");
-    let body = json!({"max_tokens": 10, "thinking": {"type": "enabled", "budget_tokens": 64},
-        "messages": [{"role": "user", "content": "hi"}]});
+    let body = anthropic_thinking(json!({"type": "enabled", "budget_tokens": 64}));
     let (status, v) = post(&app, "/v1/messages", body).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert!(v.to_string().contains("thinking.budget_tokens"), "{v}");
