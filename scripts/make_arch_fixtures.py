@@ -203,6 +203,89 @@ MODELS = {
         False,
         torch.float32,
     ),
+    "glm4moe": (
+        "Glm4MoeConfig",
+        dict(
+            num_hidden_layers=3,
+            head_dim=16,
+            rope_theta=10000.0,
+            # Half of each head rotated (GLM-4.5's 0.5): the other half passes through.
+            partial_rotary_factor=0.5,
+            use_qk_norm=True,
+            attention_bias=True,
+            first_k_dense_replace=1,
+            n_routed_experts=8,
+            n_shared_experts=1,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            n_group=1,
+            topk_group=1,
+            norm_topk_prob=True,
+            routed_scaling_factor=1.5,
+        ),
+        False,
+        torch.float32,
+    ),
+    "deepseek2": (
+        # DeepSeek-V2-Lite's kind: no q LoRA, softmax routing without groups, two shared
+        # experts, weights not renormalised.
+        "DeepseekV2Config",
+        dict(
+            num_hidden_layers=3,
+            num_key_value_heads=4,
+            kv_lora_rank=32,
+            q_lora_rank=None,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=16,
+            v_head_dim=16,
+            first_k_dense_replace=1,
+            n_routed_experts=8,
+            n_shared_experts=2,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            topk_method="greedy",
+            norm_topk_prob=False,
+            routed_scaling_factor=1.0,
+            rope_theta=10000.0,
+        ),
+        False,
+        torch.float32,
+    ),
+    "deepseek3": (
+        # DeepSeek-V3's kind: q LoRA, sigmoid routing with selection bias over 2 groups (1
+        # kept), routed scale 2.5, YaRN with its mscale on the attention scale.
+        "DeepseekV3Config",
+        dict(
+            num_hidden_layers=3,
+            num_key_value_heads=4,
+            kv_lora_rank=32,
+            q_lora_rank=48,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=16,
+            v_head_dim=16,
+            first_k_dense_replace=1,
+            n_routed_experts=8,
+            n_shared_experts=1,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            n_group=2,
+            topk_group=1,
+            norm_topk_prob=True,
+            routed_scaling_factor=2.5,
+            rope_theta=10000.0,
+            rope_scaling=dict(
+                rope_type="yarn",
+                factor=4.0,
+                original_max_position_embeddings=32,
+                beta_fast=32.0,
+                beta_slow=1.0,
+                mscale=1.0,
+                mscale_all_dim=1.0,
+            ),
+        ),
+        False,
+        torch.float32,
+    ),
 }
 
 # --alt-shapes: other widths, head counts (GQA group 3), depths and expert counts, for a
@@ -272,6 +355,12 @@ def init_weights(model: torch.nn.Module, gen: torch.Generator) -> None:
                 p.copy_(torch.randn(p.shape, generator=gen) * (HIDDEN_GAIN / math.sqrt(fan_in)))
             else:
                 p.copy_(torch.randn(p.shape, generator=gen))
+        for name, b in model.named_buffers():
+            # The routers' selection bias (DeepSeek V3, GLM-4.5) is a buffer, zero at init:
+            # drawn small so it changes which experts win without making a biased score
+            # negative (transformers fills masked groups with 0, not minus infinity).
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(0.1 * torch.randn(b.shape, generator=gen))
 
 
 def make_model(name: str, spec, attempt: int, drop=None, seed: int = SEED) -> torch.nn.Module:
@@ -335,6 +424,7 @@ FEATURE_KEYS = {
     "gemma3": ["rope_scaling"],
     "phi3": ["rope_scaling"],
     "qwen2yarn": ["rope_scaling"],
+    "deepseek3": ["rope_scaling"],
 }
 
 
@@ -417,7 +507,7 @@ def main() -> None:
         # Redraw the weights until no greedy step is a near-tie (margin under MIN_MARGIN) and
         # Q8_0 rounding of the weights keeps every top-1: otherwise a top-1 check on a
         # quantized model would measure the random network's chaos, not the engine.
-        for attempt in range(50):
+        for attempt in range(200):
             model = make_model(name, spec, attempt, seed=seed)
             lines, raw = record(model, tok, name)
             margin = min(line["min_top1_margin"] for line in lines)

@@ -69,11 +69,20 @@ pub enum Key {
     AttnLogitSoftcapping,
     /// Final logit soft-capping.
     FinalLogitSoftcapping,
+    /// Leading layers whose FFN is dense in a mixture-of-experts model (DeepSeek's and
+    /// GLM's `first_k_dense_replace`).
+    LeadingDenseBlockCount,
+    /// Groups the experts are split into for group-limited routing (`n_group`).
+    ExpertGroupCount,
+    /// Groups each token's experts may come from (`topk_group`).
+    ExpertGroupUsedCount,
+    /// Multi-token-prediction layers at the end of the blocks (not run by the forward pass).
+    NextnPredictLayers,
 }
 
 impl Key {
     /// Every key.
-    pub const ALL: [Key; 30] = [
+    pub const ALL: [Key; 34] = [
         Key::BlockCount,
         Key::ContextLength,
         Key::EmbeddingLength,
@@ -104,6 +113,10 @@ impl Key {
         Key::ExpertSharedFeedForwardLength,
         Key::AttnLogitSoftcapping,
         Key::FinalLogitSoftcapping,
+        Key::LeadingDenseBlockCount,
+        Key::ExpertGroupCount,
+        Key::ExpertGroupUsedCount,
+        Key::NextnPredictLayers,
     ];
 
     /// The part after `{arch}.`.
@@ -139,6 +152,10 @@ impl Key {
             Key::ExpertSharedFeedForwardLength => "expert_shared_feed_forward_length",
             Key::AttnLogitSoftcapping => "attn_logit_softcapping",
             Key::FinalLogitSoftcapping => "final_logit_softcapping",
+            Key::LeadingDenseBlockCount => "leading_dense_block_count",
+            Key::ExpertGroupCount => "expert_group_count",
+            Key::ExpertGroupUsedCount => "expert_group_used_count",
+            Key::NextnPredictLayers => "nextn_predict_layers",
         }
     }
 
@@ -187,6 +204,10 @@ mod tests {
             "llama.expert_shared_feed_forward_length",
             "llama.attn_logit_softcapping",
             "llama.final_logit_softcapping",
+            "llama.leading_dense_block_count",
+            "llama.expert_group_count",
+            "llama.expert_group_used_count",
+            "llama.nextn_predict_layers",
         ];
         assert_eq!(Key::ALL.map(|k| k.of("llama")), pinned);
         assert_eq!(

@@ -21,10 +21,10 @@
 //! where it brings math they lack.)
 //!
 //! ```
-//! use ferrite_arch::{Arch, GlobalTensor, Key, TensorRole};
+//! use ferrite_arch::{Arch, GlobalTensor, Key, Presence, TensorRole};
 //!
 //! let arch = Arch::from_name("qwen3").expect("a known architecture");
-//! assert!(arch.features().qk_norm);
+//! assert_eq!(arch.features().qk_norm, Presence::Required);
 //! assert_eq!(arch.key(Key::HeadCountKv), "qwen3.attention.head_count_kv");
 //! assert_eq!(TensorRole::AttnQNorm.weight(3), "blk.3.attn_q_norm.weight");
 //! assert_eq!(GlobalTensor::TokenEmbd.name(), "token_embd.weight");
@@ -55,6 +55,8 @@ pub enum Arch {
     Qwen3Moe,
     /// Phi-3 (fused projections, LongRoPE).
     Phi3,
+    /// GLM-4.5 / 4.6 mixture of experts (partial rotary, shared expert, sigmoid routing).
+    Glm4Moe,
 }
 
 /// Whether the layers of an architecture have a part.
@@ -88,7 +90,7 @@ pub struct Features {
     /// order and the model uses half-split (NeoX) rope.
     pub interleaved_rope: bool,
     /// Per-head RMSNorm of Q and K before rope (`attn_q_norm`, `attn_k_norm`).
-    pub qk_norm: bool,
+    pub qk_norm: Presence,
     /// RMSNorm of the attention and FFN outputs before the residual add
     /// (`post_attention_norm`, `post_ffw_norm`).
     pub post_norms: bool,
@@ -114,13 +116,13 @@ pub struct ArchEntry {
 }
 
 /// The table, in the order of [`Arch`]'s variants.
-pub const ARCHES: [ArchEntry; 7] = [
+pub const ARCHES: [ArchEntry; 8] = [
     ArchEntry {
         arch: Arch::Llama,
         name: "llama",
         features: Features {
             interleaved_rope: true,
-            qk_norm: false,
+            qk_norm: Presence::Never,
             post_norms: false,
             qkv_bias: Presence::IfPresent,
             out_bias: Presence::IfPresent,
@@ -133,7 +135,7 @@ pub const ARCHES: [ArchEntry; 7] = [
         name: "gemma3",
         features: Features {
             interleaved_rope: false,
-            qk_norm: true,
+            qk_norm: Presence::Required,
             post_norms: true,
             qkv_bias: Presence::Never,
             out_bias: Presence::Never,
@@ -146,7 +148,7 @@ pub const ARCHES: [ArchEntry; 7] = [
         name: "gemma2",
         features: Features {
             interleaved_rope: false,
-            qk_norm: false,
+            qk_norm: Presence::Never,
             post_norms: true,
             qkv_bias: Presence::Never,
             out_bias: Presence::Never,
@@ -159,7 +161,7 @@ pub const ARCHES: [ArchEntry; 7] = [
         name: "qwen2",
         features: Features {
             interleaved_rope: false,
-            qk_norm: false,
+            qk_norm: Presence::Never,
             post_norms: false,
             qkv_bias: Presence::Required,
             out_bias: Presence::IfPresent,
@@ -172,7 +174,7 @@ pub const ARCHES: [ArchEntry; 7] = [
         name: "qwen3",
         features: Features {
             interleaved_rope: false,
-            qk_norm: true,
+            qk_norm: Presence::Required,
             post_norms: false,
             qkv_bias: Presence::IfPresent,
             out_bias: Presence::IfPresent,
@@ -185,7 +187,7 @@ pub const ARCHES: [ArchEntry; 7] = [
         name: "qwen3moe",
         features: Features {
             interleaved_rope: false,
-            qk_norm: true,
+            qk_norm: Presence::Required,
             post_norms: false,
             qkv_bias: Presence::IfPresent,
             out_bias: Presence::IfPresent,
@@ -198,7 +200,7 @@ pub const ARCHES: [ArchEntry; 7] = [
         name: "phi3",
         features: Features {
             interleaved_rope: false,
-            qk_norm: false,
+            qk_norm: Presence::Never,
             post_norms: false,
             qkv_bias: Presence::Never,
             out_bias: Presence::Never,
@@ -206,11 +208,25 @@ pub const ARCHES: [ArchEntry; 7] = [
             fused: true,
         },
     },
+    ArchEntry {
+        arch: Arch::Glm4Moe,
+        name: "glm4moe",
+        features: Features {
+            interleaved_rope: false,
+            // GLM-4.5's `use_qk_norm`; llama.cpp loads the norms where the file has them.
+            qk_norm: Presence::IfPresent,
+            post_norms: false,
+            qkv_bias: Presence::IfPresent,
+            out_bias: Presence::Never,
+            experts: Presence::Required,
+            fused: false,
+        },
+    },
 ];
 
 impl Arch {
     /// Every architecture, in table order.
-    pub const ALL: [Arch; 7] = [
+    pub const ALL: [Arch; 8] = [
         Arch::Llama,
         Arch::Gemma3,
         Arch::Gemma2,
@@ -218,6 +234,7 @@ impl Arch {
         Arch::Qwen3,
         Arch::Qwen3Moe,
         Arch::Phi3,
+        Arch::Glm4Moe,
     ];
 
     /// The architecture whose `general.architecture` is `name`; `None` for one ferrite does
@@ -273,7 +290,7 @@ mod tests {
                 Arch::Llama,
                 "llama",
                 true,
-                false,
+                Never,
                 false,
                 IfPresent,
                 IfPresent,
@@ -283,7 +300,7 @@ mod tests {
                 Arch::Gemma3,
                 "gemma3",
                 false,
-                true,
+                Required,
                 true,
                 Never,
                 Never,
@@ -293,7 +310,7 @@ mod tests {
                 Arch::Gemma2,
                 "gemma2",
                 false,
-                false,
+                Never,
                 true,
                 Never,
                 Never,
@@ -303,7 +320,7 @@ mod tests {
                 Arch::Qwen2,
                 "qwen2",
                 false,
-                false,
+                Never,
                 false,
                 Required,
                 IfPresent,
@@ -313,7 +330,7 @@ mod tests {
                 Arch::Qwen3,
                 "qwen3",
                 false,
-                true,
+                Required,
                 false,
                 IfPresent,
                 IfPresent,
@@ -323,13 +340,23 @@ mod tests {
                 Arch::Qwen3Moe,
                 "qwen3moe",
                 false,
-                true,
+                Required,
                 false,
                 IfPresent,
                 IfPresent,
                 Required,
             ),
-            (Arch::Phi3, "phi3", false, false, false, Never, Never, Never),
+            (Arch::Phi3, "phi3", false, Never, false, Never, Never, Never),
+            (
+                Arch::Glm4Moe,
+                "glm4moe",
+                false,
+                IfPresent,
+                false,
+                IfPresent,
+                Never,
+                Required,
+            ),
         ];
         assert_eq!(pinned.len(), Arch::ALL.len());
         for (arch, name, rope, qk, post, qkv, out, experts) in pinned {

@@ -84,6 +84,16 @@ pub enum TensorRole {
     FfnDownExps,
     /// RMSNorm of the FFN output (Gemma 3).
     PostFfwNorm,
+    /// Shared expert gate (`ffn_gate_shexp`): a dense FFN every token runs beside its
+    /// routed experts.
+    FfnGateShexp,
+    /// Shared expert up projection (`ffn_up_shexp`).
+    FfnUpShexp,
+    /// Shared expert down projection (`ffn_down_shexp`).
+    FfnDownShexp,
+    /// The router's per-expert selection bias (`exp_probs_b.bias`: DeepSeek V3's and
+    /// GLM-4.5's `e_score_correction_bias`), added to the scores only to pick experts.
+    ExpProbsB,
 }
 
 /// The end of every norm weight's name, in ferrite's architectures and llama.cpp's others.
@@ -91,7 +101,7 @@ pub const NORM_SUFFIX: &str = "_norm.weight";
 
 impl TensorRole {
     /// Every per-layer role.
-    pub const ALL: [TensorRole; 18] = [
+    pub const ALL: [TensorRole; 22] = [
         TensorRole::AttnNorm,
         TensorRole::AttnQ,
         TensorRole::AttnK,
@@ -110,6 +120,10 @@ impl TensorRole {
         TensorRole::FfnUpExps,
         TensorRole::FfnDownExps,
         TensorRole::PostFfwNorm,
+        TensorRole::FfnGateShexp,
+        TensorRole::FfnUpShexp,
+        TensorRole::FfnDownShexp,
+        TensorRole::ExpProbsB,
     ];
 
     /// The middle of its names (`attn_q` in `blk.N.attn_q.weight`).
@@ -133,6 +147,10 @@ impl TensorRole {
             TensorRole::FfnUpExps => "ffn_up_exps",
             TensorRole::FfnDownExps => "ffn_down_exps",
             TensorRole::PostFfwNorm => "post_ffw_norm",
+            TensorRole::FfnGateShexp => "ffn_gate_shexp",
+            TensorRole::FfnUpShexp => "ffn_up_shexp",
+            TensorRole::FfnDownShexp => "ffn_down_shexp",
+            TensorRole::ExpProbsB => "exp_probs_b",
         }
     }
 
@@ -247,6 +265,10 @@ pub fn layer_of(name: &str) -> Option<usize> {
 pub struct LayerParts {
     /// Expert FFNs (router and stacks) instead of dense ones.
     pub experts: bool,
+    /// A shared expert beside the routed ones (expert layers only).
+    pub shared_expert: bool,
+    /// The router's selection bias (expert layers only).
+    pub selection_bias: bool,
     /// Per-head Q/K norms.
     pub qk_norm: bool,
     /// Post-attention and post-FFN norms.
@@ -273,6 +295,9 @@ impl LayerParts {
         roles.extend([R::AttnOutput, R::FfnNorm]);
         if self.experts {
             roles.extend([R::FfnGateInp, R::FfnGateExps, R::FfnUpExps, R::FfnDownExps]);
+            if self.shared_expert {
+                roles.extend([R::FfnGateShexp, R::FfnUpShexp, R::FfnDownShexp]);
+            }
         } else if self.fused {
             roles.extend([R::FfnUp, R::FfnDown]);
         } else {
@@ -291,6 +316,9 @@ impl LayerParts {
         }
         if self.out_bias {
             out.push((R::AttnOutput, Kind::Bias));
+        }
+        if self.experts && self.selection_bias {
+            out.push((R::ExpProbsB, Kind::Bias));
         }
         out
     }
@@ -333,6 +361,10 @@ mod tests {
             "blk.7.ffn_up_exps.weight",
             "blk.7.ffn_down_exps.weight",
             "blk.7.post_ffw_norm.weight",
+            "blk.7.ffn_gate_shexp.weight",
+            "blk.7.ffn_up_shexp.weight",
+            "blk.7.ffn_down_shexp.weight",
+            "blk.7.exp_probs_b.weight",
         ];
         assert_eq!(TensorRole::ALL.map(|r| r.weight(7)), layer);
         assert_eq!(TensorRole::AttnQ.bias(12), "blk.12.attn_q.bias");
@@ -384,12 +416,22 @@ mod tests {
                      ffn_down_exps.weight attn_q_norm.weight attn_k_norm.weight"
                 ),
             ),
+            (
+                Arch::Glm4Moe,
+                format!(
+                    "{attn} ffn_gate_inp.weight ffn_gate_exps.weight ffn_up_exps.weight \
+                     ffn_down_exps.weight ffn_gate_shexp.weight ffn_up_shexp.weight \
+                     ffn_down_shexp.weight exp_probs_b.bias"
+                ),
+            ),
         ];
         for (arch, tails) in pinned {
             let f = arch.features();
             let parts = LayerParts {
                 experts: f.experts.resolve(false),
-                qk_norm: f.qk_norm,
+                shared_expert: arch == Arch::Glm4Moe,
+                selection_bias: arch == Arch::Glm4Moe,
+                qk_norm: f.qk_norm.resolve(false),
                 post_norms: f.post_norms,
                 qkv_bias: f.qkv_bias.resolve(false),
                 out_bias: f.out_bias.resolve(false),

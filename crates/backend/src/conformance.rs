@@ -407,6 +407,7 @@ fn rope_args<V>(
 ) -> Rope<V> {
     Rope {
         head_dim,
+        rot_dim: head_dim,
         base: 10_000.0,
         style,
         factors,
@@ -455,7 +456,7 @@ fn random_routing(rng: &mut Rng, n_expert: usize, k: usize, rows: usize) -> Rout
     r.begin(rows, k);
     for t in 0..rows {
         let logits = rng.values(n_expert, 2.0);
-        r.route(t, &logits, true);
+        r.route(t, &logits, &crate::RouteRule::softmax(true), None);
     }
     r.group();
     r

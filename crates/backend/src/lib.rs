@@ -38,7 +38,7 @@ mod types;
 
 pub use error::BackendError;
 pub use op::{Op, Support};
-pub use routing::Routing;
+pub use routing::{Gating, RouteRule, Routing};
 pub use types::{Act, AttnShape, ExpertBufs, HostMatrix, KvType, Rope, RopeStyle, Segment};
 
 /// Results of the contract's ops.
@@ -214,11 +214,11 @@ pub trait Backend: Sync {
     // ---- positions, KV store, attention ----
 
     /// Fills `angles` for the rows of `segs` for each rope base of `bases` (the layers'
-    /// bases, repeats allowed), `head_dim` values per head.
+    /// bases, repeats allowed), for rotations of `rot_dim` values ([`Rope::rot_dim`]).
     fn rope_prepare(
         &self,
         angles: &mut Self::Angles,
-        head_dim: usize,
+        rot_dim: usize,
         bases: &mut dyn Iterator<Item = f32>,
         segs: &[Segment<'_, Self::Kv>],
     ) -> Result<()>;
@@ -273,9 +273,15 @@ pub trait Backend: Sync {
     // ---- experts and selection ----
 
     /// Routes the `routing.rows()` tokens of the pass by their router logits (`n_expert`
-    /// per row, in `logits`) and groups them by expert ([`Routing::route`],
-    /// [`Routing::group`]).
-    fn moe_route(&self, logits: &Self::Buf, routing: &mut Routing, norm_topk: bool) -> Result<()>;
+    /// per row, in `logits`) under `rule` with the selection `bias`, and groups them by
+    /// expert ([`Routing::route`], [`Routing::group`]).
+    fn moe_route(
+        &self,
+        logits: &Self::Buf,
+        routing: &mut Routing,
+        rule: &RouteRule,
+        bias: Option<&[f32]>,
+    ) -> Result<()>;
     /// The gated FFN of each expert over the rows routed to it (`experts(e)` gives expert
     /// `e`'s gate, up and down matrices), and each token's weighted sum of its experts'
     /// outputs in slot order, into `out` (`rows × d_model`).

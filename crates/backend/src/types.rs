@@ -106,12 +106,16 @@ pub struct AttnShape {
 pub struct Rope<V> {
     /// Values per head.
     pub head_dim: usize,
+    /// Values rotated at the start of each head (`head_dim` for full rope; fewer for
+    /// partial rotary, whose frequencies are those of a `rot_dim` head and whose other
+    /// values pass through). Even.
+    pub rot_dim: usize,
     /// Rope base (theta).
     pub base: f32,
     /// Pairing of a head's dimensions.
     pub style: RopeStyle,
     /// Per-pair frequency divisors (Llama 3 scaling): pair `i` turns by
-    /// `pos · base^(-2i/head_dim) / factors[i]`.
+    /// `pos · base^(-2i/rot_dim) / factors[i]`.
     pub factors: Option<V>,
     /// LongRoPE (Phi-3): the divisors `(long, after)` that replace `factors` for the rows of
     /// every segment whose KV store holds more than `after` positions (llama.cpp's rule: a

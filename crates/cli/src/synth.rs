@@ -266,7 +266,7 @@ fn tensor_specs<'a>(args: &'a SynthArgs, s: &'a Shape) -> impl Iterator<Item = S
             norm(TensorRole::AttnNorm.weight(l), s.hidden),
             norm(TensorRole::FfnNorm.weight(l), s.hidden),
         ];
-        if features.qk_norm {
+        if features.qk_norm != ferrite_arch::Presence::Never {
             norms.push(norm(TensorRole::AttnQNorm.weight(l), hd));
             norms.push(norm(TensorRole::AttnKNorm.weight(l), hd));
         }

@@ -11,7 +11,9 @@
 //! demand. Also checked: the naive f64 reference against the optimized path on each
 //! converted model, and mutants of the converted files (q/k/v biases zeroed, one expert
 //! instead of two, Gemma 2's soft caps off, linear rope scaling off, LongRoPE's attention
-//! factor or long factors off) that the f32 check must reject.
+//! factor or long factors off; the routers' selection bias zeroed, the shared expert
+//! zeroed, softmax for sigmoid scores, unscaled weights, one expert group, full rope for
+//! partial rotary) that the f32 check must reject.
 //!
 //! `FERRITE_ARCH_FIXTURES` names another directory of the same layout (the held-out set); a
 //! missing or empty directory is a failure.
@@ -318,9 +320,34 @@ fn mutations(g: &Gguf) -> Vec<Mutation> {
             vec![],
         ));
     }
-    if g.tensors().iter().any(|t| t.name.ends_with(".bias")) {
+    let has = |suffix: &str| g.tensors().iter().any(|t| t.name.ends_with(suffix));
+    if has("attn_q.bias") {
         let zero = vec!["attn_q.bias", "attn_k.bias", "attn_v.bias"];
         out.push(("no q/k/v biases".into(), vec![], zero));
+    }
+    if has("exp_probs_b.bias") {
+        out.push(("no selection bias".into(), vec![], vec!["exp_probs_b.bias"]));
+    }
+    if has("ffn_down_shexp.weight") {
+        out.push((
+            "no shared expert".into(),
+            vec![],
+            vec!["ffn_down_shexp.weight"],
+        ));
+    }
+    // Partial rotary turned into full rope.
+    let (rope_key, head_key) = (
+        format!("{arch}.rope.dimension_count"),
+        format!("{arch}.attention.key_length"),
+    );
+    if let (Ok(rope), Ok(head)) = (g.get_u32(&rope_key), g.get_u32(&head_key))
+        && rope != head
+    {
+        out.push((
+            "full rope".into(),
+            vec![(rope_key, Value::U32(head))],
+            vec![],
+        ));
     }
     // A zero cap is no cap; a factor of 1 is no scaling; LongRoPE without its attention
     // factor, or with a switch point no fixture reaches (short factors only).
@@ -330,9 +357,13 @@ fn mutations(g: &Gguf) -> Vec<Mutation> {
         ("rope.scaling.factor", Value::F32(1.0)),
         ("rope.scaling.attn_factor", Value::F32(1.0)),
         ("rope.scaling.original_context_length", Value::U32(1 << 20)),
+        // Softmax instead of sigmoid scores; unscaled weights; one group of experts.
+        ("expert_gating_func", Value::U32(1)),
+        ("expert_weights_scale", Value::F32(1.0)),
+        ("expert_group_count", Value::U32(1)),
     ] {
         let key = format!("{arch}.{key}");
-        if g.get(&key).is_some() {
+        if g.get(&key).is_some_and(|v| *v != off) {
             out.push((format!("{key} = {off:?}"), vec![(key, off)], vec![]));
         }
     }

@@ -39,6 +39,7 @@ fn expected_arch(config: &Value) -> &'static str {
         "Gemma2ForCausalLM" => "gemma2",
         "Gemma3ForCausalLM" => "gemma3",
         "Phi3ForCausalLM" => "phi3",
+        "Glm4MoeForCausalLM" => "glm4moe",
         _ => "llama",
     }
 }
@@ -99,10 +100,14 @@ fn every_arch_fixture_converts_loads_and_tokenizes_like_transformers() {
         let experts = config
             .get("num_local_experts")
             .or_else(|| config.get("num_experts"))
+            .or_else(|| config.get("n_routed_experts"))
             .and_then(Value::as_u64);
         assert_eq!(g.get_u64(&k("expert_count")).ok(), experts, "{name}");
         if experts.is_some() {
-            assert!(g.tensor("blk.0.ffn_gate_exps.weight").is_some(), "{name}");
+            // The first expert layer follows the leading dense ones (DeepSeek, GLM).
+            let first = config["first_k_dense_replace"].as_u64().unwrap_or(0);
+            let stack = format!("blk.{first}.ffn_gate_exps.weight");
+            assert!(g.tensor(&stack).is_some(), "{name}: {stack}");
         }
         let rope = config
             .get("rope_parameters")

@@ -43,6 +43,8 @@ pub enum Family {
     Gemma3,
     /// `Phi3ForCausalLM`.
     Phi3,
+    /// `Glm4MoeForCausalLM` (GLM-4.5, 4.6).
+    Glm4Moe,
 }
 
 impl Family {
@@ -63,6 +65,7 @@ impl Family {
                 "Gemma2ForCausalLM" => Family::Gemma2,
                 "Gemma3ForCausalLM" => Family::Gemma3,
                 "Phi3ForCausalLM" => Family::Phi3,
+                "Glm4MoeForCausalLM" => Family::Glm4Moe,
                 _ => return None,
             })
         });
@@ -80,6 +83,7 @@ impl Family {
             (None, Some("gemma2")) => Ok(Family::Gemma2),
             (None, Some("gemma3_text")) => Ok(Family::Gemma3),
             (None, Some("phi3")) => Ok(Family::Phi3),
+            (None, Some("glm4_moe")) => Ok(Family::Glm4Moe),
             (Some(c), _) => Err(ConvertError::UnsupportedArchitecture(c.to_owned())),
             (None, Some(t)) => Err(ConvertError::UnsupportedArchitecture(t.to_owned())),
             (None, None) => Err(ConvertError::BadConfig {
@@ -99,6 +103,7 @@ impl Family {
             Family::Gemma2 => Arch::Gemma2,
             Family::Gemma3 => Arch::Gemma3,
             Family::Phi3 => Arch::Phi3,
+            Family::Glm4Moe => Arch::Glm4Moe,
         }
     }
 
@@ -134,14 +139,14 @@ impl Family {
             Family::Qwen2 | Family::Qwen3 | Family::Qwen3Moe => 32768,
             Family::Gemma2 => 8192,
             Family::Phi3 => 4096,
-            Family::Gemma3 => 131_072,
+            Family::Gemma3 | Family::Glm4Moe => 131_072,
         }
     }
 
     /// transformers' default `rms_norm_eps`.
     fn default_rms_eps(self) -> f64 {
         match self {
-            Family::Mixtral | Family::Phi3 => 1e-5,
+            Family::Mixtral | Family::Phi3 | Family::Glm4Moe => 1e-5,
             _ => 1e-6,
         }
     }
@@ -212,6 +217,32 @@ pub struct Experts {
     /// Whether the chosen experts' weights are renormalised to sum to 1 (Qwen3-MoE's
     /// `norm_topk_prob`; Mixtral always renormalises and has no key).
     pub norm_topk: Option<bool>,
+    /// Shared experts every token runs (`n_shared_experts`; 0 for none).
+    pub shared: usize,
+    /// Leading layers with a dense FFN (`first_k_dense_replace`).
+    pub leading_dense: usize,
+    /// Sigmoid scores instead of softmax (GLM-4.5, DeepSeek V3).
+    pub sigmoid: bool,
+    /// Multiplier of the chosen experts' weights (`routed_scaling_factor`).
+    pub scale: Option<f64>,
+    /// `(n_group, topk_group)` of group-limited routing, when there is more than one group.
+    pub groups: Option<(usize, usize)>,
+}
+
+impl Experts {
+    /// Softmax routing without shared experts, dense layers, scale or groups (Mixtral,
+    /// Qwen3-MoE): the fields the other families leave as they are.
+    const SOFTMAX: Experts = Experts {
+        count: 0,
+        used: 0,
+        ff: None,
+        norm_topk: None,
+        shared: 0,
+        leading_dense: 0,
+        sigmoid: false,
+        scale: None,
+        groups: None,
+    };
 }
 
 /// Sliding-window attention settings.
@@ -240,6 +271,8 @@ pub struct HfConfig {
     pub n_kv_head: usize,
     /// Values per head.
     pub head_dim: usize,
+    /// Values rope turns at the start of each head (`partial_rotary_factor × head_dim`).
+    pub rope_dim: usize,
     /// Whether `head_dim` was given explicitly (then `key_length`/`value_length` are written).
     pub head_dim_explicit: bool,
     /// `vocab_size`.
@@ -425,7 +458,8 @@ impl HfConfig {
         if !(rms_eps.is_finite() && rms_eps >= 0.0) {
             return Err(bad("rms_norm_eps", "must be a finite number ≥ 0"));
         }
-        let (rope_theta, scaling) = rope(cfg, family, head_dim, ctx)?;
+        let rope_dim = rope_dim(cfg, family, head_dim)?;
+        let (rope_theta, scaling) = rope(cfg, family, rope_dim, ctx)?;
         let (mut llama3_rope, mut linear_rope, mut long_rope, mut yarn) = (None, None, None, None);
         match scaling {
             Scaling::None => {}
@@ -466,6 +500,7 @@ impl HfConfig {
             n_head,
             n_kv_head,
             head_dim,
+            rope_dim,
             head_dim_explicit: explicit.is_some(),
             n_vocab,
             ctx,
@@ -509,8 +544,8 @@ impl HfConfig {
         if arch == Arch::Llama {
             m.push((k(Key::VocabSize), u(self.n_vocab)));
         }
-        if matches!(arch, Arch::Llama | Arch::Phi3) {
-            m.push((k(Key::RopeDimensionCount), u(self.head_dim)));
+        if matches!(arch, Arch::Llama | Arch::Phi3 | Arch::Glm4Moe) {
+            m.push((k(Key::RopeDimensionCount), u(self.rope_dim)));
         }
         if let Some(e) = &self.experts {
             if let Some(ff) = e.ff {
@@ -518,6 +553,23 @@ impl HfConfig {
             }
             if let Some(norm) = e.norm_topk {
                 m.push((k(Key::ExpertWeightsNorm), Value::Bool(norm)));
+            }
+            if e.shared > 0 {
+                m.push((k(Key::ExpertSharedCount), u(e.shared)));
+            }
+            if e.leading_dense > 0 {
+                m.push((k(Key::LeadingDenseBlockCount), u(e.leading_dense)));
+            }
+            if let Some(scale) = e.scale {
+                m.push((k(Key::ExpertWeightsScale), Value::F32(scale as f32)));
+            }
+            if e.sigmoid {
+                // llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID.
+                m.push((k(Key::ExpertGatingFunc), Value::U32(2)));
+            }
+            if let Some((groups, kept)) = e.groups {
+                m.push((k(Key::ExpertGroupCount), u(groups)));
+                m.push((k(Key::ExpertGroupUsedCount), u(kept)));
             }
         }
         if let Some(r) = &self.long_rope {
@@ -625,13 +677,6 @@ fn rope(
     head_dim: usize,
     ctx: u64,
 ) -> Result<(f64, Scaling), ConvertError> {
-    if let Some(f) = get_f64(cfg, "partial_rotary_factor")?
-        && f != 1.0
-    {
-        return Err(ConvertError::UnsupportedFeature(format!(
-            "partial_rotary_factor {f}"
-        )));
-    }
     let empty = Map::new();
     let (key, params) = match (cfg.get("rope_parameters"), cfg.get("rope_scaling")) {
         (Some(Json::Object(p)), _) => ("rope_parameters", p),
@@ -701,6 +746,38 @@ fn rope(
         }
     };
     Ok((theta, scaling.map_or(Scaling::None, Scaling::Llama3)))
+}
+
+/// The values rope turns per head: `partial_rotary_factor × head_dim` (top level, or in
+/// `rope_parameters` as transformers 5 writes it), for the families whose readers take it.
+fn rope_dim(
+    cfg: &Map<String, Json>,
+    family: Family,
+    head_dim: usize,
+) -> Result<usize, ConvertError> {
+    const KEY: &str = "partial_rotary_factor";
+    let nested = match cfg.get("rope_parameters") {
+        Some(Json::Object(p)) => get_f64(p, KEY)?,
+        _ => None,
+    };
+    let Some(f) = get_f64(cfg, KEY)?.or(nested).filter(|&f| f != 1.0) else {
+        return Ok(head_dim);
+    };
+    if family != Family::Glm4Moe {
+        return Err(ConvertError::UnsupportedFeature(format!("{KEY} {f}")));
+    }
+    let dims = f * head_dim as f64;
+    if !(dims >= 2.0
+        && dims <= head_dim as f64
+        && dims.fract() == 0.0
+        && (dims as usize).is_multiple_of(2))
+    {
+        return Err(bad(
+            KEY,
+            format!("{f} of {head_dim} values is not an even number of them"),
+        ));
+    }
+    Ok(dims as usize)
 }
 
 /// `original_max_position_embeddings` of a scaled rope: in its parameters, else at the top
@@ -860,7 +937,36 @@ fn experts(cfg: &Map<String, Json>, family: Family) -> Result<Option<Experts>, C
             used: need_usize(cfg, "num_experts_per_tok")?,
             ff: None,
             norm_topk: None,
+            ..Experts::SOFTMAX
         })),
+        Family::Glm4Moe => {
+            let method = cfg.get("topk_method").and_then(Json::as_str);
+            if method.is_some_and(|m| m != "noaux_tc") {
+                return Err(ConvertError::UnsupportedFeature(
+                    "topk_method other than noaux_tc (sigmoid scores, selection bias)".into(),
+                ));
+            }
+            let groups = match get_usize(cfg, "n_group")?.unwrap_or(1) {
+                0 => return Err(bad("n_group", "must be positive")),
+                1 => None,
+                n => Some((n, need_usize(cfg, "topk_group")?)),
+            };
+            let scale = get_f64(cfg, "routed_scaling_factor")?.unwrap_or(1.0);
+            if !(scale.is_finite() && scale > 0.0) {
+                return Err(bad("routed_scaling_factor", "must be a finite number > 0"));
+            }
+            Ok(Some(Experts {
+                count: need_usize(cfg, "n_routed_experts")?,
+                used: need_usize(cfg, "num_experts_per_tok")?,
+                ff: Some(need_usize(cfg, "moe_intermediate_size")?),
+                norm_topk: Some(get_bool(cfg, "norm_topk_prob")?.unwrap_or(true)),
+                shared: get_usize(cfg, "n_shared_experts")?.unwrap_or(0),
+                leading_dense: get_usize(cfg, "first_k_dense_replace")?.unwrap_or(0),
+                sigmoid: true,
+                scale: Some(scale),
+                groups,
+            }))
+        }
         Family::Qwen3Moe => {
             if get_usize(cfg, "decoder_sparse_step")?.unwrap_or(1) != 1 {
                 return Err(ConvertError::UnsupportedFeature(
@@ -886,6 +992,7 @@ fn experts(cfg: &Map<String, Json>, family: Family) -> Result<Option<Experts>, C
                 used: need_usize(cfg, "num_experts_per_tok")?,
                 ff: Some(need_usize(cfg, "moe_intermediate_size")?),
                 norm_topk: Some(get_bool(cfg, "norm_topk_prob")?.unwrap_or(false)),
+                ..Experts::SOFTMAX
             }))
         }
         _ => Ok(None),
@@ -926,7 +1033,7 @@ fn sliding_window(
 ) -> Result<Option<SlidingWindow>, ConvertError> {
     let window = get_usize(cfg, "sliding_window")?;
     let layers = match family {
-        Family::Llama => return Ok(None),
+        Family::Llama | Family::Glm4Moe => return Ok(None),
         Family::Gemma2 | Family::Gemma3 => {
             if window.is_none() {
                 return Err(bad(

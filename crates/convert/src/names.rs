@@ -135,6 +135,19 @@ fn map_moe(layer: usize, moe: &str, kind: Option<Kind>) -> Option<Mapped> {
         ("gate", Some(Kind::Weight)) => {
             return Some(Mapped::Plain(TensorRole::FfnGateInp.weight(layer)));
         }
+        // DeepSeek V3's and GLM-4.5's selection bias: a buffer, without a suffix.
+        ("gate.e_score_correction_bias", None) => {
+            return Some(Mapped::Plain(TensorRole::ExpProbsB.bias(layer)));
+        }
+        ("shared_experts.gate_proj", Some(Kind::Weight)) => {
+            return Some(Mapped::Plain(TensorRole::FfnGateShexp.weight(layer)));
+        }
+        ("shared_experts.up_proj", Some(Kind::Weight)) => {
+            return Some(Mapped::Plain(TensorRole::FfnUpShexp.weight(layer)));
+        }
+        ("shared_experts.down_proj", Some(Kind::Weight)) => {
+            return Some(Mapped::Plain(TensorRole::FfnDownShexp.weight(layer)));
+        }
         ("experts.gate_up_proj", _) => return Some(Mapped::FusedGateUp { layer }),
         ("experts.down_proj", _) => return Some(Mapped::FusedDown { layer }),
         _ => {}
@@ -266,5 +279,30 @@ mod tests {
             Some(Mapped::FusedGateUp { layer: 5 })
         );
         assert_eq!(ExpertPart::Gate.gguf_name(4), "blk.4.ffn_gate_exps.weight");
+    }
+
+    /// gguf-py's names for DeepSeek V3's and GLM-4.5's shared experts and selection bias.
+    #[test]
+    fn maps_shared_experts_and_the_selection_bias() {
+        for (hf, gguf) in [
+            (
+                "model.layers.1.mlp.gate.e_score_correction_bias",
+                "blk.1.exp_probs_b.bias",
+            ),
+            (
+                "model.layers.1.mlp.shared_experts.gate_proj.weight",
+                "blk.1.ffn_gate_shexp.weight",
+            ),
+            (
+                "model.layers.2.mlp.shared_experts.up_proj.weight",
+                "blk.2.ffn_up_shexp.weight",
+            ),
+            (
+                "model.layers.3.mlp.shared_experts.down_proj.weight",
+                "blk.3.ffn_down_shexp.weight",
+            ),
+        ] {
+            assert_eq!(map_llama(hf), Some(Mapped::Plain(gguf.into())), "{hf}");
+        }
     }
 }

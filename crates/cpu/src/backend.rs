@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use ferrite_backend::{
     Act, AttnShape, Backend, BackendError, ExpertBufs, HostMatrix, KvType, Op, Result, Rope,
-    Routing, Segment, Support,
+    RouteRule, Routing, Segment, Support,
 };
 use ferrite_quant::kernels::{GatedAct, gated_act};
 use ferrite_quant::simd_level;
@@ -49,11 +49,11 @@ pub struct CpuAngles {
 }
 
 impl CpuAngles {
-    /// The table of this pass for `base`, covering `rows` rows.
-    fn table(&self, head_dim: usize, base: f32, rows: usize) -> Result<&RopeTable> {
+    /// The table of this pass for `base`, covering `rows` rows of `rot_dim` rotations.
+    fn table(&self, rot_dim: usize, base: f32, rows: usize) -> Result<&RopeTable> {
         self.tables[..self.n]
             .iter()
-            .find(|t| t.covers(head_dim, base, rows))
+            .find(|t| t.covers(rot_dim, base, rows))
             .ok_or_else(|| bad("rope", format!("no angles prepared for base {base}")))
     }
 }
@@ -148,9 +148,15 @@ pub(crate) fn factors_at<'a>(r: &Rope<&'a [f32]>, ctx: usize) -> Option<&'a [f32
 }
 
 /// LongRoPE's long divisors need the plain ones (the rows before the switch point use them).
-fn check_long(op: &'static str, r: &Rope<&[f32]>) -> Result<()> {
+fn check_rope(op: &'static str, r: &Rope<&[f32]>) -> Result<()> {
     if r.long.is_some() && r.factors.is_none() {
         return Err(bad(op, "long rope factors without the short ones"));
+    }
+    if r.rot_dim < 2 || r.rot_dim > r.head_dim || !r.rot_dim.is_multiple_of(2) {
+        return Err(bad(
+            op,
+            format!("{} rotated values in heads of {}", r.rot_dim, r.head_dim),
+        ));
     }
     Ok(())
 }
@@ -411,7 +417,7 @@ impl Backend for CpuBackend<'_> {
     fn rope_prepare(
         &self,
         angles: &mut CpuAngles,
-        head_dim: usize,
+        rot_dim: usize,
         bases: &mut dyn Iterator<Item = f32>,
         segs: &[Segment<'_, KvCache>],
     ) -> Result<()> {
@@ -420,14 +426,14 @@ impl Backend for CpuBackend<'_> {
         for base in bases {
             if angles.tables[..angles.n]
                 .iter()
-                .any(|t| t.covers(head_dim, base, rows))
+                .any(|t| t.covers(rot_dim, base, rows))
             {
                 continue;
             }
             if angles.n == angles.tables.len() {
                 angles.tables.push(RopeTable::default());
             }
-            angles.tables[angles.n].fill(head_dim, base, positions(segs));
+            angles.tables[angles.n].fill(rot_dim, base, positions(segs));
             angles.n += 1;
         }
         Ok(())
@@ -448,11 +454,11 @@ impl Backend for CpuBackend<'_> {
                 format!("rows of {width} values in heads of {}", r.head_dim),
             ));
         }
-        check_long("rope", r)?;
+        check_rope("rope", r)?;
         let x = get_mut("rope", x, 0, mul("rope", rows, width)?)?;
         let table = match r.factors {
             Some(_) => None,
-            None => Some(angles.table(r.head_dim, r.base, rows)?),
+            None => Some(angles.table(r.rot_dim, r.base, rows)?),
         };
         let rows = segs.iter().flat_map(|s| {
             let f = factors_at(r, s.kv.ctx());
@@ -460,8 +466,8 @@ impl Backend for CpuBackend<'_> {
         });
         for (t, (row, (pos, f))) in x.chunks_exact_mut(width).zip(rows).enumerate() {
             match (f, table) {
-                (Some(f), _) => rope_scaled(row, r.head_dim, pos, r.base, r.style, f),
-                (None, Some(table)) => table.apply(row, t, r.style),
+                (Some(f), _) => rope_scaled(row, (r.head_dim, r.rot_dim), pos, r.base, r.style, f),
+                (None, Some(table)) => table.apply(row, r.head_dim, t, r.style),
                 (None, None) => {}
             }
         }
@@ -516,10 +522,10 @@ impl Backend for CpuBackend<'_> {
         {
             return Err(bad("rope_store", "rows are not whole heads"));
         }
-        check_long("rope_store", r)?;
+        check_rope("rope_store", r)?;
         let table = match r.factors {
             Some(_) => None,
-            None => Some(angles.table(r.head_dim, r.base, rows)?),
+            None => Some(angles.table(r.rot_dim, r.base, rows)?),
         };
         let rotary = Rotary {
             q_dim,
@@ -578,7 +584,13 @@ impl Backend for CpuBackend<'_> {
         Ok(())
     }
 
-    fn moe_route(&self, logits: &Vec<f32>, routing: &mut Routing, norm_topk: bool) -> Result<()> {
+    fn moe_route(
+        &self,
+        logits: &Vec<f32>,
+        routing: &mut Routing,
+        rule: &RouteRule,
+        bias: Option<&[f32]>,
+    ) -> Result<()> {
         let ne = routing.n_expert();
         let logits = get(
             "moe_route",
@@ -587,7 +599,7 @@ impl Backend for CpuBackend<'_> {
             mul("moe_route", routing.rows(), ne)?,
         )?;
         for (t, row) in logits.chunks_exact(ne.max(1)).enumerate() {
-            routing.route(t, row, norm_topk);
+            routing.route(t, row, rule, bias);
         }
         routing.group();
         Ok(())

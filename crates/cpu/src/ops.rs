@@ -49,46 +49,53 @@ pub use ferrite_backend::RopeStyle;
 /// Pair `i` of a head turns by `pos · base^(-2i/head_dim)`. The angle is computed in f64 and
 /// reused across heads, so no scratch memory is needed.
 pub fn rope(x: &mut [f32], head_dim: usize, pos: usize, base: f32, style: RopeStyle) {
-    rotate(x, head_dim, pos, base, style, None);
+    rotate(x, head_dim, head_dim, pos, base, style, None);
 }
 
-/// [`rope`] with per-pair frequency divisors (Llama 3 scaling): pair `i` turns by
-/// `pos · base^(-2i/head_dim) / factors[i]`. Dividing by 1 is exact, so factors of 1 give
-/// [`rope`]'s bits.
+/// [`rope`] of the first `rot_dim` values of each head (partial rotary: the rest pass
+/// through, and the frequencies are those of a `rot_dim` head) with per-pair frequency
+/// divisors (Llama 3 scaling): pair `i` turns by `pos · base^(-2i/rot_dim) / factors[i]`.
+/// Dividing by 1 is exact, so factors of 1 give [`rope`]'s bits.
 pub fn rope_scaled(
     x: &mut [f32],
-    head_dim: usize,
+    (head_dim, rot_dim): (usize, usize),
     pos: usize,
     base: f32,
     style: RopeStyle,
     factors: &[f32],
 ) {
-    rotate(x, head_dim, pos, base, style, Some(factors));
+    rotate(x, head_dim, rot_dim, pos, base, style, Some(factors));
+}
+
+/// The two members of pair `i` of a `rot_dim` rotation.
+fn pair(style: RopeStyle, i: usize, half: usize) -> (usize, usize) {
+    match style {
+        RopeStyle::Interleaved => (2 * i, 2 * i + 1),
+        RopeStyle::HalfSplit => (i, i + half),
+    }
 }
 
 fn rotate(
     x: &mut [f32],
     head_dim: usize,
+    rot_dim: usize,
     pos: usize,
     base: f32,
     style: RopeStyle,
     factors: Option<&[f32]>,
 ) {
-    if head_dim < 2 {
+    if rot_dim < 2 || rot_dim > head_dim {
         return;
     }
-    let half = head_dim / 2;
+    let half = rot_dim / 2;
     for i in 0..half {
         let divisor = factors
             .and_then(|f| f.get(i))
             .map_or(1.0, |&f| f64::from(f));
-        let inv_freq = f64::from(base).powf(-((2 * i) as f64) / head_dim as f64) / divisor;
+        let inv_freq = f64::from(base).powf(-((2 * i) as f64) / rot_dim as f64) / divisor;
         let angle = pos as f64 * inv_freq;
         let (sin, cos) = (angle.sin() as f32, angle.cos() as f32);
-        let (a, b) = match style {
-            RopeStyle::Interleaved => (2 * i, 2 * i + 1),
-            RopeStyle::HalfSplit => (i, i + half),
-        };
+        let (a, b) = pair(style, i, half);
         for head in x.chunks_exact_mut(head_dim) {
             let (x0, x1) = (head[a], head[b]);
             head[a] = x0 * cos - x1 * sin;
@@ -103,25 +110,27 @@ fn rotate(
 #[derive(Debug, Clone, Default)]
 pub struct RopeTable {
     base: f32,
-    head_dim: usize,
+    /// Rotated values per head.
+    rot_dim: usize,
     rows: usize,
-    /// Per row: `head_dim / 2` cosines then `head_dim / 2` sines.
+    /// Per row: `rot_dim / 2` cosines then `rot_dim / 2` sines.
     cs: Vec<f32>,
-    /// `base^(-2i / head_dim)` for each pair `i`.
+    /// `base^(-2i / rot_dim)` for each pair `i`.
     inv_freq: Vec<f64>,
 }
 
 impl RopeTable {
     /// Fills the table with one row per position of `positions`, in order (reusing its
-    /// memory). Each value is exactly the one [`rope`] computes.
-    pub fn fill(&mut self, head_dim: usize, base: f32, positions: impl IntoIterator<Item = usize>) {
-        let half = head_dim / 2;
+    /// memory), for rotations of `rot_dim` values. Each value is exactly the one [`rope`]
+    /// computes.
+    pub fn fill(&mut self, rot_dim: usize, base: f32, positions: impl IntoIterator<Item = usize>) {
+        let half = rot_dim / 2;
         self.inv_freq.clear();
         self.inv_freq
-            .extend((0..half).map(|i| f64::from(base).powf(-((2 * i) as f64) / head_dim as f64)));
+            .extend((0..half).map(|i| f64::from(base).powf(-((2 * i) as f64) / rot_dim as f64)));
         let inv_freq = &self.inv_freq;
         self.base = base;
-        self.head_dim = head_dim;
+        self.rot_dim = rot_dim;
         self.cs.clear();
         self.rows = 0;
         for pos in positions {
@@ -135,28 +144,26 @@ impl RopeTable {
         }
     }
 
-    /// Whether the table holds at least `rows` rows of `head_dim` for `base`.
-    pub fn covers(&self, head_dim: usize, base: f32, rows: usize) -> bool {
-        self.base.to_bits() == base.to_bits() && self.head_dim == head_dim && self.rows >= rows
+    /// Whether the table holds at least `rows` rows of `rot_dim` rotations for `base`.
+    pub fn covers(&self, rot_dim: usize, base: f32, rows: usize) -> bool {
+        self.base.to_bits() == base.to_bits() && self.rot_dim == rot_dim && self.rows >= rows
     }
 
-    /// [`rope`] of one token's row `x` at table position `t` (absolute `pos0 + t`).
-    pub fn apply(&self, x: &mut [f32], t: usize, style: RopeStyle) {
-        let hd = self.head_dim;
-        if hd < 2 {
+    /// [`rope`] of the first rotated values of each `head_dim` head of one token's row `x`
+    /// at table position `t` (absolute `pos0 + t`).
+    pub fn apply(&self, x: &mut [f32], head_dim: usize, t: usize, style: RopeStyle) {
+        let rd = self.rot_dim;
+        if rd < 2 || rd > head_dim {
             return;
         }
-        let half = hd / 2;
+        let half = rd / 2;
         let Some(row) = self.cs.get(t * 2 * half..(t + 1) * 2 * half) else {
             return;
         };
         let (cos, sin) = row.split_at(half);
-        for head in x.chunks_exact_mut(hd) {
+        for head in x.chunks_exact_mut(head_dim) {
             for i in 0..half {
-                let (a, b) = match style {
-                    RopeStyle::Interleaved => (2 * i, 2 * i + 1),
-                    RopeStyle::HalfSplit => (i, i + half),
-                };
+                let (a, b) = pair(style, i, half);
                 let (x0, x1) = (head[a], head[b]);
                 head[a] = x0 * cos[i] - x1 * sin[i];
                 head[b] = x0 * sin[i] + x1 * cos[i];
@@ -274,13 +281,13 @@ mod tests {
             for t in 0..5 {
                 let (mut a, mut b) = (orig.clone(), orig.clone());
                 rope(&mut a, 8, 37 + t, 1e4, style);
-                table.apply(&mut b, t, style);
+                table.apply(&mut b, 8, t, style);
                 assert_eq!(a, b, "{style:?} t={t}");
             }
             // Test of the test: one position off must differ.
             let (mut a, mut b) = (orig.clone(), orig.clone());
             rope(&mut a, 8, 38, 1e4, style);
-            table.apply(&mut b, 0, style);
+            table.apply(&mut b, 8, 0, style);
             assert_ne!(a, b);
         }
     }
@@ -326,16 +333,37 @@ mod tests {
             // Unit factors: exactly plain rope.
             let (mut a, mut b) = (orig.clone(), orig.clone());
             rope(&mut a, 8, 5, 500.0, style);
-            rope_scaled(&mut b, 8, 5, 500.0, style, &[1.0; 4]);
+            rope_scaled(&mut b, (8, 8), 5, 500.0, style, &[1.0; 4]);
             assert_eq!(a, b);
             // Factor f on pair i at position p turns like position p / f.
             let mut c = orig.clone();
-            rope_scaled(&mut c, 8, 6, 500.0, style, &[2.0; 4]);
+            rope_scaled(&mut c, (8, 8), 6, 500.0, style, &[2.0; 4]);
             let mut d = orig.clone();
             rope(&mut d, 8, 3, 500.0, style);
             for (x, y) in c.iter().zip(&d) {
                 assert!((x - y).abs() < 1e-6, "{style:?}: {x} vs {y}");
             }
+        }
+    }
+
+    /// Partial rotary (GLM-4.5): the first `rot_dim` values of each head turn as a head of
+    /// that size would; the rest pass through; the table gives the same bits.
+    #[test]
+    fn partial_rope_turns_the_first_values_of_each_head() {
+        let orig: Vec<f32> = (0..32).map(|i| (i as f32 - 15.5) * 0.2).collect();
+        for style in [RopeStyle::Interleaved, RopeStyle::HalfSplit] {
+            let mut got = orig.clone();
+            rope_scaled(&mut got, (16, 8), 7, 1e4, style, &[1.0; 4]);
+            let mut want = orig.clone();
+            for head in want.chunks_exact_mut(16) {
+                rope(&mut head[..8], 8, 7, 1e4, style);
+            }
+            assert_eq!(got, want, "{style:?}");
+            let mut table = RopeTable::default();
+            table.fill(8, 1e4, [3, 7]);
+            let mut t = orig.clone();
+            table.apply(&mut t, 16, 1, style);
+            assert_eq!(t, want, "{style:?}");
         }
     }
 }

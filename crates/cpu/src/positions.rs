@@ -103,10 +103,11 @@ pub(crate) fn rotate_and_store(
 fn rotate_row(r: &Rotary<'_>, qr: &mut [f32], kr: &mut [f32], t: usize, pos: usize, ctx: usize) {
     let rope = r.rope;
     if let Some(f) = factors_at(rope, ctx) {
-        rope_scaled(qr, rope.head_dim, pos, rope.base, rope.style, f);
-        rope_scaled(kr, rope.head_dim, pos, rope.base, rope.style, f);
+        let dims = (rope.head_dim, rope.rot_dim);
+        rope_scaled(qr, dims, pos, rope.base, rope.style, f);
+        rope_scaled(kr, dims, pos, rope.base, rope.style, f);
     } else if let Some(table) = r.table {
-        table.apply(qr, t, rope.style);
-        table.apply(kr, t, rope.style);
+        table.apply(qr, rope.head_dim, t, rope.style);
+        table.apply(kr, rope.head_dim, t, rope.style);
     }
 }

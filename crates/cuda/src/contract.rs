@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::CudaSlice;
 use ferrite_backend::{
     Act, AttnShape as ContractShape, Backend, BackendError, ExpertBufs, HostMatrix, KvType, Op,
-    Rope, Routing, Segment, Support,
+    Rope, RouteRule, Routing, Segment, Support,
 };
 use ferrite_model::Activation;
 
@@ -589,6 +589,7 @@ impl Backend for CudaOps<'_> {
         width: usize,
         segs: &[Segment<'_, CudaKv>],
     ) -> Result<()> {
+        partial_rotary("rope", r)?;
         if r.factors.is_some() {
             return self.require(&Op::Rope {
                 style: r.style,
@@ -644,6 +645,7 @@ impl Backend for CudaOps<'_> {
         segs: &mut [Segment<'_, CudaKv>],
     ) -> Result<()> {
         let op = "rope_store";
+        partial_rotary(op, r)?;
         // The rope and store kernel has none of the attention kernels' limits on heads.
         let geometry = AttnShape {
             n_head: heads(op, q_dim, r.head_dim)?,
@@ -750,7 +752,8 @@ impl Backend for CudaOps<'_> {
         &self,
         _logits: &CudaSlice<f32>,
         routing: &mut Routing,
-        _norm_topk: bool,
+        _rule: &RouteRule,
+        _bias: Option<&[f32]>,
     ) -> Result<()> {
         self.require(&Op::MoeRoute {
             n_expert: routing.n_expert(),
@@ -821,6 +824,20 @@ fn norm_rows(op: &'static str, have: usize, len: usize, w: usize, dim: usize) ->
     }
     check(op, have, 0, len)?;
     Ok(len / dim)
+}
+
+/// Refuses partial rotary ([`Rope::rot_dim`] below the head size): the rope kernels turn
+/// whole heads.
+fn partial_rotary<V>(op: &'static str, r: &Rope<V>) -> Result<()> {
+    if r.rot_dim == r.head_dim {
+        return Ok(());
+    }
+    Err(BackendError::Unsupported {
+        op,
+        dtype: format!("{} of {} values rotated", r.rot_dim, r.head_dim),
+        backend: "cuda",
+        reason: "the rope kernels turn whole heads (no partial rotary)".into(),
+    })
 }
 
 /// Heads of `head_dim` in rows of `width` values.

@@ -30,6 +30,7 @@ use std::time::Instant;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaGraph, CudaSlice};
 use ferrite_arch::{GlobalTensor, TensorRole};
+use ferrite_backend::RouteRule;
 use ferrite_gguf::Gguf;
 use ferrite_model::{Model, ModelConfig, MoeConfig};
 
@@ -184,16 +185,24 @@ fn upload_vector(
 
 /// The first feature of a model with expert settings `moe` that the device forward pass
 /// does not implement, if any: a model that loads must compute what the CPU backend
-/// computes. (Biases, Llama 3 rope factors and expert layers are implemented; the CPU
-/// loader already refuses what neither backend implements, such as shared experts.)
+/// computes. (Biases, Llama 3 rope factors and softmax-routed expert layers are
+/// implemented; the CPU loader already refuses what neither backend implements.)
 fn unsupported_feature(d_model: usize, moe: Option<&MoeConfig>) -> Option<&'static str> {
     if d_model > RESIDUAL_NORM_MAX_DIM {
         return Some("a residual width above 8192");
     }
-    match moe {
-        Some(m) if m.n_expert > MOE_MAX_EXPERTS => Some("more than 4096 experts per layer"),
-        _ => None,
+    let m = moe?;
+    if m.n_expert > MOE_MAX_EXPERTS {
+        return Some("more than 4096 experts per layer");
     }
+    let softmax = RouteRule::softmax(m.rule.norm_topk);
+    if m.rule != softmax || m.selection_bias {
+        return Some("expert routing other than softmax top-k (sigmoid, bias, groups, scale)");
+    }
+    if m.shared_ff > 0 || m.leading_dense > 0 {
+        return Some("shared experts or dense layers in an expert model");
+    }
+    None
 }
 
 /// Model math the CUDA layer sequence (its own, not yet the contract's) does not have:
@@ -207,6 +216,9 @@ fn unported_math(c: &ferrite_model::ModelConfig) -> Option<&'static str> {
     }
     if c.rope_long.is_some() {
         return Some("LongRoPE");
+    }
+    if c.rope_dim != c.head_dim {
+        return Some("partial rotary");
     }
     if c.arch.features().fused {
         return Some("fused q/k/v and gate/up tensors");
@@ -731,7 +743,11 @@ mod tests {
         let moe = |n_expert| MoeConfig {
             n_expert,
             n_expert_used: 2,
-            norm_topk: true,
+            rule: RouteRule::softmax(true),
+            selection_bias: false,
+            leading_dense: 0,
+            dense_ff: 0,
+            shared_ff: 0,
         };
         assert_eq!(unsupported_feature(4096, None), None);
         assert_eq!(unsupported_feature(4096, Some(&moe(128))), None);

@@ -31,6 +31,12 @@
 //!   session of exactly that length reproduces); `rope.scaling.attn_factor` (else transformers' `sqrt(1 + ln(s)/ln(orig))`,
 //!   `s = context_length / orig`) scales q and k, so the scores by its square.
 //!
+//! - `glm4moe` (GLM-4.5/4.6): half-split rope on the first `rope.dimension_count` values
+//!   of each head (partial rotary), q/k norms and q/k/v biases where the file has them,
+//!   `leading_dense_block_count` dense layers, then expert layers with sigmoid routing, a
+//!   selection bias and a shared expert; the `nextn_predict_layers` blocks at the end are
+//!   multi-token-prediction heads, kept in the file and never run.
+//!
 //! MoE, rope-factor, sliding-window and unsupported-feature keys are read in
 //! [`crate::features`].
 
@@ -80,6 +86,8 @@ pub struct ModelConfig {
     pub n_kv_head: usize,
     /// Values per head.
     pub head_dim: usize,
+    /// Values rope turns at the start of each head (`head_dim` but for partial rotary).
+    pub rope_dim: usize,
     /// FFN hidden width (of one expert, for MoE models).
     pub d_ff: usize,
     /// Vocabulary size (rows of the embedding).
@@ -117,6 +125,10 @@ pub struct ModelConfig {
     pub final_softcap: Option<f32>,
     /// Expert FFN settings; `None` for dense FFNs.
     pub moe: Option<MoeConfig>,
+    /// Multi-token-prediction blocks the file holds after the [`ModelConfig::n_layer`]
+    /// blocks the forward pass runs (`{arch}.nextn_predict_layers`); loaded as part of the
+    /// file, never run.
+    pub mtp_layers: usize,
     /// One entry per layer.
     pub layers: Vec<LayerConfig>,
 }
@@ -231,14 +243,26 @@ impl ModelConfig {
         let a = arch_name;
         let f = arch.features();
         let k = |key: Key| arch.key(key);
-        let n_layer = positive(&k(Key::BlockCount), usize_key(g, &k(Key::BlockCount))?)?;
+        let blocks = positive(&k(Key::BlockCount), usize_key(g, &k(Key::BlockCount))?)?;
+        let mtp_key = k(Key::NextnPredictLayers);
+        let mtp_layers = match g.get(&mtp_key) {
+            Some(_) => usize_key(g, &mtp_key)?,
+            None => 0,
+        };
+        if mtp_layers >= blocks {
+            return Err(bad(
+                &mtp_key,
+                &format!("{mtp_layers} prediction blocks leave none of the {blocks} to run"),
+            ));
+        }
+        let n_layer = blocks - mtp_layers;
         // Per-layer tables are sized by this count before any block's tensors are looked
         // up; every block has tensors, so the file's tensor table bounds it.
-        if n_layer > g.tensors().len() {
+        if blocks > g.tensors().len() {
             return Err(bad(
                 &k(Key::BlockCount),
                 &format!(
-                    "{n_layer} blocks, but the file has only {} tensors",
+                    "{blocks} blocks, but the file has only {} tensors",
                     g.tensors().len()
                 ),
             ));
@@ -314,12 +338,24 @@ impl ModelConfig {
         {
             return Err(bad(&k(Key::ValueLength), "must equal key_length"));
         }
-        if let Some(_r) = g.get(&k(Key::RopeDimensionCount))
-            && usize_key(g, &k(Key::RopeDimensionCount))? != head_dim
-        {
+        let rope_dim = match g.get(&k(Key::RopeDimensionCount)) {
+            None => head_dim,
+            Some(_) => usize_key(g, &k(Key::RopeDimensionCount))?,
+        };
+        if rope_dim < 2 || rope_dim > head_dim || !rope_dim.is_multiple_of(2) {
             return Err(bad(
                 &k(Key::RopeDimensionCount),
-                "partial rope is not supported",
+                &format!(
+                    "{rope_dim} must be even, at least 2 and at most the head size {head_dim}"
+                ),
+            ));
+        }
+        if let Some(m) = &moe
+            && m.leading_dense > n_layer
+        {
+            return Err(bad(
+                &k(Key::LeadingDenseBlockCount),
+                &format!("{} dense blocks of {n_layer}", m.leading_dense),
             ));
         }
         let embd_name = GlobalTensor::TokenEmbd.name();
@@ -338,11 +374,19 @@ impl ModelConfig {
         };
         check_token_count(g, n_vocab)?;
         check_vocab_and_context(g, a, n_vocab, ctx_train)?;
-        let rope_factors = features::rope_factors(g, arch, head_dim, rope_base)?;
+        let rope_factors = features::rope_factors(g, arch, rope_dim, rope_base)?;
+        let qk_norm = f
+            .qk_norm
+            .resolve(g.tensor(&TensorRole::AttnQNorm.weight(0)).is_some());
         let cfg = match arch {
-            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Phi3 => {
+            Arch::Llama
+            | Arch::Qwen2
+            | Arch::Qwen3
+            | Arch::Qwen3Moe
+            | Arch::Phi3
+            | Arch::Glm4Moe => {
                 let windows = features::sliding_windows(g, a, n_layer)?;
-                let long = features::long_rope(g, arch, head_dim, ctx_train)?;
+                let long = features::long_rope(g, arch, rope_dim, ctx_train)?;
                 let attn_factor = match &long {
                     Some(l) => l.attn_factor,
                     None => features::yarn_attn_factor(g, arch)?,
@@ -354,6 +398,7 @@ impl ModelConfig {
                     n_head,
                     n_kv_head,
                     head_dim,
+                    rope_dim,
                     d_ff,
                     n_vocab,
                     ctx_train,
@@ -368,7 +413,7 @@ impl ModelConfig {
                     attn_scale: attn_factor * attn_factor / (head_dim as f32).sqrt(),
                     embed_scale: 1.0,
                     activation: Activation::Silu,
-                    qk_norm: f.qk_norm,
+                    qk_norm,
                     post_norms: f.post_norms,
                     // Qwen 2 always has them (the table says so); llama/qwen3 checkpoints
                     // with `attention_bias = true` carry them too.
@@ -383,6 +428,7 @@ impl ModelConfig {
                     attn_softcap: None,
                     final_softcap: None,
                     moe,
+                    mtp_layers,
                     layers: windows
                         .into_iter()
                         .map(|window| LayerConfig {
@@ -442,6 +488,7 @@ impl ModelConfig {
                     n_head,
                     n_kv_head,
                     head_dim,
+                    rope_dim,
                     d_ff,
                     n_vocab,
                     ctx_train,
@@ -451,7 +498,7 @@ impl ModelConfig {
                     attn_scale: 1.0 / (head_dim as f32).sqrt(),
                     embed_scale: (d_model as f32).sqrt(),
                     activation: Activation::GeluTanh,
-                    qk_norm: f.qk_norm,
+                    qk_norm,
                     post_norms: f.post_norms,
                     qkv_bias: false,
                     out_bias: false,
@@ -460,6 +507,7 @@ impl ModelConfig {
                     attn_softcap: cap(Key::AttnLogitSoftcapping, GEMMA2_ATTN_SOFTCAP)?,
                     final_softcap: cap(Key::FinalLogitSoftcapping, GEMMA2_FINAL_SOFTCAP)?,
                     moe: None,
+                    mtp_layers,
                     layers,
                 }
             }
@@ -470,6 +518,13 @@ impl ModelConfig {
     /// Width of one token's keys (or values): `n_kv_head × head_dim`.
     pub fn kv_dim(&self) -> usize {
         self.n_kv_head * self.head_dim
+    }
+
+    /// The widest FFN hidden row of any layer: experts, leading dense layers, shared expert.
+    pub fn ffn_width(&self) -> usize {
+        let m = self.moe.as_ref();
+        let extra = m.map_or(0, |m| m.dense_ff.max(m.shared_ff));
+        self.d_ff.max(extra)
     }
 
     /// Width of one token's queries: `n_head × head_dim`.
@@ -606,7 +661,11 @@ mod tests {
             Some(MoeConfig {
                 n_expert: 4,
                 n_expert_used: 2,
-                norm_topk: false
+                rule: ferrite_backend::RouteRule::softmax(false),
+                selection_bias: false,
+                leading_dense: 0,
+                dense_ff: 0,
+                shared_ff: 0,
             })
         );
         // The expert width comes from expert_feed_forward_length, not feed_forward_length.
@@ -623,7 +682,10 @@ mod tests {
         let mixtral = cfg("mixtral", "").unwrap();
         let m = mixtral.moe.unwrap();
         // No expert_weights_norm key: renormalise, as llama.cpp does for mixtral.
-        assert_eq!((m.n_expert, m.n_expert_used, m.norm_topk), (4, 2, true));
+        assert_eq!(
+            (m.n_expert, m.n_expert_used, m.rule.norm_topk),
+            (4, 2, true)
+        );
         assert_eq!(mixtral.d_ff, 32);
         let l3 = cfg("llama3", "").unwrap();
         let f = l3.rope_freq_factors.unwrap();
@@ -773,9 +835,7 @@ mod tests {
                 "llama.rope.scaling.type",
                 Value::String("dynamic".into()),
             ),
-            ("mixtral", "llama.expert_gating_func", Value::U32(2)),
-            ("qwen3moe", "qwen3moe.expert_shared_count", Value::U32(1)),
-            ("qwen3moe", "qwen3moe.expert_weights_scale", Value::F32(2.5)),
+            ("mixtral", "llama.expert_gating_func", Value::U32(3)),
             ("qwen2", "qwen2.final_logit_softcapping", Value::F32(30.0)),
             // Regression: gemma3 skipped these checks, so a file asking for soft-capping
             // loaded and ran without it, giving other logits than transformers.
@@ -804,6 +864,32 @@ mod tests {
             ("qwen3moe", "qwen3moe.expert_shared_count", Value::U32(0)),
         ] {
             cfg_with(variant, vec![(key.into(), value)]).unwrap();
+        }
+        // The routing keys of DeepSeek V3 and GLM-4.5 are read, and checked.
+        let c = cfg_with(
+            "qwen3moe",
+            vec![
+                ("qwen3moe.expert_gating_func".into(), Value::U32(2)),
+                ("qwen3moe.expert_weights_scale".into(), Value::F32(2.5)),
+                ("qwen3moe.expert_group_count".into(), Value::U32(2)),
+                ("qwen3moe.expert_group_used_count".into(), Value::U32(1)),
+            ],
+        )
+        .unwrap();
+        let rule = c.moe.unwrap().rule;
+        assert_eq!(
+            (rule.gating, rule.scale, rule.groups),
+            (ferrite_backend::Gating::Sigmoid, 2.5, Some((2, 1)))
+        );
+        for (key, value) in [
+            ("qwen3moe.expert_weights_scale", Value::F32(0.0)),
+            ("qwen3moe.expert_group_count", Value::U32(3)),
+        ] {
+            let err = cfg_with("qwen3moe", vec![(key.into(), value)]).unwrap_err();
+            assert!(
+                matches!(err, ModelError::BadMetadata { .. }),
+                "{key}: {err}"
+            );
         }
     }
 }

@@ -6,6 +6,13 @@
 //!   `{arch}.feed_forward_length`), optional `{arch}.expert_weights_norm` (whether the
 //!   selected experts' weights are renormalised to sum 1: Hugging Face's `norm_topk_prob`;
 //!   absent means true, as llama.cpp hard-codes for mixtral and qwen3moe);
+//!   `{arch}.expert_gating_func` (1 softmax, the default; 2 sigmoid),
+//!   `{arch}.expert_weights_scale` (a multiplier of the weights, 1 when absent),
+//!   `{arch}.expert_group_count` / `expert_group_used_count` (group-limited choice),
+//!   the `exp_probs_b.bias` selection bias when the file has it, shared experts
+//!   (`{arch}.expert_shared_count`, of `expert_shared_feed_forward_length`, else
+//!   `count × expert_feed_forward_length`, wide) and `{arch}.leading_dense_block_count`
+//!   dense layers first (of `feed_forward_length`);
 //! - Llama 3 rope scaling: the `rope_freqs.weight` tensor (`head_dim / 2` divisors of the
 //!   rope frequencies, computed by the converter from `rope_scaling`); linear rope scaling:
 //!   `{arch}.rope.scaling.type = linear` with `{arch}.rope.scaling.factor`, the same divisor
@@ -16,23 +23,39 @@
 //!   layers marked true.
 //!
 //! Features ferrite does not implement (other rope scaling types, other gating functions,
-//! shared experts, soft-capping outside Gemma 2, ...) are refused with [`ModelError::Unsupported`] naming the key,
+//! soft-capping outside Gemma 2, ...) are refused with [`ModelError::Unsupported`] naming the key,
 //! rather than silently producing wrong logits.
 
-use ferrite_arch::{Arch, GlobalTensor, Key};
+use ferrite_arch::{Arch, GlobalTensor, Key, TensorRole};
+use ferrite_backend::{Gating, RouteRule};
 use ferrite_gguf::{Array, Gguf, Value};
 
 use crate::ModelError;
 
-/// Mixture-of-experts settings of a model whose FFNs are all expert layers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Mixture-of-experts settings: expert FFNs on every layer past the leading dense ones.
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct MoeConfig {
     /// Experts per layer.
     pub n_expert: usize,
     /// Experts each token uses (top-k).
     pub n_expert_used: usize,
-    /// Renormalise the top-k routing weights to sum 1.
-    pub norm_topk: bool,
+    /// How a token chooses and weighs its experts.
+    pub rule: RouteRule,
+    /// The router adds a per-expert bias (`exp_probs_b.bias`) to the scores to choose.
+    pub selection_bias: bool,
+    /// Leading layers whose FFN is dense, of [`MoeConfig::dense_ff`] width.
+    pub leading_dense: usize,
+    /// Width of the leading dense FFNs (0 without them).
+    pub dense_ff: usize,
+    /// Width of the shared expert every expert layer runs beside the routed ones; 0 for none.
+    pub shared_ff: usize,
+}
+
+impl MoeConfig {
+    /// Whether layer `l` is an expert layer.
+    pub fn is_expert_layer(&self, l: usize) -> bool {
+        l >= self.leading_dense
+    }
 }
 
 fn unsupported(key: &str, what: &str) -> ModelError {
@@ -92,12 +115,71 @@ pub(crate) fn moe(
         None => true,
         Some(_) => g.get_bool(&norm_key)?,
     };
+    let gating_key = k(Key::ExpertGatingFunc);
+    // llama.cpp's enum: 1 softmax, 2 sigmoid.
+    let gating = match g.get(&gating_key).map(Value::as_integer) {
+        None | Some(Some(1)) => Gating::Softmax,
+        Some(Some(2)) => Gating::Sigmoid,
+        Some(_) => {
+            return Err(unsupported(
+                &gating_key,
+                "expert gating other than softmax or sigmoid",
+            ));
+        }
+    };
+    let scale = positive_f32(g, &k(Key::ExpertWeightsScale), Some(1.0))?;
+    let groups = match count(g, &k(Key::ExpertGroupCount))? {
+        None | Some(0 | 1) => None,
+        Some(n) => {
+            let kept_key = k(Key::ExpertGroupUsedCount);
+            let kept = count(g, &kept_key)?.ok_or_else(|| ModelError::BadMetadata {
+                key: kept_key,
+                reason: "missing: expert groups need the count each token keeps".into(),
+            })?;
+            Some((n, kept))
+        }
+    };
+    let rule = RouteRule {
+        gating,
+        norm_topk,
+        scale,
+        groups,
+    };
+    rule.check(n_expert, n_expert_used)
+        .map_err(|reason| ModelError::BadMetadata {
+            key: k(Key::ExpertGroupCount),
+            reason,
+        })?;
     let ff = count(g, &k(Key::ExpertFeedForwardLength))?.or(dense_ff);
+    let dense_key = k(Key::LeadingDenseBlockCount);
+    let leading_dense = count(g, &dense_key)?.unwrap_or(0);
+    let dense_width = if leading_dense > 0 {
+        dense_ff
+            .filter(|&w| w > 0)
+            .ok_or_else(|| ModelError::BadMetadata {
+                key: k(Key::FeedForwardLength),
+                reason: format!("missing: {dense_key} = {leading_dense} needs the dense FFN width"),
+            })?
+    } else {
+        0
+    };
+    let shared = count(g, &k(Key::ExpertSharedCount))?.unwrap_or(0);
+    let shared_ff = match count(g, &k(Key::ExpertSharedFeedForwardLength))? {
+        Some(w) if shared > 0 => w,
+        _ => shared * ff.unwrap_or(0),
+    };
+    let selection_bias = g
+        .tensor(&TensorRole::ExpProbsB.bias(leading_dense))
+        .is_some();
     Ok((
         Some(MoeConfig {
             n_expert,
             n_expert_used,
-            norm_topk,
+            rule,
+            selection_bias,
+            leading_dense,
+            dense_ff: dense_width,
+            shared_ff,
         }),
         ff,
     ))
@@ -302,23 +384,7 @@ pub(crate) fn check_unsupported(g: &Gguf, arch: Arch) -> Result<(), ModelError> 
         // Gemma's local layers would need their own YaRN parameters.
         return Err(unsupported(&key, "YaRN on a Gemma model"));
     }
-    let key = k(Key::ExpertGatingFunc);
-    // llama.cpp's enum: 1 = softmax (the only one mixtral and qwen3moe use).
-    if let Some(v) = g.get(&key)
-        && v.as_integer() != Some(1)
-    {
-        return Err(unsupported(&key, "expert gating other than softmax"));
-    }
-    let key = k(Key::ExpertWeightsScale);
-    if let Some(v) = g.get(&key)
-        && v.as_f32() != Some(1.0)
-    {
-        return Err(unsupported(&key, "scaled expert weights"));
-    }
-    let mut refused = vec![
-        (Key::ExpertSharedCount, "shared experts"),
-        (Key::ExpertSharedFeedForwardLength, "shared experts"),
-    ];
+    let mut refused = Vec::new();
     if arch != Arch::Gemma2 {
         refused.push((Key::AttnLogitSoftcapping, "attention logit soft-capping"));
         refused.push((Key::FinalLogitSoftcapping, "final logit soft-capping"));

@@ -86,15 +86,19 @@ pub(crate) struct LayerWeights {
     pub(crate) post_ffn_norm: Option<Vec<f32>>,
 }
 
+/// One gated FFN: `down(act(gate · x) · (up · x))`, its width the gate's rows.
+#[derive(Debug)]
+pub(crate) struct DenseFfn {
+    pub(crate) gate: Weight,
+    pub(crate) up: Weight,
+    pub(crate) down: Weight,
+}
+
 /// A block's feed-forward network.
 #[derive(Debug)]
 pub(crate) enum Ffn {
     /// One gated FFN.
-    Dense {
-        gate: Weight,
-        up: Weight,
-        down: Weight,
-    },
+    Dense(DenseFfn),
     /// Routed experts.
     Moe(MoeWeights),
 }
@@ -232,10 +236,16 @@ fn qkv(g: &Gguf, c: &ModelConfig, i: usize, p: Precision) -> Result<[Weight; 3],
     ])
 }
 
-/// The dense gate and up projections of layer `i`: two matrices, or the halves of one
-/// `ffn_up` of twice the width, gate rows first (Phi-3).
-fn gate_up(g: &Gguf, c: &ModelConfig, i: usize, p: Precision) -> Result<[Weight; 2], ModelError> {
-    let (d, ff) = (c.d_model, c.d_ff);
+/// The dense gate and up projections (`ff` wide) of layer `i`: two matrices, or the halves
+/// of one `ffn_up` of twice the width, gate rows first (Phi-3).
+fn gate_up(
+    g: &Gguf,
+    c: &ModelConfig,
+    i: usize,
+    ff: usize,
+    p: Precision,
+) -> Result<[Weight; 2], ModelError> {
+    let d = c.d_model;
     if !c.arch.features().fused {
         return Ok([
             matrix(g, &TensorRole::FfnGate.weight(i), ff, d, p)?,
@@ -247,6 +257,48 @@ fn gate_up(g: &Gguf, c: &ModelConfig, i: usize, p: Precision) -> Result<[Weight;
         matrix_rows(g, &name, 2 * ff, 0..ff, d, p)?,
         matrix_rows(g, &name, 2 * ff, ff..2 * ff, d, p)?,
     ])
+}
+
+/// The FFN of layer `i`: dense (every layer of a dense model, the leading ones of an
+/// expert model), or routed experts with their shared expert and selection bias where the
+/// model has them.
+fn ffn(g: &Gguf, c: &ModelConfig, i: usize, p: Precision) -> Result<Ffn, ModelError> {
+    let n = |r: TensorRole| r.weight(i);
+    let d = c.d_model;
+    let moe = match &c.moe {
+        Some(m) if m.is_expert_layer(i) => m,
+        dense => {
+            let ff = dense.map_or(c.d_ff, |m| m.dense_ff);
+            let [gate, up] = gate_up(g, c, i, ff, p)?;
+            let down = matrix(g, &n(TensorRole::FfnDown), d, ff, p)?;
+            return Ok(Ffn::Dense(DenseFfn { gate, up, down }));
+        }
+    };
+    let (e, ff) = (moe.n_expert, c.d_ff);
+    let f32_copy = p == Precision::F32;
+    let stack =
+        |r: TensorRole, rows: usize, cols: usize| Experts::load(g, &n(r), rows, cols, e, f32_copy);
+    let shared = match moe.shared_ff {
+        0 => None,
+        sf => Some(Box::new(DenseFfn {
+            gate: matrix(g, &n(TensorRole::FfnGateShexp), sf, d, p)?,
+            up: matrix(g, &n(TensorRole::FfnUpShexp), sf, d, p)?,
+            down: matrix(g, &n(TensorRole::FfnDownShexp), d, sf, p)?,
+        })),
+    };
+    let selection_bias = if moe.selection_bias {
+        Some(vector(g, &TensorRole::ExpProbsB.bias(i), e)?)
+    } else {
+        None
+    };
+    Ok(Ffn::Moe(MoeWeights {
+        router: matrix(g, &n(TensorRole::FfnGateInp), e, d, p)?,
+        gate: stack(TensorRole::FfnGateExps, ff, d)?,
+        up: stack(TensorRole::FfnUpExps, ff, d)?,
+        down: stack(TensorRole::FfnDownExps, d, ff)?,
+        shared,
+        selection_bias,
+    }))
 }
 
 impl Model {
@@ -309,47 +361,7 @@ impl Model {
                     None
                 },
                 ffn_norm: vector(g, &n(TensorRole::FfnNorm), c.d_model)?,
-                ffn: match &c.moe {
-                    None => {
-                        let [gate, up] = gate_up(g, c, i, p)?;
-                        Ffn::Dense {
-                            gate,
-                            up,
-                            down: matrix(g, &n(TensorRole::FfnDown), c.d_model, c.d_ff, p)?,
-                        }
-                    }
-                    Some(moe) => {
-                        let e = moe.n_expert;
-                        let f32_copy = p == Precision::F32;
-                        Ffn::Moe(MoeWeights {
-                            router: matrix(g, &n(TensorRole::FfnGateInp), e, c.d_model, p)?,
-                            gate: Experts::load(
-                                g,
-                                &n(TensorRole::FfnGateExps),
-                                c.d_ff,
-                                c.d_model,
-                                e,
-                                f32_copy,
-                            )?,
-                            up: Experts::load(
-                                g,
-                                &n(TensorRole::FfnUpExps),
-                                c.d_ff,
-                                c.d_model,
-                                e,
-                                f32_copy,
-                            )?,
-                            down: Experts::load(
-                                g,
-                                &n(TensorRole::FfnDownExps),
-                                c.d_model,
-                                c.d_ff,
-                                e,
-                                f32_copy,
-                            )?,
-                        })
-                    }
-                },
+                ffn: ffn(g, c, i, p)?,
                 post_ffn_norm: opt_vec(TensorRole::PostFfwNorm, c.d_model, c.post_norms)?,
             });
         }
@@ -442,9 +454,12 @@ impl Model {
         for l in &self.layers {
             weights.extend([&l.wq, &l.wk, &l.wv, &l.wo]);
             match &l.ffn {
-                Ffn::Dense { gate, up, down } => weights.extend([gate, up, down]),
+                Ffn::Dense(f) => weights.extend([&f.gate, &f.up, &f.down]),
                 Ffn::Moe(moe) => {
                     weights.push(&moe.router);
+                    if let Some(f) = &moe.shared {
+                        weights.extend([&f.gate, &f.up, &f.down]);
+                    }
                     for x in [&moe.gate, &moe.up, &moe.down] {
                         experts.extend((0..x.n_expert()).map(|e| (x, e)));
                     }
@@ -492,25 +507,39 @@ pub(crate) fn with_packed<'a>(
 
 /// Refuses a file with tensors the forward pass would not read: each one is a feature of the
 /// checkpoint (an FFN bias, a shared expert, ...) that ignoring would silently change the
-/// logits.
+/// logits. The multi-token-prediction blocks after the run ones are the exception: kept in
+/// the file for speculation, whatever they hold.
 fn check_all_tensors_used(g: &Gguf, c: &ModelConfig) -> Result<(), ModelError> {
-    let layer = LayerParts {
-        experts: c.moe.is_some(),
-        qk_norm: c.qk_norm,
-        post_norms: c.post_norms,
-        qkv_bias: c.qkv_bias,
-        out_bias: c.out_bias,
-        fused: c.arch.features().fused,
-    }
-    .tensors();
+    let parts = |l: usize| {
+        let experts = c.moe.as_ref().filter(|m| m.is_expert_layer(l));
+        LayerParts {
+            experts: experts.is_some(),
+            shared_expert: experts.is_some_and(|m| m.shared_ff > 0),
+            selection_bias: experts.is_some_and(|m| m.selection_bias),
+            qk_norm: c.qk_norm,
+            post_norms: c.post_norms,
+            qkv_bias: c.qkv_bias,
+            out_bias: c.out_bias,
+            fused: c.arch.features().fused,
+        }
+        .tensors()
+    };
+    let (dense, expert) = (parts(0), parts(c.n_layer.saturating_sub(1)));
     let used = |name: &str| match TensorName::parse(name) {
         Some(TensorName::Global(_)) => true,
         Some(TensorName::Layer {
             layer: i,
             role,
             kind,
-        }) => i < c.n_layer && layer.contains(&(role, kind)),
-        None => false,
+        }) if i < c.n_layer => {
+            let layer = match &c.moe {
+                Some(m) if m.is_expert_layer(i) => &expert,
+                _ => &dense,
+            };
+            layer.contains(&(role, kind))
+        }
+        _ => ferrite_arch::layer_of(name)
+            .is_some_and(|i| (c.n_layer..c.n_layer + c.mtp_layers).contains(&i)),
     };
     match g.tensors().iter().find(|t| !used(&t.name)) {
         Some(t) => Err(ModelError::Unsupported {

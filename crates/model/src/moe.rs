@@ -17,7 +17,7 @@ use ferrite_gguf::{GgmlType, Gguf};
 
 use crate::ModelError;
 use crate::features::MoeConfig;
-use crate::model::{Model, Weight};
+use crate::model::{DenseFfn, Model, Weight};
 use crate::session::Weights;
 
 /// One projection of every expert, stacked: GGUF dims `[cols, rows, n_expert]`, expert `e`
@@ -44,6 +44,11 @@ pub(crate) struct MoeWeights {
     pub(crate) gate: Experts,
     pub(crate) up: Experts,
     pub(crate) down: Experts,
+    /// The shared expert every token runs beside its routed ones (`ffn_*_shexp`; boxed,
+    /// so that an expert layer stays the size of a dense one).
+    pub(crate) shared: Option<Box<DenseFfn>>,
+    /// The router's per-expert selection bias (`exp_probs_b.bias`).
+    pub(crate) selection_bias: Option<Vec<f32>>,
 }
 
 impl Experts {
@@ -128,6 +133,8 @@ impl Experts {
 /// session.
 #[derive(Debug)]
 pub(crate) struct MoeScratch<Buf> {
+    /// The shared expert's output rows (`rows × d_model`; empty without one).
+    pub(crate) shared_out: Buf,
     /// Router logits (`rows × n_expert`).
     pub(crate) router: Buf,
     pub(crate) routing: Routing,
@@ -157,7 +164,12 @@ pub(crate) fn ffn<B: Weights>(
             cfg.n_expert_used
         )));
     }
-    b.moe_route(&s.router, &mut s.routing, cfg.norm_topk)?;
+    b.moe_route(
+        &s.router,
+        &mut s.routing,
+        &cfg.rule,
+        w.selection_bias.as_deref(),
+    )?;
     let experts = |e: usize| {
         [
             b.expert(model, &w.gate, e),

@@ -11,6 +11,7 @@ use crate::config::{Activation, ModelConfig};
 use crate::features::MoeConfig;
 use crate::model::Model;
 use crate::ops::RopeStyle;
+use ferrite_backend::Gating;
 
 /// Output of [`forward`].
 #[derive(Debug, Clone)]
@@ -65,19 +66,21 @@ fn norm(x: &[f64], w: &[f64], eps: f64) -> Vec<f64> {
     y
 }
 
+/// Rope of the first `rot` values of each `head_dim` head (all of them but for partial
+/// rotary), at the frequencies of a `rot`-value head.
 fn rotate(
     x: &mut [f64],
-    head_dim: usize,
+    (head_dim, rot): (usize, usize),
     pos: usize,
     base: f64,
     style: RopeStyle,
     factors: Option<&[f32]>,
 ) {
-    let half = head_dim / 2;
+    let half = rot / 2;
     for head in x.chunks_mut(head_dim) {
         for i in 0..half {
             let divisor = factors.map_or(1.0, |f| f64::from(f[i]));
-            let theta = pos as f64 / base.powf(2.0 * i as f64 / head_dim as f64) / divisor;
+            let theta = pos as f64 / base.powf(2.0 * i as f64 / rot as f64) / divisor;
             let (a, b) = match style {
                 RopeStyle::Interleaved => (2 * i, 2 * i + 1),
                 RopeStyle::HalfSplit => (i, i + half),
@@ -112,34 +115,75 @@ struct Experts {
     gate: Vec<f64>,
     up: Vec<f64>,
     down: Vec<f64>,
+    bias: Option<Vec<f64>>,
 }
 
-/// Mixture of experts, token by token: softmax over the router logits, the `k` most probable
-/// experts (ties to the lower id), weights optionally renormalised, weighted sum of their
-/// FFN outputs.
+/// A gated FFN of width `ff` over the rows `h`.
+fn dense(wg: &[f64], wu: &[f64], wd: &[f64], h: &[f64], ff: usize, c: &ModelConfig) -> Vec<f64> {
+    let d = c.d_model;
+    let gate = linear(wg, h, ff, d);
+    let up = linear(wu, h, ff, d);
+    linear(wd, &gated(&gate, &up, c.activation), d, ff)
+}
+
+/// The experts one token chooses from its scores `p` and choice values `choice`, best
+/// first: sort the groups by the sum of their two best choices, keep the best groups, sort
+/// their experts by choice (stable sorts: ties to the lower id), take the first `k`.
+fn choose(choice: &[f64], moe: &MoeConfig) -> Vec<usize> {
+    let ne = choice.len();
+    let (groups, kept) = moe.rule.groups.unwrap_or((1, 1));
+    let size = ne / groups;
+    let mut order: Vec<usize> = (0..groups).collect();
+    let score = |g: usize| {
+        let mut c: Vec<f64> = choice[g * size..(g + 1) * size].to_vec();
+        c.sort_by(|a, b| b.total_cmp(a));
+        c.iter().take(2).sum::<f64>()
+    };
+    order.sort_by(|&a, &b| score(b).total_cmp(&score(a)));
+    let mut ids: Vec<usize> = order[..kept]
+        .iter()
+        .flat_map(|&g| g * size..(g + 1) * size)
+        .collect();
+    ids.sort();
+    ids.sort_by(|&a, &b| choice[b].total_cmp(&choice[a]));
+    ids.truncate(moe.n_expert_used);
+    ids
+}
+
+/// Mixture of experts, token by token: softmax or sigmoid scores of the router logits, the
+/// `k` best (by score plus selection bias, within the best groups), weights their scores
+/// optionally renormalised and scaled, weighted sum of their FFN outputs.
 fn experts_ffn(w: &Experts, moe: &MoeConfig, c: &ModelConfig, h: &[f64]) -> Vec<f64> {
     let (d, ff, ne) = (c.d_model, c.d_ff, moe.n_expert);
     let mut out = vec![0.0; h.len()];
     for (x, o) in h.chunks(d).zip(out.chunks_mut(d)) {
         let logits = linear(&w.router, x, ne, d);
-        let mx = logits.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        let z: f64 = logits.iter().map(|l| (l - mx).exp()).sum();
-        let p: Vec<f64> = logits.iter().map(|l| (l - mx).exp() / z).collect();
-        let mut ids: Vec<usize> = (0..ne).collect();
-        // Stable sort: equal probabilities keep the lower id first.
-        ids.sort_by(|&a, &b| p[b].total_cmp(&p[a]));
-        let top = &ids[..moe.n_expert_used];
+        let p: Vec<f64> = match moe.rule.gating {
+            Gating::Softmax => {
+                let mx = logits.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let z: f64 = logits.iter().map(|l| (l - mx).exp()).sum();
+                logits.iter().map(|l| (l - mx).exp() / z).collect()
+            }
+            Gating::Sigmoid => logits.iter().map(|l| 1.0 / (1.0 + (-l).exp())).collect(),
+        };
+        let choice: Vec<f64> = match &w.bias {
+            Some(b) => p.iter().zip(b).map(|(p, b)| p + b).collect(),
+            None => p.clone(),
+        };
+        let top = choose(&choice, moe);
         let sum: f64 = top.iter().map(|&e| p[e]).sum();
-        for &e in top {
-            let wt = if moe.norm_topk { p[e] / sum } else { p[e] };
+        for &e in &top {
+            let norm = if moe.rule.norm_topk { sum } else { 1.0 };
+            let wt = p[e] / norm * f64::from(moe.rule.scale);
             let m = ff * d;
-            let gate = linear(&w.gate[e * m..(e + 1) * m], x, ff, d);
-            let up = linear(&w.up[e * m..(e + 1) * m], x, ff, d);
-            let y = linear(
-                &w.down[e * m..(e + 1) * m],
-                &gated(&gate, &up, c.activation),
-                d,
+            let span = e * m..(e + 1) * m;
+            let y = dense(
+                &w.gate[span.clone()],
+                &w.up[span.clone()],
+                &w.down[span],
+                x,
                 ff,
+                c,
             );
             for (a, b) in o.iter_mut().zip(&y) {
                 *a += wt * b;
@@ -222,8 +266,9 @@ pub fn forward(model: &Model, tokens: &[u32]) -> Result<RefOutput, ModelError> {
                 _ => c.rope_freq_factors.as_deref(),
             }
             .filter(|_| lc.rope_scaled);
-            rotate(&mut q[t * qd..(t + 1) * qd], hd, t, base, c.rope_style, f);
-            rotate(&mut k[t * kd..(t + 1) * kd], hd, t, base, c.rope_style, f);
+            let dims = (hd, c.rope_dim);
+            rotate(&mut q[t * qd..(t + 1) * qd], dims, t, base, c.rope_style, f);
+            rotate(&mut k[t * kd..(t + 1) * kd], dims, t, base, c.rope_style, f);
         }
         let mut att = vec![0.0; n * qd];
         let group = c.n_head / c.n_kv_head;
@@ -267,20 +312,18 @@ pub fn forward(model: &Model, tokens: &[u32]) -> Result<RefOutput, ModelError> {
             *a += b;
         }
         let h = norm(&x, &w("ffn_norm")?, eps);
-        let mut o = match &c.moe {
+        let mut o = match c.moe.as_ref().filter(|m| m.is_expert_layer(l)) {
             None => {
+                let ff = c.moe.as_ref().map_or(c.d_ff, |m| m.dense_ff);
                 // Phi-3's fused `ffn_up` holds the gate rows, then the up rows.
                 let (wg, wu) = if fused {
                     let both = w("ffn_up")?;
-                    let (g, u) = both.split_at(c.d_ff * d);
+                    let (g, u) = both.split_at(ff * d);
                     (g.to_vec(), u.to_vec())
                 } else {
                     (w("ffn_gate")?, w("ffn_up")?)
                 };
-                let gate = linear(&wg, &h, c.d_ff, d);
-                let up = linear(&wu, &h, c.d_ff, d);
-                let act = gated(&gate, &up, c.activation);
-                linear(&w("ffn_down")?, &act, d, c.d_ff)
+                dense(&wg, &wu, &w("ffn_down")?, &h, ff, c)
             }
             Some(moe) => {
                 let t = Experts {
@@ -288,8 +331,23 @@ pub fn forward(model: &Model, tokens: &[u32]) -> Result<RefOutput, ModelError> {
                     gate: w("ffn_gate_exps")?,
                     up: w("ffn_up_exps")?,
                     down: w("ffn_down_exps")?,
+                    bias: if moe.selection_bias {
+                        Some(load(g, &format!("blk.{l}.exp_probs_b.bias"))?)
+                    } else {
+                        None
+                    },
                 };
-                experts_ffn(&t, moe, c, &h)
+                let mut o = experts_ffn(&t, moe, c, &h);
+                if moe.shared_ff > 0 {
+                    let (wg, wu, wd) = (
+                        w("ffn_gate_shexp")?,
+                        w("ffn_up_shexp")?,
+                        w("ffn_down_shexp")?,
+                    );
+                    let y = dense(&wg, &wu, &wd, &h, moe.shared_ff, c);
+                    o.iter_mut().zip(&y).for_each(|(a, b)| *a += b);
+                }
+                o
             }
         };
         if c.post_norms {

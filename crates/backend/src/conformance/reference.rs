@@ -9,7 +9,7 @@ use super::{
     ATTENTION_TOL, ELEMENT_TOL, Out, PRODUCT_TOL, TestMatrix, attn_shape, buf, expert_bufs, host,
     random_routing, rope_args, segments, stores,
 };
-use crate::{Act, AttnShape, Backend, KvType, Op, RopeStyle, Routing};
+use crate::{Act, AttnShape, Backend, Gating, KvType, Op, RopeStyle, RouteRule, Routing};
 
 /// A xorshift generator: reproducible inputs without a dependency.
 pub(super) struct Rng(pub(super) u64);
@@ -721,31 +721,57 @@ pub(super) fn attention<B: Backend>(
 }
 
 pub(super) fn moe_route<B: Backend>(b: &B, rng: &mut Rng, n_expert: usize, out: &mut Out<'_>) {
-    for (k, norm) in [(1, false), (2, true), (2, false)] {
+    let sigmoid = RouteRule {
+        gating: Gating::Sigmoid,
+        norm_topk: true,
+        scale: 2.5,
+        groups: None,
+    };
+    let cases = [
+        (1, RouteRule::softmax(false), false),
+        (2, RouteRule::softmax(true), false),
+        (2, RouteRule::softmax(false), false),
+        (2, sigmoid, true),
+    ];
+    for (k, rule, biased) in cases {
         let rows = 3;
         let mut logits = rng.values(rows * n_expert, 3.0);
         // A tie between two experts: the lower id must win.
         logits[1] = logits[0];
+        let bias = biased.then(|| rng.values(n_expert, 0.3));
         let mut want = Vec::new();
         let mut sel = Vec::new();
         for row in logits.chunks(n_expert) {
             let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let p: Vec<f64> = row.iter().map(|&l| f64::from(l - m).exp()).collect();
-            let z: f64 = p.iter().sum();
+            let p: Vec<f64> = match rule.gating {
+                Gating::Softmax => {
+                    let e: Vec<f64> = row.iter().map(|&l| f64::from(l - m).exp()).collect();
+                    let z: f64 = e.iter().sum();
+                    e.iter().map(|x| x / z).collect()
+                }
+                Gating::Sigmoid => row
+                    .iter()
+                    .map(|&l| 1.0 / (1.0 + (-f64::from(l)).exp()))
+                    .collect(),
+            };
+            let c: Vec<f64> = (0..n_expert)
+                .map(|e| p[e] + bias.as_ref().map_or(0.0, |b| f64::from(b[e])))
+                .collect();
             let mut ids: Vec<usize> = (0..n_expert).collect();
-            ids.sort_by(|&a, &c| p[c].total_cmp(&p[a]).then(a.cmp(&c)));
+            ids.sort_by(|&a, &d| c[d].total_cmp(&c[a]).then(a.cmp(&d)));
             let top = &ids[..k];
-            let s: f64 = top.iter().map(|&e| p[e] / z).sum();
+            let s: f64 = top.iter().map(|&e| p[e]).sum();
             for &e in top {
                 sel.push(e);
-                want.push(p[e] / z / if norm { s } else { 1.0 });
+                let norm = if rule.norm_topk { s } else { 1.0 };
+                want.push(p[e] / norm * f64::from(rule.scale));
             }
         }
         let got = (|| {
             let lb = buf(b, &logits)?;
             let mut r = Routing::new(n_expert, k, rows);
             r.begin(rows, k);
-            b.moe_route(&lb, &mut r, norm)?;
+            b.moe_route(&lb, &mut r, &rule, bias.as_deref())?;
             if r.selected() != sel {
                 return Err(crate::BackendError::Shape {
                     op: "moe_route",
@@ -755,7 +781,7 @@ pub(super) fn moe_route<B: Backend>(b: &B, rng: &mut Rng, n_expert: usize, out: 
             Ok(r.weights().to_vec())
         })();
         let bound = rel_bound(&want);
-        let shape = format!("{rows} rows, top {k} of {n_expert}, renormalised {norm}");
+        let shape = format!("{rows} rows, top {k} of {n_expert}, {rule:?}, bias {biased}");
         out.compare(
             shape,
             got,

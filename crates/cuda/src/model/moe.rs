@@ -265,7 +265,7 @@ fn route(
         n,
         cfg.n_expert,
         cfg.n_expert_used,
-        cfg.norm_topk,
+        cfg.rule.norm_topk,
     )
 }
 

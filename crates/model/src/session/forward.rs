@@ -10,7 +10,7 @@ use ferrite_backend::{Act, AttnShape, Backend, ExpertBufs, KvType, Op, Rope, Rou
 use ferrite_cpu::CpuBackend;
 
 use crate::config::Activation;
-use crate::model::{Ffn, Model, Weight};
+use crate::model::{DenseFfn, Ffn, Model, Weight};
 use crate::moe::{Experts, MoeScratch};
 use crate::{ModelConfig, ModelError};
 
@@ -97,6 +97,7 @@ impl<Buf, Angles: Default> Scratch<Buf, Angles> {
         let moe = match &c.moe {
             None => None,
             Some(m) => Some(MoeScratch {
+                shared_out: buf(if m.shared_ff > 0 { c.d_model } else { 0 })?,
                 router: buf(m.n_expert)?,
                 routing: Routing::new(m.n_expert, m.n_expert_used, rows),
                 bufs: ExpertBufs {
@@ -118,8 +119,8 @@ impl<Buf, Angles: Default> Scratch<Buf, Angles> {
             v: buf(c.kv_dim())?,
             att: buf(c.q_dim())?,
             o: buf(c.d_model)?,
-            gate: buf(c.d_ff)?,
-            up: buf(c.d_ff)?,
+            gate: buf(c.ffn_width())?,
+            up: buf(c.ffn_width())?,
             angles: Angles::default(),
             moe,
         })
@@ -225,14 +226,18 @@ pub(crate) fn require_ops<B: Weights>(b: &B, m: &Model, kv: KvType) -> Result<()
             b.require(&shared(w))?;
         }
         b.require(&matmul(&lw.wo))?;
+        let dense = |f: &DenseFfn| -> Result<(), ModelError> {
+            b.require(&shared(&f.gate))?;
+            b.require(&shared(&f.up))?;
+            b.require(&matmul(&f.down))?;
+            Ok(b.require(&Op::GatedAct { act })?)
+        };
         match &lw.ffn {
-            Ffn::Dense { gate, up, down } => {
-                b.require(&shared(gate))?;
-                b.require(&shared(up))?;
-                b.require(&matmul(down))?;
-                b.require(&Op::GatedAct { act })?;
-            }
+            Ffn::Dense(f) => dense(f)?,
             Ffn::Moe(mw) => {
+                if let Some(f) = &mw.shared {
+                    dense(f)?;
+                }
                 b.require(&matmul(&mw.router))?;
                 b.require(&Op::MoeRoute {
                     n_expert: mw.gate.n_expert(),
@@ -243,6 +248,26 @@ pub(crate) fn require_ops<B: Weights>(b: &B, m: &Model, kv: KvType) -> Result<()
             }
         }
     }
+    Ok(())
+}
+
+/// The gated FFN `f` of `n` normalised rows `xn`, into `out`; `gate` and `up` hold its
+/// hidden rows.
+#[allow(clippy::too_many_arguments)]
+fn dense_ffn<B: Weights>(
+    b: &B,
+    m: &Model,
+    f: &DenseFfn,
+    act: Act,
+    xn: &B::Buf,
+    n: usize,
+    [gate, up]: [&mut B::Buf; 2],
+    out: &mut B::Buf,
+) -> Result<(), ModelError> {
+    let gate_up = [b.matrix(m, &f.gate), b.matrix(m, &f.up)];
+    b.matmul_shared(gate_up, xn, n, [&mut *gate, &mut *up])?;
+    b.gated_act(act, gate, up, n, f.gate.rows)?;
+    b.matmul(b.matrix(m, &f.down), gate, n, out)?;
     Ok(())
 }
 
@@ -282,7 +307,7 @@ pub(crate) fn forward_rows<B: Weights>(
 
     b.embed(b.table(m, &m.embed), tokens, c.embed_scale, &mut s.x)?;
     let mut bases = c.layers.iter().map(|l| base(l.rope_base));
-    b.rope_prepare(&mut s.angles, c.head_dim, &mut bases, segs)?;
+    b.rope_prepare(&mut s.angles, c.rope_dim, &mut bases, segs)?;
     for (l, lw) in m.layers.iter().enumerate() {
         let lc = &c.layers[l];
         b.norm_into(&s.x, n * d, b.vector(&lw.attn_norm)?, d, eps, &mut s.xn)?;
@@ -304,6 +329,7 @@ pub(crate) fn forward_rows<B: Weights>(
         }
         let rope = Rope {
             head_dim: c.head_dim,
+            rot_dim: c.rope_dim,
             base: base(lc.rope_base),
             style: c.rope_style,
             factors: rope_factors
@@ -346,11 +372,8 @@ pub(crate) fn forward_rows<B: Weights>(
             b.add_norm(&mut s.x, &s.o, n * d, ffn_norm, d, eps, &mut s.xn)?;
         }
         match &lw.ffn {
-            Ffn::Dense { gate, up, down } => {
-                let gate_up = [b.matrix(m, gate), b.matrix(m, up)];
-                b.matmul_shared(gate_up, &s.xn, n, [&mut s.gate, &mut s.up])?;
-                b.gated_act(act, &mut s.gate, &s.up, n, c.d_ff)?;
-                b.matmul(b.matrix(m, down), &s.gate, n, &mut s.o)?;
+            Ffn::Dense(f) => {
+                dense_ffn(b, m, f, act, &s.xn, n, [&mut s.gate, &mut s.up], &mut s.o)?;
             }
             Ffn::Moe(mw) => {
                 let (Some(cfg), Some(ms)) = (&moe_cfg, s.moe.as_mut()) else {
@@ -359,6 +382,12 @@ pub(crate) fn forward_rows<B: Weights>(
                     ));
                 };
                 crate::moe::ffn(b, m, mw, cfg, act, &s.xn, n, &mut s.o, ms)?;
+                // The shared expert's output joins the routed experts' sum.
+                if let Some(f) = &mw.shared {
+                    let out = &mut ms.shared_out;
+                    dense_ffn(b, m, f, act, &s.xn, n, [&mut s.gate, &mut s.up], out)?;
+                    b.add(&mut s.o, &ms.shared_out, n * d)?;
+                }
             }
         }
         if let Some(w) = &lw.post_ffn_norm {
