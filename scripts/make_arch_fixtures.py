@@ -68,6 +68,25 @@ COMMON = dict(
     pad_token_id=0,
 )
 
+# The expert layout DeepSeek and GLM share: one leading dense layer, then 8 experts of
+# width 32, top-2.
+DEEPSEEK_MOE = dict(
+    num_hidden_layers=3,
+    first_k_dense_replace=1,
+    n_routed_experts=8,
+    num_experts_per_tok=2,
+    moe_intermediate_size=32,
+)
+# DeepSeek's multi-head latent attention: a 32-wide KV latent, 8 rope and 16 plain values
+# per query/key head, 16 per value head.
+MLA = dict(
+    num_key_value_heads=4,
+    kv_lora_rank=32,
+    qk_rope_head_dim=8,
+    qk_nope_head_dim=16,
+    v_head_dim=16,
+)
+
 # name -> (config class name, extra config, tie embeddings, storage dtype)
 MODELS = {
     "llama": ("LlamaConfig", dict(num_hidden_layers=3, intermediate_size=96, rope_theta=10000.0), False, torch.float32),
@@ -206,18 +225,14 @@ MODELS = {
     "glm4moe": (
         "Glm4MoeConfig",
         dict(
-            num_hidden_layers=3,
+            **DEEPSEEK_MOE,
             head_dim=16,
             rope_theta=10000.0,
             # Half of each head rotated (GLM-4.5's 0.5): the other half passes through.
             partial_rotary_factor=0.5,
             use_qk_norm=True,
             attention_bias=True,
-            first_k_dense_replace=1,
-            n_routed_experts=8,
             n_shared_experts=1,
-            num_experts_per_tok=2,
-            moe_intermediate_size=32,
             n_group=1,
             topk_group=1,
             norm_topk_prob=True,
@@ -231,18 +246,10 @@ MODELS = {
         # experts, weights not renormalised.
         "DeepseekV2Config",
         dict(
-            num_hidden_layers=3,
-            num_key_value_heads=4,
-            kv_lora_rank=32,
+            **DEEPSEEK_MOE,
+            **MLA,
             q_lora_rank=None,
-            qk_rope_head_dim=8,
-            qk_nope_head_dim=16,
-            v_head_dim=16,
-            first_k_dense_replace=1,
-            n_routed_experts=8,
             n_shared_experts=2,
-            num_experts_per_tok=2,
-            moe_intermediate_size=32,
             topk_method="greedy",
             norm_topk_prob=False,
             routed_scaling_factor=1.0,
@@ -256,18 +263,10 @@ MODELS = {
         # kept), routed scale 2.5, YaRN with its mscale on the attention scale.
         "DeepseekV3Config",
         dict(
-            num_hidden_layers=3,
-            num_key_value_heads=4,
-            kv_lora_rank=32,
+            **DEEPSEEK_MOE,
+            **MLA,
             q_lora_rank=48,
-            qk_rope_head_dim=8,
-            qk_nope_head_dim=16,
-            v_head_dim=16,
-            first_k_dense_replace=1,
-            n_routed_experts=8,
             n_shared_experts=1,
-            num_experts_per_tok=2,
-            moe_intermediate_size=32,
             n_group=2,
             topk_group=1,
             norm_topk_prob=True,
