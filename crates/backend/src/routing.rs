@@ -136,8 +136,9 @@ impl Routing {
 
     /// Routes token `t` of the pass by its router logits (`n_expert` values) under `rule`,
     /// with `bias` (one per expert) added to the scores to choose: its experts in
-    /// descending choice (ties to the lower id) and their weights. A rule that fails
-    /// [`RouteRule::check`] routes without its groups.
+    /// descending choice (ties to the lower id) and their weights. Callers check the rule
+    /// first ([`RouteRule::check`]; the backends' `moe_route` refuses one that fails); an
+    /// unchecked one that fails routes without its groups rather than panicking.
     pub fn route(&mut self, t: usize, logits: &[f32], rule: &RouteRule, bias: Option<&[f32]>) {
         let k = self.k;
         let n = self.n_expert;

@@ -592,6 +592,10 @@ impl Backend for CpuBackend<'_> {
         bias: Option<&[f32]>,
     ) -> Result<()> {
         let ne = routing.n_expert();
+        // Once per pass: a rule that cannot route these experts is an error here, not a
+        // fallback inside every token's routing.
+        rule.check(ne, routing.k())
+            .map_err(|why| bad("moe_route", why))?;
         let logits = get(
             "moe_route",
             logits,

@@ -790,6 +790,25 @@ pub(super) fn moe_route<B: Backend>(b: &B, rng: &mut Rng, n_expert: usize, out: 
             "same experts, weights 2e-6 relative",
         );
     }
+    // A rule that cannot route these experts (groups that do not split them) is refused.
+    let unroutable = RouteRule {
+        groups: Some((n_expert + 1, 1)),
+        ..RouteRule::softmax(true)
+    };
+    let got = (|| {
+        let lb = buf(b, &rng.values(n_expert, 1.0))?;
+        let mut r = Routing::new(n_expert, 1, 1);
+        r.begin(1, 1);
+        match b.moe_route(&lb, &mut r, &unroutable, None) {
+            Err(_) => Ok(Vec::new()),
+            Ok(()) => Err(crate::BackendError::Shape {
+                op: "moe_route",
+                what: format!("accepted {unroutable:?} over {n_expert} experts"),
+            }),
+        }
+    })();
+    let shape = format!("{} groups of {n_expert} experts", n_expert + 1);
+    out.compare(shape, got, &[], &[], "refused");
 }
 
 pub(super) fn top_k<B: Backend>(b: &B, rng: &mut Rng, k: usize, out: &mut Out<'_>) {
