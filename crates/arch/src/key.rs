@@ -78,11 +78,21 @@ pub enum Key {
     ExpertGroupUsedCount,
     /// Multi-token-prediction layers at the end of the blocks (not run by the forward pass).
     NextnPredictLayers,
+    /// Rank of the query's low-rank projection (MLA `q_lora_rank`; absent: one projection).
+    QLoraRank,
+    /// Rank of the compressed key/value latent (MLA `kv_lora_rank`).
+    KvLoraRank,
+    /// Key head size of MLA's decompressed heads (`qk_nope_head_dim + qk_rope_head_dim`).
+    KeyLengthMla,
+    /// Value head size of MLA's decompressed heads (`v_head_dim`).
+    ValueLengthMla,
+    /// YaRN's log multiplier of the attention scale (DeepSeek: `0.1 · mscale_all_dim`).
+    RopeScalingYarnLogMultiplier,
 }
 
 impl Key {
     /// Every key.
-    pub const ALL: [Key; 34] = [
+    pub const ALL: [Key; 39] = [
         Key::BlockCount,
         Key::ContextLength,
         Key::EmbeddingLength,
@@ -117,6 +127,11 @@ impl Key {
         Key::ExpertGroupCount,
         Key::ExpertGroupUsedCount,
         Key::NextnPredictLayers,
+        Key::QLoraRank,
+        Key::KvLoraRank,
+        Key::KeyLengthMla,
+        Key::ValueLengthMla,
+        Key::RopeScalingYarnLogMultiplier,
     ];
 
     /// The part after `{arch}.`.
@@ -156,6 +171,11 @@ impl Key {
             Key::ExpertGroupCount => "expert_group_count",
             Key::ExpertGroupUsedCount => "expert_group_used_count",
             Key::NextnPredictLayers => "nextn_predict_layers",
+            Key::QLoraRank => "attention.q_lora_rank",
+            Key::KvLoraRank => "attention.kv_lora_rank",
+            Key::KeyLengthMla => "attention.key_length_mla",
+            Key::ValueLengthMla => "attention.value_length_mla",
+            Key::RopeScalingYarnLogMultiplier => "rope.scaling.yarn_log_multiplier",
         }
     }
 
@@ -208,6 +228,11 @@ mod tests {
             "llama.expert_group_count",
             "llama.expert_group_used_count",
             "llama.nextn_predict_layers",
+            "llama.attention.q_lora_rank",
+            "llama.attention.kv_lora_rank",
+            "llama.attention.key_length_mla",
+            "llama.attention.value_length_mla",
+            "llama.rope.scaling.yarn_log_multiplier",
         ];
         assert_eq!(Key::ALL.map(|k| k.of("llama")), pinned);
         assert_eq!(

@@ -57,6 +57,8 @@ pub enum Arch {
     Phi3,
     /// GLM-4.5 / 4.6 mixture of experts (partial rotary, shared expert, sigmoid routing).
     Glm4Moe,
+    /// DeepSeek V2 / V3 (multi-head latent attention, shared and routed experts).
+    Deepseek2,
 }
 
 /// Whether the layers of an architecture have a part.
@@ -102,6 +104,8 @@ pub struct Features {
     pub experts: Presence,
     /// Fused projections: `attn_qkv` for Q/K/V, one `ffn_up` for gate and up ([`LayerParts`]).
     pub fused: bool,
+    /// Multi-head latent attention ([`LayerParts::mla`]) instead of Q/K/V projections.
+    pub mla: bool,
 }
 
 /// One row of the architecture table.
@@ -116,7 +120,7 @@ pub struct ArchEntry {
 }
 
 /// The table, in the order of [`Arch`]'s variants.
-pub const ARCHES: [ArchEntry; 8] = [
+pub const ARCHES: [ArchEntry; 9] = [
     ArchEntry {
         arch: Arch::Llama,
         name: "llama",
@@ -128,6 +132,7 @@ pub const ARCHES: [ArchEntry; 8] = [
             out_bias: Presence::IfPresent,
             experts: Presence::IfPresent,
             fused: false,
+            mla: false,
         },
     },
     ArchEntry {
@@ -141,6 +146,7 @@ pub const ARCHES: [ArchEntry; 8] = [
             out_bias: Presence::Never,
             experts: Presence::Never,
             fused: false,
+            mla: false,
         },
     },
     ArchEntry {
@@ -154,6 +160,7 @@ pub const ARCHES: [ArchEntry; 8] = [
             out_bias: Presence::Never,
             experts: Presence::Never,
             fused: false,
+            mla: false,
         },
     },
     ArchEntry {
@@ -167,6 +174,7 @@ pub const ARCHES: [ArchEntry; 8] = [
             out_bias: Presence::IfPresent,
             experts: Presence::IfPresent,
             fused: false,
+            mla: false,
         },
     },
     ArchEntry {
@@ -180,6 +188,7 @@ pub const ARCHES: [ArchEntry; 8] = [
             out_bias: Presence::IfPresent,
             experts: Presence::IfPresent,
             fused: false,
+            mla: false,
         },
     },
     ArchEntry {
@@ -193,6 +202,7 @@ pub const ARCHES: [ArchEntry; 8] = [
             out_bias: Presence::IfPresent,
             experts: Presence::Required,
             fused: false,
+            mla: false,
         },
     },
     ArchEntry {
@@ -206,6 +216,7 @@ pub const ARCHES: [ArchEntry; 8] = [
             out_bias: Presence::Never,
             experts: Presence::Never,
             fused: true,
+            mla: false,
         },
     },
     ArchEntry {
@@ -220,13 +231,30 @@ pub const ARCHES: [ArchEntry; 8] = [
             out_bias: Presence::Never,
             experts: Presence::Required,
             fused: false,
+            mla: false,
+        },
+    },
+    ArchEntry {
+        arch: Arch::Deepseek2,
+        name: "deepseek2",
+        features: Features {
+            // llama.cpp's converter keeps Hugging Face's rows: DeepSeek's rope already
+            // pairs adjacent values.
+            interleaved_rope: true,
+            qk_norm: Presence::Never,
+            post_norms: false,
+            qkv_bias: Presence::Never,
+            out_bias: Presence::Never,
+            experts: Presence::Required,
+            fused: false,
+            mla: true,
         },
     },
 ];
 
 impl Arch {
     /// Every architecture, in table order.
-    pub const ALL: [Arch; 8] = [
+    pub const ALL: [Arch; 9] = [
         Arch::Llama,
         Arch::Gemma3,
         Arch::Gemma2,
@@ -235,6 +263,7 @@ impl Arch {
         Arch::Qwen3Moe,
         Arch::Phi3,
         Arch::Glm4Moe,
+        Arch::Deepseek2,
     ];
 
     /// The architecture whose `general.architecture` is `name`; `None` for one ferrite does
@@ -357,11 +386,22 @@ mod tests {
                 Never,
                 Required,
             ),
+            (
+                Arch::Deepseek2,
+                "deepseek2",
+                true,
+                Never,
+                false,
+                Never,
+                Never,
+                Required,
+            ),
         ];
         assert_eq!(pinned.len(), Arch::ALL.len());
         for (arch, name, rope, qk, post, qkv, out, experts) in pinned {
             assert_eq!(arch.name(), name);
             assert_eq!(arch.features().fused, arch == Arch::Phi3, "{name}");
+            assert_eq!(arch.features().mla, arch == Arch::Deepseek2, "{name}");
             let f = arch.features();
             assert_eq!(
                 (f.interleaved_rope, f.qk_norm, f.post_norms),

@@ -94,6 +94,24 @@ pub enum TensorRole {
     /// The router's per-expert selection bias (`exp_probs_b.bias`: DeepSeek V3's and
     /// GLM-4.5's `e_score_correction_bias`), added to the scores only to pick experts.
     ExpProbsB,
+    /// MLA's query down-projection to `q_lora_rank` (`attn_q_a`).
+    AttnQA,
+    /// RMSNorm of the query latent (`attn_q_a_norm`).
+    AttnQANorm,
+    /// MLA's query up-projection from the latent to every head (`attn_q_b`).
+    AttnQB,
+    /// MLA's joint projection to the key/value latent and the shared rope key
+    /// (`attn_kv_a_mqa`: `kv_lora_rank` rows, then `qk_rope_head_dim`).
+    AttnKvAMqa,
+    /// RMSNorm of the key/value latent (`attn_kv_a_norm`).
+    AttnKvANorm,
+    /// Per head, the transposed key decompression (`attn_k_b`, GGUF dims
+    /// `[qk_nope_head_dim, kv_lora_rank, n_head]`): it turns a query's non-rope part into
+    /// the latent's space.
+    AttnKB,
+    /// Per head, the value decompression (`attn_v_b`, dims `[kv_lora_rank, v_head_dim,
+    /// n_head]`).
+    AttnVB,
 }
 
 /// The end of every norm weight's name, in ferrite's architectures and llama.cpp's others.
@@ -101,7 +119,7 @@ pub const NORM_SUFFIX: &str = "_norm.weight";
 
 impl TensorRole {
     /// Every per-layer role.
-    pub const ALL: [TensorRole; 22] = [
+    pub const ALL: [TensorRole; 29] = [
         TensorRole::AttnNorm,
         TensorRole::AttnQ,
         TensorRole::AttnK,
@@ -124,6 +142,13 @@ impl TensorRole {
         TensorRole::FfnUpShexp,
         TensorRole::FfnDownShexp,
         TensorRole::ExpProbsB,
+        TensorRole::AttnQA,
+        TensorRole::AttnQANorm,
+        TensorRole::AttnQB,
+        TensorRole::AttnKvAMqa,
+        TensorRole::AttnKvANorm,
+        TensorRole::AttnKB,
+        TensorRole::AttnVB,
     ];
 
     /// The middle of its names (`attn_q` in `blk.N.attn_q.weight`).
@@ -151,6 +176,13 @@ impl TensorRole {
             TensorRole::FfnUpShexp => "ffn_up_shexp",
             TensorRole::FfnDownShexp => "ffn_down_shexp",
             TensorRole::ExpProbsB => "exp_probs_b",
+            TensorRole::AttnQA => "attn_q_a",
+            TensorRole::AttnQANorm => "attn_q_a_norm",
+            TensorRole::AttnQB => "attn_q_b",
+            TensorRole::AttnKvAMqa => "attn_kv_a_mqa",
+            TensorRole::AttnKvANorm => "attn_kv_a_norm",
+            TensorRole::AttnKB => "attn_k_b",
+            TensorRole::AttnVB => "attn_v_b",
         }
     }
 
@@ -184,6 +216,8 @@ impl TensorRole {
                 | TensorRole::PostAttentionNorm
                 | TensorRole::FfnNorm
                 | TensorRole::PostFfwNorm
+                | TensorRole::AttnQANorm
+                | TensorRole::AttnKvANorm
         )
     }
 }
@@ -280,6 +314,10 @@ pub struct LayerParts {
     /// Q/K/V as one `attn_qkv` and the dense gate and up as one `ffn_up` of twice the
     /// width (gate rows first), as Phi-3 files hold them.
     pub fused: bool,
+    /// Multi-head latent attention (DeepSeek's MLA) instead of Q/K/V projections: `Some`
+    /// with whether the query has its low-rank pair (`attn_q_a`, `attn_q_b`) rather than
+    /// one `attn_q`.
+    pub mla: Option<bool>,
 }
 
 impl LayerParts {
@@ -287,7 +325,14 @@ impl LayerParts {
     pub fn tensors(self) -> Vec<(TensorRole, Kind)> {
         use TensorRole as R;
         let mut roles = vec![R::AttnNorm];
-        if self.fused {
+        if let Some(q_lora) = self.mla {
+            if q_lora {
+                roles.extend([R::AttnQA, R::AttnQANorm, R::AttnQB]);
+            } else {
+                roles.push(R::AttnQ);
+            }
+            roles.extend([R::AttnKvAMqa, R::AttnKvANorm, R::AttnKB, R::AttnVB]);
+        } else if self.fused {
             roles.push(R::AttnQkv);
         } else {
             roles.extend([R::AttnQ, R::AttnK, R::AttnV]);
@@ -365,6 +410,13 @@ mod tests {
             "blk.7.ffn_up_shexp.weight",
             "blk.7.ffn_down_shexp.weight",
             "blk.7.exp_probs_b.weight",
+            "blk.7.attn_q_a.weight",
+            "blk.7.attn_q_a_norm.weight",
+            "blk.7.attn_q_b.weight",
+            "blk.7.attn_kv_a_mqa.weight",
+            "blk.7.attn_kv_a_norm.weight",
+            "blk.7.attn_k_b.weight",
+            "blk.7.attn_v_b.weight",
         ];
         assert_eq!(TensorRole::ALL.map(|r| r.weight(7)), layer);
         assert_eq!(TensorRole::AttnQ.bias(12), "blk.12.attn_q.bias");
@@ -424,18 +476,28 @@ mod tests {
                      ffn_down_shexp.weight exp_probs_b.bias"
                 ),
             ),
+            (
+                Arch::Deepseek2,
+                "attn_norm.weight attn_q_a.weight attn_q_a_norm.weight attn_q_b.weight \
+                 attn_kv_a_mqa.weight attn_kv_a_norm.weight attn_k_b.weight attn_v_b.weight \
+                 attn_output.weight ffn_norm.weight ffn_gate_inp.weight ffn_gate_exps.weight \
+                 ffn_up_exps.weight ffn_down_exps.weight ffn_gate_shexp.weight \
+                 ffn_up_shexp.weight ffn_down_shexp.weight exp_probs_b.bias"
+                    .to_owned(),
+            ),
         ];
         for (arch, tails) in pinned {
             let f = arch.features();
             let parts = LayerParts {
                 experts: f.experts.resolve(false),
-                shared_expert: arch == Arch::Glm4Moe,
-                selection_bias: arch == Arch::Glm4Moe,
+                shared_expert: matches!(arch, Arch::Glm4Moe | Arch::Deepseek2),
+                selection_bias: matches!(arch, Arch::Glm4Moe | Arch::Deepseek2),
                 qk_norm: f.qk_norm.resolve(false),
                 post_norms: f.post_norms,
                 qkv_bias: f.qkv_bias.resolve(false),
                 out_bias: f.out_bias.resolve(false),
                 fused: f.fused,
+                mla: f.mla.then_some(true),
             };
             let got: Vec<String> = parts
                 .tensors()

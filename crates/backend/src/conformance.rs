@@ -19,7 +19,7 @@ use ferrite_gguf::{ALL_TYPES, GgmlType};
 
 use crate::{
     Act, AttnShape, Backend, ExpertBufs, HostMatrix, KvType, Op, Rope, RopeStyle, Routing, Segment,
-    Support,
+    Support, Values,
 };
 
 mod reference;
@@ -202,8 +202,19 @@ pub fn ops() -> Vec<Op> {
                     kv,
                     head_dim,
                     softcap,
+                    values: Values::Own,
                 });
             }
+        }
+        // MLA's latent: values in the keys, after their rope part (DeepSeek's 64 + 512, and
+        // a head that q8 blocks cannot split).
+        for (head_dim, at) in [(64, 32), (40, 8)] {
+            ops.push(Op::Attention {
+                kv,
+                head_dim,
+                softcap: false,
+                values: Values::InKeys { at, dim: 32 },
+            });
         }
     }
     ops.extend([
@@ -259,7 +270,8 @@ pub fn run<B: Backend>(b: &B) -> Report {
                 kv,
                 head_dim,
                 softcap,
-            } => reference::attention(b, r, kv, head_dim, softcap, &mut out),
+                values,
+            } => reference::attention(b, r, kv, (head_dim, values), softcap, &mut out),
             Op::GatedAct { act } => reference::gated_act(b, r, act, &mut out),
             Op::MoeRoute { n_expert } => reference::moe_route(b, r, n_expert, &mut out),
             Op::TopK { k } => reference::top_k(b, r, k, &mut out),
@@ -379,13 +391,13 @@ impl TestMatrix {
 fn stores<B: Backend>(
     b: &B,
     kv: KvType,
-    heads: usize,
-    head_dim: usize,
+    (heads, head_dim): (usize, usize),
+    values: Values,
     spans: &[(usize, usize)],
 ) -> crate::Result<Vec<B::Kv>> {
     spans
         .iter()
-        .map(|&(p, n)| b.kv(kv, 1, p + n, heads, head_dim))
+        .map(|&(p, n)| b.kv(kv, 1, p + n, (heads, head_dim), values))
         .collect()
 }
 
@@ -422,6 +434,7 @@ fn attn_shape(
     head_dim: usize,
     window: Option<usize>,
     softcap: Option<f32>,
+    values: Values,
 ) -> AttnShape {
     AttnShape {
         n_head,
@@ -430,6 +443,7 @@ fn attn_shape(
         scale: 1.0 / (head_dim as f32).sqrt(),
         window,
         softcap,
+        values,
     }
 }
 

@@ -22,7 +22,7 @@
 //! ```
 //! use ferrite_backend::{KvType, Op, Support};
 //! // What a model asks a backend before running: an op with its data type.
-//! let op = Op::Attention { kv: KvType::Q8, head_dim: 48, softcap: false };
+//! let op = Op::Attention { kv: KvType::Q8, head_dim: 48, softcap: false, values: Default::default() };
 //! assert_eq!((op.name(), op.dtype()), ("attention", "q8 KV".to_string()));
 //! assert!(!Support::Unsupported("q8 needs whole blocks".into()).runs());
 //! assert_eq!(KvType::Q8.row_elems(2, 64), Some(4));
@@ -39,7 +39,7 @@ mod types;
 pub use error::BackendError;
 pub use op::{Op, Support};
 pub use routing::{Gating, RouteRule, Routing};
-pub use types::{Act, AttnShape, ExpertBufs, HostMatrix, KvType, Rope, RopeStyle, Segment};
+pub use types::{Act, AttnShape, ExpertBufs, HostMatrix, KvType, Rope, RopeStyle, Segment, Values};
 
 /// Results of the contract's ops.
 pub type Result<T> = std::result::Result<T, BackendError>;
@@ -109,15 +109,15 @@ pub trait Backend: Sync {
     fn weight<'a>(&'a self, w: HostMatrix<'a>) -> Result<Self::Weight<'a>>;
     /// The handle of a host vector.
     fn vector<'a>(&'a self, v: &'a [f32]) -> Result<Self::Vector<'a>>;
-    /// A zeroed KV store of `n_layer` layers and `ctx` positions of `heads` heads of
-    /// `head_dim` values.
+    /// A zeroed KV store of `n_layer` layers and `ctx` positions of `shape.0` heads of
+    /// `shape.1` values, with value rows of its own unless `values` lie in the keys.
     fn kv(
         &self,
         ty: KvType,
         n_layer: usize,
         ctx: usize,
-        heads: usize,
-        head_dim: usize,
+        shape: (usize, usize),
+        values: Values,
     ) -> Result<Self::Kv>;
 
     // ---- products ----
@@ -233,7 +233,8 @@ pub trait Backend: Sync {
         segs: &[Segment<'_, Self::Kv>],
     ) -> Result<()>;
     /// Stores each row's key and value (`width` values each) in layer `layer` of its
-    /// segment's KV store at its position.
+    /// segment's KV store at its position. A store whose values lie in its keys
+    /// ([`Values::InKeys`]) stores the keys only and does not read `v`.
     fn kv_store(
         &self,
         layer: usize,
@@ -260,7 +261,8 @@ pub trait Backend: Sync {
     }
     /// Attention of each segment's rows (queries `q`, `n_head × head_dim` per row) over
     /// layer `layer` of its own KV store, which already holds its keys and values up to
-    /// its last row; writes one `n_head × head_dim` row per query to `out`.
+    /// its last row; writes one `n_head × v` row per query to `out`, `v` the values per
+    /// head ([`Values::dim`]).
     fn attention(
         &self,
         shape: &AttnShape,

@@ -4,7 +4,7 @@
 
 use ferrite_gguf::GgmlType;
 
-use crate::{Act, KvType, RopeStyle};
+use crate::{Act, KvType, RopeStyle, Values};
 
 /// One op of the contract with what decides whether a backend can run it.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -89,6 +89,8 @@ pub enum Op {
         head_dim: usize,
         /// With soft-capped scores ([`crate::AttnShape::softcap`]).
         softcap: bool,
+        /// Where the values come from ([`crate::AttnShape::values`]).
+        values: Values,
     },
     /// The gated FFN activation ([`crate::Backend::gated_act`]).
     GatedAct {

@@ -82,6 +82,51 @@ pub enum Act {
     GeluTanh,
 }
 
+/// Where attention's value rows come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Values {
+    /// Rows of their own beside the keys, `head_dim` values a head.
+    #[default]
+    Own,
+    /// Values `at..at + dim` of each key head. A store of such rows keeps no value rows:
+    /// MLA's compressed latent is both the non-rope part of its key and its value.
+    InKeys {
+        /// First value in each key head.
+        at: usize,
+        /// Values per head.
+        dim: usize,
+    },
+}
+
+impl Values {
+    /// Values per head that attention over keys of `head_dim` values writes.
+    pub fn dim(self, head_dim: usize) -> usize {
+        match self {
+            Values::Own => head_dim,
+            Values::InKeys { dim, .. } => dim,
+        }
+    }
+
+    /// Whether a store keeps value rows of its own.
+    pub fn stored(self) -> bool {
+        self == Values::Own
+    }
+
+    /// Why values cannot be read from key heads of `head_dim` values, if they cannot.
+    pub fn check(self, head_dim: usize) -> Result<(), String> {
+        match self {
+            Values::InKeys { at, dim }
+                if dim == 0 || at.checked_add(dim).is_none_or(|end| end > head_dim) =>
+            {
+                Err(format!(
+                    "values at {at}, {dim} wide, of key heads of {head_dim}"
+                ))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
 /// Shape and masking of one layer's attention.
 #[derive(Debug, Clone, Copy)]
 pub struct AttnShape {
@@ -99,6 +144,8 @@ pub struct AttnShape {
     /// Soft cap of the scaled scores, `cap · tanh(s / cap)` before the mask and softmax
     /// (Gemma 2); `None` for plain scores.
     pub softcap: Option<f32>,
+    /// Where the values come from; the output has [`Values::dim`] values a head.
+    pub values: Values,
 }
 
 /// How one layer rotates its query and key rows.

@@ -335,13 +335,16 @@ fn mutations(g: &Gguf) -> Vec<Mutation> {
             vec!["ffn_down_shexp.weight"],
         ));
     }
-    // Partial rotary turned into full rope.
+    // Partial rotary turned into full rope (not for latent attention, whose cached row is
+    // its rope key and latent: rope over all of it is no model's).
+    let latent = g.get(&format!("{arch}.attention.kv_lora_rank")).is_some();
     let (rope_key, head_key) = (
         format!("{arch}.rope.dimension_count"),
         format!("{arch}.attention.key_length"),
     );
     if let (Ok(rope), Ok(head)) = (g.get_u32(&rope_key), g.get_u32(&head_key))
         && rope != head
+        && !latent
     {
         out.push((
             "full rope".into(),
@@ -357,6 +360,8 @@ fn mutations(g: &Gguf) -> Vec<Mutation> {
         ("rope.scaling.factor", Value::F32(1.0)),
         ("rope.scaling.attn_factor", Value::F32(1.0)),
         ("rope.scaling.original_context_length", Value::U32(1 << 20)),
+        // DeepSeek's YaRN attention scale left out.
+        ("rope.scaling.yarn_log_multiplier", Value::F32(0.0)),
         // Softmax instead of sigmoid scores; unscaled weights; one group of experts.
         ("expert_gating_func", Value::U32(1)),
         ("expert_weights_scale", Value::F32(1.0)),

@@ -40,6 +40,7 @@ fn expected_arch(config: &Value) -> &'static str {
         "Gemma3ForCausalLM" => "gemma3",
         "Phi3ForCausalLM" => "phi3",
         "Glm4MoeForCausalLM" => "glm4moe",
+        "DeepseekV2ForCausalLM" | "DeepseekV3ForCausalLM" => "deepseek2",
         _ => "llama",
     }
 }
@@ -92,9 +93,22 @@ fn every_arch_fixture_converts_loads_and_tokenizes_like_transformers() {
             num("hidden_size"),
             "{name}"
         );
+        // Latent attention is written as one KV head, the latent (llama.cpp's layout).
+        let kv_heads = match config.get("kv_lora_rank") {
+            Some(rank) => {
+                let rope = num("qk_rope_head_dim");
+                assert_eq!(
+                    g.get_u64(&k("attention.key_length")).unwrap(),
+                    rank.as_u64().unwrap() + rope,
+                    "{name}"
+                );
+                1
+            }
+            None => num("num_key_value_heads"),
+        };
         assert_eq!(
             g.get_u64(&k("attention.head_count_kv")).unwrap(),
-            num("num_key_value_heads"),
+            kv_heads,
             "{name}"
         );
         let experts = config

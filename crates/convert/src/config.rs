@@ -45,6 +45,10 @@ pub enum Family {
     Phi3,
     /// `Glm4MoeForCausalLM` (GLM-4.5, 4.6).
     Glm4Moe,
+    /// `DeepseekV2ForCausalLM` (V2, V2-Lite, V2.5).
+    DeepseekV2,
+    /// `DeepseekV3ForCausalLM` (V3, R1).
+    DeepseekV3,
 }
 
 impl Family {
@@ -66,6 +70,8 @@ impl Family {
                 "Gemma3ForCausalLM" => Family::Gemma3,
                 "Phi3ForCausalLM" => Family::Phi3,
                 "Glm4MoeForCausalLM" => Family::Glm4Moe,
+                "DeepseekV2ForCausalLM" => Family::DeepseekV2,
+                "DeepseekV3ForCausalLM" => Family::DeepseekV3,
                 _ => return None,
             })
         });
@@ -84,6 +90,8 @@ impl Family {
             (None, Some("gemma3_text")) => Ok(Family::Gemma3),
             (None, Some("phi3")) => Ok(Family::Phi3),
             (None, Some("glm4_moe")) => Ok(Family::Glm4Moe),
+            (None, Some("deepseek_v2")) => Ok(Family::DeepseekV2),
+            (None, Some("deepseek_v3")) => Ok(Family::DeepseekV3),
             (Some(c), _) => Err(ConvertError::UnsupportedArchitecture(c.to_owned())),
             (None, Some(t)) => Err(ConvertError::UnsupportedArchitecture(t.to_owned())),
             (None, None) => Err(ConvertError::BadConfig {
@@ -104,7 +112,13 @@ impl Family {
             Family::Gemma3 => Arch::Gemma3,
             Family::Phi3 => Arch::Phi3,
             Family::Glm4Moe => Arch::Glm4Moe,
+            Family::DeepseekV2 | Family::DeepseekV3 => Arch::Deepseek2,
         }
+    }
+
+    /// DeepSeek's latent-attention families.
+    pub fn deepseek(self) -> bool {
+        matches!(self, Family::DeepseekV2 | Family::DeepseekV3)
     }
 
     /// Gemma stores RMSNorm weights as offsets from 1 (`1 + w` is the scale) and names its
@@ -118,9 +132,10 @@ impl Family {
         self.arch().name()
     }
 
-    /// Whether llama.cpp permutes this family's Q/K rows (interleaved rope in GGUF).
+    /// Whether llama.cpp permutes this family's Q/K rows (interleaved rope in GGUF):
+    /// DeepSeek's rope already pairs adjacent values, so its rows stay as they are.
     pub fn permutes_qk(self) -> bool {
-        self.arch().features().interleaved_rope
+        self.arch().features().interleaved_rope && !self.deepseek()
     }
 
     /// transformers' default `rope_theta`.
@@ -140,6 +155,8 @@ impl Family {
             Family::Gemma2 => 8192,
             Family::Phi3 => 4096,
             Family::Gemma3 | Family::Glm4Moe => 131_072,
+            Family::DeepseekV2 => 2048,
+            Family::DeepseekV3 => 4096,
         }
     }
 
@@ -194,6 +211,24 @@ pub struct Yarn {
     pub beta_slow: f64,
     /// `attention_factor`, when given (readers default to `1 + 0.1 ln(factor)`).
     pub attn_factor: Option<f64>,
+    /// DeepSeek's `0.1 · mscale_all_dim`: the attention scale's YaRN factor is
+    /// `1 + log_multiplier · ln(factor)`, squared.
+    pub log_multiplier: Option<f64>,
+}
+
+/// DeepSeek's multi-head latent attention shape.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Mla {
+    /// `q_lora_rank` (`None`: one query projection).
+    pub q_lora_rank: Option<usize>,
+    /// `kv_lora_rank`.
+    pub kv_lora_rank: usize,
+    /// `qk_nope_head_dim`.
+    pub nope_dim: usize,
+    /// `qk_rope_head_dim`.
+    pub rope_dim: usize,
+    /// `v_head_dim`.
+    pub v_dim: usize,
 }
 
 /// How a config scales its rope.
@@ -297,6 +332,9 @@ pub struct HfConfig {
     pub tie_embeddings: bool,
     /// MoE settings, for MoE families.
     pub experts: Option<Experts>,
+    /// Latent attention (DeepSeek): then `n_kv_head` is 1 and `head_dim` the cached row's
+    /// `rope_dim + kv_lora_rank`, as llama.cpp writes the absorbed form.
+    pub mla: Option<Mla>,
     /// Sliding-window attention, if any layer uses it.
     pub sliding_window: Option<SlidingWindow>,
     /// The text model of a multimodal checkpoint (`Gemma3ForConditionalGeneration`): its
@@ -458,7 +496,37 @@ impl HfConfig {
         if !(rms_eps.is_finite() && rms_eps >= 0.0) {
             return Err(bad("rms_norm_eps", "must be a finite number ≥ 0"));
         }
-        let rope_dim = rope_dim(cfg, family, head_dim)?;
+        let mla = if family.deepseek() {
+            let q_lora_rank = get_usize(cfg, "q_lora_rank")?.filter(|&r| r > 0);
+            Some(Mla {
+                q_lora_rank,
+                kv_lora_rank: need_usize(cfg, "kv_lora_rank")?,
+                nope_dim: need_usize(cfg, "qk_nope_head_dim")?,
+                rope_dim: need_usize(cfg, "qk_rope_head_dim")?,
+                v_dim: need_usize(cfg, "v_head_dim")?,
+            })
+        } else {
+            None
+        };
+        if let Some(m) = &mla {
+            if m.rope_dim % 2 != 0 {
+                return Err(bad("qk_rope_head_dim", "must be even for rope"));
+            }
+            // transformers' `rope_interleave = false` would rotate halves of the rope part.
+            if get_bool(cfg, "rope_interleave")? == Some(false) {
+                return Err(ConvertError::UnsupportedFeature(
+                    "rope_interleave false (half-split rope on DeepSeek's rope part)".into(),
+                ));
+            }
+        }
+        let (n_kv_head, head_dim) = match &mla {
+            Some(m) => (1, m.rope_dim + m.kv_lora_rank),
+            None => (n_kv_head, head_dim),
+        };
+        let rope_dim = match &mla {
+            Some(m) => m.rope_dim,
+            None => rope_dim(cfg, family, head_dim)?,
+        };
         let (rope_theta, scaling) = rope(cfg, family, rope_dim, ctx)?;
         let (mut llama3_rope, mut linear_rope, mut long_rope, mut yarn) = (None, None, None, None);
         match scaling {
@@ -501,7 +569,7 @@ impl HfConfig {
             n_kv_head,
             head_dim,
             rope_dim,
-            head_dim_explicit: explicit.is_some(),
+            head_dim_explicit: explicit.is_some() && mla.is_none(),
             n_vocab,
             ctx,
             rms_eps,
@@ -513,6 +581,7 @@ impl HfConfig {
             softcaps,
             tie_embeddings,
             experts,
+            mla,
             sliding_window,
             multimodal: false,
         })
@@ -544,8 +613,21 @@ impl HfConfig {
         if arch == Arch::Llama {
             m.push((k(Key::VocabSize), u(self.n_vocab)));
         }
-        if matches!(arch, Arch::Llama | Arch::Phi3 | Arch::Glm4Moe) {
+        if matches!(
+            arch,
+            Arch::Llama | Arch::Phi3 | Arch::Glm4Moe | Arch::Deepseek2
+        ) {
             m.push((k(Key::RopeDimensionCount), u(self.rope_dim)));
+        }
+        if let Some(a) = &self.mla {
+            if let Some(r) = a.q_lora_rank {
+                m.push((k(Key::QLoraRank), u(r)));
+            }
+            m.push((k(Key::KvLoraRank), u(a.kv_lora_rank)));
+            m.push((k(Key::KeyLength), u(self.head_dim)));
+            m.push((k(Key::ValueLength), u(a.kv_lora_rank)));
+            m.push((k(Key::KeyLengthMla), u(a.nope_dim + a.rope_dim)));
+            m.push((k(Key::ValueLengthMla), u(a.v_dim)));
         }
         if let Some(e) = &self.experts {
             if let Some(ff) = e.ff {
@@ -599,6 +681,9 @@ impl HfConfig {
             ));
             if let Some(a) = y.attn_factor {
                 m.push((k(Key::RopeScalingAttnFactor), Value::F32(a as f32)));
+            }
+            if let Some(l) = y.log_multiplier {
+                m.push((k(Key::RopeScalingYarnLogMultiplier), Value::F32(l as f32)));
             }
         }
         if let Some(f) = self.linear_rope {
@@ -709,7 +794,7 @@ fn rope(
                 "{key} type \"yarn\" on a Gemma model"
             )));
         }
-        return Ok((theta, Scaling::Yarn(yarn(cfg, key, params)?)));
+        return Ok((theta, Scaling::Yarn(yarn(cfg, family, key, params)?)));
     }
     if kind == "longrope" {
         return Ok((
@@ -795,19 +880,35 @@ fn original_ctx(cfg: &Map<String, Json>, params: &Map<String, Json>) -> Result<u
 }
 
 /// YaRN's parameters from `params` (named `key`), the original context there or at the top
-/// level of `cfg`. DeepSeek's `mscale` / `mscale_all_dim` are refused (not yet read).
+/// level of `cfg`. DeepSeek's `mscale` / `mscale_all_dim` are read for DeepSeek only, and
+/// only equal: transformers scales the rope values by their ratio, which no reader does.
 fn yarn(
     cfg: &Map<String, Json>,
+    family: Family,
     key: &str,
     params: &Map<String, Json>,
 ) -> Result<Yarn, ConvertError> {
-    for k in ["mscale", "mscale_all_dim"] {
-        if get_f64(params, k)?.is_some_and(|m| m != 0.0) {
+    let (mscale, all_dim) = (
+        get_f64(params, "mscale")?.unwrap_or(0.0),
+        get_f64(params, "mscale_all_dim")?.unwrap_or(0.0),
+    );
+    let log_multiplier = if family.deepseek() {
+        if mscale != all_dim {
             return Err(ConvertError::UnsupportedFeature(format!(
-                "{key}.{k} (YaRN as DeepSeek scales it)"
+                "{key}.mscale {mscale} other than mscale_all_dim {all_dim}"
             )));
         }
-    }
+        (all_dim != 0.0).then_some(0.1 * all_dim)
+    } else {
+        for (k, m) in [("mscale", mscale), ("mscale_all_dim", all_dim)] {
+            if m != 0.0 {
+                return Err(ConvertError::UnsupportedFeature(format!(
+                    "{key}.{k} (YaRN as DeepSeek scales it) outside DeepSeek"
+                )));
+            }
+        }
+        None
+    };
     let num = |k: &str, default: f64| -> Result<f64, ConvertError> {
         match get_f64(params, k)? {
             None => Ok(default),
@@ -830,6 +931,7 @@ fn yarn(
         beta_fast: num("beta_fast", 32.0)?,
         beta_slow: num("beta_slow", 1.0)?,
         attn_factor,
+        log_multiplier,
     })
 }
 
@@ -939,18 +1041,31 @@ fn experts(cfg: &Map<String, Json>, family: Family) -> Result<Option<Experts>, C
             norm_topk: None,
             ..Experts::SOFTMAX
         })),
-        Family::Glm4Moe => {
+        Family::DeepseekV2 | Family::DeepseekV3 => {
+            // V3 always routes by `noaux_tc`; V2's default is plain softmax top-k.
             let method = cfg.get("topk_method").and_then(Json::as_str);
-            if method.is_some_and(|m| m != "noaux_tc") {
+            let method = method.unwrap_or(if family == Family::DeepseekV3 {
+                "noaux_tc"
+            } else {
+                "greedy"
+            });
+            if method == "noaux_tc" {
+                return sigmoid_experts(cfg).and_then(checked_experts);
+            }
+            if method != "greedy" {
+                return Err(ConvertError::UnsupportedFeature(format!(
+                    "topk_method {method:?} (greedy and noaux_tc only)"
+                )));
+            }
+            if cfg
+                .get("scoring_func")
+                .and_then(Json::as_str)
+                .is_some_and(|f| f != "softmax")
+            {
                 return Err(ConvertError::UnsupportedFeature(
-                    "topk_method other than noaux_tc (sigmoid scores, selection bias)".into(),
+                    "greedy routing with scores other than softmax".into(),
                 ));
             }
-            let groups = match get_usize(cfg, "n_group")?.unwrap_or(1) {
-                0 => return Err(bad("n_group", "must be positive")),
-                1 => None,
-                n => Some((n, need_usize(cfg, "topk_group")?)),
-            };
             let scale = get_f64(cfg, "routed_scaling_factor")?.unwrap_or(1.0);
             if !(scale.is_finite() && scale > 0.0) {
                 return Err(bad("routed_scaling_factor", "must be a finite number > 0"));
@@ -959,13 +1074,21 @@ fn experts(cfg: &Map<String, Json>, family: Family) -> Result<Option<Experts>, C
                 count: need_usize(cfg, "n_routed_experts")?,
                 used: need_usize(cfg, "num_experts_per_tok")?,
                 ff: Some(need_usize(cfg, "moe_intermediate_size")?),
-                norm_topk: Some(get_bool(cfg, "norm_topk_prob")?.unwrap_or(true)),
+                norm_topk: Some(get_bool(cfg, "norm_topk_prob")?.unwrap_or(false)),
                 shared: get_usize(cfg, "n_shared_experts")?.unwrap_or(0),
                 leading_dense: get_usize(cfg, "first_k_dense_replace")?.unwrap_or(0),
-                sigmoid: true,
                 scale: Some(scale),
-                groups,
+                ..Experts::SOFTMAX
             }))
+        }
+        Family::Glm4Moe => {
+            let method = cfg.get("topk_method").and_then(Json::as_str);
+            if method.is_some_and(|m| m != "noaux_tc") {
+                return Err(ConvertError::UnsupportedFeature(
+                    "topk_method other than noaux_tc (sigmoid scores, selection bias)".into(),
+                ));
+            }
+            sigmoid_experts(cfg)
         }
         Family::Qwen3Moe => {
             if get_usize(cfg, "decoder_sparse_step")?.unwrap_or(1) != 1 {
@@ -997,13 +1120,43 @@ fn experts(cfg: &Map<String, Json>, family: Family) -> Result<Option<Experts>, C
         }
         _ => Ok(None),
     }
-    .and_then(|e| match e {
+    .and_then(checked_experts)
+}
+
+/// Refuses expert settings that choose no experts, or more than there are.
+fn checked_experts(e: Option<Experts>) -> Result<Option<Experts>, ConvertError> {
+    match e {
         Some(e) if e.used == 0 || e.used > e.count => Err(bad(
             "num_experts_per_tok",
             "must be between 1 and the expert count",
         )),
         other => Ok(other),
-    })
+    }
+}
+
+/// `noaux_tc` routing (GLM-4.5, DeepSeek V3): sigmoid scores with a selection bias,
+/// optionally group-limited, the chosen weights renormalised and scaled.
+fn sigmoid_experts(cfg: &Map<String, Json>) -> Result<Option<Experts>, ConvertError> {
+    let groups = match get_usize(cfg, "n_group")?.unwrap_or(1) {
+        0 => return Err(bad("n_group", "must be positive")),
+        1 => None,
+        n => Some((n, need_usize(cfg, "topk_group")?)),
+    };
+    let scale = get_f64(cfg, "routed_scaling_factor")?.unwrap_or(1.0);
+    if !(scale.is_finite() && scale > 0.0) {
+        return Err(bad("routed_scaling_factor", "must be a finite number > 0"));
+    }
+    Ok(Some(Experts {
+        count: need_usize(cfg, "n_routed_experts")?,
+        used: need_usize(cfg, "num_experts_per_tok")?,
+        ff: Some(need_usize(cfg, "moe_intermediate_size")?),
+        norm_topk: Some(get_bool(cfg, "norm_topk_prob")?.unwrap_or(true)),
+        shared: get_usize(cfg, "n_shared_experts")?.unwrap_or(0),
+        leading_dense: get_usize(cfg, "first_k_dense_replace")?.unwrap_or(0),
+        sigmoid: true,
+        scale: Some(scale),
+        groups,
+    }))
 }
 
 /// The layers `layer_types` marks `sliding_attention`, when the config has the list.
@@ -1033,7 +1186,9 @@ fn sliding_window(
 ) -> Result<Option<SlidingWindow>, ConvertError> {
     let window = get_usize(cfg, "sliding_window")?;
     let layers = match family {
-        Family::Llama | Family::Glm4Moe => return Ok(None),
+        Family::Llama | Family::Glm4Moe | Family::DeepseekV2 | Family::DeepseekV3 => {
+            return Ok(None);
+        }
         Family::Gemma2 | Family::Gemma3 => {
             if window.is_none() {
                 return Err(bad(

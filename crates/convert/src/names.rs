@@ -43,6 +43,9 @@ pub(crate) enum Mapped {
     FusedGateUp { layer: usize },
     /// transformers 5's `[experts, d, ff]` down projections of one layer.
     FusedDown { layer: usize },
+    /// DeepSeek's `kv_b_proj` of one layer: per head the key decompression, then the
+    /// value's; split into llama.cpp's `attn_k_b` (transposed) and `attn_v_b`.
+    KvB { layer: usize },
     /// Not model weights (rope caches).
     Skip,
 }
@@ -121,6 +124,15 @@ pub(crate) fn map(name: &str, gemma: bool) -> Option<Mapped> {
         "self_attn.qkv_proj" => TensorRole::AttnQkv,
         "mlp.gate_up_proj" => TensorRole::FfnUp,
         "self_attn.q_norm" => TensorRole::AttnQNorm,
+        // DeepSeek's latent attention.
+        "self_attn.q_a_proj" => TensorRole::AttnQA,
+        "self_attn.q_a_layernorm" => TensorRole::AttnQANorm,
+        "self_attn.q_b_proj" => TensorRole::AttnQB,
+        "self_attn.kv_a_proj_with_mqa" => TensorRole::AttnKvAMqa,
+        "self_attn.kv_a_layernorm" => TensorRole::AttnKvANorm,
+        "self_attn.kv_b_proj" if kind == Some(Kind::Weight) => {
+            return Some(Mapped::KvB { layer });
+        }
         "self_attn.k_norm" => TensorRole::AttnKNorm,
         "mlp.gate_proj" => TensorRole::FfnGate,
         "mlp.up_proj" => TensorRole::FfnUp,

@@ -33,6 +33,12 @@ pub(crate) enum Item {
         layer: usize,
         hf: String,
     },
+    /// One half of DeepSeek's `kv_b_proj`: the keys' (`attn_k_b`) or the values'.
+    KvBHalf {
+        layer: usize,
+        key: bool,
+        hf: String,
+    },
 }
 
 /// What an item becomes: GGUF name, stored type and row-major (PyTorch-order) shape.
@@ -122,6 +128,18 @@ impl<'a> Plan<'a> {
                     layer,
                     hf: hf.into(),
                 }),
+                Mapped::KvB { layer } => {
+                    if c.mla.is_none() {
+                        return Err(ConvertError::UnmappedTensor(hf.into()));
+                    }
+                    for key in [true, false] {
+                        items.push(Item::KvBHalf {
+                            layer,
+                            key,
+                            hf: hf.into(),
+                        });
+                    }
+                }
             }
         }
         for ((layer, part), slots) in &stacks {
@@ -272,6 +290,30 @@ impl<'a> Plan<'a> {
                     shape: vec![e, two_ff / 2, d],
                 })
             }
+            Item::KvBHalf { layer, key, hf } => {
+                let t = self.tensor(hf)?;
+                let src = float_type(hf, &t)?;
+                let (nh, (nope, v, rank)) = (self.c.n_head, self.kv_b_dims());
+                if t.info.shape != [(nh * (nope + v)) as u64, rank as u64] {
+                    return Err(ConvertError::BadTensor {
+                        tensor: hf.clone(),
+                        reason: format!(
+                            "shape {:?}, expected [{nh} heads × ({nope} + {v}), {rank}]",
+                            t.info.shape
+                        ),
+                    });
+                }
+                let (role, shape) = if *key {
+                    (TensorRole::AttnKB, [nh, rank, nope])
+                } else {
+                    (TensorRole::AttnVB, [nh, v, rank])
+                };
+                Ok(Described {
+                    gguf: role.weight(*layer),
+                    src,
+                    shape: shape.map(|n| n as u64).to_vec(),
+                })
+            }
             Item::FusedDown { layer, hf } => {
                 let t = self.tensor(hf)?;
                 let src = float_type(hf, &t)?;
@@ -325,7 +367,35 @@ impl<'a> Plan<'a> {
                 ))
             }
             Item::FusedDown { hf, .. } => Cow::Borrowed(self.tensor(hf)?.data),
+            Item::KvBHalf { key, hf, .. } => {
+                let (nh, (nope, v, _)) = (self.c.n_head, self.kv_b_dims());
+                let data = self.tensor(hf)?.data;
+                if *key {
+                    let rows = tensors::slice_rows_per_block(data, nh, nope + v, 0, nope);
+                    Cow::Owned(tensors::transpose_blocks(
+                        &rows,
+                        nh,
+                        nope,
+                        d.src.type_size() as usize,
+                    ))
+                } else {
+                    Cow::Owned(tensors::slice_rows_per_block(
+                        data,
+                        nh,
+                        nope + v,
+                        nope,
+                        nope + v,
+                    ))
+                }
+            }
         })
+    }
+
+    /// `(qk_nope_head_dim, v_head_dim, kv_lora_rank)` of a latent-attention model.
+    fn kv_b_dims(&self) -> (usize, usize, usize) {
+        self.c
+            .mla
+            .map_or((0, 0, 0), |m| (m.nope_dim, m.v_dim, m.kv_lora_rank))
     }
 }
 

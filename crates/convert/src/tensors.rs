@@ -64,6 +64,24 @@ pub(crate) fn slice_rows_per_block(
     out
 }
 
+/// Each of `blocks` row-major `rows × cols` matrices of `elem`-byte values (cols from the
+/// bytes) transposed in place of itself: `cols × rows`.
+pub(crate) fn transpose_blocks(bytes: &[u8], blocks: usize, rows: usize, elem: usize) -> Vec<u8> {
+    let per = bytes.len() / blocks.max(1);
+    let cols = per / (rows * elem).max(1);
+    let mut out = vec![0u8; bytes.len()];
+    for b in 0..blocks {
+        for r in 0..rows {
+            for c in 0..cols {
+                let from = b * per + (r * cols + c) * elem;
+                let to = b * per + (c * rows + r) * elem;
+                out[to..to + elem].copy_from_slice(&bytes[from..from + elem]);
+            }
+        }
+    }
+    out
+}
+
 /// The type llama.cpp's converter gives a tensor: vectors, norms, routers and biases stay
 /// F32; matrices take the requested type, Q8_0 falling back to F16 for rows that are not a
 /// whole number of blocks; `Stored` keeps the stored float type.

@@ -42,6 +42,7 @@ fn main() {
         scale: 0.125,
         window: None,
         softcap: None,
+        values: ferrite_backend::Values::Own,
     };
     let row = shape.n_kv_head * shape.head_dim;
     let qw = shape.n_head * shape.head_dim;

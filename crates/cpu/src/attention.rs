@@ -10,7 +10,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
 
-use ferrite_backend::AttnShape;
+use ferrite_backend::{AttnShape, Values};
 use ferrite_quant::kernels::{
     MAX_TILE, PREFETCH_ROWS, RowElem, dot_rows, softmax_scaled, weighted_rows,
 };
@@ -82,6 +82,7 @@ pub struct AttnJob<'a> {
 /// differently.
 pub fn attend_many(pool: &ThreadPool, shape: &AttnShape, layer: usize, jobs: &mut [AttnJob<'_>]) {
     let hd = shape.head_dim;
+    let vd = shape.values.dim(hd);
     let n_kv = shape.n_kv_head.max(1);
     let group = shape.n_head / n_kv;
     let n_threads = pool.n_threads();
@@ -115,8 +116,8 @@ pub fn attend_many(pool: &ThreadPool, shape: &AttnShape, layer: usize, jobs: &mu
     let mut outs: Vec<Mutex<&mut [f32]>> = Vec::with_capacity(items);
     for (j, r) in jobs.iter_mut().zip(&ranges) {
         views.push((j.cache.rows(layer, r.clone()), j.q, j.pos0));
-        let n_out = j.q.len();
-        outs.extend(j.out[..n_out].chunks_mut(block * hd).map(Mutex::new));
+        let n_out = j.q.len() / hd.max(1) * vd;
+        outs.extend(j.out[..n_out].chunks_mut(block * vd).map(Mutex::new));
     }
     let level = simd_level();
     // Items go to whichever thread is free: the sequences of a batch sit at different
@@ -203,6 +204,12 @@ fn heads<'b, X: RowElem>(
     buf: &'b mut Vec<f32>,
 ) -> &'b [f32] {
     let (hd, kvd) = (shape.head_dim, keys.kvd);
+    // Values per head, and where they start in a value row's head: the keys' own
+    // columns when the values lie in them (`v` is then the key rows).
+    let (vd, v_at, v) = match shape.values {
+        Values::Own => (hd, 0, v),
+        Values::InKeys { at, dim } => (dim, at, k),
+    };
     let nh = q.len() / hd;
     let len = keys.hi - keys.lo;
     // Offsets are in values; the rows are sliced in elements (a q8 block holds 32 values,
@@ -211,7 +218,7 @@ fn heads<'b, X: RowElem>(
     let span =
         (keys.lo * kvd + keys.g * hd) / e..((keys.hi - 1) * kvd + (keys.g + keys.groups) * hd) / e;
     let (kg, vg) = (&k[span.clone()], &v[span]);
-    buf.resize(nh * (len + hd), 0.0);
+    buf.resize(nh * (len + vd), 0.0);
     let (sc, o) = buf.split_at_mut(nh * len);
     o.fill(0.0);
     // The kernels cannot fail here: `level` came from `simd_level`, which only returns
@@ -245,9 +252,9 @@ fn heads<'b, X: RowElem>(
         for gi in 0..keys.groups {
             let ps: [&[f32]; MAX_TILE] =
                 group_rows(sc, len, gi, group_heads).map(|p| &p[j0..j0 + nb]);
-            let vb = &vg[(j0 * kvd + gi * hd) / e..];
-            let ob = &mut o[gi * group_heads * hd..(gi + 1) * group_heads * hd];
-            let _ = weighted_rows(level, &ps[..group_heads], vb, kvd, hd, ob);
+            let vb = &vg[(j0 * kvd + gi * hd + v_at) / e..];
+            let ob = &mut o[gi * group_heads * vd..(gi + 1) * group_heads * vd];
+            let _ = weighted_rows(level, &ps[..group_heads], vb, kvd, vd, ob);
         }
     }
     o
@@ -357,6 +364,7 @@ mod tests {
             scale: 0.35,
             window,
             softcap: None,
+            values: Values::Own,
         };
         check_shape(&shape, pos0, n);
     }
@@ -417,6 +425,7 @@ mod tests {
             scale: 0.125,
             window,
             softcap: None,
+            values: Values::Own,
         }
     }
 
@@ -493,6 +502,7 @@ mod tests {
                 scale: 0.0625,
                 window: Some(13),
                 softcap: None,
+                values: Values::Own,
             },
         ] {
             for ty in [KvType::F16, KvType::Q8] {
@@ -601,6 +611,7 @@ mod tests {
             scale: 0.35,
             window: None,
             softcap: None,
+            values: Values::Own,
         };
         check_shape(&shape, 0, 5);
         check_shape(&shape, 9, 1);
@@ -624,6 +635,7 @@ mod tests {
             scale: 1.0,
             window: Some(2),
             softcap: None,
+            values: Values::Own,
         };
         let mut cache = KvCache::new(KvType::F32, 1, 8, 1, 2).unwrap();
         let k = pseudo(12, 4);

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use ferrite_backend::{
     Act, AttnShape, Backend, BackendError, ExpertBufs, HostMatrix, KvType, Op, Result, Rope,
-    RouteRule, Routing, Segment, Support,
+    RouteRule, Routing, Segment, Support, Values,
 };
 use ferrite_quant::kernels::{GatedAct, gated_act};
 use ferrite_quant::simd_level;
@@ -202,6 +202,13 @@ impl Backend for CpuBackend<'_> {
             } if !head_dim.is_multiple_of(32) => {
                 Support::Unsupported("q8 KV needs head sizes that are multiples of 32".into())
             }
+            Op::Attention {
+                kv: KvType::Q8,
+                values: Values::InKeys { at, .. },
+                ..
+            } if !at.is_multiple_of(32) => Support::Unsupported(
+                "q8 KV reads values in the keys from whole blocks of 32 only".into(),
+            ),
             Op::TopK { k: 0 } => Support::Unsupported("no candidates asked for".into()),
             Op::RmsNorm
             | Op::Add
@@ -274,10 +281,10 @@ impl Backend for CpuBackend<'_> {
         ty: KvType,
         n_layer: usize,
         ctx: usize,
-        heads: usize,
-        head_dim: usize,
+        shape: (usize, usize),
+        values: Values,
     ) -> Result<KvCache> {
-        KvCache::new(ty, n_layer, ctx, heads, head_dim)
+        KvCache::with_values(ty, n_layer, ctx, shape, values)
     }
 
     fn embed(&self, table: Matrix<'_>, tokens: &[u32], scale: f32, x: &mut Vec<f32>) -> Result<()> {
@@ -550,6 +557,11 @@ impl Backend for CpuBackend<'_> {
     ) -> Result<()> {
         let kv_dim = mul("attention", shape.n_kv_head, shape.head_dim)?;
         let qd = mul("attention", shape.n_head, shape.head_dim)?;
+        shape
+            .values
+            .check(shape.head_dim)
+            .map_err(|why| bad("attention", why))?;
+        let od = mul("attention", shape.n_head, shape.values.dim(shape.head_dim))?;
         if shape.n_kv_head == 0 || !shape.n_head.is_multiple_of(shape.n_kv_head) {
             return Err(bad(
                 "attention",
@@ -565,13 +577,13 @@ impl Backend for CpuBackend<'_> {
         }
         let (mut qs, mut att) = (
             get("attention", q, 0, mul("attention", rows, qd)?)?,
-            get_mut("attention", out, 0, rows * qd)?,
+            get_mut("attention", out, 0, mul("attention", rows, od)?)?,
         );
         // The job list is the one allocation of a decode step: a few entries per layer.
         let mut jobs: Vec<AttnJob<'_>> = Vec::with_capacity(segs.len());
         for seg in segs {
             let (q_seg, q_rest) = qs.split_at(seg.len * qd);
-            let (att_seg, att_rest) = att.split_at_mut(seg.len * qd);
+            let (att_seg, att_rest) = att.split_at_mut(seg.len * od);
             (qs, att) = (q_rest, att_rest);
             jobs.push(AttnJob {
                 cache: &*seg.kv,

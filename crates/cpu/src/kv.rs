@@ -1,14 +1,15 @@
 //! The key/value cache of one session: per layer, one key and one value row per position.
 //!
 //! Layout per layer: `ctx` key rows then `ctx` value rows, each row `n_kv_head × head_dim`
-//! values. f16 halves the memory and matches llama.cpp's default; f32 is there for exactness
+//! values. A cache whose values lie in its keys ([`Values::InKeys`], MLA's latent) holds
+//! the key rows only, and hands them out as the value rows too. f16 halves the memory and matches llama.cpp's default; f32 is there for exactness
 //! checks; q8 stores blocks of 32 values as signed bytes with one f32 scale (56 % of f16's
 //! bytes, and not exact: see [`KvType::Q8`]). Attention reads the rows in place
 //! ([`KvCache::rows`]): its kernels widen f16 and q8 blocks as they load them, exactly, so
 //! every type gives the bits of attention over the f32 values it stores. The cache never
 //! computes: it stores rows and hands them out.
 
-use ferrite_backend::{BackendError, KvType};
+use ferrite_backend::{BackendError, KvType, Values};
 use ferrite_quant::kernels::Q8Block;
 use half::f16;
 use half::slice::HalfFloatSliceExt;
@@ -42,6 +43,8 @@ pub struct KvCache {
     ctx: usize,
     /// Stored elements per row ([`KvType::row_elems`]).
     row: usize,
+    /// Whether value rows are stored beside the keys (else the keys serve as both).
+    own_values: bool,
 }
 
 /// The stored key and value rows of one layer's positions, in the cache's element type (see
@@ -112,9 +115,26 @@ impl KvCache {
         heads: usize,
         head_dim: usize,
     ) -> Result<KvCache, BackendError> {
+        KvCache::with_values(ty, n_layer, ctx, (heads, head_dim), Values::Own)
+    }
+
+    /// [`KvCache::new`] for values from `values`: with [`Values::InKeys`] the cache keeps
+    /// key rows only, half the memory.
+    pub fn with_values(
+        ty: KvType,
+        n_layer: usize,
+        ctx: usize,
+        (heads, head_dim): (usize, usize),
+        values: Values,
+    ) -> Result<KvCache, BackendError> {
         let row = ty.check_row(heads, head_dim)?;
+        values.check(head_dim).map_err(|why| BackendError::Shape {
+            op: "kv",
+            what: why,
+        })?;
+        let own_values = values.stored();
         let n = n_layer
-            .checked_mul(2)
+            .checked_mul(1 + usize::from(own_values))
             .and_then(|x| x.checked_mul(ctx))
             .and_then(|x| x.checked_mul(row));
         let store = match ty {
@@ -127,6 +147,7 @@ impl KvCache {
             n_layer,
             ctx,
             row,
+            own_values,
         })
     }
 
@@ -164,7 +185,8 @@ impl KvCache {
 
     /// Appends the first `n` key rows (`value`: value rows) of `layer` to `out` as stored:
     /// f16 or f32 bits little-endian, or q8 blocks as their scale's bits then their 32
-    /// quants. The caller keeps `n <= ctx`.
+    /// quants. The caller keeps `n <= ctx`. Without value rows of its own, the key rows
+    /// stand for them.
     pub fn export_rows(&self, layer: usize, value: bool, n: usize, out: &mut Vec<u8>) {
         let o = self.offset(layer, value, 0);
         let len = n * self.row;
@@ -184,8 +206,12 @@ impl KvCache {
 
     /// Overwrites the first `n` key rows (`value`: value rows) of `layer` with `src`, in
     /// the layout of [`KvCache::export_rows`]. The caller keeps `n <= ctx` and `src` that
-    /// long.
+    /// long. Value rows are ignored by a cache without value rows of its own: they are its
+    /// keys again, which the key rows already set.
     pub fn import_rows(&mut self, layer: usize, value: bool, n: usize, src: &[u8]) {
+        if value && !self.own_values {
+            return;
+        }
         let o = self.offset(layer, value, 0);
         let len = n * self.row;
         match &mut self.store {
@@ -209,16 +235,24 @@ impl KvCache {
         }
     }
 
-    /// Offset of row `pos` of the keys (or values) of `layer`, in elements.
+    /// Offset of row `pos` of the keys (or values) of `layer`, in elements; the values of
+    /// a cache without value rows of its own are its keys.
     fn offset(&self, layer: usize, value: bool, pos: usize) -> usize {
-        ((layer * 2 + usize::from(value)) * self.ctx + pos) * self.row
+        let planes = 1 + usize::from(self.own_values);
+        let plane = usize::from(value && self.own_values);
+        ((layer * planes + plane) * self.ctx + pos) * self.row
     }
 
     /// Writes the key and value rows of consecutive positions starting at `pos`
-    /// (`k` and `v` hold `n × n_kv_head × head_dim` values). The caller checks
-    /// `pos + n <= ctx`.
+    /// (`k` and `v` hold `n × n_kv_head × head_dim` values; `v` is not read by a cache
+    /// without value rows of its own). The caller checks `pos + n <= ctx`.
     pub fn store(&mut self, layer: usize, pos: usize, k: &[f32], v: &[f32]) {
-        for (value, src) in [(false, k), (true, v)] {
+        let planes: &[(bool, &[f32])] = if self.own_values {
+            &[(false, k), (true, v)]
+        } else {
+            &[(false, k)]
+        };
+        for &(value, src) in planes {
             let o = self.offset(layer, value, pos);
             match &mut self.store {
                 // The slice conversions use F16C eight lanes at a time; per-element
@@ -391,5 +425,34 @@ mod tests {
         assert!(KvCache::new(KvType::F16, 30, usize::MAX / 4, 3, 64).is_err());
         assert!(KvCache::new(KvType::F32, 1, 1 << 60, 1, 1).is_err());
         assert!(KvCache::new(KvType::Q8, 1, 1, usize::MAX / 2, 1).is_err());
+    }
+
+    /// A cache whose values lie in its keys holds half the elements, hands its key rows
+    /// out as the value rows, exports them as such, and ignores imported value rows; one
+    /// with values outside its key heads is refused.
+    #[test]
+    fn values_in_keys_keep_key_rows_only() {
+        let values = Values::InKeys { at: 2, dim: 6 };
+        let mut kv = KvCache::with_values(KvType::F32, 2, 3, (1, 8), values).unwrap();
+        let own = KvCache::new(KvType::F32, 2, 3, 1, 8).unwrap();
+        let len = |c: &KvCache| match &c.store {
+            Store::F32(d) => d.len(),
+            _ => unreachable!(),
+        };
+        assert_eq!(2 * len(&kv), len(&own));
+        let k: Vec<f32> = (0..16).map(|i| i as f32).collect();
+        kv.store(1, 1, &k, &[f32::NAN; 16]);
+        let (keys, vals) = widened(kv.rows(1, 1..3));
+        assert_eq!((&keys, &vals), (&k, &k));
+        let (mut key_bytes, mut value_bytes) = (Vec::new(), Vec::new());
+        kv.export_rows(1, false, 3, &mut key_bytes);
+        kv.export_rows(1, true, 3, &mut value_bytes);
+        assert_eq!(key_bytes, value_bytes);
+        kv.import_rows(1, true, 3, &vec![0xff; value_bytes.len()]);
+        assert_eq!(widened(kv.rows(1, 1..3)).0, k);
+        // Layer 0 is its own plane.
+        assert!(widened(kv.rows(0, 0..3)).0.iter().all(|&x| x == 0.0));
+        let past = Values::InKeys { at: 4, dim: 6 };
+        assert!(KvCache::with_values(KvType::F32, 1, 1, (1, 8), past).is_err());
     }
 }

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::CudaSlice;
 use ferrite_backend::{
     Act, AttnShape as ContractShape, Backend, BackendError, ExpertBufs, HostMatrix, KvType, Op,
-    Rope, RouteRule, Routing, Segment, Support,
+    Rope, RouteRule, Routing, Segment, Support, Values,
 };
 use ferrite_model::Activation;
 
@@ -103,8 +103,22 @@ fn attn_shape(s: &ContractShape) -> Result<AttnShape> {
             reason: "the attention kernels have no score soft-capping".into(),
         });
     }
+    if s.values != Values::Own {
+        return Err(values_in_keys("attention"));
+    }
     AttnShape::new(s.n_head, s.n_kv_head, s.head_dim, s.scale, s.window)
         .map_err(kernel("attention"))
+}
+
+/// The refusal of values read from the keys (MLA's latent): the CUDA store and kernels
+/// keep value rows of their own.
+fn values_in_keys(op: &'static str) -> BackendError {
+    BackendError::Unsupported {
+        op,
+        dtype: "values in the keys".into(),
+        backend: "cuda",
+        reason: "the CUDA KV store and attention kernels read value rows of their own".into(),
+    }
 }
 
 impl<'d> CudaOps<'d> {
@@ -291,6 +305,12 @@ impl Backend for CudaOps<'_> {
             Op::Attention { softcap: true, .. } => {
                 Support::Unsupported("the attention kernels have no score soft-capping".into())
             }
+            Op::Attention {
+                values: Values::InKeys { .. },
+                ..
+            } => Support::Unsupported(
+                "the attention kernels read value rows of their own, not values in the keys".into(),
+            ),
             Op::Attention { kv, head_dim, .. } if head_dim.is_multiple_of(8) => f16_only(kv),
             Op::Attention { .. } => Support::Unsupported(
                 "the attention kernels need head sizes that are multiples of 8".into(),
@@ -382,9 +402,12 @@ impl Backend for CudaOps<'_> {
         ty: KvType,
         n_layer: usize,
         ctx: usize,
-        heads: usize,
-        head_dim: usize,
+        (heads, head_dim): (usize, usize),
+        values: Values,
     ) -> Result<CudaKv> {
+        if values != Values::Own {
+            return Err(values_in_keys("kv_store"));
+        }
         if ty != KvType::F16 {
             return Err(BackendError::Unsupported {
                 op: "kv_store",

@@ -37,6 +37,12 @@
 //!   selection bias and a shared expert; the `nextn_predict_layers` blocks at the end are
 //!   multi-token-prediction heads, kept in the file and never run.
 //!
+//! - `deepseek2` (DeepSeek V2/V3): multi-head latent attention (its keys read in
+//!   [`Mla`]) with adjacent-pair rope on the rope part of each head, YaRN's scale
+//!   `(1 + yarn_log_multiplier · ln(factor))²` on the scores, leading dense layers, then
+//!   expert layers with shared experts (softmax routing for V2; sigmoid with a selection
+//!   bias, groups and a weight scale for V3).
+//!
 //! MoE, rope-factor, sliding-window and unsupported-feature keys are read in
 //! [`crate::features`].
 
@@ -45,6 +51,7 @@ use ferrite_gguf::Gguf;
 
 use crate::ModelError;
 use crate::features::{self, MoeConfig};
+use crate::mla::Mla;
 use crate::ops::RopeStyle;
 
 /// A supported architecture: the rows of the architecture table (`ferrite-arch`).
@@ -125,6 +132,10 @@ pub struct ModelConfig {
     pub final_softcap: Option<f32>,
     /// Expert FFN settings; `None` for dense FFNs.
     pub moe: Option<MoeConfig>,
+    /// Multi-head latent attention (`deepseek2`): the attention then has one KV head of
+    /// `head_dim = rope_dim + kv_lora_rank` values whose values are its latent, and
+    /// `n_head` queries of that size (the absorbed form, see [`Mla`]).
+    pub mla: Option<Mla>,
     /// Multi-token-prediction blocks the file holds after the [`ModelConfig::n_layer`]
     /// blocks the forward pass runs (`{arch}.nextn_predict_layers`); loaded as part of the
     /// file, never run.
@@ -333,7 +344,9 @@ impl ModelConfig {
         if head_dim % 2 != 0 {
             return Err(bad(&k(Key::KeyLength), "head dim must be even"));
         }
-        if let Some(_v) = g.get(&k(Key::ValueLength))
+        // Latent attention's values are its latent, checked with its other keys.
+        if !f.mla
+            && g.get(&k(Key::ValueLength)).is_some()
             && usize_key(g, &k(Key::ValueLength))? != head_dim
         {
             return Err(bad(&k(Key::ValueLength), "must equal key_length"));
@@ -384,9 +397,15 @@ impl ModelConfig {
             | Arch::Qwen3
             | Arch::Qwen3Moe
             | Arch::Phi3
-            | Arch::Glm4Moe => {
+            | Arch::Glm4Moe
+            | Arch::Deepseek2 => {
                 let windows = features::sliding_windows(g, a, n_layer)?;
                 let long = features::long_rope(g, arch, rope_dim, ctx_train)?;
+                let mla = if f.mla {
+                    Some(Mla::from_gguf(g, arch, (n_kv_head, head_dim, rope_dim))?)
+                } else {
+                    None
+                };
                 let attn_factor = match &long {
                     Some(l) => l.attn_factor,
                     None => features::yarn_attn_factor(g, arch)?,
@@ -410,7 +429,10 @@ impl ModelConfig {
                     } else {
                         RopeStyle::HalfSplit
                     },
-                    attn_scale: attn_factor * attn_factor / (head_dim as f32).sqrt(),
+                    attn_scale: match &mla {
+                        Some(m) => m.attn_scale,
+                        None => attn_factor * attn_factor / (head_dim as f32).sqrt(),
+                    },
                     embed_scale: 1.0,
                     activation: Activation::Silu,
                     qk_norm,
@@ -428,6 +450,7 @@ impl ModelConfig {
                     attn_softcap: None,
                     final_softcap: None,
                     moe,
+                    mla,
                     mtp_layers,
                     layers: windows
                         .into_iter()
@@ -507,6 +530,7 @@ impl ModelConfig {
                     attn_softcap: cap(Key::AttnLogitSoftcapping, GEMMA2_ATTN_SOFTCAP)?,
                     final_softcap: cap(Key::FinalLogitSoftcapping, GEMMA2_FINAL_SOFTCAP)?,
                     moe: None,
+                    mla: None,
                     mtp_layers,
                     layers,
                 }
@@ -530,6 +554,22 @@ impl ModelConfig {
     /// Width of one token's queries: `n_head × head_dim`.
     pub fn q_dim(&self) -> usize {
         self.n_head * self.head_dim
+    }
+
+    /// Width of the attention output projection's input: every head's value
+    /// (`n_head × v_dim` for latent attention, else [`ModelConfig::q_dim`]).
+    pub fn attn_out_dim(&self) -> usize {
+        match &self.mla {
+            Some(m) => self.n_head * m.v_dim,
+            None => self.q_dim(),
+        }
+    }
+
+    /// Where attention's values come from: rows of their own, or the latent inside the
+    /// cached keys.
+    pub fn kv_values(&self) -> ferrite_backend::Values {
+        self.mla
+            .map_or(ferrite_backend::Values::Own, |m| m.values())
     }
 }
 

@@ -18,7 +18,14 @@ pub fn check_kv_memory(
     ctx: usize,
 ) -> Result<(), ModelError> {
     let row = kv.check_row(config.n_kv_head, config.head_dim)?;
-    let per_token = SessionState::kv_bytes(kv, config.n_layer, row, 1);
+    // A cache whose values lie in its keys (latent attention) holds the keys only.
+    let per_token = SessionState::kv_bytes(kv, config.n_layer, row, 1).map(|b| {
+        if config.kv_values().stored() {
+            b
+        } else {
+            b / 2
+        }
+    });
     kv_fits(sessions, ctx, per_token, physical_memory()).map_err(ModelError::InvalidArgument)
 }
 

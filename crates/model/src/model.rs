@@ -18,6 +18,7 @@ use ferrite_gguf::{GgmlType, Gguf};
 
 use crate::ModelError;
 use crate::config::ModelConfig;
+use crate::mla::MlaWeights;
 use crate::moe::{Experts, MoeWeights};
 
 /// How weights are held for the matrix products.
@@ -66,13 +67,21 @@ impl Weight {
     }
 }
 
+/// How a block projects its attention's inputs.
+#[derive(Debug)]
+pub(crate) enum Attn {
+    /// Q, K and V projections (three matrices or the parts of a fused one). Both kinds
+    /// are boxed, so that neither sizes the other's blocks.
+    Qkv(Box<[Weight; 3]>),
+    /// Multi-head latent attention.
+    Mla(Box<MlaWeights>),
+}
+
 /// The weights of one transformer block.
 #[derive(Debug)]
 pub(crate) struct LayerWeights {
     pub(crate) attn_norm: Vec<f32>,
-    pub(crate) wq: Weight,
-    pub(crate) wk: Weight,
-    pub(crate) wv: Weight,
+    pub(crate) attn: Attn,
     pub(crate) wo: Weight,
     pub(crate) q_norm: Option<Vec<f32>>,
     pub(crate) k_norm: Option<Vec<f32>>,
@@ -133,7 +142,7 @@ pub(crate) fn dequantize_tensor(g: &Gguf, name: &str) -> Result<Vec<f32>, ModelE
     Ok(out)
 }
 
-fn vector(g: &Gguf, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
+pub(crate) fn vector(g: &Gguf, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
     let t = g
         .tensor(name)
         .ok_or_else(|| ModelError::MissingTensor(name.to_owned()))?;
@@ -177,7 +186,7 @@ pub(crate) fn find_tensor(g: &Gguf, name: &str, dims: &[u64]) -> Result<usize, M
     Ok(tensor)
 }
 
-fn matrix(
+pub(crate) fn matrix(
     g: &Gguf,
     name: &str,
     rows: usize,
@@ -189,7 +198,7 @@ fn matrix(
 
 /// Rows `part` of the `total × cols` matrix `name`: one projection of a fused tensor
 /// (Phi-3's `attn_qkv`, `ffn_up`), read in place like a whole matrix.
-fn matrix_rows(
+pub(crate) fn matrix_rows(
     g: &Gguf,
     name: &str,
     total: usize,
@@ -335,13 +344,25 @@ impl Model {
                     Ok(None)
                 }
             };
-            let [wq, wk, wv] = qkv(g, c, i, p)?;
+            let attn = match &c.mla {
+                None => Attn::Qkv(Box::new(qkv(g, c, i, p)?)),
+                Some(mla) => Attn::Mla(Box::new(MlaWeights::load(
+                    g,
+                    (mla, c.d_model, c.n_head),
+                    i,
+                    p,
+                )?)),
+            };
             layers.push(LayerWeights {
                 attn_norm: vector(g, &n(TensorRole::AttnNorm), c.d_model)?,
-                wq,
-                wk,
-                wv,
-                wo: matrix(g, &n(TensorRole::AttnOutput), c.d_model, c.q_dim(), p)?,
+                attn,
+                wo: matrix(
+                    g,
+                    &n(TensorRole::AttnOutput),
+                    c.d_model,
+                    c.attn_out_dim(),
+                    p,
+                )?,
                 q_norm: opt_vec(TensorRole::AttnQNorm, c.head_dim, c.qk_norm)?,
                 k_norm: opt_vec(TensorRole::AttnKNorm, c.head_dim, c.qk_norm)?,
                 post_attn_norm: opt_vec(TensorRole::PostAttentionNorm, c.d_model, c.post_norms)?,
@@ -452,7 +473,16 @@ impl Model {
         let mut weights: Vec<&Weight> = vec![self.output_weight()];
         let mut experts = Vec::new();
         for l in &self.layers {
-            weights.extend([&l.wq, &l.wk, &l.wv, &l.wo]);
+            weights.push(&l.wo);
+            match &l.attn {
+                Attn::Qkv(qkv) => weights.extend(qkv.iter()),
+                Attn::Mla(w) => {
+                    weights.extend(w.matrices());
+                    for x in [&w.k_b, &w.v_b] {
+                        experts.extend((0..x.n_expert()).map(|e| (x, e)));
+                    }
+                }
+            }
             match &l.ffn {
                 Ffn::Dense(f) => weights.extend([&f.gate, &f.up, &f.down]),
                 Ffn::Moe(moe) => {
@@ -521,6 +551,7 @@ fn check_all_tensors_used(g: &Gguf, c: &ModelConfig) -> Result<(), ModelError> {
             qkv_bias: c.qkv_bias,
             out_bias: c.out_bias,
             fused: c.arch.features().fused,
+            mla: c.mla.map(|m| m.q_lora_rank.is_some()),
         }
         .tensors()
     };

@@ -1,5 +1,6 @@
 //! Mixture-of-experts FFN (mixtral, qwen3moe): expert weights stacked in one tensor per
-//! projection, and the layer's sequence of contract ops (router product, routing, expert
+//! projection (a layout latent attention's per-head matrices share), and the layer's
+//! sequence of contract ops (router product, routing, expert
 //! products). It never computes a value itself.
 //!
 //! Routing is `ferrite_backend::Routing`'s rule (softmax, top k, ties to the lower id,
@@ -82,6 +83,16 @@ impl Experts {
     /// Number of experts.
     pub(crate) fn n_expert(&self) -> usize {
         self.n_expert
+    }
+
+    /// Rows of each expert's matrix.
+    pub(crate) fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Values per row.
+    pub(crate) fn cols(&self) -> usize {
+        self.cols
     }
 
     /// The stored type (`F32` under [`crate::Precision::F32`]).

@@ -9,6 +9,7 @@ use ferrite_gguf::Gguf;
 use crate::ModelError;
 use crate::config::{Activation, ModelConfig};
 use crate::features::MoeConfig;
+use crate::mla::Mla;
 use crate::model::Model;
 use crate::ops::RopeStyle;
 use ferrite_backend::Gating;
@@ -233,56 +234,65 @@ pub fn forward(model: &Model, tokens: &[u32]) -> Result<RefOutput, ModelError> {
         let lc = c.layers[l];
         let h = norm(&x, &w("attn_norm")?, eps);
         let fused = c.arch.features().fused;
-        // Phi-3's fused `attn_qkv` holds the Q, K and V rows in that order.
-        let (wq, wk, wv) = if fused {
-            let qkv = w("attn_qkv")?;
-            let (q, rest) = qkv.split_at(qd * d);
-            let (k, v) = rest.split_at(kd * d);
-            (q.to_vec(), k.to_vec(), v.to_vec())
-        } else {
-            (w("attn_q")?, w("attn_k")?, w("attn_v")?)
-        };
-        let mut q = linear(&wq, &h, qd, d);
-        let mut k = linear(&wk, &h, kd, d);
-        let mut v = linear(&wv, &h, kd, d);
-        if c.qkv_bias {
-            for (y, s) in [(&mut q, "attn_q"), (&mut k, "attn_k"), (&mut v, "attn_v")] {
-                let b = load(g, &format!("blk.{l}.{s}.bias"))?;
-                for (i, y) in y.iter_mut().enumerate() {
-                    *y += b[i % b.len()];
+        let base = f64::from(lc.rope_base);
+        // A context of exactly the prompt: LongRoPE's long set when that is past the
+        // switch point.
+        let f = match &c.rope_long {
+            Some((long, after)) if n > *after => Some(&long[..]),
+            _ => c.rope_freq_factors.as_deref(),
+        }
+        .filter(|_| lc.rope_scaled);
+        // Per head: query and key values (`khd`), value values (`vhd`); `n_kv` key/value
+        // heads of each position.
+        let (q, k, v, (khd, vhd, n_kv)) = match &c.mla {
+            Some(mla) => latent_heads(g, c, mla, l, &h, (base, f))?,
+            None => {
+                // Phi-3's fused `attn_qkv` holds the Q, K and V rows in that order.
+                let (wq, wk, wv) = if fused {
+                    let qkv = w("attn_qkv")?;
+                    let (q, rest) = qkv.split_at(qd * d);
+                    let (k, v) = rest.split_at(kd * d);
+                    (q.to_vec(), k.to_vec(), v.to_vec())
+                } else {
+                    (w("attn_q")?, w("attn_k")?, w("attn_v")?)
+                };
+                let mut q = linear(&wq, &h, qd, d);
+                let mut k = linear(&wk, &h, kd, d);
+                let mut v = linear(&wv, &h, kd, d);
+                if c.qkv_bias {
+                    for (y, s) in [(&mut q, "attn_q"), (&mut k, "attn_k"), (&mut v, "attn_v")] {
+                        let b = load(g, &format!("blk.{l}.{s}.bias"))?;
+                        for (i, y) in y.iter_mut().enumerate() {
+                            *y += b[i % b.len()];
+                        }
+                    }
                 }
+                if c.qk_norm {
+                    q = norm(&q, &w("attn_q_norm")?, eps);
+                    k = norm(&k, &w("attn_k_norm")?, eps);
+                }
+                for t in 0..n {
+                    let dims = (hd, c.rope_dim);
+                    rotate(&mut q[t * qd..(t + 1) * qd], dims, t, base, c.rope_style, f);
+                    rotate(&mut k[t * kd..(t + 1) * kd], dims, t, base, c.rope_style, f);
+                }
+                (q, k, v, (hd, hd, c.n_kv_head))
             }
-        }
-        if c.qk_norm {
-            q = norm(&q, &w("attn_q_norm")?, eps);
-            k = norm(&k, &w("attn_k_norm")?, eps);
-        }
-        for t in 0..n {
-            let base = f64::from(lc.rope_base);
-            // A context of exactly the prompt: LongRoPE's long set when that is past the
-            // switch point.
-            let f = match &c.rope_long {
-                Some((long, after)) if n > *after => Some(&long[..]),
-                _ => c.rope_freq_factors.as_deref(),
-            }
-            .filter(|_| lc.rope_scaled);
-            let dims = (hd, c.rope_dim);
-            rotate(&mut q[t * qd..(t + 1) * qd], dims, t, base, c.rope_style, f);
-            rotate(&mut k[t * kd..(t + 1) * kd], dims, t, base, c.rope_style, f);
-        }
-        let mut att = vec![0.0; n * qd];
-        let group = c.n_head / c.n_kv_head;
+        };
+        let (qw, kw, vw) = (c.n_head * khd, n_kv * khd, n_kv * vhd);
+        let mut att = vec![0.0; n * c.n_head * vhd];
+        let group = c.n_head / n_kv;
         for t in 0..n {
             for hh in 0..c.n_head {
                 let kvh = hh / group;
-                let qv = &q[t * qd + hh * hd..t * qd + (hh + 1) * hd];
+                let qv = &q[t * qw + hh * khd..t * qw + (hh + 1) * khd];
                 let visible: Vec<usize> = (0..=t)
                     .filter(|&j| lc.window.is_none_or(|win| t - j < win))
                     .collect();
                 let scores: Vec<f64> = visible
                     .iter()
                     .map(|&j| {
-                        let kv = &k[j * kd + kvh * hd..j * kd + (kvh + 1) * hd];
+                        let kv = &k[j * kw + kvh * khd..j * kw + (kvh + 1) * khd];
                         let s = qv.iter().zip(kv).map(|(a, b)| a * b).sum::<f64>()
                             * f64::from(c.attn_scale);
                         soft_cap(s, c.attn_softcap)
@@ -292,13 +302,13 @@ pub fn forward(model: &Model, tokens: &[u32]) -> Result<RefOutput, ModelError> {
                 let z: f64 = scores.iter().map(|s| (s - mx).exp()).sum();
                 for (s, &j) in scores.iter().zip(&visible) {
                     let p = (s - mx).exp() / z;
-                    for i in 0..hd {
-                        att[t * qd + hh * hd + i] += p * v[j * kd + kvh * hd + i];
+                    for i in 0..vhd {
+                        att[(t * c.n_head + hh) * vhd + i] += p * v[j * vw + kvh * vhd + i];
                     }
                 }
             }
         }
-        let mut o = linear(&w("attn_output")?, &att, d, qd);
+        let mut o = linear(&w("attn_output")?, &att, d, c.n_head * vhd);
         if c.out_bias {
             let b = load(g, &format!("blk.{l}.attn_output.bias"))?;
             for (i, y) in o.iter_mut().enumerate() {
@@ -395,6 +405,68 @@ pub fn forward(model: &Model, tokens: &[u32]) -> Result<RefOutput, ModelError> {
         r0 += rows;
     }
     Ok(RefOutput { hidden, logits })
+}
+
+/// Latent attention's full heads, decompressed as transformers computes them (not the
+/// absorbed form the forward pass runs): per head the query `[nope | rope]`, the key
+/// `[K_h c | rope key]` and the value `V_h c` of each position's normed latent `c`, with
+/// `K_h` and `V_h` read back from `attn_k_b` and `attn_v_b`. Returns queries, keys, values
+/// and `(key head size, value head size, KV heads)`.
+#[allow(clippy::type_complexity)]
+fn latent_heads(
+    g: &Gguf,
+    c: &ModelConfig,
+    mla: &Mla,
+    l: usize,
+    h: &[f64],
+    (base, factors): (f64, Option<&[f32]>),
+) -> Result<(Vec<f64>, Vec<f64>, Vec<f64>, (usize, usize, usize)), ModelError> {
+    let w = |s: &str| load(g, &format!("blk.{l}.{s}.weight"));
+    let (d, nh, eps) = (c.d_model, c.n_head, f64::from(c.rms_eps));
+    let (nope, rope, rank, vd) = (mla.nope_dim, mla.rope_dim, mla.kv_lora_rank, mla.v_dim);
+    let qk = nope + rope;
+    let n = h.len() / d;
+    let mut q = match mla.q_lora_rank {
+        None => linear(&w("attn_q")?, h, nh * qk, d),
+        Some(r) => {
+            let a = norm(&linear(&w("attn_q_a")?, h, r, d), &w("attn_q_a_norm")?, eps);
+            linear(&w("attn_q_b")?, &a, nh * qk, r)
+        }
+    };
+    let kv_a = linear(&w("attn_kv_a_mqa")?, h, rank + rope, d);
+    let (kb, vb, latent_norm) = (w("attn_k_b")?, w("attn_v_b")?, w("attn_kv_a_norm")?);
+    let (mut k, mut v) = (vec![0.0; n * nh * qk], vec![0.0; n * nh * vd]);
+    for t in 0..n {
+        let row = &kv_a[t * (rank + rope)..(t + 1) * (rank + rope)];
+        let latent = norm(&row[..rank], &latent_norm, eps);
+        let mut rope_key = row[rank..].to_vec();
+        rotate(&mut rope_key, (rope, rope), t, base, c.rope_style, factors);
+        for hh in 0..nh {
+            let qh = &mut q[(t * nh + hh) * qk..(t * nh + hh + 1) * qk];
+            rotate(
+                &mut qh[nope..],
+                (rope, rope),
+                t,
+                base,
+                c.rope_style,
+                factors,
+            );
+            let kh = &mut k[(t * nh + hh) * qk..(t * nh + hh + 1) * qk];
+            // attn_k_b holds K_hᵀ: `kv_lora_rank` rows of `nope` values per head.
+            for j in 0..nope {
+                kh[j] = (0..rank)
+                    .map(|i| kb[(hh * rank + i) * nope + j] * latent[i])
+                    .sum();
+            }
+            kh[nope..].copy_from_slice(&rope_key);
+            for j in 0..vd {
+                v[(t * nh + hh) * vd + j] = (0..rank)
+                    .map(|i| vb[(hh * vd + j) * rank + i] * latent[i])
+                    .sum();
+            }
+        }
+    }
+    Ok((q, k, v, (qk, vd, nh)))
 }
 
 /// `cap · tanh(x / cap)` (Gemma 2's soft cap), or `x` without a cap.

@@ -120,7 +120,7 @@ impl<'m> Session<'m> {
         Ok(Session {
             model,
             pool,
-            kv: KvCache::new(kv, c.n_layer, ctx, c.n_kv_head, c.head_dim)?,
+            kv: KvCache::with_values(kv, c.n_layer, ctx, (c.n_kv_head, c.head_dim), c.kv_values())?,
             n_past: 0,
             history,
             chunk,

@@ -9,7 +9,7 @@ use super::{
     ATTENTION_TOL, ELEMENT_TOL, Out, PRODUCT_TOL, TestMatrix, attn_shape, buf, expert_bufs, host,
     random_routing, rope_args, segments, stores,
 };
-use crate::{Act, AttnShape, Backend, Gating, KvType, Op, RopeStyle, RouteRule, Routing};
+use crate::{Act, AttnShape, Backend, Gating, KvType, Op, RopeStyle, RouteRule, Routing, Values};
 
 /// A xorshift generator: reproducible inputs without a dependency.
 pub(super) struct Rng(pub(super) u64);
@@ -523,7 +523,7 @@ pub(super) fn rope<B: Backend>(
         let got = (|| {
             // Without a store the segments only place the rows; any KV type will do.
             let kv = store.unwrap_or_default();
-            let mut kvs = stores(b, kv, heads, hd, spans)?;
+            let mut kvs = stores(b, kv, (heads, hd), Values::Own, spans)?;
             let mut segs = segments(&mut kvs, spans);
             let mut angles = B::Angles::default();
             b.rope_prepare(
@@ -589,13 +589,13 @@ pub(super) fn kv_store<B: Backend>(b: &B, rng: &mut Rng, kv: KvType, out: &mut O
     let want: Vec<f64> = stored(kv, &v).iter().map(|&x| f64::from(x)).collect();
     let bound = rel_bound(&want);
     let got = (|| {
-        let mut kvs = stores(b, kv, heads, hd, &spans)?;
+        let mut kvs = stores(b, kv, (heads, hd), Values::Own, &spans)?;
         let mut segs = segments(&mut kvs, &spans);
         let (kb, vb, qb) = (buf(b, &k)?, buf(b, &v)?, buf(b, &q)?);
         b.kv_store(0, &kb, &vb, w, &mut segs)?;
         let mut o = b.alloc(rows * w)?;
         b.attention(
-            &attn_shape(heads, heads, hd, Some(1), None),
+            &attn_shape(heads, heads, hd, Some(1), None, Values::Own),
             0,
             &qb,
             &segs,
@@ -616,6 +616,8 @@ fn attention_ref(
     spans: &[(usize, usize)],
 ) -> (Vec<f64>, Vec<f64>) {
     let (n_head, n_kv, hd, window) = (shape.n_head, shape.n_kv_head, shape.head_dim, shape.window);
+    // Value rows hold `vd` values a head (the keys' own values where they lie in them).
+    let vd = shape.values.dim(hd);
     let cap = |x: f64| match shape.softcap {
         Some(c) => f64::from(c) * (x / f64::from(c)).tanh(),
         None => x,
@@ -644,10 +646,10 @@ fn attention_ref(
                     .collect();
                 let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
                 let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
-                for d in 0..hd {
+                for d in 0..vd {
                     let o: f64 = (lo..=p)
                         .zip(&s)
-                        .map(|(j, &sj)| (sj - m).exp() / z * f64::from(v[(j * n_kv + g) * hd + d]))
+                        .map(|(j, &sj)| (sj - m).exp() / z * f64::from(v[(j * n_kv + g) * vd + d]))
                         .sum();
                     want.push(o);
                     bound.push(ATTENTION_TOL * vmax + 1e-30);
@@ -666,10 +668,11 @@ pub(super) fn attention<B: Backend>(
     b: &B,
     rng: &mut Rng,
     kv: KvType,
-    hd: usize,
+    (hd, values): (usize, Values),
     softcap: bool,
     out: &mut Out<'_>,
 ) {
+    let vd = values.dim(hd);
     // Scaled scores of unit-scale q and k spread about ±1: a cap of 0.8 changes them all.
     let softcap = softcap.then_some(0.8f32);
     // A prefill chunk; one query deep in a window; two sessions of a batch at different
@@ -690,12 +693,24 @@ pub(super) fn attention<B: Backend>(
             .collect();
         let rounded: Vec<(Vec<f32>, Vec<f32>)> = hist
             .iter()
-            .map(|(k, v)| (stored(kv, k), stored(kv, v)))
+            .map(|(k, v)| {
+                let k = stored(kv, k);
+                let v = match values {
+                    Values::Own => stored(kv, v),
+                    // The values are the stored keys' own: columns `at..at + dim` of each
+                    // key head.
+                    Values::InKeys { at, dim } => k
+                        .chunks_exact(hd)
+                        .flat_map(|head| head[at..at + dim].to_vec())
+                        .collect(),
+                };
+                (k, v)
+            })
             .collect();
-        let shape = attn_shape(n_head, n_kv, hd, window, softcap);
+        let shape = attn_shape(n_head, n_kv, hd, window, softcap, values);
         let (want, bound) = attention_ref(&shape, &q, &rounded, spans);
         let got = (|| {
-            let mut kvs = stores(b, kv, n_kv, hd, spans)?;
+            let mut kvs = stores(b, kv, (n_kv, hd), values, spans)?;
             // Every position's key and value first, one store call per session.
             for ((store, (k, v)), &(p, n)) in kvs.iter_mut().zip(&hist).zip(spans) {
                 let (kb, vb) = (buf(b, k)?, buf(b, v)?);
@@ -709,12 +724,13 @@ pub(super) fn attention<B: Backend>(
             }
             let segs = segments(&mut kvs, spans);
             let qb = buf(b, &q)?;
-            let mut o = b.alloc(rows * n_head * hd)?;
+            let mut o = b.alloc(rows * n_head * vd)?;
             b.attention(&shape, 0, &qb, &segs, &mut o)?;
-            host(b, &o, rows * n_head * hd)
+            host(b, &o, rows * n_head * vd)
         })();
         let shape = format!(
-            "{n_head}/{n_kv} heads, window {window:?}, cap {softcap:?}, segments {spans:?}"
+            "{n_head}/{n_kv} heads, window {window:?}, cap {softcap:?}, values {values:?}, \
+             segments {spans:?}"
         );
         out.compare(shape, got, &want, &bound, "1e-5 * max|v|");
     }

@@ -6,11 +6,14 @@
 //! the contract's ops; it never computes a value itself, so what a row gets is what the
 //! backend's ops give it.
 
-use ferrite_backend::{Act, AttnShape, Backend, ExpertBufs, KvType, Op, Rope, Routing, Segment};
+use ferrite_backend::{
+    Act, AttnShape, Backend, ExpertBufs, KvType, Op, Rope, Routing, Segment, Values,
+};
 use ferrite_cpu::CpuBackend;
 
 use crate::config::Activation;
-use crate::model::{DenseFfn, Ffn, Model, Weight};
+use crate::mla::{self, MlaScratch};
+use crate::model::{Attn, DenseFfn, Ffn, Model, Weight};
 use crate::moe::{Experts, MoeScratch};
 use crate::{ModelConfig, ModelError};
 
@@ -77,6 +80,8 @@ pub(crate) struct Scratch<Buf, Angles> {
     angles: Angles,
     /// Expert routing and grouping buffers (MoE models only).
     pub(crate) moe: Option<MoeScratch<Buf>>,
+    /// Latent attention's own buffers (MLA models only).
+    mla: Option<MlaScratch<Buf>>,
 }
 
 /// The scratch of backend `B`.
@@ -123,6 +128,10 @@ impl<Buf, Angles: Default> Scratch<Buf, Angles> {
             up: buf(c.ffn_width())?,
             angles: Angles::default(),
             moe,
+            mla: match &c.mla {
+                Some(m) => Some(MlaScratch::new(b, m, c.n_head, rows)?),
+                None => None,
+            },
         })
     }
 
@@ -206,24 +215,40 @@ pub(crate) fn require_ops<B: Weights>(b: &B, m: &Model, kv: KvType) -> Result<()
         b.require(&op)?;
     }
     for lc in &c.layers {
-        b.require(&Op::RopeStore {
-            style: c.rope_style,
-            scaled: lc.rope_scaled,
-            long: lc.rope_scaled && c.rope_long.is_some(),
-            kv,
+        let (style, scaled) = (c.rope_style, lc.rope_scaled);
+        let long = scaled && c.rope_long.is_some();
+        // Latent attention turns its queries and keys apart from the store.
+        b.require(&match c.mla {
+            Some(_) => Op::Rope {
+                style,
+                scaled,
+                long,
+            },
+            None => Op::RopeStore {
+                style,
+                scaled,
+                long,
+                kv,
+            },
         })?;
     }
     b.require(&Op::Attention {
         kv,
         head_dim: c.head_dim,
         softcap: c.attn_softcap.is_some(),
+        values: c.kv_values(),
     })?;
     if c.qkv_bias || c.out_bias {
         b.require(&Op::AddBias)?;
     }
     for lw in &m.layers {
-        for w in [&lw.wq, &lw.wk, &lw.wv] {
-            b.require(&shared(w))?;
+        match &lw.attn {
+            Attn::Qkv(qkv) => {
+                for w in qkv.iter() {
+                    b.require(&shared(w))?;
+                }
+            }
+            Attn::Mla(w) => w.require(b, (kv, c.head_dim, c.kv_values()))?,
         }
         b.require(&matmul(&lw.wo))?;
         let dense = |f: &DenseFfn| -> Result<(), ModelError> {
@@ -311,22 +336,6 @@ pub(crate) fn forward_rows<B: Weights>(
     for (l, lw) in m.layers.iter().enumerate() {
         let lc = &c.layers[l];
         b.norm_into(&s.x, n * d, b.vector(&lw.attn_norm)?, d, eps, &mut s.xn)?;
-        let qkv = [
-            b.matrix(m, &lw.wq),
-            b.matrix(m, &lw.wk),
-            b.matrix(m, &lw.wv),
-        ];
-        b.matmul_shared(qkv, &s.xn, n, [&mut s.q, &mut s.k, &mut s.v])?;
-        let bias = lw.qkv_bias.as_ref().filter(|_| !faults.drop_qkv_bias);
-        if let Some([bq, bk, bv]) = bias {
-            b.add_bias(&mut s.q, n * qd, b.vector(bq)?, qd)?;
-            b.add_bias(&mut s.k, n * kvd, b.vector(bk)?, kvd)?;
-            b.add_bias(&mut s.v, n * kvd, b.vector(bv)?, kvd)?;
-        }
-        if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
-            b.rms_norm(&mut s.q, n * qd, b.vector(qn)?, c.head_dim, eps)?;
-            b.rms_norm(&mut s.k, n * kvd, b.vector(kn)?, c.head_dim, eps)?;
-        }
         let rope = Rope {
             head_dim: c.head_dim,
             rot_dim: c.rope_dim,
@@ -341,24 +350,57 @@ pub(crate) fn forward_rows<B: Weights>(
                 _ => None,
             },
         };
-        b.rope_store(
-            &rope,
-            &s.angles,
-            l,
-            (&mut s.q, qd),
-            (&mut s.k, &s.v, kvd),
-            segs,
-        )?;
-        let shape = AttnShape {
-            n_head: c.n_head,
-            n_kv_head: c.n_kv_head,
-            head_dim: c.head_dim,
-            scale: c.attn_scale,
-            window: lc.window,
-            softcap: c.attn_softcap.filter(|_| !faults.drop_attn_softcap),
+        let values = match (&lw.attn, s.mla.as_mut()) {
+            (Attn::Qkv(qkv), _) => {
+                let qkv = qkv.each_ref().map(|w| b.matrix(m, w));
+                b.matmul_shared(qkv, &s.xn, n, [&mut s.q, &mut s.k, &mut s.v])?;
+                let bias = lw.qkv_bias.as_ref().filter(|_| !faults.drop_qkv_bias);
+                if let Some([bq, bk, bv]) = bias {
+                    b.add_bias(&mut s.q, n * qd, b.vector(bq)?, qd)?;
+                    b.add_bias(&mut s.k, n * kvd, b.vector(bk)?, kvd)?;
+                    b.add_bias(&mut s.v, n * kvd, b.vector(bv)?, kvd)?;
+                }
+                if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
+                    b.rms_norm(&mut s.q, n * qd, b.vector(qn)?, c.head_dim, eps)?;
+                    b.rms_norm(&mut s.k, n * kvd, b.vector(kn)?, c.head_dim, eps)?;
+                }
+                b.rope_store(
+                    &rope,
+                    &s.angles,
+                    l,
+                    (&mut s.q, qd),
+                    (&mut s.k, &s.v, kvd),
+                    segs,
+                )?;
+                let shape = AttnShape {
+                    n_head: c.n_head,
+                    n_kv_head: c.n_kv_head,
+                    head_dim: c.head_dim,
+                    scale: c.attn_scale,
+                    window: lc.window,
+                    softcap: c.attn_softcap.filter(|_| !faults.drop_attn_softcap),
+                    values: Values::Own,
+                };
+                b.attention(&shape, l, &s.q, segs, &mut s.att)?;
+                &s.att
+            }
+            (Attn::Mla(w), Some(ms)) => {
+                let io = mla::Io {
+                    xn: &s.xn,
+                    q: &mut s.q,
+                    k: &mut s.k,
+                    att: &mut s.att,
+                };
+                mla::attention(b, m, w, l, (&rope, &s.angles), io, ms, segs)?;
+                &ms.values
+            }
+            (Attn::Mla(_), None) => {
+                return Err(ModelError::InvalidArgument(
+                    "latent attention weights without its scratch".into(),
+                ));
+            }
         };
-        b.attention(&shape, l, &s.q, segs, &mut s.att)?;
-        b.matmul(b.matrix(m, &lw.wo), &s.att, n, &mut s.o)?;
+        b.matmul(b.matrix(m, &lw.wo), values, n, &mut s.o)?;
         if let Some(bias) = &lw.out_bias {
             b.add_bias(&mut s.o, n * d, b.vector(bias)?, d)?;
         }
