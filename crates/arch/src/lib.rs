@@ -108,6 +108,34 @@ pub struct Features {
     pub mla: bool,
 }
 
+/// The shape of DeepSeek's multi-head latent attention, as its configs name it (read from
+/// `config.json` by the converter, from the `attention.*` keys by the loader).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MlaShape {
+    /// Rank of the query's low-rank pair (`q_lora_rank`); `None` for one projection.
+    pub q_lora_rank: Option<usize>,
+    /// Values of the compressed key/value latent (`kv_lora_rank`).
+    pub kv_lora_rank: usize,
+    /// Per head, the query and key values without rope (`qk_nope_head_dim`).
+    pub nope_dim: usize,
+    /// Per head and in the shared key, the values with rope (`qk_rope_head_dim`).
+    pub rope_dim: usize,
+    /// Per head, the value's size (`v_head_dim`).
+    pub v_dim: usize,
+}
+
+impl MlaShape {
+    /// Per head, the query's (and decompressed key's) values: `nope_dim + rope_dim`.
+    pub fn qk_dim(self) -> usize {
+        self.nope_dim + self.rope_dim
+    }
+
+    /// Values of one cached row in the absorbed form, `[rope key | latent]`.
+    pub fn cache_row(self) -> usize {
+        self.rope_dim + self.kv_lora_rank
+    }
+}
+
 /// One row of the architecture table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ArchEntry {

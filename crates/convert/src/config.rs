@@ -12,7 +12,7 @@
 //! not handled (another activation, partial rope, a rope scaling other than llama3,
 //! interleaved dense/MoE layers) is refused by name rather than dropped.
 
-use ferrite_arch::{Arch, GlobalTensor, Key};
+use ferrite_arch::{Arch, GlobalTensor, Key, MlaShape};
 use ferrite_gguf::{Array, Value};
 use serde_json::{Map, Value as Json};
 
@@ -216,21 +216,6 @@ pub struct Yarn {
     pub log_multiplier: Option<f64>,
 }
 
-/// DeepSeek's multi-head latent attention shape.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Mla {
-    /// `q_lora_rank` (`None`: one query projection).
-    pub q_lora_rank: Option<usize>,
-    /// `kv_lora_rank`.
-    pub kv_lora_rank: usize,
-    /// `qk_nope_head_dim`.
-    pub nope_dim: usize,
-    /// `qk_rope_head_dim`.
-    pub rope_dim: usize,
-    /// `v_head_dim`.
-    pub v_dim: usize,
-}
-
 /// How a config scales its rope.
 enum Scaling {
     None,
@@ -334,7 +319,7 @@ pub struct HfConfig {
     pub experts: Option<Experts>,
     /// Latent attention (DeepSeek): then `n_kv_head` is 1 and `head_dim` the cached row's
     /// `rope_dim + kv_lora_rank`, as llama.cpp writes the absorbed form.
-    pub mla: Option<Mla>,
+    pub mla: Option<MlaShape>,
     /// Sliding-window attention, if any layer uses it.
     pub sliding_window: Option<SlidingWindow>,
     /// The text model of a multimodal checkpoint (`Gemma3ForConditionalGeneration`): its
@@ -498,7 +483,7 @@ impl HfConfig {
         }
         let mla = if family.deepseek() {
             let q_lora_rank = get_usize(cfg, "q_lora_rank")?.filter(|&r| r > 0);
-            Some(Mla {
+            Some(MlaShape {
                 q_lora_rank,
                 kv_lora_rank: need_usize(cfg, "kv_lora_rank")?,
                 nope_dim: need_usize(cfg, "qk_nope_head_dim")?,
@@ -520,7 +505,7 @@ impl HfConfig {
             }
         }
         let (n_kv_head, head_dim) = match &mla {
-            Some(m) => (1, m.rope_dim + m.kv_lora_rank),
+            Some(m) => (1, m.cache_row()),
             None => (n_kv_head, head_dim),
         };
         let rope_dim = match &mla {
@@ -626,7 +611,7 @@ impl HfConfig {
             m.push((k(Key::KvLoraRank), u(a.kv_lora_rank)));
             m.push((k(Key::KeyLength), u(self.head_dim)));
             m.push((k(Key::ValueLength), u(a.kv_lora_rank)));
-            m.push((k(Key::KeyLengthMla), u(a.nope_dim + a.rope_dim)));
+            m.push((k(Key::KeyLengthMla), u(a.qk_dim())));
             m.push((k(Key::ValueLengthMla), u(a.v_dim)));
         }
         if let Some(e) = &self.experts {
@@ -1066,20 +1051,7 @@ fn experts(cfg: &Map<String, Json>, family: Family) -> Result<Option<Experts>, C
                     "greedy routing with scores other than softmax".into(),
                 ));
             }
-            let scale = get_f64(cfg, "routed_scaling_factor")?.unwrap_or(1.0);
-            if !(scale.is_finite() && scale > 0.0) {
-                return Err(bad("routed_scaling_factor", "must be a finite number > 0"));
-            }
-            Ok(Some(Experts {
-                count: need_usize(cfg, "n_routed_experts")?,
-                used: need_usize(cfg, "num_experts_per_tok")?,
-                ff: Some(need_usize(cfg, "moe_intermediate_size")?),
-                norm_topk: Some(get_bool(cfg, "norm_topk_prob")?.unwrap_or(false)),
-                shared: get_usize(cfg, "n_shared_experts")?.unwrap_or(0),
-                leading_dense: get_usize(cfg, "first_k_dense_replace")?.unwrap_or(0),
-                scale: Some(scale),
-                ..Experts::SOFTMAX
-            }))
+            routed_experts(cfg, false).map(Some)
         }
         Family::Glm4Moe => {
             let method = cfg.get("topk_method").and_then(Json::as_str);
@@ -1142,21 +1114,32 @@ fn sigmoid_experts(cfg: &Map<String, Json>) -> Result<Option<Experts>, ConvertEr
         1 => None,
         n => Some((n, need_usize(cfg, "topk_group")?)),
     };
+    Ok(Some(Experts {
+        groups,
+        ..routed_experts(cfg, true)?
+    }))
+}
+
+/// The routed and shared experts of the DeepSeek-style configs (GLM-4.5, DeepSeek V2/V3):
+/// softmax or `sigmoid` scores, the weights renormalised when `norm_topk_prob` says so
+/// (transformers' default: with sigmoid scores only) and scaled by
+/// `routed_scaling_factor`; no groups.
+fn routed_experts(cfg: &Map<String, Json>, sigmoid: bool) -> Result<Experts, ConvertError> {
     let scale = get_f64(cfg, "routed_scaling_factor")?.unwrap_or(1.0);
     if !(scale.is_finite() && scale > 0.0) {
         return Err(bad("routed_scaling_factor", "must be a finite number > 0"));
     }
-    Ok(Some(Experts {
+    Ok(Experts {
         count: need_usize(cfg, "n_routed_experts")?,
         used: need_usize(cfg, "num_experts_per_tok")?,
         ff: Some(need_usize(cfg, "moe_intermediate_size")?),
-        norm_topk: Some(get_bool(cfg, "norm_topk_prob")?.unwrap_or(true)),
+        norm_topk: Some(get_bool(cfg, "norm_topk_prob")?.unwrap_or(sigmoid)),
         shared: get_usize(cfg, "n_shared_experts")?.unwrap_or(0),
         leading_dense: get_usize(cfg, "first_k_dense_replace")?.unwrap_or(0),
-        sigmoid: true,
+        sigmoid,
         scale: Some(scale),
-        groups,
-    }))
+        groups: None,
+    })
 }
 
 /// The layers `layer_types` marks `sliding_attention`, when the config has the list.

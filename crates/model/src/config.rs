@@ -51,8 +51,8 @@ use ferrite_gguf::Gguf;
 
 use crate::ModelError;
 use crate::features::{self, MoeConfig};
-use crate::mla::Mla;
 use crate::ops::RopeStyle;
+use ferrite_arch::MlaShape;
 
 /// A supported architecture: the rows of the architecture table (`ferrite-arch`).
 pub use ferrite_arch::Arch;
@@ -134,8 +134,8 @@ pub struct ModelConfig {
     pub moe: Option<MoeConfig>,
     /// Multi-head latent attention (`deepseek2`): the attention then has one KV head of
     /// `head_dim = rope_dim + kv_lora_rank` values whose values are its latent, and
-    /// `n_head` queries of that size (the absorbed form, see [`Mla`]).
-    pub mla: Option<Mla>,
+    /// `n_head` queries of that size (the absorbed form, see `crate::mla`).
+    pub mla: Option<MlaShape>,
     /// Multi-token-prediction blocks the file holds after the [`ModelConfig::n_layer`]
     /// blocks the forward pass runs (`{arch}.nextn_predict_layers`); loaded as part of the
     /// file, never run.
@@ -402,7 +402,11 @@ impl ModelConfig {
                 let windows = features::sliding_windows(g, a, n_layer)?;
                 let long = features::long_rope(g, arch, rope_dim, ctx_train)?;
                 let mla = if f.mla {
-                    Some(Mla::from_gguf(g, arch, (n_kv_head, head_dim, rope_dim))?)
+                    Some(crate::mla::from_gguf(
+                        g,
+                        arch,
+                        (n_kv_head, head_dim, rope_dim),
+                    )?)
                 } else {
                     None
                 };
@@ -430,7 +434,7 @@ impl ModelConfig {
                         RopeStyle::HalfSplit
                     },
                     attn_scale: match &mla {
-                        Some(m) => m.attn_scale,
+                        Some((_, scale)) => *scale,
                         None => attn_factor * attn_factor / (head_dim as f32).sqrt(),
                     },
                     embed_scale: 1.0,
@@ -450,7 +454,7 @@ impl ModelConfig {
                     attn_softcap: None,
                     final_softcap: None,
                     moe,
-                    mla,
+                    mla: mla.map(|(shape, _)| shape),
                     mtp_layers,
                     layers: windows
                         .into_iter()
@@ -568,8 +572,12 @@ impl ModelConfig {
     /// Where attention's values come from: rows of their own, or the latent inside the
     /// cached keys.
     pub fn kv_values(&self) -> ferrite_backend::Values {
-        self.mla
-            .map_or(ferrite_backend::Values::Own, |m| m.values())
+        self.mla.map_or(ferrite_backend::Values::Own, |m| {
+            ferrite_backend::Values::InKeys {
+                at: m.rope_dim,
+                dim: m.kv_lora_rank,
+            }
+        })
     }
 }
 

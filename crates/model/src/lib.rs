@@ -56,7 +56,6 @@ pub use features::MoeConfig;
 pub use ferrite_backend::KvType;
 pub use ferrite_cpu::{KvCache, ops};
 pub use memory::{check_kv_memory, physical_memory};
-pub use mla::Mla;
 pub use model::{LoadOptions, Model, Precision};
 pub use session::{Logits, Outputs, PREFILL_CHUNK, Session};
 pub use snapshot::SessionState;

@@ -14,7 +14,7 @@
 //! output latent is then decompressed by its `attn_v_b` before the output projection.
 //! Scores are unchanged by the absorption: `q_nope · (K_h c) = (K_hᵀ q_nope) · c`.
 
-use ferrite_arch::{Arch, Key, TensorRole};
+use ferrite_arch::{Arch, Key, MlaShape, TensorRole};
 use ferrite_backend::{AttnShape, Backend, Op, Rope, Segment, Values};
 use ferrite_gguf::Gguf;
 
@@ -22,24 +22,6 @@ use crate::ModelError;
 use crate::model::{Model, Precision, Weight, matrix, matrix_rows, vector};
 use crate::moe::Experts;
 use crate::session::Weights;
-
-/// The shape of a model's latent attention.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Mla {
-    /// Rank of the query's low-rank pair; `None` for one query projection.
-    pub q_lora_rank: Option<usize>,
-    /// Values of the compressed key/value latent.
-    pub kv_lora_rank: usize,
-    /// Per head, the query and key values without rope.
-    pub nope_dim: usize,
-    /// Per head (and in the shared key), the values with rope.
-    pub rope_dim: usize,
-    /// Per head, the decompressed value's size.
-    pub v_dim: usize,
-    /// Multiplier of the scores: `1 / sqrt(nope_dim + rope_dim)`, times the square of
-    /// YaRN's `1 + yarn_log_multiplier · ln(factor)` when the rope is YaRN-scaled.
-    pub attn_scale: f32,
-}
 
 fn count(g: &Gguf, key: &str) -> Result<usize, ModelError> {
     let v = g.get_u32(key)?;
@@ -53,79 +35,69 @@ fn bad(key: &str, reason: String) -> ModelError {
     }
 }
 
-impl Mla {
-    /// Reads and checks the MLA keys of `g`, given the attention shape the common keys
-    /// gave: one KV head (the latent) of `head_dim = rope_dim + kv_lora_rank` values.
-    pub(crate) fn from_gguf(
-        g: &Gguf,
-        arch: Arch,
-        (n_kv_head, head_dim, rope_dim): (usize, usize, usize),
-    ) -> Result<Mla, ModelError> {
-        let k = |key: Key| arch.key(key);
-        let kv_lora_rank = count(g, &k(Key::KvLoraRank))?;
-        if kv_lora_rank == 0 {
-            return Err(bad(&k(Key::KvLoraRank), "must be positive".into()));
-        }
-        if n_kv_head != 1 {
-            return Err(bad(
-                &k(Key::HeadCountKv),
-                format!("{n_kv_head}: latent attention has one KV head, the latent"),
-            ));
-        }
-        if head_dim != kv_lora_rank + rope_dim {
-            return Err(bad(
-                &k(Key::KeyLength),
-                format!("{head_dim}, not kv_lora_rank {kv_lora_rank} + rope {rope_dim}"),
-            ));
-        }
-        let value_key = k(Key::ValueLength);
-        if g.get(&value_key).is_some() && count(g, &value_key)? != kv_lora_rank {
-            return Err(bad(
-                &value_key,
-                format!("must be kv_lora_rank {kv_lora_rank}"),
-            ));
-        }
-        let key_mla = k(Key::KeyLengthMla);
-        let qk_dim = count(g, &key_mla)?;
-        if qk_dim <= rope_dim {
-            return Err(bad(
-                &key_mla,
-                format!("{qk_dim} leaves no values without rope beside {rope_dim}"),
-            ));
-        }
-        let value_mla = k(Key::ValueLengthMla);
-        let v_dim = count(g, &value_mla)?;
-        if v_dim == 0 {
-            return Err(bad(&value_mla, "must be positive".into()));
-        }
-        // llama.cpp writes 0, or nothing, for a model without the query's low-rank pair.
-        let q_key = k(Key::QLoraRank);
-        let q_lora_rank = match g.get(&q_key) {
-            Some(_) => Some(count(g, &q_key)?).filter(|&r| r > 0),
-            None => None,
-        };
-        Ok(Mla {
-            q_lora_rank,
-            kv_lora_rank,
-            nope_dim: qk_dim - rope_dim,
-            rope_dim,
-            v_dim,
-            attn_scale: yarn_mscale(g, arch)?.powi(2) / (qk_dim as f32).sqrt(),
-        })
+/// Reads and checks the MLA keys of `g`, given the attention shape the common keys gave:
+/// one KV head (the latent) of `head_dim = rope_dim + kv_lora_rank` values. Returns the
+/// shape and the multiplier of the scores: `1 / sqrt(nope_dim + rope_dim)`, times the
+/// square of YaRN's `1 + yarn_log_multiplier · ln(factor)` when the rope is YaRN-scaled.
+pub(crate) fn from_gguf(
+    g: &Gguf,
+    arch: Arch,
+    (n_kv_head, head_dim, rope_dim): (usize, usize, usize),
+) -> Result<(MlaShape, f32), ModelError> {
+    let k = |key: Key| arch.key(key);
+    let kv_lora_rank = count(g, &k(Key::KvLoraRank))?;
+    if kv_lora_rank == 0 {
+        return Err(bad(&k(Key::KvLoraRank), "must be positive".into()));
     }
-
-    /// Per head, the values of the projected query: `nope_dim + rope_dim`.
-    pub fn qk_dim(&self) -> usize {
-        self.nope_dim + self.rope_dim
+    if n_kv_head != 1 {
+        return Err(bad(
+            &k(Key::HeadCountKv),
+            format!("{n_kv_head}: latent attention has one KV head, the latent"),
+        ));
     }
-
-    /// Where the values lie in a cached row `[rope key | latent]`.
-    pub fn values(&self) -> Values {
-        Values::InKeys {
-            at: self.rope_dim,
-            dim: self.kv_lora_rank,
-        }
+    if head_dim != kv_lora_rank + rope_dim {
+        return Err(bad(
+            &k(Key::KeyLength),
+            format!("{head_dim}, not kv_lora_rank {kv_lora_rank} + rope {rope_dim}"),
+        ));
     }
+    let value_key = k(Key::ValueLength);
+    if g.get(&value_key).is_some() && count(g, &value_key)? != kv_lora_rank {
+        return Err(bad(
+            &value_key,
+            format!("must be kv_lora_rank {kv_lora_rank}"),
+        ));
+    }
+    let key_mla = k(Key::KeyLengthMla);
+    let qk_dim = count(g, &key_mla)?;
+    if qk_dim <= rope_dim {
+        return Err(bad(
+            &key_mla,
+            format!("{qk_dim} leaves no values without rope beside {rope_dim}"),
+        ));
+    }
+    let value_mla = k(Key::ValueLengthMla);
+    let v_dim = count(g, &value_mla)?;
+    if v_dim == 0 {
+        return Err(bad(&value_mla, "must be positive".into()));
+    }
+    // llama.cpp writes 0, or nothing, for a model without the query's low-rank pair.
+    let q_key = k(Key::QLoraRank);
+    let q_lora_rank = match g.get(&q_key) {
+        Some(_) => Some(count(g, &q_key)?).filter(|&r| r > 0),
+        None => None,
+    };
+    let shape = MlaShape {
+        q_lora_rank,
+        kv_lora_rank,
+        nope_dim: qk_dim - rope_dim,
+        rope_dim,
+        v_dim,
+    };
+    Ok((
+        shape,
+        yarn_mscale(g, arch)?.powi(2) / (qk_dim as f32).sqrt(),
+    ))
 }
 
 /// DeepSeek's YaRN factor of the attention scale, `1 + yarn_log_multiplier · ln(factor)`
@@ -192,7 +164,7 @@ impl MlaWeights {
     /// Layer `i`'s weights under `mla`, in a model of `d` and `n_head` heads.
     pub(crate) fn load(
         g: &Gguf,
-        (mla, d, n_head): (&Mla, usize, usize),
+        (mla, d, n_head): (&MlaShape, usize, usize),
         i: usize,
         p: Precision,
     ) -> Result<MlaWeights, ModelError> {
@@ -290,7 +262,7 @@ impl<Buf> MlaScratch<Buf> {
     /// Buffers for `rows` rows of `mla` with `n_head` heads.
     pub(crate) fn new<B: Backend<Buf = Buf>>(
         b: &B,
-        mla: &Mla,
+        mla: &MlaShape,
         n_head: usize,
         rows: usize,
     ) -> Result<MlaScratch<Buf>, ModelError> {
@@ -440,7 +412,7 @@ pub(crate) fn attention<B: Weights>(
         scale: c.attn_scale,
         window: None,
         softcap: None,
-        values: mla.values(),
+        values: c.kv_values(),
     };
     b.attention(&shape, layer, io.q, segs, io.att)?;
     let v = mla.v_dim;

@@ -9,9 +9,9 @@ use ferrite_gguf::Gguf;
 use crate::ModelError;
 use crate::config::{Activation, ModelConfig};
 use crate::features::MoeConfig;
-use crate::mla::Mla;
 use crate::model::Model;
 use crate::ops::RopeStyle;
+use ferrite_arch::MlaShape;
 use ferrite_backend::Gating;
 
 /// Output of [`forward`].
@@ -416,7 +416,7 @@ pub fn forward(model: &Model, tokens: &[u32]) -> Result<RefOutput, ModelError> {
 fn latent_heads(
     g: &Gguf,
     c: &ModelConfig,
-    mla: &Mla,
+    mla: &MlaShape,
     l: usize,
     h: &[f64],
     (base, factors): (f64, Option<&[f32]>),
