@@ -285,6 +285,34 @@ MODELS = {
         False,
         torch.float32,
     ),
+    "gpt-oss": (
+        # gpt-oss's kind: attention sinks, sliding (window 8) and full layers alternating,
+        # q/k/v/o biases, 4 experts of width 32 with biases and the clamped SwiGLU, router
+        # bias, YaRN without rounding its ramp (`truncate = false`, as gpt-oss ships it)
+        # with the ramp inside the 8 pairs of a 16-value head.
+        "GptOssConfig",
+        dict(
+            num_hidden_layers=3,
+            head_dim=16,
+            intermediate_size=32,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            sliding_window=8,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+            attention_bias=True,
+            rope_parameters=dict(
+                rope_type="yarn",
+                rope_theta=150000.0,
+                factor=4.0,
+                original_max_position_embeddings=32,
+                beta_fast=32.0,
+                beta_slow=1.0,
+                truncate=False,
+            ),
+        ),
+        False,
+        torch.float32,
+    ),
 }
 
 # --alt-shapes: other widths, head counts (GQA group 3), depths and expert counts, for a
@@ -399,7 +427,13 @@ def q8_0_keeps_top1(model, lines) -> bool:
     for name, p in q.named_parameters():
         # Routers (`mlp.gate`, `block_sparse_moe.gate`) stay float: llama.cpp's quantize and
         # ferrite's keep `ffn_gate_inp` unquantized.
-        if p.dim() >= 2 and p.shape[-1] % 32 == 0 and not name.endswith(".gate.weight"):
+        if name.endswith((".gate.weight", ".router.weight")):
+            continue
+        if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            # gpt-oss stores experts input-major ([E, in, out]); a GGUF row is one output.
+            if p.shape[-2] % 32 == 0:
+                p.copy_(q8_0_round(p.transpose(-1, -2)).transpose(-1, -2))
+        elif p.dim() >= 2 and p.shape[-1] % 32 == 0:
             p.copy_(q8_0_round(p))
     for line in lines:
         ids = line["prompt_ids"] + line["generated_ids"]

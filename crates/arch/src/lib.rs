@@ -59,6 +59,9 @@ pub enum Arch {
     Glm4Moe,
     /// DeepSeek V2 / V3 (multi-head latent attention, shared and routed experts).
     Deepseek2,
+    /// OpenAI's gpt-oss (attention sinks, alternating sliding layers, biased experts with a
+    /// clamped SwiGLU).
+    GptOss,
 }
 
 /// Whether the layers of an architecture have a part.
@@ -106,6 +109,16 @@ pub struct Features {
     pub fused: bool,
     /// Multi-head latent attention ([`LayerParts::mla`]) instead of Q/K/V projections.
     pub mla: bool,
+    /// One learned logit per query head (`attn_sinks`) that joins every softmax of its
+    /// scores and takes a share of the weight without a value.
+    pub sinks: bool,
+    /// The router and the three expert stacks have biases (`ffn_gate_inp.bias`,
+    /// `ffn_{gate,up,down}_exps.bias`).
+    pub expert_bias: bool,
+    /// The role the norm before the FFN is stored under: [`TensorRole::FfnNorm`], or
+    /// [`TensorRole::PostAttentionNorm`] where llama.cpp names Hugging Face's
+    /// `post_attention_layernorm` so (gpt-oss); not a norm of the attention's output there.
+    pub ffn_norm: TensorRole,
 }
 
 /// The shape of DeepSeek's multi-head latent attention, as its configs name it (read from
@@ -148,7 +161,7 @@ pub struct ArchEntry {
 }
 
 /// The table, in the order of [`Arch`]'s variants.
-pub const ARCHES: [ArchEntry; 9] = [
+pub const ARCHES: [ArchEntry; 10] = [
     ArchEntry {
         arch: Arch::Llama,
         name: "llama",
@@ -161,6 +174,9 @@ pub const ARCHES: [ArchEntry; 9] = [
             experts: Presence::IfPresent,
             fused: false,
             mla: false,
+            sinks: false,
+            expert_bias: false,
+            ffn_norm: TensorRole::FfnNorm,
         },
     },
     ArchEntry {
@@ -175,6 +191,9 @@ pub const ARCHES: [ArchEntry; 9] = [
             experts: Presence::Never,
             fused: false,
             mla: false,
+            sinks: false,
+            expert_bias: false,
+            ffn_norm: TensorRole::FfnNorm,
         },
     },
     ArchEntry {
@@ -189,6 +208,9 @@ pub const ARCHES: [ArchEntry; 9] = [
             experts: Presence::Never,
             fused: false,
             mla: false,
+            sinks: false,
+            expert_bias: false,
+            ffn_norm: TensorRole::FfnNorm,
         },
     },
     ArchEntry {
@@ -203,6 +225,9 @@ pub const ARCHES: [ArchEntry; 9] = [
             experts: Presence::IfPresent,
             fused: false,
             mla: false,
+            sinks: false,
+            expert_bias: false,
+            ffn_norm: TensorRole::FfnNorm,
         },
     },
     ArchEntry {
@@ -217,6 +242,9 @@ pub const ARCHES: [ArchEntry; 9] = [
             experts: Presence::IfPresent,
             fused: false,
             mla: false,
+            sinks: false,
+            expert_bias: false,
+            ffn_norm: TensorRole::FfnNorm,
         },
     },
     ArchEntry {
@@ -231,6 +259,9 @@ pub const ARCHES: [ArchEntry; 9] = [
             experts: Presence::Required,
             fused: false,
             mla: false,
+            sinks: false,
+            expert_bias: false,
+            ffn_norm: TensorRole::FfnNorm,
         },
     },
     ArchEntry {
@@ -245,6 +276,9 @@ pub const ARCHES: [ArchEntry; 9] = [
             experts: Presence::Never,
             fused: true,
             mla: false,
+            sinks: false,
+            expert_bias: false,
+            ffn_norm: TensorRole::FfnNorm,
         },
     },
     ArchEntry {
@@ -260,6 +294,9 @@ pub const ARCHES: [ArchEntry; 9] = [
             experts: Presence::Required,
             fused: false,
             mla: false,
+            sinks: false,
+            expert_bias: false,
+            ffn_norm: TensorRole::FfnNorm,
         },
     },
     ArchEntry {
@@ -276,13 +313,33 @@ pub const ARCHES: [ArchEntry; 9] = [
             experts: Presence::Required,
             fused: false,
             mla: true,
+            sinks: false,
+            expert_bias: false,
+            ffn_norm: TensorRole::FfnNorm,
+        },
+    },
+    ArchEntry {
+        arch: Arch::GptOss,
+        name: "gpt-oss",
+        features: Features {
+            interleaved_rope: false,
+            qk_norm: Presence::Never,
+            post_norms: false,
+            qkv_bias: Presence::Required,
+            out_bias: Presence::Required,
+            experts: Presence::Required,
+            fused: false,
+            mla: false,
+            sinks: true,
+            expert_bias: true,
+            ffn_norm: TensorRole::PostAttentionNorm,
         },
     },
 ];
 
 impl Arch {
     /// Every architecture, in table order.
-    pub const ALL: [Arch; 9] = [
+    pub const ALL: [Arch; 10] = [
         Arch::Llama,
         Arch::Gemma3,
         Arch::Gemma2,
@@ -292,6 +349,7 @@ impl Arch {
         Arch::Phi3,
         Arch::Glm4Moe,
         Arch::Deepseek2,
+        Arch::GptOss,
     ];
 
     /// The architecture whose `general.architecture` is `name`; `None` for one ferrite does
@@ -424,12 +482,31 @@ mod tests {
                 Never,
                 Required,
             ),
+            (
+                Arch::GptOss,
+                "gpt-oss",
+                false,
+                Never,
+                false,
+                Required,
+                Required,
+                Required,
+            ),
         ];
         assert_eq!(pinned.len(), Arch::ALL.len());
         for (arch, name, rope, qk, post, qkv, out, experts) in pinned {
             assert_eq!(arch.name(), name);
             assert_eq!(arch.features().fused, arch == Arch::Phi3, "{name}");
             assert_eq!(arch.features().mla, arch == Arch::Deepseek2, "{name}");
+            let gpt_oss = arch == Arch::GptOss;
+            assert_eq!(arch.features().sinks, gpt_oss, "{name}");
+            assert_eq!(arch.features().expert_bias, gpt_oss, "{name}");
+            let ffn_norm = if gpt_oss {
+                TensorRole::PostAttentionNorm
+            } else {
+                TensorRole::FfnNorm
+            };
+            assert_eq!(arch.features().ffn_norm, ffn_norm, "{name}");
             let f = arch.features();
             assert_eq!(
                 (f.interleaved_rope, f.qk_norm, f.post_norms),

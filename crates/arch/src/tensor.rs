@@ -112,6 +112,8 @@ pub enum TensorRole {
     /// Per head, the value decompression (`attn_v_b`, dims `[kv_lora_rank, v_head_dim,
     /// n_head]`).
     AttnVB,
+    /// One attention-sink logit per query head (`attn_sinks`, gpt-oss).
+    AttnSinks,
 }
 
 /// The end of every norm weight's name, in ferrite's architectures and llama.cpp's others.
@@ -119,7 +121,7 @@ pub const NORM_SUFFIX: &str = "_norm.weight";
 
 impl TensorRole {
     /// Every per-layer role.
-    pub const ALL: [TensorRole; 29] = [
+    pub const ALL: [TensorRole; 30] = [
         TensorRole::AttnNorm,
         TensorRole::AttnQ,
         TensorRole::AttnK,
@@ -149,6 +151,7 @@ impl TensorRole {
         TensorRole::AttnKvANorm,
         TensorRole::AttnKB,
         TensorRole::AttnVB,
+        TensorRole::AttnSinks,
     ];
 
     /// The middle of its names (`attn_q` in `blk.N.attn_q.weight`).
@@ -183,6 +186,7 @@ impl TensorRole {
             TensorRole::AttnKvANorm => "attn_kv_a_norm",
             TensorRole::AttnKB => "attn_k_b",
             TensorRole::AttnVB => "attn_v_b",
+            TensorRole::AttnSinks => "attn_sinks",
         }
     }
 
@@ -295,7 +299,7 @@ pub fn layer_of(name: &str) -> Option<usize> {
 }
 
 /// The optional parts a model's layers have, as its loader resolved them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LayerParts {
     /// Expert FFNs (router and stacks) instead of dense ones.
     pub experts: bool,
@@ -318,6 +322,12 @@ pub struct LayerParts {
     /// with whether the query has its low-rank pair (`attn_q_a`, `attn_q_b`) rather than
     /// one `attn_q`.
     pub mla: Option<bool>,
+    /// Attention-sink logits (`attn_sinks`).
+    pub sinks: bool,
+    /// Router and expert biases (expert layers only).
+    pub expert_bias: bool,
+    /// The role of the norm before the FFN ([`crate::Features::ffn_norm`]).
+    pub ffn_norm: TensorRole,
 }
 
 impl LayerParts {
@@ -337,7 +347,10 @@ impl LayerParts {
         } else {
             roles.extend([R::AttnQ, R::AttnK, R::AttnV]);
         }
-        roles.extend([R::AttnOutput, R::FfnNorm]);
+        roles.extend([R::AttnOutput, self.ffn_norm]);
+        if self.sinks {
+            roles.push(R::AttnSinks);
+        }
         if self.experts {
             roles.extend([R::FfnGateInp, R::FfnGateExps, R::FfnUpExps, R::FfnDownExps]);
             if self.shared_expert {
@@ -364,6 +377,12 @@ impl LayerParts {
         }
         if self.experts && self.selection_bias {
             out.push((R::ExpProbsB, Kind::Bias));
+        }
+        if self.experts && self.expert_bias {
+            out.extend(
+                [R::FfnGateInp, R::FfnGateExps, R::FfnUpExps, R::FfnDownExps]
+                    .map(|r| (r, Kind::Bias)),
+            );
         }
         out
     }
@@ -417,6 +436,7 @@ mod tests {
             "blk.7.attn_kv_a_norm.weight",
             "blk.7.attn_k_b.weight",
             "blk.7.attn_v_b.weight",
+            "blk.7.attn_sinks.weight",
         ];
         assert_eq!(TensorRole::ALL.map(|r| r.weight(7)), layer);
         assert_eq!(TensorRole::AttnQ.bias(12), "blk.12.attn_q.bias");
@@ -485,6 +505,16 @@ mod tests {
                  ffn_up_shexp.weight ffn_down_shexp.weight exp_probs_b.bias"
                     .to_owned(),
             ),
+            (
+                // llama.cpp's names: the FFN's norm is `post_attention_norm`.
+                Arch::GptOss,
+                "attn_norm.weight attn_q.weight attn_k.weight attn_v.weight \
+                 attn_output.weight post_attention_norm.weight attn_sinks.weight \
+                 ffn_gate_inp.weight ffn_gate_exps.weight ffn_up_exps.weight \
+                 ffn_down_exps.weight attn_q.bias attn_k.bias attn_v.bias attn_output.bias \
+                 ffn_gate_inp.bias ffn_gate_exps.bias ffn_up_exps.bias ffn_down_exps.bias"
+                    .to_owned(),
+            ),
         ];
         for (arch, tails) in pinned {
             let f = arch.features();
@@ -498,6 +528,9 @@ mod tests {
                 out_bias: f.out_bias.resolve(false),
                 fused: f.fused,
                 mla: f.mla.then_some(true),
+                sinks: f.sinks,
+                expert_bias: f.expert_bias,
+                ffn_norm: f.ffn_norm,
             };
             let got: Vec<String> = parts
                 .tensors()

@@ -164,13 +164,26 @@ pub fn ops() -> Vec<Op> {
             Op::MatMul { ty, cols },
             Op::MatMulShared { ty, cols },
             Op::Logits { ty, cols },
-            Op::MoeExperts { ty, act: Act::Silu },
+            Op::MoeExperts {
+                ty,
+                act: Act::Silu,
+                bias: false,
+            },
         ]);
     }
     ops.push(Op::MoeExperts {
         ty: GgmlType::F32,
         act: Act::GeluTanh,
+        bias: false,
     });
+    // gpt-oss's experts: biased products and the clamped SwiGLU.
+    for ty in [GgmlType::F32, GgmlType::MXFP4] {
+        ops.push(Op::MoeExperts {
+            ty,
+            act: Act::SwigluOai,
+            bias: true,
+        });
+    }
     ops.extend([
         Op::RmsNorm,
         Op::NormInto,
@@ -203,8 +216,16 @@ pub fn ops() -> Vec<Op> {
                     head_dim,
                     softcap,
                     values: Values::Own,
+                    sinks: false,
                 });
             }
+            ops.push(Op::Attention {
+                kv,
+                head_dim,
+                softcap: false,
+                values: Values::Own,
+                sinks: true,
+            });
         }
         // MLA's latent: values in the keys, after their rope part (DeepSeek's 64 + 512, and
         // a head that q8 blocks cannot split).
@@ -214,12 +235,16 @@ pub fn ops() -> Vec<Op> {
                 head_dim,
                 softcap: false,
                 values: Values::InKeys { at, dim: 32 },
+                sinks: false,
             });
         }
     }
     ops.extend([
         Op::GatedAct { act: Act::Silu },
         Op::GatedAct { act: Act::GeluTanh },
+        Op::GatedAct {
+            act: Act::SwigluOai,
+        },
         Op::MoeRoute { n_expert: 4 },
         Op::MoeRoute { n_expert: 9 },
         Op::TopK { k: 0 },
@@ -251,7 +276,9 @@ pub fn run<B: Backend>(b: &B) -> Report {
             Op::MatMul { ty, .. } => reference::matmul(b, r, ty, &mut out),
             Op::MatMulShared { ty, .. } => reference::matmul_shared(b, r, ty, &mut out),
             Op::Logits { ty, .. } => reference::logits(b, r, ty, &mut out),
-            Op::MoeExperts { ty, act } => reference::moe_experts(b, r, ty, act, &mut out),
+            Op::MoeExperts { ty, act, bias } => {
+                reference::moe_experts(b, r, ty, (act, bias), &mut out)
+            }
             Op::RmsNorm | Op::NormInto | Op::AddNorm => reference::norms(b, r, op, &mut out),
             Op::Add | Op::AddBias | Op::Copy => reference::adds(b, r, op, &mut out),
             Op::Rope {
@@ -271,7 +298,8 @@ pub fn run<B: Backend>(b: &B) -> Report {
                 head_dim,
                 softcap,
                 values,
-            } => reference::attention(b, r, kv, (head_dim, values), softcap, &mut out),
+                sinks,
+            } => reference::attention(b, r, kv, (head_dim, values), (softcap, sinks), &mut out),
             Op::GatedAct { act } => reference::gated_act(b, r, act, &mut out),
             Op::MoeRoute { n_expert } => reference::moe_route(b, r, n_expert, &mut out),
             Op::TopK { k } => reference::top_k(b, r, k, &mut out),

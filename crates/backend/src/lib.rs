@@ -22,7 +22,7 @@
 //! ```
 //! use ferrite_backend::{KvType, Op, Support};
 //! // What a model asks a backend before running: an op with its data type.
-//! let op = Op::Attention { kv: KvType::Q8, head_dim: 48, softcap: false, values: Default::default() };
+//! let op = Op::Attention { kv: KvType::Q8, head_dim: 48, softcap: false, values: Default::default(), sinks: false };
 //! assert_eq!((op.name(), op.dtype()), ("attention", "q8 KV".to_string()));
 //! assert!(!Support::Unsupported("q8 needs whole blocks".into()).runs());
 //! assert_eq!(KvType::Q8.row_elems(2, 64), Some(4));
@@ -39,7 +39,9 @@ mod types;
 pub use error::BackendError;
 pub use op::{Op, Support};
 pub use routing::{Gating, RouteRule, Routing};
-pub use types::{Act, AttnShape, ExpertBufs, HostMatrix, KvType, Rope, RopeStyle, Segment, Values};
+pub use types::{
+    Act, AttnShape, ExpertBufs, ExpertFfn, HostMatrix, KvType, Rope, RopeStyle, Segment, Values,
+};
 
 /// Results of the contract's ops.
 pub type Result<T> = std::result::Result<T, BackendError>;
@@ -262,12 +264,14 @@ pub trait Backend: Sync {
     /// Attention of each segment's rows (queries `q`, `n_head × head_dim` per row) over
     /// layer `layer` of its own KV store, which already holds its keys and values up to
     /// its last row; writes one `n_head × v` row per query to `out`, `v` the values per
-    /// head ([`Values::dim`]).
+    /// head ([`Values::dim`]). With `sinks` (`n_head` logits), head `h`'s softmax also
+    /// holds `sinks[h]` in its denominator, a score with no value (gpt-oss).
     fn attention(
         &self,
         shape: &AttnShape,
         layer: usize,
         q: &Self::Buf,
+        sinks: Option<Self::Vector<'_>>,
         segs: &[Segment<'_, Self::Kv>],
         out: &mut Self::Buf,
     ) -> Result<()>;
@@ -285,14 +289,14 @@ pub trait Backend: Sync {
         bias: Option<&[f32]>,
     ) -> Result<()>;
     /// The gated FFN of each expert over the rows routed to it (`experts(e)` gives expert
-    /// `e`'s gate, up and down matrices), and each token's weighted sum of its experts'
-    /// outputs in slot order, into `out` (`rows × d_model`).
+    /// `e`'s gate, up and down matrices and their biases), and each token's weighted sum of
+    /// its experts' outputs in slot order, into `out` (`rows × d_model`).
     #[allow(clippy::too_many_arguments)]
     fn moe_experts<'w>(
         &self,
         x: &Self::Buf,
         routing: &Routing,
-        experts: &dyn Fn(usize) -> [Self::Weight<'w>; 3],
+        experts: &dyn Fn(usize) -> ExpertFfn<Self::Weight<'w>, Self::Vector<'w>>,
         act: Act,
         bufs: &mut ExpertBufs<Self::Buf>,
         out: &mut Self::Buf,

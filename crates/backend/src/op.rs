@@ -91,6 +91,8 @@ pub enum Op {
         softcap: bool,
         /// Where the values come from ([`crate::AttnShape::values`]).
         values: Values,
+        /// With a sink logit per query head ([`crate::Backend::attention`]'s `sinks`).
+        sinks: bool,
     },
     /// The gated FFN activation ([`crate::Backend::gated_act`]).
     GatedAct {
@@ -109,6 +111,8 @@ pub enum Op {
         ty: GgmlType,
         /// Which activation.
         act: Act,
+        /// With biases of the products ([`crate::ExpertFfn::bias`]).
+        bias: bool,
     },
     /// The `k` largest logits of one row ([`crate::Backend::top_k`]); `k = 1` is greedy.
     TopK {

@@ -80,6 +80,17 @@ pub enum Act {
     Silu,
     /// GELU with the tanh approximation (Gemma).
     GeluTanh,
+    /// gpt-oss's clamped SwiGLU: with `g = min(gate, 7)` and `u = clamp(up, -7, 7)`,
+    /// `g · sigmoid(1.702 g) · (u + 1)` (the constants of its reference and of llama.cpp,
+    /// which no file stores).
+    SwigluOai,
+}
+
+impl Act {
+    /// The clamp limit of [`Act::SwigluOai`].
+    pub const SWIGLU_OAI_LIMIT: f32 = 7.0;
+    /// The sigmoid's slope of [`Act::SwigluOai`].
+    pub const SWIGLU_OAI_ALPHA: f32 = 1.702;
 }
 
 /// Where attention's value rows come from.
@@ -196,6 +207,17 @@ pub struct Segment<'a, K> {
     pub pos0: usize,
     /// Rows.
     pub len: usize,
+}
+
+/// One expert's FFN for [`crate::Backend::moe_experts`]: its gate, up and down matrices
+/// and, where the model has them (gpt-oss), a bias of each product.
+#[derive(Debug, Clone, Copy)]
+pub struct ExpertFfn<W, V> {
+    /// Gate, up and down.
+    pub mats: [W; 3],
+    /// Biases of the gate and up products (`d_ff` values) and of the down product
+    /// (`d_model`), added before the activation and before the weighted sum.
+    pub bias: Option<[V; 3]>,
 }
 
 /// Scratch of [`crate::Backend::moe_experts`]: the rows routed to one expert and their

@@ -6,7 +6,8 @@
 //! become `qwen2`/`qwen3`, Qwen3-MoE becomes `qwen3moe` (neox rope, no permutation), Gemma 2
 //! and Gemma 3 (`Gemma3ForCausalLM`) become `gemma2`/`gemma3` (norm weights stored as
 //! `1 + w`, soft caps, linear rope scaling of the global layers, the sliding layers of
-//! `layer_types` as `attention.sliding_window_pattern`). Missing
+//! `layer_types` as `attention.sliding_window_pattern`), gpt-oss becomes `gpt-oss` (its
+//! SwiGLU constants and YaRN's `truncate` checked against what readers fix). Missing
 //! optional keys take the defaults transformers' config classes use, so the GGUF describes
 //! the model transformers would build. Anything that would change the computation and is
 //! not handled (another activation, partial rope, a rope scaling other than llama3,
@@ -49,6 +50,8 @@ pub enum Family {
     DeepseekV2,
     /// `DeepseekV3ForCausalLM` (V3, R1).
     DeepseekV3,
+    /// `GptOssForCausalLM` (gpt-oss 20B, 120B), with float experts (not MXFP4).
+    GptOss,
 }
 
 impl Family {
@@ -72,6 +75,7 @@ impl Family {
                 "Glm4MoeForCausalLM" => Family::Glm4Moe,
                 "DeepseekV2ForCausalLM" => Family::DeepseekV2,
                 "DeepseekV3ForCausalLM" => Family::DeepseekV3,
+                "GptOssForCausalLM" => Family::GptOss,
                 _ => return None,
             })
         });
@@ -92,6 +96,7 @@ impl Family {
             (None, Some("glm4_moe")) => Ok(Family::Glm4Moe),
             (None, Some("deepseek_v2")) => Ok(Family::DeepseekV2),
             (None, Some("deepseek_v3")) => Ok(Family::DeepseekV3),
+            (None, Some("gpt_oss")) => Ok(Family::GptOss),
             (Some(c), _) => Err(ConvertError::UnsupportedArchitecture(c.to_owned())),
             (None, Some(t)) => Err(ConvertError::UnsupportedArchitecture(t.to_owned())),
             (None, None) => Err(ConvertError::BadConfig {
@@ -113,6 +118,7 @@ impl Family {
             Family::Phi3 => Arch::Phi3,
             Family::Glm4Moe => Arch::Glm4Moe,
             Family::DeepseekV2 | Family::DeepseekV3 => Arch::Deepseek2,
+            Family::GptOss => Arch::GptOss,
         }
     }
 
@@ -142,6 +148,7 @@ impl Family {
     fn default_rope_theta(self) -> f64 {
         match self {
             Family::Mixtral | Family::Gemma3 => 1e6,
+            Family::GptOss => 150_000.0,
             _ => 1e4,
         }
     }
@@ -154,7 +161,7 @@ impl Family {
             Family::Qwen2 | Family::Qwen3 | Family::Qwen3Moe => 32768,
             Family::Gemma2 => 8192,
             Family::Phi3 => 4096,
-            Family::Gemma3 | Family::Glm4Moe => 131_072,
+            Family::Gemma3 | Family::Glm4Moe | Family::GptOss => 131_072,
             Family::DeepseekV2 => 2048,
             Family::DeepseekV3 => 4096,
         }
@@ -163,7 +170,7 @@ impl Family {
     /// transformers' default `rms_norm_eps`.
     fn default_rms_eps(self) -> f64 {
         match self {
-            Family::Mixtral | Family::Phi3 | Family::Glm4Moe => 1e-5,
+            Family::Mixtral | Family::Phi3 | Family::Glm4Moe | Family::GptOss => 1e-5,
             _ => 1e-6,
         }
     }
@@ -436,6 +443,18 @@ impl HfConfig {
             return Err(ConvertError::UnsupportedFeature(format!(
                 "{act_key} {act:?} (only {want} for this family)"
             )));
+        }
+        if family == Family::GptOss {
+            // The clamped SwiGLU's constants are fixed in every reader.
+            for (key, want) in [("swiglu_limit", 7.0), ("swiglu_alpha", 1.702)] {
+                if let Some(v) = get_f64(cfg, key)?
+                    && v != want
+                {
+                    return Err(ConvertError::UnsupportedFeature(format!(
+                        "{key} {v} (readers fix it at {want})"
+                    )));
+                }
+            }
         }
         let n_layer = need_usize(cfg, "num_hidden_layers")?;
         let d_model = need_usize(cfg, "hidden_size")?;
@@ -901,6 +920,14 @@ fn yarn(
             Some(v) => Err(bad(&format!("{key}.{k}"), format!("{v} is not positive"))),
         }
     };
+    // transformers rounds the correction dimensions outward unless `truncate` is false;
+    // the loader does so for every family but gpt-oss, whose reference never does.
+    let truncate = get_bool(params, "truncate")?.unwrap_or(true);
+    if truncate != (family != Family::GptOss) {
+        return Err(ConvertError::UnsupportedFeature(format!(
+            "{key}.truncate {truncate} for this family"
+        )));
+    }
     let factor = num("factor", 0.0)?;
     if factor <= 0.0 {
         return Err(bad(&format!("{key}.factor"), "YaRN needs a factor > 0"));
@@ -1019,6 +1046,13 @@ fn gemma3_global_rope<'c>(
 
 fn experts(cfg: &Map<String, Json>, family: Family) -> Result<Option<Experts>, ConvertError> {
     match family {
+        Family::GptOss => Ok(Some(Experts {
+            count: need_usize(cfg, "num_local_experts")?,
+            used: need_usize(cfg, "num_experts_per_tok")?,
+            // Its `intermediate_size` is one expert's width, as llama.cpp writes it.
+            ff: Some(need_usize(cfg, "intermediate_size")?),
+            ..Experts::SOFTMAX
+        })),
         Family::Mixtral => Ok(Some(Experts {
             count: need_usize(cfg, "num_local_experts")?,
             used: need_usize(cfg, "num_experts_per_tok")?,
@@ -1172,20 +1206,20 @@ fn sliding_window(
         Family::Llama | Family::Glm4Moe | Family::DeepseekV2 | Family::DeepseekV3 => {
             return Ok(None);
         }
-        Family::Gemma2 | Family::Gemma3 => {
+        Family::Gemma2 | Family::Gemma3 | Family::GptOss => {
             if window.is_none() {
                 return Err(bad(
                     "sliding_window",
-                    "missing (Gemma slides on most layers)",
+                    "missing (this family slides on most layers)",
                 ));
             }
             match sliding_layers(cfg, n_layer)? {
                 Some(layers) => layers,
-                // transformers' defaults: Gemma 2 alternates, Gemma 3 has one global layer
-                // in every `sliding_window_pattern` (6).
+                // transformers' defaults: Gemma 2 and gpt-oss alternate, Gemma 3 has one
+                // global layer in every `sliding_window_pattern` (6).
                 None => {
                     let every = match family {
-                        Family::Gemma2 => 2,
+                        Family::Gemma2 | Family::GptOss => 2,
                         _ => get_usize(cfg, "sliding_window_pattern")?
                             .unwrap_or(6)
                             .max(1),
@@ -1372,5 +1406,35 @@ mod tests {
         assert_eq!(q("").sliding_window, None);
         let sw = q(r#","use_sliding_window":true"#).sliding_window.unwrap();
         assert_eq!(sw.layers, [false, false, true, true]);
+    }
+
+    #[test]
+    fn gpt_oss_keys_and_refusals() {
+        let oss = |extra: &str| {
+            HfConfig::from_json(&format!(
+                r#"{{"architectures":["GptOssForCausalLM"],"num_hidden_layers":3,"hidden_size":64,
+                "intermediate_size":32,"num_attention_heads":4,"num_key_value_heads":2,
+                "head_dim":16,"vocab_size":100,"num_local_experts":4,"num_experts_per_tok":2,
+                "sliding_window":8{extra}}}"#
+            ))
+        };
+        let yarn = r#","rope_parameters":{"rope_type":"yarn","factor":32.0,
+            "original_max_position_embeddings":4096,"rope_theta":150000.0,"truncate":false}"#;
+        let c = oss(yarn).unwrap();
+        assert_eq!(c.family.gguf_arch(), "gpt-oss");
+        assert_eq!(c.sliding_window.unwrap().layers, [true, false, true]);
+        assert_eq!(c.experts.unwrap().ff, Some(32));
+        assert_eq!(c.yarn.unwrap().factor, 32.0);
+        // transformers rounds the correction dimensions unless told not to; the loader
+        // never rounds them for gpt-oss, so a config asking for it is refused.
+        let e = oss(&yarn.replace("false", "true")).unwrap_err();
+        assert!(e.to_string().contains("truncate"), "{e}");
+        let e = oss(&format!("{yarn},\"swiglu_limit\":10.0")).unwrap_err();
+        assert!(e.to_string().contains("swiglu_limit"), "{e}");
+        // Every other family rounds: `truncate = false` there is refused.
+        let e = cfg(r#","rope_scaling":{"rope_type":"yarn","factor":4.0,
+            "original_max_position_embeddings":32,"truncate":false}"#)
+        .unwrap_err();
+        assert!(e.to_string().contains("truncate"), "{e}");
     }
 }

@@ -6,8 +6,12 @@
 //! `block_sparse_moe.experts.E.w1.weight`) and transformers 5's fused expert tensors
 //! (`mlp.experts.gate_up_proj`, `mlp.experts.down_proj`) are reported as such, so the
 //! caller can stack or split them into llama.cpp's 3-D `ffn_{gate,up,down}_exps`.
+//! gpt-oss names its router, sinks and FFN norm its own way and stores its experts
+//! transposed, gate and up interleaved, with biases (`Mapped::OssGateUp`, `OssDown`).
 
 use ferrite_arch::{GlobalTensor, Kind, TensorRole};
+
+use crate::Family;
 
 /// Which expert matrix.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -43,6 +47,11 @@ pub(crate) enum Mapped {
     FusedGateUp { layer: usize },
     /// transformers 5's `[experts, d, ff]` down projections of one layer.
     FusedDown { layer: usize },
+    /// gpt-oss's `[experts, d, 2·ff]` gate and up projections (`bias`: its `[experts, 2·ff]`
+    /// biases), gate and up alternating along the last dimension.
+    OssGateUp { layer: usize, bias: bool },
+    /// gpt-oss's `[experts, ff, d]` down projections, transposed to llama.cpp's layout.
+    OssDown { layer: usize },
     /// DeepSeek's `kv_b_proj` of one layer: per head the key decompression, then the
     /// value's; split into llama.cpp's `attn_k_b` (transposed) and `attn_v_b`.
     KvB { layer: usize },
@@ -76,10 +85,11 @@ pub(crate) fn text_model_name(name: &str) -> Option<String> {
     Some(name.to_owned())
 }
 
-/// Maps one checkpoint name; `None` when it has no GGUF name. `gemma`: Gemma's four
+/// Maps one checkpoint name of `family`; `None` when it has no GGUF name. Gemma has four
 /// per-layer norms (its `post_attention_layernorm` is the attention output's norm, and
 /// `pre_feedforward_layernorm` the FFN input's).
-pub(crate) fn map(name: &str, gemma: bool) -> Option<Mapped> {
+pub(crate) fn map(name: &str, family: Family) -> Option<Mapped> {
+    let gemma = family.gemma();
     let plain = |t: GlobalTensor| Some(Mapped::Plain(t.name().to_owned()));
     match name {
         "model.embed_tokens.weight" => return plain(GlobalTensor::TokenEmbd),
@@ -101,6 +111,11 @@ pub(crate) fn map(name: &str, gemma: bool) -> Option<Mapped> {
             None => (rest, None),
         },
     };
+    if family == Family::GptOss
+        && let Some(m) = map_gpt_oss(layer, stem, kind)
+    {
+        return Some(m);
+    }
     let moe = stem
         .strip_prefix("mlp.")
         .or_else(|| stem.strip_prefix("block_sparse_moe."));
@@ -140,6 +155,23 @@ pub(crate) fn map(name: &str, gemma: bool) -> Option<Mapped> {
         _ => return None,
     };
     Some(Mapped::Plain(role.name(layer, kind?)))
+}
+
+/// gpt-oss's own names (llama.cpp's: the norm before its FFN is `post_attention_norm`).
+fn map_gpt_oss(layer: usize, stem: &str, kind: Option<Kind>) -> Option<Mapped> {
+    let plain = |role: TensorRole, kind: Kind| Some(Mapped::Plain(role.name(layer, kind)));
+    match (stem, kind) {
+        ("post_attention_layernorm", Some(Kind::Weight)) => {
+            plain(TensorRole::PostAttentionNorm, Kind::Weight)
+        }
+        ("self_attn.sinks", None) => plain(TensorRole::AttnSinks, Kind::Weight),
+        ("mlp.router", Some(k)) => plain(TensorRole::FfnGateInp, k),
+        ("mlp.experts.gate_up_proj", None) => Some(Mapped::OssGateUp { layer, bias: false }),
+        ("mlp.experts.gate_up_proj_bias", None) => Some(Mapped::OssGateUp { layer, bias: true }),
+        ("mlp.experts.down_proj", None) => Some(Mapped::OssDown { layer }),
+        ("mlp.experts.down_proj_bias", None) => plain(TensorRole::FfnDownExps, Kind::Bias),
+        _ => None,
+    }
 }
 
 fn map_moe(layer: usize, moe: &str, kind: Option<Kind>) -> Option<Mapped> {
@@ -187,7 +219,7 @@ mod tests {
     use super::*;
 
     fn map_llama(name: &str) -> Option<Mapped> {
-        map(name, false)
+        map(name, Family::Llama)
     }
 
     #[test]
@@ -222,10 +254,16 @@ mod tests {
             ("post_feedforward_layernorm", "post_ffw_norm"),
         ] {
             let name = format!("model.layers.2.{hf}.weight");
-            assert_eq!(map(&name, true), plain(&format!("blk.2.{gguf}.weight")));
+            assert_eq!(
+                map(&name, Family::Gemma3),
+                plain(&format!("blk.2.{gguf}.weight"))
+            );
         }
         assert_eq!(
-            map("model.layers.0.pre_feedforward_layernorm.weight", false),
+            map(
+                "model.layers.0.pre_feedforward_layernorm.weight",
+                Family::Llama
+            ),
             None
         );
     }
@@ -291,6 +329,38 @@ mod tests {
             Some(Mapped::FusedGateUp { layer: 5 })
         );
         assert_eq!(ExpertPart::Gate.gguf_name(4), "blk.4.ffn_gate_exps.weight");
+    }
+
+    /// gguf-py's names for gpt-oss's own tensors.
+    #[test]
+    fn maps_gpt_oss_names_like_gguf_py() {
+        let oss = |n: &str| map(&format!("model.layers.1.{n}"), Family::GptOss);
+        for (hf, gguf) in [
+            (
+                "post_attention_layernorm.weight",
+                "blk.1.post_attention_norm.weight",
+            ),
+            ("self_attn.sinks", "blk.1.attn_sinks.weight"),
+            ("mlp.router.weight", "blk.1.ffn_gate_inp.weight"),
+            ("mlp.router.bias", "blk.1.ffn_gate_inp.bias"),
+            ("mlp.experts.down_proj_bias", "blk.1.ffn_down_exps.bias"),
+            ("self_attn.o_proj.bias", "blk.1.attn_output.bias"),
+        ] {
+            assert_eq!(oss(hf), plain(gguf), "{hf}");
+        }
+        assert_eq!(
+            oss("mlp.experts.gate_up_proj_bias"),
+            Some(Mapped::OssGateUp {
+                layer: 1,
+                bias: true
+            })
+        );
+        assert_eq!(
+            oss("mlp.experts.down_proj"),
+            Some(Mapped::OssDown { layer: 1 })
+        );
+        // MXFP4 blocks are not mapped: the converter refuses them by name.
+        assert_eq!(oss("mlp.experts.gate_up_proj_blocks"), None);
     }
 
     /// gguf-py's names for DeepSeek V3's and GLM-4.5's shared experts and selection bias.

@@ -33,6 +33,19 @@ pub(crate) enum Item {
         layer: usize,
         hf: String,
     },
+    /// gpt-oss's gate (`gate`) or up columns of its fused `gate_up_proj` (or of its bias),
+    /// transposed to llama.cpp's `[experts, ff, d]`.
+    OssHalf {
+        layer: usize,
+        gate: bool,
+        bias: bool,
+        hf: String,
+    },
+    /// gpt-oss's `down_proj`, transposed to `[experts, d, ff]`.
+    OssDown {
+        layer: usize,
+        hf: String,
+    },
     /// One half of DeepSeek's `kv_b_proj`: the keys' (`attn_k_b`) or the values'.
     KvBHalf {
         layer: usize,
@@ -67,8 +80,8 @@ impl<'a> Plan<'a> {
         let mut stacks = Stacks::new();
         let n_experts = c.experts.map_or(0, |e| e.count);
         for hf in checkpoint.names() {
-            let mapped = names::map(hf, c.family.gemma())
-                .ok_or_else(|| ConvertError::UnmappedTensor(hf.into()))?;
+            let mapped =
+                names::map(hf, c.family).ok_or_else(|| ConvertError::UnmappedTensor(hf.into()))?;
             let layer = hf
                 .strip_prefix("model.layers.")
                 .and_then(|r| r.split('.').next())
@@ -81,7 +94,11 @@ impl<'a> Plan<'a> {
             }
             let expert_tensor = matches!(
                 mapped,
-                Mapped::Expert { .. } | Mapped::FusedGateUp { .. } | Mapped::FusedDown { .. }
+                Mapped::Expert { .. }
+                    | Mapped::FusedGateUp { .. }
+                    | Mapped::FusedDown { .. }
+                    | Mapped::OssGateUp { .. }
+                    | Mapped::OssDown { .. }
             );
             if expert_tensor && n_experts == 0 {
                 // Expert weights in a model whose config declares no experts.
@@ -125,6 +142,20 @@ impl<'a> Plan<'a> {
                     }
                 }
                 Mapped::FusedDown { layer } => items.push(Item::FusedDown {
+                    layer,
+                    hf: hf.into(),
+                }),
+                Mapped::OssGateUp { layer, bias } => {
+                    for gate in [true, false] {
+                        items.push(Item::OssHalf {
+                            layer,
+                            gate,
+                            bias,
+                            hf: hf.into(),
+                        });
+                    }
+                }
+                Mapped::OssDown { layer } => items.push(Item::OssDown {
                     layer,
                     hf: hf.into(),
                 }),
@@ -290,6 +321,48 @@ impl<'a> Plan<'a> {
                     shape: vec![e, two_ff / 2, d],
                 })
             }
+            Item::OssHalf {
+                layer,
+                gate,
+                bias,
+                hf,
+            } => {
+                let t = self.tensor(hf)?;
+                let src = float_type(hf, &t)?;
+                let (e, d, ff) = (self.n_experts(), self.c.d_model, self.c.d_ff);
+                let (want, shape) = if *bias {
+                    (vec![e, 2 * ff], vec![e, ff])
+                } else {
+                    (vec![e, d, 2 * ff], vec![e, ff, d])
+                };
+                check_shape(hf, &t, &want)?;
+                let part = if *gate {
+                    ExpertPart::Gate
+                } else {
+                    ExpertPart::Up
+                };
+                let role_name = part.gguf_name(*layer);
+                Ok(Described {
+                    gguf: if *bias {
+                        role_name.replace(".weight", ".bias")
+                    } else {
+                        role_name
+                    },
+                    src,
+                    shape: shape.iter().map(|&n| n as u64).collect(),
+                })
+            }
+            Item::OssDown { layer, hf } => {
+                let t = self.tensor(hf)?;
+                let src = float_type(hf, &t)?;
+                let (e, d, ff) = (self.n_experts(), self.c.d_model, self.c.d_ff);
+                check_shape(hf, &t, &[e, ff, d])?;
+                Ok(Described {
+                    gguf: ExpertPart::Down.gguf_name(*layer),
+                    src,
+                    shape: [e, d, ff].map(|n| n as u64).to_vec(),
+                })
+            }
             Item::KvBHalf { layer, key, hf } => {
                 let t = self.tensor(hf)?;
                 let src = float_type(hf, &t)?;
@@ -367,6 +440,22 @@ impl<'a> Plan<'a> {
                 ))
             }
             Item::FusedDown { hf, .. } => Cow::Borrowed(self.tensor(hf)?.data),
+            Item::OssHalf { gate, bias, hf, .. } => {
+                let (e, ff) = (self.n_experts(), self.c.d_ff);
+                let rows = if *bias { 1 } else { self.c.d_model };
+                Cow::Owned(tensors::transposed_columns(
+                    self.tensor(hf)?.data,
+                    (e, rows, 2 * ff),
+                    usize::from(!*gate),
+                    d.src.type_size() as usize,
+                ))
+            }
+            Item::OssDown { hf, .. } => Cow::Owned(tensors::transpose_blocks(
+                self.tensor(hf)?.data,
+                self.n_experts(),
+                self.c.d_ff,
+                d.src.type_size() as usize,
+            )),
             Item::KvBHalf { key, hf, .. } => {
                 let (nh, (nope, v, _)) = (self.c.n_head, self.kv_b_dims());
                 let data = self.tensor(hf)?.data;
@@ -391,6 +480,11 @@ impl<'a> Plan<'a> {
         })
     }
 
+    /// Experts per layer (0 for a dense model).
+    fn n_experts(&self) -> usize {
+        self.c.experts.map_or(0, |e| e.count)
+    }
+
     /// `(qk_nope_head_dim, v_head_dim, kv_lora_rank)` of a latent-attention model.
     fn kv_b_dims(&self) -> (usize, usize, usize) {
         self.c
@@ -407,6 +501,23 @@ fn float_type(hf: &str, t: &TensorRef<'_>) -> Result<GgmlType, ConvertError> {
             t.info.dtype
         ),
     })
+}
+
+/// Refuses tensor `hf` unless its shape is `want`.
+fn check_shape(hf: &str, t: &TensorRef<'_>, want: &[usize]) -> Result<(), ConvertError> {
+    if t.info
+        .shape
+        .iter()
+        .map(|&n| n as usize)
+        .eq(want.iter().copied())
+    {
+        Ok(())
+    } else {
+        Err(ConvertError::BadTensor {
+            tensor: hf.to_owned(),
+            reason: format!("shape {:?}, expected {want:?}", t.info.shape),
+        })
+    }
 }
 
 fn fused_shape(hf: &str) -> ConvertError {

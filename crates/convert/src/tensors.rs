@@ -64,6 +64,27 @@ pub(crate) fn slice_rows_per_block(
     out
 }
 
+/// Of each of the `blocks` row-major `rows × cols` matrices of `elem`-byte values, every
+/// second column from column `first` (gpt-oss's interleaved gate and up), written as the
+/// rows of a `cols / 2 × rows` matrix (transposed).
+pub(crate) fn transposed_columns(
+    bytes: &[u8],
+    (blocks, rows, cols): (usize, usize, usize),
+    first: usize,
+    elem: usize,
+) -> Vec<u8> {
+    let mut out = Vec::with_capacity(bytes.len() / 2);
+    for b in 0..blocks {
+        for c in (first..cols).step_by(2) {
+            for r in 0..rows {
+                let at = ((b * rows + r) * cols + c) * elem;
+                out.extend_from_slice(&bytes[at..at + elem]);
+            }
+        }
+    }
+    out
+}
+
 /// Each of `blocks` row-major `rows × cols` matrices of `elem`-byte values (cols from the
 /// bytes) transposed in place of itself: `cols × rows`.
 pub(crate) fn transpose_blocks(bytes: &[u8], blocks: usize, rows: usize, elem: usize) -> Vec<u8> {
@@ -173,6 +194,21 @@ mod tests {
         let b = [0u8, 1, 2, 3, 4, 5, 6, 7];
         assert_eq!(slice_rows_per_block(&b, 2, 4, 0, 2), [0, 1, 4, 5]);
         assert_eq!(slice_rows_per_block(&b, 2, 4, 2, 4), [2, 3, 6, 7]);
+    }
+
+    #[test]
+    fn gpt_oss_interleaved_columns_transposed() {
+        // Two experts of 2 rows × 4 one-byte columns (g0 u0 g1 u1).
+        let b = [0u8, 1, 2, 3, 10, 11, 12, 13, 20, 21, 22, 23, 30, 31, 32, 33];
+        // Gate: columns 0 and 2 of each expert, as rows of the transposed matrix.
+        assert_eq!(
+            transposed_columns(&b, (2, 2, 4), 0, 1),
+            [0, 10, 2, 12, 20, 30, 22, 32]
+        );
+        assert_eq!(
+            transposed_columns(&b, (2, 2, 4), 1, 1),
+            [1, 11, 3, 13, 21, 31, 23, 33]
+        );
     }
 
     #[test]

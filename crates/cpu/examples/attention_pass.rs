@@ -77,7 +77,7 @@ fn main() {
                     out,
                 })
                 .collect();
-            attend_many(&pool, &shape, l, &mut jobs);
+            attend_many(&pool, &shape, l, None, &mut jobs);
         }
         best = best.min(start.elapsed().as_secs_f64());
     }

@@ -5,7 +5,8 @@
 //! window `w` is set, `p - kv < w` (transformers' `kv > q - w`, llama.cpp's standard SWA).
 //! Keys and values are read in place from the cache, in its element type (the kernels widen
 //! f16 and q8 blocks exactly as they load them), and each KV head's are shared by every
-//! query head of its group (grouped-query attention).
+//! query head of its group (grouped-query attention). Attention sinks (gpt-oss) add one
+//! logit per head to the softmax's denominator, a share of the weight that reads no value.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
@@ -52,6 +53,7 @@ pub fn attend(
         pool,
         shape,
         layer,
+        None,
         &mut [AttnJob {
             cache,
             pos0,
@@ -79,8 +81,14 @@ pub struct AttnJob<'a> {
 /// pass per sequence. A decode batch has only a few items per sequence, so per-sequence
 /// passes left the threads mostly waiting on each other. Each job's output has the same bits
 /// as [`attend`] on it alone: items are the same per-head computations, only handed out
-/// differently.
-pub fn attend_many(pool: &ThreadPool, shape: &AttnShape, layer: usize, jobs: &mut [AttnJob<'_>]) {
+/// differently. `sinks` holds one logit per query head, or is `None`.
+pub fn attend_many(
+    pool: &ThreadPool,
+    shape: &AttnShape,
+    layer: usize,
+    sinks: Option<&[f32]>,
+    jobs: &mut [AttnJob<'_>],
+) {
     let hd = shape.head_dim;
     let vd = shape.values.dim(hd);
     let n_kv = shape.n_kv_head.max(1);
@@ -153,6 +161,7 @@ pub fn attend_many(pool: &ThreadPool, shape: &AttnShape, layer: usize, jobs: &mu
                 lo,
                 hi,
                 step,
+                sinks: sinks.map(|s| &s[h0..h0 + block]),
             };
             let o = match rows {
                 KvRows::F16 { k, v } => heads(level, shape, &keys, k, v, qs, group_heads, buf),
@@ -170,14 +179,15 @@ type JobView<'a> = (KvRows<'a>, &'a [f32], usize);
 
 /// The keys one work item sees: KV heads `g..g + groups` (`hd` values each, rows every
 /// `kvd` values) at row offsets `lo..hi` from the job's first visible position, taken
-/// `step` rows at a time by each group in turn.
-struct Keys {
+/// `step` rows at a time by each group in turn; the item's heads' sink logits, if any.
+struct Keys<'a> {
     kvd: usize,
     g: usize,
     groups: usize,
     lo: usize,
     hi: usize,
     step: usize,
+    sinks: Option<&'a [f32]>,
 }
 
 /// Rows of keys (values) that the scores (value sums) of all an item's groups take in turn
@@ -196,7 +206,7 @@ const KEY_BLOCK: usize = PREFETCH_ROWS;
 fn heads<'b, X: RowElem>(
     level: SimdLevel,
     shape: &AttnShape,
-    keys: &Keys,
+    keys: &Keys<'_>,
     k: &[X],
     v: &[X],
     q: &[f32],
@@ -234,17 +244,24 @@ fn heads<'b, X: RowElem>(
             let _ = dot_rows(level, &qs[..group_heads], kb, kvd, hd, nb, out, len);
         }
     }
-    for s in sc.chunks_exact_mut(len) {
-        match shape.softcap {
+    for (h, s) in sc.chunks_exact_mut(len).enumerate() {
+        let scale = match shape.softcap {
             // Gemma 2: the cap applies to the scaled scores, so the softmax gets scale 1.
             Some(cap) => {
                 s.iter_mut()
                     .for_each(|x| *x = cap * (*x * shape.scale / cap).tanh());
-                let _ = softmax_scaled(level, 1.0, s);
+                1.0
             }
-            None => {
-                let _ = softmax_scaled(level, shape.scale, s);
-            }
+            None => shape.scale,
+        };
+        let top = s.iter().copied().fold(f32::NEG_INFINITY, f32::max) * scale;
+        let _ = softmax_scaled(level, scale, s);
+        if let Some(sinks) = keys.sinks {
+            // The softmax gave the top score exp(0) / z, so `z = 1 / p_top`; the sink
+            // joins the denominator: p_j · z / (z + exp(sink - top)).
+            let p_top = s.iter().copied().fold(0.0f32, f32::max);
+            let keep = 1.0 / (1.0 + (sinks[h] - top).exp() * p_top);
+            s.iter_mut().for_each(|p| *p *= keep);
         }
     }
     for j0 in (0..len).step_by(step) {
@@ -580,7 +597,7 @@ mod tests {
                     out,
                 })
                 .collect();
-            attend_many(&pool, &shape, 1, &mut jobs);
+            attend_many(&pool, &shape, 1, None, &mut jobs);
             drop(jobs);
             for (i, (got, want)) in outs.iter().zip(&alone).enumerate() {
                 assert!(want.iter().all(|v| v.is_finite()));

@@ -10,15 +10,17 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use ferrite_backend::{
-    Act, AttnShape, Backend, BackendError, ExpertBufs, HostMatrix, KvType, Op, Result, Rope,
-    RouteRule, Routing, Segment, Support, Values,
+    Act, AttnShape, Backend, BackendError, ExpertBufs, ExpertFfn, HostMatrix, KvType, Op, Result,
+    Rope, RouteRule, Routing, Segment, Support, Values,
 };
 use ferrite_quant::kernels::{GatedAct, gated_act};
 use ferrite_quant::simd_level;
 
 use crate::attention::{AttnJob, attend_many};
 use crate::kv::KvCache;
-use crate::ops::{RopeTable, add_assign, gelu_tanh, rms_norm, rope_scaled, silu};
+use crate::ops::{
+    RopeTable, add_assign, add_rows, gated_scalar, rms_norm, rope_scaled, swiglu_oai,
+};
 use crate::positions::{Rotary, rotate_and_store};
 use crate::{CpuError, Matrix, ThreadPool, matmul, matmul_shared};
 
@@ -374,9 +376,7 @@ impl Backend for CpuBackend<'_> {
                 format!("{len} values in rows of {dim} with a bias of {}", b.len()),
             ));
         }
-        for row in get_mut("add_bias", x, 0, len)?.chunks_exact_mut(dim) {
-            add_assign(row, b);
-        }
+        add_rows(get_mut("add_bias", x, 0, len)?, b);
         Ok(())
     }
 
@@ -396,6 +396,13 @@ impl Backend for CpuBackend<'_> {
         let act = match act {
             Act::Silu => GatedAct::Silu,
             Act::GeluTanh => GatedAct::GeluTanh,
+            // gpt-oss runs it in its experts only; no vector kernel.
+            Act::SwigluOai => {
+                for (g, &u) in gate.iter_mut().zip(up) {
+                    *g = swiglu_oai(*g, u);
+                }
+                return Ok(());
+            }
         };
         let level = simd_level();
         let pool = self.pool;
@@ -552,10 +559,19 @@ impl Backend for CpuBackend<'_> {
         shape: &AttnShape,
         layer: usize,
         q: &Vec<f32>,
+        sinks: Option<&[f32]>,
         segs: &[Segment<'_, KvCache>],
         out: &mut Vec<f32>,
     ) -> Result<()> {
         let kv_dim = mul("attention", shape.n_kv_head, shape.head_dim)?;
+        if let Some(s) = sinks
+            && s.len() != shape.n_head
+        {
+            return Err(bad(
+                "attention",
+                format!("{} sink logits for {} heads", s.len(), shape.n_head),
+            ));
+        }
         let qd = mul("attention", shape.n_head, shape.head_dim)?;
         shape
             .values
@@ -592,7 +608,7 @@ impl Backend for CpuBackend<'_> {
                 out: att_seg,
             });
         }
-        attend_many(self.pool, shape, layer, &mut jobs);
+        attend_many(self.pool, shape, layer, sinks, &mut jobs);
         Ok(())
     }
 
@@ -625,7 +641,7 @@ impl Backend for CpuBackend<'_> {
         &self,
         x: &Vec<f32>,
         routing: &Routing,
-        experts: &dyn Fn(usize) -> [Matrix<'w>; 3],
+        experts: &dyn Fn(usize) -> ExpertFfn<Matrix<'w>, &'w [f32]>,
         act: Act,
         bufs: &mut ExpertBufs<Vec<f32>>,
         out: &mut Vec<f32>,
@@ -635,7 +651,7 @@ impl Backend for CpuBackend<'_> {
     {
         const OP: &str = "moe_experts";
         let (n, k) = (routing.rows(), routing.k());
-        let Some([g0, _, d0]) = (routing.n_expert() > 0).then(|| experts(0)) else {
+        let Some([g0, _, d0]) = (routing.n_expert() > 0).then(|| experts(0).mats) else {
             return Err(bad(OP, "no experts"));
         };
         let (d, ff) = (d0.rows, g0.rows);
@@ -648,21 +664,29 @@ impl Backend for CpuBackend<'_> {
         let out = get_mut(OP, out, 0, n * d)?;
         // The expert FFN's activation is the scalar one, element by element: a routed row's
         // bits then do not depend on where in the gathered block it falls.
-        let f: fn(f32) -> f32 = match act {
-            Act::Silu => silu,
-            Act::GeluTanh => gelu_tanh,
-        };
+        let f = gated_scalar(act);
         for e in 0..routing.n_expert() {
             let pairs = routing.pairs(e);
             let m = pairs.len();
             if m == 0 {
                 continue;
             }
-            let [wg, wu, wd] = experts(e);
+            let ExpertFfn {
+                mats: [wg, wu, wd],
+                bias,
+            } = experts(e);
             if (wg.rows, wu.rows, wd.rows, wg.cols, wd.cols) != (ff, ff, d, d, ff) {
                 return Err(bad(
                     OP,
                     format!("expert {e} has another shape than expert 0"),
+                ));
+            }
+            if let Some([bg, bu, bd]) = bias
+                && (bg.len(), bu.len(), bd.len()) != (ff, ff, d)
+            {
+                return Err(bad(
+                    OP,
+                    format!("expert {e}'s biases are not {ff}, {ff}, {d}"),
                 ));
             }
             for (r, &i) in pairs.iter().enumerate() {
@@ -677,10 +701,17 @@ impl Backend for CpuBackend<'_> {
             );
             matmul_shared(self.pool, &[wg, wu], xg, m, &mut [&mut *gate, &mut *up])
                 .map_err(kernel(OP))?;
+            if let Some([bg, bu, _]) = bias {
+                add_rows(gate, bg);
+                add_rows(up, bu);
+            }
             for (a, &u) in gate.iter_mut().zip(up.iter()) {
-                *a = f(*a) * u;
+                *a = f(*a, u);
             }
             matmul(self.pool, wd, gate, m, y).map_err(kernel(OP))?;
+            if let Some([_, _, bd]) = bias {
+                add_rows(y, bd);
+            }
             for (r, &i) in pairs.iter().enumerate() {
                 bufs.slots[i * d..(i + 1) * d].copy_from_slice(&y[r * d..(r + 1) * d]);
             }

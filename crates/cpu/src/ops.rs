@@ -183,6 +183,31 @@ pub fn gelu_tanh(x: f32) -> f32 {
     0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + 0.044_715 * x * x * x)).tanh())
 }
 
+/// gpt-oss's clamped SwiGLU of one gate and up value ([`ferrite_backend::Act::SwigluOai`]).
+pub fn swiglu_oai(gate: f32, up: f32) -> f32 {
+    use ferrite_backend::Act;
+    let limit = Act::SWIGLU_OAI_LIMIT;
+    let g = gate.min(limit);
+    g / (1.0 + (-Act::SWIGLU_OAI_ALPHA * g).exp()) * (up.clamp(-limit, limit) + 1.0)
+}
+
+/// `act(gate) · up` for one pair, the scalar form of each activation.
+pub fn gated_scalar(act: ferrite_backend::Act) -> fn(f32, f32) -> f32 {
+    use ferrite_backend::Act;
+    match act {
+        Act::Silu => |g, u| silu(g) * u,
+        Act::GeluTanh => |g, u| gelu_tanh(g) * u,
+        Act::SwigluOai => swiglu_oai,
+    }
+}
+
+/// Adds `b` to every `b.len()`-value row of `x` (whose length is a multiple of it).
+pub fn add_rows(x: &mut [f32], b: &[f32]) {
+    for row in x.chunks_exact_mut(b.len().max(1)) {
+        add_assign(row, b);
+    }
+}
+
 /// Replaces `x` by its softmax. An empty slice is left alone.
 pub fn softmax(x: &mut [f32]) {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);

@@ -40,10 +40,15 @@ fn expert_grid(rows: usize, y: usize) -> LaunchConfig {
     }
 }
 
-fn act_code(act: Activation) -> i32 {
+/// The gated kernels' code of `act`; the clamped SwiGLU (gpt-oss) has no kernel, and a
+/// model with it is refused at load.
+pub(crate) fn act_code(act: Activation) -> Result<i32, CudaError> {
     match act {
-        Activation::Silu => 0,
-        Activation::GeluTanh => 1,
+        Activation::Silu => Ok(0),
+        Activation::GeluTanh => Ok(1),
+        Activation::SwigluOai => Err(CudaError::UnsupportedFeature(
+            "the clamped SwiGLU (gpt-oss)",
+        )),
     }
 }
 
@@ -232,7 +237,7 @@ impl CudaBackend {
             )));
         }
         let name = weight_kernels(wg.ty).map_or("none", |kn| kn.moe_gated);
-        let (rows, cols, a, k32) = (wg.rows as i32, wg.cols as i32, act_code(act), k as i32);
+        let (rows, cols, a, k32) = (wg.rows as i32, wg.cols as i32, act_code(act)?, k as i32);
         let mut b = self.kernel(name)?;
         b.arg(&wg.data)
             .arg(&wu.data)

@@ -17,8 +17,8 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::driver::CudaSlice;
 use ferrite_backend::{
-    Act, AttnShape as ContractShape, Backend, BackendError, ExpertBufs, HostMatrix, KvType, Op,
-    Rope, RouteRule, Routing, Segment, Support, Values,
+    Act, AttnShape as ContractShape, Backend, BackendError, ExpertBufs, ExpertFfn, HostMatrix,
+    KvType, Op, Rope, RouteRule, Routing, Segment, Support, Values,
 };
 use ferrite_model::Activation;
 
@@ -86,10 +86,12 @@ fn check(op: &'static str, have: usize, at: usize, len: usize) -> Result<()> {
     }
 }
 
-fn activation(act: Act) -> Activation {
+/// The kernels' activation, or `None` where no kernel computes `act`.
+fn activation(act: Act) -> Option<Activation> {
     match act {
-        Act::Silu => Activation::Silu,
-        Act::GeluTanh => Activation::GeluTanh,
+        Act::Silu => Some(Activation::Silu),
+        Act::GeluTanh => Some(Activation::GeluTanh),
+        Act::SwigluOai => None,
     }
 }
 
@@ -299,9 +301,17 @@ impl Backend for CudaOps<'_> {
             | Op::AddNorm
             | Op::Add
             | Op::AddBias
-            | Op::Copy
-            | Op::GatedAct { .. } => Support::Native,
+            | Op::Copy => Support::Native,
+            Op::GatedAct { act } => match activation(act) {
+                Some(_) => Support::Native,
+                None => {
+                    Support::Unsupported("no CUDA kernel of the clamped SwiGLU (gpt-oss)".into())
+                }
+            },
             Op::KvStore { kv } | Op::RopeStore { kv, .. } => f16_only(kv),
+            Op::Attention { sinks: true, .. } => {
+                Support::Unsupported("the attention kernels have no sink logits (gpt-oss)".into())
+            }
             Op::Attention { softcap: true, .. } => {
                 Support::Unsupported("the attention kernels have no score soft-capping".into())
             }
@@ -587,10 +597,13 @@ impl Backend for CudaOps<'_> {
         n: usize,
         width: usize,
     ) -> Result<()> {
+        let Some(kernel_act) = activation(act) else {
+            return self.require(&Op::GatedAct { act });
+        };
         let len = n * width;
         check("gated_act", gate.len().min(up.len()), 0, len)?;
         self.dev
-            .gated(activation(act), gate, up, len)
+            .gated(kernel_act, gate, up, len)
             .map_err(kernel("gated_act"))
     }
 
@@ -728,10 +741,20 @@ impl Backend for CudaOps<'_> {
         s: &ContractShape,
         layer: usize,
         q: &CudaSlice<f32>,
+        sinks: Option<VectorId>,
         segs: &[Segment<'_, CudaKv>],
         out: &mut CudaSlice<f32>,
     ) -> Result<()> {
         let op = "attention";
+        if sinks.is_some() {
+            self.require(&Op::Attention {
+                kv: KvType::F16,
+                head_dim: s.head_dim,
+                softcap: false,
+                values: s.values,
+                sinks: true,
+            })?;
+        }
         let geometry = attn_shape(s)?;
         let (qdim, kv_dim) = (s.n_head * s.head_dim, geometry.kv_dim());
         let mut row = 0;
@@ -787,7 +810,7 @@ impl Backend for CudaOps<'_> {
         &self,
         _x: &CudaSlice<f32>,
         _routing: &Routing,
-        experts: &dyn Fn(usize) -> [MatrixId; 3],
+        experts: &dyn Fn(usize) -> ExpertFfn<MatrixId, VectorId>,
         act: Act,
         _bufs: &mut ExpertBufs<CudaSlice<f32>>,
         _out: &mut CudaSlice<f32>,
@@ -795,8 +818,13 @@ impl Backend for CudaOps<'_> {
     where
         Self: 'w,
     {
-        let ty = self.matrix(experts(0)[0]).ty;
-        self.require(&Op::MoeExperts { ty, act })
+        let first = experts(0);
+        let ty = self.matrix(first.mats[0]).ty;
+        self.require(&Op::MoeExperts {
+            ty,
+            act,
+            bias: first.bias.is_some(),
+        })
     }
 
     fn top_k(

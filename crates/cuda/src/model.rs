@@ -223,6 +223,9 @@ fn unported_math(c: &ferrite_model::ModelConfig) -> Option<&'static str> {
     if c.arch.features().fused {
         return Some("fused q/k/v and gate/up tensors");
     }
+    if c.arch.features().sinks || c.arch.features().expert_bias {
+        return Some("attention sinks, expert biases and the clamped SwiGLU (gpt-oss)");
+    }
     None
 }
 

@@ -289,10 +289,7 @@ impl CudaBackend {
         };
         let i8k = xq.and_then(|q| Some((q.buf, i8_kernels(wg.ty, q.planes)?)));
         let (rows, cols) = (wg.rows as i32, wg.cols as i32);
-        let a = match act {
-            Activation::Silu => 0i32,
-            Activation::GeluTanh => 1,
-        };
+        let a = crate::arch_ops::act_code(act)?;
         let nr = rows_per_warp(wg.rows, 2);
         let nr32 = nr as i32;
         let mut b = self.kernel(i8k.map_or(k.gated, |(_, k8)| k8.gated))?;
@@ -533,9 +530,9 @@ impl CudaBackend {
         u: &CudaSlice<f32>,
         n: usize,
     ) -> Result<(), CudaError> {
-        let name = match act {
-            Activation::Silu => "gate_silu_f32",
-            Activation::GeluTanh => "gate_gelu_f32",
+        let name = match crate::arch_ops::act_code(act)? {
+            0 => "gate_silu_f32",
+            _ => "gate_gelu_f32",
         };
         let n32 = n as i32;
         let mut b = self.kernel(name)?;

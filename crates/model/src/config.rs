@@ -43,6 +43,12 @@
 //!   expert layers with shared experts (softmax routing for V2; sigmoid with a selection
 //!   bias, groups and a weight scale for V3).
 //!
+//! - `gpt-oss`: q/k/v/o biases, half-split rope with YaRN (correction dimensions not
+//!   rounded, as its reference computes them), every other layer sliding (even ones,
+//!   unless `attention.sliding_window_pattern` says otherwise), a sink logit per head in
+//!   each softmax, routed experts only (softmax over the top k, router and expert biases)
+//!   with the clamped SwiGLU; its FFN norm is `post_attention_norm`.
+//!
 //! MoE, rope-factor, sliding-window and unsupported-feature keys are read in
 //! [`crate::features`].
 
@@ -64,6 +70,8 @@ pub enum Activation {
     Silu,
     /// GELU, tanh approximation.
     GeluTanh,
+    /// gpt-oss's clamped SwiGLU (`ferrite_backend::Act::SwigluOai`).
+    SwigluOai,
 }
 
 /// Per-layer attention settings.
@@ -170,6 +178,8 @@ const GEMMA3_LOCAL_ROPE_BASE: f32 = 10_000.0;
 const GEMMA3_GLOBAL_EVERY: usize = 6;
 /// Gemma 2 alternates sliding (even) and global (odd) layers.
 const GEMMA2_GLOBAL_EVERY: usize = 2;
+/// gpt-oss alternates sliding (even) and full (odd) layers (llama.cpp's swa pattern 2).
+const GPT_OSS_GLOBAL_EVERY: usize = 2;
 /// llama.cpp's Gemma 2 soft caps when the file has no keys.
 const GEMMA2_ATTN_SOFTCAP: f32 = 50.0;
 const GEMMA2_FINAL_SOFTCAP: f32 = 30.0;
@@ -398,8 +408,13 @@ impl ModelConfig {
             | Arch::Qwen3Moe
             | Arch::Phi3
             | Arch::Glm4Moe
-            | Arch::Deepseek2 => {
-                let windows = features::sliding_windows(g, a, n_layer)?;
+            | Arch::Deepseek2
+            | Arch::GptOss => {
+                let windows = if arch == Arch::GptOss {
+                    features::alternating_windows(g, a, n_layer, GPT_OSS_GLOBAL_EVERY)?
+                } else {
+                    features::sliding_windows(g, a, n_layer)?
+                };
                 let long = features::long_rope(g, arch, rope_dim, ctx_train)?;
                 let mla = if f.mla {
                     Some(crate::mla::from_gguf(
@@ -438,7 +453,11 @@ impl ModelConfig {
                         None => attn_factor * attn_factor / (head_dim as f32).sqrt(),
                     },
                     embed_scale: 1.0,
-                    activation: Activation::Silu,
+                    activation: if arch == Arch::GptOss {
+                        Activation::SwigluOai
+                    } else {
+                        Activation::Silu
+                    },
                     qk_norm,
                     post_norms: f.post_norms,
                     // Qwen 2 always has them (the table says so); llama/qwen3 checkpoints
@@ -467,22 +486,13 @@ impl ModelConfig {
                 }
             }
             Arch::Gemma3 | Arch::Gemma2 => {
-                let window = positive(
-                    &k(Key::SlidingWindow),
-                    usize_key(g, &k(Key::SlidingWindow))?,
-                )?;
                 let gemma2 = arch == Arch::Gemma2;
                 let every = if gemma2 {
                     GEMMA2_GLOBAL_EVERY
                 } else {
                     GEMMA3_GLOBAL_EVERY
                 };
-                let sliding = match g.get(&k(Key::SlidingWindowPattern)) {
-                    Some(_) => features::sliding_windows(g, a, n_layer)?,
-                    None => (0..n_layer)
-                        .map(|i| (i % every != every - 1).then_some(window))
-                        .collect(),
-                };
+                let sliding = features::alternating_windows(g, a, n_layer, every)?;
                 let layers = sliding
                     .into_iter()
                     .map(|window| LayerConfig {
@@ -883,7 +893,7 @@ mod tests {
                 "llama.rope.scaling.type",
                 Value::String("dynamic".into()),
             ),
-            ("mixtral", "llama.expert_gating_func", Value::U32(3)),
+            ("mixtral", "llama.expert_gating_func", Value::U32(4)),
             ("qwen2", "qwen2.final_logit_softcapping", Value::F32(30.0)),
             // Regression: gemma3 skipped these checks, so a file asking for soft-capping
             // loaded and ran without it, giving other logits than transformers.

@@ -116,9 +116,12 @@ pub(crate) fn moe(
         Some(_) => g.get_bool(&norm_key)?,
     };
     let gating_key = k(Key::ExpertGatingFunc);
-    // llama.cpp's enum: 1 softmax, 2 sigmoid.
+    // llama.cpp's enum: 1 softmax, 2 sigmoid, 3 softmax over the chosen logits (gpt-oss),
+    // which is softmax renormalised over the chosen experts.
+    let softmax_of_chosen = g.get(&gating_key).and_then(Value::as_integer) == Some(3);
+    let norm_topk = norm_topk || softmax_of_chosen;
     let gating = match g.get(&gating_key).map(Value::as_integer) {
-        None | Some(Some(1)) => Gating::Softmax,
+        None | Some(Some(1 | 3)) => Gating::Softmax,
         Some(Some(2)) => Gating::Sigmoid,
         Some(_) => {
             return Err(unsupported(
@@ -266,8 +269,14 @@ fn yarn_divisors(g: &Gguf, arch: Arch, head_dim: usize, base: f32) -> Result<Vec
     let corr = |rotations: f64| {
         dim * (orig / (rotations * 2.0 * std::f64::consts::PI)).ln() / (2.0 * ln_base)
     };
-    let low = corr(fast).floor().max(0.0);
-    let high = corr(slow).ceil().min(dim - 1.0);
+    // gpt-oss's reference (`truncate = false`) keeps the correction dimensions as they
+    // are; every other model's, and llama.cpp for all, round them outward.
+    let (low, high) = if arch == Arch::GptOss {
+        (corr(fast), corr(slow))
+    } else {
+        (corr(fast).floor(), corr(slow).ceil())
+    };
+    let (low, high) = (low.max(0.0), high.min(dim - 1.0));
     let span = if high == low { 0.001 } else { high - low };
     Ok((0..head_dim / 2)
         .map(|i| {
@@ -430,6 +439,25 @@ pub(crate) fn sliding_windows(
             "a window pattern that is not a bool per layer",
         )),
     }
+}
+
+/// Per-layer windows of a model whose every `every`-th layer is global (Gemma, gpt-oss):
+/// the window `{arch}.attention.sliding_window` is required, on the layers the pattern
+/// names when the file has one.
+pub(crate) fn alternating_windows(
+    g: &Gguf,
+    a: &str,
+    n_layer: usize,
+    every: usize,
+) -> Result<Vec<Option<usize>>, ModelError> {
+    // A missing window is reported by name; zero is refused by `sliding_windows`.
+    let window = g.get_u32(&Key::SlidingWindow.of(a))? as usize;
+    if g.get(&Key::SlidingWindowPattern.of(a)).is_some() || window == 0 {
+        return sliding_windows(g, a, n_layer);
+    }
+    Ok((0..n_layer)
+        .map(|i| (i % every != every - 1).then_some(window))
+        .collect())
 }
 
 /// A value that asks for nothing: zero (a disabled cap or count) or an empty array.

@@ -237,6 +237,7 @@ impl MlaWeights {
             head_dim,
             softcap: false,
             values,
+            sinks: false,
         })?)
     }
 }
@@ -414,7 +415,7 @@ pub(crate) fn attention<B: Weights>(
         softcap: None,
         values: c.kv_values(),
     };
-    b.attention(&shape, layer, io.q, segs, io.att)?;
+    b.attention(&shape, layer, io.q, None, segs, io.att)?;
     let v = mla.v_dim;
     per_head(
         b,

@@ -90,6 +90,8 @@ pub(crate) struct LayerWeights {
     pub(crate) qkv_bias: Option<[Vec<f32>; 3]>,
     /// Attention output bias.
     pub(crate) out_bias: Option<Vec<f32>>,
+    /// One sink logit per query head (gpt-oss).
+    pub(crate) sinks: Option<Vec<f32>>,
     pub(crate) ffn_norm: Vec<f32>,
     pub(crate) ffn: Ffn,
     pub(crate) post_ffn_norm: Option<Vec<f32>>,
@@ -140,6 +142,12 @@ pub(crate) fn dequantize_tensor(g: &Gguf, name: &str) -> Result<Vec<f32>, ModelE
         }
     })?;
     Ok(out)
+}
+
+/// `n` vectors of `len` values stored as one tensor (GGUF dims `[len, n]`), dequantized.
+pub(crate) fn vectors(g: &Gguf, name: &str, len: usize, n: usize) -> Result<Vec<f32>, ModelError> {
+    find_tensor(g, name, &[len as u64, n as u64])?;
+    dequantize_tensor(g, name)
 }
 
 pub(crate) fn vector(g: &Gguf, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
@@ -300,8 +308,24 @@ fn ffn(g: &Gguf, c: &ModelConfig, i: usize, p: Precision) -> Result<Ffn, ModelEr
     } else {
         None
     };
+    let expert_bias = c.arch.features().expert_bias;
+    let (router_bias, bias) = if expert_bias {
+        let b = |r: TensorRole, len: usize| vectors(g, &r.bias(i), len, e);
+        (
+            Some(vector(g, &TensorRole::FfnGateInp.bias(i), e)?),
+            Some([
+                b(TensorRole::FfnGateExps, ff)?,
+                b(TensorRole::FfnUpExps, ff)?,
+                b(TensorRole::FfnDownExps, d)?,
+            ]),
+        )
+    } else {
+        (None, None)
+    };
     Ok(Ffn::Moe(MoeWeights {
         router: matrix(g, &n(TensorRole::FfnGateInp), e, d, p)?,
+        router_bias,
+        bias,
         gate: stack(TensorRole::FfnGateExps, ff, d)?,
         up: stack(TensorRole::FfnUpExps, ff, d)?,
         down: stack(TensorRole::FfnDownExps, d, ff)?,
@@ -381,7 +405,8 @@ impl Model {
                 } else {
                     None
                 },
-                ffn_norm: vector(g, &n(TensorRole::FfnNorm), c.d_model)?,
+                sinks: opt_vec(TensorRole::AttnSinks, c.n_head, c.arch.features().sinks)?,
+                ffn_norm: vector(g, &n(c.arch.features().ffn_norm), c.d_model)?,
                 ffn: ffn(g, c, i, p)?,
                 post_ffn_norm: opt_vec(TensorRole::PostFfwNorm, c.d_model, c.post_norms)?,
             });
@@ -552,6 +577,9 @@ fn check_all_tensors_used(g: &Gguf, c: &ModelConfig) -> Result<(), ModelError> {
             out_bias: c.out_bias,
             fused: c.arch.features().fused,
             mla: c.mla.map(|m| m.q_lora_rank.is_some()),
+            sinks: c.arch.features().sinks,
+            expert_bias: experts.is_some() && c.arch.features().expert_bias,
+            ffn_norm: c.arch.features().ffn_norm,
         }
         .tensors()
     };

@@ -12,14 +12,14 @@
 
 use std::sync::OnceLock;
 
-use ferrite_backend::{Act, ExpertBufs, Routing};
+use ferrite_backend::{Act, ExpertBufs, ExpertFfn, Routing};
 use ferrite_cpu::{Matrix, PackedRows};
 use ferrite_gguf::{GgmlType, Gguf};
 
 use crate::ModelError;
 use crate::features::MoeConfig;
 use crate::model::{DenseFfn, Model, Weight};
-use crate::session::Weights;
+use crate::session::{Faults, Weights};
 
 /// One projection of every expert, stacked: GGUF dims `[cols, rows, n_expert]`, expert `e`
 /// being the `e`-th contiguous `rows × cols` matrix.
@@ -42,6 +42,10 @@ pub(crate) struct Experts {
 pub(crate) struct MoeWeights {
     /// Router `n_expert × d_model` (`ffn_gate_inp`).
     pub(crate) router: Weight,
+    /// The router's bias of its logits (gpt-oss).
+    pub(crate) router_bias: Option<Vec<f32>>,
+    /// Every expert's gate, up and down biases, expert after expert (gpt-oss).
+    pub(crate) bias: Option<[Vec<f32>; 3]>,
     pub(crate) gate: Experts,
     pub(crate) up: Experts,
     pub(crate) down: Experts,
@@ -161,7 +165,7 @@ pub(crate) fn ffn<B: Weights>(
     b: &B,
     model: &Model,
     w: &MoeWeights,
-    cfg: &MoeConfig,
+    (cfg, faults): (&MoeConfig, Faults),
     act: Act,
     xn: &B::Buf,
     n: usize,
@@ -169,6 +173,9 @@ pub(crate) fn ffn<B: Weights>(
     s: &mut MoeScratch<B::Buf>,
 ) -> Result<(), ModelError> {
     b.matmul(b.matrix(model, &w.router), xn, n, &mut s.router)?;
+    if let Some(rb) = w.router_bias.as_ref().filter(|_| !faults.drop_expert_bias) {
+        b.add_bias(&mut s.router, n * cfg.n_expert, b.vector(rb)?, cfg.n_expert)?;
+    }
     if !s.routing.begin(n, cfg.n_expert_used) {
         return Err(ModelError::InvalidArgument(format!(
             "{n} rows choosing {} experts do not fit the routing scratch",
@@ -181,12 +188,30 @@ pub(crate) fn ffn<B: Weights>(
         &cfg.rule,
         w.selection_bias.as_deref(),
     )?;
-    let experts = |e: usize| {
-        [
+    // Each expert's bias handles, made once per pass (the closure cannot fail).
+    let bias = match w.bias.as_ref().filter(|_| !faults.drop_expert_bias) {
+        None => None,
+        Some([bg, bu, bd]) => {
+            let (ff, d) = (w.gate.rows(), w.down.rows());
+            let mut each = Vec::with_capacity(cfg.n_expert);
+            for e in 0..cfg.n_expert {
+                let (f, dd) = (e * ff..(e + 1) * ff, e * d..(e + 1) * d);
+                each.push([
+                    b.vector(&bg[f.clone()])?,
+                    b.vector(&bu[f])?,
+                    b.vector(&bd[dd])?,
+                ]);
+            }
+            Some(each)
+        }
+    };
+    let experts = |e: usize| ExpertFfn {
+        mats: [
             b.expert(model, &w.gate, e),
             b.expert(model, &w.up, e),
             b.expert(model, &w.down, e),
-        ]
+        ],
+        bias: bias.as_ref().map(|v| v[e]),
     };
     b.moe_experts(xn, &s.routing, &experts, act, &mut s.bufs, out)?;
     let (runs, rows) = s.routing.runs();

@@ -93,21 +93,33 @@ fn rotate(
     }
 }
 
-/// `act(gate) · up`, element by element.
+/// `act(gate) · up`, element by element (gpt-oss's SwiGLU clamps both first and adds 1
+/// to `up`).
 fn gated(gate: &[f64], up: &[f64], activation: Activation) -> Vec<f64> {
+    let sigmoid = |x: f64| 1.0 / (1.0 + (-x).exp());
     gate.iter()
         .zip(up)
-        .map(|(&gv, &u)| {
-            let a = match activation {
-                Activation::Silu => gv / (1.0 + (-gv).exp()),
-                Activation::GeluTanh => {
-                    let k0 = (2.0 / std::f64::consts::PI).sqrt();
-                    0.5 * gv * (1.0 + (k0 * (gv + 0.044715 * gv * gv * gv)).tanh())
-                }
-            };
-            a * u
+        .map(|(&gv, &u)| match activation {
+            Activation::Silu => gv * sigmoid(gv) * u,
+            Activation::GeluTanh => {
+                let k0 = (2.0 / std::f64::consts::PI).sqrt();
+                0.5 * gv * (1.0 + (k0 * (gv + 0.044715 * gv * gv * gv)).tanh()) * u
+            }
+            Activation::SwigluOai => {
+                // The constants of gpt-oss's reference (`swiglu_limit`, `alpha`).
+                let (limit, alpha) = (7.0, 1.702);
+                let g = gv.min(limit);
+                g * sigmoid(alpha * g) * (u.clamp(-limit, limit) + 1.0)
+            }
         })
         .collect()
+}
+
+/// `y[t] += b` for each row of `y`.
+fn add_bias(y: &mut [f64], b: &[f64]) {
+    for row in y.chunks_mut(b.len()) {
+        row.iter_mut().zip(b).for_each(|(y, b)| *y += b);
+    }
 }
 
 /// One layer's expert weights, dequantized (stacked: expert `e` is the `e`-th matrix).
@@ -117,14 +129,31 @@ struct Experts {
     up: Vec<f64>,
     down: Vec<f64>,
     bias: Option<Vec<f64>>,
+    /// The router's bias and every expert's gate, up and down biases (gpt-oss).
+    ffn_bias: Option<[Vec<f64>; 4]>,
 }
 
-/// A gated FFN of width `ff` over the rows `h`.
-fn dense(wg: &[f64], wu: &[f64], wd: &[f64], h: &[f64], ff: usize, c: &ModelConfig) -> Vec<f64> {
+/// A gated FFN of width `ff` over the rows `h`, with biases of its three products where
+/// given.
+fn dense(
+    [wg, wu, wd]: [&[f64]; 3],
+    bias: Option<[&[f64]; 3]>,
+    h: &[f64],
+    ff: usize,
+    c: &ModelConfig,
+) -> Vec<f64> {
     let d = c.d_model;
-    let gate = linear(wg, h, ff, d);
-    let up = linear(wu, h, ff, d);
-    linear(wd, &gated(&gate, &up, c.activation), d, ff)
+    let mut gate = linear(wg, h, ff, d);
+    let mut up = linear(wu, h, ff, d);
+    if let Some([bg, bu, _]) = bias {
+        add_bias(&mut gate, bg);
+        add_bias(&mut up, bu);
+    }
+    let mut y = linear(wd, &gated(&gate, &up, c.activation), d, ff);
+    if let Some([_, _, bd]) = bias {
+        add_bias(&mut y, bd);
+    }
+    y
 }
 
 /// The experts one token chooses from its scores `p` and choice values `choice`, best
@@ -158,7 +187,10 @@ fn experts_ffn(w: &Experts, moe: &MoeConfig, c: &ModelConfig, h: &[f64]) -> Vec<
     let (d, ff, ne) = (c.d_model, c.d_ff, moe.n_expert);
     let mut out = vec![0.0; h.len()];
     for (x, o) in h.chunks(d).zip(out.chunks_mut(d)) {
-        let logits = linear(&w.router, x, ne, d);
+        let mut logits = linear(&w.router, x, ne, d);
+        if let Some([rb, ..]) = &w.ffn_bias {
+            add_bias(&mut logits, rb);
+        }
         let p: Vec<f64> = match moe.rule.gating {
             Gating::Softmax => {
                 let mx = logits.iter().copied().fold(f64::NEG_INFINITY, f64::max);
@@ -178,14 +210,15 @@ fn experts_ffn(w: &Experts, moe: &MoeConfig, c: &ModelConfig, h: &[f64]) -> Vec<
             let wt = p[e] / norm * f64::from(moe.rule.scale);
             let m = ff * d;
             let span = e * m..(e + 1) * m;
-            let y = dense(
-                &w.gate[span.clone()],
-                &w.up[span.clone()],
-                &w.down[span],
-                x,
-                ff,
-                c,
-            );
+            let bias = w.ffn_bias.as_ref().map(|[_, bg, bu, bd]| {
+                [
+                    &bg[e * ff..(e + 1) * ff],
+                    &bu[e * ff..(e + 1) * ff],
+                    &bd[e * d..(e + 1) * d],
+                ]
+            });
+            let mats = [&w.gate[span.clone()], &w.up[span.clone()], &w.down[span]];
+            let y = dense(mats, bias, x, ff, c);
             for (a, b) in o.iter_mut().zip(&y) {
                 *a += wt * b;
             }
@@ -280,6 +313,10 @@ pub fn forward(model: &Model, tokens: &[u32]) -> Result<RefOutput, ModelError> {
             }
         };
         let (qw, kw, vw) = (c.n_head * khd, n_kv * khd, n_kv * vhd);
+        let sinks = match c.arch.features().sinks {
+            true => Some(w("attn_sinks")?),
+            false => None,
+        };
         let mut att = vec![0.0; n * c.n_head * vhd];
         let group = c.n_head / n_kv;
         for t in 0..n {
@@ -298,8 +335,14 @@ pub fn forward(model: &Model, tokens: &[u32]) -> Result<RefOutput, ModelError> {
                         soft_cap(s, c.attn_softcap)
                     })
                     .collect();
-                let mx = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                let z: f64 = scores.iter().map(|s| (s - mx).exp()).sum();
+                // A sink is one more score in the softmax, with no value.
+                let sink = sinks.as_ref().map(|s| s[hh]);
+                let mx = scores
+                    .iter()
+                    .chain(&sink)
+                    .copied()
+                    .fold(f64::NEG_INFINITY, f64::max);
+                let z: f64 = scores.iter().chain(&sink).map(|s| (s - mx).exp()).sum();
                 for (s, &j) in scores.iter().zip(&visible) {
                     let p = (s - mx).exp() / z;
                     for i in 0..vhd {
@@ -321,7 +364,7 @@ pub fn forward(model: &Model, tokens: &[u32]) -> Result<RefOutput, ModelError> {
         for (a, b) in x.iter_mut().zip(&o) {
             *a += b;
         }
-        let h = norm(&x, &w("ffn_norm")?, eps);
+        let h = norm(&x, &load(g, &c.arch.features().ffn_norm.weight(l))?, eps);
         let mut o = match c.moe.as_ref().filter(|m| m.is_expert_layer(l)) {
             None => {
                 let ff = c.moe.as_ref().map_or(c.d_ff, |m| m.dense_ff);
@@ -333,7 +376,7 @@ pub fn forward(model: &Model, tokens: &[u32]) -> Result<RefOutput, ModelError> {
                 } else {
                     (w("ffn_gate")?, w("ffn_up")?)
                 };
-                dense(&wg, &wu, &w("ffn_down")?, &h, ff, c)
+                dense([&wg, &wu, &w("ffn_down")?], None, &h, ff, c)
             }
             Some(moe) => {
                 let t = Experts {
@@ -346,6 +389,17 @@ pub fn forward(model: &Model, tokens: &[u32]) -> Result<RefOutput, ModelError> {
                     } else {
                         None
                     },
+                    ffn_bias: if c.arch.features().expert_bias {
+                        let b = |s: &str| load(g, &format!("blk.{l}.{s}.bias"));
+                        Some([
+                            b("ffn_gate_inp")?,
+                            b("ffn_gate_exps")?,
+                            b("ffn_up_exps")?,
+                            b("ffn_down_exps")?,
+                        ])
+                    } else {
+                        None
+                    },
                 };
                 let mut o = experts_ffn(&t, moe, c, &h);
                 if moe.shared_ff > 0 {
@@ -354,7 +408,7 @@ pub fn forward(model: &Model, tokens: &[u32]) -> Result<RefOutput, ModelError> {
                         w("ffn_up_shexp")?,
                         w("ffn_down_shexp")?,
                     );
-                    let y = dense(&wg, &wu, &wd, &h, moe.shared_ff, c);
+                    let y = dense([&wg, &wu, &wd], None, &h, moe.shared_ff, c);
                     o.iter_mut().zip(&y).for_each(|(a, b)| *a += b);
                 }
                 o

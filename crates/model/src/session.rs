@@ -95,6 +95,10 @@ pub(crate) enum Mutation {
     TopOneExpert,
     /// Attention scores without their soft cap.
     DropAttnSoftcap,
+    /// Attention without its sink logits.
+    DropSinks,
+    /// Router and expert products without their biases.
+    DropExpertBias,
 }
 
 impl<'m> Session<'m> {
@@ -328,6 +332,8 @@ impl<'m> Session<'m> {
             ignore_rope_factors: self.mutation == Some(Mutation::IgnoreRopeFactors),
             top_one_expert: self.mutation == Some(Mutation::TopOneExpert),
             drop_attn_softcap: self.mutation == Some(Mutation::DropAttnSoftcap),
+            drop_sinks: self.mutation == Some(Mutation::DropSinks),
+            drop_expert_bias: self.mutation == Some(Mutation::DropExpertBias),
         };
         #[cfg(not(test))]
         Faults::default()

@@ -6,7 +6,10 @@
 //! `llama_bias` (llama + q/k/v/o biases, Llama's `attention_bias = true`), `gemma2` (no q/k
 //! norms, soft caps small enough to bite, even layers sliding) and `gemma3_linear` (gemma3 +
 //! linear rope scaling by 4 on its global layer), `phi3` (fused `attn_qkv` and `ffn_up`,
-//! LongRoPE switching to its long factors past 4 positions, attention factor 1.2).
+//! LongRoPE switching to its long factors past 4 positions, attention factor 1.2),
+//! `gpt-oss` (4 experts, top-2, with router and expert biases, q/k/v/o biases, a sink
+//! logit per head, YaRN by 4, layer 0 sliding with window 4, the FFN norm named
+//! `post_attention_norm`).
 
 use ferrite_gguf::{GgmlType, Gguf, GgufWriter, Value};
 
@@ -45,7 +48,8 @@ pub(crate) fn tiny_gguf(
     };
     let gemma = matches!(arch, "gemma3" | "gemma2");
     let qwen3 = matches!(arch, "qwen3" | "qwen3moe");
-    let moe = matches!(variant, "mixtral" | "qwen3moe");
+    let oss = arch == "gpt-oss";
+    let moe = matches!(variant, "mixtral" | "qwen3moe" | "gpt-oss");
     let fused = arch == "phi3";
     let (d, n_head, n_kv, hd, ff) = if gemma {
         (64, 4, 1, 32, 128)
@@ -82,13 +86,25 @@ pub(crate) fn tiny_gguf(
     ];
     match variant {
         "mistral" => meta.push((format!("{arch}.attention.sliding_window"), Value::U32(4))),
-        "mixtral" | "qwen3moe" => {
+        "mixtral" | "qwen3moe" | "gpt-oss" => {
             meta.push((format!("{arch}.expert_count"), Value::U32(N_EXPERT as u32)));
             meta.push((format!("{arch}.expert_used_count"), Value::U32(2)));
         }
         _ => {}
     }
-    if variant == "qwen3moe" {
+    if oss {
+        meta.push((format!("{arch}.attention.sliding_window"), Value::U32(4)));
+        meta.push((
+            format!("{arch}.rope.scaling.type"),
+            Value::String("yarn".into()),
+        ));
+        meta.push((format!("{arch}.rope.scaling.factor"), Value::F32(4.0)));
+        meta.push((
+            format!("{arch}.rope.scaling.original_context_length"),
+            Value::U32(16),
+        ));
+    }
+    if variant == "qwen3moe" || oss {
         meta.push((
             format!("{arch}.expert_feed_forward_length"),
             Value::U32(ff as u32),
@@ -159,7 +175,8 @@ pub(crate) fn tiny_gguf(
     };
     add_stack("token_embd.weight".into(), VOCAB, d, 1, &mut seed);
     let mut norms: Vec<(String, usize)> = vec![("output_norm.weight".into(), d)];
-    let mut biases: Vec<(String, usize)> = Vec::new();
+    // Biases and other small tensors, with their dims.
+    let mut biases: Vec<(String, Vec<usize>)> = Vec::new();
     for l in 0..n_layer as usize {
         let n = |s: &str| format!("blk.{l}.{s}.weight");
         if fused {
@@ -184,21 +201,37 @@ pub(crate) fn tiny_gguf(
             add_stack(n("ffn_down"), d, ff, 1, &mut seed);
         }
         norms.push((n("attn_norm"), d));
-        norms.push((n("ffn_norm"), d));
+        norms.push((
+            n(if oss {
+                "post_attention_norm"
+            } else {
+                "ffn_norm"
+            }),
+            d,
+        ));
+        if oss {
+            let b = |s: &str| format!("blk.{l}.{s}.bias");
+            biases.push((n("attn_sinks"), vec![n_head]));
+            biases.push((b("attn_output"), vec![d]));
+            biases.push((b("ffn_gate_inp"), vec![N_EXPERT]));
+            biases.push((b("ffn_gate_exps"), vec![ff, N_EXPERT]));
+            biases.push((b("ffn_up_exps"), vec![ff, N_EXPERT]));
+            biases.push((b("ffn_down_exps"), vec![d, N_EXPERT]));
+        }
         if qwen3 {
             norms.push((n("attn_q_norm"), hd));
             norms.push((n("attn_k_norm"), hd));
         }
         if variant == "llama_bias" {
-            biases.push((format!("blk.{l}.attn_output.bias"), d));
+            biases.push((format!("blk.{l}.attn_output.bias"), vec![d]));
         }
-        if arch == "qwen2" || variant == "llama_bias" {
+        if arch == "qwen2" || variant == "llama_bias" || oss {
             for (s, len) in [
                 ("attn_q", n_head * hd),
                 ("attn_k", n_kv * hd),
                 ("attn_v", n_kv * hd),
             ] {
-                biases.push((format!("blk.{l}.{s}.bias"), len));
+                biases.push((format!("blk.{l}.{s}.bias"), vec![len]));
             }
         }
         if arch == "gemma3" {
@@ -218,13 +251,20 @@ pub(crate) fn tiny_gguf(
             .collect();
         tensors.push((name, GgmlType::F32, vec![len as u64], v));
     }
-    for (name, len) in biases {
+    for (name, dims) in biases {
         seed += 1;
-        let v: Vec<u8> = pseudo(len, seed)
+        // Sinks of about the scores' size, so that each takes a share of its softmax.
+        let scale = if name.contains("attn_sinks") {
+            2.0
+        } else {
+            0.5
+        };
+        let v: Vec<u8> = pseudo(dims.iter().product(), seed)
             .iter()
-            .flat_map(|x| (0.5 * x).to_le_bytes())
+            .flat_map(|x| (scale * x).to_le_bytes())
             .collect();
-        tensors.push((name, GgmlType::F32, vec![len as u64], v));
+        let dims = dims.iter().map(|&n| n as u64).collect();
+        tensors.push((name, GgmlType::F32, dims, v));
     }
     if arch == "phi3" {
         for (name, first) in [
@@ -258,7 +298,7 @@ pub(crate) fn tiny_gguf(
 }
 
 /// Every variant [`tiny_gguf`] builds.
-pub(crate) const VARIANTS: [&str; 12] = [
+pub(crate) const VARIANTS: [&str; 13] = [
     "llama",
     "gemma3",
     "gemma2",
@@ -271,6 +311,7 @@ pub(crate) const VARIANTS: [&str; 12] = [
     "qwen3",
     "qwen3moe",
     "llama_bias",
+    "gpt-oss",
 ];
 
 /// A tiny model of `arch` (a variant of [`tiny_gguf`]) with weights of type `wty`.

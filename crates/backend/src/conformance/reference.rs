@@ -212,12 +212,21 @@ pub(super) fn logits<B: Backend>(b: &B, rng: &mut Rng, ty: GgmlType, out: &mut O
     out.compare(shape, got, &want, &bound, PRODUCT_RULE);
 }
 
-fn act_f64(act: Act, x: f64) -> f64 {
+/// `act(gate) · up` in f64.
+fn gated_f64(act: Act, gate: f64, up: f64) -> f64 {
+    let silu = |x: f64, slope: f64| x / (1.0 + (-slope * x).exp());
     match act {
-        Act::Silu => x / (1.0 + (-x).exp()),
+        Act::Silu => silu(gate, 1.0) * up,
         Act::GeluTanh => {
+            let x = gate;
             0.5 * x
                 * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x.powi(3))).tanh())
+                * up
+        }
+        Act::SwigluOai => {
+            let limit = f64::from(Act::SWIGLU_OAI_LIMIT);
+            let g = gate.min(limit);
+            silu(g, f64::from(Act::SWIGLU_OAI_ALPHA)) * (up.clamp(-limit, limit) + 1.0)
         }
     }
 }
@@ -226,7 +235,7 @@ pub(super) fn moe_experts<B: Backend>(
     b: &B,
     rng: &mut Rng,
     ty: GgmlType,
-    act: Act,
+    (act, biased): (Act, bool),
     out: &mut Out<'_>,
 ) {
     let [d, _] = widths(ty);
@@ -243,19 +252,38 @@ pub(super) fn moe_experts<B: Backend>(
         };
         ws.push([g, u, dn]);
     }
+    // Biases of the size of the products, so that they move which side of the clamp a
+    // value falls on.
+    let biases: Option<Vec<[Vec<f32>; 3]>> = biased.then(|| {
+        (0..ne)
+            .map(|_| [rng.values(ff, 4.0), rng.values(ff, 4.0), rng.values(d, 4.0)])
+            .collect()
+    });
     for rows in [1, 6] {
         let routing = random_routing(rng, ne, k, rows);
         let x = rng.values(rows * d, 1.0);
-        let (want, bound) = moe_reference(&ws, &routing, act, &x, d, ff);
+        let (want, bound) = moe_reference(&ws, biases.as_deref(), &routing, act, &x, (d, ff));
         let got = (|| {
             let handles = ws
                 .iter()
-                .map(|[g, u, dn]| {
-                    Ok([
-                        b.weight(g.host())?,
-                        b.weight(u.host())?,
-                        b.weight(dn.host())?,
-                    ])
+                .enumerate()
+                .map(|(e, [g, u, dn])| {
+                    let bias = match &biases {
+                        Some(bs) => Some([
+                            b.vector(&bs[e][0])?,
+                            b.vector(&bs[e][1])?,
+                            b.vector(&bs[e][2])?,
+                        ]),
+                        None => None,
+                    };
+                    Ok(crate::ExpertFfn {
+                        mats: [
+                            b.weight(g.host())?,
+                            b.weight(u.host())?,
+                            b.weight(dn.host())?,
+                        ],
+                        bias,
+                    })
                 })
                 .collect::<crate::Result<Vec<_>>>()?;
             let xb = buf(b, &x)?;
@@ -264,19 +292,20 @@ pub(super) fn moe_experts<B: Backend>(
             b.moe_experts(&xb, &routing, &|e| handles[e], act, &mut bufs, &mut y)?;
             host(b, &y, rows * d)
         })();
-        let shape = format!("{ne} experts top {k}, d={d} ff={ff}, {rows} rows");
+        let shape = format!("{ne} experts top {k}, d={d} ff={ff}, biased {biased}, {rows} rows");
         out.compare(shape, got, &want, &bound, "1e-3 * sum|w*down*h|");
     }
 }
 
-/// Each token's `Σ_slot weight · down(act(gate x) · up x)` and its bounds.
+/// Each token's `Σ_slot weight · (down(act(gate x + bg) · (up x + bu)) + bd)` and its
+/// bounds (`biases`: each expert's `[bg, bu, bd]`, or none).
 fn moe_reference(
     ws: &[[TestMatrix; 3]],
+    biases: Option<&[[Vec<f32>; 3]]>,
     routing: &Routing,
     act: Act,
     x: &[f32],
-    d: usize,
-    ff: usize,
+    (d, ff): (usize, usize),
 ) -> (Vec<f64>, Vec<f64>) {
     let k = routing.k();
     let (mut want, mut bound) = (
@@ -287,7 +316,9 @@ fn moe_reference(
         let xt = &x[t * d..(t + 1) * d];
         for slot in 0..k {
             let i = t * k + slot;
-            let [g, u, dn] = &ws[routing.selected()[i]];
+            let e = routing.selected()[i];
+            let [g, u, dn] = &ws[e];
+            let bias = |which: usize, j: usize| biases.map_or(0.0, |bs| f64::from(bs[e][which][j]));
             let wt = f64::from(routing.weights()[i]);
             let h: Vec<f64> = (0..ff)
                 .map(|j| {
@@ -296,11 +327,11 @@ fn moe_reference(
                             .map(|c| f64::from(m.values[j * d + c]) * f64::from(xt[c]))
                             .sum()
                     };
-                    act_f64(act, row(g)) * row(u)
+                    gated_f64(act, row(g) + bias(0, j), row(u) + bias(1, j))
                 })
                 .collect();
             for r in 0..d {
-                let (mut s, mut a) = (0.0f64, 0.0f64);
+                let (mut s, mut a) = (bias(2, r), bias(2, r).abs());
                 for (j, hj) in h.iter().enumerate() {
                     let p = f64::from(dn.values[r * ff + j]) * hj;
                     s += p;
@@ -425,11 +456,16 @@ pub(super) fn gated_act<B: Backend>(b: &B, rng: &mut Rng, act: Act, out: &mut Ou
     // One value, an odd tail, several rows of an odd width.
     for (n, width) in [(1, 1), (1, 17), (3, 4099)] {
         let len = n * width;
-        let (g, u) = (rng.values(len, 6.0), rng.values(len, 2.0));
+        // Past gpt-oss's clamps (±7) on both inputs.
+        let (gs, us) = match act {
+            Act::SwigluOai => (10.0, 10.0),
+            Act::Silu | Act::GeluTanh => (6.0, 2.0),
+        };
+        let (g, u) = (rng.values(len, gs), rng.values(len, us));
         let want: Vec<f64> = g
             .iter()
             .zip(&u)
-            .map(|(&a, &c)| act_f64(act, f64::from(a)) * f64::from(c))
+            .map(|(&a, &c)| gated_f64(act, f64::from(a), f64::from(c)))
             .collect();
         let bound: Vec<f64> = want
             .iter()
@@ -598,6 +634,7 @@ pub(super) fn kv_store<B: Backend>(b: &B, rng: &mut Rng, kv: KvType, out: &mut O
             &attn_shape(heads, heads, hd, Some(1), None, Values::Own),
             0,
             &qb,
+            None,
             &segs,
             &mut o,
         )?;
@@ -608,10 +645,12 @@ pub(super) fn kv_store<B: Backend>(b: &B, rng: &mut Rng, kv: KvType, out: &mut O
 }
 
 /// Causal (windowed) attention of each span's rows over all positions `0..pos0 + len` of
-/// its keys and values (`kvs[s]`: `(pos0 + len) × n_kv × hd` values each), in f64.
+/// its keys and values (`kvs[s]`: `(pos0 + len) × n_kv × hd` values each), in f64; with
+/// `sinks`, each head's sink logit joins its softmax's denominator.
 fn attention_ref(
     shape: &AttnShape,
     q: &[f32],
+    sinks: Option<&[f32]>,
     kvs: &[(Vec<f32>, Vec<f32>)],
     spans: &[(usize, usize)],
 ) -> (Vec<f64>, Vec<f64>) {
@@ -644,8 +683,13 @@ fn attention_ref(
                     })
                     .map(cap)
                     .collect();
-                let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
+                let sink = sinks.map(|v| f64::from(v[h]));
+                let m = s
+                    .iter()
+                    .copied()
+                    .chain(sink)
+                    .fold(f64::NEG_INFINITY, f64::max);
+                let z: f64 = s.iter().chain(&sink).map(|x| (x - m).exp()).sum();
                 for d in 0..vd {
                     let o: f64 = (lo..=p)
                         .zip(&s)
@@ -669,7 +713,7 @@ pub(super) fn attention<B: Backend>(
     rng: &mut Rng,
     kv: KvType,
     (hd, values): (usize, Values),
-    softcap: bool,
+    (softcap, sinks): (bool, bool),
     out: &mut Out<'_>,
 ) {
     let vd = values.dim(hd);
@@ -708,7 +752,9 @@ pub(super) fn attention<B: Backend>(
             })
             .collect();
         let shape = attn_shape(n_head, n_kv, hd, window, softcap, values);
-        let (want, bound) = attention_ref(&shape, &q, &rounded, spans);
+        // Sink logits about the scores' size: each takes a fair share of its softmax.
+        let sink = sinks.then(|| rng.values(n_head, 2.0));
+        let (want, bound) = attention_ref(&shape, &q, sink.as_deref(), &rounded, spans);
         let got = (|| {
             let mut kvs = stores(b, kv, (n_kv, hd), values, spans)?;
             // Every position's key and value first, one store call per session.
@@ -725,12 +771,13 @@ pub(super) fn attention<B: Backend>(
             let segs = segments(&mut kvs, spans);
             let qb = buf(b, &q)?;
             let mut o = b.alloc(rows * n_head * vd)?;
-            b.attention(&shape, 0, &qb, &segs, &mut o)?;
+            let sinks = sink.as_deref().map(|v| b.vector(v)).transpose()?;
+            b.attention(&shape, 0, &qb, sinks, &segs, &mut o)?;
             host(b, &o, rows * n_head * vd)
         })();
         let shape = format!(
             "{n_head}/{n_kv} heads, window {window:?}, cap {softcap:?}, values {values:?}, \
-             segments {spans:?}"
+             sinks {sinks}, segments {spans:?}"
         );
         out.compare(shape, got, &want, &bound, "1e-5 * max|v|");
     }

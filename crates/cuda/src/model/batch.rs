@@ -182,10 +182,7 @@ impl CudaBackend {
         }
         let ntot = i32::try_from(n * wg.cols)
             .map_err(|_| CudaError::InvalidArgument("batch activations too large".into()))?;
-        let a = match act {
-            Activation::Silu => 0i32,
-            Activation::GeluTanh => 1,
-        };
+        let a = crate::arch_ops::act_code(act)?;
         let cfg = LaunchConfig {
             grid_dim: (wg.rows.div_ceil(4) as u32, 1, 1),
             block_dim: (128, 1, 1),

@@ -59,6 +59,10 @@ pub(crate) struct Faults {
     pub(crate) top_one_expert: bool,
     /// Attention scores without their soft cap.
     pub(crate) drop_attn_softcap: bool,
+    /// Attention without its sink logits.
+    pub(crate) drop_sinks: bool,
+    /// Router and expert products without their biases.
+    pub(crate) drop_expert_bias: bool,
 }
 
 /// Scratch activations for the rows of one forward pass (the tokens of one chunk, or one
@@ -186,6 +190,7 @@ pub(crate) fn act(a: Activation) -> Act {
     match a {
         Activation::Silu => Act::Silu,
         Activation::GeluTanh => Act::GeluTanh,
+        Activation::SwigluOai => Act::SwigluOai,
     }
 }
 
@@ -237,6 +242,7 @@ pub(crate) fn require_ops<B: Weights>(b: &B, m: &Model, kv: KvType) -> Result<()
         head_dim: c.head_dim,
         softcap: c.attn_softcap.is_some(),
         values: c.kv_values(),
+        sinks: c.arch.features().sinks,
     })?;
     if c.qkv_bias || c.out_bias {
         b.require(&Op::AddBias)?;
@@ -267,8 +273,15 @@ pub(crate) fn require_ops<B: Weights>(b: &B, m: &Model, kv: KvType) -> Result<()
                 b.require(&Op::MoeRoute {
                     n_expert: mw.gate.n_expert(),
                 })?;
+                if mw.router_bias.is_some() {
+                    b.require(&Op::AddBias)?;
+                }
                 for x in [&mw.gate, &mw.up, &mw.down] {
-                    b.require(&Op::MoeExperts { ty: x.ty(), act })?;
+                    b.require(&Op::MoeExperts {
+                        ty: x.ty(),
+                        act,
+                        bias: mw.bias.is_some(),
+                    })?;
                 }
             }
         }
@@ -381,7 +394,11 @@ pub(crate) fn forward_rows<B: Weights>(
                     softcap: c.attn_softcap.filter(|_| !faults.drop_attn_softcap),
                     values: Values::Own,
                 };
-                b.attention(&shape, l, &s.q, segs, &mut s.att)?;
+                let sinks = match lw.sinks.as_ref().filter(|_| !faults.drop_sinks) {
+                    Some(v) => Some(b.vector(v)?),
+                    None => None,
+                };
+                b.attention(&shape, l, &s.q, sinks, segs, &mut s.att)?;
                 &s.att
             }
             (Attn::Mla(w), Some(ms)) => {
@@ -423,7 +440,7 @@ pub(crate) fn forward_rows<B: Weights>(
                         "expert weights without expert settings".into(),
                     ));
                 };
-                crate::moe::ffn(b, m, mw, cfg, act, &s.xn, n, &mut s.o, ms)?;
+                crate::moe::ffn(b, m, mw, (cfg, faults), act, &s.xn, n, &mut s.o, ms)?;
                 // The shared expert's output joins the routed experts' sum.
                 if let Some(f) = &mw.shared {
                     let out = &mut ms.shared_out;

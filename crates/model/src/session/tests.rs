@@ -69,6 +69,9 @@ fn arch_mutations_fail_the_naive_comparison() {
         ("phi3", Mutation::IgnoreRopeFactors),
         ("mixtral", Mutation::TopOneExpert),
         ("qwen3moe", Mutation::TopOneExpert),
+        ("gpt-oss", Mutation::DropSinks),
+        ("gpt-oss", Mutation::DropExpertBias),
+        ("gpt-oss", Mutation::DropQkvBias),
     ] {
         let m = tiny_model(arch, GgmlType::F32, Precision::Default);
         let mut s = Session::new(&m, &pool, 64, KvType::F32).unwrap();
