@@ -22,13 +22,17 @@ pub(crate) enum ExpertPart {
 }
 
 impl ExpertPart {
-    pub(crate) fn gguf_name(self, layer: usize) -> String {
+    /// The stacked tensor's role.
+    pub(crate) fn role(self) -> TensorRole {
         match self {
             ExpertPart::Gate => TensorRole::FfnGateExps,
             ExpertPart::Up => TensorRole::FfnUpExps,
             ExpertPart::Down => TensorRole::FfnDownExps,
         }
-        .weight(layer)
+    }
+
+    pub(crate) fn gguf_name(self, layer: usize) -> String {
+        self.role().weight(layer)
     }
 }
 

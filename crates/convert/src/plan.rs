@@ -341,12 +341,11 @@ impl<'a> Plan<'a> {
                 } else {
                     ExpertPart::Up
                 };
-                let role_name = part.gguf_name(*layer);
                 Ok(Described {
                     gguf: if *bias {
-                        role_name.replace(".weight", ".bias")
+                        part.role().bias(*layer)
                     } else {
-                        role_name
+                        part.gguf_name(*layer)
                     },
                     src,
                     shape: shape.iter().map(|&n| n as u64).collect(),

@@ -12,7 +12,7 @@ use crate::features::MoeConfig;
 use crate::model::Model;
 use crate::ops::RopeStyle;
 use ferrite_arch::MlaShape;
-use ferrite_backend::Gating;
+use ferrite_backend::{Act, Gating};
 
 /// Output of [`forward`].
 #[derive(Debug, Clone)]
@@ -106,8 +106,8 @@ fn gated(gate: &[f64], up: &[f64], activation: Activation) -> Vec<f64> {
                 0.5 * gv * (1.0 + (k0 * (gv + 0.044715 * gv * gv * gv)).tanh()) * u
             }
             Activation::SwigluOai => {
-                // The constants of gpt-oss's reference (`swiglu_limit`, `alpha`).
-                let (limit, alpha) = (7.0, 1.702);
+                let limit = f64::from(Act::SWIGLU_OAI_LIMIT);
+                let alpha = f64::from(Act::SWIGLU_OAI_ALPHA);
                 let g = gv.min(limit);
                 g * sigmoid(alpha * g) * (u.clamp(-limit, limit) + 1.0)
             }
