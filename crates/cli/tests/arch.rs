@@ -13,7 +13,8 @@
 //! instead of two, Gemma 2's soft caps off, linear rope scaling off, LongRoPE's attention
 //! factor or long factors off; the routers' selection bias zeroed, the shared expert
 //! zeroed, softmax for sigmoid scores, unscaled weights, one expert group, full rope for
-//! partial rotary) that the f32 check must reject.
+//! partial rotary, no sliding window; gpt-oss's attention sinks, router and expert biases
+//! zeroed) that the f32 check must reject.
 //!
 //! `FERRITE_ARCH_FIXTURES` names another directory of the same layout (the held-out set); a
 //! missing or empty directory is a failure.
@@ -325,6 +326,18 @@ fn mutations(g: &Gguf) -> Vec<Mutation> {
         let zero = vec!["attn_q.bias", "attn_k.bias", "attn_v.bias"];
         out.push(("no q/k/v biases".into(), vec![], zero));
     }
+    if has("attn_sinks.weight") {
+        out.push(("no attention sinks".into(), vec![], vec!["attn_sinks.weight"]));
+    }
+    if has("ffn_gate_exps.bias") {
+        let zero = vec![
+            "ffn_gate_inp.bias",
+            "ffn_gate_exps.bias",
+            "ffn_up_exps.bias",
+            "ffn_down_exps.bias",
+        ];
+        out.push(("no router or expert biases".into(), vec![], zero));
+    }
     if has("exp_probs_b.bias") {
         out.push(("no selection bias".into(), vec![], vec!["exp_probs_b.bias"]));
     }
@@ -360,6 +373,8 @@ fn mutations(g: &Gguf) -> Vec<Mutation> {
         ("rope.scaling.factor", Value::F32(1.0)),
         ("rope.scaling.attn_factor", Value::F32(1.0)),
         ("rope.scaling.original_context_length", Value::U32(1 << 20)),
+        // A window longer than every prompt: full attention on the sliding layers.
+        ("attention.sliding_window", Value::U32(1 << 20)),
         // DeepSeek's YaRN attention scale left out.
         ("rope.scaling.yarn_log_multiplier", Value::F32(0.0)),
         // Softmax instead of sigmoid scores; unscaled weights; one group of experts.
