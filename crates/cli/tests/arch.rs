@@ -327,7 +327,11 @@ fn mutations(g: &Gguf) -> Vec<Mutation> {
         out.push(("no q/k/v biases".into(), vec![], zero));
     }
     if has("attn_sinks.weight") {
-        out.push(("no attention sinks".into(), vec![], vec!["attn_sinks.weight"]));
+        out.push((
+            "no attention sinks".into(),
+            vec![],
+            vec!["attn_sinks.weight"],
+        ));
     }
     if has("ffn_gate_exps.bias") {
         let zero = vec![
