@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use ferrite_engine::budget::{Budgeted, ReasoningBudget};
 use ferrite_engine::grammar::Constraint;
 use ferrite_engine::output::OutputConfig;
 use ferrite_engine::speculate::{Lookup, Proposer};
@@ -194,6 +195,11 @@ pub struct RunArgs {
     /// between `[reasoning]` lines otherwise).
     #[arg(long)]
     hide_reasoning: bool,
+    /// Most tokens the model may spend reasoning (inside `<think>`, or a harmony
+    /// `analysis` message): at the limit the block is closed for it and the answer
+    /// follows. Unset: no limit.
+    #[arg(long)]
+    reasoning_budget: Option<usize>,
     /// Speculate with prompt lookup: guess the next tokens from earlier text of the
     /// context and verify them in one batched step (CPU backend). The output is the same
     /// as without it; the end-of-run line says how many guesses were accepted.
@@ -403,11 +409,11 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
                     messages = saved;
                 }
             }
-            let (ids, shown) = match &template {
+            let (ids, reading) = match &template {
                 Some(t) => encode_chat(&args, &loaded, t, &messages, &prompt)?,
                 None => (
                     loaded.tokenizer.encode(&prompt, true, true),
-                    shown(&args, &loaded, &prompt),
+                    reading(&args, &loaded, &prompt)?,
                 ),
             };
             // Reuse the restored tokens up to the first that differs.
@@ -433,7 +439,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
                 start,
                 dump.as_mut(),
                 &mut std::io::stdout(),
-                shown,
+                reading,
             )?;
             println!();
             report(&loaded, &clocks, ttft);
@@ -504,12 +510,39 @@ fn initial_messages(system: Option<&str>) -> Vec<serde_json::Value> {
         .collect()
 }
 
-/// How the output of `prompt` (the text the model continues) is read and shown.
-fn shown(args: &RunArgs, loaded: &Loaded, prompt: &str) -> reasoning::Shown {
+/// How one output is read: its view on stdout and its reasoning budget.
+struct Reading {
+    shown: reasoning::Shown,
+    budget: Option<ReasoningBudget>,
+}
+
+/// How the output of `prompt` (the text the model continues) is read and shown. A
+/// `--reasoning-budget` on output read without reasoning is refused, not ignored.
+fn reading(args: &RunArgs, loaded: &Loaded, prompt: &str) -> anyhow::Result<Reading> {
     let template = loaded.tokenizer.chat_template().unwrap_or_default();
     let config = OutputConfig::for_prompt(args.reasoning.reasoning_format, template, prompt, None);
+    let held =
+        args.json_schema.is_some() || args.json_schema_file.is_some() || args.grammar.is_some();
+    let budget = match args.reasoning_budget {
+        Some(tokens) => Some(
+            ReasoningBudget::for_output(tokens, &config, held, |text, special| {
+                loaded.tokenizer.encode(text, false, special)
+            })
+            .with_context(|| {
+                format!(
+                    "--reasoning-budget closes a reasoning block, and the output is read as \
+                     '{}' (no reasoning); drop one of the two",
+                    config.reasoning
+                )
+            })?,
+        ),
+        None => None,
+    };
     let style = reasoning::Style::new(args.hide_reasoning, std::io::stdout().is_terminal());
-    reasoning::Shown::new(config, style)
+    Ok(Reading {
+        shown: reasoning::Shown::new(config, style),
+        budget,
+    })
 }
 
 /// Render `messages` plus a new user turn and tokenize it as Hugging Face does
@@ -521,7 +554,7 @@ fn encode_chat(
     template: &ChatTemplate,
     messages: &[serde_json::Value],
     user: &str,
-) -> anyhow::Result<(Vec<u32>, reasoning::Shown)> {
+) -> anyhow::Result<(Vec<u32>, Reading)> {
     let mut all = messages.to_vec();
     all.push(serde_json::json!({"role": "user", "content": user}));
     let rendered = template.render(&ChatRequest {
@@ -530,12 +563,12 @@ fn encode_chat(
         ..ChatRequest::default()
     })?;
     let ids = loaded.tokenizer.encode(&rendered, false, true);
-    Ok((ids, shown(args, loaded, &rendered)))
+    Ok((ids, reading(args, loaded, &rendered)?))
 }
 
-/// Feed `ids` (after whatever the session already holds) and generate until a stop,
-/// streaming decoded text to `out` through `shown` (reasoning marked or hidden). Returns
-/// the generated token ids (without a stop token).
+/// Feed `ids` (after whatever the session already holds) and generate until a stop, under
+/// `reading`'s reasoning budget, streaming decoded text to `out` through its view
+/// (reasoning marked or hidden). Returns the generated token ids (without a stop token).
 #[allow(clippy::too_many_arguments)]
 fn generate(
     loaded: &Loaded,
@@ -548,7 +581,7 @@ fn generate(
     start: Instant,
     mut dump: Option<&mut std::io::BufWriter<std::fs::File>>,
     out: &mut dyn Write,
-    mut shown: reasoning::Shown,
+    reading: Reading,
 ) -> anyhow::Result<Vec<u32>> {
     if ids.is_empty() {
         bail!("the prompt is empty: it encodes to no tokens");
@@ -566,33 +599,43 @@ fn generate(
     // The callback cannot return errors; the first one is kept and ends generation.
     let mut failure: Option<anyhow::Error> = None;
     let speculating = proposer.is_some();
-    let generation = ferrite_engine::generate_with(session, sampler, proposer, ids, |sampled| {
-        first_token_at.get_or_insert_with(Instant::now);
-        if ttft.is_none() {
-            *ttft = Some(start.elapsed());
-        }
-        let mut step = || -> anyhow::Result<()> {
-            if let Some(dump) = dump.as_deref_mut() {
-                let line = serde_json::json!({
-                    "token": sampled.token,
-                    "piece": loaded.tokenizer.piece(sampled.token),
-                    "logprob": sampled.logprob,
-                    "top": sampled.top,
-                });
-                writeln!(dump, "{line}")?;
+    let mut shown = reading.shown;
+    let token_bytes = |id| {
+        loaded
+            .tokenizer
+            .token_bytes(id)
+            .map(<[u8]>::to_vec)
+            .unwrap_or_default()
+    };
+    let mut picker = Budgeted::new(sampler, reading.budget, token_bytes);
+    let generation =
+        ferrite_engine::generate_with(session, &mut picker, proposer, ids, |sampled| {
+            first_token_at.get_or_insert_with(Instant::now);
+            if ttft.is_none() {
+                *ttft = Some(start.elapsed());
             }
-            out.write_all(shown.push(&decoder.push(sampled.token)?).as_bytes())?;
-            out.flush()?;
-            Ok(())
-        };
-        match step() {
-            Ok(()) => Flow::Continue,
-            Err(err) => {
-                failure = Some(err);
-                Flow::Stop
+            let mut step = || -> anyhow::Result<()> {
+                if let Some(dump) = dump.as_deref_mut() {
+                    let line = serde_json::json!({
+                        "token": sampled.token,
+                        "piece": loaded.tokenizer.piece(sampled.token),
+                        "logprob": sampled.logprob,
+                        "top": sampled.top,
+                    });
+                    writeln!(dump, "{line}")?;
+                }
+                out.write_all(shown.push(&decoder.push(sampled.token)?).as_bytes())?;
+                out.flush()?;
+                Ok(())
+            };
+            match step() {
+                Ok(()) => Flow::Continue,
+                Err(err) => {
+                    failure = Some(err);
+                    Flow::Stop
+                }
             }
-        }
-    })?;
+        })?;
     if let Some(err) = failure {
         return Err(err);
     }
@@ -703,7 +746,7 @@ fn chat_repl(
             }
             continue;
         }
-        let (ids, shown) = encode_chat(args, loaded, template, &messages, line)?;
+        let (ids, reading) = encode_chat(args, loaded, template, &messages, line)?;
         // A turn the context cannot hold is refused before anything changes, so the
         // conversation so far can still be saved or continued with a shorter message.
         if ids.len() > session.ctx() {
@@ -733,7 +776,7 @@ fn chat_repl(
             Instant::now(),
             None,
             &mut out,
-            shown,
+            reading,
         )?;
         println!();
         report(loaded, &clocks, ttft);

@@ -99,9 +99,10 @@ pub struct ServeArgs {
     aliases: Vec<String>,
     #[command(flatten)]
     reasoning: crate::run::reasoning::ReasoningFormatArg,
-    /// Most tokens a generation may spend inside `<think>…</think>` when its request sets
-    /// no budget (`thinking.budget_tokens`, `thinking_token_budget`): at the limit the block
-    /// is closed and the answer follows. Unset: no limit.
+    /// Most tokens a generation may spend reasoning (inside `<think>…</think>`, or a
+    /// harmony `analysis` message) when its request sets no budget
+    /// (`thinking.budget_tokens`, `thinking_token_budget`): at the limit the block is
+    /// closed and the answer follows. Unset: no limit.
     #[arg(long, value_name = "N")]
     reasoning_budget: Option<usize>,
     /// The tool-call syntax parsed out of chat output, whatever the model's template shows:

@@ -400,6 +400,95 @@ fn reasoning_is_marked_off_hidden_or_left_as_text() {
     }
 }
 
+/// The pieces `ferrite run --dump-logprobs` recorded, in order.
+fn dumped_pieces(dump: &std::path::Path) -> Vec<String> {
+    std::fs::read_to_string(dump)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            v["piece"].as_str().unwrap().to_string()
+        })
+        .collect()
+}
+
+/// Where the `<think>` block's reasoning starts, and how many pieces it has up to the
+/// piece that starts its close.
+fn reasoning_pieces(pieces: &[String]) -> (usize, usize) {
+    let mut text = String::new();
+    let mut inside = None;
+    for (i, p) in pieces.iter().enumerate() {
+        text.push_str(p);
+        if inside.is_none() && text.contains("<think>") {
+            inside = Some(i + 1);
+        }
+        if let Some(start) = inside
+            && text.contains("</")
+        {
+            return (start, i - start);
+        }
+    }
+    panic!("no closed <think> block in {pieces:?}");
+}
+
+/// `--reasoning-budget N` closes the block after exactly N reasoning tokens and the answer
+/// follows. SmolLM2 does not reason, so a grammar makes it: words inside `<think>`,
+/// then an answer the grammar fixes. Oracle: the same run without the budget (its block
+/// must be longer than N, or the test shows nothing), counted piece by piece in the
+/// `--dump-logprobs` record; the forced close is text the grammar accepts.
+#[test]
+fn a_reasoning_budget_closes_the_block_after_exactly_its_tokens() {
+    pull("smollm2-135m-instruct");
+    // A letter first: at temperature 0 the model would otherwise close the block at once.
+    let grammar = r#"root ::= "<think>" [a-z] [a-z ]* "</think>" ("Paris" | "Rome")"#;
+    let dir = tempfile::tempdir().unwrap();
+    let run_with = |extra: &[&str], name: &str| {
+        let dump = dir.path().join(name);
+        let base = [
+            "run",
+            "--temp",
+            "0",
+            "--max-tokens",
+            "40",
+            "--reasoning-format",
+            "think",
+            "--grammar",
+            grammar,
+            "--dump-logprobs",
+            dump.to_str().unwrap(),
+        ];
+        let prompt = "Think about where Paris is, then answer.";
+        let (stdout, _) = run_ok(&[&base[..], extra, &[prompt]].concat());
+        (stdout, dumped_pieces(&dump))
+    };
+    const BUDGET: usize = 2;
+    let (_, plain) = run_with(&[], "plain.jsonl");
+    let (start, free) = reasoning_pieces(&plain);
+    assert!(
+        free > BUDGET,
+        "the plain run reasons only {free} tokens: {plain:?}"
+    );
+    let budget = BUDGET.to_string();
+    let (stdout, held) = run_with(&["--reasoning-budget", &budget], "held.jsonl");
+    assert_eq!(reasoning_pieces(&held), (start, BUDGET), "{held:?}");
+    let limit = start + BUDGET;
+    assert_eq!(held[..limit], plain[..limit], "untouched before the limit");
+    let answer = stdout.rsplit("[end of reasoning]").next().unwrap().trim();
+    assert!(["Paris", "Rome"].contains(&answer), "{stdout:?}");
+    // A budget on output read without reasoning is refused, naming the flag.
+    let out = run(&[
+        "run",
+        "--reasoning-budget",
+        "3",
+        "--reasoning-format",
+        "none",
+        "x",
+    ]);
+    assert!(!out.status.success(), "{}", text(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--reasoning-budget"), "{stderr}");
+}
+
 /// `--lookup` changes the speed, never the output: greedy and seeded sampling give the
 /// text of the same run without it (oracle: that run), and the end-of-run line says what
 /// speculation did. Bad draft lengths and `--draft-max` alone are refused.

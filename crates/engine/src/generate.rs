@@ -124,8 +124,24 @@ pub trait Picker {
     /// the same row: a verify step's rows are all on the host.
     fn pick_row(&mut self, row: &[f32], history: &[u32]) -> Result<Sampled, GenerateError>;
 
+    /// Takes `token` as the next one without drawing it (a reasoning budget's close): a
+    /// grammar advances over it, the random stream does not, and its log-probabilities
+    /// come from the raw `row`.
+    fn pick_forced(&mut self, row: &[f32], token: u32) -> Result<Sampled, GenerateError>;
+
     /// As [`Sampler::stop_reason`].
     fn stop_reason(&self, token: u32, n_generated: usize) -> Option<StopReason>;
+}
+
+/// `token`, chosen other than by `sampler`'s draw, with the log-probabilities of the raw
+/// `row` that `sampler`'s settings ask for.
+fn unsampled(row: &[f32], token: u32, sampler: &Sampler) -> Sampled {
+    let (logprob, top) = raw_logprobs(row, token, sampler.config().n_logprobs);
+    Sampled {
+        token,
+        logprob,
+        top,
+    }
 }
 
 impl Picker for Sampler {
@@ -140,6 +156,10 @@ impl Picker for Sampler {
 
     fn pick_row(&mut self, row: &[f32], history: &[u32]) -> Result<Sampled, GenerateError> {
         Ok(self.sample(row, history)?)
+    }
+
+    fn pick_forced(&mut self, row: &[f32], token: u32) -> Result<Sampled, GenerateError> {
+        Ok(unsampled(row, token, self))
     }
 
     fn stop_reason(&self, token: u32, n_generated: usize) -> Option<StopReason> {
@@ -167,12 +187,12 @@ impl Picker for Chooser {
             Chooser::Held(s) => s,
         };
         let token = held.next_token(row, history)?;
-        let (logprob, top) = raw_logprobs(row, token, self.sampler().config().n_logprobs);
-        Ok(Sampled {
-            token,
-            logprob,
-            top,
-        })
+        Ok(unsampled(row, token, self.sampler()))
+    }
+
+    fn pick_forced(&mut self, row: &[f32], token: u32) -> Result<Sampled, GenerateError> {
+        self.force(token)?;
+        Ok(unsampled(row, token, self.sampler()))
     }
 
     fn stop_reason(&self, token: u32, n_generated: usize) -> Option<StopReason> {

@@ -87,6 +87,7 @@ fn a_budget_closes_real_reasoning_after_exactly_its_tokens() {
         open: open.clone(),
         close: close.clone(),
         forced: close.clone(),
+        text_markers: Some(("<think>", "</think>")),
     };
     let held = generate(
         &engine,

@@ -415,12 +415,77 @@ async fn the_servers_budget_applies_where_the_request_sets_none() {
     assert_eq!(budget_tokens(&fake), Some(9));
 }
 
-/// A budget that cannot be enforced is refused, never ignored: harmony output has no
-/// `<think>` block to close.
+/// Harmony output gets a budget on its `analysis` message, closed by ending it and opening
+/// the `final` one (oracle: the markers of the harmony format, as the fake tokenizes them).
 #[tokio::test]
-async fn a_budget_on_output_without_think_blocks_is_refused() {
+async fn a_harmony_budget_closes_the_analysis_message() {
     let config = ServerConfig {
         reasoning_format: ferrite_engine::output::ReasoningFormat::Harmony,
+        reasoning_budget: Some(5),
+        ..ServerConfig::default()
+    };
+    let (app, fake) = app_with(Fake::new("ok"), config);
+    assert_eq!(
+        post(&app, "/v1/chat/completions", chat_body(json!({})))
+            .await
+            .0,
+        StatusCode::OK
+    );
+    let b = fake.last_budget.lock().unwrap().clone().unwrap();
+    assert_eq!(b.tokens, 5);
+    assert!(!b.starts_inside);
+    assert_eq!(
+        b.open,
+        fake.tokenize("<|channel|>analysis<|message|>", false, true)
+    );
+    assert_eq!(b.close, fake.tokenize("<|end|>", false, true));
+    assert_eq!(
+        b.forced,
+        fake.tokenize(
+            "<|end|><|start|>assistant<|channel|>final<|message|>",
+            false,
+            true
+        )
+    );
+    assert_eq!(b.text_markers, None);
+    let body = anthropic_thinking(json!({"type": "enabled", "budget_tokens": 64}));
+    assert_eq!(post(&app, "/v1/messages", body).await.0, StatusCode::OK);
+    assert_eq!(budget_tokens(&fake), Some(64));
+}
+
+/// `/v1/completions` takes `thinking_token_budget` too; the prompt decides whether the
+/// output starts inside `<think>` (oracle: the prompt's last marker, read back from the
+/// request the engine received).
+#[tokio::test]
+async fn a_completion_takes_a_budget_and_its_prompt_opens_the_block() {
+    let (app, fake) = app_with(Fake::new("ok"), ServerConfig::default());
+    for (prompt, inside) in [("Solve 2+2. <think>", true), ("Solve 2+2.", false)] {
+        let body = json!({"prompt": prompt, "max_tokens": 4, "thinking_token_budget": 3});
+        assert_eq!(post(&app, "/v1/completions", body).await.0, StatusCode::OK);
+        let b = fake.last_budget.lock().unwrap().clone().unwrap();
+        assert_eq!((b.tokens, b.starts_inside), (3, inside), "{prompt}");
+        assert_eq!(b.forced, fake.tokenize("</think>", false, true));
+    }
+    let body = json!({"prompt": "Solve.", "max_tokens": 4});
+    assert_eq!(post(&app, "/v1/completions", body).await.0, StatusCode::OK);
+    assert_eq!(budget_tokens(&fake), None);
+    let config = ServerConfig {
+        reasoning_format: ferrite_engine::output::ReasoningFormat::None,
+        ..ServerConfig::default()
+    };
+    let (app, _) = app_with(Fake::new("ok"), config);
+    let body = json!({"prompt": "Solve.", "max_tokens": 4, "thinking_token_budget": 3});
+    let (status, v) = post(&app, "/v1/completions", body).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(v["error"]["param"], "thinking_token_budget");
+}
+
+/// A budget that cannot be enforced is refused, never ignored: output read without
+/// reasoning has no block to close.
+#[tokio::test]
+async fn a_budget_on_output_without_reasoning_is_refused() {
+    let config = ServerConfig {
+        reasoning_format: ferrite_engine::output::ReasoningFormat::None,
         reasoning_budget: Some(5),
         ..ServerConfig::default()
     };

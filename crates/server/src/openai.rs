@@ -596,11 +596,19 @@ async fn completion(
         )
         .into_response());
     }
+    let requested_budget = generate::thinking_token_budget(&obj)?;
     let mut rxs = Vec::with_capacity(prefixes.len());
     for p in &prompts {
         opts.max_tokens = (max_tokens as usize)
             .max(usize::from(scoring_only))
             .min(generate::room(backend.as_ref(), p.len()));
+        opts.reasoning_budget = completion_budget(
+            &state,
+            backend.as_ref(),
+            requested_budget,
+            p,
+            &opts.sampling.format,
+        )?;
         rxs.extend(generate::submit_n(backend.as_ref(), p, &opts, n)?);
     }
     log.start_generation();
@@ -651,6 +659,28 @@ async fn completion(
         "choices": choices, "usage": usage_json(usage),
     }))
     .into_response())
+}
+
+/// A completion's reasoning budget. The prompt is the text the model continues, so its
+/// reasoning is read from it as a chat's is from the rendered template: a prompt that ends
+/// in `<think>` starts inside the block. The output itself stays one text (completions
+/// separate no reasoning); the budget only closes the block.
+fn completion_budget(
+    state: &AppState,
+    backend: &dyn Backend,
+    requested: Option<(usize, &str)>,
+    prompt: &[u32],
+    format: &ferrite_engine::OutputFormat,
+) -> Result<Option<ferrite_engine::ReasoningBudget>, ApiError> {
+    let default = state.config().reasoning_budget;
+    if requested.is_none() && default.is_none() {
+        return Ok(None);
+    }
+    let text = backend
+        .detokenize(prompt)
+        .map_err(|e| ApiError::invalid_param("prompt", e.to_string()))?;
+    let output = OutputConfig::for_prompt(state.config().reasoning_format, &text, &text, None);
+    tools::reasoning_budget(backend, requested, default, &output, format)
 }
 
 /// What a completions stream echoes: each choice's prompt text and, when prompt logprobs

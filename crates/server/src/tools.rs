@@ -3,7 +3,6 @@
 //! (`--reasoning-format`, the tool syntax the template teaches). The parsing itself is
 //! `ferrite_engine::output`, shared with `ferrite run`; this file must never parse text.
 
-use ferrite_engine::output::stream::{THINK_CLOSE, THINK_OPEN};
 use ferrite_engine::output::{OutputConfig, ReasoningFormat, ToolSyntax};
 use serde_json::{Map, Value};
 
@@ -107,10 +106,10 @@ pub fn template_kwargs(obj: &crate::parse::Obj) -> Result<Map<String, Value>, Ap
 
 /// The reasoning budget of one generation read as `output`: the request's (`requested`,
 /// with the field it came from), else the server's `--reasoning-budget`. A budget closes a
-/// `<think>` block, so a request that asks one of output marked otherwise (harmony
-/// channels, `--reasoning-format none`) is refused rather than ignored; the server's
-/// default applies only where it can. `format` decides how the close is forced: as text
-/// where a grammar holds the output, since grammars read markers as text.
+/// `<think>` block or a harmony `analysis` message, so a request that asks one of output
+/// read without reasoning (`--reasoning-format none`) is refused rather than ignored; the
+/// server's default applies only where it can. `format` decides how a `<think>` close is
+/// forced: as text where a grammar holds the output, since grammars read markers as text.
 pub fn reasoning_budget(
     backend: &dyn Backend,
     requested: Option<(usize, &str)>,
@@ -118,33 +117,22 @@ pub fn reasoning_budget(
     output: &OutputConfig,
     format: &OutputFormat,
 ) -> Result<Option<ReasoningBudget>, ApiError> {
-    let tokens = match (requested, output.reasoning) {
-        (Some((n, _)), ReasoningFormat::Think) => n,
-        (Some((_, param)), other) => {
-            return Err(ApiError::invalid_param(
-                param,
-                format!(
-                    "a reasoning budget closes a <think> block, and this server reads this \
-                     model's output as '{other}' reasoning; send the request without '{param}'"
-                ),
-            ));
-        }
-        (None, ReasoningFormat::Think) => match default {
-            Some(n) => n,
-            None => return Ok(None),
-        },
-        (None, _) => return Ok(None),
+    let Some(tokens) = requested.map(|(n, _)| n).or(default) else {
+        return Ok(None);
     };
-    let close = backend.tokenize(THINK_CLOSE, false, true);
-    let forced = match format {
-        OutputFormat::Held(_) => backend.tokenize(THINK_CLOSE, false, false),
-        OutputFormat::Text => close.clone(),
-    };
-    Ok(Some(ReasoningBudget {
-        tokens,
-        starts_inside: output.starts_in_reasoning,
-        open: backend.tokenize(THINK_OPEN, false, true),
-        close,
-        forced,
-    }))
+    let held = matches!(format, OutputFormat::Held(_));
+    let budget = ReasoningBudget::for_output(tokens, output, held, |text, special| {
+        backend.tokenize(text, false, special)
+    });
+    match (budget, requested) {
+        (None, Some((_, param))) => Err(ApiError::invalid_param(
+            param,
+            format!(
+                "a reasoning budget closes a reasoning block, and this server reads this \
+                 model's output as '{}' (no reasoning); send the request without '{param}'",
+                output.reasoning
+            ),
+        )),
+        (budget, _) => Ok(budget),
+    }
 }

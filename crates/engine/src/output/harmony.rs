@@ -10,7 +10,14 @@ use super::{Event, Finish};
 const START: &str = "<|start|>";
 const CHANNEL: &str = "<|channel|>";
 const MESSAGE: &str = "<|message|>";
-const ENDS: [&str; 4] = ["<|end|>", "<|call|>", "<|return|>", START];
+const ENDS: [&str; 4] = [END, "<|call|>", "<|return|>", START];
+
+/// The end of a message.
+pub(crate) const END: &str = "<|end|>";
+/// The header of a reasoning message, as the model writes it after `<|start|>assistant`.
+pub(crate) const ANALYSIS_HEADER: &str = "<|channel|>analysis<|message|>";
+/// What ends a reasoning message early and opens the answer (a reasoning budget's close).
+pub(crate) const ANALYSIS_TO_FINAL: &str = "<|end|><|start|>assistant<|channel|>final<|message|>";
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Body {

@@ -31,7 +31,7 @@
 
 mod deepseek;
 mod glm;
-mod harmony;
+pub(crate) mod harmony;
 mod hermes;
 mod json_call;
 mod llama3;

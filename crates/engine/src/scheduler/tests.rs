@@ -758,6 +758,7 @@ fn a_reasoning_budget_closes_the_block_and_the_answer_follows() {
         open: vec![13],
         close: vec![14],
         forced: vec![10, 11],
+        text_markers: Some(("<think>", "</think>")),
     });
     run_all(&mut s);
     // 1, 2, 3 of reasoning, then the forced 10, 11, then the model's own 12, 13, 14.
