@@ -6,7 +6,7 @@ mod server_util;
 
 use ferrite_engine::grammar::Constraint;
 use serde_json::{Value, json};
-use server_util::{MODEL, Server, chat, chat_stream_text, metric, start, with};
+use server_util::{MODEL, Server, chat, chat_stream_text, metric, start, start_with, with};
 
 /// Runs each chat of `prompts` (prompt, sampling fields) under `format` with `max_tokens`,
 /// plain and streamed: an output that ended by itself must pass `whole`, one cut by the
@@ -394,6 +394,44 @@ fn tool_choice_forces_a_call_held_to_the_tools_parameters() {
     );
     assert_eq!(r.status, 400, "{}", r.body);
     assert_eq!(r.json()["error"]["param"], "tool_choice");
+}
+
+/// A forced call is written in the model's own tagged syntax (Qwen3-Coder XML, GLM 4.5),
+/// here forced by `--tool-syntax` on SmolLM2 whose template shows neither: the grammar
+/// makes the model write that markup, and the parser of that syntax reads it back, plain
+/// and streamed. Oracles: [`weather_args`], the streamed deltas joined equal to the plain
+/// call, and no markup left in the content.
+#[test]
+fn forced_calls_in_tagged_syntaxes_parse_back_plain_and_streamed() {
+    for syntax in ["qwen3coder", "glm45"] {
+        let server = start_with(&["--tool-syntax", syntax]);
+        let body = with(
+            // Unfamiliar markup comes a few bytes a token: room for it.
+            chat("Is it raining in Paris?", 240),
+            json!({"tools": [weather_tool()], "tool_choice": "required"}),
+        );
+        let v = server.post("/v1/chat/completions", &body).json();
+        let choice = &v["choices"][0];
+        assert_eq!(choice["finish_reason"], "tool_calls", "{syntax}: {v}");
+        assert!(choice["message"]["content"].is_null(), "{syntax}: {v}");
+        let call = &choice["message"]["tool_calls"][0]["function"];
+        assert_eq!(call["name"], "get_weather", "{syntax}: {v}");
+        let args: Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
+        assert!(weather_args(&args), "{syntax}: {v}");
+        let stream = server.post(
+            "/v1/chat/completions",
+            &with(body.clone(), json!({"stream": true})),
+        );
+        let (text, chunks) = chat_stream_text(&stream);
+        assert_eq!(text, "", "{syntax}: {}", stream.body);
+        let args: String = chunks
+            .iter()
+            .filter_map(|c| c["choices"][0]["delta"]["tool_calls"][0].get("function"))
+            .filter_map(|f| f["arguments"].as_str())
+            .collect();
+        assert_eq!(args, call["arguments"], "{syntax}: {}", stream.body);
+        println!("{syntax}: {}", call["arguments"]);
+    }
 }
 
 /// The JSON Schema keywords the hand-written grammar refused, now held through llguidance:

@@ -208,20 +208,63 @@ impl Constraint {
         schemas: &[Value],
         after: &str,
     ) -> Result<Constraint, GrammarError> {
-        if schemas.is_empty() {
-            return Err(GrammarError::Invalid("no schema to frame".into()));
+        let alternatives: Vec<Vec<Group>> = schemas
+            .iter()
+            .map(|s| {
+                vec![Group::always(vec![
+                    Piece::Text(before.to_string()),
+                    Piece::Json(s.clone()),
+                    Piece::Text(after.to_string()),
+                ])]
+            })
+            .collect();
+        Constraint::one_of(&alternatives)
+    }
+
+    /// One of `alternatives`, each a sequence of groups of [`Piece`]s written exactly in
+    /// order, an optional group at most once: tool calls whose arguments are tagged
+    /// parameters, an optional parameter a group of its own.
+    pub fn one_of(alternatives: &[Vec<Group>]) -> Result<Constraint, GrammarError> {
+        if alternatives.is_empty() {
+            return Err(GrammarError::Invalid("no alternative to hold to".into()));
         }
-        let calls: Vec<String> = (0..schemas.len()).map(|i| format!("call{i}")).collect();
-        let mut lark = format!(
-            "start: {} ({}) {}",
-            quote(before),
-            calls.join(" | "),
-            quote(after)
-        );
-        for (name, schema) in calls.iter().zip(schemas) {
-            let schema = serde_json::to_string(&json::compact(schema)?).map_err(invalid)?;
-            lark += &format!("\n{name}: %json {schema}");
+        let names: Vec<String> = (0..alternatives.len()).map(|i| format!("alt{i}")).collect();
+        let mut lark = format!("start: {}", names.join(" | "));
+        let mut values = String::new();
+        let mut n_values = 0;
+        for (name, groups) in names.iter().zip(alternatives) {
+            let mut rule = Vec::new();
+            for group in groups {
+                let mut items = Vec::new();
+                for piece in &group.pieces {
+                    match piece {
+                        Piece::Text(t) if t.is_empty() => {}
+                        Piece::Text(t) => items.push(quote(t)),
+                        Piece::Json(schema) => {
+                            let schema = json::compact(schema)?;
+                            let value = format!("value{n_values}");
+                            n_values += 1;
+                            let schema = serde_json::to_string(&schema).map_err(invalid)?;
+                            values += &format!("{value}: %json {schema}\n");
+                            items.push(value);
+                        }
+                    }
+                }
+                match (items.is_empty(), group.optional) {
+                    (true, _) => {}
+                    (false, false) => rule.push(items.join(" ")),
+                    (false, true) => rule.push(format!("({})?", items.join(" "))),
+                }
+            }
+            if rule.is_empty() {
+                return Err(GrammarError::Invalid(
+                    "an alternative with nothing to write".into(),
+                ));
+            }
+            lark += &format!("\n{name}: {}", rule.join(" "));
         }
+        lark += "\n";
+        lark += &values;
         Constraint::lark(&lark)
     }
 
@@ -270,6 +313,34 @@ impl Constraint {
 
     fn top_level(&self) -> Result<TopLevelGrammar, GrammarError> {
         serde_json::from_value(self.grammar.clone()).map_err(invalid)
+    }
+}
+
+/// A part of a text [`Constraint::one_of`] holds to.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Piece {
+    /// This text, exactly.
+    Text(String),
+    /// One JSON value of this schema, compact as every schema here is written.
+    Json(Value),
+}
+
+/// Pieces written together: all of them, or (optional) none.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Group {
+    /// The pieces, in order.
+    pub pieces: Vec<Piece>,
+    /// The group may be left out.
+    pub optional: bool,
+}
+
+impl Group {
+    /// Pieces that are always written.
+    pub fn always(pieces: Vec<Piece>) -> Group {
+        Group {
+            pieces,
+            optional: false,
+        }
     }
 }
 

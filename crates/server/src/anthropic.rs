@@ -213,14 +213,14 @@ async fn message(
     let offered = template_tools(&obj)?;
     let offered = offered.as_ref().and_then(Value::as_array);
     let forced = tool_choice::forced_call(offered.map_or(&[], Vec::as_slice), &choice)?;
-    let (prompt, _, output) =
+    let (prompt, _, mut output) =
         prompt_tokens(&state, backend.as_ref(), &obj, &choice, forced.is_some())?;
     generate::check_prompt(backend.as_ref(), &prompt, "messages")?;
     let stop = parse::opt_stops(&obj, "stop_sequences")?;
     let stream = opt_bool(&obj, "stream")?.unwrap_or(false);
     let mut sampling = generate::sampling(&obj, 1.0)?;
     sampling.format = match forced {
-        Some(call) => call.format(&output)?,
+        Some(call) => call.format(&mut output)?,
         None => {
             crate::structured::after_reasoning(crate::structured::requested(&obj, None)?, &output)?
         }

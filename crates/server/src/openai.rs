@@ -191,7 +191,7 @@ async fn chat(
             tools_param: "tools",
         },
     )?;
-    let output = rendered.output;
+    let mut output = rendered.output;
     let rendered = rendered.prompt;
     let prompt = backend.tokenize(&rendered, true, true);
     generate::check_prompt(backend.as_ref(), &prompt, "messages")?;
@@ -204,7 +204,7 @@ async fn chat(
         logprobs.then(|| top.unwrap_or(0) as usize),
     )?;
     opts.sampling.format = match forced {
-        Some(call) => call.format(&output)?,
+        Some(call) => call.format(&mut output)?,
         None => crate::structured::after_reasoning(opts.sampling.format, &output)?,
     };
     opts.reasoning_budget = tools::reasoning_budget(

@@ -228,7 +228,7 @@ async fn respond(
             tools_param: "tools",
         },
     )?;
-    let output = rendered.output;
+    let mut output = rendered.output;
     let rendered = rendered.prompt;
     let prompt = backend.tokenize(&rendered, true, true);
     generate::check_prompt(backend.as_ref(), &prompt, "input")?;
@@ -238,7 +238,7 @@ async fn respond(
         None => None,
     };
     let format = match &forced {
-        Some(call) => call.format(&output)?,
+        Some(call) => call.format(&mut output)?,
         None => crate::structured::after_reasoning(
             crate::structured::requested(&obj, Some(("text.format", format_obj)))?,
             &output,

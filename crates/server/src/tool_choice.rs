@@ -1,19 +1,22 @@
 //! Tool choices, and the output format of those that force a call: OpenAI's `tool_choice`
 //! `"required"` or a named function, Anthropic's `"any"` or a named tool. Such output is
-//! held, through an llguidance grammar, to one call in the model's own syntax where that
-//! call is one JSON object ([`Framing`]: Hermes `<tool_call>\n{"name": …, "arguments":
-//! …}\n</tool_call>`, Llama 3 `{"name": …, "parameters": …}`, Mistral `[TOOL_CALLS][…]`),
-//! else in Hermes markup, whose name is one of the tools offered and whose arguments fit
-//! that tool's parameters schema: one alternative per tool, each a compact JSON object with
-//! its name first. When the prompt opened a reasoning block, the reasoning runs free to its
-//! close before the call.
+//! held, through an llguidance grammar, to one call in the model's own syntax
+//! ([`Framing`]): one JSON object for Hermes `<tool_call>\n{"name": …, "arguments":
+//! …}\n</tool_call>`, Llama 3 `{"name": …, "parameters": …}` and Mistral
+//! `[TOOL_CALLS][…]`; tagged parameters for Qwen3-Coder (`<function=…><parameter=…>`) and
+//! GLM 4.5 (`<arg_key>…<arg_value>`), each value one JSON value of its property's schema;
+//! Hermes markup for the syntaxes whose markers are special tokens (DeepSeek, harmony) and
+//! for tools whose parameters tags cannot hold. The call's name is one of the tools offered
+//! and its arguments fit that tool's parameters schema: one alternative per tool, its name
+//! first. When the prompt opened a reasoning block, the reasoning runs free to its close
+//! before the call.
 //!
 //! Never parses calls back out of text: that is [`crate::tools`].
 
 use std::sync::Arc;
 
 use ferrite_engine::OutputFormat;
-use ferrite_engine::grammar::{Constraint, GrammarError};
+use ferrite_engine::grammar::{Constraint, GrammarError, Group, Piece};
 use ferrite_engine::output::{OutputConfig, ReasoningFormat, ToolSyntax};
 use serde_json::{Value, json};
 
@@ -110,46 +113,81 @@ pub fn anthropic(v: Option<&Value>) -> Result<ToolChoice, ApiError> {
     }
 }
 
-/// How a forced call is written in a syntax whose call is one JSON object: the text
-/// around it and the key of its arguments. Calls of the other syntaxes (XML arguments,
-/// markers that are special tokens, which grammars read only as text) are forced in
-/// Hermes markup, and the output is parsed as Hermes.
+/// How a forced call is written in the model's own syntax ([`Framing::of`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Framing {
     /// The syntax the call is written, and parsed, in.
     pub syntax: ToolSyntax,
-    /// Text before the call object.
-    pub before: &'static str,
-    /// Text after it.
-    pub after: &'static str,
-    /// The call object's key of the arguments.
-    pub arguments: &'static str,
+    /// Its markup.
+    pub markup: Markup,
 }
 
+/// The markup of a forced call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Markup {
+    /// One JSON object, `{"name": …, ARGUMENTS: {…}}`, between fixed texts.
+    Json {
+        /// Text before the call object.
+        before: &'static str,
+        /// Text after it.
+        after: &'static str,
+        /// The call object's key of the arguments.
+        arguments: &'static str,
+    },
+    /// The name between `name`'s two texts, then one tagged parameter per argument (the
+    /// key after `param.0`, its value between `param.1` and `param.2`), then `close`. Each
+    /// value is written as one JSON value, which the parser reads back as that value (a
+    /// bare text would be read as JSON where it happens to parse as JSON).
+    Tagged {
+        /// Around the tool's name.
+        name: (&'static str, &'static str),
+        /// Before the key, between key and value, after the value.
+        param: (&'static str, &'static str, &'static str),
+        /// After the last parameter.
+        close: &'static str,
+    },
+}
+
+/// Hermes markup: the framing of syntaxes whose calls the grammar cannot write (markers
+/// that are special tokens, which grammars read only as text).
+const HERMES: Framing = Framing {
+    syntax: ToolSyntax::Hermes,
+    markup: Markup::Json {
+        before: "<tool_call>\n",
+        after: "\n</tool_call>",
+        arguments: "arguments",
+    },
+};
+
 impl Framing {
-    /// The framing of a forced call for a model that writes `syntax`.
+    /// The framing of a forced call for a model that writes `syntax`: its own markup for
+    /// Llama 3, Mistral, Qwen3-Coder and GLM 4.5, Hermes markup otherwise.
     pub fn of(syntax: ToolSyntax) -> Framing {
-        match syntax {
+        let markup = match syntax {
             // Llama 3.1's template shows calls as `{"name": …, "parameters": …}`.
-            ToolSyntax::Llama3 => Framing {
-                syntax,
+            ToolSyntax::Llama3 => Markup::Json {
                 before: "",
                 after: "",
                 arguments: "parameters",
             },
-            ToolSyntax::Mistral => Framing {
-                syntax,
+            ToolSyntax::Mistral => Markup::Json {
                 before: "[TOOL_CALLS][",
                 after: "]",
                 arguments: "arguments",
             },
-            _ => Framing {
-                syntax: ToolSyntax::Hermes,
-                before: "<tool_call>\n",
-                after: "\n</tool_call>",
-                arguments: "arguments",
+            ToolSyntax::Qwen3Coder => Markup::Tagged {
+                name: ("<tool_call>\n<function=", ">\n"),
+                param: ("<parameter=", ">\n", "\n</parameter>\n"),
+                close: "</function>\n</tool_call>",
             },
-        }
+            ToolSyntax::Glm45 => Markup::Tagged {
+                name: ("<tool_call>", "\n"),
+                param: ("<arg_key>", "</arg_key>\n<arg_value>", "</arg_value>\n"),
+                close: "</tool_call>",
+            },
+            _ => return HERMES,
+        };
+        Framing { syntax, markup }
     }
 }
 
@@ -161,25 +199,120 @@ pub struct ForcedCall {
 
 impl ForcedCall {
     fn constraint(&self, framing: Framing) -> Result<Constraint, GrammarError> {
-        let calls: Vec<Value> = self
-            .tools
-            .iter()
-            .map(|t| call_schema(t, framing.arguments))
-            .collect();
-        Constraint::framed_json(framing.before, &calls, framing.after)
+        match framing.markup {
+            Markup::Json {
+                before,
+                after,
+                arguments,
+            } => {
+                let calls: Vec<Value> = self
+                    .tools
+                    .iter()
+                    .map(|t| call_schema(t, arguments))
+                    .collect();
+                Constraint::framed_json(before, &calls, after)
+            }
+            Markup::Tagged { name, param, close } => {
+                let calls = self.tools.iter().map(|t| {
+                    let params = tagged_params(t).ok_or_else(|| {
+                        GrammarError::Invalid(
+                            "parameters other than plain properties cannot be tagged".into(),
+                        )
+                    })?;
+                    let text = |s: String| Piece::Text(s);
+                    let mut groups = vec![Group::always(vec![text(format!(
+                        "{}{}{}",
+                        name.0,
+                        name_of(t).unwrap_or_default(),
+                        name.1
+                    ))])];
+                    for (key, schema, required) in params {
+                        groups.push(Group {
+                            pieces: vec![
+                                text(format!("{}{key}{}", param.0, param.1)),
+                                Piece::Json(schema),
+                                text(param.2.to_string()),
+                            ],
+                            optional: !required,
+                        });
+                    }
+                    groups.push(Group::always(vec![text(close.to_string())]));
+                    Ok(groups)
+                });
+                Constraint::one_of(&calls.collect::<Result<Vec<_>, GrammarError>>()?)
+            }
+        }
+    }
+
+    /// The framing of this call for a model that writes `syntax`: Hermes markup where a
+    /// tool's parameters cannot be written as tagged parameters.
+    fn framing(&self, syntax: ToolSyntax) -> Framing {
+        let framing = Framing::of(syntax);
+        let tagged = matches!(framing.markup, Markup::Tagged { .. });
+        if tagged && self.tools.iter().any(|t| tagged_params(t).is_none()) {
+            HERMES
+        } else {
+            framing
+        }
     }
 
     /// The output format of the call for output read as `output` says (its tool syntax
-    /// decides the framing): when the prompt opened a `<think>` block, reasoning runs free
-    /// to its close first.
-    pub fn format(&self, output: &OutputConfig) -> Result<OutputFormat, ApiError> {
-        let framing = Framing::of(output.tools.unwrap_or(ToolSyntax::Hermes));
+    /// decides the framing; `output.tools` becomes the syntax the call is written in):
+    /// when the prompt opened a `<think>` block, reasoning runs free to its close first.
+    pub fn format(&self, output: &mut OutputConfig) -> Result<OutputFormat, ApiError> {
+        let framing = self.framing(output.tools.unwrap_or(ToolSyntax::Hermes));
+        output.tools = Some(framing.syntax);
         let mut c = self.constraint(framing).map_err(unenforceable)?;
         if output.starts_in_reasoning && output.reasoning == ReasoningFormat::Think {
             c = c.after_reasoning("</think>").map_err(unenforceable)?;
         }
         Ok(OutputFormat::Held(Arc::new(c)))
     }
+}
+
+/// A tool's parameters as tagged parameters, in the schema's order: each key, its schema
+/// and whether it is required; `None` when the parameters schema says more than plain
+/// properties (definitions, extra keys allowed, combinators), which tags cannot hold.
+fn tagged_params(tool: &Value) -> Option<Vec<(String, Value, bool)>> {
+    let Some(Value::Object(p)) = tool.pointer("/function/parameters") else {
+        return Some(Vec::new());
+    };
+    const PLAIN: [&str; 6] = [
+        "type",
+        "properties",
+        "required",
+        "additionalProperties",
+        "description",
+        "title",
+    ];
+    let plain = p.iter().all(|(k, v)| match k.as_str() {
+        "type" => v == "object",
+        "additionalProperties" => v == false,
+        "$schema" => true,
+        k => PLAIN.contains(&k),
+    });
+    if !plain {
+        return None;
+    }
+    let required: Vec<&str> = match p.get("required") {
+        None => Vec::new(),
+        Some(Value::Array(r)) => r.iter().map(Value::as_str).collect::<Option<_>>()?,
+        Some(_) => return None,
+    };
+    let properties = match p.get("properties") {
+        None => return required.is_empty().then(Vec::new),
+        Some(Value::Object(props)) => props,
+        Some(_) => return None,
+    };
+    if required.iter().any(|r| !properties.contains_key(*r)) {
+        return None;
+    }
+    Some(
+        properties
+            .iter()
+            .map(|(k, schema)| (k.clone(), schema.clone(), required.contains(&k.as_str())))
+            .collect(),
+    )
 }
 
 fn unenforceable(e: GrammarError) -> ApiError {
@@ -219,9 +352,7 @@ pub fn forced_call(tools: &[Value], choice: &ToolChoice) -> Result<Option<Forced
     let forced = ForcedCall {
         tools: candidates.into_iter().cloned().collect(),
     };
-    forced
-        .constraint(Framing::of(ToolSyntax::Hermes))
-        .map_err(unenforceable)?;
+    forced.constraint(HERMES).map_err(unenforceable)?;
     Ok(Some(forced))
 }
 

@@ -7,7 +7,6 @@ use ferrite_engine::output::{OutputConfig, ReasoningFormat, ToolSyntax};
 use serde_json::{Map, Value};
 
 use crate::error::ApiError;
-use crate::tool_choice::Framing;
 use ferrite_engine::{Backend, ChatPrompt, OutputFormat, ReasoningBudget};
 
 /// A rendered chat prompt and how to read the model's output.
@@ -30,7 +29,7 @@ pub struct Chat<'a> {
     /// Whether tool calls are parsed out of the output.
     pub parse_calls: bool,
     /// A forced call is written by the grammar, in the model's syntax where it can be
-    /// ([`Framing`]).
+    /// ([`crate::tool_choice::Framing`]).
     pub forced: bool,
     /// The server's `--reasoning-format`.
     pub format: ReasoningFormat,
@@ -67,17 +66,12 @@ pub fn render(backend: &dyn Backend, chat: Chat<'_>) -> Result<Rendered, ApiErro
             ));
         }
     }
+    // Hermes markup is the default of templates that show tools without markers; a forced
+    // call's format decides the syntax it is written in (`ForcedCall::format`).
     let syntax = chat.parse_calls.then(|| {
-        // Hermes markup is the default of templates that show tools without markers.
-        let syntax = chat
-            .tool_syntax
+        chat.tool_syntax
             .or_else(|| ToolSyntax::detect(&text))
-            .unwrap_or(ToolSyntax::Hermes);
-        if chat.forced {
-            Framing::of(syntax).syntax
-        } else {
-            syntax
-        }
+            .unwrap_or(ToolSyntax::Hermes)
     });
     let output = OutputConfig::for_prompt(chat.format, &text, &text, syntax);
     Ok(Rendered {

@@ -24,7 +24,7 @@ fn output(starts_in_reasoning: bool) -> OutputConfig {
 }
 
 fn held(tools: &[Value], choice: &ToolChoice, in_reasoning: bool) -> Constraint {
-    match forced_call(tools, choice).map(|f| f.map(|f| f.format(&output(in_reasoning)))) {
+    match forced_call(tools, choice).map(|f| f.map(|f| f.format(&mut output(in_reasoning)))) {
         Ok(Some(Ok(OutputFormat::Held(c)))) => (*c).clone(),
         other => panic!("{choice:?}: {other:?}"),
     }
@@ -34,10 +34,22 @@ fn schema(tools: &[Value], choice: ToolChoice) -> Constraint {
     held(tools, &choice, false)
 }
 
+/// The texts around a call object and its key of the arguments, of a JSON framing.
+fn json_markup(f: Framing) -> Option<(&'static str, &'static str, &'static str)> {
+    match f.markup {
+        Markup::Json {
+            before,
+            after,
+            arguments,
+        } => Some((before, after, arguments)),
+        Markup::Tagged { .. } => None,
+    }
+}
+
 /// `call` in Hermes markup.
 fn hermes(call: &str) -> String {
-    let f = Framing::of(ToolSyntax::Hermes);
-    format!("{}{call}{}", f.before, f.after)
+    let (before, after, _) = json_markup(Framing::of(ToolSyntax::Hermes)).unwrap();
+    format!("{before}{call}{after}")
 }
 
 /// Whether `call` in its markup is a whole text of `c`.
@@ -242,64 +254,150 @@ fn choices_that_cannot_be_met_are_refused_by_name() {
     assert_eq!(forced_call(&[weather()], &ToolChoice::None).unwrap(), None);
 }
 
+/// The forced grammar of `tools` for a model that writes `syntax`, and the syntax the
+/// call is then written and parsed in.
+fn forced_in(tools: &[Value], syntax: ToolSyntax) -> (Constraint, OutputConfig) {
+    let mut out = OutputConfig {
+        tools: Some(syntax),
+        ..output(false)
+    };
+    let forced = forced_call(tools, &ToolChoice::Required).unwrap().unwrap();
+    match forced.format(&mut out).unwrap() {
+        OutputFormat::Held(c) => ((*c).clone(), out),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// The calls `text` parses to in `out`'s syntax: (name, arguments) of each whole call, and
+/// the content left beside them.
+fn parsed(out: OutputConfig, text: &str) -> (Vec<(String, Value)>, String) {
+    use ferrite_engine::output::{Collected, OutputParser};
+    let mut parser = OutputParser::new(out);
+    let mut got = Collected::default();
+    got.extend(parser.push(text, false));
+    got.extend(parser.finish().events);
+    let calls = got
+        .calls
+        .iter()
+        .filter(|c| c.complete)
+        .map(|c| (c.name.clone(), serde_json::from_str(&c.arguments).unwrap()))
+        .collect();
+    (calls, got.content)
+}
+
 /// Oracle: the output parser itself. A call written as each syntax's framing says is a
 /// whole text of the forced grammar and parses back, in that syntax, to the same call;
-/// the other syntaxes' key is refused. Syntaxes without a JSON framing fall back to Hermes.
+/// the other syntaxes' key is refused. Syntaxes whose markers are special tokens fall
+/// back to Hermes.
 #[test]
 fn forced_calls_are_written_in_the_models_own_syntax_and_parse_back() {
-    use ferrite_engine::output::{Collected, OutputParser};
     for syntax in ToolSyntax::ALL {
         let f = Framing::of(syntax);
-        if syntax == ToolSyntax::Llama3 {
-            assert_eq!(
-                f.arguments, "parameters",
-                "as Llama 3.1's template writes calls"
-            );
-        }
-        let json_framed = matches!(syntax, ToolSyntax::Llama3 | ToolSyntax::Mistral);
-        assert_eq!(
-            f.syntax == syntax,
-            json_framed || syntax == ToolSyntax::Hermes
-        );
-        let out = OutputConfig {
-            tools: Some(f.syntax),
-            ..output(false)
+        let own = !matches!(syntax, ToolSyntax::DeepSeek | ToolSyntax::Harmony);
+        assert_eq!(f.syntax == syntax, own, "{syntax:?}");
+        let (c, out) = forced_in(&[weather()], syntax);
+        assert_eq!(out.tools, Some(f.syntax), "{syntax:?}");
+        let text = match json_markup(f) {
+            Some((before, after, arguments)) => {
+                if syntax == ToolSyntax::Llama3 {
+                    assert_eq!(
+                        arguments, "parameters",
+                        "as Llama 3.1's template writes calls"
+                    );
+                }
+                let call = format!(
+                    "{{\"name\": \"get_weather\", \"{arguments}\": {{\"city\": \"Oslo\"}}}}"
+                );
+                let text = format!("{before}{call}{after}");
+                let other = if arguments == "arguments" {
+                    "parameters"
+                } else {
+                    "arguments"
+                };
+                assert!(
+                    !c.accepts(text.replace(arguments, other).as_bytes()),
+                    "{syntax:?}"
+                );
+                text
+            }
+            None => tagged_text(syntax, "get_weather", &[("city", "\"Oslo\"")]),
         };
-        let c = match forced_call(&[weather()], &ToolChoice::Required)
-            .unwrap()
-            .unwrap()
-            .format(&out)
-            .unwrap()
-        {
-            OutputFormat::Held(c) => c,
-            other => panic!("{other:?}"),
-        };
-        let call = format!(
-            "{{\"name\": \"get_weather\", \"{}\": {{\"city\": \"Oslo\"}}}}",
-            f.arguments
-        );
-        let text = format!("{}{call}{}", f.before, f.after);
         assert!(c.accepts(text.as_bytes()), "{syntax:?}: {text}");
-        let other = if f.arguments == "arguments" {
-            "parameters"
-        } else {
-            "arguments"
+        let (calls, content) = parsed(out, &text);
+        assert_eq!(
+            calls,
+            [("get_weather".to_string(), json!({"city": "Oslo"}))],
+            "{syntax:?}: {text}"
+        );
+        assert_eq!(content.trim(), "", "{syntax:?}");
+    }
+}
+
+/// A call in the tagged markup of Qwen3-Coder or GLM 4.5, written by hand as their chat
+/// templates write one (values given as JSON text).
+fn tagged_text(syntax: ToolSyntax, name: &str, params: &[(&str, &str)]) -> String {
+    let mut text = match syntax {
+        ToolSyntax::Qwen3Coder => format!("<tool_call>\n<function={name}>\n"),
+        ToolSyntax::Glm45 => format!("<tool_call>{name}\n"),
+        other => panic!("{other:?} is not tagged"),
+    };
+    for (k, v) in params {
+        text += &match syntax {
+            ToolSyntax::Qwen3Coder => format!("<parameter={k}>\n{v}\n</parameter>\n"),
+            _ => format!("<arg_key>{k}</arg_key>\n<arg_value>{v}</arg_value>\n"),
         };
-        assert!(
-            !c.accepts(text.replace(f.arguments, other).as_bytes()),
-            "{syntax:?}"
-        );
-        let mut parser = OutputParser::new(out);
-        let mut got = Collected::default();
-        got.extend(parser.push(&text, false));
-        got.extend(parser.finish().events);
-        assert_eq!(got.calls.len(), 1, "{syntax:?}: {got:?}");
-        assert!(
-            got.calls[0].complete && got.calls[0].name == "get_weather",
-            "{got:?}"
-        );
-        let args: Value = serde_json::from_str(&got.calls[0].arguments).unwrap();
-        assert_eq!(args, json!({"city": "Oslo"}), "{syntax:?}");
-        assert_eq!(got.content.trim(), "", "{syntax:?}: {got:?}");
+    }
+    text += match syntax {
+        ToolSyntax::Qwen3Coder => "</function>\n</tool_call>",
+        _ => "</tool_call>",
+    };
+    text
+}
+
+/// Oracle: the parameters schema, applied by hand. Tagged calls hold each value to its
+/// property's schema, required parameters present, optional ones at most once, in the
+/// schema's order, no other keys; a tool without parameters takes none. Parameters that
+/// tags cannot hold make the call Hermes markup.
+#[test]
+fn tagged_calls_hold_each_parameter_to_its_schema() {
+    for syntax in [ToolSyntax::Qwen3Coder, ToolSyntax::Glm45] {
+        let (c, out) = forced_in(&[weather(), clock()], syntax);
+        let t = |name, params: &[(&str, &str)]| tagged_text(syntax, name, params);
+        let good = [
+            t("get_weather", &[("city", "\"Oslo\"")]),
+            t(
+                "get_weather",
+                &[("city", "\"a</parameter>b\""), ("unit", "\"f\"")],
+            ),
+            t("get_time", &[]),
+        ];
+        for text in &good {
+            assert!(c.accepts(text.as_bytes()), "{syntax:?}: {text}");
+        }
+        let (calls, _) = parsed(out, &good[1]);
+        assert_eq!(calls[0].1, json!({"city": "a</parameter>b", "unit": "f"}));
+        let bad = [
+            t("get_weather", &[]),
+            t("get_weather", &[("city", "Oslo")]),
+            t("get_weather", &[("city", "\"Oslo\""), ("unit", "\"k\"")]),
+            t("get_weather", &[("unit", "\"c\""), ("city", "\"Oslo\"")]),
+            t("get_weather", &[("city", "\"Oslo\""), ("days", "3")]),
+            t("get_weather", &[("city", "\"Oslo\""), ("city", "\"Rome\"")]),
+            t(
+                "get_weather",
+                &[("city", "\"Oslo\""), ("unit", "\"c\""), ("unit", "\"f\"")],
+            ),
+            t("get_time", &[("city", "\"Oslo\"")]),
+            t("get_news", &[]),
+        ];
+        for text in &bad {
+            assert!(!c.accepts(text.as_bytes()), "{syntax:?}: {text}");
+        }
+        let defs = json!({"type": "function", "function": {"name": "f", "parameters": {
+            "type": "object", "properties": {"x": {"$ref": "#/$defs/x"}},
+            "$defs": {"x": {"type": "integer"}}}}});
+        let (c, out) = forced_in(&[defs], syntax);
+        assert_eq!(out.tools, Some(ToolSyntax::Hermes), "{syntax:?}");
+        assert!(whole(&c, r#"{"name": "f", "arguments": {"x": 1}}"#));
     }
 }
