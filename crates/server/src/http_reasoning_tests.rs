@@ -415,12 +415,13 @@ async fn the_servers_budget_applies_where_the_request_sets_none() {
     assert_eq!(budget_tokens(&fake), Some(9));
 }
 
-/// Harmony output gets a budget on its `analysis` message, closed by ending it and opening
-/// the `final` one (oracle: the markers of the harmony format, as the fake tokenizes them).
-#[tokio::test]
-async fn a_harmony_budget_closes_the_analysis_message() {
+/// A server reading output as `format`, with `--reasoning-budget 5`, after one chat that
+/// sets no budget of its own.
+async fn budgeted_server(
+    format: ferrite_engine::output::ReasoningFormat,
+) -> (axum::Router, std::sync::Arc<Fake>) {
     let config = ServerConfig {
-        reasoning_format: ferrite_engine::output::ReasoningFormat::Harmony,
+        reasoning_format: format,
         reasoning_budget: Some(5),
         ..ServerConfig::default()
     };
@@ -431,6 +432,14 @@ async fn a_harmony_budget_closes_the_analysis_message() {
             .0,
         StatusCode::OK
     );
+    (app, fake)
+}
+
+/// Harmony output gets a budget on its `analysis` message, closed by ending it and opening
+/// the `final` one (oracle: the markers of the harmony format, as the fake tokenizes them).
+#[tokio::test]
+async fn a_harmony_budget_closes_the_analysis_message() {
+    let (app, fake) = budgeted_server(ferrite_engine::output::ReasoningFormat::Harmony).await;
     let b = fake.last_budget.lock().unwrap().clone().unwrap();
     assert_eq!(b.tokens, 5);
     assert!(!b.starts_inside);
@@ -484,18 +493,7 @@ async fn a_completion_takes_a_budget_and_its_prompt_opens_the_block() {
 /// reasoning has no block to close.
 #[tokio::test]
 async fn a_budget_on_output_without_reasoning_is_refused() {
-    let config = ServerConfig {
-        reasoning_format: ferrite_engine::output::ReasoningFormat::None,
-        reasoning_budget: Some(5),
-        ..ServerConfig::default()
-    };
-    let (app, fake) = app_with(Fake::new("ok"), config);
-    assert_eq!(
-        post(&app, "/v1/chat/completions", chat_body(json!({})))
-            .await
-            .0,
-        StatusCode::OK
-    );
+    let (app, fake) = budgeted_server(ferrite_engine::output::ReasoningFormat::None).await;
     assert_eq!(
         budget_tokens(&fake),
         None,
