@@ -118,6 +118,17 @@ impl Vocab {
         Vocab::over(Arc::new(ApproximateTokEnv::new(trie)))
     }
 
+    /// The byte vocabulary with these control tokens after it: what a grammar naming them
+    /// is checked against when it is made.
+    fn bytes_and(specials: Vec<String>) -> Result<Vocab, GrammarError> {
+        let mut tokens: Vec<Token> = (0..=255).map(|b| Token::Text(vec![b])).collect();
+        tokens.extend(specials.into_iter().map(Token::Special));
+        // An end of generation of its own, so the specials named stay what they are.
+        tokens.push(Token::Special(String::new()));
+        let eos = tokens.len() as u32 - 1;
+        Vocab::new(tokens, &[eos])
+    }
+
     fn over(env: TokEnv) -> Result<Vocab, GrammarError> {
         let mut factory = ParserFactory::new_simple(&env).map_err(invalid)?;
         factory.quiet();
@@ -160,13 +171,14 @@ pub struct Constraint {
 
 impl Constraint {
     fn checked(grammar: TopLevelGrammar) -> Result<Constraint, GrammarError> {
+        Constraint::checked_on(grammar, Vocab::bytes())
+    }
+
+    fn checked_on(grammar: TopLevelGrammar, vocab: &Vocab) -> Result<Constraint, GrammarError> {
         let c = Constraint {
             grammar: serde_json::to_value(&grammar).map_err(invalid)?,
         };
-        Vocab::bytes()
-            .factory
-            .create_parser(grammar)
-            .map_err(invalid)?;
+        vocab.factory.create_parser(grammar).map_err(invalid)?;
         Ok(c)
     }
 
@@ -223,7 +235,9 @@ impl Constraint {
 
     /// One of `alternatives`, each a sequence of groups of [`Piece`]s written exactly in
     /// order, an optional group at most once: tool calls whose arguments are tagged
-    /// parameters, an optional parameter a group of its own.
+    /// parameters, an optional parameter a group of its own. A grammar that names control
+    /// tokens ([`Piece::Special`]) is checked over the bytes and those tokens; a model's
+    /// vocabulary without them refuses it when a [`Matcher`] is made.
     pub fn one_of(alternatives: &[Vec<Group>]) -> Result<Constraint, GrammarError> {
         if alternatives.is_empty() {
             return Err(GrammarError::Invalid("no alternative to hold to".into()));
@@ -232,6 +246,7 @@ impl Constraint {
         let mut lark = format!("start: {}", names.join(" | "));
         let mut values = String::new();
         let mut n_values = 0;
+        let mut specials: Vec<String> = Vec::new();
         for (name, groups) in names.iter().zip(alternatives) {
             let mut rule = Vec::new();
             for group in groups {
@@ -240,6 +255,20 @@ impl Constraint {
                     match piece {
                         Piece::Text(t) if t.is_empty() => {}
                         Piece::Text(t) => items.push(quote(t)),
+                        Piece::Special(name) => {
+                            let lexes = name.len() > 2
+                                && name.starts_with('<')
+                                && name.ends_with('>')
+                                && !name[1..name.len() - 1]
+                                    .contains(|c: char| c == '<' || c == '>' || c.is_whitespace());
+                            if !lexes {
+                                return Err(GrammarError::Invalid(format!(
+                                    "{name:?} cannot name a control token in a grammar"
+                                )));
+                            }
+                            specials.push(name.clone());
+                            items.push(name.clone());
+                        }
                         Piece::Json(schema) => {
                             let schema = json::compact(schema)?;
                             let value = format!("value{n_values}");
@@ -265,7 +294,13 @@ impl Constraint {
         }
         lark += "\n";
         lark += &values;
-        Constraint::lark(&lark)
+        if specials.is_empty() {
+            return Constraint::lark(&lark);
+        }
+        specials.sort();
+        specials.dedup();
+        let grammar = TopLevelGrammar::from_lark(lark);
+        Constraint::checked_on(grammar, &Vocab::bytes_and(specials)?)
     }
 
     /// Free reasoning, ended by the first `close` (`</think>`) and at most two blanks, then
@@ -323,6 +358,8 @@ pub enum Piece {
     Text(String),
     /// One JSON value of this schema, compact as every schema here is written.
     Json(Value),
+    /// One control token, by its piece (`<|channel|>`): never text.
+    Special(String),
 }
 
 /// Pieces written together: all of them, or (optional) none.

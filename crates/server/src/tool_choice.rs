@@ -5,8 +5,8 @@
 //! …}\n</tool_call>`, Llama 3 `{"name": …, "parameters": …}` and Mistral
 //! `[TOOL_CALLS][…]`; tagged parameters for Qwen3-Coder (`<function=…><parameter=…>`) and
 //! GLM 4.5 (`<arg_key>…<arg_value>`), each value one JSON value of its property's schema;
-//! Hermes markup for the syntaxes whose markers are special tokens (DeepSeek, harmony) and
-//! for tools whose parameters tags cannot hold. The call's name is one of the tools offered
+//! a harmony message to the function (its markers control tokens) for gpt-oss; Hermes
+//! markup for DeepSeek and for tools whose parameters tags cannot hold. The call's name is one of the tools offered
 //! and its arguments fit that tool's parameters schema: one alternative per tool, its name
 //! first. When the prompt opened a reasoning block, the reasoning runs free to its close
 //! before the call.
@@ -146,10 +146,15 @@ pub enum Markup {
         /// After the last parameter.
         close: &'static str,
     },
+    /// A gpt-oss harmony message to the function, its body the arguments object:
+    /// `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{…}`, the
+    /// markers control tokens; generation ends on `<|call|>`.
+    Harmony,
 }
 
-/// Hermes markup: the framing of syntaxes whose calls the grammar cannot write (markers
-/// that are special tokens, which grammars read only as text).
+/// Hermes markup: the framing of syntaxes whose calls the grammar does not write in their
+/// own markup (DeepSeek's markers, which a model's vocabulary may hold as text or as
+/// control tokens).
 const HERMES: Framing = Framing {
     syntax: ToolSyntax::Hermes,
     markup: Markup::Json {
@@ -161,7 +166,7 @@ const HERMES: Framing = Framing {
 
 impl Framing {
     /// The framing of a forced call for a model that writes `syntax`: its own markup for
-    /// Llama 3, Mistral, Qwen3-Coder and GLM 4.5, Hermes markup otherwise.
+    /// Llama 3, Mistral, Qwen3-Coder, GLM 4.5 and harmony, Hermes markup otherwise.
     pub fn of(syntax: ToolSyntax) -> Framing {
         let markup = match syntax {
             // Llama 3.1's template shows calls as `{"name": …, "parameters": …}`.
@@ -185,6 +190,7 @@ impl Framing {
                 param: ("<arg_key>", "</arg_key>\n<arg_value>", "</arg_value>\n"),
                 close: "</tool_call>",
             },
+            ToolSyntax::Harmony => Markup::Harmony,
             _ => return HERMES,
         };
         Framing { syntax, markup }
@@ -240,6 +246,25 @@ impl ForcedCall {
                     Ok(groups)
                 });
                 Constraint::one_of(&calls.collect::<Result<Vec<_>, GrammarError>>()?)
+            }
+            Markup::Harmony => {
+                let special = |s: &str| Piece::Special(s.to_string());
+                let calls: Vec<Vec<Group>> = self
+                    .tools
+                    .iter()
+                    .map(|t| {
+                        let name = name_of(t).unwrap_or_default();
+                        vec![Group::always(vec![
+                            special("<|channel|>"),
+                            Piece::Text(format!("commentary to=functions.{name} ")),
+                            special("<|constrain|>"),
+                            Piece::Text("json".into()),
+                            special("<|message|>"),
+                            Piece::Json(Value::Object(arguments_schema(t))),
+                        ])]
+                    })
+                    .collect();
+                Constraint::one_of(&calls)
             }
         }
     }
@@ -361,14 +386,19 @@ fn name_of(tool: &Value) -> Option<&str> {
     tool.pointer("/function/name").and_then(Value::as_str)
 }
 
+/// The schema of `tool`'s arguments: its parameters schema, any object when it gives none.
+fn arguments_schema(tool: &Value) -> serde_json::Map<String, Value> {
+    match tool.pointer("/function/parameters") {
+        Some(Value::Object(p)) if !p.is_empty() => p.clone(),
+        _ => serde_json::Map::from_iter([("type".to_string(), json!("object"))]),
+    }
+}
+
 /// The schema of a call of `tool`: its name, then (under `key`) arguments of its
 /// parameters schema (any object when it gives none), nothing else. The parameters' own definitions move to the
 /// call's root, where their local references (`#/$defs/…`, `#/definitions/…`) point.
 fn call_schema(tool: &Value, key: &str) -> Value {
-    let mut arguments = match tool.pointer("/function/parameters") {
-        Some(Value::Object(p)) if !p.is_empty() => p.clone(),
-        _ => serde_json::Map::from_iter([("type".to_string(), json!("object"))]),
-    };
+    let mut arguments = arguments_schema(tool);
     let mut call = json!({"type": "object", "properties": {"name": {"const": name_of(tool)}},
         "required": ["name", key], "additionalProperties": false});
     for key in ["$defs", "definitions"] {

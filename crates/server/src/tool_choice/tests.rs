@@ -42,7 +42,7 @@ fn json_markup(f: Framing) -> Option<(&'static str, &'static str, &'static str)>
             after,
             arguments,
         } => Some((before, after, arguments)),
-        Markup::Tagged { .. } => None,
+        Markup::Tagged { .. } | Markup::Harmony => None,
     }
 }
 
@@ -293,8 +293,15 @@ fn parsed(out: OutputConfig, text: &str) -> (Vec<(String, Value)>, String) {
 fn forced_calls_are_written_in_the_models_own_syntax_and_parse_back() {
     for syntax in ToolSyntax::ALL {
         let f = Framing::of(syntax);
-        let own = !matches!(syntax, ToolSyntax::DeepSeek | ToolSyntax::Harmony);
-        assert_eq!(f.syntax == syntax, own, "{syntax:?}");
+        assert_eq!(
+            f.syntax == syntax,
+            syntax != ToolSyntax::DeepSeek,
+            "{syntax:?}"
+        );
+        if syntax == ToolSyntax::Harmony {
+            // Control tokens are no text: see the harmony test.
+            continue;
+        }
         let (c, out) = forced_in(&[weather()], syntax);
         assert_eq!(out.tools, Some(f.syntax), "{syntax:?}");
         let text = match json_markup(f) {
@@ -400,4 +407,62 @@ fn tagged_calls_hold_each_parameter_to_its_schema() {
         assert_eq!(out.tools, Some(ToolSyntax::Hermes), "{syntax:?}");
         assert!(whole(&c, r#"{"name": "f", "arguments": {"x": 1}}"#));
     }
+}
+
+/// A harmony call is a message to the function with its markers as control tokens.
+/// Oracles: the harmony format, fed token by token over a toy vocabulary (the 256 bytes,
+/// then the control tokens), and the harmony parser reading the call back.
+#[test]
+fn a_harmony_call_is_written_with_control_tokens() {
+    use ferrite_engine::grammar::{Matcher, Token, Vocab};
+    const SPECIALS: [&str; 4] = ["<|channel|>", "<|constrain|>", "<|message|>", "<|call|>"];
+    let mut tokens: Vec<Token> = (0..=255).map(|b| Token::Text(vec![b])).collect();
+    tokens.extend(SPECIALS.map(|s| Token::Special(s.into())));
+    let call = 256 + 3;
+    let vocab = Vocab::new(tokens, &[call]).unwrap();
+    let (c, out) = forced_in(&[weather(), clock()], ToolSyntax::Harmony);
+    assert_eq!(out.tools, Some(ToolSyntax::Harmony));
+    // The text with each control token in braces, as ids.
+    let ids = |text: &str| -> Vec<u32> {
+        let mut ids = Vec::new();
+        let mut rest = text;
+        while !rest.is_empty() {
+            match SPECIALS.iter().position(|s| rest.starts_with(s)) {
+                Some(i) => {
+                    ids.push(256 + i as u32);
+                    rest = &rest[SPECIALS[i].len()..];
+                }
+                None => {
+                    ids.push(u32::from(rest.as_bytes()[0]));
+                    rest = &rest[1..];
+                }
+            }
+        }
+        ids
+    };
+    let takes = |ids: &[u32]| {
+        let mut m = Matcher::new(&vocab, &c).unwrap();
+        ids.iter().all(|&t| m.accept(t).is_ok()) && m.allows(call).unwrap()
+    };
+    let good = r#"<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Oslo"}"#;
+    assert!(takes(&ids(good)), "{good}");
+    assert!(takes(&ids(
+        "<|channel|>commentary to=functions.get_time <|constrain|>json<|message|>{}"
+    )));
+    for bad in [
+        r#"<|channel|>commentary to=functions.get_news <|constrain|>json<|message|>{}"#,
+        r#"<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"town": "Oslo"}"#,
+        r#"<|channel|>final<|message|>{"city": "Oslo"}"#,
+    ] {
+        assert!(!takes(&ids(bad)), "{bad}");
+    }
+    // The markers written as text are not the control tokens.
+    let as_text: Vec<u32> = good.bytes().map(u32::from).collect();
+    assert!(!takes(&as_text));
+    let (calls, content) = parsed(out, good);
+    assert_eq!(
+        calls,
+        [("get_weather".to_string(), json!({"city": "Oslo"}))]
+    );
+    assert_eq!(content, "");
 }
