@@ -6,10 +6,10 @@
 //! `[TOOL_CALLS][…]`; tagged parameters for Qwen3-Coder (`<function=…><parameter=…>`) and
 //! GLM 4.5 (`<arg_key>…<arg_value>`), each value one JSON value of its property's schema;
 //! a harmony message to the function (its markers control tokens) for gpt-oss; Hermes
-//! markup for DeepSeek and for tools whose parameters tags cannot hold. The call's name is one of the tools offered
-//! and its arguments fit that tool's parameters schema: one alternative per tool, its name
-//! first. When the prompt opened a reasoning block, the reasoning runs free to its close
-//! before the call.
+//! markup for DeepSeek and for tools whose parameters tags cannot hold. The call's name is
+//! one of the tools offered and its arguments fit that tool's parameters schema: one
+//! alternative per tool, its name first. When the prompt opened a reasoning block, the
+//! reasoning runs free to its close before the call.
 //!
 //! Never parses calls back out of text: that is [`crate::tools`].
 
@@ -158,11 +158,14 @@ pub enum Markup {
 const HERMES: Framing = Framing {
     syntax: ToolSyntax::Hermes,
     markup: Markup::Json {
-        before: "<tool_call>\n",
-        after: "\n</tool_call>",
-        arguments: "arguments",
+        before: HERMES_CALL.0,
+        after: HERMES_CALL.1,
+        arguments: HERMES_CALL.2,
     },
 };
+
+/// Hermes markup's text before and after the call object, and its key of the arguments.
+const HERMES_CALL: (&str, &str, &str) = ("<tool_call>\n", "\n</tool_call>", "arguments");
 
 impl Framing {
     /// The framing of a forced call for a model that writes `syntax`: its own markup for
@@ -204,53 +207,41 @@ pub struct ForcedCall {
 }
 
 impl ForcedCall {
-    fn constraint(&self, framing: Framing) -> Result<Constraint, GrammarError> {
-        match framing.markup {
+    /// The grammar of this call in `framing`; `None` when a tool's parameters cannot be
+    /// written in it (tagged parameters hold plain properties only).
+    fn constraint(&self, framing: Framing) -> Option<Result<Constraint, GrammarError>> {
+        let calls: Vec<Vec<Group>> = match framing.markup {
             Markup::Json {
                 before,
                 after,
                 arguments,
-            } => {
-                let calls: Vec<Value> = self
-                    .tools
-                    .iter()
-                    .map(|t| call_schema(t, arguments))
-                    .collect();
-                Constraint::framed_json(before, &calls, after)
-            }
+            } => return Some(self.json_call(before, after, arguments)),
             Markup::Tagged { name, param, close } => {
-                let calls = self.tools.iter().map(|t| {
-                    let params = tagged_params(t).ok_or_else(|| {
-                        GrammarError::Invalid(
-                            "parameters other than plain properties cannot be tagged".into(),
-                        )
-                    })?;
-                    let text = |s: String| Piece::Text(s);
-                    let mut groups = vec![Group::always(vec![text(format!(
-                        "{}{}{}",
-                        name.0,
-                        name_of(t).unwrap_or_default(),
-                        name.1
+                let mut calls = Vec::new();
+                for t in &self.tools {
+                    let tool = name_of(t).unwrap_or_default();
+                    let mut groups = vec![Group::always(vec![Piece::Text(format!(
+                        "{}{tool}{}",
+                        name.0, name.1
                     ))])];
-                    for (key, schema, required) in params {
+                    for (key, schema, required) in tagged_params(t)? {
                         groups.push(Group {
                             pieces: vec![
-                                text(format!("{}{key}{}", param.0, param.1)),
+                                Piece::Text(format!("{}{key}{}", param.0, param.1)),
                                 Piece::Json(schema),
-                                text(param.2.to_string()),
+                                Piece::Text(param.2.to_string()),
                             ],
                             optional: !required,
                         });
                     }
-                    groups.push(Group::always(vec![text(close.to_string())]));
-                    Ok(groups)
-                });
-                Constraint::one_of(&calls.collect::<Result<Vec<_>, GrammarError>>()?)
+                    groups.push(Group::always(vec![Piece::Text(close.to_string())]));
+                    calls.push(groups);
+                }
+                calls
             }
             Markup::Harmony => {
                 let special = |s: &str| Piece::Special(s.to_string());
-                let calls: Vec<Vec<Group>> = self
-                    .tools
+                self.tools
                     .iter()
                     .map(|t| {
                         let name = name_of(t).unwrap_or_default();
@@ -263,31 +254,46 @@ impl ForcedCall {
                             Piece::Json(Value::Object(arguments_schema(t))),
                         ])]
                     })
-                    .collect();
-                Constraint::one_of(&calls)
+                    .collect()
             }
-        }
+        };
+        Some(Constraint::one_of(&calls))
     }
 
-    /// The framing of this call for a model that writes `syntax`: Hermes markup where a
-    /// tool's parameters cannot be written as tagged parameters.
-    fn framing(&self, syntax: ToolSyntax) -> Framing {
-        let framing = Framing::of(syntax);
-        let tagged = matches!(framing.markup, Markup::Tagged { .. });
-        if tagged && self.tools.iter().any(|t| tagged_params(t).is_none()) {
-            HERMES
-        } else {
-            framing
-        }
+    /// The grammar of this call as one JSON object between `before` and `after`, its
+    /// arguments under `arguments`: any tool's parameters fit it.
+    fn json_call(
+        &self,
+        before: &str,
+        after: &str,
+        arguments: &str,
+    ) -> Result<Constraint, GrammarError> {
+        let calls: Vec<Value> = self
+            .tools
+            .iter()
+            .map(|t| call_schema(t, arguments))
+            .collect();
+        Constraint::framed_json(before, &calls, after)
+    }
+
+    /// The grammar of this call in Hermes markup.
+    fn hermes(&self) -> Result<Constraint, GrammarError> {
+        let (before, after, arguments) = HERMES_CALL;
+        self.json_call(before, after, arguments)
     }
 
     /// The output format of the call for output read as `output` says (its tool syntax
-    /// decides the framing; `output.tools` becomes the syntax the call is written in):
-    /// when the prompt opened a `<think>` block, reasoning runs free to its close first.
+    /// decides the framing; `output.tools` becomes the syntax the call is written in, Hermes
+    /// where a tool's parameters cannot be tagged): when the prompt opened a `<think>`
+    /// block, reasoning runs free to its close first.
     pub fn format(&self, output: &mut OutputConfig) -> Result<OutputFormat, ApiError> {
-        let framing = self.framing(output.tools.unwrap_or(ToolSyntax::Hermes));
+        let own = Framing::of(output.tools.unwrap_or(ToolSyntax::Hermes));
+        let (framing, c) = match self.constraint(own) {
+            Some(c) => (own, c),
+            None => (HERMES, self.hermes()),
+        };
         output.tools = Some(framing.syntax);
-        let mut c = self.constraint(framing).map_err(unenforceable)?;
+        let mut c = c.map_err(unenforceable)?;
         if output.starts_in_reasoning && output.reasoning == ReasoningFormat::Think {
             c = c.after_reasoning("</think>").map_err(unenforceable)?;
         }
@@ -377,7 +383,7 @@ pub fn forced_call(tools: &[Value], choice: &ToolChoice) -> Result<Option<Forced
     let forced = ForcedCall {
         tools: candidates.into_iter().cloned().collect(),
     };
-    forced.constraint(HERMES).map_err(unenforceable)?;
+    forced.hermes().map_err(unenforceable)?;
     Ok(Some(forced))
 }
 
