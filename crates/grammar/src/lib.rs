@@ -244,41 +244,15 @@ impl Constraint {
         }
         let names: Vec<String> = (0..alternatives.len()).map(|i| format!("alt{i}")).collect();
         let mut lark = format!("start: {}", names.join(" | "));
-        let mut values = String::new();
-        let mut n_values = 0;
-        let mut specials: Vec<String> = Vec::new();
+        let mut rules = PieceRules::default();
         for (name, groups) in names.iter().zip(alternatives) {
             let mut rule = Vec::new();
             for group in groups {
-                let mut items = Vec::new();
-                for piece in &group.pieces {
-                    match piece {
-                        Piece::Text(t) if t.is_empty() => {}
-                        Piece::Text(t) => items.push(quote(t)),
-                        Piece::Special(name) => {
-                            let lexes = name.len() > 2
-                                && name.starts_with('<')
-                                && name.ends_with('>')
-                                && !name[1..name.len() - 1]
-                                    .contains(|c: char| c == '<' || c == '>' || c.is_whitespace());
-                            if !lexes {
-                                return Err(GrammarError::Invalid(format!(
-                                    "{name:?} cannot name a control token in a grammar"
-                                )));
-                            }
-                            specials.push(name.clone());
-                            items.push(name.clone());
-                        }
-                        Piece::Json(schema) => {
-                            let schema = json::compact(schema)?;
-                            let value = format!("value{n_values}");
-                            n_values += 1;
-                            let schema = serde_json::to_string(&schema).map_err(invalid)?;
-                            values += &format!("{value}: %json {schema}\n");
-                            items.push(value);
-                        }
-                    }
-                }
+                let items = group
+                    .pieces
+                    .iter()
+                    .filter_map(|p| rules.item(p).transpose())
+                    .collect::<Result<Vec<_>, _>>()?;
                 match (items.is_empty(), group.optional) {
                     (true, _) => {}
                     (false, false) => rule.push(items.join(" ")),
@@ -293,14 +267,14 @@ impl Constraint {
             lark += &format!("\n{name}: {}", rule.join(" "));
         }
         lark += "\n";
-        lark += &values;
-        if specials.is_empty() {
+        lark += &rules.values;
+        if rules.specials.is_empty() {
             return Constraint::lark(&lark);
         }
-        specials.sort();
-        specials.dedup();
+        rules.specials.sort();
+        rules.specials.dedup();
         let grammar = TopLevelGrammar::from_lark(lark);
-        Constraint::checked_on(grammar, &Vocab::bytes_and(specials)?)
+        Constraint::checked_on(grammar, &Vocab::bytes_and(rules.specials)?)
     }
 
     /// Free reasoning, ended by the first `close` (`</think>`) and at most two blanks, then
@@ -378,6 +352,37 @@ impl Group {
             pieces,
             optional: false,
         }
+    }
+}
+
+/// What [`Constraint::one_of`] writes besides its alternatives: one `%json` rule per JSON
+/// piece, and the control tokens named.
+#[derive(Default)]
+struct PieceRules {
+    values: String,
+    n_values: usize,
+    specials: Vec<String>,
+}
+
+impl PieceRules {
+    /// The Lark item of `piece` (`None` for empty text), its rule written here.
+    fn item(&mut self, piece: &Piece) -> Result<Option<String>, GrammarError> {
+        Ok(Some(match piece {
+            Piece::Text(t) if t.is_empty() => return Ok(None),
+            Piece::Text(t) => quote(t),
+            // Written raw: llguidance's Lark refuses what it does not lex as a token name.
+            Piece::Special(name) => {
+                self.specials.push(name.clone());
+                name.clone()
+            }
+            Piece::Json(schema) => {
+                let schema = serde_json::to_string(&json::compact(schema)?).map_err(invalid)?;
+                let value = format!("value{}", self.n_values);
+                self.n_values += 1;
+                self.values += &format!("{value}: %json {schema}\n");
+                value
+            }
+        }))
     }
 }
 

@@ -363,3 +363,26 @@ fn listed_properties_close_an_object_unless_the_schema_opens_it() {
     let both = json!({"allOf": [{"properties": a}, {"properties": {"b": {"type": "integer"}}}]});
     assert!(accepts(both, r#"{"a": 1, "b": 2}"#));
 }
+
+/// A control token is named as llguidance's Lark lexes one, `<` … `>` without blanks or
+/// angle brackets inside; anything else is refused when the grammar is made (by
+/// llguidance itself, which this test pins).
+#[test]
+fn one_of_names_control_tokens_only_as_lark_lexes_them() {
+    let with = |name: &str| {
+        Constraint::one_of(&[vec![Group::always(vec![
+            Piece::Special(name.into()),
+            Piece::Text("x".into()),
+        ])]])
+    };
+    assert!(with("<|channel|>").is_ok());
+    assert!(with("<｜tool▁sep｜>").is_ok());
+    for bad in ["<| channel |>", "<<x>", "<>", "channel", "<x"] {
+        assert!(
+            matches!(with(bad), Err(GrammarError::Invalid(_))),
+            "{bad:?}"
+        );
+    }
+    // The text form of the token is not the token.
+    assert!(!with("<|channel|>").unwrap().accepts(b"<|channel|>x"));
+}
