@@ -88,11 +88,23 @@ pub enum Key {
     ValueLengthMla,
     /// YaRN's log multiplier of the attention scale (DeepSeek: `0.1 · mscale_all_dim`).
     RopeScalingYarnLogMultiplier,
+    /// Taps of the recurrent layers' causal convolution (`linear_conv_kernel_dim`).
+    SsmConvKernel,
+    /// Per head, the key size of a gated DeltaNet (`linear_key_head_dim`).
+    SsmStateSize,
+    /// Key heads of a gated DeltaNet (`linear_num_key_heads`).
+    SsmGroupCount,
+    /// Value heads of a gated DeltaNet (`linear_num_value_heads`).
+    SsmTimeStepRank,
+    /// Values of all value heads of a gated DeltaNet (`heads × linear_value_head_dim`).
+    SsmInnerSize,
+    /// Every how many layers one is full attention (Qwen3-Next's `full_attention_interval`).
+    FullAttentionInterval,
 }
 
 impl Key {
     /// Every key.
-    pub const ALL: [Key; 39] = [
+    pub const ALL: [Key; 45] = [
         Key::BlockCount,
         Key::ContextLength,
         Key::EmbeddingLength,
@@ -132,6 +144,12 @@ impl Key {
         Key::KeyLengthMla,
         Key::ValueLengthMla,
         Key::RopeScalingYarnLogMultiplier,
+        Key::SsmConvKernel,
+        Key::SsmStateSize,
+        Key::SsmGroupCount,
+        Key::SsmTimeStepRank,
+        Key::SsmInnerSize,
+        Key::FullAttentionInterval,
     ];
 
     /// The part after `{arch}.`.
@@ -176,6 +194,12 @@ impl Key {
             Key::KeyLengthMla => "attention.key_length_mla",
             Key::ValueLengthMla => "attention.value_length_mla",
             Key::RopeScalingYarnLogMultiplier => "rope.scaling.yarn_log_multiplier",
+            Key::SsmConvKernel => "ssm.conv_kernel",
+            Key::SsmStateSize => "ssm.state_size",
+            Key::SsmGroupCount => "ssm.group_count",
+            Key::SsmTimeStepRank => "ssm.time_step_rank",
+            Key::SsmInnerSize => "ssm.inner_size",
+            Key::FullAttentionInterval => "full_attention_interval",
         }
     }
 
@@ -233,6 +257,12 @@ mod tests {
             "llama.attention.key_length_mla",
             "llama.attention.value_length_mla",
             "llama.rope.scaling.yarn_log_multiplier",
+            "llama.ssm.conv_kernel",
+            "llama.ssm.state_size",
+            "llama.ssm.group_count",
+            "llama.ssm.time_step_rank",
+            "llama.ssm.inner_size",
+            "llama.full_attention_interval",
         ];
         assert_eq!(Key::ALL.map(|k| k.of("llama")), pinned);
         assert_eq!(

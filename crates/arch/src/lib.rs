@@ -62,6 +62,9 @@ pub enum Arch {
     /// OpenAI's gpt-oss (attention sinks, alternating sliding layers, biased experts with a
     /// clamped SwiGLU).
     GptOss,
+    /// Qwen3-Next: gated DeltaNet layers with a gated full-attention layer every
+    /// `full_attention_interval`, routed experts with a sigmoid-gated shared expert.
+    Qwen3Next,
 }
 
 /// Whether the layers of an architecture have a part.
@@ -119,6 +122,10 @@ pub struct Features {
     /// [`TensorRole::PostAttentionNorm`] where llama.cpp names Hugging Face's
     /// `post_attention_layernorm` so (gpt-oss); not a norm of the attention's output there.
     pub ffn_norm: TensorRole,
+    /// A hybrid of gated DeltaNet layers and gated attention (Qwen3-Next): layer `i` is
+    /// attention when `(i + 1) % full_attention_interval == 0`, else linear attention
+    /// ([`LayerParts::delta_net`]); attention heads and the shared expert are gated.
+    pub delta_net: bool,
 }
 
 /// The shape of DeepSeek's multi-head latent attention, as its configs name it (read from
@@ -149,6 +156,48 @@ impl MlaShape {
     }
 }
 
+/// The shape of a gated DeltaNet layer (Qwen3-Next's linear attention), as its configs name
+/// it (read from `config.json` by the converter, from the `ssm.*` keys by the loader).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DeltaNetShape {
+    /// Taps of the causal convolution over q, k and v (`linear_conv_kernel_dim`).
+    pub conv_kernel: usize,
+    /// Key (and query) heads (`linear_num_key_heads`).
+    pub k_heads: usize,
+    /// Value heads (`linear_num_value_heads`), a multiple of the key heads: each key head
+    /// serves `v_heads / k_heads` consecutive value heads.
+    pub v_heads: usize,
+    /// Values per key head (`linear_key_head_dim`).
+    pub k_dim: usize,
+    /// Values per value head (`linear_value_head_dim`).
+    pub v_dim: usize,
+    /// Every how many layers one is full attention (`full_attention_interval`).
+    pub interval: usize,
+}
+
+impl DeltaNetShape {
+    /// Channels of the convolution: the queries, keys and values of every head.
+    pub fn conv_channels(self) -> usize {
+        2 * self.k_heads * self.k_dim + self.v_heads * self.v_dim
+    }
+
+    /// Values of the output of every value head.
+    pub fn inner(self) -> usize {
+        self.v_heads * self.v_dim
+    }
+
+    /// Whether layer `i` is full attention rather than a DeltaNet.
+    pub fn is_attention(self, i: usize) -> bool {
+        (i + 1) % self.interval == 0
+    }
+
+    /// f32 values of one layer's recurrent state: the last `conv_kernel - 1` inputs of
+    /// every channel, then each value head's `k_dim × v_dim` matrix.
+    pub fn state_len(self) -> usize {
+        (self.conv_kernel - 1) * self.conv_channels() + self.v_heads * self.k_dim * self.v_dim
+    }
+}
+
 /// One row of the architecture table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ArchEntry {
@@ -161,7 +210,7 @@ pub struct ArchEntry {
 }
 
 /// The table, in the order of [`Arch`]'s variants.
-pub const ARCHES: [ArchEntry; 10] = [
+pub const ARCHES: [ArchEntry; 11] = [
     ArchEntry {
         arch: Arch::Llama,
         name: "llama",
@@ -177,6 +226,7 @@ pub const ARCHES: [ArchEntry; 10] = [
             sinks: false,
             expert_bias: false,
             ffn_norm: TensorRole::FfnNorm,
+            delta_net: false,
         },
     },
     ArchEntry {
@@ -194,6 +244,7 @@ pub const ARCHES: [ArchEntry; 10] = [
             sinks: false,
             expert_bias: false,
             ffn_norm: TensorRole::FfnNorm,
+            delta_net: false,
         },
     },
     ArchEntry {
@@ -211,6 +262,7 @@ pub const ARCHES: [ArchEntry; 10] = [
             sinks: false,
             expert_bias: false,
             ffn_norm: TensorRole::FfnNorm,
+            delta_net: false,
         },
     },
     ArchEntry {
@@ -228,6 +280,7 @@ pub const ARCHES: [ArchEntry; 10] = [
             sinks: false,
             expert_bias: false,
             ffn_norm: TensorRole::FfnNorm,
+            delta_net: false,
         },
     },
     ArchEntry {
@@ -245,6 +298,7 @@ pub const ARCHES: [ArchEntry; 10] = [
             sinks: false,
             expert_bias: false,
             ffn_norm: TensorRole::FfnNorm,
+            delta_net: false,
         },
     },
     ArchEntry {
@@ -262,6 +316,7 @@ pub const ARCHES: [ArchEntry; 10] = [
             sinks: false,
             expert_bias: false,
             ffn_norm: TensorRole::FfnNorm,
+            delta_net: false,
         },
     },
     ArchEntry {
@@ -279,6 +334,7 @@ pub const ARCHES: [ArchEntry; 10] = [
             sinks: false,
             expert_bias: false,
             ffn_norm: TensorRole::FfnNorm,
+            delta_net: false,
         },
     },
     ArchEntry {
@@ -297,6 +353,7 @@ pub const ARCHES: [ArchEntry; 10] = [
             sinks: false,
             expert_bias: false,
             ffn_norm: TensorRole::FfnNorm,
+            delta_net: false,
         },
     },
     ArchEntry {
@@ -316,6 +373,7 @@ pub const ARCHES: [ArchEntry; 10] = [
             sinks: false,
             expert_bias: false,
             ffn_norm: TensorRole::FfnNorm,
+            delta_net: false,
         },
     },
     ArchEntry {
@@ -333,13 +391,32 @@ pub const ARCHES: [ArchEntry; 10] = [
             sinks: true,
             expert_bias: true,
             ffn_norm: TensorRole::PostAttentionNorm,
+            delta_net: false,
+        },
+    },
+    ArchEntry {
+        arch: Arch::Qwen3Next,
+        name: "qwen3next",
+        features: Features {
+            interleaved_rope: false,
+            qk_norm: Presence::Required,
+            post_norms: false,
+            qkv_bias: Presence::Never,
+            out_bias: Presence::Never,
+            experts: Presence::Required,
+            fused: false,
+            mla: false,
+            sinks: false,
+            expert_bias: false,
+            ffn_norm: TensorRole::PostAttentionNorm,
+            delta_net: true,
         },
     },
 ];
 
 impl Arch {
     /// Every architecture, in table order.
-    pub const ALL: [Arch; 10] = [
+    pub const ALL: [Arch; 11] = [
         Arch::Llama,
         Arch::Gemma3,
         Arch::Gemma2,
@@ -350,6 +427,7 @@ impl Arch {
         Arch::Glm4Moe,
         Arch::Deepseek2,
         Arch::GptOss,
+        Arch::Qwen3Next,
     ];
 
     /// The architecture whose `general.architecture` is `name`; `None` for one ferrite does
@@ -492,6 +570,16 @@ mod tests {
                 Required,
                 Required,
             ),
+            (
+                Arch::Qwen3Next,
+                "qwen3next",
+                false,
+                Required,
+                false,
+                Never,
+                Never,
+                Required,
+            ),
         ];
         assert_eq!(pinned.len(), Arch::ALL.len());
         for (arch, name, rope, qk, post, qkv, out, experts) in pinned {
@@ -501,7 +589,8 @@ mod tests {
             let gpt_oss = arch == Arch::GptOss;
             assert_eq!(arch.features().sinks, gpt_oss, "{name}");
             assert_eq!(arch.features().expert_bias, gpt_oss, "{name}");
-            let ffn_norm = if gpt_oss {
+            assert_eq!(arch.features().delta_net, arch == Arch::Qwen3Next, "{name}");
+            let ffn_norm = if gpt_oss || arch == Arch::Qwen3Next {
                 TensorRole::PostAttentionNorm
             } else {
                 TensorRole::FfnNorm

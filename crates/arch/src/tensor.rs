@@ -114,6 +114,28 @@ pub enum TensorRole {
     AttnVB,
     /// One attention-sink logit per query head (`attn_sinks`, gpt-oss).
     AttnSinks,
+    /// The output gate of a layer's heads (`attn_gate`): Qwen3-Next's attention multiplies
+    /// each head's output by `sigmoid(gate · x)`, its gated DeltaNet normalises its output
+    /// and multiplies it by `silu(gate · x)`.
+    AttnGate,
+    /// The gated DeltaNet's causal convolution (`ssm_conv1d`, GGUF dims `[kernel,
+    /// channels]`): one filter per channel of the concatenated q, k and v.
+    SsmConv1d,
+    /// The per-head decay rate `A = -exp(A_log)` (`ssm_a`, a bare name as llama.cpp's).
+    SsmA,
+    /// The per-head time-step bias (`ssm_dt.bias`).
+    SsmDt,
+    /// The projection to the per-head update strength before its sigmoid (`ssm_beta`).
+    SsmBeta,
+    /// The projection to the per-head decay input before its softplus (`ssm_alpha`).
+    SsmAlpha,
+    /// The RMSNorm of each DeltaNet head's output before its gate (`ssm_norm`).
+    SsmNorm,
+    /// The DeltaNet's output projection (`ssm_out`).
+    SsmOut,
+    /// The shared expert's scalar gate, `1 × d_model` (`ffn_gate_inp_shexp`): the shared
+    /// expert's output is multiplied by `sigmoid(gate · x)`.
+    FfnGateInpShexp,
 }
 
 /// The end of every norm weight's name, in ferrite's architectures and llama.cpp's others.
@@ -121,7 +143,7 @@ pub const NORM_SUFFIX: &str = "_norm.weight";
 
 impl TensorRole {
     /// Every per-layer role.
-    pub const ALL: [TensorRole; 30] = [
+    pub const ALL: [TensorRole; 39] = [
         TensorRole::AttnNorm,
         TensorRole::AttnQ,
         TensorRole::AttnK,
@@ -152,6 +174,15 @@ impl TensorRole {
         TensorRole::AttnKB,
         TensorRole::AttnVB,
         TensorRole::AttnSinks,
+        TensorRole::AttnGate,
+        TensorRole::SsmConv1d,
+        TensorRole::SsmA,
+        TensorRole::SsmDt,
+        TensorRole::SsmBeta,
+        TensorRole::SsmAlpha,
+        TensorRole::SsmNorm,
+        TensorRole::SsmOut,
+        TensorRole::FfnGateInpShexp,
     ];
 
     /// The middle of its names (`attn_q` in `blk.N.attn_q.weight`).
@@ -187,6 +218,15 @@ impl TensorRole {
             TensorRole::AttnKB => "attn_k_b",
             TensorRole::AttnVB => "attn_v_b",
             TensorRole::AttnSinks => "attn_sinks",
+            TensorRole::AttnGate => "attn_gate",
+            TensorRole::SsmConv1d => "ssm_conv1d",
+            TensorRole::SsmA => "ssm_a",
+            TensorRole::SsmDt => "ssm_dt",
+            TensorRole::SsmBeta => "ssm_beta",
+            TensorRole::SsmAlpha => "ssm_alpha",
+            TensorRole::SsmNorm => "ssm_norm",
+            TensorRole::SsmOut => "ssm_out",
+            TensorRole::FfnGateInpShexp => "ffn_gate_inp_shexp",
         }
     }
 
@@ -197,7 +237,15 @@ impl TensorRole {
 
     /// The name of its `kind` tensor in layer `layer`: `blk.{layer}.{stem}.{kind}`.
     pub fn name(self, layer: usize, kind: Kind) -> String {
-        format!("{BLK}{layer}.{}.{}", self.stem(), kind.suffix())
+        match kind {
+            Kind::Bare => format!("{BLK}{layer}.{}", self.stem()),
+            _ => format!("{BLK}{layer}.{}.{}", self.stem(), kind.suffix()),
+        }
+    }
+
+    /// The name of its bare tensor in layer `layer`: `blk.{layer}.{stem}`.
+    pub fn bare(self, layer: usize) -> String {
+        self.name(layer, Kind::Bare)
     }
 
     /// The name of its weight in layer `layer`.
@@ -222,6 +270,7 @@ impl TensorRole {
                 | TensorRole::PostFfwNorm
                 | TensorRole::AttnQANorm
                 | TensorRole::AttnKvANorm
+                | TensorRole::SsmNorm
         )
     }
 }
@@ -229,21 +278,24 @@ impl TensorRole {
 /// The prefix of every per-layer name.
 const BLK: &str = "blk.";
 
-/// Whether a per-layer tensor is the weight or the bias of its role.
+/// Whether a per-layer tensor is the weight or the bias of its role, or a bare name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Kind {
     /// `.weight`.
     Weight,
     /// `.bias`.
     Bias,
+    /// No suffix (`blk.N.ssm_a`, as llama.cpp names the SSM decay).
+    Bare,
 }
 
 impl Kind {
-    /// The last part of the name.
+    /// The last part of the name (empty for [`Kind::Bare`]).
     pub const fn suffix(self) -> &'static str {
         match self {
             Kind::Weight => "weight",
             Kind::Bias => "bias",
+            Kind::Bare => "",
         }
     }
 }
@@ -273,10 +325,15 @@ impl TensorName {
         }
         let (idx, tail) = name.strip_prefix(BLK)?.split_once('.')?;
         let layer = idx.parse().ok()?;
-        let (stem, kind) = tail.rsplit_once('.')?;
-        let kind = [Kind::Weight, Kind::Bias]
-            .into_iter()
-            .find(|k| k.suffix() == kind)?;
+        let (stem, kind) = match tail.rsplit_once('.') {
+            Some((stem, suffix)) => (
+                stem,
+                [Kind::Weight, Kind::Bias]
+                    .into_iter()
+                    .find(|k| k.suffix() == suffix)?,
+            ),
+            None => (tail, Kind::Bare),
+        };
         Some(TensorName::Layer {
             layer,
             role: TensorRole::from_stem(stem)?,
@@ -328,6 +385,14 @@ pub struct LayerParts {
     pub expert_bias: bool,
     /// The role of the norm before the FFN ([`crate::Features::ffn_norm`]).
     pub ffn_norm: TensorRole,
+    /// A gated DeltaNet layer (Qwen3-Next's linear attention) instead of attention:
+    /// `attn_qkv` (q, k and v of every head, in that order), `attn_gate`, `ssm_conv1d`,
+    /// `ssm_a`, `ssm_dt.bias`, `ssm_beta`, `ssm_alpha`, `ssm_norm` and `ssm_out`.
+    pub delta_net: bool,
+    /// The attention's output gate (`attn_gate`; Qwen3-Next's full-attention layers).
+    pub attn_gate: bool,
+    /// The shared expert's sigmoid gate (`ffn_gate_inp_shexp`; expert layers only).
+    pub shared_expert_gate: bool,
 }
 
 impl LayerParts {
@@ -335,7 +400,17 @@ impl LayerParts {
     pub fn tensors(self) -> Vec<(TensorRole, Kind)> {
         use TensorRole as R;
         let mut roles = vec![R::AttnNorm];
-        if let Some(q_lora) = self.mla {
+        if self.delta_net {
+            roles.extend([
+                R::AttnQkv,
+                R::AttnGate,
+                R::SsmConv1d,
+                R::SsmBeta,
+                R::SsmAlpha,
+                R::SsmNorm,
+                R::SsmOut,
+            ]);
+        } else if let Some(q_lora) = self.mla {
             if q_lora {
                 roles.extend([R::AttnQA, R::AttnQANorm, R::AttnQB]);
             } else {
@@ -347,7 +422,13 @@ impl LayerParts {
         } else {
             roles.extend([R::AttnQ, R::AttnK, R::AttnV]);
         }
-        roles.extend([R::AttnOutput, self.ffn_norm]);
+        if !self.delta_net {
+            roles.push(R::AttnOutput);
+        }
+        if self.attn_gate {
+            roles.push(R::AttnGate);
+        }
+        roles.push(self.ffn_norm);
         if self.sinks {
             roles.push(R::AttnSinks);
         }
@@ -356,12 +437,15 @@ impl LayerParts {
             if self.shared_expert {
                 roles.extend([R::FfnGateShexp, R::FfnUpShexp, R::FfnDownShexp]);
             }
+            if self.shared_expert && self.shared_expert_gate {
+                roles.push(R::FfnGateInpShexp);
+            }
         } else if self.fused {
             roles.extend([R::FfnUp, R::FfnDown]);
         } else {
             roles.extend([R::FfnGate, R::FfnUp, R::FfnDown]);
         }
-        if self.qk_norm {
+        if self.qk_norm && !self.delta_net {
             roles.extend([R::AttnQNorm, R::AttnKNorm]);
         }
         if self.post_norms {
@@ -374,6 +458,9 @@ impl LayerParts {
         }
         if self.out_bias {
             out.push((R::AttnOutput, Kind::Bias));
+        }
+        if self.delta_net {
+            out.extend([(R::SsmA, Kind::Bare), (R::SsmDt, Kind::Bias)]);
         }
         if self.experts && self.selection_bias {
             out.push((R::ExpProbsB, Kind::Bias));
@@ -437,10 +524,20 @@ mod tests {
             "blk.7.attn_k_b.weight",
             "blk.7.attn_v_b.weight",
             "blk.7.attn_sinks.weight",
+            "blk.7.attn_gate.weight",
+            "blk.7.ssm_conv1d.weight",
+            "blk.7.ssm_a.weight",
+            "blk.7.ssm_dt.weight",
+            "blk.7.ssm_beta.weight",
+            "blk.7.ssm_alpha.weight",
+            "blk.7.ssm_norm.weight",
+            "blk.7.ssm_out.weight",
+            "blk.7.ffn_gate_inp_shexp.weight",
         ];
         assert_eq!(TensorRole::ALL.map(|r| r.weight(7)), layer);
         assert_eq!(TensorRole::AttnQ.bias(12), "blk.12.attn_q.bias");
         assert_eq!(TensorRole::AttnOutput.bias(0), "blk.0.attn_output.bias");
+        assert_eq!(TensorRole::SsmA.bare(3), "blk.3.ssm_a");
         for r in TensorRole::ALL {
             assert_eq!(r.is_norm(), r.weight(0).ends_with(NORM_SUFFIX), "{r:?}");
         }
@@ -515,12 +612,23 @@ mod tests {
                  ffn_gate_inp.bias ffn_gate_exps.bias ffn_up_exps.bias ffn_down_exps.bias"
                     .to_owned(),
             ),
+            (
+                // A linear-attention layer; the gated attention layers are pinned below.
+                Arch::Qwen3Next,
+                "attn_norm.weight attn_qkv.weight attn_gate.weight ssm_conv1d.weight \
+                 ssm_beta.weight ssm_alpha.weight ssm_norm.weight ssm_out.weight \
+                 post_attention_norm.weight ffn_gate_inp.weight ffn_gate_exps.weight \
+                 ffn_up_exps.weight ffn_down_exps.weight ffn_gate_shexp.weight \
+                 ffn_up_shexp.weight ffn_down_shexp.weight ffn_gate_inp_shexp.weight \
+                 ssm_a ssm_dt.bias"
+                    .to_owned(),
+            ),
         ];
         for (arch, tails) in pinned {
             let f = arch.features();
             let parts = LayerParts {
                 experts: f.experts.resolve(false),
-                shared_expert: matches!(arch, Arch::Glm4Moe | Arch::Deepseek2),
+                shared_expert: matches!(arch, Arch::Glm4Moe | Arch::Deepseek2 | Arch::Qwen3Next),
                 selection_bias: matches!(arch, Arch::Glm4Moe | Arch::Deepseek2),
                 qk_norm: f.qk_norm.resolve(false),
                 post_norms: f.post_norms,
@@ -531,6 +639,9 @@ mod tests {
                 sinks: f.sinks,
                 expert_bias: f.expert_bias,
                 ffn_norm: f.ffn_norm,
+                delta_net: f.delta_net,
+                attn_gate: false,
+                shared_expert_gate: f.delta_net,
             };
             let got: Vec<String> = parts
                 .tensors()
@@ -543,6 +654,36 @@ mod tests {
                 .collect();
             assert_eq!(got, want, "{}", arch.name());
         }
+        let gated_attention = LayerParts {
+            experts: true,
+            shared_expert: true,
+            selection_bias: false,
+            qk_norm: true,
+            post_norms: false,
+            qkv_bias: false,
+            out_bias: false,
+            fused: false,
+            mla: None,
+            sinks: false,
+            expert_bias: false,
+            ffn_norm: TensorRole::PostAttentionNorm,
+            delta_net: false,
+            attn_gate: true,
+            shared_expert_gate: true,
+        };
+        let got: Vec<String> = gated_attention
+            .tensors()
+            .into_iter()
+            .map(|(r, k)| r.name(3, k))
+            .collect();
+        let want = "attn_norm.weight attn_q.weight attn_k.weight attn_v.weight \
+                    attn_output.weight attn_gate.weight post_attention_norm.weight \
+                    ffn_gate_inp.weight ffn_gate_exps.weight ffn_up_exps.weight \
+                    ffn_down_exps.weight ffn_gate_shexp.weight ffn_up_shexp.weight \
+                    ffn_down_shexp.weight ffn_gate_inp_shexp.weight attn_q_norm.weight \
+                    attn_k_norm.weight";
+        let want: Vec<String> = want.split_whitespace().map(|t| format!("blk.3.{t}")).collect();
+        assert_eq!(got, want);
     }
 
     #[test]
@@ -551,7 +692,7 @@ mod tests {
             assert_eq!(TensorName::parse(g.name()), Some(TensorName::Global(g)));
         }
         for role in TensorRole::ALL {
-            for kind in [Kind::Weight, Kind::Bias] {
+            for kind in [Kind::Weight, Kind::Bias, Kind::Bare] {
                 let n = TensorName::Layer {
                     layer: 31,
                     role,

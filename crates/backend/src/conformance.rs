@@ -22,6 +22,7 @@ use crate::{
     Support, Values,
 };
 
+mod recurrent;
 mod reference;
 
 use reference::Rng;
@@ -245,6 +246,11 @@ pub fn ops() -> Vec<Op> {
         Op::GatedAct {
             act: Act::SwigluOai,
         },
+        Op::GatedAct { act: Act::Sigmoid },
+        Op::RowGate,
+        Op::GatedNorm,
+        Op::Conv1d { kernel: 4 },
+        Op::DeltaRule { k_dim: 6, v_dim: 5 },
         Op::MoeRoute { n_expert: 4 },
         Op::MoeRoute { n_expert: 9 },
         Op::TopK { k: 0 },
@@ -301,6 +307,11 @@ pub fn run<B: Backend>(b: &B) -> Report {
                 sinks,
             } => reference::attention(b, r, kv, (head_dim, values), (softcap, sinks), &mut out),
             Op::GatedAct { act } => reference::gated_act(b, r, act, &mut out),
+            Op::RowGate => recurrent::gates(b, r, false, &mut out),
+            Op::GatedNorm => recurrent::gates(b, r, true, &mut out),
+            // The delta rule runs on the convolution's output: one case, each op's half.
+            Op::Conv1d { .. } => recurrent::delta_net(b, r, false, &mut out),
+            Op::DeltaRule { .. } => recurrent::delta_net(b, r, true, &mut out),
             Op::MoeRoute { n_expert } => reference::moe_route(b, r, n_expert, &mut out),
             Op::TopK { k } => reference::top_k(b, r, k, &mut out),
         }

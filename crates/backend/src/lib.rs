@@ -212,6 +212,63 @@ pub trait Backend: Sync {
         n: usize,
         width: usize,
     ) -> Result<()>;
+    /// `x[r][i] *= sigmoid(g[r])` for `n` rows of `width` values (`g`: one value a row;
+    /// Qwen3-Next's shared-expert gate).
+    fn row_gate(&self, x: &mut Self::Buf, g: &Self::Buf, n: usize, width: usize) -> Result<()>;
+    /// `x = rms_norm(x) · w · silu(z)` in rows of `dim` values over the first `len` values
+    /// (the gated DeltaNet's output norm, one row per value head).
+    #[allow(clippy::too_many_arguments)]
+    fn gated_norm(
+        &self,
+        x: &mut Self::Buf,
+        z: &Self::Buf,
+        len: usize,
+        w: Self::Vector<'_>,
+        dim: usize,
+        eps: f32,
+    ) -> Result<()>;
+
+    // ---- recurrent layers ----
+
+    /// Gives `kv` recurrent state for `slots` layers of `len` values each, zeroed (the
+    /// layers of a hybrid model that keep no K/V rows). A slot's values are laid out as
+    /// [`ferrite_arch::DeltaNetShape::state_len`] says: the convolution's last inputs,
+    /// then the recurrence's matrices.
+    fn kv_state(&self, kv: &mut Self::Kv, slots: usize, len: usize) -> Result<()>;
+    /// The causal depthwise convolution of a gated DeltaNet, then SiLU: row `t` of a
+    /// segment gets, per channel `c` of `s.conv_channels()`,
+    /// `silu(Σ_j w[c][j] · x[t - (K-1) + j][c])` (`K = s.conv_kernel` taps, `w`: `channels ×
+    /// K`), where rows before the segment's first are the previous inputs kept in state
+    /// slot `slot` of its store (zero at position 0); the slot then keeps the segment's
+    /// last `K - 1` inputs.
+    fn conv1d(
+        &self,
+        s: &ferrite_arch::DeltaNetShape,
+        slot: usize,
+        x: &Self::Buf,
+        w: Self::Vector<'_>,
+        segs: &mut [Segment<'_, Self::Kv>],
+        out: &mut Self::Buf,
+    ) -> Result<()>;
+    /// The gated delta rule over each segment's rows, token by token, from the matrices in
+    /// state slot `slot` (after the convolution's part), which keep the result. Per row,
+    /// `qkv` holds the convolved queries and keys (`s.k_heads × s.k_dim` each) and values
+    /// (`s.v_heads × s.v_dim`); `beta` and `alpha` one logit per value head. Value head `h`
+    /// reads key head `h / (v_heads / k_heads)`: with `q`, `k` L2-normalised (ε 1e-6) and
+    /// `q` scaled by `1/sqrt(k_dim)`, `g = exp(a[h] · softplus(alpha + dt_bias[h]))` and
+    /// `b = sigmoid(beta)`, the matrix `S` (`k_dim × v_dim`) becomes `S' = g·S +
+    /// k ⊗ b·(v - (g·S)ᵀk)` and the row's output is `S'ᵀq` (`v_dim` values) into `out`.
+    #[allow(clippy::too_many_arguments)]
+    fn delta_rule(
+        &self,
+        s: &ferrite_arch::DeltaNetShape,
+        slot: usize,
+        qkv: &Self::Buf,
+        gates: (&Self::Buf, &Self::Buf),
+        decay: (Self::Vector<'_>, Self::Vector<'_>),
+        segs: &mut [Segment<'_, Self::Kv>],
+        out: &mut Self::Buf,
+    ) -> Result<()>;
 
     // ---- positions, KV store, attention ----
 

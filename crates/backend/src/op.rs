@@ -99,6 +99,23 @@ pub enum Op {
         /// Which activation.
         act: Act,
     },
+    /// Rows scaled by the sigmoid of one value each ([`crate::Backend::row_gate`]).
+    RowGate,
+    /// RMS normalisation gated by `silu(z)` ([`crate::Backend::gated_norm`]).
+    GatedNorm,
+    /// The gated DeltaNet's causal convolution with its state
+    /// ([`crate::Backend::conv1d`]).
+    Conv1d {
+        /// Taps.
+        kernel: usize,
+    },
+    /// The gated delta rule with its state ([`crate::Backend::delta_rule`]).
+    DeltaRule {
+        /// Values per key head.
+        k_dim: usize,
+        /// Values per value head.
+        v_dim: usize,
+    },
     /// Expert routing of router logits ([`crate::Backend::moe_route`]).
     MoeRoute {
         /// Experts in the layer.
@@ -140,6 +157,10 @@ impl Op {
             Op::RopeStore { .. } => "rope_store",
             Op::Attention { .. } => "attention",
             Op::GatedAct { .. } => "gated_act",
+            Op::RowGate => "row_gate",
+            Op::GatedNorm => "gated_norm",
+            Op::Conv1d { .. } => "conv1d",
+            Op::DeltaRule { .. } => "delta_rule",
             Op::MoeRoute { .. } => "moe_route",
             Op::MoeExperts { .. } => "moe_experts",
             Op::TopK { .. } => "top_k",
@@ -162,6 +183,10 @@ impl Op {
             | Op::Copy
             | Op::Rope { .. }
             | Op::GatedAct { .. }
+            | Op::RowGate
+            | Op::GatedNorm
+            | Op::Conv1d { .. }
+            | Op::DeltaRule { .. }
             | Op::MoeRoute { .. }
             | Op::TopK { .. } => "f32".to_owned(),
             Op::KvStore { kv } | Op::RopeStore { kv, .. } | Op::Attention { kv, .. } => {

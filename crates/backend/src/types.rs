@@ -84,6 +84,9 @@ pub enum Act {
     /// `g · sigmoid(1.702 g) · (u + 1)` (the constants of its reference and of llama.cpp,
     /// which no file stores).
     SwigluOai,
+    /// The logistic sigmoid of the gate (Qwen3-Next's attention output gate:
+    /// `gate = sigmoid(gate) · up`).
+    Sigmoid,
 }
 
 impl Act {

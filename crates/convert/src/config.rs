@@ -13,7 +13,7 @@
 //! not handled (another activation, partial rope, a rope scaling other than llama3,
 //! interleaved dense/MoE layers) is refused by name rather than dropped.
 
-use ferrite_arch::{Arch, GlobalTensor, Key, MlaShape};
+use ferrite_arch::{Arch, DeltaNetShape, GlobalTensor, Key, MlaShape};
 use ferrite_gguf::{Array, Value};
 use serde_json::{Map, Value as Json};
 
@@ -52,6 +52,8 @@ pub enum Family {
     DeepseekV3,
     /// `GptOssForCausalLM` (gpt-oss 20B, 120B), with float experts (not MXFP4).
     GptOss,
+    /// `Qwen3NextForCausalLM` (Qwen3-Next 80B-A3B): gated DeltaNet and gated attention.
+    Qwen3Next,
 }
 
 impl Family {
@@ -76,6 +78,7 @@ impl Family {
                 "DeepseekV2ForCausalLM" => Family::DeepseekV2,
                 "DeepseekV3ForCausalLM" => Family::DeepseekV3,
                 "GptOssForCausalLM" => Family::GptOss,
+                "Qwen3NextForCausalLM" => Family::Qwen3Next,
                 _ => return None,
             })
         });
@@ -97,6 +100,7 @@ impl Family {
             (None, Some("deepseek_v2")) => Ok(Family::DeepseekV2),
             (None, Some("deepseek_v3")) => Ok(Family::DeepseekV3),
             (None, Some("gpt_oss")) => Ok(Family::GptOss),
+            (None, Some("qwen3_next")) => Ok(Family::Qwen3Next),
             (Some(c), _) => Err(ConvertError::UnsupportedArchitecture(c.to_owned())),
             (None, Some(t)) => Err(ConvertError::UnsupportedArchitecture(t.to_owned())),
             (None, None) => Err(ConvertError::BadConfig {
@@ -119,6 +123,7 @@ impl Family {
             Family::Glm4Moe => Arch::Glm4Moe,
             Family::DeepseekV2 | Family::DeepseekV3 => Arch::Deepseek2,
             Family::GptOss => Arch::GptOss,
+            Family::Qwen3Next => Arch::Qwen3Next,
         }
     }
 
@@ -131,6 +136,12 @@ impl Family {
     /// four per-layer norms its own way.
     pub fn gemma(self) -> bool {
         matches!(self, Family::Gemma2 | Family::Gemma3)
+    }
+
+    /// Whether its RMSNorm weights are offsets from 1 (Gemma; Qwen3-Next's norms but the
+    /// DeltaNet's own `ssm_norm`), which GGUF stores as the scale `1 + w`.
+    pub fn offset_norms(self) -> bool {
+        self.gemma() || self == Family::Qwen3Next
     }
 
     /// The GGUF `general.architecture` this family is written as.
@@ -159,6 +170,7 @@ impl Family {
             Family::Llama => 2048,
             Family::Mistral | Family::Mixtral => 4096 * 32,
             Family::Qwen2 | Family::Qwen3 | Family::Qwen3Moe => 32768,
+            Family::Qwen3Next => 262_144,
             Family::Gemma2 => 8192,
             Family::Phi3 => 4096,
             Family::Gemma3 | Family::Glm4Moe | Family::GptOss => 131_072,
@@ -246,6 +258,9 @@ pub struct Experts {
     pub norm_topk: Option<bool>,
     /// Shared experts every token runs (`n_shared_experts`; 0 for none).
     pub shared: usize,
+    /// The shared expert's width when it is not `shared` experts' (Qwen3-Next's
+    /// `shared_expert_intermediate_size`).
+    pub shared_ff: Option<usize>,
     /// Leading layers with a dense FFN (`first_k_dense_replace`).
     pub leading_dense: usize,
     /// Sigmoid scores instead of softmax (GLM-4.5, DeepSeek V3).
@@ -265,6 +280,7 @@ impl Experts {
         ff: None,
         norm_topk: None,
         shared: 0,
+        shared_ff: None,
         leading_dense: 0,
         sigmoid: false,
         scale: None,
@@ -329,12 +345,14 @@ pub struct HfConfig {
     pub mla: Option<MlaShape>,
     /// Sliding-window attention, if any layer uses it.
     pub sliding_window: Option<SlidingWindow>,
+    /// The gated DeltaNet of a hybrid (Qwen3-Next), with its interval of attention layers.
+    pub delta_net: Option<DeltaNetShape>,
     /// The text model of a multimodal checkpoint (`Gemma3ForConditionalGeneration`): its
     /// weights carry a `language_model` prefix and the vision weights are left out.
     pub multimodal: bool,
 }
 
-fn bad(key: &str, reason: impl Into<String>) -> ConvertError {
+pub(crate) fn bad(key: &str, reason: impl Into<String>) -> ConvertError {
     ConvertError::BadConfig {
         key: key.to_owned(),
         reason: reason.into(),
@@ -343,7 +361,7 @@ fn bad(key: &str, reason: impl Into<String>) -> ConvertError {
 
 /// A count of `config.json`. Counts are written as GGUF u32 values, so a larger one is
 /// refused here rather than truncated on the way out.
-fn get_usize(cfg: &Map<String, Json>, key: &str) -> Result<Option<usize>, ConvertError> {
+pub(crate) fn get_usize(cfg: &Map<String, Json>, key: &str) -> Result<Option<usize>, ConvertError> {
     match cfg.get(key) {
         None | Some(Json::Null) => Ok(None),
         Some(v) => v
@@ -360,7 +378,7 @@ fn get_usize(cfg: &Map<String, Json>, key: &str) -> Result<Option<usize>, Conver
     }
 }
 
-fn need_usize(cfg: &Map<String, Json>, key: &str) -> Result<usize, ConvertError> {
+pub(crate) fn need_usize(cfg: &Map<String, Json>, key: &str) -> Result<usize, ConvertError> {
     match get_usize(cfg, key)? {
         Some(0) => Err(bad(key, "must be positive")),
         Some(n) => Ok(n),
@@ -564,6 +582,10 @@ impl HfConfig {
         }
         let experts = experts(cfg, family)?;
         let sliding_window = sliding_window(cfg, family, n_layer)?;
+        let delta_net = match family {
+            Family::Qwen3Next => Some(crate::delta_net::shape(cfg, n_layer)?),
+            _ => None,
+        };
         Ok(HfConfig {
             family,
             n_layer,
@@ -587,6 +609,7 @@ impl HfConfig {
             experts,
             mla,
             sliding_window,
+            delta_net,
             multimodal: false,
         })
     }
@@ -619,7 +642,7 @@ impl HfConfig {
         }
         if matches!(
             arch,
-            Arch::Llama | Arch::Phi3 | Arch::Glm4Moe | Arch::Deepseek2
+            Arch::Llama | Arch::Phi3 | Arch::Glm4Moe | Arch::Deepseek2 | Arch::Qwen3Next
         ) {
             m.push((k(Key::RopeDimensionCount), u(self.rope_dim)));
         }
@@ -642,6 +665,9 @@ impl HfConfig {
             }
             if e.shared > 0 {
                 m.push((k(Key::ExpertSharedCount), u(e.shared)));
+            }
+            if let Some(ff) = e.shared_ff {
+                m.push((k(Key::ExpertSharedFeedForwardLength), u(ff)));
             }
             if e.leading_dense > 0 {
                 m.push((k(Key::LeadingDenseBlockCount), u(e.leading_dense)));
@@ -701,6 +727,14 @@ impl HfConfig {
             if let Some(c) = cap {
                 m.push((k(key), Value::F32(c as f32)));
             }
+        }
+        if let Some(s) = &self.delta_net {
+            m.push((k(Key::SsmConvKernel), u(s.conv_kernel)));
+            m.push((k(Key::SsmStateSize), u(s.k_dim)));
+            m.push((k(Key::SsmGroupCount), u(s.k_heads)));
+            m.push((k(Key::SsmTimeStepRank), u(s.v_heads)));
+            m.push((k(Key::SsmInnerSize), u(s.inner())));
+            m.push((k(Key::FullAttentionInterval), u(s.interval)));
         }
         if let Some(sw) = &self.sliding_window {
             m.push((k(Key::SlidingWindow), u(sw.window)));
@@ -852,7 +886,7 @@ fn rope_dim(
     let Some(f) = get_f64(cfg, KEY)?.or(nested).filter(|&f| f != 1.0) else {
         return Ok(head_dim);
     };
-    if family != Family::Glm4Moe {
+    if !matches!(family, Family::Glm4Moe | Family::Qwen3Next) {
         return Err(ConvertError::UnsupportedFeature(format!("{KEY} {f}")));
     }
     let dims = f * head_dim as f64;
@@ -1096,7 +1130,7 @@ fn experts(cfg: &Map<String, Json>, family: Family) -> Result<Option<Experts>, C
             }
             sigmoid_experts(cfg)
         }
-        Family::Qwen3Moe => {
+        Family::Qwen3Moe | Family::Qwen3Next => {
             if get_usize(cfg, "decoder_sparse_step")?.unwrap_or(1) != 1 {
                 return Err(ConvertError::UnsupportedFeature(
                     "decoder_sparse_step other than 1 (dense layers between MoE layers)".into(),
@@ -1116,11 +1150,17 @@ fn experts(cfg: &Map<String, Json>, family: Family) -> Result<Option<Experts>, C
                 Some(n) if n > 0 => n,
                 _ => need_usize(cfg, "num_local_experts")?,
             };
+            let shared_ff = match family {
+                Family::Qwen3Next => Some(need_usize(cfg, "shared_expert_intermediate_size")?),
+                _ => None,
+            };
             Ok(Some(Experts {
                 count,
                 used: need_usize(cfg, "num_experts_per_tok")?,
                 ff: Some(need_usize(cfg, "moe_intermediate_size")?),
                 norm_topk: Some(get_bool(cfg, "norm_topk_prob")?.unwrap_or(false)),
+                shared: usize::from(shared_ff.is_some()),
+                shared_ff,
                 ..Experts::SOFTMAX
             }))
         }
@@ -1169,6 +1209,7 @@ fn routed_experts(cfg: &Map<String, Json>, sigmoid: bool) -> Result<Experts, Con
         ff: Some(need_usize(cfg, "moe_intermediate_size")?),
         norm_topk: Some(get_bool(cfg, "norm_topk_prob")?.unwrap_or(sigmoid)),
         shared: get_usize(cfg, "n_shared_experts")?.unwrap_or(0),
+        shared_ff: None,
         leading_dense: get_usize(cfg, "first_k_dense_replace")?.unwrap_or(0),
         sigmoid,
         scale: Some(scale),
@@ -1203,7 +1244,11 @@ fn sliding_window(
 ) -> Result<Option<SlidingWindow>, ConvertError> {
     let window = get_usize(cfg, "sliding_window")?;
     let layers = match family {
-        Family::Llama | Family::Glm4Moe | Family::DeepseekV2 | Family::DeepseekV3 => {
+        Family::Llama
+        | Family::Glm4Moe
+        | Family::DeepseekV2
+        | Family::DeepseekV3
+        | Family::Qwen3Next => {
             return Ok(None);
         }
         Family::Gemma2 | Family::Gemma3 | Family::GptOss => {

@@ -23,6 +23,7 @@
 #![deny(missing_docs)]
 
 mod config;
+mod delta_net;
 mod error;
 mod names;
 mod plan;

@@ -59,6 +59,17 @@ pub(crate) enum Mapped {
     /// DeepSeek's `kv_b_proj` of one layer: per head the key decompression, then the
     /// value's; split into llama.cpp's `attn_k_b` (transposed) and `attn_v_b`.
     KvB { layer: usize },
+    /// Qwen3-Next's grouped `in_proj_qkvz`: split into `attn_qkv` and `attn_gate`.
+    DeltaQkvz { layer: usize },
+    /// Qwen3-Next's grouped `in_proj_ba`: split into `ssm_beta` and `ssm_alpha`.
+    DeltaBa { layer: usize },
+    /// A `[channels, 1, kernel]` depthwise convolution, stored as `[channels, kernel]`.
+    Conv1d { layer: usize },
+    /// `A_log`, stored as the decay rate `-exp(A_log)` (`ssm_a`), as llama.cpp does.
+    DecayRate { layer: usize },
+    /// Qwen3-Next's gated attention `q_proj` (per head `[query | gate]`): split into
+    /// `attn_q` and `attn_gate`.
+    GatedQ { layer: usize },
     /// Not model weights (rope caches).
     Skip,
 }
@@ -117,6 +128,11 @@ pub(crate) fn map(name: &str, family: Family) -> Option<Mapped> {
     };
     if family == Family::GptOss
         && let Some(m) = map_gpt_oss(layer, stem, kind)
+    {
+        return Some(m);
+    }
+    if family == Family::Qwen3Next
+        && let Some(m) = crate::delta_net::map(layer, stem, kind)
     {
         return Some(m);
     }

@@ -11,6 +11,7 @@ use ferrite_arch::{GlobalTensor, Kind, TensorName, TensorRole};
 use ferrite_gguf::GgmlType;
 use ferrite_safetensors::{Checkpoint, TensorRef};
 
+use crate::delta_net::{self, Split};
 use crate::names::{self, ExpertPart, Mapped};
 use crate::{ConvertError, HfConfig, tensors};
 
@@ -52,6 +53,16 @@ pub(crate) enum Item {
         key: bool,
         hf: String,
     },
+    /// One role's rows of a grouped Qwen3-Next projection, in head order.
+    Split {
+        layer: usize,
+        split: Split,
+        hf: String,
+    },
+    /// A depthwise convolution without its middle dimension of 1.
+    Conv1d { layer: usize, hf: String },
+    /// `-exp(A_log)` in f32 (`ssm_a`).
+    DecayRate { layer: usize, hf: String },
 }
 
 /// What an item becomes: GGUF name, stored type and row-major (PyTorch-order) shape.
@@ -159,6 +170,28 @@ impl<'a> Plan<'a> {
                     layer,
                     hf: hf.into(),
                 }),
+                Mapped::DeltaQkvz { layer } | Mapped::DeltaBa { layer } | Mapped::GatedQ { layer } => {
+                    let splits = match mapped {
+                        Mapped::DeltaQkvz { .. } => [Split::Qkv, Split::Z],
+                        Mapped::DeltaBa { .. } => [Split::Beta, Split::Alpha],
+                        _ => [Split::Query, Split::QueryGate],
+                    };
+                    for split in splits {
+                        items.push(Item::Split {
+                            layer,
+                            split,
+                            hf: hf.into(),
+                        });
+                    }
+                }
+                Mapped::Conv1d { layer } => items.push(Item::Conv1d {
+                    layer,
+                    hf: hf.into(),
+                }),
+                Mapped::DecayRate { layer } => items.push(Item::DecayRate {
+                    layer,
+                    hf: hf.into(),
+                }),
                 Mapped::KvB { layer } => {
                     if c.mla.is_none() {
                         return Err(ConvertError::UnmappedTensor(hf.into()));
@@ -232,17 +265,26 @@ impl<'a> Plan<'a> {
         }
     }
 
-    /// Whether `gguf` is a Gemma norm weight, which GGUF stores as the scale `1 + w` (as
-    /// llama.cpp's converter writes it) rather than Hugging Face's offset `w`.
+    /// Whether `gguf` is a norm weight of a family of offset norms (Gemma, Qwen3-Next),
+    /// which GGUF stores as the scale `1 + w` (as llama.cpp's converter writes it) rather
+    /// than Hugging Face's offset `w`. Qwen3-Next's DeltaNet norm is a plain scale.
     fn offset_norm(&self, gguf: &str) -> bool {
-        self.c.family.gemma()
+        self.c.family.offset_norms()
             && match TensorName::parse(gguf) {
                 Some(TensorName::Global(g)) => g == GlobalTensor::OutputNorm,
                 Some(TensorName::Layer { role, kind, .. }) => {
-                    kind == Kind::Weight && role.is_norm()
+                    kind == Kind::Weight && role.is_norm() && role != TensorRole::SsmNorm
                 }
                 None => false,
             }
+    }
+
+    /// The rows `split` takes, after checking `hf` has the grouped projection's shape.
+    fn split_rows(&self, split: Split, hf: &str) -> Result<delta_net::Rows, ConvertError> {
+        let s = self.c.delta_net.ok_or_else(|| ConvertError::UnmappedTensor(hf.into()))?;
+        let rows = split.rows(s, self.c.n_head, self.c.head_dim);
+        check_shape(hf, &self.tensor(hf)?, &[rows.blocks * rows.block_rows, self.c.d_model])?;
+        Ok(rows)
     }
 
     /// Name, stored type and shape of `item`, from the headers only; every check on dtypes
@@ -386,6 +428,37 @@ impl<'a> Plan<'a> {
                     shape: shape.map(|n| n as u64).to_vec(),
                 })
             }
+            Item::Split { layer, split, hf } => {
+                let rows = self.split_rows(*split, hf)?;
+                Ok(Described {
+                    gguf: split.role().weight(*layer),
+                    src: float_type(hf, &self.tensor(hf)?)?,
+                    shape: vec![rows.len() as u64, self.c.d_model as u64],
+                })
+            }
+            Item::Conv1d { layer, hf } => {
+                let t = self.tensor(hf)?;
+                let &[channels, 1, kernel] = t.info.shape.as_slice() else {
+                    return Err(ConvertError::BadTensor {
+                        tensor: hf.clone(),
+                        reason: format!("shape {:?}, expected [channels, 1, kernel]", t.info.shape),
+                    });
+                };
+                Ok(Described {
+                    gguf: TensorRole::SsmConv1d.weight(*layer),
+                    src: float_type(hf, &t)?,
+                    shape: vec![channels, kernel],
+                })
+            }
+            Item::DecayRate { layer, hf } => {
+                let t = self.tensor(hf)?;
+                float_type(hf, &t)?;
+                Ok(Described {
+                    gguf: TensorRole::SsmA.bare(*layer),
+                    src: GgmlType::F32,
+                    shape: t.info.shape.clone(),
+                })
+            }
             Item::FusedDown { layer, hf } => {
                 let t = self.tensor(hf)?;
                 let src = float_type(hf, &t)?;
@@ -438,7 +511,19 @@ impl<'a> Plan<'a> {
                     to,
                 ))
             }
-            Item::FusedDown { hf, .. } => Cow::Borrowed(self.tensor(hf)?.data),
+            Item::FusedDown { hf, .. } | Item::Conv1d { hf, .. } => {
+                Cow::Borrowed(self.tensor(hf)?.data)
+            }
+            Item::Split { split, hf, .. } => Cow::Owned(delta_net::take_rows(
+                self.tensor(hf)?.data,
+                &self.split_rows(*split, hf)?,
+            )),
+            Item::DecayRate { hf, .. } => {
+                let t = self.tensor(hf)?;
+                Cow::Owned(tensors::map_values(&d.gguf, float_type(hf, &t)?, t.data, |a| {
+                    -a.exp()
+                })?)
+            }
             Item::OssHalf { gate, bias, hf, .. } => {
                 let (e, ff) = (self.n_experts(), self.c.d_ff);
                 let rows = if *bias { 1 } else { self.c.d_model };

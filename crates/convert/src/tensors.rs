@@ -136,16 +136,23 @@ pub(crate) fn plus_one(
     src: GgmlType,
     bytes: &[u8],
 ) -> Result<Vec<u8>, ConvertError> {
+    map_values(gguf_name, src, bytes, |v| v + 1.0)
+}
+
+/// `f` of every value of `bytes` (stored as `src`), as f32 bytes.
+pub(crate) fn map_values(
+    gguf_name: &str,
+    src: GgmlType,
+    bytes: &[u8],
+    f: impl Fn(f32) -> f32,
+) -> Result<Vec<u8>, ConvertError> {
     let n = (bytes.len() as u64 / src.type_size()) as usize;
     let mut values = vec![0f32; n];
     ferrite_quant::dequantize(src, bytes, &mut values).map_err(|source| ConvertError::Quant {
         tensor: gguf_name.to_owned(),
         source,
     })?;
-    Ok(values
-        .iter()
-        .flat_map(|v| (v + 1.0).to_le_bytes())
-        .collect())
+    Ok(values.iter().flat_map(|&v| f(v).to_le_bytes()).collect())
 }
 
 /// Re-encodes `bytes` (stored as `src`) as `target`; borrowed bytes pass through untouched

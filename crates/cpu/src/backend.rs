@@ -16,12 +16,15 @@ use ferrite_backend::{
 use ferrite_quant::kernels::{GatedAct, gated_act};
 use ferrite_quant::simd_level;
 
+use ferrite_arch::DeltaNetShape;
+
 use crate::attention::{AttnJob, attend_many};
 use crate::kv::KvCache;
 use crate::ops::{
-    RopeTable, add_assign, add_rows, gated_scalar, rms_norm, rope_scaled, swiglu_oai,
+    RopeTable, add_assign, add_rows, gated_scalar, rms_norm, rope_scaled, sigmoid, swiglu_oai,
 };
 use crate::positions::{Rotary, rotate_and_store};
+use crate::recurrent;
 use crate::{CpuError, Matrix, ThreadPool, matmul, matmul_shared};
 
 /// The CPU backend: every op runs on `pool`.
@@ -135,6 +138,24 @@ fn check_segs(op: &'static str, segs: &[Segment<'_, KvCache>], width: usize) -> 
     Ok(rows)
 }
 
+/// State slot `slot` of `kv`, which must hold a state of `s`'s size.
+fn state_of<'k>(
+    op: &'static str,
+    kv: &'k mut KvCache,
+    slot: usize,
+    s: &DeltaNetShape,
+) -> Result<&'k mut [f32]> {
+    let have = kv.state_len();
+    if have != s.state_len() {
+        return Err(bad(
+            op,
+            format!("a state of {} values for slots of {have}", s.state_len()),
+        ));
+    }
+    kv.state_mut(slot)
+        .ok_or_else(|| bad(op, format!("no recurrent state slot {slot}")))
+}
+
 /// Position of each row `t` of the pass, by segment.
 fn positions<'a>(segs: &'a [Segment<'_, KvCache>]) -> impl Iterator<Item = usize> + 'a {
     segs.iter().flat_map(|s| s.pos0..s.pos0 + s.len)
@@ -212,6 +233,12 @@ impl Backend for CpuBackend<'_> {
                 "q8 KV reads values in the keys from whole blocks of 32 only".into(),
             ),
             Op::TopK { k: 0 } => Support::Unsupported("no candidates asked for".into()),
+            Op::DeltaRule { k_dim, .. } if k_dim > recurrent::MAX_K_DIM => Support::Unsupported(
+                format!("key heads of more than {} values", recurrent::MAX_K_DIM),
+            ),
+            Op::RowGate | Op::GatedNorm | Op::Conv1d { .. } | Op::DeltaRule { .. } => {
+                Support::Native
+            }
             Op::RmsNorm
             | Op::Add
             | Op::AddBias
@@ -403,6 +430,13 @@ impl Backend for CpuBackend<'_> {
                 }
                 return Ok(());
             }
+            // Qwen3-Next's attention gate: one pass over the heads' outputs.
+            Act::Sigmoid => {
+                for (g, &u) in gate.iter_mut().zip(up) {
+                    *g = sigmoid(*g) * u;
+                }
+                return Ok(());
+            }
         };
         let level = simd_level();
         let pool = self.pool;
@@ -424,6 +458,105 @@ impl Backend for CpuBackend<'_> {
         });
         if failed.into_inner() {
             return Err(bad("gated_act", "the activation kernel rejected its level"));
+        }
+        Ok(())
+    }
+
+    fn row_gate(&self, x: &mut Vec<f32>, g: &Vec<f32>, n: usize, width: usize) -> Result<()> {
+        let x = get_mut("row_gate", x, 0, mul("row_gate", n, width)?)?;
+        let g = get("row_gate", g, 0, n)?;
+        for (row, &gv) in x.chunks_exact_mut(width.max(1)).zip(g) {
+            let s = sigmoid(gv);
+            row.iter_mut().for_each(|v| *v *= s);
+        }
+        Ok(())
+    }
+
+    fn gated_norm(
+        &self,
+        x: &mut Vec<f32>,
+        z: &Vec<f32>,
+        len: usize,
+        w: &[f32],
+        dim: usize,
+        eps: f32,
+    ) -> Result<()> {
+        if w.len() != dim || dim == 0 || !len.is_multiple_of(dim) {
+            return Err(bad(
+                "gated_norm",
+                format!("{len} values in rows of {dim} with a weight of {}", w.len()),
+            ));
+        }
+        let z = get("gated_norm", z, 0, len)?;
+        recurrent::gated_norm(get_mut("gated_norm", x, 0, len)?, z, w, eps);
+        Ok(())
+    }
+
+    fn kv_state(&self, kv: &mut KvCache, slots: usize, len: usize) -> Result<()> {
+        kv.set_state(slots, len)
+    }
+
+    fn conv1d(
+        &self,
+        s: &DeltaNetShape,
+        slot: usize,
+        x: &Vec<f32>,
+        w: &[f32],
+        segs: &mut [Segment<'_, KvCache>],
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        let c = s.conv_channels();
+        if w.len() != c * s.conv_kernel || s.conv_kernel < 2 {
+            return Err(bad(
+                "conv1d",
+                format!("{} taps for {c} channels of {}", w.len(), s.conv_kernel),
+            ));
+        }
+        let mut at = 0;
+        for seg in segs.iter_mut() {
+            let len = mul("conv1d", seg.len, c)?;
+            let state = state_of("conv1d", seg.kv, slot, s)?;
+            let state = &mut state[..(s.conv_kernel - 1) * c];
+            let xs = get("conv1d", x, at, len)?;
+            recurrent::conv1d(s, xs, w, state, get_mut("conv1d", out, at, len)?);
+            at += len;
+        }
+        Ok(())
+    }
+
+    fn delta_rule(
+        &self,
+        s: &DeltaNetShape,
+        slot: usize,
+        qkv: &Vec<f32>,
+        (beta, alpha): (&Vec<f32>, &Vec<f32>),
+        (a, dt_bias): (&[f32], &[f32]),
+        segs: &mut [Segment<'_, KvCache>],
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        let (c, nv) = (s.conv_channels(), s.v_heads);
+        if a.len() != nv || dt_bias.len() != nv || s.k_dim > recurrent::MAX_K_DIM {
+            return Err(bad(
+                "delta_rule",
+                format!("{nv} value heads with {} rates and {} biases", a.len(), dt_bias.len()),
+            ));
+        }
+        let mut qk = [0.0f32; 2 * recurrent::MAX_K_DIM];
+        let qk = &mut qk[..2 * s.k_dim];
+        let (mut at, mut row) = (0, 0);
+        for seg in segs.iter_mut() {
+            let n = seg.len;
+            let state = state_of("delta_rule", seg.kv, slot, s)?;
+            let m = &mut state[(s.conv_kernel - 1) * c..];
+            let gates = (
+                get("delta_rule", beta, row * nv, n * nv)?,
+                get("delta_rule", alpha, row * nv, n * nv)?,
+            );
+            let x = get("delta_rule", qkv, at, mul("delta_rule", n, c)?)?;
+            let o = get_mut("delta_rule", out, row * s.inner(), n * s.inner())?;
+            recurrent::delta_rule(s, x, gates, (a, dt_bias), m, qk, o);
+            at += n * c;
+            row += n;
         }
         Ok(())
     }

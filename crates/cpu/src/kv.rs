@@ -45,6 +45,10 @@ pub struct KvCache {
     row: usize,
     /// Whether value rows are stored beside the keys (else the keys serve as both).
     own_values: bool,
+    /// The recurrent layers' state, `state_len` f32 values a slot (empty for models of
+    /// attention only); it describes exactly the positions the session has run.
+    state: Vec<f32>,
+    state_len: usize,
 }
 
 /// The stored key and value rows of one layer's positions, in the cache's element type (see
@@ -148,7 +152,42 @@ impl KvCache {
             ctx,
             row,
             own_values,
+            state: Vec::new(),
+            state_len: 0,
         })
+    }
+
+    /// Replaces the recurrent state by `slots` zeroed slots of `len` values.
+    pub fn set_state(&mut self, slots: usize, len: usize) -> Result<(), BackendError> {
+        self.state = try_vec(slots.checked_mul(len), 0.0)?;
+        self.state_len = len;
+        Ok(())
+    }
+
+    /// Values of one recurrent state slot (0 without recurrent state).
+    pub fn state_len(&self) -> usize {
+        self.state_len
+    }
+
+    /// Every slot's state, slot after slot.
+    pub fn state(&self) -> &[f32] {
+        &self.state
+    }
+
+    /// Every slot's state, for restoring it.
+    pub fn state_all_mut(&mut self) -> &mut [f32] {
+        &mut self.state
+    }
+
+    /// Slot `slot`'s state, `None` past the slots the cache has.
+    pub fn state_mut(&mut self, slot: usize) -> Option<&mut [f32]> {
+        let at = slot.checked_mul(self.state_len)?;
+        self.state.get_mut(at..at.checked_add(self.state_len)?)
+    }
+
+    /// Zeroes the recurrent state (the session's position returns to 0).
+    pub fn clear_state(&mut self) {
+        self.state.fill(0.0);
     }
 
     /// Number of positions the cache holds.

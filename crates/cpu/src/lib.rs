@@ -28,6 +28,7 @@ mod matmul;
 pub mod ops;
 mod pool;
 mod positions;
+mod recurrent;
 
 pub use backend::{CpuAngles, CpuBackend};
 pub use ferrite_quant::kernels::q16::PackedRows;

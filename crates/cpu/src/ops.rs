@@ -198,7 +198,13 @@ pub fn gated_scalar(act: ferrite_backend::Act) -> fn(f32, f32) -> f32 {
         Act::Silu => |g, u| silu(g) * u,
         Act::GeluTanh => |g, u| gelu_tanh(g) * u,
         Act::SwigluOai => swiglu_oai,
+        Act::Sigmoid => |g, u| sigmoid(g) * u,
     }
+}
+
+/// `1 / (1 + e^-x)`.
+pub fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
 }
 
 /// Adds `b` to every `b.len()`-value row of `x` (whose length is a multiple of it).

@@ -91,7 +91,7 @@ fn activation(act: Act) -> Option<Activation> {
     match act {
         Act::Silu => Some(Activation::Silu),
         Act::GeluTanh => Some(Activation::GeluTanh),
-        Act::SwigluOai => None,
+        Act::SwigluOai | Act::Sigmoid => None,
     }
 }
 
@@ -304,10 +304,11 @@ impl Backend for CudaOps<'_> {
             | Op::Copy => Support::Native,
             Op::GatedAct { act } => match activation(act) {
                 Some(_) => Support::Native,
-                None => {
-                    Support::Unsupported("no CUDA kernel of the clamped SwiGLU (gpt-oss)".into())
-                }
+                None => Support::Unsupported(format!("no CUDA kernel of the {act:?} gate")),
             },
+            Op::RowGate | Op::GatedNorm | Op::Conv1d { .. } | Op::DeltaRule { .. } => {
+                Self::unported("the gated DeltaNet's ops (Qwen3-Next) have no CUDA kernels yet")
+            }
             Op::KvStore { kv } | Op::RopeStore { kv, .. } => f16_only(kv),
             Op::Attention { sinks: true, .. } => {
                 Support::Unsupported("the attention kernels have no sink logits (gpt-oss)".into())
@@ -792,6 +793,65 @@ impl Backend for CudaOps<'_> {
             row += n;
         }
         Ok(())
+    }
+
+    fn row_gate(
+        &self,
+        _x: &mut CudaSlice<f32>,
+        _g: &CudaSlice<f32>,
+        _n: usize,
+        _width: usize,
+    ) -> Result<()> {
+        self.require(&Op::RowGate)
+    }
+
+    fn gated_norm(
+        &self,
+        _x: &mut CudaSlice<f32>,
+        _z: &CudaSlice<f32>,
+        _len: usize,
+        _w: VectorId,
+        _dim: usize,
+        _eps: f32,
+    ) -> Result<()> {
+        self.require(&Op::GatedNorm)
+    }
+
+    fn kv_state(&self, _kv: &mut Self::Kv, slots: usize, _len: usize) -> Result<()> {
+        if slots == 0 {
+            return Ok(());
+        }
+        self.require(&Op::Conv1d { kernel: 0 })
+    }
+
+    fn conv1d(
+        &self,
+        s: &ferrite_arch::DeltaNetShape,
+        _slot: usize,
+        _x: &CudaSlice<f32>,
+        _w: VectorId,
+        _segs: &mut [Segment<'_, Self::Kv>],
+        _out: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        self.require(&Op::Conv1d {
+            kernel: s.conv_kernel,
+        })
+    }
+
+    fn delta_rule(
+        &self,
+        s: &ferrite_arch::DeltaNetShape,
+        _slot: usize,
+        _qkv: &CudaSlice<f32>,
+        _gates: (&CudaSlice<f32>, &CudaSlice<f32>),
+        _decay: (VectorId, VectorId),
+        _segs: &mut [Segment<'_, Self::Kv>],
+        _out: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        self.require(&Op::DeltaRule {
+            k_dim: s.k_dim,
+            v_dim: s.v_dim,
+        })
     }
 
     fn moe_route(

@@ -69,7 +69,7 @@ impl Batch {
                 sessions.len()
             )));
         }
-        let model = first.model();
+        let (model, pool) = (first.model(), first.pool());
         let c = model.config();
         let rows: usize = inputs.iter().map(|t| t.len()).sum();
         if rows > self.max_rows {
@@ -101,9 +101,12 @@ impl Batch {
                 });
             }
         }
+        for s in sessions.iter_mut() {
+            s.restore_state()?;
+        }
         self.tokens.clear();
         inputs.iter().for_each(|t| self.tokens.extend_from_slice(t));
-        let b = CpuBackend::new(first.pool());
+        let b = CpuBackend::new(pool);
         let scratch = match self.s.take() {
             Some(s) => s,
             None => Scratch::new(&b, c, self.max_rows)?,
@@ -114,7 +117,7 @@ impl Batch {
             .zip(inputs)
             .map(|(s, t)| s.segment(t.len()))
             .collect();
-        forward_rows(
+        let res = forward_rows(
             &b,
             model,
             scratch,
@@ -122,8 +125,12 @@ impl Batch {
             &mut segs,
             &mut None,
             Faults::default(),
-        )?;
+        );
         drop(segs);
+        if let Err(e) = res {
+            sessions.iter_mut().for_each(|s| s.state_failed());
+            return Err(e);
+        }
         // Only each session's last row needs logits: gather those rows to the front.
         let d = c.d_model;
         let n_vocab = c.n_vocab;

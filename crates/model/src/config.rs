@@ -58,7 +58,7 @@ use ferrite_gguf::Gguf;
 use crate::ModelError;
 use crate::features::{self, MoeConfig};
 use crate::ops::RopeStyle;
-use ferrite_arch::MlaShape;
+use ferrite_arch::{DeltaNetShape, MlaShape};
 
 /// A supported architecture: the rows of the architecture table (`ferrite-arch`).
 pub use ferrite_arch::Arch;
@@ -148,6 +148,9 @@ pub struct ModelConfig {
     /// blocks the forward pass runs (`{arch}.nextn_predict_layers`); loaded as part of the
     /// file, never run.
     pub mtp_layers: usize,
+    /// The gated DeltaNet of a hybrid (`qwen3next`): which layers are DeltaNets (the others
+    /// are gated attention) and their shape.
+    pub delta_net: Option<DeltaNetShape>,
     /// One entry per layer.
     pub layers: Vec<LayerConfig>,
 }
@@ -409,7 +412,8 @@ impl ModelConfig {
             | Arch::Phi3
             | Arch::Glm4Moe
             | Arch::Deepseek2
-            | Arch::GptOss => {
+            | Arch::GptOss
+            | Arch::Qwen3Next => {
                 let windows = if arch == Arch::GptOss {
                     features::alternating_windows(g, a, n_layer, GPT_OSS_GLOBAL_EVERY)?
                 } else {
@@ -475,6 +479,11 @@ impl ModelConfig {
                     moe,
                     mla: mla.map(|(shape, _)| shape),
                     mtp_layers,
+                    delta_net: if f.delta_net {
+                        Some(crate::delta_net::from_gguf(g, arch)?)
+                    } else {
+                        None
+                    },
                     layers: windows
                         .into_iter()
                         .map(|window| LayerConfig {
@@ -546,11 +555,38 @@ impl ModelConfig {
                     moe: None,
                     mla: None,
                     mtp_layers,
+                    delta_net: None,
                     layers,
                 }
             }
         };
         Ok(cfg)
+    }
+
+    /// Whether layer `l` is a gated DeltaNet rather than attention.
+    pub fn is_delta_net(&self, l: usize) -> bool {
+        self.delta_net.is_some_and(|s| !s.is_attention(l))
+    }
+
+    /// Layer `l`'s slot in a session's store: its index among the layers of its kind (the
+    /// attention layers' K/V rows, the DeltaNets' recurrent states).
+    pub fn slot(&self, l: usize) -> usize {
+        (0..l)
+            .filter(|&i| self.is_delta_net(i) == self.is_delta_net(l))
+            .count()
+    }
+
+    /// Layers that keep K/V rows.
+    pub fn kv_layers(&self) -> usize {
+        (0..self.n_layer).filter(|&l| !self.is_delta_net(l)).count()
+    }
+
+    /// Layers that keep a recurrent state, and the values of each one's state.
+    pub fn state_slots(&self) -> (usize, usize) {
+        match self.delta_net {
+            Some(s) => (self.n_layer - self.kv_layers(), s.state_len()),
+            None => (0, 0),
+        }
     }
 
     /// Width of one token's keys (or values): `n_kv_head × head_dim`.

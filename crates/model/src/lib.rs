@@ -32,6 +32,7 @@
 #![deny(missing_docs)]
 
 mod batch;
+mod delta_net;
 pub mod config;
 mod error;
 pub mod features;

@@ -18,6 +18,7 @@ use ferrite_gguf::{GgmlType, Gguf};
 
 use crate::ModelError;
 use crate::config::ModelConfig;
+use crate::delta_net::DeltaNetWeights;
 use crate::mla::MlaWeights;
 use crate::moe::{Experts, MoeWeights};
 
@@ -75,6 +76,8 @@ pub(crate) enum Attn {
     Qkv(Box<[Weight; 3]>),
     /// Multi-head latent attention.
     Mla(Box<MlaWeights>),
+    /// A gated DeltaNet in place of attention (its output projection is the layer's `wo`).
+    DeltaNet(Box<DeltaNetWeights>),
 }
 
 /// The weights of one transformer block.
@@ -92,6 +95,8 @@ pub(crate) struct LayerWeights {
     pub(crate) out_bias: Option<Vec<f32>>,
     /// One sink logit per query head (gpt-oss).
     pub(crate) sinks: Option<Vec<f32>>,
+    /// The attention heads' output gate (`attn_gate`, `q_dim × d_model`; Qwen3-Next).
+    pub(crate) attn_gate: Option<Weight>,
     pub(crate) ffn_norm: Vec<f32>,
     pub(crate) ffn: Ffn,
     pub(crate) post_ffn_norm: Option<Vec<f32>>,
@@ -233,6 +238,12 @@ pub(crate) fn matrix_rows(
     })
 }
 
+/// The attention output projection of layer `i`.
+fn out_proj(g: &Gguf, c: &ModelConfig, i: usize, p: Precision) -> Result<Weight, ModelError> {
+    let name = TensorRole::AttnOutput.weight(i);
+    matrix(g, &name, c.d_model, c.attn_out_dim(), p)
+}
+
 /// The Q, K and V projections of layer `i`: three matrices, or the rows of one fused
 /// `attn_qkv` (Phi-3).
 fn qkv(g: &Gguf, c: &ModelConfig, i: usize, p: Precision) -> Result<[Weight; 3], ModelError> {
@@ -303,6 +314,11 @@ fn ffn(g: &Gguf, c: &ModelConfig, i: usize, p: Precision) -> Result<Ffn, ModelEr
             down: matrix(g, &n(TensorRole::FfnDownShexp), d, sf, p)?,
         })),
     };
+    let shared_gate = if shared.is_some() && c.delta_net.is_some() {
+        Some(matrix(g, &n(TensorRole::FfnGateInpShexp), 1, d, p)?)
+    } else {
+        None
+    };
     let selection_bias = if moe.selection_bias {
         Some(vector(g, &TensorRole::ExpProbsB.bias(i), e)?)
     } else {
@@ -331,6 +347,7 @@ fn ffn(g: &Gguf, c: &ModelConfig, i: usize, p: Precision) -> Result<Ffn, ModelEr
         down: stack(TensorRole::FfnDownExps, d, ff)?,
         shared,
         selection_bias,
+        shared_gate,
     }))
 }
 
@@ -368,27 +385,30 @@ impl Model {
                     Ok(None)
                 }
             };
-            let attn = match &c.mla {
-                None => Attn::Qkv(Box::new(qkv(g, c, i, p)?)),
-                Some(mla) => Attn::Mla(Box::new(MlaWeights::load(
-                    g,
-                    (mla, c.d_model, c.n_head),
-                    i,
-                    p,
-                )?)),
+            let delta = c.delta_net.filter(|_| c.is_delta_net(i));
+            let (attn, wo) = match (&c.mla, delta) {
+                (_, Some(s)) => {
+                    let (w, out) = DeltaNetWeights::load(g, (&s, c.d_model), i, p)?;
+                    (Attn::DeltaNet(Box::new(w)), out)
+                }
+                (None, None) => (Attn::Qkv(Box::new(qkv(g, c, i, p)?)), out_proj(g, c, i, p)?),
+                (Some(mla), None) => (
+                    Attn::Mla(Box::new(MlaWeights::load(
+                        g,
+                        (mla, c.d_model, c.n_head),
+                        i,
+                        p,
+                    )?)),
+                    out_proj(g, c, i, p)?,
+                ),
             };
+            let attention = delta.is_none();
             layers.push(LayerWeights {
                 attn_norm: vector(g, &n(TensorRole::AttnNorm), c.d_model)?,
                 attn,
-                wo: matrix(
-                    g,
-                    &n(TensorRole::AttnOutput),
-                    c.d_model,
-                    c.attn_out_dim(),
-                    p,
-                )?,
-                q_norm: opt_vec(TensorRole::AttnQNorm, c.head_dim, c.qk_norm)?,
-                k_norm: opt_vec(TensorRole::AttnKNorm, c.head_dim, c.qk_norm)?,
+                wo,
+                q_norm: opt_vec(TensorRole::AttnQNorm, c.head_dim, c.qk_norm && attention)?,
+                k_norm: opt_vec(TensorRole::AttnKNorm, c.head_dim, c.qk_norm && attention)?,
                 post_attn_norm: opt_vec(TensorRole::PostAttentionNorm, c.d_model, c.post_norms)?,
                 qkv_bias: if c.qkv_bias {
                     let b = |r: TensorRole, len: usize| vector(g, &r.bias(i), len);
@@ -406,6 +426,11 @@ impl Model {
                     None
                 },
                 sinks: opt_vec(TensorRole::AttnSinks, c.n_head, c.arch.features().sinks)?,
+                attn_gate: if attention && c.delta_net.is_some() {
+                    Some(matrix(g, &n(TensorRole::AttnGate), c.q_dim(), c.d_model, p)?)
+                } else {
+                    None
+                },
                 ffn_norm: vector(g, &n(c.arch.features().ffn_norm), c.d_model)?,
                 ffn: ffn(g, c, i, p)?,
                 post_ffn_norm: opt_vec(TensorRole::PostFfwNorm, c.d_model, c.post_norms)?,
@@ -507,11 +532,14 @@ impl Model {
                         experts.extend((0..x.n_expert()).map(|e| (x, e)));
                     }
                 }
+                Attn::DeltaNet(w) => weights.extend(w.matrices()),
             }
+            weights.extend(&l.attn_gate);
             match &l.ffn {
                 Ffn::Dense(f) => weights.extend([&f.gate, &f.up, &f.down]),
                 Ffn::Moe(moe) => {
                     weights.push(&moe.router);
+                    weights.extend(&moe.shared_gate);
                     if let Some(f) = &moe.shared {
                         weights.extend([&f.gate, &f.up, &f.down]);
                     }
@@ -580,23 +608,20 @@ fn check_all_tensors_used(g: &Gguf, c: &ModelConfig) -> Result<(), ModelError> {
             sinks: c.arch.features().sinks,
             expert_bias: experts.is_some() && c.arch.features().expert_bias,
             ffn_norm: c.arch.features().ffn_norm,
+            delta_net: c.is_delta_net(l),
+            attn_gate: c.delta_net.is_some() && !c.is_delta_net(l),
+            shared_expert_gate: c.delta_net.is_some(),
         }
         .tensors()
     };
-    let (dense, expert) = (parts(0), parts(c.n_layer.saturating_sub(1)));
+    let layers: Vec<_> = (0..c.n_layer).map(parts).collect();
     let used = |name: &str| match TensorName::parse(name) {
         Some(TensorName::Global(_)) => true,
         Some(TensorName::Layer {
             layer: i,
             role,
             kind,
-        }) if i < c.n_layer => {
-            let layer = match &c.moe {
-                Some(m) if m.is_expert_layer(i) => &expert,
-                _ => &dense,
-            };
-            layer.contains(&(role, kind))
-        }
+        }) if i < c.n_layer => layers[i].contains(&(role, kind)),
         _ => ferrite_arch::layer_of(name)
             .is_some_and(|i| (c.n_layer..c.n_layer + c.mtp_layers).contains(&i)),
     };

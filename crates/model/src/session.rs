@@ -74,6 +74,12 @@ pub struct Session<'m> {
     /// `Some(end)` when `logits[end - n_vocab..end]` are the logits after token `n_past - 1`
     /// (kept for snapshots; see `crate::snapshot`).
     pub(crate) next_logits_end: Option<usize>,
+    /// Whether the recurrent state of a hybrid's DeltaNet layers must be rebuilt before the
+    /// next pass. The state cannot be rolled back, so shortening the session (or a pass
+    /// that failed part way) leaves it describing positions the session no longer has; the
+    /// next pass first replays `history` from the zero state. The policy: one checkpoint,
+    /// at position 0, costing no memory and a replay of the kept tokens.
+    state_stale: bool,
     #[cfg(test)]
     pub(crate) mutation: Option<crate::session::Mutation>,
 }
@@ -124,13 +130,20 @@ impl<'m> Session<'m> {
         Ok(Session {
             model,
             pool,
-            kv: KvCache::with_values(kv, c.n_layer, ctx, (c.n_kv_head, c.head_dim), c.kv_values())?,
+            kv: {
+                let shape = (c.n_kv_head, c.head_dim);
+                let mut store = KvCache::with_values(kv, c.kv_layers(), ctx, shape, c.kv_values())?;
+                let (slots, len) = c.state_slots();
+                store.set_state(slots, len)?;
+                store
+            },
             n_past: 0,
             history,
             chunk,
             s,
             logits: vec![0.0; c.n_vocab],
             next_logits_end: None,
+            state_stale: false,
             #[cfg(test)]
             mutation: None,
         })
@@ -163,9 +176,48 @@ impl<'m> Session<'m> {
     pub fn truncate(&mut self, n: usize) {
         if n < self.n_past {
             self.next_logits_end = None;
+            if n == 0 {
+                self.kv.clear_state();
+                self.state_stale = false;
+            } else if self.kv.state_len() > 0 {
+                self.state_stale = true;
+            }
         }
         self.n_past = self.n_past.min(n);
         self.history.truncate(self.n_past);
+    }
+
+    /// Marks the recurrent state as not describing `history` (a pass failed part way).
+    pub(crate) fn state_failed(&mut self) {
+        if self.kv.state_len() > 0 {
+            self.state_stale = true;
+        }
+    }
+
+    /// Rebuilds a stale recurrent state by replaying `history` from the zero state.
+    pub(crate) fn restore_state(&mut self) -> Result<(), ModelError> {
+        if !self.state_stale {
+            return Ok(());
+        }
+        let kept = std::mem::take(&mut self.history);
+        self.kv.clear_state();
+        let end = self.n_past;
+        self.n_past = 0;
+        let mut res = Ok(());
+        while self.n_past < end {
+            let len = self.chunk.min(end - self.n_past);
+            let chunk = &kept[self.n_past..self.n_past + len];
+            // No logits: a chunk's outputs start past its rows.
+            res = self.forward_chunk(chunk, len, 0, 0, &mut None);
+            if res.is_err() {
+                break;
+            }
+            self.n_past += len;
+        }
+        self.n_past = end;
+        self.history = kept;
+        self.state_stale = res.is_err();
+        res
     }
 
     /// Forgets all cached tokens.
@@ -258,6 +310,7 @@ impl<'m> Session<'m> {
                 })?;
             self.logits.resize(need, 0.0);
         }
+        self.restore_state()?;
         let start_past = self.n_past;
         self.next_logits_end = None;
         let mut done = 0;
@@ -267,8 +320,10 @@ impl<'m> Session<'m> {
             let res =
                 self.forward_chunk(chunk, first.saturating_sub(done), done, first, &mut hidden);
             if let Err(e) = res {
-                // Leave the session as it was: the partly written cache rows are unreachable.
+                // Leave the session as it was: the partly written cache rows are unreachable,
+                // and a recurrent state is rebuilt by the next pass.
                 self.truncate(start_past);
+                self.state_failed();
                 return Err(e);
             }
             self.n_past += len;

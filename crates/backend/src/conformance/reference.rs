@@ -228,6 +228,7 @@ fn gated_f64(act: Act, gate: f64, up: f64) -> f64 {
             let g = gate.min(limit);
             silu(g, f64::from(Act::SWIGLU_OAI_ALPHA)) * (up.clamp(-limit, limit) + 1.0)
         }
+        Act::Sigmoid => up / (1.0 + (-gate).exp()),
     }
 }
 
@@ -459,7 +460,7 @@ pub(super) fn gated_act<B: Backend>(b: &B, rng: &mut Rng, act: Act, out: &mut Ou
         // Past gpt-oss's clamps (±7) on both inputs.
         let (gs, us) = match act {
             Act::SwigluOai => (10.0, 10.0),
-            Act::Silu | Act::GeluTanh => (6.0, 2.0),
+            Act::Silu | Act::GeluTanh | Act::Sigmoid => (6.0, 2.0),
         };
         let (g, u) = (rng.values(len, gs), rng.values(len, us));
         let want: Vec<f64> = g

@@ -12,6 +12,7 @@ use ferrite_backend::{
 use ferrite_cpu::CpuBackend;
 
 use crate::config::Activation;
+use crate::delta_net::{self, DeltaNetScratch};
 use crate::mla::{self, MlaScratch};
 use crate::model::{Attn, DenseFfn, Ffn, Model, Weight};
 use crate::moe::{Experts, MoeScratch};
@@ -86,6 +87,8 @@ pub(crate) struct Scratch<Buf, Angles> {
     pub(crate) moe: Option<MoeScratch<Buf>>,
     /// Latent attention's own buffers (MLA models only).
     mla: Option<MlaScratch<Buf>>,
+    /// The gated DeltaNet's buffers (hybrid models only).
+    delta: Option<DeltaNetScratch<Buf>>,
 }
 
 /// The scratch of backend `B`.
@@ -134,6 +137,10 @@ impl<Buf, Angles: Default> Scratch<Buf, Angles> {
             moe,
             mla: match &c.mla {
                 Some(m) => Some(MlaScratch::new(b, m, c.n_head, rows)?),
+                None => None,
+            },
+            delta: match &c.delta_net {
+                Some(s) => Some(DeltaNetScratch::new(b, s, rows)?),
                 None => None,
             },
         })
@@ -255,6 +262,15 @@ pub(crate) fn require_ops<B: Weights>(b: &B, m: &Model, kv: KvType) -> Result<()
                 }
             }
             Attn::Mla(w) => w.require(b, (kv, c.head_dim, c.kv_values()))?,
+            Attn::DeltaNet(w) => {
+                if let Some(s) = &c.delta_net {
+                    w.require(b, s)?;
+                }
+            }
+        }
+        if let Some(g) = &lw.attn_gate {
+            b.require(&matmul(g))?;
+            b.require(&Op::GatedAct { act: Act::Sigmoid })?;
         }
         b.require(&matmul(&lw.wo))?;
         let dense = |f: &DenseFfn| -> Result<(), ModelError> {
@@ -275,6 +291,10 @@ pub(crate) fn require_ops<B: Weights>(b: &B, m: &Model, kv: KvType) -> Result<()
                 })?;
                 if mw.router_bias.is_some() {
                     b.require(&Op::AddBias)?;
+                }
+                if let Some(g) = &mw.shared_gate {
+                    b.require(&matmul(g))?;
+                    b.require(&Op::RowGate)?;
                 }
                 for x in [&mw.gate, &mw.up, &mw.down] {
                     b.require(&Op::MoeExperts {
@@ -363,7 +383,18 @@ pub(crate) fn forward_rows<B: Weights>(
                 _ => None,
             },
         };
+        // The layer's slot among the layers of its kind in each session's store.
+        let slot = c.slot(l);
         let values = match (&lw.attn, s.mla.as_mut()) {
+            (Attn::DeltaNet(w), _) => {
+                let (Some(shape), Some(ds)) = (&c.delta_net, s.delta.as_mut()) else {
+                    return Err(ModelError::InvalidArgument(
+                        "DeltaNet weights without its settings".into(),
+                    ));
+                };
+                delta_net::layer(b, m, (shape, w), slot, &s.xn, n, ds, segs)?;
+                &ds.out
+            }
             (Attn::Qkv(qkv), _) => {
                 let qkv = qkv.each_ref().map(|w| b.matrix(m, w));
                 b.matmul_shared(qkv, &s.xn, n, [&mut s.q, &mut s.k, &mut s.v])?;
@@ -380,7 +411,7 @@ pub(crate) fn forward_rows<B: Weights>(
                 b.rope_store(
                     &rope,
                     &s.angles,
-                    l,
+                    slot,
                     (&mut s.q, qd),
                     (&mut s.k, &s.v, kvd),
                     segs,
@@ -398,8 +429,16 @@ pub(crate) fn forward_rows<B: Weights>(
                     Some(v) => Some(b.vector(v)?),
                     None => None,
                 };
-                b.attention(&shape, l, &s.q, sinks, segs, &mut s.att)?;
-                &s.att
+                b.attention(&shape, slot, &s.q, sinks, segs, &mut s.att)?;
+                match &lw.attn_gate {
+                    // Qwen3-Next: each head's output times sigmoid(gate · x).
+                    Some(g) => {
+                        b.matmul(b.matrix(m, g), &s.xn, n, &mut s.q)?;
+                        b.gated_act(Act::Sigmoid, &mut s.q, &s.att, n, qd)?;
+                        &s.q
+                    }
+                    None => &s.att,
+                }
             }
             (Attn::Mla(w), Some(ms)) => {
                 let io = mla::Io {
@@ -408,7 +447,7 @@ pub(crate) fn forward_rows<B: Weights>(
                     k: &mut s.k,
                     att: &mut s.att,
                 };
-                mla::attention(b, m, w, l, (&rope, &s.angles), io, ms, segs)?;
+                mla::attention(b, m, w, slot, (&rope, &s.angles), io, ms, segs)?;
                 &ms.values
             }
             (Attn::Mla(_), None) => {
@@ -445,6 +484,11 @@ pub(crate) fn forward_rows<B: Weights>(
                 if let Some(f) = &mw.shared {
                     let out = &mut ms.shared_out;
                     dense_ffn(b, m, f, act, &s.xn, n, [&mut s.gate, &mut s.up], out)?;
+                    if let Some(g) = &mw.shared_gate {
+                        // One gate logit per row, in the first `n` values of `up`.
+                        b.matmul(b.matrix(m, g), &s.xn, n, &mut s.up)?;
+                        b.row_gate(out, &s.up, n, d)?;
+                    }
                     b.add(&mut s.o, &ms.shared_out, n * d)?;
                 }
             }
