@@ -682,7 +682,10 @@ mod tests {
                     ffn_down_exps.weight ffn_gate_shexp.weight ffn_up_shexp.weight \
                     ffn_down_shexp.weight ffn_gate_inp_shexp.weight attn_q_norm.weight \
                     attn_k_norm.weight";
-        let want: Vec<String> = want.split_whitespace().map(|t| format!("blk.3.{t}")).collect();
+        let want: Vec<String> = want
+            .split_whitespace()
+            .map(|t| format!("blk.3.{t}"))
+            .collect();
         assert_eq!(got, want);
     }
 

@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 
 use common::{ferrite, run, text};
 use ferrite_cpu::ThreadPool;
-use ferrite_gguf::{Gguf, GgufWriter, Value};
+use ferrite_gguf::{Gguf, Value};
 use ferrite_model::{KvType, LoadOptions, Model, Outputs, Session, reference};
 use serde_json::Value as Json;
 
@@ -281,29 +281,11 @@ fn naive_reference_matches_optimized_path_on_every_architecture() {
 /// `src` rewritten with metadata `extra` (replacing same-named keys) and every tensor whose
 /// name ends with one of `zero` filled with zeros.
 fn mutant(src: &Path, dst: &Path, extra: &[(&str, Value)], zero: &[&str]) -> bool {
-    let g = Gguf::open(src).unwrap();
-    let mut w = GgufWriter::new();
-    for (k, v) in g.metadata() {
-        if !extra.iter().any(|(e, _)| e == k) {
-            w.add_metadata(k.clone(), v.clone()).unwrap();
-        }
-    }
-    for (k, v) in extra {
-        w.add_metadata(*k, v.clone()).unwrap();
-    }
-    let mut changed = !extra.is_empty();
-    for t in g.tensors() {
-        let data = g.tensor_data(t);
-        if zero.iter().any(|z| t.name.ends_with(z)) {
-            changed = true;
-            w.add_tensor(t.name.clone(), t.ty, &t.dims, vec![0u8; data.len()])
-                .unwrap();
-        } else {
-            w.add_tensor(t.name.clone(), t.ty, &t.dims, data).unwrap();
-        }
-    }
-    w.write_file(dst).unwrap();
-    changed
+    common::rewrite_gguf(src, dst, extra, &|name, data| {
+        zero.iter()
+            .any(|z| name.ends_with(z))
+            .then(|| vec![0u8; data.len()])
+    })
 }
 
 /// A mutation of a converted file: label, metadata to set, tensors (by name suffix) to zero.

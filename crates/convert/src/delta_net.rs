@@ -20,7 +20,10 @@ use crate::config::{bad, get_usize, need_usize};
 use crate::names::Mapped;
 
 /// The DeltaNet shape of a Qwen3-Next `config.json` with `n_layer` layers.
-pub(crate) fn shape(cfg: &Map<String, Json>, n_layer: usize) -> Result<DeltaNetShape, ConvertError> {
+pub(crate) fn shape(
+    cfg: &Map<String, Json>,
+    n_layer: usize,
+) -> Result<DeltaNetShape, ConvertError> {
     let types = cfg.get("layer_types").and_then(Json::as_array);
     // transformers 5 may keep only the list; its first full-attention layer gives the
     // interval, which the check below holds every layer to.
@@ -92,9 +95,7 @@ pub(crate) fn map(layer: usize, stem: &str, kind: Option<Kind>) -> Option<Mapped
         ("mlp.shared_expert.down_proj", k) if k == w => {
             plain(TensorRole::FfnDownShexp, Kind::Weight)
         }
-        ("mlp.shared_expert_gate", k) if k == w => {
-            plain(TensorRole::FfnGateInpShexp, Kind::Weight)
-        }
+        ("mlp.shared_expert_gate", k) if k == w => plain(TensorRole::FfnGateInpShexp, Kind::Weight),
         _ => None,
     }
 }
@@ -178,7 +179,9 @@ pub(crate) fn take_rows(bytes: &[u8], rows: &Rows) -> Vec<u8> {
     for part in &rows.parts {
         for b in 0..rows.blocks {
             let at = b * rows.block_rows;
-            out.extend_from_slice(&bytes[(at + part.start) * row_bytes..(at + part.end) * row_bytes]);
+            out.extend_from_slice(
+                &bytes[(at + part.start) * row_bytes..(at + part.end) * row_bytes],
+            );
         }
     }
     out
@@ -205,16 +208,24 @@ mod tests {
         let take = |s: Split| take_rows(&labels, &s.rows(SHAPE, 2, 3));
         assert_eq!(
             take(Split::Qkv),
-            [0, 1, 2, 14, 15, 16, 3, 4, 5, 17, 18, 19, 6, 7, 8, 9, 20, 21, 22, 23]
+            [
+                0, 1, 2, 14, 15, 16, 3, 4, 5, 17, 18, 19, 6, 7, 8, 9, 20, 21, 22, 23
+            ]
         );
         assert_eq!(take(Split::Z), [10, 11, 12, 13, 24, 25, 26, 27]);
         // `in_proj_ba`: per key head `[b(2) a(2)]`.
         let ba: Vec<u8> = (0..8).collect();
         assert_eq!(take_rows(&ba, &Split::Beta.rows(SHAPE, 2, 3)), [0, 1, 4, 5]);
-        assert_eq!(take_rows(&ba, &Split::Alpha.rows(SHAPE, 2, 3)), [2, 3, 6, 7]);
+        assert_eq!(
+            take_rows(&ba, &Split::Alpha.rows(SHAPE, 2, 3)),
+            [2, 3, 6, 7]
+        );
         // `q_proj`: per head `[q(3) gate(3)]`.
         let q: Vec<u8> = (0..12).collect();
-        assert_eq!(take_rows(&q, &Split::Query.rows(SHAPE, 2, 3)), [0, 1, 2, 6, 7, 8]);
+        assert_eq!(
+            take_rows(&q, &Split::Query.rows(SHAPE, 2, 3)),
+            [0, 1, 2, 6, 7, 8]
+        );
         assert_eq!(
             take_rows(&q, &Split::QueryGate.rows(SHAPE, 2, 3)),
             [3, 4, 5, 9, 10, 11]

@@ -60,9 +60,15 @@ pub(crate) enum Item {
         hf: String,
     },
     /// A depthwise convolution without its middle dimension of 1.
-    Conv1d { layer: usize, hf: String },
+    Conv1d {
+        layer: usize,
+        hf: String,
+    },
     /// `-exp(A_log)` in f32 (`ssm_a`).
-    DecayRate { layer: usize, hf: String },
+    DecayRate {
+        layer: usize,
+        hf: String,
+    },
 }
 
 /// What an item becomes: GGUF name, stored type and row-major (PyTorch-order) shape.
@@ -170,7 +176,9 @@ impl<'a> Plan<'a> {
                     layer,
                     hf: hf.into(),
                 }),
-                Mapped::DeltaQkvz { layer } | Mapped::DeltaBa { layer } | Mapped::GatedQ { layer } => {
+                Mapped::DeltaQkvz { layer }
+                | Mapped::DeltaBa { layer }
+                | Mapped::GatedQ { layer } => {
                     let splits = match mapped {
                         Mapped::DeltaQkvz { .. } => [Split::Qkv, Split::Z],
                         Mapped::DeltaBa { .. } => [Split::Beta, Split::Alpha],
@@ -281,9 +289,16 @@ impl<'a> Plan<'a> {
 
     /// The rows `split` takes, after checking `hf` has the grouped projection's shape.
     fn split_rows(&self, split: Split, hf: &str) -> Result<delta_net::Rows, ConvertError> {
-        let s = self.c.delta_net.ok_or_else(|| ConvertError::UnmappedTensor(hf.into()))?;
+        let s = self
+            .c
+            .delta_net
+            .ok_or_else(|| ConvertError::UnmappedTensor(hf.into()))?;
         let rows = split.rows(s, self.c.n_head, self.c.head_dim);
-        check_shape(hf, &self.tensor(hf)?, &[rows.blocks * rows.block_rows, self.c.d_model])?;
+        check_shape(
+            hf,
+            &self.tensor(hf)?,
+            &[rows.blocks * rows.block_rows, self.c.d_model],
+        )?;
         Ok(rows)
     }
 
@@ -520,9 +535,12 @@ impl<'a> Plan<'a> {
             )),
             Item::DecayRate { hf, .. } => {
                 let t = self.tensor(hf)?;
-                Cow::Owned(tensors::map_values(&d.gguf, float_type(hf, &t)?, t.data, |a| {
-                    -a.exp()
-                })?)
+                Cow::Owned(tensors::map_values(
+                    &d.gguf,
+                    float_type(hf, &t)?,
+                    t.data,
+                    |a| -a.exp(),
+                )?)
             }
             Item::OssHalf { gate, bias, hf, .. } => {
                 let (e, ff) = (self.n_experts(), self.c.d_ff);

@@ -538,7 +538,11 @@ impl Backend for CpuBackend<'_> {
         if a.len() != nv || dt_bias.len() != nv || s.k_dim > recurrent::MAX_K_DIM {
             return Err(bad(
                 "delta_rule",
-                format!("{nv} value heads with {} rates and {} biases", a.len(), dt_bias.len()),
+                format!(
+                    "{nv} value heads with {} rates and {} biases",
+                    a.len(),
+                    dt_bias.len()
+                ),
             ));
         }
         let mut qk = [0.0f32; 2 * recurrent::MAX_K_DIM];

@@ -20,16 +20,9 @@ fn softplus(x: f32) -> f32 {
     if x > 20.0 { x } else { x.exp().ln_1p() }
 }
 
-
 /// The convolution of one segment: `x` and `out` hold its `rows × channels` values,
 /// `state` the previous `kernel - 1` inputs (oldest first), updated to the last ones.
-pub fn conv1d(
-    s: &DeltaNetShape,
-    x: &[f32],
-    w: &[f32],
-    state: &mut [f32],
-    out: &mut [f32],
-) {
+pub fn conv1d(s: &DeltaNetShape, x: &[f32], w: &[f32], state: &mut [f32], out: &mut [f32]) {
     let (c, k) = (s.conv_channels(), s.conv_kernel);
     let rows = x.len() / c;
     let hist = k - 1;

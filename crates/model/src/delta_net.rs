@@ -39,7 +39,10 @@ pub(crate) fn from_gguf(g: &Gguf, arch: Arch) -> Result<DeltaNetShape, ModelErro
     let inner_key = k(Key::SsmInnerSize);
     let inner = count(g, &inner_key)?;
     if !inner.is_multiple_of(v_heads) {
-        return Err(bad(&inner_key, format!("{inner} is not {v_heads} equal heads")));
+        return Err(bad(
+            &inner_key,
+            format!("{inner} is not {v_heads} equal heads"),
+        ));
     }
     let s = DeltaNetShape {
         conv_kernel: count(g, &k(Key::SsmConvKernel))?,

@@ -32,8 +32,8 @@
 #![deny(missing_docs)]
 
 mod batch;
-mod delta_net;
 pub mod config;
+mod delta_net;
 mod error;
 pub mod features;
 mod memory;

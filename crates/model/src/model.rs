@@ -427,7 +427,13 @@ impl Model {
                 },
                 sinks: opt_vec(TensorRole::AttnSinks, c.n_head, c.arch.features().sinks)?,
                 attn_gate: if attention && c.delta_net.is_some() {
-                    Some(matrix(g, &n(TensorRole::AttnGate), c.q_dim(), c.d_model, p)?)
+                    Some(matrix(
+                        g,
+                        &n(TensorRole::AttnGate),
+                        c.q_dim(),
+                        c.d_model,
+                        p,
+                    )?)
                 } else {
                     None
                 },

@@ -231,6 +231,12 @@ fn experts_ffn(w: &Experts, moe: &MoeConfig, c: &ModelConfig, h: &[f64]) -> Vec<
 pub fn forward(model: &Model, tokens: &[u32]) -> Result<RefOutput, ModelError> {
     let g = model.gguf();
     let c: &ModelConfig = model.config();
+    if c.delta_net.is_some() {
+        return Err(ModelError::Unsupported {
+            key: "general.architecture".into(),
+            what: "a hybrid of DeltaNet layers (the naive reference has no recurrence yet)".into(),
+        });
+    }
     let (n, d, hd) = (tokens.len(), c.d_model, c.head_dim);
     let eps = f64::from(c.rms_eps);
     let embd = g

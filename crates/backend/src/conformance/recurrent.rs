@@ -175,7 +175,11 @@ pub(super) fn delta_net<B: Backend>(b: &B, rng: &mut Rng, delta: bool, out: &mut
 pub(super) fn gates<B: Backend>(b: &B, rng: &mut Rng, norm: bool, out: &mut Out<'_>) {
     for (n, width) in [(1, 5), (3, 64)] {
         let len = n * width;
-        let (x, z, w) = (rng.values(len, 3.0), rng.values(len, 4.0), rng.values(width, 2.0));
+        let (x, z, w) = (
+            rng.values(len, 3.0),
+            rng.values(len, 4.0),
+            rng.values(width, 2.0),
+        );
         let g = rng.values(n, 4.0);
         let want: Vec<f64> = if norm {
             x.chunks(width)
@@ -198,7 +202,10 @@ pub(super) fn gates<B: Backend>(b: &B, rng: &mut Rng, norm: bool, out: &mut Out<
                 .map(|(i, &v)| f64::from(v) * sigmoid(f64::from(g[i / width])))
                 .collect()
         };
-        let bound: Vec<f64> = want.iter().map(|v| 8.0 * ELEMENT_TOL * v.abs() + 1e-30).collect();
+        let bound: Vec<f64> = want
+            .iter()
+            .map(|v| 8.0 * ELEMENT_TOL * v.abs() + 1e-30)
+            .collect();
         let got = (|| {
             let mut xb = buf(b, &x)?;
             if norm {
@@ -208,6 +215,12 @@ pub(super) fn gates<B: Backend>(b: &B, rng: &mut Rng, norm: bool, out: &mut Out<
             }
             host(b, &xb, len)
         })();
-        out.compare(format!("{n} rows of {width}"), got, &want, &bound, "1.6e-5 relative");
+        out.compare(
+            format!("{n} rows of {width}"),
+            got,
+            &want,
+            &bound,
+            "1.6e-5 relative",
+        );
     }
 }

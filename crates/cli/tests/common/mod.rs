@@ -102,3 +102,37 @@ pub fn text(out: &Output) -> String {
         String::from_utf8_lossy(&out.stderr)
     )
 }
+
+/// `src` rewritten to `dst` with metadata `extra` (replacing same-named keys) and each
+/// tensor's bytes replaced where `edit(name, bytes)` gives new ones; whether anything changed.
+pub fn rewrite_gguf(
+    src: &std::path::Path,
+    dst: &std::path::Path,
+    extra: &[(&str, ferrite_gguf::Value)],
+    edit: &dyn Fn(&str, &[u8]) -> Option<Vec<u8>>,
+) -> bool {
+    let g = ferrite_gguf::Gguf::open(src).unwrap();
+    let mut w = ferrite_gguf::GgufWriter::new();
+    for (k, v) in g.metadata() {
+        if !extra.iter().any(|(e, _)| e == k) {
+            w.add_metadata(k.clone(), v.clone()).unwrap();
+        }
+    }
+    for (k, v) in extra {
+        w.add_metadata(*k, v.clone()).unwrap();
+    }
+    let mut changed = !extra.is_empty();
+    for t in g.tensors() {
+        let data = g.tensor_data(t);
+        let bytes = match edit(&t.name, data) {
+            Some(new) => {
+                changed = true;
+                std::borrow::Cow::Owned(new)
+            }
+            None => std::borrow::Cow::Borrowed(data),
+        };
+        w.add_tensor(t.name.clone(), t.ty, &t.dims, bytes).unwrap();
+    }
+    w.write_file(dst).unwrap();
+    changed
+}

@@ -1,0 +1,258 @@
+//! Hybrid recurrent models against transformers (fixtures/hybrid, see its README): every
+//! Hugging Face directory there is converted to f32 GGUF and teacher-forced through its
+//! fixture's sequences. Bound: max |Δ log-prob| ≤ 1e-3 over the fixture's top-20 and every
+//! greedy token the argmax, with f32 weights and an f32 KV store.
+//!
+//! The recurrent state's invariants, bit for bit on the CPU: a prompt in one pass equals the
+//! same tokens one at a time; a session truncated to an earlier position (which replays its
+//! kept tokens from the zero state) continues exactly as an uninterrupted one; a reset
+//! session equals a fresh one; rows of a batch equal their sessions stepped alone.
+//! Planted defects the fixture check must reject: the attention's output gate and the
+//! shared expert's gate zeroed (each a missing gate: sigmoid(0) halves the output), and the
+//! convolution's taps moved one position (it reads its inputs one position off).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{rewrite_gguf, run, text};
+use ferrite_cpu::ThreadPool;
+use ferrite_model::{Batch, KvType, LoadOptions, Model, Outputs, Precision, Session};
+use serde_json::Value as Json;
+
+fn fixture_dirs() -> Vec<PathBuf> {
+    let root = match std::env::var_os("FERRITE_HYBRID_FIXTURES") {
+        Some(d) => PathBuf::from(d),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/hybrid"),
+    };
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&root)
+        .unwrap_or_else(|e| panic!("hybrid fixtures {}: {e}", root.display()))
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.join("config.json").is_file())
+        .collect();
+    dirs.sort();
+    assert!(
+        !dirs.is_empty(),
+        "no model directories in {}",
+        root.display()
+    );
+    dirs
+}
+
+struct Case {
+    prompt: Vec<u32>,
+    generated: Vec<u32>,
+    /// Per step, the reference top-20 `(id, log-prob)`.
+    top: Vec<Vec<(usize, f64)>>,
+}
+
+fn cases(dir: &Path) -> Vec<Case> {
+    let ids = |v: &Json| -> Vec<u32> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect()
+    };
+    std::fs::read_to_string(dir.join("logits.jsonl"))
+        .unwrap()
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let v: Json = serde_json::from_str(l).unwrap();
+            let top = v["steps"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|s| {
+                    s["top"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|p| (p[0].as_u64().unwrap() as usize, p[1].as_f64().unwrap()))
+                        .collect()
+                })
+                .collect();
+            Case {
+                prompt: ids(&v["prompt_ids"]),
+                generated: ids(&v["generated_ids"]),
+                top,
+            }
+        })
+        .collect()
+}
+
+fn convert(dir: &Path, out: &Path) -> PathBuf {
+    let dst = out.join("f32.gguf");
+    let o = run(&[
+        "convert",
+        dir.to_str().unwrap(),
+        dst.to_str().unwrap(),
+        "--type",
+        "f32",
+    ]);
+    assert!(o.status.success(), "convert: {}", text(&o));
+    dst
+}
+
+fn load(path: &Path) -> Model {
+    Model::load(
+        path,
+        LoadOptions {
+            precision: Precision::F32,
+        },
+    )
+    .unwrap()
+}
+
+/// `(max |Δ log-prob| over the reference top-20s, greedy steps whose argmax is right, steps)`.
+fn score(model: &Model, cases: &[Case], pool: &ThreadPool) -> (f64, usize, usize) {
+    let (mut worst, mut right, mut steps) = (0.0f64, 0, 0);
+    for c in cases {
+        let seq = [c.prompt.as_slice(), &c.generated].concat();
+        let mut s = Session::new(model, pool, seq.len(), KvType::F32).unwrap();
+        let l = s.eval(&seq, Outputs::From(c.prompt.len() - 1)).unwrap();
+        for (step, (&tok, top)) in c.generated.iter().zip(&c.top).enumerate() {
+            let row = l.row(step).unwrap();
+            let max = row.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+            let lse = f64::from(max)
+                + row
+                    .iter()
+                    .map(|&x| f64::from(x - max).exp())
+                    .sum::<f64>()
+                    .ln();
+            for &(id, lp) in top {
+                worst = worst.max((f64::from(row[id]) - lse - lp).abs());
+            }
+            let arg = (0..row.len()).fold(0, |b, i| if row[i] > row[b] { i } else { b });
+            right += usize::from(arg == tok as usize);
+            steps += 1;
+        }
+    }
+    (worst, right, steps)
+}
+
+#[test]
+fn converted_hybrids_match_transformers_and_planted_defects_fail() {
+    let pool = ThreadPool::new(2).unwrap();
+    for dir in fixture_dirs() {
+        let tmp = tempfile::tempdir().unwrap();
+        let cases = cases(&dir);
+        let f32_path = convert(&dir, tmp.path());
+        let (worst, right, steps) = score(&load(&f32_path), &cases, &pool);
+        println!(
+            "{}: max |Δ log-prob| {worst:.2e}, top-1 {right}/{steps}",
+            dir.display()
+        );
+        assert!(worst <= 1e-3 && right == steps, "{}", dir.display());
+        let shift_taps = |data: &[u8]| -> Vec<u8> {
+            // Each channel's 4-byte taps moved one later: tap j reads what tap j-1 should.
+            let k = 4 * ferrite_gguf::Gguf::open(&f32_path)
+                .unwrap()
+                .tensors()
+                .iter()
+                .find(|t| t.name.ends_with("ssm_conv1d.weight"))
+                .unwrap()
+                .dims[0] as usize;
+            data.chunks_exact(k)
+                .flat_map(|taps| {
+                    let mut out = vec![0u8; 4];
+                    out.extend_from_slice(&taps[..k - 4]);
+                    out
+                })
+                .collect()
+        };
+        let defects: [(&str, &dyn Fn(&str, &[u8]) -> Option<Vec<u8>>); 3] = [
+            ("attention gate zeroed", &|n, d| {
+                (n.ends_with("attn_gate.weight") && !is_delta_layer(&f32_path, n))
+                    .then(|| vec![0u8; d.len()])
+            }),
+            ("shared expert gate zeroed", &|n, d| {
+                n.ends_with("ffn_gate_inp_shexp.weight")
+                    .then(|| vec![0u8; d.len()])
+            }),
+            ("convolution one position off", &|n, d| {
+                n.ends_with("ssm_conv1d.weight").then(|| shift_taps(d))
+            }),
+        ];
+        for (label, edit) in defects {
+            let bad = tmp.path().join("bad.gguf");
+            assert!(
+                rewrite_gguf(&f32_path, &bad, &[], edit),
+                "{label}: nothing changed"
+            );
+            let (w, r, s) = score(&load(&bad), &cases, &pool);
+            println!("  {label}: max |Δ log-prob| {w:.2e}, top-1 {r}/{s}");
+            assert!(w > 1e-3 || r < s, "{label} passed the fixture check");
+        }
+    }
+}
+
+/// Whether tensor `name` of `path` belongs to a DeltaNet layer (one with `ssm_out`).
+fn is_delta_layer(path: &Path, name: &str) -> bool {
+    let layer = name.split('.').nth(1).unwrap();
+    ferrite_gguf::Gguf::open(path)
+        .unwrap()
+        .tensor(&format!("blk.{layer}.ssm_out.weight"))
+        .is_some()
+}
+
+#[test]
+fn recurrent_state_is_exact_across_passes_truncation_resets_and_batches() {
+    let pool = ThreadPool::new(2).unwrap();
+    for dir in fixture_dirs() {
+        let tmp = tempfile::tempdir().unwrap();
+        let model = load(&convert(&dir, tmp.path()));
+        let cases = cases(&dir);
+        let long = cases.iter().max_by_key(|c| c.prompt.len()).unwrap();
+        let seq = [long.prompt.as_slice(), &long.generated].concat();
+        let n = seq.len();
+        let session = || Session::new(&model, &pool, n, KvType::F32).unwrap();
+        // One pass against token by token.
+        let mut whole = session();
+        let all = whole.eval(&seq, Outputs::All).unwrap();
+        let rows: Vec<Vec<f32>> = (0..n).map(|i| all.row(i).unwrap().to_vec()).collect();
+        let mut steps = session();
+        for (i, &t) in seq.iter().enumerate() {
+            let l = steps.eval(&[t], Outputs::Last).unwrap();
+            assert_eq!(l.last().unwrap(), &rows[i][..], "token {i} decoded alone");
+        }
+        // Truncated to an earlier position, then continued: the kept tokens are replayed.
+        for cut in [1, 7, n / 2, n - 1] {
+            let mut s = session();
+            s.eval(&seq, Outputs::Last).unwrap();
+            s.truncate(cut);
+            let l = s.eval(&seq[cut..], Outputs::All).unwrap();
+            for i in cut..n {
+                assert_eq!(l.row(i - cut).unwrap(), &rows[i][..], "cut {cut}, row {i}");
+            }
+        }
+        // A second conversation after a reset equals a fresh one.
+        let other = &cases[0];
+        let mut s = session();
+        s.eval(&other.prompt, Outputs::Last).unwrap();
+        s.reset();
+        let l = s.eval(&seq, Outputs::Last).unwrap();
+        assert_eq!(l.last().unwrap(), &rows[n - 1][..], "after a reset");
+        // Two sessions stepped as one batch, row for row as alone.
+        let (a, b) = (&cases[1], &cases[2]);
+        let mut sa = Session::new(&model, &pool, 64, KvType::F32).unwrap();
+        let mut sb = Session::new(&model, &pool, 64, KvType::F32).unwrap();
+        sa.eval(&a.prompt, Outputs::Last).unwrap();
+        sb.eval(&b.prompt, Outputs::Last).unwrap();
+        let mut batch = Batch::new(8).unwrap();
+        for step in 0..4 {
+            let (ta, tb) = (a.generated[step], b.generated[step]);
+            let got = batch
+                .step(&mut [&mut sa, &mut sb], &[&[ta], &[tb]])
+                .unwrap();
+            let (ga, gb) = (got.row(0).unwrap().to_vec(), got.row(1).unwrap().to_vec());
+            for (c, g) in [(a, ga), (b, gb)] {
+                let mut alone = Session::new(&model, &pool, 64, KvType::F32).unwrap();
+                let fed = [c.prompt.as_slice(), &c.generated[..=step]].concat();
+                let l = alone.eval(&fed, Outputs::Last).unwrap();
+                assert_eq!(l.last().unwrap(), &g[..], "batched step {step}");
+            }
+        }
+    }
+}
