@@ -4,9 +4,11 @@
 //! greedy token the argmax, with f32 weights and an f32 KV store.
 //!
 //! The recurrent state's invariants, bit for bit on the CPU: a prompt in one pass equals the
-//! same tokens one at a time; a session truncated to an earlier position (which replays its
-//! kept tokens from the zero state) continues exactly as an uninterrupted one; a reset
-//! session equals a fresh one; rows of a batch equal their sessions stepped alone.
+//! same tokens one at a time; a session truncated to an earlier position (which restores
+//! its latest checkpoint and replays the kept tokens after it) continues exactly as an
+//! uninterrupted one; a reset session equals a fresh one; rows of a batch equal their
+//! sessions stepped alone; a snapshot (whole, or at a kept checkpoint, also through the
+//! snapshot file) continues exactly, and a rejected one leaves the session as it was.
 //! Planted defects the fixture check must reject: the attention's output gate and the
 //! shared expert's gate zeroed (each a missing gate: sigmoid(0) halves the output), and the
 //! convolution's taps moved one position (it reads its inputs one position off).
@@ -17,7 +19,9 @@ use std::path::{Path, PathBuf};
 
 use common::{rewrite_gguf, run, text};
 use ferrite_cpu::ThreadPool;
-use ferrite_model::{Batch, KvType, LoadOptions, Model, Outputs, Precision, Session};
+use ferrite_model::{
+    Batch, CHECKPOINT_EVERY, KvType, LoadOptions, Model, Outputs, Precision, Session,
+};
 use serde_json::Value as Json;
 
 fn fixture_dirs() -> Vec<PathBuf> {
@@ -254,5 +258,73 @@ fn recurrent_state_is_exact_across_passes_truncation_resets_and_batches() {
                 assert_eq!(l.last().unwrap(), &g[..], "batched step {step}");
             }
         }
+    }
+}
+
+/// `n` token ids spread over the vocabulary (past the fixtures' lengths, so that several
+/// checkpoint positions are crossed).
+fn long_sequence(n: usize, n_vocab: usize) -> Vec<u32> {
+    (0..n).map(|i| ((i * 97 + 13) % n_vocab) as u32).collect()
+}
+
+#[test]
+fn checkpoints_and_snapshots_restore_the_recurrent_state_exactly() {
+    let pool = ThreadPool::new(2).unwrap();
+    for dir in fixture_dirs() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = convert(&dir, tmp.path());
+        let model = load(&path);
+        let n = 5 * CHECKPOINT_EVERY / 2;
+        let seq = long_sequence(n, model.config().n_vocab);
+        let session = || Session::new(&model, &pool, n, KvType::F32).unwrap();
+        let mut whole = session();
+        let all = whole.eval(&seq, Outputs::All).unwrap();
+        let rows: Vec<Vec<f32>> = (0..n).map(|i| all.row(i).unwrap().to_vec()).collect();
+        let continues = |s: &mut Session<'_>, from: usize, what: &str| {
+            let l = s.eval(&seq[from..], Outputs::All).unwrap();
+            for i in from..n {
+                assert_eq!(l.row(i - from).unwrap(), &rows[i][..], "{what}: row {i}");
+            }
+        };
+        // Truncations on, just past and between checkpoints, and before the first.
+        let e = CHECKPOINT_EVERY;
+        for cut in [e - 1, e, e + 1, 2 * e, 2 * e + 3, n - 1] {
+            let mut s = session();
+            s.eval(&seq, Outputs::Last).unwrap();
+            s.truncate(cut);
+            continues(&mut s, cut, &format!("truncated to {cut}"));
+        }
+        // Snapshots: at the whole length and at a kept checkpoint; none between.
+        let mut s = session();
+        s.eval(&seq[..n - 5], Outputs::Last).unwrap();
+        assert!(s.export_state(2 * e - 1).is_err(), "a position without a state");
+        for at in [2 * e, n - 5] {
+            let state = s.export_state(at).unwrap();
+            assert!(state.recurrent.slots > 0);
+            let mut t = session();
+            t.import_state(&state, at).unwrap();
+            continues(&mut t, at, &format!("restored at {at}"));
+            // A prefix of a recurrent snapshot would have to be recomputed: refused.
+            assert!(t.import_state(&state, at - 1).is_err());
+        }
+        // Through the snapshot file, as `run --save-session` and the disk cache write it.
+        let state = s.export_state(n - 5).unwrap();
+        let compat = ferrite_kvstore::Compat::for_session(&model, [3; 32], KvType::F32, n);
+        let file = tmp.path().join("s.kvsnap");
+        ferrite_kvstore::write_snapshot(&file, &compat, &state, b"").unwrap();
+        let back = ferrite_kvstore::read_snapshot(&file, &compat).unwrap();
+        assert_eq!(back.state, state);
+        let mut t = session();
+        t.import_state(&back.state, n - 5).unwrap();
+        continues(&mut t, n - 5, "restored from a file");
+        // A state of another shape is rejected and the session continues as it was.
+        let mut bad = state.clone();
+        bad.recurrent.values.pop();
+        bad.recurrent.len -= 1;
+        bad.recurrent.values.truncate(bad.recurrent.slots * bad.recurrent.len);
+        let mut t = session();
+        t.eval(&seq[..e + 3], Outputs::Last).unwrap();
+        assert!(t.import_state(&bad, n - 5).is_err());
+        continues(&mut t, e + 3, "after a rejected snapshot");
     }
 }

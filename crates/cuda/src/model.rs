@@ -208,6 +208,9 @@ fn unsupported_feature(d_model: usize, moe: Option<&MoeConfig>) -> Option<&'stat
 /// Model math the CUDA layer sequence (its own, not yet the contract's) does not have:
 /// refused so that such a model never runs with the wrong logits.
 fn unported_math(c: &ferrite_model::ModelConfig) -> Option<&'static str> {
+    if c.delta_net.is_some() {
+        return Some("gated DeltaNet layers and their recurrent state (Qwen3-Next)");
+    }
     if c.attn_softcap.is_some() || c.final_softcap.is_some() {
         return Some("attention or final logit soft-capping");
     }

@@ -480,6 +480,7 @@ mod tests {
             tokens: (0..tokens as u32).collect(),
             kv: vec![0; kv],
             logits: logits.then(|| vec![0.0; 100]),
+            recurrent: Default::default(),
         })
     }
 
@@ -540,6 +541,7 @@ mod tests {
             kv_row: 2,
             n_vocab: 4,
             backend: ferrite_kvstore::SnapshotBackend::Cpu,
+            state: (0, 0),
         };
         let stats = Arc::new(CacheStats::default());
         let cfg = PrefixCacheConfig {

@@ -1,6 +1,7 @@
-//! The snapshot file format (version 2), byte by byte in docs/kv-snapshot-format.md:
-//! a fixed 224-byte header sealed by its own SHA-256, then the payload (token ids, KV rows,
-//! optional logits, optional application metadata) sealed by the SHA-256 in the header.
+//! The snapshot file format (version 3), byte by byte in docs/kv-snapshot-format.md:
+//! a fixed 240-byte header sealed by its own SHA-256, then the payload (token ids, KV rows,
+//! a hybrid's recurrent state, optional logits, optional application metadata) sealed by
+//! the SHA-256 in the header.
 //!
 //! Reading never trusts a length: every section size is recomputed from the shape fields
 //! with checked arithmetic and the total must equal the file size before anything is
@@ -16,9 +17,11 @@ use crate::KvStoreError;
 /// The first eight bytes of every snapshot file.
 pub const MAGIC: [u8; 8] = *b"FRKVSNAP";
 /// The format version this build writes and reads.
-pub const FORMAT_VERSION: u32 = 2;
+pub const FORMAT_VERSION: u32 = 3;
 /// Size of the fixed header in bytes.
-pub const HEADER_LEN: usize = 224;
+pub const HEADER_LEN: usize = 240;
+/// Header bytes the header's own SHA-256 covers (the digest fills the rest).
+pub const HEADER_SEALED: usize = HEADER_LEN - 32;
 /// The ferrite version recorded in (and required of) snapshots.
 pub const FERRITE_VERSION: &str = env!("CARGO_PKG_VERSION");
 
@@ -85,6 +88,8 @@ pub struct Compat {
     pub n_vocab: u32,
     /// The backend that computes the session's KV rows.
     pub backend: SnapshotBackend,
+    /// Layers with a recurrent state, and f32 values of each (0, 0 for attention only).
+    pub state: (u32, u32),
 }
 
 impl Compat {
@@ -107,13 +112,17 @@ impl Compat {
             },
             kv_type,
             ctx: ctx as u64,
-            n_layer: c.n_layer as u32,
+            n_layer: c.kv_layers() as u32,
             kv_row: kv_type
                 .row_elems(c.n_kv_head, c.head_dim)
                 .and_then(|r| u32::try_from(r).ok())
                 .unwrap_or(u32::MAX),
             n_vocab: c.n_vocab as u32,
             backend: SnapshotBackend::Cpu,
+            state: {
+                let (slots, len) = c.state_slots();
+                (slots as u32, len as u32)
+            },
         }
     }
 }
@@ -140,6 +149,8 @@ pub struct Header {
     pub tokens_bytes: u64,
     /// Bytes of the KV section.
     pub kv_bytes: u64,
+    /// Bytes of the recurrent-state section (`4 × slots × len`).
+    pub state_bytes: u64,
     /// Bytes of the logits section (0 or `4 × n_vocab`).
     pub logits_bytes: u64,
     /// Bytes of the metadata section.
@@ -151,7 +162,7 @@ pub struct Header {
 impl Header {
     /// Total payload bytes (validated not to overflow when parsed).
     pub fn payload_len(&self) -> u64 {
-        self.tokens_bytes + self.kv_bytes + self.logits_bytes + self.meta_bytes
+        self.tokens_bytes + self.kv_bytes + self.state_bytes + self.logits_bytes + self.meta_bytes
     }
 }
 
@@ -193,11 +204,15 @@ fn le_u64(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(x)
 }
 
-/// Section sizes implied by the shape fields, or `None` on overflow.
-fn section_sizes(c: &Compat, n_tokens: u64) -> Option<(u64, u64)> {
+/// Section sizes (tokens, KV rows, recurrent state) implied by the shape fields, or `None`
+/// on overflow.
+fn section_sizes(c: &Compat, n_tokens: u64) -> Option<(u64, u64, u64)> {
     let n = usize::try_from(n_tokens).ok()?;
     let kv = SessionState::kv_bytes(c.kv_type, c.n_layer as usize, c.kv_row as usize, n)?;
-    Some((n_tokens.checked_mul(4)?, u64::try_from(kv).ok()?))
+    let state = u64::from(c.state.0)
+        .checked_mul(u64::from(c.state.1))?
+        .checked_mul(4)?;
+    Some((n_tokens.checked_mul(4)?, u64::try_from(kv).ok()?, state))
 }
 
 /// Checks that the state has the shape `compat` describes.
@@ -210,7 +225,8 @@ fn check_shape(c: &Compat, state: &SessionState) -> Result<(), KvStoreError> {
             .logits
             .as_ref()
             .is_none_or(|l| l.len() == c.n_vocab as usize)
-        && (state.n_tokens() as u64) <= c.ctx;
+        && (state.n_tokens() as u64) <= c.ctx
+        && (state.recurrent.slots, state.recurrent.len) == (c.state.0 as usize, c.state.1 as usize);
     if !same {
         return Err(KvStoreError::Corrupt(
             "the session state does not have the shape its header describes".into(),
@@ -234,8 +250,14 @@ pub fn encode(
         .flatten()
         .flat_map(|x| x.to_bits().to_le_bytes())
         .collect();
+    let recurrent: Vec<u8> = state
+        .recurrent
+        .values
+        .iter()
+        .flat_map(|x| x.to_bits().to_le_bytes())
+        .collect();
     let mut sha = Sha256::new();
-    for part in [&tokens[..], &state.kv, &logits, meta] {
+    for part in [&tokens[..], &state.kv, &recurrent, &logits, meta] {
         sha.update(part);
     }
     let payload_sha: [u8; 32] = sha.finalize().into();
@@ -258,11 +280,14 @@ pub fn encode(
     h[136..144].copy_from_slice(&(state.kv.len() as u64).to_le_bytes());
     h[144..152].copy_from_slice(&(logits.len() as u64).to_le_bytes());
     h[152..160].copy_from_slice(&(meta.len() as u64).to_le_bytes());
-    h[160..192].copy_from_slice(&payload_sha);
-    let header_sha: [u8; 32] = Sha256::digest(&h[..192]).into();
-    h[192..224].copy_from_slice(&header_sha);
+    h[160..164].copy_from_slice(&compat.state.0.to_le_bytes());
+    h[164..168].copy_from_slice(&compat.state.1.to_le_bytes());
+    h[168..176].copy_from_slice(&(recurrent.len() as u64).to_le_bytes());
+    h[176..HEADER_SEALED].copy_from_slice(&payload_sha);
+    let header_sha: [u8; 32] = Sha256::digest(&h[..HEADER_SEALED]).into();
+    h[HEADER_SEALED..].copy_from_slice(&header_sha);
     out.write_all(&h)?;
-    for part in [&tokens[..], &state.kv, &logits, meta] {
+    for part in [&tokens[..], &state.kv, &recurrent, &logits, meta] {
         out.write_all(part)?;
     }
     Ok(())
@@ -282,8 +307,8 @@ pub fn parse_header(h: &[u8; HEADER_LEN], file_len: u64) -> Result<Header, KvSto
             supported: FORMAT_VERSION,
         });
     }
-    let header_sha: [u8; 32] = Sha256::digest(&h[..192]).into();
-    if h[192..224] != header_sha {
+    let header_sha: [u8; 32] = Sha256::digest(&h[..HEADER_SEALED]).into();
+    if h[HEADER_SEALED..] != header_sha {
         return Err(KvStoreError::Corrupt("header checksum mismatch".into()));
     }
     if le_u32(h, 12) as usize != HEADER_LEN {
@@ -312,14 +337,16 @@ pub fn parse_header(h: &[u8; HEADER_LEN], file_len: u64) -> Result<Header, KvSto
         kv_row: le_u32(h, 104),
         n_vocab: le_u32(h, 108),
         backend,
+        state: (le_u32(h, 160), le_u32(h, 164)),
     };
     let mut payload_sha256 = [0u8; 32];
-    payload_sha256.copy_from_slice(&h[160..192]);
+    payload_sha256.copy_from_slice(&h[176..HEADER_SEALED]);
     let header = Header {
         ferrite_version: unpadded(&h[16..48])?,
         n_tokens: le_u64(h, 120),
         tokens_bytes: le_u64(h, 128),
         kv_bytes: le_u64(h, 136),
+        state_bytes: le_u64(h, 168),
         logits_bytes: le_u64(h, 144),
         meta_bytes: le_u64(h, 152),
         payload_sha256,
@@ -332,9 +359,9 @@ pub fn parse_header(h: &[u8; HEADER_LEN], file_len: u64) -> Result<Header, KvSto
             header.n_tokens, c.ctx
         )));
     }
-    let (tokens, kv) = section_sizes(c, header.n_tokens)
+    let (tokens, kv, state) = section_sizes(c, header.n_tokens)
         .ok_or_else(|| KvStoreError::Corrupt("section sizes overflow".into()))?;
-    if (header.tokens_bytes, header.kv_bytes) != (tokens, kv) {
+    if (header.tokens_bytes, header.kv_bytes, header.state_bytes) != (tokens, kv, state) {
         return Err(KvStoreError::Corrupt(
             "section lengths do not match the shape".into(),
         ));
@@ -346,6 +373,7 @@ pub fn parse_header(h: &[u8; HEADER_LEN], file_len: u64) -> Result<Header, KvSto
     }
     let total = [
         kv,
+        state,
         header.logits_bytes,
         header.meta_bytes,
         HEADER_LEN as u64,
@@ -364,7 +392,7 @@ pub fn parse_header(h: &[u8; HEADER_LEN], file_len: u64) -> Result<Header, KvSto
 pub fn check_compat(header: &Header, want: &Compat) -> Result<(), KvStoreError> {
     let got = &header.compat;
     let hex = |b: &[u8; 32]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
-    let fields: [(&'static str, String, String); 10] = [
+    let fields: [(&'static str, String, String); 11] = [
         (
             "ferrite version",
             FERRITE_VERSION.into(),
@@ -406,6 +434,11 @@ pub fn check_compat(header: &Header, want: &Compat) -> Result<(), KvStoreError> 
             "backend",
             want.backend.name().into(),
             got.backend.name().into(),
+        ),
+        (
+            "recurrent state",
+            format!("{:?}", want.state),
+            format!("{:?}", got.state),
         ),
     ];
     for (field, expected, found) in fields {
@@ -458,7 +491,8 @@ pub fn decode(r: &mut dyn Read, file_len: u64, want: &Compat) -> Result<Snapshot
     }
     let t = header.tokens_bytes as usize;
     let k = t + header.kv_bytes as usize;
-    let l = k + header.logits_bytes as usize;
+    let st = k + header.state_bytes as usize;
+    let l = st + header.logits_bytes as usize;
     let tokens: Vec<u32> = payload[..t]
         .chunks_exact(4)
         .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
@@ -468,12 +502,17 @@ pub fn decode(r: &mut dyn Read, file_len: u64, want: &Compat) -> Result<Snapshot
             "token id {bad} outside the vocabulary"
         )));
     }
-    let logits = (l > k).then(|| {
-        payload[k..l]
-            .chunks_exact(4)
+    let f32s = |b: &[u8]| -> Vec<f32> {
+        b.chunks_exact(4)
             .map(|b| f32::from_bits(u32::from_le_bytes([b[0], b[1], b[2], b[3]])))
             .collect()
-    });
+    };
+    let recurrent = ferrite_model::Recurrent {
+        slots: want.state.0 as usize,
+        len: want.state.1 as usize,
+        values: f32s(&payload[k..st]),
+    };
+    let logits = (l > st).then(|| f32s(&payload[st..l]));
     let meta = payload[l..].to_vec();
     let mut kv = payload;
     kv.truncate(k);
@@ -486,6 +525,7 @@ pub fn decode(r: &mut dyn Read, file_len: u64, want: &Compat) -> Result<Snapshot
             tokens,
             kv,
             logits,
+            recurrent,
         },
         meta,
     })
@@ -523,6 +563,7 @@ pub(crate) mod tests {
             kv_row: 5,
             n_vocab: 11,
             backend: SnapshotBackend::Cpu,
+            state: (0, 0),
         };
         let bytes = SessionState::kv_bytes(ty, 3, 5, n).unwrap();
         let state = SessionState {
@@ -532,6 +573,7 @@ pub(crate) mod tests {
             tokens: (0..n as u32).map(|i| i % 11).collect(),
             kv: (0..bytes).map(|i| (i * 31 % 251) as u8).collect(),
             logits: logits.then(|| (0..11).map(|i| i as f32 * -0.5).collect()),
+            recurrent: Default::default(),
         };
         (compat, state)
     }
@@ -634,6 +676,13 @@ pub(crate) mod tests {
                     ..c.clone()
                 },
             ),
+            (
+                "recurrent state",
+                Compat {
+                    state: (2, 3),
+                    ..c.clone()
+                },
+            ),
         ];
         for (name, want) in variants {
             match dec(&b, &want) {
@@ -652,9 +701,9 @@ pub(crate) mod tests {
                 ..
             })
         ));
-        // Version 1 files (no backend byte) are refused, not guessed: a version error,
-        // which caches leave alone rather than delete.
-        for found in [1, 3] {
+        // Version 1 files (no backend byte) and version 2 files (no recurrent state) are
+        // refused, not guessed: a version error, which caches leave alone rather than delete.
+        for found in [1, 2, 4] {
             let mut v = b.clone();
             v[8] = found as u8;
             reseal(&mut v);
@@ -662,6 +711,34 @@ pub(crate) mod tests {
                 matches!(dec(&v, &c), Err(KvStoreError::Version { found: f, .. }) if f == found)
             );
         }
+    }
+
+    #[test]
+    fn a_recurrent_state_round_trips_and_its_shape_is_checked() {
+        let (mut c, mut s) = sample(5, KvType::F32, true);
+        c.state = (2, 3);
+        s.recurrent = ferrite_model::Recurrent {
+            slots: 2,
+            len: 3,
+            values: vec![0.5, -1.0, 2.0, f32::MIN_POSITIVE, -0.0, 7.25],
+        };
+        let b = bytes_of(&c, &s, b"m");
+        assert_eq!(b.len(), HEADER_LEN + 20 + s.kv.len() + 24 + 44 + 1);
+        let back = dec(&b, &c).unwrap().state;
+        assert_eq!(back, s);
+        assert!(
+            back.recurrent.values[4].is_sign_negative(),
+            "bits, not values"
+        );
+        // A state of another shape than the header says is refused before writing.
+        let mut wrong = s.clone();
+        wrong.recurrent.len = 2;
+        assert!(encode(&c, &wrong, b"", &mut Vec::new()).is_err());
+        // A header whose state length disagrees with its shape fields is damage.
+        let mut v = b.clone();
+        v[168] ^= 4;
+        reseal(&mut v);
+        assert!(dec(&v, &c).unwrap_err().is_corrupt());
     }
 
     #[test]
@@ -706,8 +783,8 @@ pub(crate) mod tests {
 
     /// Recomputes the header checksum after a test edited header fields.
     pub(crate) fn reseal(b: &mut [u8]) {
-        let sha: [u8; 32] = Sha256::digest(&b[..192]).into();
-        b[192..224].copy_from_slice(&sha);
+        let sha: [u8; 32] = Sha256::digest(&b[..HEADER_SEALED]).into();
+        b[HEADER_SEALED..HEADER_LEN].copy_from_slice(&sha);
     }
 
     #[test]

@@ -20,9 +20,9 @@
 //! use ferrite_model::{KvType, SessionState};
 //! let compat = Compat { model_sha256: [0; 32], arch: "llama".into(), precision: 0,
 //!     kv_type: KvType::F16, ctx: 8, n_layer: 1, kv_row: 2, n_vocab: 4,
-//!     backend: SnapshotBackend::Cpu };
+//!     backend: SnapshotBackend::Cpu, state: (0, 0) };
 //! let state = SessionState { kv_type: KvType::F16, n_layer: 1, row: 2, tokens: vec![3],
-//!     kv: vec![0; 8], logits: None };
+//!     kv: vec![0; 8], logits: None, recurrent: Default::default() };
 //! let mut bytes = Vec::new();
 //! encode(&compat, &state, b"", &mut bytes)?;
 //! let back = decode(&mut &bytes[..], bytes.len() as u64, &compat)?;
@@ -41,6 +41,6 @@ pub use dir::{DiskCache, DiskEntry, DiskUsage, SNAPSHOT_EXT, chain_hashes, compa
 pub use error::KvStoreError;
 pub use file::{model_sha256, read_snapshot, read_snapshot_tokens, write_snapshot};
 pub use format::{
-    Compat, FERRITE_VERSION, FORMAT_VERSION, HEADER_LEN, Header, MAGIC, Snapshot, SnapshotBackend,
-    check_compat, decode, encode, parse_header, read_header, read_tokens,
+    Compat, FERRITE_VERSION, FORMAT_VERSION, HEADER_LEN, HEADER_SEALED, Header, MAGIC, Snapshot,
+    SnapshotBackend, check_compat, decode, encode, parse_header, read_header, read_tokens,
 };

@@ -4,7 +4,9 @@
 //! never allocates more than the file's own size (a counting global allocator measures the
 //! largest single allocation).
 
-use ferrite_kvstore::{Compat, HEADER_LEN, KvStoreError, SnapshotBackend, decode, encode};
+use ferrite_kvstore::{
+    Compat, HEADER_LEN, HEADER_SEALED, KvStoreError, SnapshotBackend, decode, encode,
+};
 use ferrite_model::{KvType, SessionState};
 use ferrite_testkit::XorShift as Rng;
 use ferrite_testkit::{CountingAlloc, measure};
@@ -24,6 +26,7 @@ fn sample() -> (Compat, Vec<u8>) {
         kv_row: 8,
         n_vocab: 50,
         backend: SnapshotBackend::Cpu,
+        state: (0, 0),
     };
     let n = 20;
     let state = SessionState {
@@ -35,6 +38,7 @@ fn sample() -> (Compat, Vec<u8>) {
             .map(|i| (i % 256) as u8)
             .collect(),
         logits: Some(vec![0.25; 50]),
+        recurrent: Default::default(),
     };
     let mut bytes = Vec::new();
     encode(&compat, &state, b"{}", &mut bytes).unwrap();
@@ -42,8 +46,8 @@ fn sample() -> (Compat, Vec<u8>) {
 }
 
 fn reseal(b: &mut [u8]) {
-    let sha: [u8; 32] = Sha256::digest(&b[..192]).into();
-    b[192..224].copy_from_slice(&sha);
+    let sha: [u8; 32] = Sha256::digest(&b[..HEADER_SEALED]).into();
+    b[HEADER_SEALED..HEADER_LEN].copy_from_slice(&sha);
 }
 
 /// Values that stress length arithmetic.
@@ -76,9 +80,10 @@ fn mutated_snapshots_are_rejected_without_panic_or_oversized_allocation() {
                 }
             }
             1 => {
-                // A header field (8-byte aligned in 96..160 or 4-byte in 8..16/100..112)
-                // set to a nasty value, with the header checksum recomputed.
-                let fields: [(usize, usize); 11] = [
+                // A header field (8-byte aligned in 112..160 and 168, or 4-byte in 8..16,
+                // 100..112 and 160..168) set to a nasty value, with the header checksum
+                // recomputed.
+                let fields: [(usize, usize); 14] = [
                     (8, 4),
                     (12, 4),
                     (100, 4),
@@ -90,6 +95,9 @@ fn mutated_snapshots_are_rejected_without_panic_or_oversized_allocation() {
                     (136, 8),
                     (144, 8),
                     (152, 8),
+                    (160, 4),
+                    (164, 4),
+                    (168, 8),
                 ];
                 let (at, len) = fields[rng.below(fields.len())];
                 let v = NASTY[rng.below(NASTY.len())].to_le_bytes();

@@ -58,6 +58,6 @@ pub use ferrite_backend::KvType;
 pub use ferrite_cpu::{KvCache, ops};
 pub use memory::{check_kv_memory, physical_memory};
 pub use model::{LoadOptions, Model, Precision};
-pub use session::{Logits, Outputs, PREFILL_CHUNK, Session};
-pub use snapshot::SessionState;
+pub use session::{CHECKPOINT_EVERY, CHECKPOINTS_KEPT, Logits, Outputs, PREFILL_CHUNK, Session};
+pub use snapshot::{Recurrent, SessionState};
 pub use weights_check::check_weights;

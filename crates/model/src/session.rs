@@ -59,6 +59,15 @@ impl<'a> Logits<'a> {
     }
 }
 
+/// A hybrid keeps its recurrent state at every position that is a multiple of this (the
+/// disk prefix cache's block size), so that a truncation or an export lands on one.
+pub const CHECKPOINT_EVERY: usize = 64;
+
+/// Recurrent-state checkpoints a session keeps, the latest ones: their memory is this many
+/// times the state's (for Qwen3-Next 80B, 36 layers of about 2.1 MiB: 75 MiB each), and
+/// a truncation to before the oldest replays from position 0.
+pub const CHECKPOINTS_KEPT: usize = 4;
+
 /// A KV cache plus positions over one model: the state of one conversation.
 #[derive(Debug)]
 pub struct Session<'m> {
@@ -77,9 +86,13 @@ pub struct Session<'m> {
     /// Whether the recurrent state of a hybrid's DeltaNet layers must be rebuilt before the
     /// next pass. The state cannot be rolled back, so shortening the session (or a pass
     /// that failed part way) leaves it describing positions the session no longer has; the
-    /// next pass first replays `history` from the zero state. The policy: one checkpoint,
-    /// at position 0, costing no memory and a replay of the kept tokens.
+    /// next pass restores the latest checkpoint at or before `n_past` (position 0: the
+    /// zero state) and replays the kept tokens after it.
     state_stale: bool,
+    /// Copies of the recurrent state at positions that are multiples of
+    /// [`CHECKPOINT_EVERY`], oldest first, at most [`CHECKPOINTS_KEPT`] (empty for models
+    /// of attention only).
+    checkpoints: Vec<(usize, Vec<f32>)>,
     #[cfg(test)]
     pub(crate) mutation: Option<crate::session::Mutation>,
 }
@@ -144,6 +157,7 @@ impl<'m> Session<'m> {
             logits: vec![0.0; c.n_vocab],
             next_logits_end: None,
             state_stale: false,
+            checkpoints: Vec::new(),
             #[cfg(test)]
             mutation: None,
         })
@@ -176,6 +190,7 @@ impl<'m> Session<'m> {
     pub fn truncate(&mut self, n: usize) {
         if n < self.n_past {
             self.next_logits_end = None;
+            self.checkpoints.retain(|(at, _)| *at <= n);
             if n == 0 {
                 self.kv.clear_state();
                 self.state_stale = false;
@@ -194,18 +209,49 @@ impl<'m> Session<'m> {
         }
     }
 
-    /// Rebuilds a stale recurrent state by replaying `history` from the zero state.
+    /// Keeps a copy of the recurrent state when the session stands on a checkpoint
+    /// position, replacing the oldest copy once [`CHECKPOINTS_KEPT`] are held.
+    fn checkpoint(&mut self) {
+        let at = self.n_past;
+        if self.kv.state_len() == 0 || self.state_stale || at == 0 || at % CHECKPOINT_EVERY != 0 {
+            return;
+        }
+        if self.checkpoints.last().is_some_and(|(p, _)| *p == at) {
+            return;
+        }
+        let mut copy = if self.checkpoints.len() == CHECKPOINTS_KEPT {
+            self.checkpoints.remove(0).1
+        } else {
+            Vec::new()
+        };
+        copy.clear();
+        copy.extend_from_slice(self.kv.state());
+        self.checkpoints.push((at, copy));
+    }
+
+    /// Rebuilds a stale recurrent state: the latest checkpoint at or before `n_past` (or
+    /// the zero state), then the kept tokens after it replayed.
     pub(crate) fn restore_state(&mut self) -> Result<(), ModelError> {
         if !self.state_stale {
             return Ok(());
         }
-        let kept = std::mem::take(&mut self.history);
-        self.kv.clear_state();
         let end = self.n_past;
-        self.n_past = 0;
+        let from = match self.checkpoints.iter().rev().find(|(at, _)| *at <= end) {
+            Some((at, values)) => {
+                self.kv.state_all_mut().copy_from_slice(values);
+                *at
+            }
+            None => {
+                self.kv.clear_state();
+                0
+            }
+        };
+        let kept = std::mem::take(&mut self.history);
+        self.n_past = from;
+        self.state_stale = false;
         let mut res = Ok(());
         while self.n_past < end {
-            let len = self.chunk.min(end - self.n_past);
+            let len = self.chunk_len(end - self.n_past, end);
             let chunk = &kept[self.n_past..self.n_past + len];
             // No logits: a chunk's outputs start past its rows.
             res = self.forward_chunk(chunk, len, 0, 0, &mut None);
@@ -213,11 +259,67 @@ impl<'m> Session<'m> {
                 break;
             }
             self.n_past += len;
+            self.checkpoint();
         }
         self.n_past = end;
         self.history = kept;
         self.state_stale = res.is_err();
         res
+    }
+
+    /// Rows of the next chunk of a pass with `left` rows to go that ends at position
+    /// `end`: the prefill chunk, cut short for a hybrid so that it stops on each checkpoint
+    /// position among the last [`CHECKPOINTS_KEPT`] before `end` (the ones it will keep).
+    fn chunk_len(&self, left: usize, end: usize) -> usize {
+        let len = self.chunk.min(left);
+        if self.kv.state_len() == 0 {
+            return len;
+        }
+        let keep_from = end.saturating_sub(CHECKPOINTS_KEPT * CHECKPOINT_EVERY);
+        let first =
+            self.n_past.max(keep_from) / CHECKPOINT_EVERY * CHECKPOINT_EVERY + CHECKPOINT_EVERY;
+        if first < self.n_past + len {
+            first - self.n_past
+        } else {
+            len
+        }
+    }
+
+    /// The recurrent state at position `n`: the current one, a checkpoint's, or the zero
+    /// state at 0 (empty for models of attention only).
+    pub(crate) fn recurrent_at(&self, n: usize) -> Result<crate::Recurrent, ModelError> {
+        let (slots, len) = self.model.config().state_slots();
+        if slots == 0 {
+            return Ok(crate::Recurrent::default());
+        }
+        let values = if n == self.n_past && !self.state_stale {
+            self.kv.state().to_vec()
+        } else if n == 0 {
+            vec![0.0; slots * len]
+        } else {
+            match self.checkpoints.iter().find(|(at, _)| *at == n) {
+                Some((_, v)) => v.clone(),
+                None => {
+                    return Err(ModelError::InvalidArgument(format!(
+                        "no recurrent state at position {n} (kept: {:?} and {})",
+                        self.checkpoints.iter().map(|c| c.0).collect::<Vec<_>>(),
+                        self.n_past
+                    )));
+                }
+            }
+        };
+        Ok(crate::Recurrent { slots, len, values })
+    }
+
+    /// Sets the recurrent state of a session just reset for an import of `n` positions.
+    pub(crate) fn restore_recurrent(&mut self, n: usize, values: &[f32]) {
+        if self.kv.state_len() == 0 {
+            return;
+        }
+        self.kv.state_all_mut().copy_from_slice(values);
+        self.n_past = n;
+        self.checkpoint();
+        self.n_past = 0;
     }
 
     /// Forgets all cached tokens.
@@ -315,7 +417,7 @@ impl<'m> Session<'m> {
         self.next_logits_end = None;
         let mut done = 0;
         while done < n {
-            let len = self.chunk.min(n - done);
+            let len = self.chunk_len(n - done, start_past + n);
             let chunk = &tokens[done..done + len];
             let res =
                 self.forward_chunk(chunk, first.saturating_sub(done), done, first, &mut hidden);
@@ -328,6 +430,7 @@ impl<'m> Session<'m> {
             }
             self.n_past += len;
             self.history.extend_from_slice(chunk);
+            self.checkpoint();
             done += len;
         }
         self.next_logits_end = Some(need);
@@ -415,6 +518,7 @@ impl<'m> Session<'m> {
         self.n_past += tokens.len();
         self.history.extend_from_slice(tokens);
         self.next_logits_end = None;
+        self.checkpoint();
     }
 }
 

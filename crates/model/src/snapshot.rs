@@ -1,6 +1,12 @@
 //! Exporting and importing the state of a [`Session`]: the token ids of the used prefix,
-//! every layer's key and value rows for those positions and, when the session holds them,
-//! the logits that follow the last token.
+//! every attention layer's key and value rows for those positions, a hybrid's recurrent
+//! state at the last of them ([`Recurrent`]) and, when the session holds them, the logits
+//! that follow the last token.
+//!
+//! A recurrent state describes one position only: a hybrid exports the positions where it
+//! has one (its whole length, or a checkpoint the session kept, see
+//! [`crate::session::CHECKPOINT_EVERY`]) and imports whole states only, so a restored
+//! session never pretends to hold a prefix it would have to recompute.
 //!
 //! Positions are implicit: a session always holds positions `0..n` for its `n` tokens.
 //! Sliding-window layers keep every row as well (the window is applied when attention
@@ -31,6 +37,20 @@ pub struct SessionState {
     pub kv: Vec<u8>,
     /// Logits after token `n - 1` (`n_vocab` values), when the session had them.
     pub logits: Option<Vec<f32>>,
+    /// The recurrent layers' state after token `n - 1` (empty for attention-only models).
+    pub recurrent: Recurrent,
+}
+
+/// The recurrent state of a hybrid's DeltaNet layers at one position: `slots` layers of
+/// `len` f32 values each, laid out as [`ferrite_arch::DeltaNetShape::state_len`] says.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Recurrent {
+    /// Layers with a recurrent state.
+    pub slots: usize,
+    /// Values of each layer's state.
+    pub len: usize,
+    /// `slots × len` values, slot after slot.
+    pub values: Vec<f32>,
 }
 
 impl SessionState {
@@ -59,6 +79,15 @@ impl SessionState {
                 self.n_tokens()
             )));
         }
+        let r = &self.recurrent;
+        if r.slots.checked_mul(r.len) != Some(r.values.len()) {
+            return Err(ModelError::InvalidArgument(format!(
+                "session state: {} recurrent values for {} slots of {}",
+                r.values.len(),
+                r.slots,
+                r.len
+            )));
+        }
         Ok(())
     }
 
@@ -66,10 +95,12 @@ impl SessionState {
     /// cache of `kv_type` with `n_layer` layers of `row`-value rows, a context of `ctx` and a
     /// vocabulary of `n_vocab`; returns the logits to restore (only when `n` is the whole
     /// state). Every backend's import runs this same check.
+    #[allow(clippy::too_many_arguments)]
     pub fn fit(
         &self,
         kv_type: KvType,
         (n_layer, row): (usize, usize),
+        (slots, len): (usize, usize),
         ctx: usize,
         n_vocab: usize,
         n: usize,
@@ -95,6 +126,20 @@ impl SessionState {
         if n > self.n_tokens() || n > ctx {
             return bad(format!(
                 "{n} positions requested, state holds {}, context {ctx}",
+                self.n_tokens()
+            ));
+        }
+        let r = &self.recurrent;
+        if (r.slots, r.len) != (slots, len) {
+            return bad(format!(
+                "{} recurrent states of {} values, model has {slots} of {len}",
+                r.slots, r.len
+            ));
+        }
+        if slots > 0 && n != self.n_tokens() {
+            return bad(format!(
+                "{n} of {} positions: a recurrent state restores only the position it was \
+                 saved at",
                 self.n_tokens()
             ));
         }
@@ -136,15 +181,16 @@ impl Session<'_> {
                 self.n_past
             )));
         }
-        let c = self.model().config();
+        let recurrent = self.recurrent_at(n)?;
         let ty = self.kv.ty();
         let row = self.kv.row();
-        let size = SessionState::kv_bytes(ty, c.n_layer, row, n)
+        let n_layer = self.kv.n_layer();
+        let size = SessionState::kv_bytes(ty, n_layer, row, n)
             .ok_or_else(|| ModelError::InvalidArgument("session state too large".into()))?;
         let mut kv = Vec::new();
         kv.try_reserve_exact(size)
             .map_err(|_| ModelError::InvalidArgument("cannot allocate the session state".into()))?;
-        for layer in 0..c.n_layer {
+        for layer in 0..n_layer {
             for value in [false, true] {
                 self.kv.export_rows(layer, value, n, &mut kv);
             }
@@ -156,11 +202,12 @@ impl Session<'_> {
         };
         Ok(SessionState {
             kv_type: ty,
-            n_layer: c.n_layer,
+            n_layer,
             row,
             tokens: self.history[..n].to_vec(),
             kv,
             logits,
+            recurrent,
         })
     }
 
@@ -170,18 +217,21 @@ impl Session<'_> {
     /// anything is written, so on error the session is unchanged.
     pub fn import_state(&mut self, state: &SessionState, n: usize) -> Result<(), ModelError> {
         let c = self.model().config();
+        let n_layer = self.kv.n_layer();
         let logits = state.fit(
             self.kv.ty(),
-            (c.n_layer, self.kv.row()),
+            (n_layer, self.kv.row()),
+            c.state_slots(),
             self.ctx(),
             c.n_vocab,
             n,
         )?;
         let tokens = &state.tokens[..n];
         self.reset();
+        self.restore_recurrent(n, &state.recurrent.values);
         let full = state.block(state.n_tokens());
         let part = state.block(n);
-        for layer in 0..c.n_layer {
+        for layer in 0..n_layer {
             for value in [false, true] {
                 let at = (layer * 2 + usize::from(value)) * full;
                 let src = &state.kv[at..at + part];
@@ -321,6 +371,13 @@ mod tests {
         cases.push(c);
         let mut c = good.clone();
         c.logits = Some(vec![0.0; 3]);
+        cases.push(c);
+        let mut c = good.clone();
+        c.recurrent = Recurrent {
+            slots: 1,
+            len: 2,
+            values: vec![0.0; 2],
+        };
         cases.push(c);
         for (i, bad) in cases.iter().enumerate() {
             assert!(s.import_state(bad, bad.n_tokens()).is_err(), "case {i}");

@@ -59,6 +59,7 @@ impl CudaSession<'_> {
             tokens: self.history[..n].to_vec(),
             kv,
             logits,
+            recurrent: Default::default(),
         })
     }
 
@@ -70,7 +71,14 @@ impl CudaSession<'_> {
     pub fn import_state(&mut self, state: &SessionState, n: usize) -> Result<(), CudaError> {
         let c = &self.model.config;
         let logits = state
-            .fit(KvType::F16, (c.n_layer, c.kv_dim()), self.ctx, c.n_vocab, n)
+            .fit(
+                KvType::F16,
+                (c.n_layer, c.kv_dim()),
+                (0, 0),
+                self.ctx,
+                c.n_vocab,
+                n,
+            )
             .map_err(CudaError::SessionState)?;
         let tokens = &state.tokens[..n];
         self.reset();
