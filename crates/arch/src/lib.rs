@@ -188,7 +188,7 @@ impl DeltaNetShape {
 
     /// Whether layer `i` is full attention rather than a DeltaNet.
     pub fn is_attention(self, i: usize) -> bool {
-        (i + 1) % self.interval == 0
+        (i + 1).is_multiple_of(self.interval)
     }
 
     /// f32 values of one layer's recurrent state: the last `conv_kernel - 1` inputs of

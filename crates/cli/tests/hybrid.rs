@@ -17,7 +17,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{rewrite_gguf, run, text};
+use common::{TensorEdit, rewrite_gguf, run, text};
 use ferrite_cpu::ThreadPool;
 use ferrite_model::{
     Batch, CHECKPOINT_EVERY, KvType, LoadOptions, Model, Outputs, Precision, Session,
@@ -166,7 +166,7 @@ fn converted_hybrids_match_transformers_and_planted_defects_fail() {
                 })
                 .collect()
         };
-        let defects: [(&str, &dyn Fn(&str, &[u8]) -> Option<Vec<u8>>); 3] = [
+        let defects: [(&str, &TensorEdit<'_>); 3] = [
             ("attention gate zeroed", &|n, d| {
                 (n.ends_with("attn_gate.weight") && !is_delta_layer(&f32_path, n))
                     .then(|| vec![0u8; d.len()])
@@ -227,8 +227,8 @@ fn recurrent_state_is_exact_across_passes_truncation_resets_and_batches() {
             s.eval(&seq, Outputs::Last).unwrap();
             s.truncate(cut);
             let l = s.eval(&seq[cut..], Outputs::All).unwrap();
-            for i in cut..n {
-                assert_eq!(l.row(i - cut).unwrap(), &rows[i][..], "cut {cut}, row {i}");
+            for (i, want) in rows.iter().enumerate().skip(cut) {
+                assert_eq!(l.row(i - cut).unwrap(), &want[..], "cut {cut}, row {i}");
             }
         }
         // A second conversation after a reset equals a fresh one.
@@ -282,8 +282,8 @@ fn checkpoints_and_snapshots_restore_the_recurrent_state_exactly() {
         let rows: Vec<Vec<f32>> = (0..n).map(|i| all.row(i).unwrap().to_vec()).collect();
         let continues = |s: &mut Session<'_>, from: usize, what: &str| {
             let l = s.eval(&seq[from..], Outputs::All).unwrap();
-            for i in from..n {
-                assert_eq!(l.row(i - from).unwrap(), &rows[i][..], "{what}: row {i}");
+            for (i, want) in rows.iter().enumerate().skip(from) {
+                assert_eq!(l.row(i - from).unwrap(), &want[..], "{what}: row {i}");
             }
         };
         // Truncations on, just past and between checkpoints, and before the first.

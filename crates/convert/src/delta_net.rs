@@ -148,6 +148,8 @@ impl Split {
 
     /// The rows taken, for a DeltaNet of shape `s` and attention of `n_head` heads of
     /// `head_dim`.
+    // Lists of one range are lists of parts, not ranges to expand.
+    #[allow(clippy::single_range_in_vec_init)]
     pub fn rows(self, s: DeltaNetShape, n_head: usize, head_dim: usize) -> Rows {
         let r = s.v_heads / s.k_heads;
         let (dk, vr) = (s.k_dim, r * s.v_dim);

@@ -315,7 +315,7 @@ fn ffn(g: &Gguf, c: &ModelConfig, i: usize, p: Precision) -> Result<Ffn, ModelEr
         })),
     };
     let shared_gate = if shared.is_some() && c.delta_net.is_some() {
-        Some(matrix(g, &n(TensorRole::FfnGateInpShexp), 1, d, p)?)
+        Some(Box::new(matrix(g, &n(TensorRole::FfnGateInpShexp), 1, d, p)?))
     } else {
         None
     };
@@ -545,7 +545,7 @@ impl Model {
                 Ffn::Dense(f) => weights.extend([&f.gate, &f.up, &f.down]),
                 Ffn::Moe(moe) => {
                     weights.push(&moe.router);
-                    weights.extend(&moe.shared_gate);
+                    weights.extend(moe.shared_gate.as_deref());
                     if let Some(f) = &moe.shared {
                         weights.extend([&f.gate, &f.up, &f.down]);
                     }

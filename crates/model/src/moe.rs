@@ -54,8 +54,9 @@ pub(crate) struct MoeWeights {
     pub(crate) shared: Option<Box<DenseFfn>>,
     /// The router's per-expert selection bias (`exp_probs_b.bias`).
     pub(crate) selection_bias: Option<Vec<f32>>,
-    /// The shared expert's sigmoid gate, `1 × d_model` (`ffn_gate_inp_shexp`; Qwen3-Next).
-    pub(crate) shared_gate: Option<Weight>,
+    /// The shared expert's sigmoid gate, `1 × d_model` (`ffn_gate_inp_shexp`; Qwen3-Next;
+    /// boxed like the shared expert).
+    pub(crate) shared_gate: Option<Box<Weight>>,
 }
 
 impl Experts {

@@ -91,6 +91,9 @@ fn delta_f64(qkv: &[f32], beta: &[f32], alpha: &[f32], a: &[f32], dt: &[f32]) ->
     out
 }
 
+/// Per session, the convolution's and the delta rule's outputs of both calls.
+type PerSession = (Vec<Vec<f32>>, Vec<Vec<f32>>);
+
 /// The convolution then the delta rule of two sessions, each fed in two calls (both
 /// sessions in one call, as a batch does); `delta` checks the delta rule's output, else the
 /// convolution's.
@@ -120,7 +123,7 @@ pub(super) fn delta_net<B: Backend>(b: &B, rng: &mut Rng, delta: bool, out: &mut
         delta_want.push(delta_f64(&conv32, beta, alpha, &a, &dt));
         conv_want.push(conv);
     }
-    let got = (|| -> crate::Result<(Vec<Vec<f32>>, Vec<Vec<f32>>)> {
+    let got = (|| -> crate::Result<PerSession> {
         let mut stores = Vec::new();
         for &(n, _) in &plans {
             let mut kv = b.kv(KvType::F32, 1, n, (1, 32), Values::Own)?;

@@ -103,13 +103,16 @@ pub fn text(out: &Output) -> String {
     )
 }
 
+/// New bytes for a tensor (given its name and bytes), or `None` to keep them.
+pub type TensorEdit<'a> = dyn Fn(&str, &[u8]) -> Option<Vec<u8>> + 'a;
+
 /// `src` rewritten to `dst` with metadata `extra` (replacing same-named keys) and each
 /// tensor's bytes replaced where `edit(name, bytes)` gives new ones; whether anything changed.
 pub fn rewrite_gguf(
     src: &std::path::Path,
     dst: &std::path::Path,
     extra: &[(&str, ferrite_gguf::Value)],
-    edit: &dyn Fn(&str, &[u8]) -> Option<Vec<u8>>,
+    edit: &TensorEdit<'_>,
 ) -> bool {
     let g = ferrite_gguf::Gguf::open(src).unwrap();
     let mut w = ferrite_gguf::GgufWriter::new();
