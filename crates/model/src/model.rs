@@ -315,7 +315,13 @@ fn ffn(g: &Gguf, c: &ModelConfig, i: usize, p: Precision) -> Result<Ffn, ModelEr
         })),
     };
     let shared_gate = if shared.is_some() && c.delta_net.is_some() {
-        Some(Box::new(matrix(g, &n(TensorRole::FfnGateInpShexp), 1, d, p)?))
+        Some(Box::new(matrix(
+            g,
+            &n(TensorRole::FfnGateInpShexp),
+            1,
+            d,
+            p,
+        )?))
     } else {
         None
     };

@@ -14,6 +14,8 @@ use crate::ops::RopeStyle;
 use ferrite_arch::MlaShape;
 use ferrite_backend::{Act, Gating};
 
+mod delta_net;
+
 /// Output of [`forward`].
 #[derive(Debug, Clone)]
 pub struct RefOutput {
@@ -231,12 +233,6 @@ fn experts_ffn(w: &Experts, moe: &MoeConfig, c: &ModelConfig, h: &[f64]) -> Vec<
 pub fn forward(model: &Model, tokens: &[u32]) -> Result<RefOutput, ModelError> {
     let g = model.gguf();
     let c: &ModelConfig = model.config();
-    if c.delta_net.is_some() {
-        return Err(ModelError::Unsupported {
-            key: "general.architecture".into(),
-            what: "a hybrid of DeltaNet layers (the naive reference has no recurrence yet)".into(),
-        });
-    }
     let (n, d, hd) = (tokens.len(), c.d_model, c.head_dim);
     let eps = f64::from(c.rms_eps);
     let embd = g
@@ -273,97 +269,112 @@ pub fn forward(model: &Model, tokens: &[u32]) -> Result<RefOutput, ModelError> {
         let lc = c.layers[l];
         let h = norm(&x, &w("attn_norm")?, eps);
         let fused = c.arch.features().fused;
-        let base = f64::from(lc.rope_base);
-        // A context of exactly the prompt: LongRoPE's long set when that is past the
-        // switch point.
-        let f = match &c.rope_long {
-            Some((long, after)) if n > *after => Some(&long[..]),
-            _ => c.rope_freq_factors.as_deref(),
-        }
-        .filter(|_| lc.rope_scaled);
-        // Per head: query and key values (`khd`), value values (`vhd`); `n_kv` key/value
-        // heads of each position.
-        let (q, k, v, (khd, vhd, n_kv)) = match &c.mla {
-            Some(mla) => latent_heads(g, c, mla, l, &h, (base, f))?,
+        let mut o = match c.delta_net.filter(|_| c.is_delta_net(l)) {
+            Some(s) => delta_net::layer(g, &s, l, (&h, d), eps)?,
             None => {
-                // Phi-3's fused `attn_qkv` holds the Q, K and V rows in that order.
-                let (wq, wk, wv) = if fused {
-                    let qkv = w("attn_qkv")?;
-                    let (q, rest) = qkv.split_at(qd * d);
-                    let (k, v) = rest.split_at(kd * d);
-                    (q.to_vec(), k.to_vec(), v.to_vec())
-                } else {
-                    (w("attn_q")?, w("attn_k")?, w("attn_v")?)
+                let base = f64::from(lc.rope_base);
+                // A context of exactly the prompt: LongRoPE's long set when that is past the
+                // switch point.
+                let f = match &c.rope_long {
+                    Some((long, after)) if n > *after => Some(&long[..]),
+                    _ => c.rope_freq_factors.as_deref(),
+                }
+                .filter(|_| lc.rope_scaled);
+                // Per head: query and key values (`khd`), value values (`vhd`); `n_kv` key/value
+                // heads of each position.
+                let (q, k, v, (khd, vhd, n_kv)) = match &c.mla {
+                    Some(mla) => latent_heads(g, c, mla, l, &h, (base, f))?,
+                    None => {
+                        // Phi-3's fused `attn_qkv` holds the Q, K and V rows in that order.
+                        let (wq, wk, wv) = if fused {
+                            let qkv = w("attn_qkv")?;
+                            let (q, rest) = qkv.split_at(qd * d);
+                            let (k, v) = rest.split_at(kd * d);
+                            (q.to_vec(), k.to_vec(), v.to_vec())
+                        } else {
+                            (w("attn_q")?, w("attn_k")?, w("attn_v")?)
+                        };
+                        let mut q = linear(&wq, &h, qd, d);
+                        let mut k = linear(&wk, &h, kd, d);
+                        let mut v = linear(&wv, &h, kd, d);
+                        if c.qkv_bias {
+                            for (y, s) in
+                                [(&mut q, "attn_q"), (&mut k, "attn_k"), (&mut v, "attn_v")]
+                            {
+                                let b = load(g, &format!("blk.{l}.{s}.bias"))?;
+                                for (i, y) in y.iter_mut().enumerate() {
+                                    *y += b[i % b.len()];
+                                }
+                            }
+                        }
+                        if c.qk_norm {
+                            q = norm(&q, &w("attn_q_norm")?, eps);
+                            k = norm(&k, &w("attn_k_norm")?, eps);
+                        }
+                        for t in 0..n {
+                            let dims = (hd, c.rope_dim);
+                            rotate(&mut q[t * qd..(t + 1) * qd], dims, t, base, c.rope_style, f);
+                            rotate(&mut k[t * kd..(t + 1) * kd], dims, t, base, c.rope_style, f);
+                        }
+                        (q, k, v, (hd, hd, c.n_kv_head))
+                    }
                 };
-                let mut q = linear(&wq, &h, qd, d);
-                let mut k = linear(&wk, &h, kd, d);
-                let mut v = linear(&wv, &h, kd, d);
-                if c.qkv_bias {
-                    for (y, s) in [(&mut q, "attn_q"), (&mut k, "attn_k"), (&mut v, "attn_v")] {
-                        let b = load(g, &format!("blk.{l}.{s}.bias"))?;
-                        for (i, y) in y.iter_mut().enumerate() {
-                            *y += b[i % b.len()];
+                let (qw, kw, vw) = (c.n_head * khd, n_kv * khd, n_kv * vhd);
+                let sinks = match c.arch.features().sinks {
+                    true => Some(w("attn_sinks")?),
+                    false => None,
+                };
+                let mut att = vec![0.0; n * c.n_head * vhd];
+                let group = c.n_head / n_kv;
+                for t in 0..n {
+                    for hh in 0..c.n_head {
+                        let kvh = hh / group;
+                        let qv = &q[t * qw + hh * khd..t * qw + (hh + 1) * khd];
+                        let visible: Vec<usize> = (0..=t)
+                            .filter(|&j| lc.window.is_none_or(|win| t - j < win))
+                            .collect();
+                        let scores: Vec<f64> = visible
+                            .iter()
+                            .map(|&j| {
+                                let kv = &k[j * kw + kvh * khd..j * kw + (kvh + 1) * khd];
+                                let s = qv.iter().zip(kv).map(|(a, b)| a * b).sum::<f64>()
+                                    * f64::from(c.attn_scale);
+                                soft_cap(s, c.attn_softcap)
+                            })
+                            .collect();
+                        // A sink is one more score in the softmax, with no value.
+                        let sink = sinks.as_ref().map(|s| s[hh]);
+                        let mx = scores
+                            .iter()
+                            .chain(&sink)
+                            .copied()
+                            .fold(f64::NEG_INFINITY, f64::max);
+                        let z: f64 = scores.iter().chain(&sink).map(|s| (s - mx).exp()).sum();
+                        for (s, &j) in scores.iter().zip(&visible) {
+                            let p = (s - mx).exp() / z;
+                            for i in 0..vhd {
+                                att[(t * c.n_head + hh) * vhd + i] += p * v[j * vw + kvh * vhd + i];
+                            }
                         }
                     }
                 }
-                if c.qk_norm {
-                    q = norm(&q, &w("attn_q_norm")?, eps);
-                    k = norm(&k, &w("attn_k_norm")?, eps);
+                // Qwen3-Next's gated attention: each head's output times sigmoid(gate · h).
+                if c.delta_net.is_some() {
+                    let gate = linear(&w("attn_gate")?, &h, c.n_head * vhd, d);
+                    att.iter_mut()
+                        .zip(&gate)
+                        .for_each(|(a, g)| *a *= delta_net::sigmoid(*g));
                 }
-                for t in 0..n {
-                    let dims = (hd, c.rope_dim);
-                    rotate(&mut q[t * qd..(t + 1) * qd], dims, t, base, c.rope_style, f);
-                    rotate(&mut k[t * kd..(t + 1) * kd], dims, t, base, c.rope_style, f);
-                }
-                (q, k, v, (hd, hd, c.n_kv_head))
-            }
-        };
-        let (qw, kw, vw) = (c.n_head * khd, n_kv * khd, n_kv * vhd);
-        let sinks = match c.arch.features().sinks {
-            true => Some(w("attn_sinks")?),
-            false => None,
-        };
-        let mut att = vec![0.0; n * c.n_head * vhd];
-        let group = c.n_head / n_kv;
-        for t in 0..n {
-            for hh in 0..c.n_head {
-                let kvh = hh / group;
-                let qv = &q[t * qw + hh * khd..t * qw + (hh + 1) * khd];
-                let visible: Vec<usize> = (0..=t)
-                    .filter(|&j| lc.window.is_none_or(|win| t - j < win))
-                    .collect();
-                let scores: Vec<f64> = visible
-                    .iter()
-                    .map(|&j| {
-                        let kv = &k[j * kw + kvh * khd..j * kw + (kvh + 1) * khd];
-                        let s = qv.iter().zip(kv).map(|(a, b)| a * b).sum::<f64>()
-                            * f64::from(c.attn_scale);
-                        soft_cap(s, c.attn_softcap)
-                    })
-                    .collect();
-                // A sink is one more score in the softmax, with no value.
-                let sink = sinks.as_ref().map(|s| s[hh]);
-                let mx = scores
-                    .iter()
-                    .chain(&sink)
-                    .copied()
-                    .fold(f64::NEG_INFINITY, f64::max);
-                let z: f64 = scores.iter().chain(&sink).map(|s| (s - mx).exp()).sum();
-                for (s, &j) in scores.iter().zip(&visible) {
-                    let p = (s - mx).exp() / z;
-                    for i in 0..vhd {
-                        att[(t * c.n_head + hh) * vhd + i] += p * v[j * vw + kvh * vhd + i];
+                let mut o = linear(&w("attn_output")?, &att, d, c.n_head * vhd);
+                if c.out_bias {
+                    let b = load(g, &format!("blk.{l}.attn_output.bias"))?;
+                    for (i, y) in o.iter_mut().enumerate() {
+                        *y += b[i % d];
                     }
                 }
+                o
             }
-        }
-        let mut o = linear(&w("attn_output")?, &att, d, c.n_head * vhd);
-        if c.out_bias {
-            let b = load(g, &format!("blk.{l}.attn_output.bias"))?;
-            for (i, y) in o.iter_mut().enumerate() {
-                *y += b[i % d];
-            }
-        }
+        };
         if c.post_norms {
             o = norm(&o, &w("post_attention_norm")?, eps);
         }
@@ -414,7 +425,14 @@ pub fn forward(model: &Model, tokens: &[u32]) -> Result<RefOutput, ModelError> {
                         w("ffn_up_shexp")?,
                         w("ffn_down_shexp")?,
                     );
-                    let y = dense([&wg, &wu, &wd], None, &h, moe.shared_ff, c);
+                    let mut y = dense([&wg, &wu, &wd], None, &h, moe.shared_ff, c);
+                    // Qwen3-Next's shared expert: its output times sigmoid(gate · h).
+                    if c.delta_net.is_some() {
+                        let gate = linear(&w("ffn_gate_inp_shexp")?, &h, 1, d);
+                        for (row, &gt) in y.chunks_mut(d).zip(&gate) {
+                            row.iter_mut().for_each(|v| *v *= delta_net::sigmoid(gt));
+                        }
+                    }
                     o.iter_mut().zip(&y).for_each(|(a, b)| *a += b);
                 }
                 o

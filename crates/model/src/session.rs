@@ -213,7 +213,11 @@ impl<'m> Session<'m> {
     /// position, replacing the oldest copy once [`CHECKPOINTS_KEPT`] are held.
     fn checkpoint(&mut self) {
         let at = self.n_past;
-        if self.kv.state_len() == 0 || self.state_stale || at == 0 || !at.is_multiple_of(CHECKPOINT_EVERY) {
+        if self.kv.state_len() == 0
+            || self.state_stale
+            || at == 0
+            || !at.is_multiple_of(CHECKPOINT_EVERY)
+        {
             return;
         }
         if self.checkpoints.last().is_some_and(|(p, _)| *p == at) {
