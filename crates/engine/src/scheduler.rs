@@ -136,6 +136,11 @@ pub struct Limits {
     pub n_ctx: usize,
     /// Most prompt tokens evaluated per step, over all prefilling slots.
     pub prefill_chunk: usize,
+    /// A hybrid's recurrent state exists only where a pass ends, so a prompt chunk stops
+    /// on the last multiple of this it crosses (`ferrite_model::CHECKPOINT_EVERY`), where
+    /// the session keeps a checkpoint the prefix cache can save; `None` for models of
+    /// attention only.
+    pub checkpoint_every: Option<usize>,
 }
 
 /// Incremental detokenization: text is released once it no longer ends in an incomplete
@@ -506,7 +511,13 @@ impl<'r, S: Timeline> Scheduler<'r, S> {
             if *budget == 0 {
                 return None;
             }
-            let end = prompt_len.min(a.fed + *budget);
+            let mut end = prompt_len.min(a.fed + *budget);
+            if let Some(every) = self.limits.checkpoint_every.filter(|&e| e > 0) {
+                let at = end / every * every;
+                if at > a.fed && at < end {
+                    end = at;
+                }
+            }
             *budget -= end - a.fed;
             a.job.req.prompt[a.fed..end].to_vec()
         } else {

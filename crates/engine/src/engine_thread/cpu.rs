@@ -241,6 +241,8 @@ fn engine_thread(
     let limits = Limits {
         n_ctx,
         prefill_chunk: cfg.prefill_chunk,
+        checkpoint_every: (model.config().state_slots().0 > 0)
+            .then_some(ferrite_model::CHECKPOINT_EVERY),
     };
     let mut scheduler =
         Scheduler::new(&rt, sessions, counters, limits).with_batcher(Box::new(SessionBatch(batch)));

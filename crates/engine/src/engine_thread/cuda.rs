@@ -120,6 +120,7 @@ pub(super) fn run(
     let limits = Limits {
         n_ctx,
         prefill_chunk: cfg.prefill_chunk,
+        checkpoint_every: None,
     };
     Scheduler::new(&rt, seqs, counters, limits)
         .with_batcher(Box::new(CudaBatcher(batch)))

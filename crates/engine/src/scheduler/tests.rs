@@ -106,6 +106,7 @@ fn toy_sched(
         Limits {
             n_ctx,
             prefill_chunk: chunk,
+            checkpoint_every: None,
         },
     );
     (s, evals, counters)
@@ -496,6 +497,7 @@ fn sum_sched(n: usize) -> Scheduler<'static, SumSeq> {
     let limits = Limits {
         n_ctx: 40,
         prefill_chunk: 3,
+        checkpoint_every: None,
     };
     Scheduler::new(&ToyRt, seqs, Arc::new(Counters::default()), limits)
 }
