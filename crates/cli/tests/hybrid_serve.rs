@@ -1,9 +1,10 @@
 //! `ferrite serve` on a hybrid recurrent model (fixtures/hybrid's Qwen3-Next, converted to
 //! f32 GGUF): continuous batching and the prefix cache with the recurrent state. Oracles:
 //! greedy answers and their top log-probs from two slots batched equal those of a server
-//! answering one request at a time (bit for bit: the JSON numbers are equal); after a
-//! restart, the disk cache restores the block-aligned prefix with its state
-//! (`cache_source = disk`) and the answer is again the one computed from scratch.
+//! answering one request at a time (bit for bit: the JSON numbers are equal); a slot that
+//! holds the prompt reuses it up to its nearest recurrent-state checkpoint and reports only
+//! that as cached; after a restart, the disk cache restores the block-aligned prefix with
+//! its state (`cache_source = disk`) and the answer is again the one computed from scratch.
 
 mod common;
 mod server_util;
@@ -92,6 +93,11 @@ fn hybrid_sessions_batch_exactly_and_restore_from_the_disk_cache() {
             s.log().matches("kv-cache: wrote").count() == prompts.len()
         });
         assert!(written, "checkpoints not written:\n{}", s.log());
+        // The same prompt again: a slot reuses what it holds only up to the recurrent
+        // state's nearest checkpoint, and reports no more than that as cached.
+        let (choice, cached, _) = complete(&s, &prompts[0]);
+        assert_eq!(cached, (150 / BLOCK * BLOCK) as u64, "{}", s.log());
+        assert_eq!(choice, alone[0], "continued from a held checkpoint");
     }
     // A restarted server restores the first prompt's block-aligned prefix from disk.
     let s = start(&model, "1", disk.path());

@@ -209,6 +209,13 @@ impl Timeline for AnySession<'_> {
         }
     }
 
+    fn reusable(&self, n: usize) -> usize {
+        match self {
+            AnySession::Cpu(s) => Timeline::reusable(s.as_ref(), n),
+            AnySession::Cuda(c) => n.min(c.n_past()),
+        }
+    }
+
     fn eval_all(&mut self, tokens: &[u32]) -> Result<Vec<f32>, GenerateError> {
         match self {
             AnySession::Cpu(s) => s.eval_all(tokens),

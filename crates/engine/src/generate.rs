@@ -38,6 +38,12 @@ pub trait Timeline {
     fn ctx(&self) -> usize;
     /// Drops everything after the first `n` positions.
     fn truncate(&mut self, n: usize);
+    /// The longest prefix of at most `n` held positions a truncation keeps without
+    /// recomputing any of it: `n` for K/V caches, a hybrid's nearest recurrent-state
+    /// checkpoint. What a reuse may report as cached.
+    fn reusable(&self, n: usize) -> usize {
+        n.min(self.n_past())
+    }
     /// Appends `tokens` and returns the logits after each of them, row after row. The
     /// default evaluates one token at a time; the CPU session does it in one pass.
     fn eval_all(&mut self, tokens: &[u32]) -> Result<Vec<f32>, GenerateError> {
@@ -217,6 +223,10 @@ impl Timeline for Session<'_> {
 
     fn truncate(&mut self, n: usize) {
         Session::truncate(self, n);
+    }
+
+    fn reusable(&self, n: usize) -> usize {
+        Session::reusable(self, n)
     }
 
     fn eval_all(&mut self, tokens: &[u32]) -> Result<Vec<f32>, GenerateError> {

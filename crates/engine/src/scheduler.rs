@@ -428,8 +428,11 @@ impl<'r, S: Timeline> Scheduler<'r, S> {
             // The last prompt token is always evaluated again: its logits pick the first token.
             // Prompt logprobs need the logits of every prompt position: nothing is reused.
             let reuse = !job.req.prompt_logprobs;
+            // A hybrid keeps its recurrent state at checkpoints only: the reuse stops at the
+            // nearest one, so what is reported cached is never recomputed.
             let mut cached = if reuse {
-                common_prefix(&slot.tokens, &job.req.prompt).min(job.req.prompt.len() - 1)
+                let shared = common_prefix(&slot.tokens, &job.req.prompt);
+                slot.seq.reusable(shared.min(job.req.prompt.len() - 1))
             } else {
                 0
             };

@@ -202,6 +202,22 @@ impl<'m> Session<'m> {
         self.history.truncate(self.n_past);
     }
 
+    /// The longest prefix of at most `n` held positions that [`Session::truncate`] keeps
+    /// without replaying any of it: `n` itself, unless the model is a hybrid, whose state is
+    /// kept at its current position and its checkpoints only.
+    pub fn reusable(&self, n: usize) -> usize {
+        let n = n.min(self.n_past);
+        if self.kv.state_len() == 0 || (n == self.n_past && !self.state_stale) {
+            return n;
+        }
+        self.checkpoints
+            .iter()
+            .rev()
+            .map(|(at, _)| *at)
+            .find(|&at| at <= n)
+            .unwrap_or(0)
+    }
+
     /// Marks the recurrent state as not describing `history` (a pass failed part way).
     pub(crate) fn state_failed(&mut self) {
         if self.kv.state_len() > 0 {
