@@ -29,24 +29,8 @@ use ferrite_gguf::{Gguf, Value};
 use ferrite_model::{KvType, LoadOptions, Model, Outputs, Session, reference};
 use serde_json::Value as Json;
 
-/// Every model directory (one with a `config.json`) under the fixture root.
 fn fixture_dirs() -> Vec<PathBuf> {
-    let root = match std::env::var_os("FERRITE_ARCH_FIXTURES") {
-        Some(d) => PathBuf::from(d),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/arch"),
-    };
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&root)
-        .unwrap_or_else(|e| panic!("arch fixtures {}: {e}", root.display()))
-        .map(|e| e.expect("directory entry").path())
-        .filter(|p| p.join("config.json").is_file())
-        .collect();
-    dirs.sort();
-    assert!(
-        !dirs.is_empty(),
-        "no model directories in {}",
-        root.display()
-    );
-    dirs
+    common::model_dirs("FERRITE_ARCH_FIXTURES", "arch")
 }
 
 fn name(dir: &Path) -> String {

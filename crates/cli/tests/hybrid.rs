@@ -27,22 +27,7 @@ use ferrite_model::{
 use serde_json::Value as Json;
 
 fn fixture_dirs() -> Vec<PathBuf> {
-    let root = match std::env::var_os("FERRITE_HYBRID_FIXTURES") {
-        Some(d) => PathBuf::from(d),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/hybrid"),
-    };
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&root)
-        .unwrap_or_else(|e| panic!("hybrid fixtures {}: {e}", root.display()))
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.join("config.json").is_file())
-        .collect();
-    dirs.sort();
-    assert!(
-        !dirs.is_empty(),
-        "no model directories in {}",
-        root.display()
-    );
-    dirs
+    common::model_dirs("FERRITE_HYBRID_FIXTURES", "hybrid")
 }
 
 struct Case {

@@ -138,6 +138,17 @@ fn check_segs(op: &'static str, segs: &[Segment<'_, KvCache>], width: usize) -> 
     Ok(rows)
 }
 
+/// `len` values in whole rows of `dim`, with a weight of `w` values per row.
+fn check_rows(op: &'static str, len: usize, w: usize, dim: usize) -> Result<()> {
+    if w != dim || dim == 0 || !len.is_multiple_of(dim) {
+        return Err(bad(
+            op,
+            format!("{len} values in rows of {dim} with a weight of {w}"),
+        ));
+    }
+    Ok(())
+}
+
 /// State slot `slot` of `kv`, which must hold a state of `s`'s size.
 fn state_of<'k>(
     op: &'static str,
@@ -381,12 +392,7 @@ impl Backend for CpuBackend<'_> {
         dim: usize,
         eps: f32,
     ) -> Result<()> {
-        if w.len() != dim || dim == 0 || !len.is_multiple_of(dim) {
-            return Err(bad(
-                "rms_norm",
-                format!("{len} values in rows of {dim} with a weight of {}", w.len()),
-            ));
-        }
+        check_rows("rms_norm", len, w.len(), dim)?;
         rms_norm(get_mut("rms_norm", x, 0, len)?, w, eps);
         Ok(())
     }
@@ -481,12 +487,7 @@ impl Backend for CpuBackend<'_> {
         dim: usize,
         eps: f32,
     ) -> Result<()> {
-        if w.len() != dim || dim == 0 || !len.is_multiple_of(dim) {
-            return Err(bad(
-                "gated_norm",
-                format!("{len} values in rows of {dim} with a weight of {}", w.len()),
-            ));
-        }
+        check_rows("gated_norm", len, w.len(), dim)?;
         let z = get("gated_norm", z, 0, len)?;
         recurrent::gated_norm(get_mut("gated_norm", x, 0, len)?, z, w, eps);
         Ok(())

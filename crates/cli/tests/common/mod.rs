@@ -139,3 +139,26 @@ pub fn rewrite_gguf(
     w.write_file(dst).unwrap();
     changed
 }
+
+/// Every model directory (one with a `config.json`) under `$env`, else under the repo's
+/// `fixtures/<default>`; a missing or empty directory fails (fixtures are never skipped).
+pub fn model_dirs(env: &str, default: &str) -> Vec<PathBuf> {
+    let root = match std::env::var_os(env) {
+        Some(d) => PathBuf::from(d),
+        None => std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../fixtures")
+            .join(default),
+    };
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&root)
+        .unwrap_or_else(|e| panic!("fixtures {}: {e}", root.display()))
+        .map(|e| e.expect("directory entry").path())
+        .filter(|p| p.join("config.json").is_file())
+        .collect();
+    dirs.sort();
+    assert!(
+        !dirs.is_empty(),
+        "no model directories in {}",
+        root.display()
+    );
+    dirs
+}
