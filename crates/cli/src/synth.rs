@@ -14,6 +14,7 @@
 //! weights are always F32 ones. The output matrix is always written (untied). The head size
 //! is hidden / heads for both architectures (real Gemma 3 files may store a larger one).
 
+mod qwen3next;
 mod vocab;
 mod weights;
 
@@ -36,6 +37,10 @@ pub enum ArchArg {
     Gemma3,
     /// Qwen 3 dense (q/k norms, neox rope).
     Qwen3,
+    /// Qwen3-Next: gated DeltaNet layers, gated attention every fourth, 8 experts (top 2)
+    /// of --ffn with a gated shared one; --kv-heads key heads and --heads value heads.
+    #[value(name = "qwen3next")]
+    Qwen3Next,
 }
 
 impl ArchArg {
@@ -45,6 +50,7 @@ impl ArchArg {
             ArchArg::Llama => Arch::Llama,
             ArchArg::Gemma3 => Arch::Gemma3,
             ArchArg::Qwen3 => Arch::Qwen3,
+            ArchArg::Qwen3Next => Arch::Qwen3Next,
         }
     }
 }
@@ -241,17 +247,21 @@ fn tensor_specs<'a>(args: &'a SynthArgs, s: &'a Shape) -> impl Iterator<Item = S
         name,
         dims: vec![len as u64],
         ty: GgmlType::F32,
-        init: Init::Ones,
+        init: Init::Const(1.0),
     };
     let embeddings = [GlobalTensor::TokenEmbd, GlobalTensor::Output]
         .map(|t| matrix(TensorName::Global(t), s.hidden, s.vocab));
+    let hybrid = args.arch == ArchArg::Qwen3Next;
     let layers = (0..s.layers).flat_map(move |l| {
+        if hybrid {
+            return qwen3next::layer(args.ty, s, l);
+        }
         let n = |role: TensorRole| TensorName::Layer {
             layer: l,
             role,
             kind: Kind::Weight,
         };
-        [
+        vec![
             matrix(n(TensorRole::AttnQ), s.hidden, q),
             matrix(n(TensorRole::AttnK), s.hidden, kv),
             matrix(n(TensorRole::AttnV), s.hidden, kv),
@@ -261,7 +271,8 @@ fn tensor_specs<'a>(args: &'a SynthArgs, s: &'a Shape) -> impl Iterator<Item = S
             matrix(n(TensorRole::FfnDown), s.ffn, s.hidden),
         ]
     });
-    let layer_norms = (0..s.layers).flat_map(move |l| {
+    // A hybrid's layers list their own norms.
+    let layer_norms = (0..s.layers).filter(move |_| !hybrid).flat_map(move |l| {
         let mut norms = vec![
             norm(TensorRole::AttnNorm.weight(l), s.hidden),
             norm(TensorRole::FfnNorm.weight(l), s.hidden),
@@ -351,6 +362,13 @@ fn model_metadata(args: &SynthArgs, s: &Shape) -> Vec<(String, Value)> {
             (k(Key::LayerNormRmsEpsilon), Value::F32(1e-6)),
             (k(Key::RopeFreqBase), Value::F32(1_000_000.0)),
         ]),
+        ArchArg::Qwen3Next => {
+            m.extend(
+                qwen3next::metadata(s)
+                    .into_iter()
+                    .map(|(key, v)| (k(key), v)),
+            );
+        }
     }
     m
 }

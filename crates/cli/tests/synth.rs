@@ -276,3 +276,19 @@ fn tiny_qwen3_loads_as_qwen3_and_runs() {
     assert_eq!(m.config().arch, ferrite_model::Arch::Qwen3);
     loads_and_runs(&out);
 }
+
+#[test]
+fn tiny_qwen3next_loads_as_a_hybrid_and_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("h.gguf");
+    let mut args = TINY.to_vec();
+    args.extend(["--arch", "qwen3next", "--vocab", "300", "--type", "q8_0"]);
+    synth(&out, &args);
+    let m = ferrite_model::Model::load(&out, ferrite_model::LoadOptions::default()).unwrap();
+    let c = m.config();
+    assert_eq!(c.arch, ferrite_model::Arch::Qwen3Next);
+    // Layers 0..3 are DeltaNets, every fourth one attention: recurrent state beside K/V.
+    assert!(c.is_delta_net(0) && !c.is_delta_net(3));
+    assert!(c.state_slots().0 > 0 && c.kv_layers() < c.n_layer);
+    loads_and_runs(&out);
+}

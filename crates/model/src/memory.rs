@@ -9,8 +9,9 @@
 
 use crate::{KvType, ModelConfig, ModelError, SessionState};
 
-/// Checks that `sessions` caches of `ctx` positions of `config`'s layers in `kv`, all full,
-/// fit in the machine's physical memory (no bound where that is unknown).
+/// Checks that `sessions` caches of `ctx` positions of `config`'s attention layers in `kv`,
+/// all full, with a hybrid's recurrent state and its checkpoints, fit in the machine's
+/// physical memory (no bound where that is unknown).
 pub fn check_kv_memory(
     config: &ModelConfig,
     kv: KvType,
@@ -19,32 +20,52 @@ pub fn check_kv_memory(
 ) -> Result<(), ModelError> {
     let row = kv.check_row(config.n_kv_head, config.head_dim)?;
     // A cache whose values lie in its keys (latent attention) holds the keys only.
-    let per_token = SessionState::kv_bytes(kv, config.n_layer, row, 1).map(|b| {
+    let per_token = SessionState::kv_bytes(kv, config.kv_layers(), row, 1).map(|b| {
         if config.kv_values().stored() {
             b
         } else {
             b / 2
         }
     });
-    kv_fits(sessions, ctx, per_token, physical_memory()).map_err(ModelError::InvalidArgument)
+    kv_fits(
+        sessions,
+        (ctx, per_token),
+        state_bytes(config),
+        physical_memory(),
+    )
+    .map_err(ModelError::InvalidArgument)
 }
 
-/// Whether `sessions` caches of `ctx` positions of `per_token` bytes fit in `memory` bytes;
-/// the reason when they do not.
+/// Bytes of one session's recurrent state with the checkpoints it keeps (`None` on
+/// overflow; 0 for models of attention only).
+fn state_bytes(config: &ModelConfig) -> Option<usize> {
+    let (slots, len) = config.state_slots();
+    slots
+        .checked_mul(len)?
+        .checked_mul(4)?
+        .checked_mul(1 + crate::CHECKPOINTS_KEPT)
+}
+
+/// Whether `sessions` caches of `ctx` positions of `per_token` bytes, each with
+/// `per_session` bytes of recurrent state, fit in `memory` bytes; the reason when not.
 fn kv_fits(
     sessions: usize,
-    ctx: usize,
-    per_token: Option<usize>,
+    (ctx, per_token): (usize, Option<usize>),
+    per_session: Option<usize>,
     memory: Option<usize>,
 ) -> Result<(), String> {
     let Some(memory) = memory else {
         return Ok(());
     };
-    let need = per_token.and_then(|b| b.checked_mul(ctx)?.checked_mul(sessions));
+    let one = per_token.and_then(|b| b.checked_mul(ctx)?.checked_add(per_session?));
+    let need = one.and_then(|b| b.checked_mul(sessions));
     match need {
         Some(need) if need <= memory => Ok(()),
         _ => {
-            let need = per_token.map_or(f64::INFINITY, |b| b as f64 * ctx as f64 * sessions as f64);
+            let need = match (per_token, per_session) {
+                (Some(b), Some(s)) => (b as f64 * ctx as f64 + s as f64) * sessions as f64,
+                _ => f64::INFINITY,
+            };
             Err(format!(
                 "{sessions} sequences of {ctx} positions need {:.1} GB of KV cache when full, \
                  more than this machine's {:.1} GB of memory",
@@ -79,17 +100,23 @@ mod tests {
         let per_token = SessionState::kv_bytes(KvType::F16, 30, 192, 1);
         assert_eq!(per_token, Some(23_040));
         let gb = 1usize << 30;
-        assert!(kv_fits(16, 4096, per_token, Some(2 * gb)).is_ok());
-        let err = kv_fits(100_000, 4096, per_token, Some(32 * gb)).unwrap_err();
+        let none = Some(0);
+        assert!(kv_fits(16, (4096, per_token), none, Some(2 * gb)).is_ok());
+        let err = kv_fits(100_000, (4096, per_token), none, Some(32 * gb)).unwrap_err();
         assert!(
             err.contains("100000 sequences of 4096 positions need 9437.2 GB")
                 && err.contains("34.4 GB"),
             "{err}"
         );
-        assert!(kv_fits(16, 4096, per_token, Some(gb)).is_err());
-        assert!(kv_fits(usize::MAX, usize::MAX, per_token, Some(gb)).is_err());
-        assert!(kv_fits(16, 4096, None, Some(gb)).is_err());
-        assert!(kv_fits(100_000, 4096, per_token, None).is_ok());
+        assert!(kv_fits(16, (4096, per_token), none, Some(gb)).is_err());
+        assert!(kv_fits(usize::MAX, (usize::MAX, per_token), none, Some(gb)).is_err());
+        assert!(kv_fits(16, (4096, None), none, Some(gb)).is_err());
+        assert!(kv_fits(100_000, (4096, per_token), none, None).is_ok());
+        // A hybrid's state counts once per session, whatever the context: 16 sessions of
+        // 80 MB of state do not fit in 1 GiB even without any K/V.
+        assert!(kv_fits(16, (4096, Some(0)), Some(80_000_000), Some(gb)).is_err());
+        assert!(kv_fits(12, (4096, Some(0)), Some(80_000_000), Some(gb)).is_ok());
+        assert!(kv_fits(1, (1, per_token), None, Some(gb)).is_err());
         assert!(physical_memory().is_none_or(|m| m > 0));
     }
 }

@@ -191,12 +191,14 @@ impl<'m> Session<'m> {
         if n < self.n_past {
             self.next_logits_end = None;
             self.checkpoints.retain(|(at, _)| *at <= n);
-            if n == 0 {
-                self.kv.clear_state();
-                self.state_stale = false;
-            } else if self.kv.state_len() > 0 {
+            if self.kv.state_len() > 0 {
                 self.state_stale = true;
             }
+        }
+        // Position 0 is the zero state, also after a failed first pass.
+        if n == 0 {
+            self.kv.clear_state();
+            self.state_stale = false;
         }
         self.n_past = self.n_past.min(n);
         self.history.truncate(self.n_past);
@@ -337,6 +339,7 @@ impl<'m> Session<'m> {
             return;
         }
         self.kv.state_all_mut().copy_from_slice(values);
+        self.state_stale = false;
         self.n_past = n;
         self.checkpoint();
         self.n_past = 0;

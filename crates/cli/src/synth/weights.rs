@@ -63,8 +63,8 @@ impl Rng {
 pub enum Init {
     /// normal(0, 1/sqrt(row length)).
     Normal,
-    /// All ones (RMSNorm weights).
-    Ones,
+    /// Every value this constant (RMSNorm weights: 1).
+    Const(f32),
 }
 
 /// One tensor to write: GGUF dims (`dims[0]` is the row length), type and init.
@@ -82,10 +82,10 @@ pub struct Spec {
 
 /// Generates and quantizes one tensor on `threads` threads.
 pub fn make(spec: &Spec, seed: u64, threads: usize) -> anyhow::Result<Vec<u8>> {
+    // Rows of every further dimension (a stack of experts is rows of each expert's).
     let (cols, rows) = match spec.dims.as_slice() {
-        [c] => (*c as usize, 1usize),
-        [c, r] => (*c as usize, *r as usize),
-        _ => bail!("{}: only 1-D and 2-D tensors are made", spec.name),
+        [c, rest @ ..] => (*c as usize, rest.iter().product::<u64>() as usize),
+        [] => bail!("{}: a tensor without dimensions", spec.name),
     };
     let row_bytes = spec.ty.row_bytes(cols as u64).with_context(|| {
         format!(
@@ -101,7 +101,7 @@ pub fn make(spec: &Spec, seed: u64, threads: usize) -> anyhow::Result<Vec<u8>> {
         let mut buf = vec![0f32; cols];
         for (i, dst) in chunk.chunks_mut(row_bytes).enumerate() {
             match spec.init {
-                Init::Ones => buf.fill(1.0),
+                Init::Const(v) => buf.fill(v),
                 Init::Normal => {
                     Rng::new(seed, tensor, (first + i) as u64).fill_normal(&mut buf, std)
                 }
