@@ -227,10 +227,9 @@ impl<'m> Session<'m> {
         }
     }
 
-    /// Keeps a copy of the recurrent state when the session stands on a checkpoint
-    /// position, replacing the oldest copy once [`CHECKPOINTS_KEPT`] are held.
-    fn checkpoint(&mut self) {
-        let at = self.n_past;
+    /// Keeps a copy of the recurrent state, which describes position `at`, when that is a
+    /// checkpoint position, replacing the oldest copy once [`CHECKPOINTS_KEPT`] are held.
+    fn checkpoint(&mut self, at: usize) {
         if self.kv.state_len() == 0
             || self.state_stale
             || at == 0
@@ -281,7 +280,7 @@ impl<'m> Session<'m> {
                 break;
             }
             self.n_past += len;
-            self.checkpoint();
+            self.checkpoint(self.n_past);
         }
         self.n_past = end;
         self.history = kept;
@@ -340,9 +339,7 @@ impl<'m> Session<'m> {
         }
         self.kv.state_all_mut().copy_from_slice(values);
         self.state_stale = false;
-        self.n_past = n;
-        self.checkpoint();
-        self.n_past = 0;
+        self.checkpoint(n);
     }
 
     /// Forgets all cached tokens.
@@ -453,7 +450,7 @@ impl<'m> Session<'m> {
             }
             self.n_past += len;
             self.history.extend_from_slice(chunk);
-            self.checkpoint();
+            self.checkpoint(self.n_past);
             done += len;
         }
         self.next_logits_end = Some(need);
@@ -541,7 +538,7 @@ impl<'m> Session<'m> {
         self.n_past += tokens.len();
         self.history.extend_from_slice(tokens);
         self.next_logits_end = None;
-        self.checkpoint();
+        self.checkpoint(self.n_past);
     }
 }
 
