@@ -47,13 +47,7 @@ struct Case {
 fn reference_of(dir: &Path) -> (Vec<Case>, Vec<f32>) {
     let n = name(dir);
     let lines = std::fs::read_to_string(dir.join(format!("logits-{n}.jsonl"))).unwrap();
-    let ids = |v: &Json| -> Vec<u32> {
-        v.as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_u64().unwrap() as u32)
-            .collect()
-    };
+    let ids = common::id_array;
     let cases: Vec<Case> = lines
         .lines()
         .filter(|l| !l.trim().is_empty())

@@ -38,13 +38,7 @@ struct Case {
 }
 
 fn cases(dir: &Path) -> Vec<Case> {
-    let ids = |v: &Json| -> Vec<u32> {
-        v.as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_u64().unwrap() as u32)
-            .collect()
-    };
+    let ids = common::id_array;
     std::fs::read_to_string(dir.join("logits.jsonl"))
         .unwrap()
         .lines()

@@ -162,3 +162,12 @@ pub fn model_dirs(env: &str, default: &str) -> Vec<PathBuf> {
     );
     dirs
 }
+
+/// The token ids of a fixture's JSON array.
+pub fn id_array(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .expect("an array of token ids")
+        .iter()
+        .map(|x| x.as_u64().expect("a token id") as u32)
+        .collect()
+}
