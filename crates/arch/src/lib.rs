@@ -65,6 +65,9 @@ pub enum Arch {
     /// Qwen3-Next: gated DeltaNet layers with a gated full-attention layer every
     /// `full_attention_interval`, routed experts with a sigmoid-gated shared expert.
     Qwen3Next,
+    /// Nemotron-H: a hybrid of Mamba-2 blocks, attention blocks without rope and squared-ReLU
+    /// MLP blocks, one part a block ([`BlockKind`]).
+    NemotronH,
 }
 
 /// Whether the layers of an architecture have a part.
@@ -126,6 +129,22 @@ pub struct Features {
     /// attention when `(i + 1) % full_attention_interval == 0`, else linear attention
     /// ([`LayerParts::delta_net`]); attention heads and the shared expert are gated.
     pub delta_net: bool,
+    /// Blocks of one part each, Mamba-2, attention or MLP (Nemotron-H, [`BlockKind`]): the
+    /// per-layer `attention.head_count_kv` and `feed_forward_length` arrays say which
+    /// (heads for attention, a width for the MLP, both zero for Mamba-2), as llama.cpp
+    /// writes them. The one norm of a block is `attn_norm`.
+    pub mamba2: bool,
+}
+
+/// The one part of a block of a [`Features::mamba2`] model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BlockKind {
+    /// A Mamba-2 mixer ([`Mamba2Shape`]).
+    Mamba2,
+    /// Attention without rope.
+    Attention,
+    /// A squared-ReLU MLP, `down(relu(up · x)²)`.
+    Mlp,
 }
 
 /// The shape of DeepSeek's multi-head latent attention, as its configs name it (read from
@@ -196,6 +215,76 @@ impl DeltaNetShape {
     pub fn state_len(self) -> usize {
         (self.conv_kernel - 1) * self.conv_channels() + self.v_heads * self.k_dim * self.v_dim
     }
+
+    /// Its convolution.
+    pub fn conv(self) -> ConvShape {
+        ConvShape {
+            channels: self.conv_channels(),
+            kernel: self.conv_kernel,
+            state_len: self.state_len(),
+        }
+    }
+}
+
+/// The shape of a Mamba-2 mixer, as Nemotron-H's configs name it (read from `config.json` by
+/// the converter, from the `ssm.*` keys by the loader).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Mamba2Shape {
+    /// Taps of the causal convolution over x, B and C (`conv_kernel`).
+    pub conv_kernel: usize,
+    /// Groups of B and C (`n_groups`): each serves `n_heads / n_groups` consecutive heads.
+    pub n_groups: usize,
+    /// Values of each group's B and C, the state's width (`ssm_state_size`).
+    pub d_state: usize,
+    /// Heads (`mamba_num_heads`).
+    pub n_heads: usize,
+    /// Values per head (`mamba_head_dim`).
+    pub head_dim: usize,
+}
+
+impl Mamba2Shape {
+    /// Values of the heads' input `x` (and of the gate `z`, and of the output).
+    pub fn inner(self) -> usize {
+        self.n_heads * self.head_dim
+    }
+
+    /// Channels of the convolution: `x`, then every group's B, then every group's C.
+    pub fn conv_channels(self) -> usize {
+        self.inner() + 2 * self.n_groups * self.d_state
+    }
+
+    /// Rows of the input projection `ssm_in`: `z`, the convolution's channels, then one
+    /// time step per head.
+    pub fn in_rows(self) -> usize {
+        self.inner() + self.conv_channels() + self.n_heads
+    }
+
+    /// f32 values of one layer's recurrent state: the last `conv_kernel - 1` inputs of
+    /// every channel, then each head's `head_dim × d_state` matrix.
+    pub fn state_len(self) -> usize {
+        (self.conv_kernel - 1) * self.conv_channels() + self.inner() * self.d_state
+    }
+
+    /// Its convolution.
+    pub fn conv(self) -> ConvShape {
+        ConvShape {
+            channels: self.conv_channels(),
+            kernel: self.conv_kernel,
+            state_len: self.state_len(),
+        }
+    }
+}
+
+/// The causal depthwise convolution at the head of a recurrent layer, and the size of the
+/// state slot whose first `(kernel - 1) × channels` values keep its last inputs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ConvShape {
+    /// Channels, each with its own `kernel` taps.
+    pub channels: usize,
+    /// Taps.
+    pub kernel: usize,
+    /// f32 values of the layer's whole state slot.
+    pub state_len: usize,
 }
 
 /// One row of the architecture table.
@@ -210,7 +299,7 @@ pub struct ArchEntry {
 }
 
 /// The table, in the order of [`Arch`]'s variants.
-pub const ARCHES: [ArchEntry; 11] = [
+pub const ARCHES: [ArchEntry; 12] = [
     ArchEntry {
         arch: Arch::Llama,
         name: "llama",
@@ -227,6 +316,7 @@ pub const ARCHES: [ArchEntry; 11] = [
             expert_bias: false,
             ffn_norm: TensorRole::FfnNorm,
             delta_net: false,
+            mamba2: false,
         },
     },
     ArchEntry {
@@ -245,6 +335,7 @@ pub const ARCHES: [ArchEntry; 11] = [
             expert_bias: false,
             ffn_norm: TensorRole::FfnNorm,
             delta_net: false,
+            mamba2: false,
         },
     },
     ArchEntry {
@@ -263,6 +354,7 @@ pub const ARCHES: [ArchEntry; 11] = [
             expert_bias: false,
             ffn_norm: TensorRole::FfnNorm,
             delta_net: false,
+            mamba2: false,
         },
     },
     ArchEntry {
@@ -281,6 +373,7 @@ pub const ARCHES: [ArchEntry; 11] = [
             expert_bias: false,
             ffn_norm: TensorRole::FfnNorm,
             delta_net: false,
+            mamba2: false,
         },
     },
     ArchEntry {
@@ -299,6 +392,7 @@ pub const ARCHES: [ArchEntry; 11] = [
             expert_bias: false,
             ffn_norm: TensorRole::FfnNorm,
             delta_net: false,
+            mamba2: false,
         },
     },
     ArchEntry {
@@ -317,6 +411,7 @@ pub const ARCHES: [ArchEntry; 11] = [
             expert_bias: false,
             ffn_norm: TensorRole::FfnNorm,
             delta_net: false,
+            mamba2: false,
         },
     },
     ArchEntry {
@@ -335,6 +430,7 @@ pub const ARCHES: [ArchEntry; 11] = [
             expert_bias: false,
             ffn_norm: TensorRole::FfnNorm,
             delta_net: false,
+            mamba2: false,
         },
     },
     ArchEntry {
@@ -354,6 +450,7 @@ pub const ARCHES: [ArchEntry; 11] = [
             expert_bias: false,
             ffn_norm: TensorRole::FfnNorm,
             delta_net: false,
+            mamba2: false,
         },
     },
     ArchEntry {
@@ -374,6 +471,7 @@ pub const ARCHES: [ArchEntry; 11] = [
             expert_bias: false,
             ffn_norm: TensorRole::FfnNorm,
             delta_net: false,
+            mamba2: false,
         },
     },
     ArchEntry {
@@ -392,6 +490,7 @@ pub const ARCHES: [ArchEntry; 11] = [
             expert_bias: true,
             ffn_norm: TensorRole::PostAttentionNorm,
             delta_net: false,
+            mamba2: false,
         },
     },
     ArchEntry {
@@ -410,13 +509,33 @@ pub const ARCHES: [ArchEntry; 11] = [
             expert_bias: false,
             ffn_norm: TensorRole::PostAttentionNorm,
             delta_net: true,
+            mamba2: false,
+        },
+    },
+    ArchEntry {
+        arch: Arch::NemotronH,
+        name: "nemotron_h",
+        features: Features {
+            interleaved_rope: false,
+            qk_norm: Presence::Never,
+            post_norms: false,
+            qkv_bias: Presence::Never,
+            out_bias: Presence::Never,
+            experts: Presence::Never,
+            fused: false,
+            mla: false,
+            sinks: false,
+            expert_bias: false,
+            ffn_norm: TensorRole::AttnNorm,
+            delta_net: false,
+            mamba2: true,
         },
     },
 ];
 
 impl Arch {
     /// Every architecture, in table order.
-    pub const ALL: [Arch; 11] = [
+    pub const ALL: [Arch; 12] = [
         Arch::Llama,
         Arch::Gemma3,
         Arch::Gemma2,
@@ -428,6 +547,7 @@ impl Arch {
         Arch::Deepseek2,
         Arch::GptOss,
         Arch::Qwen3Next,
+        Arch::NemotronH,
     ];
 
     /// The architecture whose `general.architecture` is `name`; `None` for one ferrite does
@@ -580,6 +700,16 @@ mod tests {
                 Never,
                 Required,
             ),
+            (
+                Arch::NemotronH,
+                "nemotron_h",
+                false,
+                Never,
+                false,
+                Never,
+                Never,
+                Never,
+            ),
         ];
         assert_eq!(pinned.len(), Arch::ALL.len());
         for (arch, name, rope, qk, post, qkv, out, experts) in pinned {
@@ -590,10 +720,11 @@ mod tests {
             assert_eq!(arch.features().sinks, gpt_oss, "{name}");
             assert_eq!(arch.features().expert_bias, gpt_oss, "{name}");
             assert_eq!(arch.features().delta_net, arch == Arch::Qwen3Next, "{name}");
-            let ffn_norm = if gpt_oss || arch == Arch::Qwen3Next {
-                TensorRole::PostAttentionNorm
-            } else {
-                TensorRole::FfnNorm
+            assert_eq!(arch.features().mamba2, arch == Arch::NemotronH, "{name}");
+            let ffn_norm = match arch {
+                Arch::GptOss | Arch::Qwen3Next => TensorRole::PostAttentionNorm,
+                Arch::NemotronH => TensorRole::AttnNorm,
+                _ => TensorRole::FfnNorm,
             };
             assert_eq!(arch.features().ffn_norm, ffn_norm, "{name}");
             let f = arch.features();

@@ -4,6 +4,8 @@
 //! live here; this module never decides which tensors a model needs beyond the parts it is
 //! told of ([`LayerParts`]).
 
+use crate::BlockKind;
+
 /// A tensor that exists once per file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum GlobalTensor {
@@ -136,6 +138,11 @@ pub enum TensorRole {
     /// The shared expert's scalar gate, `1 × d_model` (`ffn_gate_inp_shexp`): the shared
     /// expert's output is multiplied by `sigmoid(gate · x)`.
     FfnGateInpShexp,
+    /// Mamba-2's input projection (`ssm_in`): the gate `z`, the convolution's channels and
+    /// one time step per head ([`crate::Mamba2Shape::in_rows`]).
+    SsmIn,
+    /// Mamba-2's per-head skip weight `D` (`ssm_d`, a bare name as llama.cpp's).
+    SsmD,
 }
 
 /// The end of every norm weight's name, in ferrite's architectures and llama.cpp's others.
@@ -143,7 +150,7 @@ pub const NORM_SUFFIX: &str = "_norm.weight";
 
 impl TensorRole {
     /// Every per-layer role.
-    pub const ALL: [TensorRole; 39] = [
+    pub const ALL: [TensorRole; 41] = [
         TensorRole::AttnNorm,
         TensorRole::AttnQ,
         TensorRole::AttnK,
@@ -183,6 +190,8 @@ impl TensorRole {
         TensorRole::SsmNorm,
         TensorRole::SsmOut,
         TensorRole::FfnGateInpShexp,
+        TensorRole::SsmIn,
+        TensorRole::SsmD,
     ];
 
     /// The middle of its names (`attn_q` in `blk.N.attn_q.weight`).
@@ -227,6 +236,8 @@ impl TensorRole {
             TensorRole::SsmNorm => "ssm_norm",
             TensorRole::SsmOut => "ssm_out",
             TensorRole::FfnGateInpShexp => "ffn_gate_inp_shexp",
+            TensorRole::SsmIn => "ssm_in",
+            TensorRole::SsmD => "ssm_d",
         }
     }
 
@@ -393,12 +404,18 @@ pub struct LayerParts {
     pub attn_gate: bool,
     /// The shared expert's sigmoid gate (`ffn_gate_inp_shexp`; expert layers only).
     pub shared_expert_gate: bool,
+    /// A block of one part (Nemotron-H, [`crate::Features::mamba2`]), whose tensors are
+    /// its `attn_norm` and that part's alone; the other fields are then unused.
+    pub block: Option<BlockKind>,
 }
 
 impl LayerParts {
     /// Every tensor each layer of such a model has.
     pub fn tensors(self) -> Vec<(TensorRole, Kind)> {
         use TensorRole as R;
+        if let Some(kind) = self.block {
+            return single_block(kind);
+        }
         let mut roles = vec![R::AttnNorm];
         if self.delta_net {
             roles.extend([
@@ -475,6 +492,33 @@ impl LayerParts {
     }
 }
 
+/// The tensors of a Nemotron-H block of kind `kind`: llama.cpp's `nemotron_h` layout.
+fn single_block(kind: BlockKind) -> Vec<(TensorRole, Kind)> {
+    use TensorRole as R;
+    let parts: &[(TensorRole, Kind)] = match kind {
+        BlockKind::Mamba2 => &[
+            (R::SsmIn, Kind::Weight),
+            (R::SsmConv1d, Kind::Weight),
+            (R::SsmConv1d, Kind::Bias),
+            (R::SsmDt, Kind::Bias),
+            (R::SsmA, Kind::Bare),
+            (R::SsmD, Kind::Bare),
+            (R::SsmNorm, Kind::Weight),
+            (R::SsmOut, Kind::Weight),
+        ],
+        BlockKind::Attention => &[
+            (R::AttnQ, Kind::Weight),
+            (R::AttnK, Kind::Weight),
+            (R::AttnV, Kind::Weight),
+            (R::AttnOutput, Kind::Weight),
+        ],
+        BlockKind::Mlp => &[(R::FfnUp, Kind::Weight), (R::FfnDown, Kind::Weight)],
+    };
+    std::iter::once((R::AttnNorm, Kind::Weight))
+        .chain(parts.iter().copied())
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -533,6 +577,8 @@ mod tests {
             "blk.7.ssm_norm.weight",
             "blk.7.ssm_out.weight",
             "blk.7.ffn_gate_inp_shexp.weight",
+            "blk.7.ssm_in.weight",
+            "blk.7.ssm_d.weight",
         ];
         assert_eq!(TensorRole::ALL.map(|r| r.weight(7)), layer);
         assert_eq!(TensorRole::AttnQ.bias(12), "blk.12.attn_q.bias");
@@ -623,7 +669,15 @@ mod tests {
                  ssm_a ssm_dt.bias"
                     .to_owned(),
             ),
+            (
+                // A Mamba-2 block; the attention and MLP blocks are pinned below.
+                Arch::NemotronH,
+                "attn_norm.weight ssm_in.weight ssm_conv1d.weight ssm_conv1d.bias \
+                 ssm_dt.bias ssm_a ssm_d ssm_norm.weight ssm_out.weight"
+                    .to_owned(),
+            ),
         ];
+        assert_eq!(pinned.len(), Arch::ALL.len());
         for (arch, tails) in pinned {
             let f = arch.features();
             let parts = LayerParts {
@@ -642,6 +696,7 @@ mod tests {
                 delta_net: f.delta_net,
                 attn_gate: false,
                 shared_expert_gate: f.delta_net,
+                block: f.mamba2.then_some(BlockKind::Mamba2),
             };
             let got: Vec<String> = parts
                 .tensors()
@@ -670,6 +725,7 @@ mod tests {
             delta_net: false,
             attn_gate: true,
             shared_expert_gate: true,
+            block: None,
         };
         let got: Vec<String> = gated_attention
             .tensors()
@@ -687,6 +743,31 @@ mod tests {
             .map(|t| format!("blk.3.{t}"))
             .collect();
         assert_eq!(got, want);
+        let single = |kind| LayerParts {
+            block: Some(kind),
+            ..gated_attention
+        };
+        for (kind, want) in [
+            (
+                BlockKind::Attention,
+                "attn_norm.weight attn_q.weight attn_k.weight attn_v.weight attn_output.weight",
+            ),
+            (
+                BlockKind::Mlp,
+                "attn_norm.weight ffn_up.weight ffn_down.weight",
+            ),
+        ] {
+            let got: Vec<String> = single(kind)
+                .tensors()
+                .into_iter()
+                .map(|(r, k)| r.name(0, k))
+                .collect();
+            let want: Vec<String> = want
+                .split_whitespace()
+                .map(|t| format!("blk.0.{t}"))
+                .collect();
+            assert_eq!(got, want, "{kind:?}");
+        }
     }
 
     #[test]

@@ -559,6 +559,12 @@ impl ModelConfig {
                     layers,
                 }
             }
+            Arch::NemotronH => {
+                return Err(ModelError::Unsupported {
+                    key: ARCHITECTURE_KEY.into(),
+                    what: "nemotron_h: its Mamba-2 blocks are not loadable yet".into(),
+                });
+            }
         };
         Ok(cfg)
     }

@@ -623,6 +623,7 @@ fn check_all_tensors_used(g: &Gguf, c: &ModelConfig) -> Result<(), ModelError> {
             delta_net: c.is_delta_net(l),
             attn_gate: c.delta_net.is_some() && !c.is_delta_net(l),
             shared_expert_gate: c.delta_net.is_some(),
+            block: None,
         }
         .tensors()
     };
