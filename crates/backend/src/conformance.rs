@@ -22,6 +22,7 @@ use crate::{
     Support, Values,
 };
 
+mod mamba2;
 mod recurrent;
 mod reference;
 
@@ -249,8 +250,21 @@ pub fn ops() -> Vec<Op> {
         Op::GatedAct { act: Act::Sigmoid },
         Op::RowGate,
         Op::GatedNorm,
-        Op::Conv1d { kernel: 4 },
+        Op::Conv1d {
+            kernel: 4,
+            bias: false,
+        },
         Op::DeltaRule { k_dim: 6, v_dim: 5 },
+        Op::Conv1d {
+            kernel: 4,
+            bias: true,
+        },
+        Op::SsmScan {
+            d_state: 5,
+            head_dim: 3,
+        },
+        Op::GroupNorm,
+        Op::ReluSq,
         Op::MoeRoute { n_expert: 4 },
         Op::MoeRoute { n_expert: 9 },
         Op::TopK { k: 0 },
@@ -310,8 +324,13 @@ pub fn run<B: Backend>(b: &B) -> Report {
             Op::RowGate => recurrent::gates(b, r, false, &mut out),
             Op::GatedNorm => recurrent::gates(b, r, true, &mut out),
             // The delta rule runs on the convolution's output: one case, each op's half.
-            Op::Conv1d { .. } => recurrent::delta_net(b, r, false, &mut out),
+            Op::Conv1d { bias: false, .. } => recurrent::delta_net(b, r, false, &mut out),
             Op::DeltaRule { .. } => recurrent::delta_net(b, r, true, &mut out),
+            // A Mamba-2 mixer's: the biased convolution, then the scan on its output.
+            Op::Conv1d { bias: true, .. } => mamba2::conv_bias(b, r, &mut out),
+            Op::SsmScan { .. } => mamba2::ssm_scan(b, r, &mut out),
+            Op::GroupNorm => mamba2::group_norm_relu_sq(b, r, true, &mut out),
+            Op::ReluSq => mamba2::group_norm_relu_sq(b, r, false, &mut out),
             Op::MoeRoute { n_expert } => reference::moe_route(b, r, n_expert, &mut out),
             Op::TopK { k } => reference::top_k(b, r, k, &mut out),
         }

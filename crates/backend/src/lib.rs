@@ -227,26 +227,45 @@ pub trait Backend: Sync {
         dim: usize,
         eps: f32,
     ) -> Result<()>;
+    /// RMS normalisation of the first `len` values of `x` in rows of `width` values, each
+    /// run of `group` consecutive values (`group` divides `width`) on its own, scaled by
+    /// `w` (`width` values): `x[i] / sqrt(mean over its group(x²) + eps) · w[i mod width]`
+    /// (Mamba-2's output norm, one group per B/C group of heads).
+    fn group_norm(
+        &self,
+        x: &mut Self::Buf,
+        len: usize,
+        w: Self::Vector<'_>,
+        width: usize,
+        group: usize,
+        eps: f32,
+    ) -> Result<()>;
+    /// `x = max(x, 0)²` for the first `len` values (the squared-ReLU MLP of Nemotron-H).
+    fn relu_sq(&self, x: &mut Self::Buf, len: usize) -> Result<()>;
 
     // ---- recurrent layers ----
 
     /// Gives `kv` recurrent state for `slots` layers of `len` values each, zeroed (the
     /// layers of a hybrid model that keep no K/V rows). A slot's values are laid out as
-    /// [`ferrite_arch::DeltaNetShape::state_len`] says: the convolution's last inputs,
-    /// then the recurrence's matrices.
+    /// [`ferrite_arch::DeltaNetShape::state_len`] or [`ferrite_arch::Mamba2Shape::state_len`]
+    /// says: the convolution's last inputs, then the recurrence's matrices.
     fn kv_state(&self, kv: &mut Self::Kv, slots: usize, len: usize) -> Result<()>;
-    /// The causal depthwise convolution of a gated DeltaNet, then SiLU: row `t` of a
-    /// segment gets, per channel `c` of `s.conv_channels()`,
-    /// `silu(Σ_j w[c][j] · x[t - (K-1) + j][c])` (`K = s.conv_kernel` taps, `w`: `channels ×
-    /// K`), where rows before the segment's first are the previous inputs kept in state
-    /// slot `slot` of its store (zero at position 0); the slot then keeps the segment's
-    /// last `K - 1` inputs.
+    /// The causal depthwise convolution at the head of a recurrent layer (a gated
+    /// DeltaNet's or a Mamba-2 mixer's), then SiLU: row `t` of a segment gets, per channel
+    /// `c` of `s.channels`, `silu(bias[c] + Σ_j w[c][j] · x[t - (K-1) + j][c])` (`K =
+    /// s.kernel` taps, `w`: `channels × K`; without `bias` the sum alone), where rows
+    /// before the segment's first are the previous inputs kept in the first `(K-1) ×
+    /// channels` values of state slot `slot` of its store (a slot of `s.state_len` values;
+    /// zero at position 0); the slot then keeps the segment's last `K - 1` inputs. `x` and
+    /// `out` hold `channels` values per row of the pass.
+    #[allow(clippy::too_many_arguments)]
     fn conv1d(
         &self,
-        s: &ferrite_arch::DeltaNetShape,
+        s: ferrite_arch::ConvShape,
         slot: usize,
         x: &Self::Buf,
         w: Self::Vector<'_>,
+        bias: Option<Self::Vector<'_>>,
         segs: &mut [Segment<'_, Self::Kv>],
         out: &mut Self::Buf,
     ) -> Result<()>;
@@ -266,6 +285,29 @@ pub trait Backend: Sync {
         qkv: &Self::Buf,
         gates: (&Self::Buf, &Self::Buf),
         decay: (Self::Vector<'_>, Self::Vector<'_>),
+        segs: &mut [Segment<'_, Self::Kv>],
+        out: &mut Self::Buf,
+    ) -> Result<()>;
+    /// The Mamba-2 selective scan over each segment's rows, token by token (its step form,
+    /// so that a chunk and the same rows one at a time leave the same state), from the
+    /// matrices in state slot `slot` (after the convolution's `(conv_kernel - 1) ×
+    /// conv_channels` values), which keep the result. Per row, `xbc` holds the
+    /// `s.conv_channels()` convolved values: `x` (`n_heads × head_dim`), then every group's
+    /// B, then every group's C (`n_groups × d_state` each); `dt` one raw time step per head.
+    /// `params = (a, d, dt_bias)`, `n_heads` values each (`a = -exp(A_log)`). Head `h`
+    /// reads group `g = h / (n_heads / n_groups)` and keeps the matrix `S` (`head_dim ×
+    /// d_state`, row-major): with `δ = softplus(dt[h] + dt_bias[h])` (`x` itself past 20)
+    /// and `dA = exp(δ · a[h])`, `S[p][n] = S[p][n] · dA + δ · x[h][p] · B[g][n]`, and the
+    /// row's output is `out[h][p] = Σ_n S[p][n] · C[g][n] + d[h] · x[h][p]` (`s.inner()`
+    /// values a row).
+    #[allow(clippy::too_many_arguments)]
+    fn ssm_scan(
+        &self,
+        s: &ferrite_arch::Mamba2Shape,
+        slot: usize,
+        xbc: &Self::Buf,
+        dt: &Self::Buf,
+        params: (Self::Vector<'_>, Self::Vector<'_>, Self::Vector<'_>),
         segs: &mut [Segment<'_, Self::Kv>],
         out: &mut Self::Buf,
     ) -> Result<()>;

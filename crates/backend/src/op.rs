@@ -103,11 +103,16 @@ pub enum Op {
     RowGate,
     /// RMS normalisation gated by `silu(z)` ([`crate::Backend::gated_norm`]).
     GatedNorm,
-    /// The gated DeltaNet's causal convolution with its state
-    /// ([`crate::Backend::conv1d`]).
+    /// Squared ReLU in place ([`crate::Backend::relu_sq`]).
+    ReluSq,
+    /// RMS normalisation over groups of each row ([`crate::Backend::group_norm`]).
+    GroupNorm,
+    /// A recurrent layer's causal convolution with its state ([`crate::Backend::conv1d`]).
     Conv1d {
         /// Taps.
         kernel: usize,
+        /// With a bias per channel.
+        bias: bool,
     },
     /// The gated delta rule with its state ([`crate::Backend::delta_rule`]).
     DeltaRule {
@@ -115,6 +120,13 @@ pub enum Op {
         k_dim: usize,
         /// Values per value head.
         v_dim: usize,
+    },
+    /// The Mamba-2 selective scan with its state ([`crate::Backend::ssm_scan`]).
+    SsmScan {
+        /// Values of each group's B and C.
+        d_state: usize,
+        /// Values per head.
+        head_dim: usize,
     },
     /// Expert routing of router logits ([`crate::Backend::moe_route`]).
     MoeRoute {
@@ -159,8 +171,11 @@ impl Op {
             Op::GatedAct { .. } => "gated_act",
             Op::RowGate => "row_gate",
             Op::GatedNorm => "gated_norm",
+            Op::ReluSq => "relu_sq",
+            Op::GroupNorm => "group_norm",
             Op::Conv1d { .. } => "conv1d",
             Op::DeltaRule { .. } => "delta_rule",
+            Op::SsmScan { .. } => "ssm_scan",
             Op::MoeRoute { .. } => "moe_route",
             Op::MoeExperts { .. } => "moe_experts",
             Op::TopK { .. } => "top_k",
@@ -185,8 +200,11 @@ impl Op {
             | Op::GatedAct { .. }
             | Op::RowGate
             | Op::GatedNorm
+            | Op::ReluSq
+            | Op::GroupNorm
             | Op::Conv1d { .. }
             | Op::DeltaRule { .. }
+            | Op::SsmScan { .. }
             | Op::MoeRoute { .. }
             | Op::TopK { .. } => "f32".to_owned(),
             Op::KvStore { kv } | Op::RopeStore { kv, .. } | Op::Attention { kv, .. } => {

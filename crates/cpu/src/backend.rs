@@ -16,7 +16,7 @@ use ferrite_backend::{
 use ferrite_quant::kernels::{GatedAct, gated_act};
 use ferrite_quant::simd_level;
 
-use ferrite_arch::DeltaNetShape;
+use ferrite_arch::{ConvShape, DeltaNetShape, Mamba2Shape};
 
 use crate::attention::{AttnJob, attend_many};
 use crate::kv::KvCache;
@@ -149,22 +149,33 @@ fn check_rows(op: &'static str, len: usize, w: usize, dim: usize) -> Result<()> 
     Ok(())
 }
 
-/// State slot `slot` of `kv`, which must hold a state of `s`'s size.
+/// State slot `slot` of `kv`, whose slots must hold `len` values.
 fn state_of<'k>(
     op: &'static str,
     kv: &'k mut KvCache,
     slot: usize,
-    s: &DeltaNetShape,
+    len: usize,
 ) -> Result<&'k mut [f32]> {
     let have = kv.state_len();
-    if have != s.state_len() {
+    if have != len {
         return Err(bad(
             op,
-            format!("a state of {} values for slots of {have}", s.state_len()),
+            format!("a state of {len} values for slots of {have}"),
         ));
     }
     kv.state_mut(slot)
         .ok_or_else(|| bad(op, format!("no recurrent state slot {slot}")))
+}
+
+/// A Mamba-2 shape's convolution channels, inner width, convolution history and state
+/// slot length, or `None` where they overflow or the kernel has no taps.
+fn mamba2_sizes(s: &Mamba2Shape) -> Option<(usize, usize, usize, usize)> {
+    let inner = s.n_heads.checked_mul(s.head_dim)?;
+    let bc = s.n_groups.checked_mul(s.d_state)?.checked_mul(2)?;
+    let c = inner.checked_add(bc)?;
+    let hist = s.conv_kernel.checked_sub(1)?.checked_mul(c)?;
+    let len = hist.checked_add(inner.checked_mul(s.d_state)?)?;
+    Some((c, inner, hist, len))
 }
 
 /// Position of each row `t` of the pass, by segment.
@@ -247,9 +258,13 @@ impl Backend for CpuBackend<'_> {
             Op::DeltaRule { k_dim, .. } if k_dim > recurrent::MAX_K_DIM => Support::Unsupported(
                 format!("key heads of more than {} values", recurrent::MAX_K_DIM),
             ),
-            Op::RowGate | Op::GatedNorm | Op::Conv1d { .. } | Op::DeltaRule { .. } => {
-                Support::Native
-            }
+            Op::RowGate
+            | Op::GatedNorm
+            | Op::GroupNorm
+            | Op::ReluSq
+            | Op::Conv1d { .. }
+            | Op::DeltaRule { .. }
+            | Op::SsmScan { .. } => Support::Native,
             Op::RmsNorm
             | Op::Add
             | Op::AddBias
@@ -497,29 +512,71 @@ impl Backend for CpuBackend<'_> {
         kv.set_state(slots, len)
     }
 
+    fn group_norm(
+        &self,
+        x: &mut Vec<f32>,
+        len: usize,
+        w: &[f32],
+        width: usize,
+        group: usize,
+        eps: f32,
+    ) -> Result<()> {
+        check_rows("group_norm", len, w.len(), width)?;
+        if group == 0 || !width.is_multiple_of(group) {
+            return Err(bad(
+                "group_norm",
+                format!("groups of {group} in rows of {width}"),
+            ));
+        }
+        recurrent::group_norm(get_mut("group_norm", x, 0, len)?, w, group, eps);
+        Ok(())
+    }
+
+    fn relu_sq(&self, x: &mut Vec<f32>, len: usize) -> Result<()> {
+        recurrent::relu_sq(get_mut("relu_sq", x, 0, len)?);
+        Ok(())
+    }
+
     fn conv1d(
         &self,
-        s: &DeltaNetShape,
+        s: ConvShape,
         slot: usize,
         x: &Vec<f32>,
         w: &[f32],
+        bias: Option<&[f32]>,
         segs: &mut [Segment<'_, KvCache>],
         out: &mut Vec<f32>,
     ) -> Result<()> {
-        let c = s.conv_channels();
-        if w.len() != c * s.conv_kernel || s.conv_kernel < 2 {
+        let (c, k) = (s.channels, s.kernel);
+        let hist = if k >= 2 && c > 0 {
+            (k - 1).checked_mul(c).filter(|&h| h <= s.state_len)
+        } else {
+            None
+        };
+        let Some(hist) = hist.filter(|_| Some(w.len()) == c.checked_mul(k)) else {
             return Err(bad(
                 "conv1d",
-                format!("{} taps for {c} channels of {}", w.len(), s.conv_kernel),
+                format!(
+                    "{} taps for {c} channels of {k} in a state of {}",
+                    w.len(),
+                    s.state_len
+                ),
+            ));
+        };
+        if let Some(b) = bias.filter(|b| b.len() != c) {
+            return Err(bad(
+                "conv1d",
+                format!("{} biases for {c} channels", b.len()),
             ));
         }
         let mut at = 0;
         for seg in segs.iter_mut() {
             let len = mul("conv1d", seg.len, c)?;
-            let state = state_of("conv1d", seg.kv, slot, s)?;
-            let state = &mut state[..(s.conv_kernel - 1) * c];
+            let state = state_of("conv1d", seg.kv, slot, s.state_len)?;
+            let state = &mut state[..hist];
             let xs = get("conv1d", x, at, len)?;
-            recurrent::conv1d(s, xs, w, state, get_mut("conv1d", out, at, len)?);
+            let o = get_mut("conv1d", out, at, len)?;
+            recurrent::conv1d((c, k), xs, (w, bias), state, o);
             at += len;
         }
         Ok(())
@@ -551,7 +608,7 @@ impl Backend for CpuBackend<'_> {
         let (mut at, mut row) = (0, 0);
         for seg in segs.iter_mut() {
             let n = seg.len;
-            let state = state_of("delta_rule", seg.kv, slot, s)?;
+            let state = state_of("delta_rule", seg.kv, slot, s.state_len())?;
             let m = &mut state[(s.conv_kernel - 1) * c..];
             let gates = (
                 get("delta_rule", beta, row * nv, n * nv)?,
@@ -560,6 +617,65 @@ impl Backend for CpuBackend<'_> {
             let x = get("delta_rule", qkv, at, mul("delta_rule", n, c)?)?;
             let o = get_mut("delta_rule", out, row * s.inner(), n * s.inner())?;
             recurrent::delta_rule(s, x, gates, (a, dt_bias), m, qk, o);
+            at += n * c;
+            row += n;
+        }
+        Ok(())
+    }
+
+    fn ssm_scan(
+        &self,
+        s: &Mamba2Shape,
+        slot: usize,
+        xbc: &Vec<f32>,
+        dt: &Vec<f32>,
+        (a, d, dt_bias): (&[f32], &[f32], &[f32]),
+        segs: &mut [Segment<'_, KvCache>],
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        let (nh, ng) = (s.n_heads, s.n_groups);
+        let sizes = mamba2_sizes(s);
+        let Some((c, inner, hist, state_len)) = sizes.filter(|_| {
+            nh > 0 && ng > 0 && nh.is_multiple_of(ng) && s.head_dim > 0 && s.d_state > 0
+        }) else {
+            return Err(bad(
+                "ssm_scan",
+                format!(
+                    "{nh} heads of {} in {ng} groups of {} with {} taps",
+                    s.head_dim, s.d_state, s.conv_kernel
+                ),
+            ));
+        };
+        if a.len() != nh || d.len() != nh || dt_bias.len() != nh {
+            return Err(bad(
+                "ssm_scan",
+                format!(
+                    "{nh} heads with {} rates, {} skips and {} biases",
+                    a.len(),
+                    d.len(),
+                    dt_bias.len()
+                ),
+            ));
+        }
+        let (mut at, mut row) = (0, 0);
+        for seg in segs.iter_mut() {
+            let n = seg.len;
+            let state = state_of("ssm_scan", seg.kv, slot, state_len)?;
+            let m = &mut state[hist..];
+            let x = get("ssm_scan", xbc, at, mul("ssm_scan", n, c)?)?;
+            let steps = get(
+                "ssm_scan",
+                dt,
+                mul("ssm_scan", row, nh)?,
+                mul("ssm_scan", n, nh)?,
+            )?;
+            let o = get_mut(
+                "ssm_scan",
+                out,
+                mul("ssm_scan", row, inner)?,
+                mul("ssm_scan", n, inner)?,
+            )?;
+            recurrent::ssm_scan(s, x, steps, (a, d, dt_bias), m, o);
             at += n * c;
             row += n;
         }

@@ -1,14 +1,15 @@
-//! Recurrent layers on the CPU: the gated DeltaNet's causal convolution and its gated delta
-//! rule, each over one session's rows and its state slot, and the small element-wise ops
-//! beside them (the gated norm, the row gate, the sigmoid).
+//! Recurrent layers on the CPU: the causal convolution at the head of a gated DeltaNet or
+//! a Mamba-2 mixer, the gated delta rule and the Mamba-2 selective scan, each over one
+//! session's rows and its state slot, and the small element-wise ops beside them (the gated
+//! norm, the grouped norm, the squared ReLU, the row gate, the sigmoid).
 //!
-//! One function serves prefill and decode alike (the delta rule in its step form, row
-//! after row), so a chunk of prompt and the same tokens decoded one by one leave the same
-//! state bit for bit. Each loop runs in one fixed order, never split over threads, so the
-//! bits do not depend on the thread count. This module never allocates per row and never
-//! reads past the slices it is handed.
+//! One function serves prefill and decode alike (the delta rule and the scan in their step
+//! form, row after row), so a chunk of prompt and the same tokens decoded one by one leave
+//! the same state bit for bit. Each loop runs in one fixed order, never split over threads,
+//! so the bits do not depend on the thread count. This module never allocates per row and
+//! never reads past the slices it is handed.
 
-use ferrite_arch::DeltaNetShape;
+use ferrite_arch::{DeltaNetShape, Mamba2Shape};
 
 use crate::ops::{sigmoid, silu};
 
@@ -20,10 +21,18 @@ fn softplus(x: f32) -> f32 {
     if x > 20.0 { x } else { x.exp().ln_1p() }
 }
 
-/// The convolution of one segment: `x` and `out` hold its `rows × channels` values,
-/// `state` the previous `kernel - 1` inputs (oldest first), updated to the last ones.
-pub fn conv1d(s: &DeltaNetShape, x: &[f32], w: &[f32], state: &mut [f32], out: &mut [f32]) {
-    let (c, k) = (s.conv_channels(), s.conv_kernel);
+/// The convolution of one segment over `channels` channels (`w`: `channels × kernel`
+/// taps, `bias`: `channels` values or none): `x` and `out` hold its `rows × channels`
+/// values, `state` the previous `kernel - 1` inputs (oldest first), updated to the last
+/// ones. Without a bias the sum alone goes into the SiLU (no `+ 0`, which would turn a
+/// `-0` into `+0`).
+pub fn conv1d(
+    (c, k): (usize, usize),
+    x: &[f32],
+    (w, bias): (&[f32], Option<&[f32]>),
+    state: &mut [f32],
+    out: &mut [f32],
+) {
     let rows = x.len() / c;
     let hist = k - 1;
     // The input of tap `j` for row `t`: row `t - hist + j` of [state; x].
@@ -41,6 +50,9 @@ pub fn conv1d(s: &DeltaNetShape, x: &[f32], w: &[f32], state: &mut [f32], out: &
             let mut acc = 0.0f32;
             for (j, &wj) in taps.iter().enumerate() {
                 acc += wj * input(state, t, j, ch);
+            }
+            if let Some(b) = bias {
+                acc += b[ch];
             }
             out[t * c + ch] = silu(acc);
         }
@@ -131,5 +143,70 @@ pub fn gated_norm(x: &mut [f32], z: &[f32], w: &[f32], eps: f32) {
         for ((v, &g), &zv) in row.iter_mut().zip(w).zip(zr) {
             *v = *v * inv * g * silu(zv);
         }
+    }
+}
+
+/// The Mamba-2 selective scan over one segment's rows (`Backend::ssm_scan`): `xbc` holds
+/// `rows × conv_channels` values (x, then the groups' B, then their C), `dt` `rows ×
+/// n_heads` raw time steps, `s_all` the heads' matrices (`n_heads × head_dim × d_state`),
+/// `out` `rows × inner`; `a`, `d` and `dt_bias` one value per head.
+pub fn ssm_scan(
+    s: &Mamba2Shape,
+    xbc: &[f32],
+    dt: &[f32],
+    (a, d, dt_bias): (&[f32], &[f32], &[f32]),
+    s_all: &mut [f32],
+    out: &mut [f32],
+) {
+    let (nh, hd, ds) = (s.n_heads, s.head_dim, s.d_state);
+    let c = s.conv_channels();
+    let inner = s.inner();
+    let per_group = nh / s.n_groups;
+    let b_at = inner;
+    let c_at = inner + s.n_groups * ds;
+    let rows = xbc.len() / c;
+    for t in 0..rows {
+        let row = &xbc[t * c..(t + 1) * c];
+        for h in 0..nh {
+            let g = h / per_group;
+            let x = &row[h * hd..(h + 1) * hd];
+            let bg = &row[b_at + g * ds..b_at + (g + 1) * ds];
+            let cg = &row[c_at + g * ds..c_at + (g + 1) * ds];
+            let delta = softplus(dt[t * nh + h] + dt_bias[h]);
+            let da = (delta * a[h]).exp();
+            let m = &mut s_all[h * hd * ds..(h + 1) * hd * ds];
+            let o = &mut out[t * inner + h * hd..t * inner + (h + 1) * hd];
+            for ((sp, &xp), op) in m.chunks_exact_mut(ds).zip(x).zip(o.iter_mut()) {
+                let dx = delta * xp;
+                let mut y = 0.0f32;
+                for ((sn, &bn), &cn) in sp.iter_mut().zip(bg).zip(cg) {
+                    *sn = *sn * da + dx * bn;
+                    y += *sn * cn;
+                }
+                *op = y + d[h] * xp;
+            }
+        }
+    }
+}
+
+/// `x = x / sqrt(mean(x²) + eps) · w` in rows of `w.len()` values, each run of `group`
+/// values normalised on its own.
+pub fn group_norm(x: &mut [f32], w: &[f32], group: usize, eps: f32) {
+    let width = w.len();
+    for row in x.chunks_exact_mut(width) {
+        for (part, wg) in row.chunks_exact_mut(group).zip(w.chunks_exact(group)) {
+            let ss: f32 = part.iter().map(|v| v * v).sum();
+            let inv = 1.0 / (ss / group as f32 + eps).sqrt();
+            for (v, &g) in part.iter_mut().zip(wg) {
+                *v = *v * inv * g;
+            }
+        }
+    }
+}
+
+/// `x = max(x, 0)²`, in place (a NaN stays NaN, as in torch).
+pub fn relu_sq(x: &mut [f32]) {
+    for v in x {
+        *v = if *v < 0.0 { 0.0 } else { *v * *v };
     }
 }

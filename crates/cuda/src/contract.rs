@@ -306,8 +306,11 @@ impl Backend for CudaOps<'_> {
                 Some(_) => Support::Native,
                 None => Support::Unsupported(format!("no CUDA kernel of the {act:?} gate")),
             },
-            Op::RowGate | Op::GatedNorm | Op::Conv1d { .. } | Op::DeltaRule { .. } => {
+            Op::RowGate | Op::GatedNorm | Op::Conv1d { bias: false, .. } | Op::DeltaRule { .. } => {
                 Self::unported("the gated DeltaNet's ops (Qwen3-Next) have no CUDA kernels yet")
+            }
+            Op::Conv1d { bias: true, .. } | Op::SsmScan { .. } | Op::GroupNorm | Op::ReluSq => {
+                Self::unported("Mamba-2's ops (Nemotron-H) have no CUDA kernels yet")
             }
             Op::KvStore { kv } | Op::RopeStore { kv, .. } => f16_only(kv),
             Op::Attention { sinks: true, .. } => {
@@ -817,24 +820,45 @@ impl Backend for CudaOps<'_> {
         self.require(&Op::GatedNorm)
     }
 
+    fn group_norm(
+        &self,
+        _x: &mut CudaSlice<f32>,
+        _len: usize,
+        _w: VectorId,
+        _width: usize,
+        _group: usize,
+        _eps: f32,
+    ) -> Result<()> {
+        self.require(&Op::GroupNorm)
+    }
+
+    fn relu_sq(&self, _x: &mut CudaSlice<f32>, _len: usize) -> Result<()> {
+        self.require(&Op::ReluSq)
+    }
+
     fn kv_state(&self, _kv: &mut Self::Kv, slots: usize, _len: usize) -> Result<()> {
         if slots == 0 {
             return Ok(());
         }
-        self.require(&Op::Conv1d { kernel: 0 })
+        self.require(&Op::Conv1d {
+            kernel: 0,
+            bias: false,
+        })
     }
 
     fn conv1d(
         &self,
-        s: &ferrite_arch::DeltaNetShape,
+        s: ferrite_arch::ConvShape,
         _slot: usize,
         _x: &CudaSlice<f32>,
         _w: VectorId,
+        bias: Option<VectorId>,
         _segs: &mut [Segment<'_, Self::Kv>],
         _out: &mut CudaSlice<f32>,
     ) -> Result<()> {
         self.require(&Op::Conv1d {
-            kernel: s.conv_kernel,
+            kernel: s.kernel,
+            bias: bias.is_some(),
         })
     }
 
@@ -851,6 +875,22 @@ impl Backend for CudaOps<'_> {
         self.require(&Op::DeltaRule {
             k_dim: s.k_dim,
             v_dim: s.v_dim,
+        })
+    }
+
+    fn ssm_scan(
+        &self,
+        s: &ferrite_arch::Mamba2Shape,
+        _slot: usize,
+        _xbc: &CudaSlice<f32>,
+        _dt: &CudaSlice<f32>,
+        _params: (VectorId, VectorId, VectorId),
+        _segs: &mut [Segment<'_, Self::Kv>],
+        _out: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        self.require(&Op::SsmScan {
+            d_state: s.d_state,
+            head_dim: s.head_dim,
         })
     }
 

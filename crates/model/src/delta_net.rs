@@ -121,6 +121,7 @@ impl DeltaNetWeights {
         }
         b.require(&Op::Conv1d {
             kernel: s.conv_kernel,
+            bias: false,
         })?;
         b.require(&Op::DeltaRule {
             k_dim: s.k_dim,
@@ -192,7 +193,15 @@ pub(crate) fn layer<B: Weights>(
         n,
         [&mut s.beta, &mut s.alpha],
     )?;
-    b.conv1d(shape, slot, &s.qkv, b.vector(&w.conv)?, segs, &mut s.conv)?;
+    b.conv1d(
+        shape.conv(),
+        slot,
+        &s.qkv,
+        b.vector(&w.conv)?,
+        None,
+        segs,
+        &mut s.conv,
+    )?;
     b.delta_rule(
         shape,
         slot,

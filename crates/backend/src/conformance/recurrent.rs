@@ -22,24 +22,29 @@ const SHAPE: DeltaNetShape = DeltaNetShape {
 
 /// Allowed error of the recurrences, relative to the largest output magnitude (the sums
 /// run over a whole sequence of f32 steps).
-const RECURRENT_TOL: f64 = 1e-5;
+pub(super) const RECURRENT_TOL: f64 = 1e-5;
 
 fn sigmoid(x: f64) -> f64 {
     1.0 / (1.0 + (-x).exp())
 }
 
-fn silu(x: f64) -> f64 {
+pub(super) fn silu(x: f64) -> f64 {
     x * sigmoid(x)
 }
 
-/// The convolution and SiLU of one whole sequence (`rows × channels`) from zero state.
-fn conv_f64(x: &[f32], w: &[f32], s: &DeltaNetShape) -> Vec<f64> {
-    let (c, k) = (s.conv_channels(), s.conv_kernel);
+/// The convolution and SiLU of one whole sequence (`rows × channels`) from zero state, over
+/// `c` channels of `k` taps, with a bias per channel or none.
+pub(super) fn conv_f64(
+    x: &[f32],
+    w: &[f32],
+    bias: Option<&[f32]>,
+    (c, k): (usize, usize),
+) -> Vec<f64> {
     let rows = x.len() / c;
     let mut out = vec![0.0; x.len()];
     for t in 0..rows {
         for ch in 0..c {
-            let mut acc = 0.0;
+            let mut acc = bias.map_or(0.0, |b| f64::from(b[ch]));
             for j in 0..k {
                 // Tap j reads row t - (k - 1) + j; rows before 0 are zero.
                 if let Some(r) = (t + j).checked_sub(k - 1) {
@@ -118,7 +123,7 @@ pub(super) fn delta_net<B: Backend>(b: &B, rng: &mut Rng, delta: bool, out: &mut
     let mut conv_want = Vec::new();
     let mut delta_want = Vec::new();
     for (x, beta, alpha) in &inputs {
-        let conv = conv_f64(x, &w, &s);
+        let conv = conv_f64(x, &w, None, (c, s.conv_kernel));
         let conv32: Vec<f32> = conv.iter().map(|&v| v as f32).collect();
         delta_want.push(delta_f64(&conv32, beta, alpha, &a, &dt));
         conv_want.push(conv);
@@ -150,7 +155,7 @@ pub(super) fn delta_net<B: Backend>(b: &B, rng: &mut Rng, delta: bool, out: &mut
             let mut delta = b.alloc(rows * inner)?;
             // Slot 1: a slot other than the first must be the one read and written.
             let mut segs = segments(&mut stores, &spans);
-            b.conv1d(&s, 1, &xb, wv, &mut segs, &mut conv)?;
+            b.conv1d(s.conv(), 1, &xb, wv, None, &mut segs, &mut conv)?;
             b.delta_rule(&s, 1, &conv, (&bb, &ab), (av, dv), &mut segs, &mut delta)?;
             let (conv, delta) = (host(b, &conv, rows * c)?, host(b, &delta, rows * inner)?);
             let (mut at_c, mut at_d) = (0, 0);
