@@ -11,9 +11,10 @@
 //! uninterrupted one; a reset session equals a fresh one; rows of a batch equal their
 //! sessions stepped alone; a snapshot (whole, or at a kept checkpoint, also through the
 //! snapshot file) continues exactly, and a rejected one leaves the session as it was.
-//! Planted defects the fixture check must reject: the attention's output gate and the
-//! shared expert's gate zeroed (each a missing gate: sigmoid(0) halves the output), and the
-//! convolution's taps moved one position (it reads its inputs one position off).
+//! Planted defects the fixture check must reject, per family: the convolution's taps moved
+//! one position (it reads its inputs one position off); Qwen3-Next's attention output gate
+//! and shared expert gate zeroed (each a missing gate: sigmoid(0) halves the output);
+//! Nemotron-H's skip `D` zeroed and its `A` not negated (a decay that grows).
 
 mod common;
 
@@ -147,19 +148,35 @@ fn converted_hybrids_match_transformers_and_planted_defects_fail() {
                 })
                 .collect()
         };
-        let defects: [(&str, &TensorEdit<'_>); 3] = [
-            ("attention gate zeroed", &|n, d| {
-                (n.ends_with("attn_gate.weight") && !is_delta_layer(&f32_path, n))
-                    .then(|| vec![0u8; d.len()])
-            }),
-            ("shared expert gate zeroed", &|n, d| {
-                n.ends_with("ffn_gate_inp_shexp.weight")
-                    .then(|| vec![0u8; d.len()])
-            }),
-            ("convolution one position off", &|n, d| {
-                n.ends_with("ssm_conv1d.weight").then(|| shift_taps(d))
-            }),
-        ];
+        let conv_off = |n: &str, d: &[u8]| n.ends_with("ssm_conv1d.weight").then(|| shift_taps(d));
+        let gate_zeroed = |n: &str, d: &[u8]| {
+            (n.ends_with("attn_gate.weight") && !is_delta_layer(&f32_path, n))
+                .then(|| vec![0u8; d.len()])
+        };
+        let shared_gate_zeroed = |n: &str, d: &[u8]| {
+            n.ends_with("ffn_gate_inp_shexp.weight")
+                .then(|| vec![0u8; d.len()])
+        };
+        // The scan's skip connection `D · x` left out.
+        let d_zeroed = |n: &str, d: &[u8]| n.ends_with(".ssm_d").then(|| vec![0u8; d.len()]);
+        // A_log stored as A: the decay exp(δ·A) without its minus sign grows.
+        let a_positive = |n: &str, d: &[u8]| n.ends_with(".ssm_a").then(|| flip_f32_signs(d));
+        let g = ferrite_gguf::Gguf::open(&f32_path).unwrap();
+        let arch = g.get_str("general.architecture").unwrap().to_owned();
+        // Each family's own missing pieces; every one must change the file.
+        let defects: Vec<(&str, &TensorEdit<'_>)> = match arch.as_str() {
+            "qwen3next" => vec![
+                ("attention gate zeroed", &gate_zeroed),
+                ("shared expert gate zeroed", &shared_gate_zeroed),
+                ("convolution one position off", &conv_off),
+            ],
+            "nemotron_h" => vec![
+                ("D skip zeroed", &d_zeroed),
+                ("A not negated", &a_positive),
+                ("convolution one position off", &conv_off),
+            ],
+            other => panic!("no planted defects for {other}"),
+        };
         for (label, edit) in defects {
             let bad = tmp.path().join("bad.gguf");
             assert!(
@@ -171,6 +188,13 @@ fn converted_hybrids_match_transformers_and_planted_defects_fail() {
             assert!(w > 1e-3 || r < s, "{label} passed the fixture check");
         }
     }
+}
+
+/// F32 values with their signs flipped.
+fn flip_f32_signs(d: &[u8]) -> Vec<u8> {
+    d.chunks_exact(4)
+        .flat_map(|v| (-f32::from_le_bytes(v.try_into().unwrap())).to_le_bytes())
+        .collect()
 }
 
 /// Whether tensor `name` of `path` belongs to a DeltaNet layer (one with `ssm_out`).

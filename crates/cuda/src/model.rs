@@ -211,6 +211,9 @@ fn unported_math(c: &ferrite_model::ModelConfig) -> Option<&'static str> {
     if c.delta_net.is_some() {
         return Some("gated DeltaNet layers and their recurrent state (Qwen3-Next)");
     }
+    if c.mamba.is_some() {
+        return Some("Mamba-2 blocks and their recurrent state (Nemotron-H)");
+    }
     if c.attn_softcap.is_some() || c.final_softcap.is_some() {
         return Some("attention or final logit soft-capping");
     }

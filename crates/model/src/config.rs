@@ -49,6 +49,11 @@
 //!   each softmax, routed experts only (softmax over the top k, router and expert biases)
 //!   with the clamped SwiGLU; its FFN norm is `post_attention_norm`.
 //!
+//! - `nemotron_h` (Nemotron-H): blocks of one part each, a Mamba-2 mixer, attention without
+//!   rope (scale `1/sqrt(key_length)`) or a squared-ReLU MLP, which part read from the
+//!   per-layer `attention.head_count_kv` and `feed_forward_length` arrays
+//!   ([`crate::mamba2::blocks`]); no rope keys, so [`ModelConfig::rope_dim`] is 0.
+//!
 //! MoE, rope-factor, sliding-window and unsupported-feature keys are read in
 //! [`crate::features`].
 
@@ -58,7 +63,7 @@ use ferrite_gguf::Gguf;
 use crate::ModelError;
 use crate::features::{self, MoeConfig};
 use crate::ops::RopeStyle;
-use ferrite_arch::{DeltaNetShape, MlaShape};
+use ferrite_arch::{BlockKind, DeltaNetShape, Mamba2Shape, MlaShape};
 
 /// A supported architecture: the rows of the architecture table (`ferrite-arch`).
 pub use ferrite_arch::Arch;
@@ -84,6 +89,20 @@ pub struct LayerConfig {
     /// Whether this layer's rope divides its frequencies by the model's
     /// [`ModelConfig::rope_freq_factors`] (Gemma 3's sliding layers are never scaled).
     pub rope_scaled: bool,
+    /// The one part of a Nemotron-H block; `None` for a layer of a mixer (attention or a
+    /// recurrence) and an FFN, as every other architecture's.
+    pub block: Option<BlockKind>,
+}
+
+/// What a layer keeps in a session's store between passes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kept {
+    /// K/V rows of each position (attention).
+    Kv,
+    /// A recurrent state of fixed size (a gated DeltaNet, a Mamba-2 mixer).
+    State,
+    /// Nothing (a Nemotron-H MLP block).
+    Nothing,
 }
 
 /// Hyper-parameters of a loaded model.
@@ -101,7 +120,8 @@ pub struct ModelConfig {
     pub n_kv_head: usize,
     /// Values per head.
     pub head_dim: usize,
-    /// Values rope turns at the start of each head (`head_dim` but for partial rotary).
+    /// Values rope turns at the start of each head (`head_dim` but for partial rotary; 0 for
+    /// attention without rope, whose layers' `rope_base` is then 0 too).
     pub rope_dim: usize,
     /// FFN hidden width (of one expert, for MoE models).
     pub d_ff: usize,
@@ -151,6 +171,9 @@ pub struct ModelConfig {
     /// The gated DeltaNet of a hybrid (`qwen3next`): which layers are DeltaNets (the others
     /// are gated attention) and their shape.
     pub delta_net: Option<DeltaNetShape>,
+    /// The Mamba-2 mixer of a hybrid (`nemotron_h`), on the layers whose
+    /// [`LayerConfig::block`] says so.
+    pub mamba: Option<Mamba2Shape>,
     /// One entry per layer.
     pub layers: Vec<LayerConfig>,
 }
@@ -296,17 +319,26 @@ impl ModelConfig {
             usize_key(g, &k(Key::EmbeddingLength))?,
         )?;
         let n_head = positive(&k(Key::HeadCount), usize_key(g, &k(Key::HeadCount))?)?;
-        let n_kv_head = positive(&k(Key::HeadCountKv), usize_key(g, &k(Key::HeadCountKv))?)?;
+        // Nemotron-H says per block which part it has, in per-layer KV-head and FFN-width
+        // arrays; every other architecture has both parts in every layer.
+        let (kinds, n_kv_head, dense_ff) = if f.mamba2 {
+            let b = crate::mamba2::blocks(g, arch, blocks)?;
+            let kinds = b.kinds[..n_layer].iter().copied().map(Some).collect();
+            (kinds, b.n_kv_head, Some(b.d_ff))
+        } else {
+            let kv = positive(&k(Key::HeadCountKv), usize_key(g, &k(Key::HeadCountKv))?)?;
+            let ff = match g.get(&k(Key::FeedForwardLength)) {
+                Some(_) => Some(usize_key(g, &k(Key::FeedForwardLength))?),
+                None => None,
+            };
+            (vec![None; n_layer], kv, ff)
+        };
         if n_head % n_kv_head != 0 {
             return Err(bad(
                 &k(Key::HeadCountKv),
                 "must divide attention.head_count",
             ));
         }
-        let dense_ff = match g.get(&k(Key::FeedForwardLength)) {
-            Some(_) => Some(usize_key(g, &k(Key::FeedForwardLength))?),
-            None => None,
-        };
         // Every architecture refuses what its forward pass lacks (YaRN rope, shared
         // experts, ...); experts are read for the architectures that have them.
         features::check_unsupported(g, arch)?;
@@ -335,8 +367,14 @@ impl ModelConfig {
                 &format!("{rms_eps} is not a finite, non-negative number"),
             ));
         }
-        let rope_base = g.get_f32(&k(Key::RopeFreqBase))?;
-        if !(rope_base.is_finite() && rope_base > 0.0) {
+        // Nemotron-H's attention has no rope, and its files no rope keys.
+        let roped = !f.mamba2;
+        let rope_base = if roped {
+            g.get_f32(&k(Key::RopeFreqBase))?
+        } else {
+            0.0
+        };
+        if roped && !(rope_base.is_finite() && rope_base > 0.0) {
             return Err(bad(
                 &k(Key::RopeFreqBase),
                 &format!("{rope_base} is not a finite, positive number"),
@@ -365,10 +403,11 @@ impl ModelConfig {
             return Err(bad(&k(Key::ValueLength), "must equal key_length"));
         }
         let rope_dim = match g.get(&k(Key::RopeDimensionCount)) {
+            _ if !roped => 0,
             None => head_dim,
             Some(_) => usize_key(g, &k(Key::RopeDimensionCount))?,
         };
-        if rope_dim < 2 || rope_dim > head_dim || !rope_dim.is_multiple_of(2) {
+        if roped && (rope_dim < 2 || rope_dim > head_dim || !rope_dim.is_multiple_of(2)) {
             return Err(bad(
                 &k(Key::RopeDimensionCount),
                 &format!(
@@ -400,7 +439,11 @@ impl ModelConfig {
         };
         check_token_count(g, n_vocab)?;
         check_vocab_and_context(g, a, n_vocab, ctx_train)?;
-        let rope_factors = features::rope_factors(g, arch, rope_dim, rope_base)?;
+        let rope_factors = if roped {
+            features::rope_factors(g, arch, rope_dim, rope_base)?
+        } else {
+            None
+        };
         let qk_norm = f
             .qk_norm
             .resolve(g.tensor(&TensorRole::AttnQNorm.weight(0)).is_some());
@@ -484,12 +527,14 @@ impl ModelConfig {
                     } else {
                         None
                     },
+                    mamba: None,
                     layers: windows
                         .into_iter()
                         .map(|window| LayerConfig {
                             window,
                             rope_base,
                             rope_scaled: rope_factors.is_some(),
+                            block: None,
                         })
                         .collect(),
                 }
@@ -512,6 +557,7 @@ impl ModelConfig {
                             _ => rope_base,
                         },
                         rope_scaled: window.is_none() && rope_factors.is_some(),
+                        block: None,
                     })
                     .collect();
                 let cap = |key: Key, default: f32| -> Result<Option<f32>, ModelError> {
@@ -556,15 +602,53 @@ impl ModelConfig {
                     mla: None,
                     mtp_layers,
                     delta_net: None,
+                    mamba: None,
                     layers,
                 }
             }
-            Arch::NemotronH => {
-                return Err(ModelError::Unsupported {
-                    key: ARCHITECTURE_KEY.into(),
-                    what: "nemotron_h: its Mamba-2 blocks are not loadable yet".into(),
-                });
-            }
+            Arch::NemotronH => ModelConfig {
+                arch,
+                n_layer,
+                d_model,
+                n_head,
+                n_kv_head,
+                head_dim,
+                rope_dim,
+                d_ff,
+                n_vocab,
+                ctx_train,
+                rms_eps,
+                // Unused: no layer turns its heads.
+                rope_style: RopeStyle::HalfSplit,
+                attn_scale: 1.0 / (head_dim as f32).sqrt(),
+                embed_scale: 1.0,
+                // The Mamba-2 gate's; no block has a gated FFN (its MLP is the squared
+                // ReLU of `BlockKind::Mlp`).
+                activation: Activation::Silu,
+                qk_norm: false,
+                post_norms: false,
+                qkv_bias: false,
+                out_bias: false,
+                rope_freq_factors: None,
+                rope_long: None,
+                attn_softcap: None,
+                final_softcap: None,
+                moe: None,
+                mla: None,
+                mtp_layers,
+                delta_net: None,
+                mamba: Some(crate::mamba2::from_gguf(g, arch)?),
+                layers: features::sliding_windows(g, a, n_layer)?
+                    .into_iter()
+                    .zip(kinds)
+                    .map(|(window, block)| LayerConfig {
+                        window,
+                        rope_base,
+                        rope_scaled: false,
+                        block,
+                    })
+                    .collect(),
+            },
         };
         Ok(cfg)
     }
@@ -574,25 +658,41 @@ impl ModelConfig {
         self.delta_net.is_some_and(|s| !s.is_attention(l))
     }
 
-    /// Layer `l`'s slot in a session's store: its index among the layers of its kind (the
-    /// attention layers' K/V rows, the DeltaNets' recurrent states).
+    /// What layer `l` keeps in a session's store.
+    pub fn kept(&self, l: usize) -> Kept {
+        match self.layers[l].block {
+            Some(BlockKind::Mamba2) => Kept::State,
+            Some(BlockKind::Mlp) => Kept::Nothing,
+            Some(BlockKind::Attention) => Kept::Kv,
+            None if self.is_delta_net(l) => Kept::State,
+            None => Kept::Kv,
+        }
+    }
+
+    /// Layer `l`'s slot in a session's store: its index among the layers that keep what it
+    /// keeps (the attention layers' K/V rows, the recurrent layers' states).
     pub fn slot(&self, l: usize) -> usize {
-        (0..l)
-            .filter(|&i| self.is_delta_net(i) == self.is_delta_net(l))
-            .count()
+        (0..l).filter(|&i| self.kept(i) == self.kept(l)).count()
     }
 
     /// Layers that keep K/V rows.
     pub fn kv_layers(&self) -> usize {
-        (0..self.n_layer).filter(|&l| !self.is_delta_net(l)).count()
+        (0..self.n_layer)
+            .filter(|&l| self.kept(l) == Kept::Kv)
+            .count()
     }
 
     /// Layers that keep a recurrent state, and the values of each one's state.
     pub fn state_slots(&self) -> (usize, usize) {
-        match self.delta_net {
-            Some(s) => (self.n_layer - self.kv_layers(), s.state_len()),
-            None => (0, 0),
-        }
+        let len = match (self.delta_net, self.mamba) {
+            (Some(s), _) => s.state_len(),
+            (None, Some(s)) => s.state_len(),
+            (None, None) => return (0, 0),
+        };
+        let slots = (0..self.n_layer)
+            .filter(|&l| self.kept(l) == Kept::State)
+            .count();
+        (slots, len)
     }
 
     /// Width of one token's keys (or values): `n_kv_head × head_dim`.

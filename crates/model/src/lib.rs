@@ -36,6 +36,7 @@ pub mod config;
 mod delta_net;
 mod error;
 pub mod features;
+mod mamba2;
 mod memory;
 mod mla;
 mod model;
@@ -51,7 +52,7 @@ mod fixture_tests;
 mod testutil;
 
 pub use batch::Batch;
-pub use config::{Activation, Arch, LayerConfig, ModelConfig};
+pub use config::{Activation, Arch, Kept, LayerConfig, ModelConfig};
 pub use error::ModelError;
 pub use features::MoeConfig;
 pub use ferrite_backend::KvType;

@@ -12,13 +12,14 @@
 use std::path::Path;
 use std::sync::OnceLock;
 
-use ferrite_arch::{GlobalTensor, LayerParts, TensorName, TensorRole};
+use ferrite_arch::{BlockKind, GlobalTensor, LayerParts, TensorName, TensorRole};
 use ferrite_cpu::{Matrix, PackedRows, ThreadPool};
 use ferrite_gguf::{GgmlType, Gguf};
 
 use crate::ModelError;
 use crate::config::ModelConfig;
 use crate::delta_net::DeltaNetWeights;
+use crate::mamba2::Mamba2Weights;
 use crate::mla::MlaWeights;
 use crate::moe::{Experts, MoeWeights};
 
@@ -78,11 +79,21 @@ pub(crate) enum Attn {
     Mla(Box<MlaWeights>),
     /// A gated DeltaNet in place of attention (its output projection is the layer's `wo`).
     DeltaNet(Box<DeltaNetWeights>),
+    /// A Mamba-2 mixer in place of attention (its output projection is the layer's `wo`).
+    Mamba2(Box<Mamba2Weights>),
 }
 
-/// The weights of one transformer block.
+/// The weights of one transformer block: a mixer, then an FFN, each with its norm before
+/// it and its residual add after it. A Nemotron-H block has one of the two.
 #[derive(Debug)]
 pub(crate) struct LayerWeights {
+    pub(crate) mixer: Option<MixerWeights>,
+    pub(crate) ffn: Option<FfnWeights>,
+}
+
+/// The first half of a block: attention, or the recurrence in its place.
+#[derive(Debug)]
+pub(crate) struct MixerWeights {
     pub(crate) attn_norm: Vec<f32>,
     pub(crate) attn: Attn,
     pub(crate) wo: Weight,
@@ -97,9 +108,14 @@ pub(crate) struct LayerWeights {
     pub(crate) sinks: Option<Vec<f32>>,
     /// The attention heads' output gate (`attn_gate`, `q_dim × d_model`; Qwen3-Next).
     pub(crate) attn_gate: Option<Weight>,
-    pub(crate) ffn_norm: Vec<f32>,
+}
+
+/// The second half of a block.
+#[derive(Debug)]
+pub(crate) struct FfnWeights {
+    pub(crate) norm: Vec<f32>,
     pub(crate) ffn: Ffn,
-    pub(crate) post_ffn_norm: Option<Vec<f32>>,
+    pub(crate) post_norm: Option<Vec<f32>>,
 }
 
 /// One gated FFN: `down(act(gate · x) · (up · x))`, its width the gate's rows.
@@ -117,6 +133,13 @@ pub(crate) enum Ffn {
     Dense(DenseFfn),
     /// Routed experts.
     Moe(MoeWeights),
+    /// Nemotron-H's MLP, `down(relu(up · x)²)`, its width the up projection's rows.
+    SquaredRelu {
+        /// `ffn_up`.
+        up: Weight,
+        /// `ffn_down`.
+        down: Weight,
+    },
 }
 
 /// A model ready to run: owns the mapped file, the configuration and the weight views.
@@ -293,6 +316,12 @@ fn gate_up(
 fn ffn(g: &Gguf, c: &ModelConfig, i: usize, p: Precision) -> Result<Ffn, ModelError> {
     let n = |r: TensorRole| r.weight(i);
     let d = c.d_model;
+    if c.layers[i].block == Some(BlockKind::Mlp) {
+        return Ok(Ffn::SquaredRelu {
+            up: matrix(g, &n(TensorRole::FfnUp), c.d_ff, d, p)?,
+            down: matrix(g, &n(TensorRole::FfnDown), d, c.d_ff, p)?,
+        });
+    }
     let moe = match &c.moe {
         Some(m) if m.is_expert_layer(i) => m,
         dense => {
@@ -357,6 +386,93 @@ fn ffn(g: &Gguf, c: &ModelConfig, i: usize, p: Precision) -> Result<Ffn, ModelEr
     }))
 }
 
+/// Layer `i`'s vector `role` of `len` values when `wanted`.
+fn optional(
+    g: &Gguf,
+    role: TensorRole,
+    i: usize,
+    len: usize,
+    wanted: bool,
+) -> Result<Option<Vec<f32>>, ModelError> {
+    if wanted {
+        vector(g, &role.weight(i), len).map(Some)
+    } else {
+        Ok(None)
+    }
+}
+
+/// The mixer of layer `i`: attention (plain or latent), or the gated DeltaNet or Mamba-2
+/// mixer in its place, with its norm and output projection.
+fn mixer(g: &Gguf, c: &ModelConfig, i: usize, p: Precision) -> Result<MixerWeights, ModelError> {
+    let delta = c.delta_net.filter(|_| c.is_delta_net(i));
+    let mamba = c
+        .mamba
+        .filter(|_| c.layers[i].block == Some(BlockKind::Mamba2));
+    let (attn, wo) = match (&c.mla, delta, mamba) {
+        (_, Some(s), _) => {
+            let (w, out) = DeltaNetWeights::load(g, (&s, c.d_model), i, p)?;
+            (Attn::DeltaNet(Box::new(w)), out)
+        }
+        (_, None, Some(s)) => {
+            let (w, out) = Mamba2Weights::load(g, (&s, c.d_model), i, p)?;
+            (Attn::Mamba2(Box::new(w)), out)
+        }
+        (None, None, None) => (Attn::Qkv(Box::new(qkv(g, c, i, p)?)), out_proj(g, c, i, p)?),
+        (Some(mla), None, None) => (
+            Attn::Mla(Box::new(MlaWeights::load(
+                g,
+                (mla, c.d_model, c.n_head),
+                i,
+                p,
+            )?)),
+            out_proj(g, c, i, p)?,
+        ),
+    };
+    let attention = delta.is_none() && mamba.is_none();
+    let qk_norm = c.qk_norm && attention;
+    Ok(MixerWeights {
+        attn_norm: vector(g, &TensorRole::AttnNorm.weight(i), c.d_model)?,
+        attn,
+        wo,
+        q_norm: optional(g, TensorRole::AttnQNorm, i, c.head_dim, qk_norm)?,
+        k_norm: optional(g, TensorRole::AttnKNorm, i, c.head_dim, qk_norm)?,
+        post_attn_norm: optional(g, TensorRole::PostAttentionNorm, i, c.d_model, c.post_norms)?,
+        qkv_bias: if c.qkv_bias {
+            let b = |r: TensorRole, len: usize| vector(g, &r.bias(i), len);
+            Some([
+                b(TensorRole::AttnQ, c.q_dim())?,
+                b(TensorRole::AttnK, c.kv_dim())?,
+                b(TensorRole::AttnV, c.kv_dim())?,
+            ])
+        } else {
+            None
+        },
+        out_bias: if c.out_bias {
+            Some(vector(g, &TensorRole::AttnOutput.bias(i), c.d_model)?)
+        } else {
+            None
+        },
+        sinks: optional(
+            g,
+            TensorRole::AttnSinks,
+            i,
+            c.n_head,
+            c.arch.features().sinks,
+        )?,
+        attn_gate: if attention && c.delta_net.is_some() {
+            Some(matrix(
+                g,
+                &TensorRole::AttnGate.weight(i),
+                c.q_dim(),
+                c.d_model,
+                p,
+            )?)
+        } else {
+            None
+        },
+    })
+}
+
 impl Model {
     /// Maps the GGUF file at `path`, reads its configuration and checks every weight.
     pub fn load(path: &Path, opts: LoadOptions) -> Result<Model, ModelError> {
@@ -383,69 +499,26 @@ impl Model {
         let output_norm = vector(g, GlobalTensor::OutputNorm.name(), c.d_model)?;
         let mut layers = Vec::with_capacity(c.n_layer);
         for i in 0..c.n_layer {
-            let n = |r: TensorRole| r.weight(i);
-            let opt_vec = |s: TensorRole, len: usize, wanted: bool| {
-                if wanted {
-                    vector(g, &n(s), len).map(Some)
-                } else {
-                    Ok(None)
-                }
-            };
-            let delta = c.delta_net.filter(|_| c.is_delta_net(i));
-            let (attn, wo) = match (&c.mla, delta) {
-                (_, Some(s)) => {
-                    let (w, out) = DeltaNetWeights::load(g, (&s, c.d_model), i, p)?;
-                    (Attn::DeltaNet(Box::new(w)), out)
-                }
-                (None, None) => (Attn::Qkv(Box::new(qkv(g, c, i, p)?)), out_proj(g, c, i, p)?),
-                (Some(mla), None) => (
-                    Attn::Mla(Box::new(MlaWeights::load(
-                        g,
-                        (mla, c.d_model, c.n_head),
-                        i,
-                        p,
-                    )?)),
-                    out_proj(g, c, i, p)?,
-                ),
-            };
-            let attention = delta.is_none();
+            let block = c.layers[i].block;
             layers.push(LayerWeights {
-                attn_norm: vector(g, &n(TensorRole::AttnNorm), c.d_model)?,
-                attn,
-                wo,
-                q_norm: opt_vec(TensorRole::AttnQNorm, c.head_dim, c.qk_norm && attention)?,
-                k_norm: opt_vec(TensorRole::AttnKNorm, c.head_dim, c.qk_norm && attention)?,
-                post_attn_norm: opt_vec(TensorRole::PostAttentionNorm, c.d_model, c.post_norms)?,
-                qkv_bias: if c.qkv_bias {
-                    let b = |r: TensorRole, len: usize| vector(g, &r.bias(i), len);
-                    Some([
-                        b(TensorRole::AttnQ, c.q_dim())?,
-                        b(TensorRole::AttnK, c.kv_dim())?,
-                        b(TensorRole::AttnV, c.kv_dim())?,
-                    ])
-                } else {
-                    None
+                mixer: match block {
+                    Some(BlockKind::Mlp) => None,
+                    _ => Some(mixer(g, c, i, p)?),
                 },
-                out_bias: if c.out_bias {
-                    Some(vector(g, &TensorRole::AttnOutput.bias(i), c.d_model)?)
-                } else {
-                    None
+                ffn: match block {
+                    Some(BlockKind::Mamba2 | BlockKind::Attention) => None,
+                    _ => Some(FfnWeights {
+                        norm: vector(g, &c.arch.features().ffn_norm.weight(i), c.d_model)?,
+                        ffn: ffn(g, c, i, p)?,
+                        post_norm: optional(
+                            g,
+                            TensorRole::PostFfwNorm,
+                            i,
+                            c.d_model,
+                            c.post_norms,
+                        )?,
+                    }),
                 },
-                sinks: opt_vec(TensorRole::AttnSinks, c.n_head, c.arch.features().sinks)?,
-                attn_gate: if attention && c.delta_net.is_some() {
-                    Some(matrix(
-                        g,
-                        &n(TensorRole::AttnGate),
-                        c.q_dim(),
-                        c.d_model,
-                        p,
-                    )?)
-                } else {
-                    None
-                },
-                ffn_norm: vector(g, &n(c.arch.features().ffn_norm), c.d_model)?,
-                ffn: ffn(g, c, i, p)?,
-                post_ffn_norm: opt_vec(TensorRole::PostFfwNorm, c.d_model, c.post_norms)?,
             });
         }
         check_all_tensors_used(g, c)?;
@@ -534,9 +607,9 @@ impl Model {
     pub fn pack_weights(&self, pool: &ThreadPool) {
         let mut weights: Vec<&Weight> = vec![self.output_weight()];
         let mut experts = Vec::new();
-        for l in &self.layers {
-            weights.push(&l.wo);
-            match &l.attn {
+        for mx in self.layers.iter().filter_map(|l| l.mixer.as_ref()) {
+            weights.push(&mx.wo);
+            match &mx.attn {
                 Attn::Qkv(qkv) => weights.extend(qkv.iter()),
                 Attn::Mla(w) => {
                     weights.extend(w.matrices());
@@ -545,10 +618,14 @@ impl Model {
                     }
                 }
                 Attn::DeltaNet(w) => weights.extend(w.matrices()),
+                Attn::Mamba2(w) => weights.extend(w.matrices()),
             }
-            weights.extend(&l.attn_gate);
-            match &l.ffn {
+            weights.extend(&mx.attn_gate);
+        }
+        for f in self.layers.iter().filter_map(|l| l.ffn.as_ref()) {
+            match &f.ffn {
                 Ffn::Dense(f) => weights.extend([&f.gate, &f.up, &f.down]),
+                Ffn::SquaredRelu { up, down } => weights.extend([up, down]),
                 Ffn::Moe(moe) => {
                     weights.push(&moe.router);
                     weights.extend(moe.shared_gate.as_deref());
@@ -623,7 +700,7 @@ fn check_all_tensors_used(g: &Gguf, c: &ModelConfig) -> Result<(), ModelError> {
             delta_net: c.is_delta_net(l),
             attn_gate: c.delta_net.is_some() && !c.is_delta_net(l),
             shared_expert_gate: c.delta_net.is_some(),
-            block: None,
+            block: c.layers[l].block,
         }
         .tensors()
     };
@@ -670,11 +747,10 @@ mod tests {
         let m = crate::testutil::tiny_model("gemma3", GgmlType::Q8_0, Precision::Default);
         assert!(m.output.is_none());
         assert!(std::ptr::eq(m.output_weight(), &m.embed));
-        assert!(
-            m.layers
-                .iter()
-                .all(|l| l.q_norm.is_some() && l.post_ffn_norm.is_some())
-        );
+        assert!(m.layers.iter().all(|l| {
+            let (mx, f) = (l.mixer.as_ref().unwrap(), l.ffn.as_ref().unwrap());
+            mx.q_norm.is_some() && f.post_norm.is_some()
+        }));
         let f = crate::testutil::tiny_model("gemma3", GgmlType::Q8_0, Precision::F32);
         assert_eq!(f.matrix(&f.embed).ty, GgmlType::F32);
         assert_eq!(m.matrix(&m.embed).ty, GgmlType::Q8_0);
@@ -735,7 +811,8 @@ mod tests {
         assert!(
             m.layers
                 .iter()
-                .all(|l| l.qkv_bias.is_some() && l.out_bias.is_some())
+                .filter_map(|l| l.mixer.as_ref())
+                .all(|mx| mx.qkv_bias.is_some() && mx.out_bias.is_some())
         );
     }
 

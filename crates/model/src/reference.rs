@@ -11,10 +11,11 @@ use crate::config::{Activation, ModelConfig};
 use crate::features::MoeConfig;
 use crate::model::Model;
 use crate::ops::RopeStyle;
-use ferrite_arch::MlaShape;
+use ferrite_arch::{BlockKind, MlaShape};
 use ferrite_backend::{Act, Gating};
 
 mod delta_net;
+mod mamba2;
 
 /// Output of [`forward`].
 #[derive(Debug, Clone)]
@@ -267,182 +268,210 @@ pub fn forward(model: &Model, tokens: &[u32]) -> Result<RefOutput, ModelError> {
     for l in 0..c.n_layer {
         let w = |s: &str| load(g, &format!("blk.{l}.{s}.weight"));
         let lc = c.layers[l];
-        let h = norm(&x, &w("attn_norm")?, eps);
         let fused = c.arch.features().fused;
-        let mut o = match c.delta_net.filter(|_| c.is_delta_net(l)) {
-            Some(s) => delta_net::layer(g, &s, l, (&h, d), eps)?,
-            None => {
-                let base = f64::from(lc.rope_base);
-                // A context of exactly the prompt: LongRoPE's long set when that is past the
-                // switch point.
-                let f = match &c.rope_long {
-                    Some((long, after)) if n > *after => Some(&long[..]),
-                    _ => c.rope_freq_factors.as_deref(),
-                }
-                .filter(|_| lc.rope_scaled);
-                // Per head: query and key values (`khd`), value values (`vhd`); `n_kv` key/value
-                // heads of each position.
-                let (q, k, v, (khd, vhd, n_kv)) = match &c.mla {
-                    Some(mla) => latent_heads(g, c, mla, l, &h, (base, f))?,
-                    None => {
-                        // Phi-3's fused `attn_qkv` holds the Q, K and V rows in that order.
-                        let (wq, wk, wv) = if fused {
-                            let qkv = w("attn_qkv")?;
-                            let (q, rest) = qkv.split_at(qd * d);
-                            let (k, v) = rest.split_at(kd * d);
-                            (q.to_vec(), k.to_vec(), v.to_vec())
-                        } else {
-                            (w("attn_q")?, w("attn_k")?, w("attn_v")?)
-                        };
-                        let mut q = linear(&wq, &h, qd, d);
-                        let mut k = linear(&wk, &h, kd, d);
-                        let mut v = linear(&wv, &h, kd, d);
-                        if c.qkv_bias {
-                            for (y, s) in
-                                [(&mut q, "attn_q"), (&mut k, "attn_k"), (&mut v, "attn_v")]
-                            {
-                                let b = load(g, &format!("blk.{l}.{s}.bias"))?;
-                                for (i, y) in y.iter_mut().enumerate() {
-                                    *y += b[i % b.len()];
+        // A Nemotron-H block has one of the two halves; every other block both.
+        if lc.block != Some(BlockKind::Mlp) {
+            let h = norm(&x, &w("attn_norm")?, eps);
+            let mamba = c.mamba.filter(|_| lc.block == Some(BlockKind::Mamba2));
+            let mut o = match (c.delta_net.filter(|_| c.is_delta_net(l)), mamba) {
+                (Some(s), _) => delta_net::layer(g, &s, l, (&h, d), eps)?,
+                (None, Some(s)) => mamba2::layer(g, &s, l, (&h, d), eps)?,
+                (None, None) => {
+                    let base = f64::from(lc.rope_base);
+                    // A context of exactly the prompt: LongRoPE's long set when that is past the
+                    // switch point.
+                    let f = match &c.rope_long {
+                        Some((long, after)) if n > *after => Some(&long[..]),
+                        _ => c.rope_freq_factors.as_deref(),
+                    }
+                    .filter(|_| lc.rope_scaled);
+                    // Per head: query and key values (`khd`), value values (`vhd`); `n_kv` key/value
+                    // heads of each position.
+                    let (q, k, v, (khd, vhd, n_kv)) = match &c.mla {
+                        Some(mla) => latent_heads(g, c, mla, l, &h, (base, f))?,
+                        None => {
+                            // Phi-3's fused `attn_qkv` holds the Q, K and V rows in that order.
+                            let (wq, wk, wv) = if fused {
+                                let qkv = w("attn_qkv")?;
+                                let (q, rest) = qkv.split_at(qd * d);
+                                let (k, v) = rest.split_at(kd * d);
+                                (q.to_vec(), k.to_vec(), v.to_vec())
+                            } else {
+                                (w("attn_q")?, w("attn_k")?, w("attn_v")?)
+                            };
+                            let mut q = linear(&wq, &h, qd, d);
+                            let mut k = linear(&wk, &h, kd, d);
+                            let mut v = linear(&wv, &h, kd, d);
+                            if c.qkv_bias {
+                                for (y, s) in
+                                    [(&mut q, "attn_q"), (&mut k, "attn_k"), (&mut v, "attn_v")]
+                                {
+                                    let b = load(g, &format!("blk.{l}.{s}.bias"))?;
+                                    for (i, y) in y.iter_mut().enumerate() {
+                                        *y += b[i % b.len()];
+                                    }
+                                }
+                            }
+                            if c.qk_norm {
+                                q = norm(&q, &w("attn_q_norm")?, eps);
+                                k = norm(&k, &w("attn_k_norm")?, eps);
+                            }
+                            for t in 0..n {
+                                let dims = (hd, c.rope_dim);
+                                rotate(
+                                    &mut q[t * qd..(t + 1) * qd],
+                                    dims,
+                                    t,
+                                    base,
+                                    c.rope_style,
+                                    f,
+                                );
+                                rotate(
+                                    &mut k[t * kd..(t + 1) * kd],
+                                    dims,
+                                    t,
+                                    base,
+                                    c.rope_style,
+                                    f,
+                                );
+                            }
+                            (q, k, v, (hd, hd, c.n_kv_head))
+                        }
+                    };
+                    let (qw, kw, vw) = (c.n_head * khd, n_kv * khd, n_kv * vhd);
+                    let sinks = match c.arch.features().sinks {
+                        true => Some(w("attn_sinks")?),
+                        false => None,
+                    };
+                    let mut att = vec![0.0; n * c.n_head * vhd];
+                    let group = c.n_head / n_kv;
+                    for t in 0..n {
+                        for hh in 0..c.n_head {
+                            let kvh = hh / group;
+                            let qv = &q[t * qw + hh * khd..t * qw + (hh + 1) * khd];
+                            let visible: Vec<usize> = (0..=t)
+                                .filter(|&j| lc.window.is_none_or(|win| t - j < win))
+                                .collect();
+                            let scores: Vec<f64> = visible
+                                .iter()
+                                .map(|&j| {
+                                    let kv = &k[j * kw + kvh * khd..j * kw + (kvh + 1) * khd];
+                                    let s = qv.iter().zip(kv).map(|(a, b)| a * b).sum::<f64>()
+                                        * f64::from(c.attn_scale);
+                                    soft_cap(s, c.attn_softcap)
+                                })
+                                .collect();
+                            // A sink is one more score in the softmax, with no value.
+                            let sink = sinks.as_ref().map(|s| s[hh]);
+                            let mx = scores
+                                .iter()
+                                .chain(&sink)
+                                .copied()
+                                .fold(f64::NEG_INFINITY, f64::max);
+                            let z: f64 = scores.iter().chain(&sink).map(|s| (s - mx).exp()).sum();
+                            for (s, &j) in scores.iter().zip(&visible) {
+                                let p = (s - mx).exp() / z;
+                                for i in 0..vhd {
+                                    att[(t * c.n_head + hh) * vhd + i] +=
+                                        p * v[j * vw + kvh * vhd + i];
                                 }
                             }
                         }
-                        if c.qk_norm {
-                            q = norm(&q, &w("attn_q_norm")?, eps);
-                            k = norm(&k, &w("attn_k_norm")?, eps);
-                        }
-                        for t in 0..n {
-                            let dims = (hd, c.rope_dim);
-                            rotate(&mut q[t * qd..(t + 1) * qd], dims, t, base, c.rope_style, f);
-                            rotate(&mut k[t * kd..(t + 1) * kd], dims, t, base, c.rope_style, f);
-                        }
-                        (q, k, v, (hd, hd, c.n_kv_head))
                     }
-                };
-                let (qw, kw, vw) = (c.n_head * khd, n_kv * khd, n_kv * vhd);
-                let sinks = match c.arch.features().sinks {
-                    true => Some(w("attn_sinks")?),
-                    false => None,
-                };
-                let mut att = vec![0.0; n * c.n_head * vhd];
-                let group = c.n_head / n_kv;
-                for t in 0..n {
-                    for hh in 0..c.n_head {
-                        let kvh = hh / group;
-                        let qv = &q[t * qw + hh * khd..t * qw + (hh + 1) * khd];
-                        let visible: Vec<usize> = (0..=t)
-                            .filter(|&j| lc.window.is_none_or(|win| t - j < win))
-                            .collect();
-                        let scores: Vec<f64> = visible
-                            .iter()
-                            .map(|&j| {
-                                let kv = &k[j * kw + kvh * khd..j * kw + (kvh + 1) * khd];
-                                let s = qv.iter().zip(kv).map(|(a, b)| a * b).sum::<f64>()
-                                    * f64::from(c.attn_scale);
-                                soft_cap(s, c.attn_softcap)
-                            })
-                            .collect();
-                        // A sink is one more score in the softmax, with no value.
-                        let sink = sinks.as_ref().map(|s| s[hh]);
-                        let mx = scores
-                            .iter()
-                            .chain(&sink)
-                            .copied()
-                            .fold(f64::NEG_INFINITY, f64::max);
-                        let z: f64 = scores.iter().chain(&sink).map(|s| (s - mx).exp()).sum();
-                        for (s, &j) in scores.iter().zip(&visible) {
-                            let p = (s - mx).exp() / z;
-                            for i in 0..vhd {
-                                att[(t * c.n_head + hh) * vhd + i] += p * v[j * vw + kvh * vhd + i];
+                    // Qwen3-Next's gated attention: each head's output times sigmoid(gate · h).
+                    if c.delta_net.is_some() {
+                        let gate = linear(&w("attn_gate")?, &h, c.n_head * vhd, d);
+                        att.iter_mut()
+                            .zip(&gate)
+                            .for_each(|(a, g)| *a *= delta_net::sigmoid(*g));
+                    }
+                    let mut o = linear(&w("attn_output")?, &att, d, c.n_head * vhd);
+                    if c.out_bias {
+                        let b = load(g, &format!("blk.{l}.attn_output.bias"))?;
+                        for (i, y) in o.iter_mut().enumerate() {
+                            *y += b[i % d];
+                        }
+                    }
+                    o
+                }
+            };
+            if c.post_norms {
+                o = norm(&o, &w("post_attention_norm")?, eps);
+            }
+            for (a, b) in x.iter_mut().zip(&o) {
+                *a += b;
+            }
+        }
+        if matches!(lc.block, None | Some(BlockKind::Mlp)) {
+            let h = norm(&x, &load(g, &c.arch.features().ffn_norm.weight(l))?, eps);
+            let mut o = match c.moe.as_ref().filter(|m| m.is_expert_layer(l)) {
+                // Nemotron-H's MLP block: `down(relu(up · h)²)`.
+                None if lc.block == Some(BlockKind::Mlp) => {
+                    let mut up = linear(&w("ffn_up")?, &h, c.d_ff, d);
+                    up.iter_mut().for_each(|v| *v = v.max(0.0).powi(2));
+                    linear(&w("ffn_down")?, &up, d, c.d_ff)
+                }
+                None => {
+                    let ff = c.moe.as_ref().map_or(c.d_ff, |m| m.dense_ff);
+                    // Phi-3's fused `ffn_up` holds the gate rows, then the up rows.
+                    let (wg, wu) = if fused {
+                        let both = w("ffn_up")?;
+                        let (g, u) = both.split_at(ff * d);
+                        (g.to_vec(), u.to_vec())
+                    } else {
+                        (w("ffn_gate")?, w("ffn_up")?)
+                    };
+                    dense([&wg, &wu, &w("ffn_down")?], None, &h, ff, c)
+                }
+                Some(moe) => {
+                    let t = Experts {
+                        router: w("ffn_gate_inp")?,
+                        gate: w("ffn_gate_exps")?,
+                        up: w("ffn_up_exps")?,
+                        down: w("ffn_down_exps")?,
+                        bias: if moe.selection_bias {
+                            Some(load(g, &format!("blk.{l}.exp_probs_b.bias"))?)
+                        } else {
+                            None
+                        },
+                        ffn_bias: if c.arch.features().expert_bias {
+                            let b = |s: &str| load(g, &format!("blk.{l}.{s}.bias"));
+                            Some([
+                                b("ffn_gate_inp")?,
+                                b("ffn_gate_exps")?,
+                                b("ffn_up_exps")?,
+                                b("ffn_down_exps")?,
+                            ])
+                        } else {
+                            None
+                        },
+                    };
+                    let mut o = experts_ffn(&t, moe, c, &h);
+                    if moe.shared_ff > 0 {
+                        let (wg, wu, wd) = (
+                            w("ffn_gate_shexp")?,
+                            w("ffn_up_shexp")?,
+                            w("ffn_down_shexp")?,
+                        );
+                        let mut y = dense([&wg, &wu, &wd], None, &h, moe.shared_ff, c);
+                        // Qwen3-Next's shared expert: its output times sigmoid(gate · h).
+                        if c.delta_net.is_some() {
+                            let gate = linear(&w("ffn_gate_inp_shexp")?, &h, 1, d);
+                            for (row, &gt) in y.chunks_mut(d).zip(&gate) {
+                                row.iter_mut().for_each(|v| *v *= delta_net::sigmoid(gt));
                             }
                         }
+                        o.iter_mut().zip(&y).for_each(|(a, b)| *a += b);
                     }
+                    o
                 }
-                // Qwen3-Next's gated attention: each head's output times sigmoid(gate · h).
-                if c.delta_net.is_some() {
-                    let gate = linear(&w("attn_gate")?, &h, c.n_head * vhd, d);
-                    att.iter_mut()
-                        .zip(&gate)
-                        .for_each(|(a, g)| *a *= delta_net::sigmoid(*g));
-                }
-                let mut o = linear(&w("attn_output")?, &att, d, c.n_head * vhd);
-                if c.out_bias {
-                    let b = load(g, &format!("blk.{l}.attn_output.bias"))?;
-                    for (i, y) in o.iter_mut().enumerate() {
-                        *y += b[i % d];
-                    }
-                }
-                o
+            };
+            if c.post_norms {
+                o = norm(&o, &w("post_ffw_norm")?, eps);
             }
-        };
-        if c.post_norms {
-            o = norm(&o, &w("post_attention_norm")?, eps);
-        }
-        for (a, b) in x.iter_mut().zip(&o) {
-            *a += b;
-        }
-        let h = norm(&x, &load(g, &c.arch.features().ffn_norm.weight(l))?, eps);
-        let mut o = match c.moe.as_ref().filter(|m| m.is_expert_layer(l)) {
-            None => {
-                let ff = c.moe.as_ref().map_or(c.d_ff, |m| m.dense_ff);
-                // Phi-3's fused `ffn_up` holds the gate rows, then the up rows.
-                let (wg, wu) = if fused {
-                    let both = w("ffn_up")?;
-                    let (g, u) = both.split_at(ff * d);
-                    (g.to_vec(), u.to_vec())
-                } else {
-                    (w("ffn_gate")?, w("ffn_up")?)
-                };
-                dense([&wg, &wu, &w("ffn_down")?], None, &h, ff, c)
+            for (a, b) in x.iter_mut().zip(&o) {
+                *a += b;
             }
-            Some(moe) => {
-                let t = Experts {
-                    router: w("ffn_gate_inp")?,
-                    gate: w("ffn_gate_exps")?,
-                    up: w("ffn_up_exps")?,
-                    down: w("ffn_down_exps")?,
-                    bias: if moe.selection_bias {
-                        Some(load(g, &format!("blk.{l}.exp_probs_b.bias"))?)
-                    } else {
-                        None
-                    },
-                    ffn_bias: if c.arch.features().expert_bias {
-                        let b = |s: &str| load(g, &format!("blk.{l}.{s}.bias"));
-                        Some([
-                            b("ffn_gate_inp")?,
-                            b("ffn_gate_exps")?,
-                            b("ffn_up_exps")?,
-                            b("ffn_down_exps")?,
-                        ])
-                    } else {
-                        None
-                    },
-                };
-                let mut o = experts_ffn(&t, moe, c, &h);
-                if moe.shared_ff > 0 {
-                    let (wg, wu, wd) = (
-                        w("ffn_gate_shexp")?,
-                        w("ffn_up_shexp")?,
-                        w("ffn_down_shexp")?,
-                    );
-                    let mut y = dense([&wg, &wu, &wd], None, &h, moe.shared_ff, c);
-                    // Qwen3-Next's shared expert: its output times sigmoid(gate · h).
-                    if c.delta_net.is_some() {
-                        let gate = linear(&w("ffn_gate_inp_shexp")?, &h, 1, d);
-                        for (row, &gt) in y.chunks_mut(d).zip(&gate) {
-                            row.iter_mut().for_each(|v| *v *= delta_net::sigmoid(gt));
-                        }
-                    }
-                    o.iter_mut().zip(&y).for_each(|(a, b)| *a += b);
-                }
-                o
-            }
-        };
-        if c.post_norms {
-            o = norm(&o, &w("post_ffw_norm")?, eps);
-        }
-        for (a, b) in x.iter_mut().zip(&o) {
-            *a += b;
         }
         hidden.push(x.clone());
     }

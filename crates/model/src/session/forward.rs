@@ -13,8 +13,10 @@ use ferrite_cpu::CpuBackend;
 
 use crate::config::Activation;
 use crate::delta_net::{self, DeltaNetScratch};
+use crate::features::MoeConfig;
+use crate::mamba2::{self, Mamba2Scratch};
 use crate::mla::{self, MlaScratch};
-use crate::model::{Attn, DenseFfn, Ffn, Model, Weight};
+use crate::model::{Attn, DenseFfn, Ffn, FfnWeights, Model, Weight};
 use crate::moe::{Experts, MoeScratch};
 use crate::{ModelConfig, ModelError};
 
@@ -87,8 +89,10 @@ pub(crate) struct Scratch<Buf, Angles> {
     pub(crate) moe: Option<MoeScratch<Buf>>,
     /// Latent attention's own buffers (MLA models only).
     mla: Option<MlaScratch<Buf>>,
-    /// The gated DeltaNet's buffers (hybrid models only).
+    /// The gated DeltaNet's buffers (Qwen3-Next only).
     delta: Option<DeltaNetScratch<Buf>>,
+    /// The Mamba-2 mixer's buffers (Nemotron-H only).
+    mamba: Option<Mamba2Scratch<Buf>>,
 }
 
 /// The scratch of backend `B`.
@@ -141,6 +145,10 @@ impl<Buf, Angles: Default> Scratch<Buf, Angles> {
             },
             delta: match &c.delta_net {
                 Some(s) => Some(DeltaNetScratch::new(b, s, rows)?),
+                None => None,
+            },
+            mamba: match &c.mamba {
+                Some(s) => Some(Mamba2Scratch::new(b, s, rows)?),
                 None => None,
             },
         })
@@ -229,8 +237,10 @@ pub(crate) fn require_ops<B: Weights>(b: &B, m: &Model, kv: KvType) -> Result<()
     for lc in &c.layers {
         let (style, scaled) = (c.rope_style, lc.rope_scaled);
         let long = scaled && c.rope_long.is_some();
-        // Latent attention turns its queries and keys apart from the store.
+        // Latent attention turns its queries and keys apart from the store; attention
+        // without rope stores them as they are.
         b.require(&match c.mla {
+            _ if c.rope_dim == 0 => Op::KvStore { kv },
             Some(_) => Op::Rope {
                 style,
                 scaled,
@@ -254,8 +264,8 @@ pub(crate) fn require_ops<B: Weights>(b: &B, m: &Model, kv: KvType) -> Result<()
     if c.qkv_bias || c.out_bias {
         b.require(&Op::AddBias)?;
     }
-    for lw in &m.layers {
-        match &lw.attn {
+    for mx in m.layers.iter().filter_map(|l| l.mixer.as_ref()) {
+        match &mx.attn {
             Attn::Qkv(qkv) => {
                 for w in qkv.iter() {
                     b.require(&shared(w))?;
@@ -267,20 +277,32 @@ pub(crate) fn require_ops<B: Weights>(b: &B, m: &Model, kv: KvType) -> Result<()
                     w.require(b, s)?;
                 }
             }
+            Attn::Mamba2(w) => {
+                if let Some(s) = &c.mamba {
+                    w.require(b, s)?;
+                }
+            }
         }
-        if let Some(g) = &lw.attn_gate {
+        if let Some(g) = &mx.attn_gate {
             b.require(&matmul(g))?;
             b.require(&Op::GatedAct { act: Act::Sigmoid })?;
         }
-        b.require(&matmul(&lw.wo))?;
+        b.require(&matmul(&mx.wo))?;
+    }
+    for f in m.layers.iter().filter_map(|l| l.ffn.as_ref()) {
         let dense = |f: &DenseFfn| -> Result<(), ModelError> {
             b.require(&shared(&f.gate))?;
             b.require(&shared(&f.up))?;
             b.require(&matmul(&f.down))?;
             Ok(b.require(&Op::GatedAct { act })?)
         };
-        match &lw.ffn {
+        match &f.ffn {
             Ffn::Dense(f) => dense(f)?,
+            Ffn::SquaredRelu { up, down } => {
+                b.require(&matmul(up))?;
+                b.require(&matmul(down))?;
+                b.require(&Op::ReluSq)?;
+            }
             Ffn::Moe(mw) => {
                 if let Some(f) = &mw.shared {
                     dense(f)?;
@@ -329,6 +351,52 @@ fn dense_ffn<B: Weights>(
     Ok(())
 }
 
+/// The second half of a block, `f`, over the `n` normalised rows in `s.xn`, into `s.o`
+/// (its post-norm applied; the residual add is the caller's).
+fn ffn_block<B: Weights>(
+    b: &B,
+    m: &Model,
+    f: &FfnWeights,
+    (act, moe_cfg, faults): (Act, &Option<MoeConfig>, Faults),
+    n: usize,
+    s: &mut ScratchOf<B>,
+) -> Result<(), ModelError> {
+    let (d, eps) = (m.config().d_model, m.config().rms_eps);
+    match &f.ffn {
+        Ffn::Dense(f) => {
+            dense_ffn(b, m, f, act, &s.xn, n, [&mut s.gate, &mut s.up], &mut s.o)?;
+        }
+        Ffn::SquaredRelu { up, down } => {
+            b.matmul(b.matrix(m, up), &s.xn, n, &mut s.gate)?;
+            b.relu_sq(&mut s.gate, n * up.rows)?;
+            b.matmul(b.matrix(m, down), &s.gate, n, &mut s.o)?;
+        }
+        Ffn::Moe(mw) => {
+            let (Some(cfg), Some(ms)) = (moe_cfg, s.moe.as_mut()) else {
+                return Err(ModelError::InvalidArgument(
+                    "expert weights without expert settings".into(),
+                ));
+            };
+            crate::moe::ffn(b, m, mw, (cfg, faults), act, &s.xn, n, &mut s.o, ms)?;
+            // The shared expert's output joins the routed experts' sum.
+            if let Some(f) = &mw.shared {
+                let out = &mut ms.shared_out;
+                dense_ffn(b, m, f, act, &s.xn, n, [&mut s.gate, &mut s.up], out)?;
+                if let Some(g) = &mw.shared_gate {
+                    // One gate logit per row, in the first `n` values of `up`.
+                    b.matmul(b.matrix(m, g), &s.xn, n, &mut s.up)?;
+                    b.row_gate(out, &s.up, n, d)?;
+                }
+                b.add(&mut s.o, &ms.shared_out, n * d)?;
+            }
+        }
+    }
+    if let Some(w) = &f.post_norm {
+        b.rms_norm(&mut s.o, n * d, b.vector(w)?, d, eps)?;
+    }
+    Ok(())
+}
+
 /// The transformer layers over `tokens`, which are the rows of `segs` in order. Leaves the
 /// final residual stream in the scratch for [`Scratch::logits`]. Every row's result depends
 /// only on its own token, position and session cache, never on the other rows.
@@ -365,138 +433,141 @@ pub(crate) fn forward_rows<B: Weights>(
 
     b.embed(b.table(m, &m.embed), tokens, c.embed_scale, &mut s.x)?;
     let mut bases = c.layers.iter().map(|l| base(l.rope_base));
-    b.rope_prepare(&mut s.angles, c.rope_dim, &mut bases, segs)?;
+    if c.rope_dim > 0 {
+        b.rope_prepare(&mut s.angles, c.rope_dim, &mut bases, segs)?;
+    }
     for (l, lw) in m.layers.iter().enumerate() {
         let lc = &c.layers[l];
-        b.norm_into(&s.x, n * d, b.vector(&lw.attn_norm)?, d, eps, &mut s.xn)?;
-        let rope = Rope {
-            head_dim: c.head_dim,
-            rot_dim: c.rope_dim,
-            base: base(lc.rope_base),
-            style: c.rope_style,
-            factors: rope_factors
-                .filter(|_| lc.rope_scaled)
-                .map(|f| b.vector(f))
-                .transpose()?,
-            long: match c.rope_long.as_ref().filter(|_| lc.rope_scaled) {
-                Some((f, after)) if rope_factors.is_some() => Some((b.vector(f)?, *after)),
-                _ => None,
-            },
-        };
         // The layer's slot among the layers of its kind in each session's store.
         let slot = c.slot(l);
-        let values = match (&lw.attn, s.mla.as_mut()) {
-            (Attn::DeltaNet(w), _) => {
-                let (Some(shape), Some(ds)) = (&c.delta_net, s.delta.as_mut()) else {
-                    return Err(ModelError::InvalidArgument(
-                        "DeltaNet weights without its settings".into(),
-                    ));
-                };
-                delta_net::layer(b, m, (shape, w), slot, &s.xn, n, ds, segs)?;
-                &ds.out
-            }
-            (Attn::Qkv(qkv), _) => {
-                let qkv = qkv.each_ref().map(|w| b.matrix(m, w));
-                b.matmul_shared(qkv, &s.xn, n, [&mut s.q, &mut s.k, &mut s.v])?;
-                let bias = lw.qkv_bias.as_ref().filter(|_| !faults.drop_qkv_bias);
-                if let Some([bq, bk, bv]) = bias {
-                    b.add_bias(&mut s.q, n * qd, b.vector(bq)?, qd)?;
-                    b.add_bias(&mut s.k, n * kvd, b.vector(bk)?, kvd)?;
-                    b.add_bias(&mut s.v, n * kvd, b.vector(bv)?, kvd)?;
+        if let Some(mx) = &lw.mixer {
+            b.norm_into(&s.x, n * d, b.vector(&mx.attn_norm)?, d, eps, &mut s.xn)?;
+            let rope = Rope {
+                head_dim: c.head_dim,
+                rot_dim: c.rope_dim,
+                base: base(lc.rope_base),
+                style: c.rope_style,
+                factors: rope_factors
+                    .filter(|_| lc.rope_scaled)
+                    .map(|f| b.vector(f))
+                    .transpose()?,
+                long: match c.rope_long.as_ref().filter(|_| lc.rope_scaled) {
+                    Some((f, after)) if rope_factors.is_some() => Some((b.vector(f)?, *after)),
+                    _ => None,
+                },
+            };
+            let values = match (&mx.attn, s.mla.as_mut()) {
+                (Attn::DeltaNet(w), _) => {
+                    let (Some(shape), Some(ds)) = (&c.delta_net, s.delta.as_mut()) else {
+                        return Err(ModelError::InvalidArgument(
+                            "DeltaNet weights without its settings".into(),
+                        ));
+                    };
+                    delta_net::layer(b, m, (shape, w), slot, &s.xn, n, ds, segs)?;
+                    &ds.out
                 }
-                if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
-                    b.rms_norm(&mut s.q, n * qd, b.vector(qn)?, c.head_dim, eps)?;
-                    b.rms_norm(&mut s.k, n * kvd, b.vector(kn)?, c.head_dim, eps)?;
+                (Attn::Mamba2(w), _) => {
+                    let (Some(shape), Some(ms)) = (&c.mamba, s.mamba.as_mut()) else {
+                        return Err(ModelError::InvalidArgument(
+                            "Mamba-2 weights without its settings".into(),
+                        ));
+                    };
+                    mamba2::mixer(b, m, (shape, w), slot, &s.xn, n, ms, segs)?;
+                    &ms.out
                 }
-                b.rope_store(
-                    &rope,
-                    &s.angles,
-                    slot,
-                    (&mut s.q, qd),
-                    (&mut s.k, &s.v, kvd),
-                    segs,
-                )?;
-                let shape = AttnShape {
-                    n_head: c.n_head,
-                    n_kv_head: c.n_kv_head,
-                    head_dim: c.head_dim,
-                    scale: c.attn_scale,
-                    window: lc.window,
-                    softcap: c.attn_softcap.filter(|_| !faults.drop_attn_softcap),
-                    values: Values::Own,
-                };
-                let sinks = match lw.sinks.as_ref().filter(|_| !faults.drop_sinks) {
-                    Some(v) => Some(b.vector(v)?),
-                    None => None,
-                };
-                b.attention(&shape, slot, &s.q, sinks, segs, &mut s.att)?;
-                match &lw.attn_gate {
-                    // Qwen3-Next: each head's output times sigmoid(gate · x).
-                    Some(g) => {
-                        b.matmul(b.matrix(m, g), &s.xn, n, &mut s.q)?;
-                        b.gated_act(Act::Sigmoid, &mut s.q, &s.att, n, qd)?;
-                        &s.q
+                (Attn::Qkv(qkv), _) => {
+                    let qkv = qkv.each_ref().map(|w| b.matrix(m, w));
+                    b.matmul_shared(qkv, &s.xn, n, [&mut s.q, &mut s.k, &mut s.v])?;
+                    let bias = mx.qkv_bias.as_ref().filter(|_| !faults.drop_qkv_bias);
+                    if let Some([bq, bk, bv]) = bias {
+                        b.add_bias(&mut s.q, n * qd, b.vector(bq)?, qd)?;
+                        b.add_bias(&mut s.k, n * kvd, b.vector(bk)?, kvd)?;
+                        b.add_bias(&mut s.v, n * kvd, b.vector(bv)?, kvd)?;
                     }
-                    None => &s.att,
-                }
-            }
-            (Attn::Mla(w), Some(ms)) => {
-                let io = mla::Io {
-                    xn: &s.xn,
-                    q: &mut s.q,
-                    k: &mut s.k,
-                    att: &mut s.att,
-                };
-                mla::attention(b, m, w, slot, (&rope, &s.angles), io, ms, segs)?;
-                &ms.values
-            }
-            (Attn::Mla(_), None) => {
-                return Err(ModelError::InvalidArgument(
-                    "latent attention weights without its scratch".into(),
-                ));
-            }
-        };
-        b.matmul(b.matrix(m, &lw.wo), values, n, &mut s.o)?;
-        if let Some(bias) = &lw.out_bias {
-            b.add_bias(&mut s.o, n * d, b.vector(bias)?, d)?;
-        }
-        if let Some(w) = &lw.post_attn_norm {
-            b.rms_norm(&mut s.o, n * d, b.vector(w)?, d, eps)?;
-        }
-        let ffn_norm = b.vector(&lw.ffn_norm)?;
-        if faults.skip_attn_residual == Some(l) {
-            b.norm_into(&s.x, n * d, ffn_norm, d, eps, &mut s.xn)?;
-        } else {
-            b.add_norm(&mut s.x, &s.o, n * d, ffn_norm, d, eps, &mut s.xn)?;
-        }
-        match &lw.ffn {
-            Ffn::Dense(f) => {
-                dense_ffn(b, m, f, act, &s.xn, n, [&mut s.gate, &mut s.up], &mut s.o)?;
-            }
-            Ffn::Moe(mw) => {
-                let (Some(cfg), Some(ms)) = (&moe_cfg, s.moe.as_mut()) else {
-                    return Err(ModelError::InvalidArgument(
-                        "expert weights without expert settings".into(),
-                    ));
-                };
-                crate::moe::ffn(b, m, mw, (cfg, faults), act, &s.xn, n, &mut s.o, ms)?;
-                // The shared expert's output joins the routed experts' sum.
-                if let Some(f) = &mw.shared {
-                    let out = &mut ms.shared_out;
-                    dense_ffn(b, m, f, act, &s.xn, n, [&mut s.gate, &mut s.up], out)?;
-                    if let Some(g) = &mw.shared_gate {
-                        // One gate logit per row, in the first `n` values of `up`.
-                        b.matmul(b.matrix(m, g), &s.xn, n, &mut s.up)?;
-                        b.row_gate(out, &s.up, n, d)?;
+                    if let (Some(qn), Some(kn)) = (&mx.q_norm, &mx.k_norm) {
+                        b.rms_norm(&mut s.q, n * qd, b.vector(qn)?, c.head_dim, eps)?;
+                        b.rms_norm(&mut s.k, n * kvd, b.vector(kn)?, c.head_dim, eps)?;
                     }
-                    b.add(&mut s.o, &ms.shared_out, n * d)?;
+                    if c.rope_dim > 0 {
+                        b.rope_store(
+                            &rope,
+                            &s.angles,
+                            slot,
+                            (&mut s.q, qd),
+                            (&mut s.k, &s.v, kvd),
+                            segs,
+                        )?;
+                    } else {
+                        // No positions (Nemotron-H): the rows go to the store as they are.
+                        b.kv_store(slot, &s.k, &s.v, kvd, segs)?;
+                    }
+                    let shape = AttnShape {
+                        n_head: c.n_head,
+                        n_kv_head: c.n_kv_head,
+                        head_dim: c.head_dim,
+                        scale: c.attn_scale,
+                        window: lc.window,
+                        softcap: c.attn_softcap.filter(|_| !faults.drop_attn_softcap),
+                        values: Values::Own,
+                    };
+                    let sinks = match mx.sinks.as_ref().filter(|_| !faults.drop_sinks) {
+                        Some(v) => Some(b.vector(v)?),
+                        None => None,
+                    };
+                    b.attention(&shape, slot, &s.q, sinks, segs, &mut s.att)?;
+                    match &mx.attn_gate {
+                        // Qwen3-Next: each head's output times sigmoid(gate · x).
+                        Some(g) => {
+                            b.matmul(b.matrix(m, g), &s.xn, n, &mut s.q)?;
+                            b.gated_act(Act::Sigmoid, &mut s.q, &s.att, n, qd)?;
+                            &s.q
+                        }
+                        None => &s.att,
+                    }
                 }
+                (Attn::Mla(w), Some(ms)) => {
+                    let io = mla::Io {
+                        xn: &s.xn,
+                        q: &mut s.q,
+                        k: &mut s.k,
+                        att: &mut s.att,
+                    };
+                    mla::attention(b, m, w, slot, (&rope, &s.angles), io, ms, segs)?;
+                    &ms.values
+                }
+                (Attn::Mla(_), None) => {
+                    return Err(ModelError::InvalidArgument(
+                        "latent attention weights without its scratch".into(),
+                    ));
+                }
+            };
+            b.matmul(b.matrix(m, &mx.wo), values, n, &mut s.o)?;
+            if let Some(bias) = &mx.out_bias {
+                b.add_bias(&mut s.o, n * d, b.vector(bias)?, d)?;
             }
+            if let Some(w) = &mx.post_attn_norm {
+                b.rms_norm(&mut s.o, n * d, b.vector(w)?, d, eps)?;
+            }
+            let skip = faults.skip_attn_residual == Some(l);
+            match &lw.ffn {
+                // The residual add and the FFN's norm in one op.
+                Some(f) if skip => {
+                    b.norm_into(&s.x, n * d, b.vector(&f.norm)?, d, eps, &mut s.xn)?
+                }
+                Some(f) => {
+                    let norm = b.vector(&f.norm)?;
+                    b.add_norm(&mut s.x, &s.o, n * d, norm, d, eps, &mut s.xn)?;
+                }
+                None if skip => {}
+                None => b.add(&mut s.x, &s.o, n * d)?,
+            }
+        } else if let Some(f) = &lw.ffn {
+            b.norm_into(&s.x, n * d, b.vector(&f.norm)?, d, eps, &mut s.xn)?;
         }
-        if let Some(w) = &lw.post_ffn_norm {
-            b.rms_norm(&mut s.o, n * d, b.vector(w)?, d, eps)?;
+        if let Some(f) = &lw.ffn {
+            ffn_block(b, m, f, (act, &moe_cfg, faults), n, s)?;
+            b.add(&mut s.x, &s.o, n * d)?;
         }
-        b.add(&mut s.x, &s.o, n * d)?;
         if let Some(h) = hidden.as_deref_mut() {
             let at = h[l].len();
             h[l].resize(at + n * d, 0.0);
