@@ -26,6 +26,9 @@ pub enum Key {
     ValueLength,
     /// RMSNorm epsilon.
     LayerNormRmsEpsilon,
+    /// LayerNorm epsilon (llama.cpp's `nemotron_h` requires it, and takes it for the
+    /// RMSNorm's when that key is absent).
+    LayerNormEpsilon,
     /// Rope frequency base.
     RopeFreqBase,
     /// Rotated dimensions per head.
@@ -98,13 +101,17 @@ pub enum Key {
     SsmTimeStepRank,
     /// Values of all value heads of a gated DeltaNet (`heads × linear_value_head_dim`).
     SsmInnerSize,
+    /// The floor of a Mamba-2 time step after its softplus (transformers' `time_step_min`,
+    /// which its torch path applies); ferrite's own key, absent from llama.cpp's files (no
+    /// floor there, as in llama.cpp and the mamba_ssm kernels).
+    SsmTimeStepMin,
     /// Every how many layers one is full attention (Qwen3-Next's `full_attention_interval`).
     FullAttentionInterval,
 }
 
 impl Key {
     /// Every key.
-    pub const ALL: [Key; 45] = [
+    pub const ALL: [Key; 47] = [
         Key::BlockCount,
         Key::ContextLength,
         Key::EmbeddingLength,
@@ -114,6 +121,7 @@ impl Key {
         Key::KeyLength,
         Key::ValueLength,
         Key::LayerNormRmsEpsilon,
+        Key::LayerNormEpsilon,
         Key::RopeFreqBase,
         Key::RopeDimensionCount,
         Key::RopeScalingType,
@@ -149,6 +157,7 @@ impl Key {
         Key::SsmGroupCount,
         Key::SsmTimeStepRank,
         Key::SsmInnerSize,
+        Key::SsmTimeStepMin,
         Key::FullAttentionInterval,
     ];
 
@@ -164,6 +173,7 @@ impl Key {
             Key::KeyLength => "attention.key_length",
             Key::ValueLength => "attention.value_length",
             Key::LayerNormRmsEpsilon => "attention.layer_norm_rms_epsilon",
+            Key::LayerNormEpsilon => "attention.layer_norm_epsilon",
             Key::RopeFreqBase => "rope.freq_base",
             Key::RopeDimensionCount => "rope.dimension_count",
             Key::RopeScalingType => "rope.scaling.type",
@@ -199,6 +209,7 @@ impl Key {
             Key::SsmGroupCount => "ssm.group_count",
             Key::SsmTimeStepRank => "ssm.time_step_rank",
             Key::SsmInnerSize => "ssm.inner_size",
+            Key::SsmTimeStepMin => "ssm.time_step_min",
             Key::FullAttentionInterval => "full_attention_interval",
         }
     }
@@ -227,6 +238,7 @@ mod tests {
             "llama.attention.key_length",
             "llama.attention.value_length",
             "llama.attention.layer_norm_rms_epsilon",
+            "llama.attention.layer_norm_epsilon",
             "llama.rope.freq_base",
             "llama.rope.dimension_count",
             "llama.rope.scaling.type",
@@ -262,6 +274,8 @@ mod tests {
             "llama.ssm.group_count",
             "llama.ssm.time_step_rank",
             "llama.ssm.inner_size",
+            // ferrite's own (no llama.cpp reader has it).
+            "llama.ssm.time_step_min",
             "llama.full_attention_interval",
         ];
         assert_eq!(Key::ALL.map(|k| k.of("llama")), pinned);

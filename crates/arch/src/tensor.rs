@@ -414,7 +414,7 @@ impl LayerParts {
     pub fn tensors(self) -> Vec<(TensorRole, Kind)> {
         use TensorRole as R;
         if let Some(kind) = self.block {
-            return single_block(kind);
+            return kind.tensors();
         }
         let mut roles = vec![R::AttnNorm];
         if self.delta_net {
@@ -492,31 +492,34 @@ impl LayerParts {
     }
 }
 
-/// The tensors of a Nemotron-H block of kind `kind`: llama.cpp's `nemotron_h` layout.
-fn single_block(kind: BlockKind) -> Vec<(TensorRole, Kind)> {
-    use TensorRole as R;
-    let parts: &[(TensorRole, Kind)] = match kind {
-        BlockKind::Mamba2 => &[
-            (R::SsmIn, Kind::Weight),
-            (R::SsmConv1d, Kind::Weight),
-            (R::SsmConv1d, Kind::Bias),
-            (R::SsmDt, Kind::Bias),
-            (R::SsmA, Kind::Bare),
-            (R::SsmD, Kind::Bare),
-            (R::SsmNorm, Kind::Weight),
-            (R::SsmOut, Kind::Weight),
-        ],
-        BlockKind::Attention => &[
-            (R::AttnQ, Kind::Weight),
-            (R::AttnK, Kind::Weight),
-            (R::AttnV, Kind::Weight),
-            (R::AttnOutput, Kind::Weight),
-        ],
-        BlockKind::Mlp => &[(R::FfnUp, Kind::Weight), (R::FfnDown, Kind::Weight)],
-    };
-    std::iter::once((R::AttnNorm, Kind::Weight))
-        .chain(parts.iter().copied())
-        .collect()
+impl BlockKind {
+    /// Every tensor a Nemotron-H block of this kind has: its `attn_norm` and its part's,
+    /// llama.cpp's `nemotron_h` layout.
+    pub fn tensors(self) -> Vec<(TensorRole, Kind)> {
+        use TensorRole as R;
+        let parts: &[(TensorRole, Kind)] = match self {
+            BlockKind::Mamba2 => &[
+                (R::SsmIn, Kind::Weight),
+                (R::SsmConv1d, Kind::Weight),
+                (R::SsmConv1d, Kind::Bias),
+                (R::SsmDt, Kind::Bias),
+                (R::SsmA, Kind::Bare),
+                (R::SsmD, Kind::Bare),
+                (R::SsmNorm, Kind::Weight),
+                (R::SsmOut, Kind::Weight),
+            ],
+            BlockKind::Attention => &[
+                (R::AttnQ, Kind::Weight),
+                (R::AttnK, Kind::Weight),
+                (R::AttnV, Kind::Weight),
+                (R::AttnOutput, Kind::Weight),
+            ],
+            BlockKind::Mlp => &[(R::FfnUp, Kind::Weight), (R::FfnDown, Kind::Weight)],
+        };
+        std::iter::once((R::AttnNorm, Kind::Weight))
+            .chain(parts.iter().copied())
+            .collect()
+    }
 }
 
 #[cfg(test)]

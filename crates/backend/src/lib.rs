@@ -40,7 +40,8 @@ pub use error::BackendError;
 pub use op::{Op, Support};
 pub use routing::{Gating, RouteRule, Routing};
 pub use types::{
-    Act, AttnShape, ExpertBufs, ExpertFfn, HostMatrix, KvType, Rope, RopeStyle, Segment, Values,
+    Act, AttnShape, ExpertBufs, ExpertFfn, HostMatrix, KvType, Rope, RopeStyle, Segment, SsmParams,
+    Values,
 };
 
 /// Results of the contract's ops.
@@ -294,10 +295,11 @@ pub trait Backend: Sync {
     /// conv_channels` values), which keep the result. Per row, `xbc` holds the
     /// `s.conv_channels()` convolved values: `x` (`n_heads × head_dim`), then every group's
     /// B, then every group's C (`n_groups × d_state` each); `dt` one raw time step per head.
-    /// `params = (a, d, dt_bias)`, `n_heads` values each (`a = -exp(A_log)`). Head `h`
-    /// reads group `g = h / (n_heads / n_groups)` and keeps the matrix `S` (`head_dim ×
-    /// d_state`, row-major): with `δ = softplus(dt[h] + dt_bias[h])` (`x` itself past 20)
-    /// and `dA = exp(δ · a[h])`, `S[p][n] = S[p][n] · dA + δ · x[h][p] · B[g][n]`, and the
+    /// `params` holds `a`, `d` and `dt_bias`, `n_heads` values each (`a = -exp(A_log)`),
+    /// and the floor `dt_min`. Head `h` reads group `g = h / (n_heads / n_groups)` and
+    /// keeps the matrix `S` (`head_dim × d_state`, row-major): with `δ =
+    /// max(softplus(dt[h] + dt_bias[h]), dt_min)` (softplus `x` itself past 20) and `dA =
+    /// exp(δ · a[h])`, `S[p][n] = S[p][n] · dA + δ · x[h][p] · B[g][n]`, and the
     /// row's output is `out[h][p] = Σ_n S[p][n] · C[g][n] + d[h] · x[h][p]` (`s.inner()`
     /// values a row).
     #[allow(clippy::too_many_arguments)]
@@ -307,7 +309,7 @@ pub trait Backend: Sync {
         slot: usize,
         xbc: &Self::Buf,
         dt: &Self::Buf,
-        params: (Self::Vector<'_>, Self::Vector<'_>, Self::Vector<'_>),
+        params: SsmParams<Self::Vector<'_>>,
         segs: &mut [Segment<'_, Self::Kv>],
         out: &mut Self::Buf,
     ) -> Result<()>;

@@ -212,6 +212,20 @@ pub struct Segment<'a, K> {
     pub len: usize,
 }
 
+/// The per-head parameters of a Mamba-2 scan ([`crate::Backend::ssm_scan`]).
+#[derive(Debug, Clone, Copy)]
+pub struct SsmParams<V> {
+    /// Decay rates, `a = -exp(A_log)`.
+    pub a: V,
+    /// Skip weights `D`.
+    pub d: V,
+    /// Time-step biases.
+    pub dt_bias: V,
+    /// The floor of every time step after its softplus: transformers' `time_step_min`,
+    /// which its torch path applies; 0 for none (llama.cpp, the mamba_ssm kernels).
+    pub dt_min: f32,
+}
+
 /// One expert's FFN for [`crate::Backend::moe_experts`]: its gate, up and down matrices
 /// and, where the model has them (gpt-oss), a bias of each product.
 #[derive(Debug, Clone, Copy)]

@@ -14,6 +14,7 @@
 //! weights are always F32 ones. The output matrix is always written (untied). The head size
 //! is hidden / heads for both architectures (real Gemma 3 files may store a larger one).
 
+mod nemotron_h;
 mod qwen3next;
 mod vocab;
 mod weights;
@@ -41,6 +42,10 @@ pub enum ArchArg {
     /// of --ffn with a gated shared one; --kv-heads key heads and --heads value heads.
     #[value(name = "qwen3next")]
     Qwen3Next,
+    /// Nemotron-H: Mamba-2, squared-ReLU MLP and (every eighth block, from the seventh)
+    /// attention blocks; at least 7 --layers.
+    #[value(name = "nemotron_h")]
+    NemotronH,
 }
 
 impl ArchArg {
@@ -51,6 +56,7 @@ impl ArchArg {
             ArchArg::Gemma3 => Arch::Gemma3,
             ArchArg::Qwen3 => Arch::Qwen3,
             ArchArg::Qwen3Next => Arch::Qwen3Next,
+            ArchArg::NemotronH => Arch::NemotronH,
         }
     }
 }
@@ -175,6 +181,11 @@ fn shape(args: &SynthArgs, tokenizer_vocab: Option<usize>) -> anyhow::Result<Sha
     if !s.heads.is_multiple_of(s.kv_heads) {
         bail!("--kv-heads {} must divide --heads {}", s.kv_heads, s.heads);
     }
+    if args.arch == ArchArg::NemotronH && s.layers < 7 {
+        bail!(
+            "--arch nemotron_h needs at least 7 --layers (its first attention block is the seventh)"
+        );
+    }
     Ok(s)
 }
 
@@ -251,10 +262,12 @@ fn tensor_specs<'a>(args: &'a SynthArgs, s: &'a Shape) -> impl Iterator<Item = S
     };
     let embeddings = [GlobalTensor::TokenEmbd, GlobalTensor::Output]
         .map(|t| matrix(TensorName::Global(t), s.hidden, s.vocab));
-    let hybrid = args.arch == ArchArg::Qwen3Next;
+    let hybrid = matches!(args.arch, ArchArg::Qwen3Next | ArchArg::NemotronH);
     let layers = (0..s.layers).flat_map(move |l| {
-        if hybrid {
-            return qwen3next::layer(args.ty, s, l);
+        match args.arch {
+            ArchArg::Qwen3Next => return qwen3next::layer(args.ty, s, l),
+            ArchArg::NemotronH => return nemotron_h::layer(args.ty, s, l),
+            _ => {}
         }
         let n = |role: TensorRole| TensorName::Layer {
             layer: l,
@@ -341,13 +354,18 @@ fn model_metadata(args: &SynthArgs, s: &Shape) -> Vec<(String, Value)> {
         (k(Key::BlockCount), u(s.layers)),
         (k(Key::ContextLength), u(8192)),
         (k(Key::EmbeddingLength), u(s.hidden)),
-        (k(Key::FeedForwardLength), u(s.ffn)),
         (k(Key::HeadCount), u(s.heads)),
-        (k(Key::HeadCountKv), u(s.kv_heads)),
         (k(Key::KeyLength), u(s.head_dim())),
         (k(Key::ValueLength), u(s.head_dim())),
-        (k(Key::RopeDimensionCount), u(s.head_dim())),
     ];
+    // Nemotron-H gives the FFN width and KV heads per block, and turns no heads.
+    if args.arch != ArchArg::NemotronH {
+        m.extend([
+            (k(Key::FeedForwardLength), u(s.ffn)),
+            (k(Key::HeadCountKv), u(s.kv_heads)),
+            (k(Key::RopeDimensionCount), u(s.head_dim())),
+        ]);
+    }
     match args.arch {
         ArchArg::Llama => m.extend([
             (k(Key::LayerNormRmsEpsilon), Value::F32(1e-5)),
@@ -365,6 +383,13 @@ fn model_metadata(args: &SynthArgs, s: &Shape) -> Vec<(String, Value)> {
         ArchArg::Qwen3Next => {
             m.extend(
                 qwen3next::metadata(s)
+                    .into_iter()
+                    .map(|(key, v)| (k(key), v)),
+            );
+        }
+        ArchArg::NemotronH => {
+            m.extend(
+                nemotron_h::metadata(s)
                     .into_iter()
                     .map(|(key, v)| (k(key), v)),
             );

@@ -14,7 +14,8 @@
 //! Planted defects the fixture check must reject, per family: the convolution's taps moved
 //! one position (it reads its inputs one position off); Qwen3-Next's attention output gate
 //! and shared expert gate zeroed (each a missing gate: sigmoid(0) halves the output);
-//! Nemotron-H's skip `D` zeroed and its `A` not negated (a decay that grows).
+//! Nemotron-H's skip `D` zeroed, its `A` not negated (a decay that grows) and its time steps
+//! left without transformers' floor (`ssm.time_step_min` 0, as llama.cpp runs them).
 
 mod common;
 
@@ -161,26 +162,34 @@ fn converted_hybrids_match_transformers_and_planted_defects_fail() {
         let d_zeroed = |n: &str, d: &[u8]| n.ends_with(".ssm_d").then(|| vec![0u8; d.len()]);
         // A_log stored as A: the decay exp(δ·A) without its minus sign grows.
         let a_positive = |n: &str, d: &[u8]| n.ends_with(".ssm_a").then(|| flip_f32_signs(d));
+        // Time steps left unfloored (as llama.cpp runs): the file's floor set to 0.
+        let keep = |_: &str, _: &[u8]| None;
+        let no_floor = [(
+            "nemotron_h.ssm.time_step_min",
+            ferrite_gguf::Value::F32(0.0),
+        )];
         let g = ferrite_gguf::Gguf::open(&f32_path).unwrap();
         let arch = g.get_str("general.architecture").unwrap().to_owned();
         // Each family's own missing pieces; every one must change the file.
-        let defects: Vec<(&str, &TensorEdit<'_>)> = match arch.as_str() {
+        type Meta<'a> = &'a [(&'a str, ferrite_gguf::Value)];
+        let defects: Vec<(&str, Meta<'_>, &TensorEdit<'_>)> = match arch.as_str() {
             "qwen3next" => vec![
-                ("attention gate zeroed", &gate_zeroed),
-                ("shared expert gate zeroed", &shared_gate_zeroed),
-                ("convolution one position off", &conv_off),
+                ("attention gate zeroed", &[], &gate_zeroed),
+                ("shared expert gate zeroed", &[], &shared_gate_zeroed),
+                ("convolution one position off", &[], &conv_off),
             ],
             "nemotron_h" => vec![
-                ("D skip zeroed", &d_zeroed),
-                ("A not negated", &a_positive),
-                ("convolution one position off", &conv_off),
+                ("D skip zeroed", &[], &d_zeroed),
+                ("A not negated", &[], &a_positive),
+                ("convolution one position off", &[], &conv_off),
+                ("time steps not floored", &no_floor, &keep),
             ],
             other => panic!("no planted defects for {other}"),
         };
-        for (label, edit) in defects {
+        for (label, meta, edit) in defects {
             let bad = tmp.path().join("bad.gguf");
             assert!(
-                rewrite_gguf(&f32_path, &bad, &[], edit),
+                rewrite_gguf(&f32_path, &bad, meta, edit),
                 "{label}: nothing changed"
             );
             let (w, r, s) = score(&load(&bad), &cases, &pool);

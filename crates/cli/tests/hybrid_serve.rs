@@ -1,5 +1,6 @@
-//! `ferrite serve` on a hybrid recurrent model (fixtures/hybrid's Qwen3-Next, converted to
-//! f32 GGUF): continuous batching and the prefix cache with the recurrent state. Oracles:
+//! `ferrite serve` on each hybrid recurrent model of fixtures/hybrid (Qwen3-Next's gated
+//! DeltaNet, Nemotron-H's Mamba-2; `FERRITE_HYBRID_FIXTURES` overrides the directory),
+//! converted to f32 GGUF: continuous batching and the prefix cache with the recurrent state. Oracles:
 //! greedy answers and their top log-probs from two slots batched equal those of a server
 //! answering one request at a time (bit for bit: the JSON numbers are equal); a slot that
 //! holds the prompt reuses it up to its nearest recurrent-state checkpoint and reports only
@@ -52,9 +53,15 @@ fn complete(server: &Server, prompt: &[u32]) -> (Value, u64, String) {
 
 #[test]
 fn hybrid_sessions_batch_exactly_and_restore_from_the_disk_cache() {
+    for dir in common::model_dirs("FERRITE_HYBRID_FIXTURES", "hybrid") {
+        println!("{}", dir.display());
+        batch_and_restore(&dir);
+    }
+}
+
+fn batch_and_restore(dir: &Path) {
     let tmp = tempfile::tempdir().unwrap();
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/hybrid/qwen3next");
-    let model = tmp.path().join("q3n.gguf");
+    let model = tmp.path().join("hybrid.gguf");
     let o = common::run(&[
         "convert",
         dir.to_str().unwrap(),

@@ -292,3 +292,29 @@ fn tiny_qwen3next_loads_as_a_hybrid_and_runs() {
     assert!(c.state_slots().0 > 0 && c.kv_layers() < c.n_layer);
     loads_and_runs(&out);
 }
+
+#[test]
+fn tiny_nemotron_h_loads_its_blocks_and_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("h.gguf");
+    let mut args = TINY.to_vec();
+    args.extend(["--arch", "nemotron_h", "--vocab", "300", "--type", "q8_0"]);
+    // Its first attention block is the seventh.
+    let o = common::run(&[&["synth", "-o", out.to_str().unwrap()], &args[..]].concat());
+    let said = common::text(&o);
+    assert!(
+        !o.status.success() && said.contains("at least 7 --layers"),
+        "{said}"
+    );
+    args[3] = "8";
+    synth(&out, &args);
+    let m = ferrite_model::Model::load(&out, ferrite_model::LoadOptions::default()).unwrap();
+    let c = m.config();
+    assert_eq!(c.arch, ferrite_model::Arch::NemotronH);
+    use ferrite_model::Kept;
+    let kept: Vec<Kept> = (0..c.n_layer).map(|l| c.kept(l)).collect();
+    // Mamba-2 and MLP blocks alternate; block 6 is attention.
+    assert_eq!(kept[..2], [Kept::State, Kept::Nothing]);
+    assert_eq!((kept[6], c.kv_layers()), (Kept::Kv, 1));
+    loads_and_runs(&out);
+}

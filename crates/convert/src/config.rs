@@ -13,11 +13,12 @@
 //! not handled (another activation, partial rope, a rope scaling other than llama3,
 //! interleaved dense/MoE layers) is refused by name rather than dropped.
 
-use ferrite_arch::{Arch, DeltaNetShape, GlobalTensor, Key, MlaShape};
+use ferrite_arch::{Arch, BlockKind, DeltaNetShape, GlobalTensor, Key, MlaShape};
 use ferrite_gguf::{Array, Value};
 use serde_json::{Map, Value as Json};
 
 use crate::ConvertError;
+use crate::mamba2::Mamba2Hybrid;
 
 /// The multimodal Gemma 3 class, whose text model converts (`text_config`).
 const GEMMA3_MULTIMODAL: &str = "Gemma3ForConditionalGeneration";
@@ -54,6 +55,9 @@ pub enum Family {
     GptOss,
     /// `Qwen3NextForCausalLM` (Qwen3-Next 80B-A3B): gated DeltaNet and gated attention.
     Qwen3Next,
+    /// `NemotronHForCausalLM` (Nemotron-H, Nemotron Nano 2): Mamba-2, attention and MLP
+    /// blocks.
+    NemotronH,
 }
 
 impl Family {
@@ -79,6 +83,7 @@ impl Family {
                 "DeepseekV3ForCausalLM" => Family::DeepseekV3,
                 "GptOssForCausalLM" => Family::GptOss,
                 "Qwen3NextForCausalLM" => Family::Qwen3Next,
+                "NemotronHForCausalLM" => Family::NemotronH,
                 _ => return None,
             })
         });
@@ -101,6 +106,7 @@ impl Family {
             (None, Some("deepseek_v3")) => Ok(Family::DeepseekV3),
             (None, Some("gpt_oss")) => Ok(Family::GptOss),
             (None, Some("qwen3_next")) => Ok(Family::Qwen3Next),
+            (None, Some("nemotron_h")) => Ok(Family::NemotronH),
             (Some(c), _) => Err(ConvertError::UnsupportedArchitecture(c.to_owned())),
             (None, Some(t)) => Err(ConvertError::UnsupportedArchitecture(t.to_owned())),
             (None, None) => Err(ConvertError::BadConfig {
@@ -124,6 +130,7 @@ impl Family {
             Family::DeepseekV2 | Family::DeepseekV3 => Arch::Deepseek2,
             Family::GptOss => Arch::GptOss,
             Family::Qwen3Next => Arch::Qwen3Next,
+            Family::NemotronH => Arch::NemotronH,
         }
     }
 
@@ -168,6 +175,7 @@ impl Family {
     fn default_ctx(self) -> u64 {
         match self {
             Family::Llama => 2048,
+            Family::NemotronH => 4096,
             Family::Mistral | Family::Mixtral => 4096 * 32,
             Family::Qwen2 | Family::Qwen3 | Family::Qwen3Moe => 32768,
             Family::Qwen3Next => 262_144,
@@ -182,7 +190,11 @@ impl Family {
     /// transformers' default `rms_norm_eps`.
     fn default_rms_eps(self) -> f64 {
         match self {
-            Family::Mixtral | Family::Phi3 | Family::Glm4Moe | Family::GptOss => 1e-5,
+            Family::Mixtral
+            | Family::Phi3
+            | Family::Glm4Moe
+            | Family::GptOss
+            | Family::NemotronH => 1e-5,
             _ => 1e-6,
         }
     }
@@ -347,6 +359,8 @@ pub struct HfConfig {
     pub sliding_window: Option<SlidingWindow>,
     /// The gated DeltaNet of a hybrid (Qwen3-Next), with its interval of attention layers.
     pub delta_net: Option<DeltaNetShape>,
+    /// The blocks and Mamba-2 mixers of a Mamba-2 hybrid (Nemotron-H).
+    pub mamba2: Option<Mamba2Hybrid>,
     /// The text model of a multimodal checkpoint (`Gemma3ForConditionalGeneration`): its
     /// weights carry a `language_model` prefix and the vision weights are left out.
     pub multimodal: bool,
@@ -447,6 +461,11 @@ impl HfConfig {
 
     fn from_text_map(cfg: &Map<String, Json>) -> Result<HfConfig, ConvertError> {
         let family = Family::from_config(cfg)?;
+        // Nemotron-H names its activations per part; `mamba2::hybrid` checks them.
+        let mamba2 = match family {
+            Family::NemotronH => Some(crate::mamba2::hybrid(cfg)?),
+            _ => None,
+        };
         let (act_key, want) = if family.gemma() {
             ("hidden_activation", "gelu_pytorch_tanh")
         } else {
@@ -457,7 +476,7 @@ impl HfConfig {
             .or_else(|| cfg.get("hidden_act"))
             .and_then(Json::as_str)
             .unwrap_or(want);
-        if act != want {
+        if act != want && mamba2.is_none() {
             return Err(ConvertError::UnsupportedFeature(format!(
                 "{act_key} {act:?} (only {want} for this family)"
             )));
@@ -474,7 +493,10 @@ impl HfConfig {
                 }
             }
         }
-        let n_layer = need_usize(cfg, "num_hidden_layers")?;
+        let n_layer = match &mamba2 {
+            Some(h) => h.blocks.len(),
+            None => need_usize(cfg, "num_hidden_layers")?,
+        };
         let d_model = need_usize(cfg, "hidden_size")?;
         let d_ff = need_usize(cfg, "intermediate_size")?;
         let n_head = need_usize(cfg, "num_attention_heads")?;
@@ -513,10 +535,15 @@ impl HfConfig {
         let n_vocab = need_usize(cfg, "vocab_size")?;
         let ctx =
             get_usize(cfg, "max_position_embeddings")?.map_or(family.default_ctx(), |c| c as u64);
-        let rms_eps = get_f64(cfg, "rms_norm_eps")?.unwrap_or(family.default_rms_eps());
+        let eps_key = if mamba2.is_some() {
+            "layer_norm_epsilon"
+        } else {
+            "rms_norm_eps"
+        };
+        let rms_eps = get_f64(cfg, eps_key)?.unwrap_or(family.default_rms_eps());
         // The loader refuses these too; refusing here keeps a file it cannot load unwritten.
         if !(rms_eps.is_finite() && rms_eps >= 0.0) {
-            return Err(bad("rms_norm_eps", "must be a finite number ≥ 0"));
+            return Err(bad(eps_key, "must be a finite number ≥ 0"));
         }
         let mla = if family.deepseek() {
             let q_lora_rank = get_usize(cfg, "q_lora_rank")?.filter(|&r| r > 0);
@@ -610,6 +637,7 @@ impl HfConfig {
             mla,
             sliding_window,
             delta_net,
+            mamba2,
             multimodal: false,
         })
     }
@@ -623,12 +651,42 @@ impl HfConfig {
             (k(Key::BlockCount), u(self.n_layer)),
             (k(Key::ContextLength), Value::U32(self.ctx as u32)),
             (k(Key::EmbeddingLength), u(self.d_model)),
-            (k(Key::FeedForwardLength), u(self.d_ff)),
-            (k(Key::HeadCount), u(self.n_head)),
-            (k(Key::HeadCountKv), u(self.n_kv_head)),
-            (k(Key::RopeFreqBase), Value::F32(self.rope_theta as f32)),
-            (k(Key::LayerNormRmsEpsilon), Value::F32(self.rms_eps as f32)),
         ];
+        match &self.mamba2 {
+            // Per block: an FFN width for the MLP blocks, KV heads for the attention
+            // blocks, zero for the rest; no rope.
+            Some(h) => {
+                let per_block = |part: BlockKind, n: usize| {
+                    let values = h
+                        .blocks
+                        .iter()
+                        .map(|&b| if b == part { n as u32 } else { 0 });
+                    Value::Array(Array::U32(values.collect()))
+                };
+                m.extend([
+                    (
+                        k(Key::FeedForwardLength),
+                        per_block(BlockKind::Mlp, self.d_ff),
+                    ),
+                    (k(Key::HeadCount), u(self.n_head)),
+                    (
+                        k(Key::HeadCountKv),
+                        per_block(BlockKind::Attention, self.n_kv_head),
+                    ),
+                ]);
+            }
+            None => m.extend([
+                (k(Key::FeedForwardLength), u(self.d_ff)),
+                (k(Key::HeadCount), u(self.n_head)),
+                (k(Key::HeadCountKv), u(self.n_kv_head)),
+                (k(Key::RopeFreqBase), Value::F32(self.rope_theta as f32)),
+            ]),
+        }
+        m.push((k(Key::LayerNormRmsEpsilon), Value::F32(self.rms_eps as f32)));
+        if self.mamba2.is_some() {
+            // llama.cpp's nemotron_h loader requires it.
+            m.push((k(Key::LayerNormEpsilon), Value::F32(self.rms_eps as f32)));
+        }
         if let Some(e) = &self.experts {
             m.push((k(Key::ExpertCount), u(e.count)));
             m.push((k(Key::ExpertUsedCount), u(e.used)));
@@ -735,6 +793,15 @@ impl HfConfig {
             m.push((k(Key::SsmTimeStepRank), u(s.v_heads)));
             m.push((k(Key::SsmInnerSize), u(s.inner())));
             m.push((k(Key::FullAttentionInterval), u(s.interval)));
+        }
+        if let Some(h) = &self.mamba2 {
+            let s = h.shape;
+            m.push((k(Key::SsmConvKernel), u(s.conv_kernel)));
+            m.push((k(Key::SsmStateSize), u(s.d_state)));
+            m.push((k(Key::SsmGroupCount), u(s.n_groups)));
+            m.push((k(Key::SsmTimeStepRank), u(s.n_heads)));
+            m.push((k(Key::SsmInnerSize), u(s.inner())));
+            m.push((k(Key::SsmTimeStepMin), Value::F32(h.dt_min as f32)));
         }
         if let Some(sw) = &self.sliding_window {
             m.push((k(Key::SlidingWindow), u(sw.window)));
@@ -1251,6 +1318,12 @@ fn sliding_window(
         | Family::Qwen3Next => {
             return Ok(None);
         }
+        Family::NemotronH if window.is_some() => {
+            return Err(ConvertError::UnsupportedFeature(
+                "sliding_window on Nemotron-H".into(),
+            ));
+        }
+        Family::NemotronH => return Ok(None),
         Family::Gemma2 | Family::Gemma3 | Family::GptOss => {
             if window.is_none() {
                 return Err(bad(

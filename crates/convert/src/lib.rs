@@ -25,6 +25,7 @@
 mod config;
 mod delta_net;
 mod error;
+mod mamba2;
 mod names;
 mod plan;
 mod spm;
@@ -42,6 +43,7 @@ use ferrite_safetensors::Checkpoint;
 
 pub use config::{Experts, Family, HfConfig, Llama3Rope, LongRope, SlidingWindow, Yarn};
 pub use error::ConvertError;
+pub use mamba2::Mamba2Hybrid;
 use plan::{Described, Plan};
 
 /// The tensor type of the GGUF written (vectors, norms, biases and routers are F32 in every
@@ -129,20 +131,18 @@ pub fn is_hf_dir(path: &Path) -> bool {
     path.is_dir() && path.join("config.json").is_file()
 }
 
-/// The checkpoint name of the embedding, whose rows are the vocabulary.
-const EMBED: &str = "model.embed_tokens.weight";
-
 /// Checks that the embedding has `vocab_size` rows.
 fn check_vocab(config: &HfConfig, checkpoint: &Checkpoint) -> Result<(), ConvertError> {
-    let Some(embed) = checkpoint.get(EMBED) else {
-        return Err(ConvertError::MissingTensor(EMBED.into()));
+    let name = names::embedding(config.family);
+    let Some(embed) = checkpoint.get(name) else {
+        return Err(ConvertError::MissingTensor(name.into()));
     };
     match embed.info.shape.first() {
         Some(&rows) if rows == config.n_vocab as u64 => Ok(()),
         _ => Err(ConvertError::BadConfig {
             key: "vocab_size".into(),
             reason: format!(
-                "{} tokens, but {EMBED} has shape {:?} (one row per token)",
+                "{} tokens, but {name} has shape {:?} (one row per token)",
                 config.n_vocab, embed.info.shape
             ),
         }),

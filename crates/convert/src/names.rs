@@ -74,6 +74,27 @@ pub(crate) enum Mapped {
     Skip,
 }
 
+/// The checkpoint's name of the token embedding of `family`.
+pub(crate) fn embedding(family: Family) -> &'static str {
+    match family {
+        Family::NemotronH => crate::mamba2::EMBEDDING,
+        _ => "model.embed_tokens.weight",
+    }
+}
+
+/// The layer index of checkpoint tensor `name` of `family`; `None` outside the layers.
+pub(crate) fn layer_of(name: &str, family: Family) -> Option<usize> {
+    match family {
+        Family::NemotronH => crate::mamba2::layer_of(name),
+        _ => name
+            .strip_prefix("model.layers.")?
+            .split('.')
+            .next()?
+            .parse()
+            .ok(),
+    }
+}
+
 /// The text model's name of tensor `name` of a multimodal checkpoint
 /// (`Gemma3ForConditionalGeneration`): `model.language_model.*` (transformers 5) and
 /// `language_model.model.*` (4.x) become `model.*`, `language_model.lm_head.*` becomes
@@ -104,6 +125,9 @@ pub(crate) fn text_model_name(name: &str) -> Option<String> {
 /// per-layer norms (its `post_attention_layernorm` is the attention output's norm, and
 /// `pre_feedforward_layernorm` the FFN input's).
 pub(crate) fn map(name: &str, family: Family) -> Option<Mapped> {
+    if family == Family::NemotronH {
+        return crate::mamba2::map(name);
+    }
     let gemma = family.gemma();
     let plain = |t: GlobalTensor| Some(Mapped::Plain(t.name().to_owned()));
     match name {

@@ -99,10 +99,7 @@ impl<'a> Plan<'a> {
         for hf in checkpoint.names() {
             let mapped =
                 names::map(hf, c.family).ok_or_else(|| ConvertError::UnmappedTensor(hf.into()))?;
-            let layer = hf
-                .strip_prefix("model.layers.")
-                .and_then(|r| r.split('.').next())
-                .and_then(|l| l.parse::<usize>().ok());
+            let layer = names::layer_of(hf, c.family);
             if layer.is_some_and(|l| l >= c.n_layer) {
                 return Err(ConvertError::BadTensor {
                     tensor: hf.into(),
@@ -120,6 +117,17 @@ impl<'a> Plan<'a> {
             if expert_tensor && n_experts == 0 {
                 // Expert weights in a model whose config declares no experts.
                 return Err(ConvertError::UnmappedTensor(hf.into()));
+            }
+            if let Some(h) = &c.mamba2 {
+                let gguf = match &mapped {
+                    Mapped::Plain(gguf) => Some(gguf.clone()),
+                    Mapped::Conv1d { layer } => Some(TensorRole::SsmConv1d.weight(*layer)),
+                    Mapped::DecayRate { layer } => Some(TensorRole::SsmA.bare(*layer)),
+                    _ => None,
+                };
+                if let Some(gguf) = gguf {
+                    h.check_tensor(&gguf, hf)?;
+                }
             }
             match mapped {
                 Mapped::Skip => {}
@@ -221,10 +229,9 @@ impl<'a> Plan<'a> {
                 )));
             }
         }
-        if checkpoint.get("model.embed_tokens.weight").is_none() {
-            return Err(ConvertError::MissingTensor(
-                "model.embed_tokens.weight".into(),
-            ));
+        let embedding = names::embedding(c.family);
+        if checkpoint.get(embedding).is_none() {
+            return Err(ConvertError::MissingTensor(embedding.into()));
         }
         if !c.tie_embeddings && checkpoint.get("lm_head.weight").is_none() {
             return Err(ConvertError::MissingTensor(
@@ -329,7 +336,7 @@ impl<'a> Plan<'a> {
                     } else {
                         src
                     },
-                    shape: t.info.shape.clone(),
+                    shape: self.stored_shape(gguf, &t.info.shape),
                 })
             }
             Item::Stack { layer, part } => {
@@ -468,10 +475,11 @@ impl<'a> Plan<'a> {
             Item::DecayRate { layer, hf } => {
                 let t = self.tensor(hf)?;
                 float_type(hf, &t)?;
+                let gguf = TensorRole::SsmA.bare(*layer);
                 Ok(Described {
-                    gguf: TensorRole::SsmA.bare(*layer),
+                    shape: self.stored_shape(&gguf, &t.info.shape),
+                    gguf,
                     src: GgmlType::F32,
-                    shape: t.info.shape.clone(),
                 })
             }
             Item::FusedDown { layer, hf } => {
@@ -580,6 +588,15 @@ impl<'a> Plan<'a> {
                 }
             }
         })
+    }
+
+    /// The shape `gguf` is stored in, for checkpoint shape `shape` (a Mamba-2 hybrid's
+    /// per-head and per-group vectors are reshaped; the data stays as it is).
+    fn stored_shape(&self, gguf: &str, shape: &[u64]) -> Vec<u64> {
+        match &self.c.mamba2 {
+            Some(h) => h.stored_shape(gguf, shape),
+            None => shape.to_vec(),
+        }
     }
 
     /// Experts per layer (0 for a dense model).

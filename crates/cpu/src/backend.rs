@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use ferrite_backend::{
     Act, AttnShape, Backend, BackendError, ExpertBufs, ExpertFfn, HostMatrix, KvType, Op, Result,
-    Rope, RouteRule, Routing, Segment, Support, Values,
+    Rope, RouteRule, Routing, Segment, SsmParams, Support, Values,
 };
 use ferrite_quant::kernels::{GatedAct, gated_act};
 use ferrite_quant::simd_level;
@@ -629,10 +629,11 @@ impl Backend for CpuBackend<'_> {
         slot: usize,
         xbc: &Vec<f32>,
         dt: &Vec<f32>,
-        (a, d, dt_bias): (&[f32], &[f32], &[f32]),
+        params: SsmParams<&[f32]>,
         segs: &mut [Segment<'_, KvCache>],
         out: &mut Vec<f32>,
     ) -> Result<()> {
+        let SsmParams { a, d, dt_bias, .. } = params;
         let (nh, ng) = (s.n_heads, s.n_groups);
         let sizes = mamba2_sizes(s);
         let Some((c, inner, hist, state_len)) = sizes.filter(|_| {
@@ -675,7 +676,7 @@ impl Backend for CpuBackend<'_> {
                 mul("ssm_scan", row, inner)?,
                 mul("ssm_scan", n, inner)?,
             )?;
-            recurrent::ssm_scan(s, x, steps, (a, d, dt_bias), m, o);
+            recurrent::ssm_scan(s, x, steps, params, m, o);
             at += n * c;
             row += n;
         }

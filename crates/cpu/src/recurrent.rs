@@ -10,6 +10,7 @@
 //! never reads past the slices it is handed.
 
 use ferrite_arch::{DeltaNetShape, Mamba2Shape};
+use ferrite_backend::SsmParams;
 
 use crate::ops::{sigmoid, silu};
 
@@ -154,10 +155,16 @@ pub fn ssm_scan(
     s: &Mamba2Shape,
     xbc: &[f32],
     dt: &[f32],
-    (a, d, dt_bias): (&[f32], &[f32], &[f32]),
+    p: SsmParams<&[f32]>,
     s_all: &mut [f32],
     out: &mut [f32],
 ) {
+    let SsmParams {
+        a,
+        d,
+        dt_bias,
+        dt_min,
+    } = p;
     let (nh, hd, ds) = (s.n_heads, s.head_dim, s.d_state);
     let c = s.conv_channels();
     let inner = s.inner();
@@ -173,6 +180,8 @@ pub fn ssm_scan(
             let bg = &row[b_at + g * ds..b_at + (g + 1) * ds];
             let cg = &row[c_at + g * ds..c_at + (g + 1) * ds];
             let delta = softplus(dt[t * nh + h] + dt_bias[h]);
+            // Not `f32::max`, which would turn a NaN step into the floor.
+            let delta = if delta < dt_min { dt_min } else { delta };
             let da = (delta * a[h]).exp();
             let m = &mut s_all[h * hd * ds..(h + 1) * hd * ds];
             let o = &mut out[t * inner + h * hd..t * inner + (h + 1) * hd];

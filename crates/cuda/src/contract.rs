@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::CudaSlice;
 use ferrite_backend::{
     Act, AttnShape as ContractShape, Backend, BackendError, ExpertBufs, ExpertFfn, HostMatrix,
-    KvType, Op, Rope, RouteRule, Routing, Segment, Support, Values,
+    KvType, Op, Rope, RouteRule, Routing, Segment, SsmParams, Support, Values,
 };
 use ferrite_model::Activation;
 
@@ -884,7 +884,7 @@ impl Backend for CudaOps<'_> {
         _slot: usize,
         _xbc: &CudaSlice<f32>,
         _dt: &CudaSlice<f32>,
-        _params: (VectorId, VectorId, VectorId),
+        _params: SsmParams<VectorId>,
         _segs: &mut [Segment<'_, Self::Kv>],
         _out: &mut CudaSlice<f32>,
     ) -> Result<()> {

@@ -360,10 +360,15 @@ impl ModelConfig {
         let ctx_train = usize_key(g, &k(Key::ContextLength))?;
         // Values that would make every activation NaN are refused here, by key, rather than
         // surfacing as NaN logits at the first token.
-        let rms_eps = g.get_f32(&k(Key::LayerNormRmsEpsilon))?;
+        // llama.cpp's nemotron_h files may give the norms' epsilon as the LayerNorm key only.
+        let eps_key = match g.get(&k(Key::LayerNormRmsEpsilon)) {
+            None if f.mamba2 => k(Key::LayerNormEpsilon),
+            _ => k(Key::LayerNormRmsEpsilon),
+        };
+        let rms_eps = g.get_f32(&eps_key)?;
         if !(rms_eps.is_finite() && rms_eps >= 0.0) {
             return Err(bad(
-                &k(Key::LayerNormRmsEpsilon),
+                &eps_key,
                 &format!("{rms_eps} is not a finite, non-negative number"),
             ));
         }

@@ -8,7 +8,7 @@
 //! This module never computes a value itself.
 
 use ferrite_arch::{Arch, BlockKind, Key, Mamba2Shape, TensorRole};
-use ferrite_backend::{Act, Backend, Op, Segment};
+use ferrite_backend::{Act, Backend, Op, Segment, SsmParams};
 use ferrite_gguf::Gguf;
 
 use crate::ModelError;
@@ -146,6 +146,20 @@ pub(crate) fn from_gguf(g: &Gguf, arch: Arch) -> Result<Mamba2Shape, ModelError>
     Ok(s)
 }
 
+/// The floor of the time steps (`ssm.time_step_min`, ferrite's key: transformers' torch
+/// path floors every step there); 0, no floor, when the file has none (llama.cpp's).
+pub(crate) fn dt_min(g: &Gguf) -> Result<f32, ModelError> {
+    let key = Arch::NemotronH.key(Key::SsmTimeStepMin);
+    let v = match g.get(&key) {
+        None => return Ok(0.0),
+        Some(_) => g.get_f32(&key)?,
+    };
+    if !(v.is_finite() && v >= 0.0) {
+        return Err(bad(&key, format!("{v} is not a finite, non-negative step")));
+    }
+    Ok(v)
+}
+
 /// The weights of one Mamba-2 mixer.
 #[derive(Debug)]
 pub(crate) struct Mamba2Weights {
@@ -163,6 +177,8 @@ pub(crate) struct Mamba2Weights {
     dt_bias: Vec<f32>,
     /// The grouped norm's weight, `inner` values.
     norm: Vec<f32>,
+    /// The time steps' floor (`ssm.time_step_min`; 0 when the file has none).
+    dt_min: f32,
 }
 
 impl Mamba2Weights {
@@ -187,6 +203,7 @@ impl Mamba2Weights {
             d: vectors(g, &TensorRole::SsmD.bare(i), 1, h)?,
             dt_bias: vector(g, &TensorRole::SsmDt.bias(i), h)?,
             norm: vectors(g, &n(TensorRole::SsmNorm), inner / s.n_groups, s.n_groups)?,
+            dt_min: dt_min(g)?,
         };
         let out = crate::model::matrix(g, &n(TensorRole::SsmOut), d, inner, p)?;
         Ok((w, out))
@@ -282,7 +299,12 @@ pub(crate) fn mixer<B: Weights>(
         segs,
         &mut s.conv,
     )?;
-    let params = (b.vector(&w.a)?, b.vector(&w.d)?, b.vector(&w.dt_bias)?);
+    let params = SsmParams {
+        a: b.vector(&w.a)?,
+        d: b.vector(&w.d)?,
+        dt_bias: b.vector(&w.dt_bias)?,
+        dt_min: w.dt_min,
+    };
     b.ssm_scan(shape, slot, &s.conv, &s.dt, params, segs, &mut s.y)?;
     // out = silu(z) · y, then each group of `inner / n_groups` values normalised.
     b.gated_act(Act::Silu, &mut s.out, &s.y, n, inner)?;

@@ -11,7 +11,7 @@ use ferrite_arch::Mamba2Shape;
 use super::recurrent::{RECURRENT_TOL, conv_f64};
 use super::reference::Rng;
 use super::{ELEMENT_TOL, Out, buf, host, segments};
-use crate::{Backend, KvType, Values};
+use crate::{Backend, KvType, SsmParams, Values};
 
 /// The shape of the cases with `n_groups` groups: four heads, odd sizes, heads of another
 /// width than the state (so that `[p][n]` and `[n][p]` differ).
@@ -27,12 +27,13 @@ fn shape(n_groups: usize) -> Mamba2Shape {
 
 /// The selective scan over one whole sequence from zero state, as the contract states it:
 /// `xbc` holds `rows × conv_channels` values, `dt` `rows × n_heads`.
-fn scan_f64(
-    s: &Mamba2Shape,
-    xbc: &[f32],
-    dt: &[f32],
-    (a, d, dt_bias): (&[f32], &[f32], &[f32]),
-) -> Vec<f64> {
+fn scan_f64(s: &Mamba2Shape, xbc: &[f32], dt: &[f32], p: SsmParams<&[f32]>) -> Vec<f64> {
+    let SsmParams {
+        a,
+        d,
+        dt_bias,
+        dt_min,
+    } = p;
     let (nh, hd, ds, ng) = (s.n_heads, s.head_dim, s.d_state, s.n_groups);
     let inner = nh * hd;
     let c = inner + 2 * ng * ds;
@@ -45,6 +46,7 @@ fn scan_f64(
             let g = h / (nh / ng);
             let raw = f64::from(dt[t * nh + h]) + f64::from(dt_bias[h]);
             let delta = if raw > 20.0 { raw } else { raw.exp().ln_1p() };
+            let delta = delta.max(f64::from(dt_min));
             let da = (delta * f64::from(a[h])).exp();
             for p in 0..hd {
                 let xp = f64::from(row[h * hd + p]);
@@ -68,6 +70,16 @@ fn params(rng: &mut Rng, nh: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     (a, rng.values(nh, 1.0), rng.values(nh, 1.0))
 }
 
+/// `params`' vectors with the floor `dt_min`, as the contract takes them.
+fn with_floor<V>((a, d, dt_bias): (V, V, V), dt_min: f32) -> SsmParams<V> {
+    SsmParams {
+        a,
+        d,
+        dt_bias,
+        dt_min,
+    }
+}
+
 /// Bounds of `RECURRENT_TOL` of the largest magnitude of `want`.
 fn bound(want: &[f64]) -> Vec<f64> {
     let top = want.iter().fold(0.0f64, |m, x| m.max(x.abs()));
@@ -88,6 +100,8 @@ fn chain<B: Backend>(b: &B, rng: &mut Rng, n_groups: usize, scan: bool, out: &mu
     let plans: [(usize, usize); 3] = [(8, 7), (6, 1), (5, 2)];
     let (w, bias) = (rng.values(c * k, 0.5), rng.values(c, 0.5));
     let (a, d, dtb) = params(rng, nh);
+    // Two groups also floor the time steps (about a quarter of them fall below 0.3).
+    let dt_min = if n_groups == 2 { 0.3 } else { 0.0 };
     let inputs: Vec<_> = plans
         .iter()
         .map(|&(n, _)| (rng.values(n * c, 2.0), rng.values(n * nh, 3.0)))
@@ -97,7 +111,8 @@ fn chain<B: Backend>(b: &B, rng: &mut Rng, n_groups: usize, scan: bool, out: &mu
     for (x, dt) in &inputs {
         let conv = conv_f64(x, &w, Some(&bias), (c, k));
         let conv32: Vec<f32> = conv.iter().map(|&v| v as f32).collect();
-        scan_want.push(scan_f64(&s, &conv32, dt, (&a, &d, &dtb)));
+        let p = with_floor((&a[..], &d[..], &dtb[..]), dt_min);
+        scan_want.push(scan_f64(&s, &conv32, dt, p));
         conv_want.push(conv);
     }
     let got = (|| -> crate::Result<PerSession> {
@@ -108,7 +123,7 @@ fn chain<B: Backend>(b: &B, rng: &mut Rng, n_groups: usize, scan: bool, out: &mu
             stores.push(kv);
         }
         let (wv, bv) = (b.vector(&w)?, b.vector(&bias)?);
-        let ps = (b.vector(&a)?, b.vector(&d)?, b.vector(&dtb)?);
+        let ps = with_floor((b.vector(&a)?, b.vector(&d)?, b.vector(&dtb)?), dt_min);
         let mut conv_got = vec![Vec::new(); plans.len()];
         let mut scan_got = vec![Vec::new(); plans.len()];
         for call in 0..2 {
@@ -142,8 +157,9 @@ fn chain<B: Backend>(b: &B, rng: &mut Rng, n_groups: usize, scan: bool, out: &mu
     })();
     let want = if scan { scan_want } else { conv_want }.concat();
     let got = got.map(|(conv, y)| if scan { y.concat() } else { conv.concat() });
-    let shape =
-        format!("{n_groups} group(s), 3 sessions of 8, 6, 5 rows in two calls (7+1, 1+5, 2+3)");
+    let shape = format!(
+        "{n_groups} group(s), time steps floored at {dt_min}, 3 sessions of 8, 6, 5 rows in two calls (7+1, 1+5, 2+3)"
+    );
     out.compare(shape, got, &want, &bound(&want), "1e-5 of the largest");
 }
 
@@ -160,7 +176,7 @@ fn chunk_vs_steps<B: Backend>(b: &B, rng: &mut Rng, out: &mut Out<'_>) {
     let feed = |calls: &[usize]| -> crate::Result<Vec<f32>> {
         let mut kv = [b.kv(KvType::F32, 1, rows, (1, 32), Values::Own)?];
         b.kv_state(&mut kv[0], 2, s.state_len())?;
-        let ps = (b.vector(&a)?, b.vector(&d)?, b.vector(&dtb)?);
+        let ps = with_floor((b.vector(&a)?, b.vector(&d)?, b.vector(&dtb)?), 0.0);
         let (mut got, mut p) = (Vec::new(), 0);
         for &len in calls {
             let xb = buf(b, &xbc[p * c..(p + len) * c])?;

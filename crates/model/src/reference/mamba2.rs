@@ -36,6 +36,7 @@ pub(super) fn layer(
     let bias = get("ssm_conv1d.bias")?;
     let (a, skip, dt_bias) = (get("ssm_a")?, get("ssm_d")?, get("ssm_dt.bias")?);
     let norm_w = get("ssm_norm.weight")?;
+    let dt_min = f64::from(crate::mamba2::dt_min(g)?);
     // Row t of the projection: z (inner), xBC (c), dt (nh).
     let z = |t: usize| &proj[t * rows..t * rows + inner];
     let xbc = |t: usize, ch: usize| proj[t * rows + inner + ch];
@@ -61,6 +62,8 @@ pub(super) fn layer(
             let cg = &row[inner + ng * ds + grp * ds..inner + ng * ds + (grp + 1) * ds];
             let raw = dt(t, hh) + dt_bias[hh];
             let delta = if raw > 20.0 { raw } else { raw.exp().ln_1p() };
+            // transformers' torch path: `torch.clamp(dt, time_step_min)`.
+            let delta = if delta < dt_min { dt_min } else { delta };
             let decay = (delta * a[hh]).exp();
             for p in 0..hd {
                 let xp = row[hh * hd + p];
