@@ -10,7 +10,7 @@ use cudarc::nvrtc::{CompileOptions, Ptx, compile_ptx_with_opts};
 use crate::CudaError;
 
 /// Every kernel source, concatenated in this order into one NVRTC program.
-const SOURCES: [&str; 10] = [
+const SOURCES: [&str; 11] = [
     include_str!("../kernels/common.cuh"),
     include_str!("../kernels/matvec.cu"),
     include_str!("../kernels/matvec_i8.cu"),
@@ -21,6 +21,7 @@ const SOURCES: [&str; 10] = [
     include_str!("../kernels/moe.cu"),
     include_str!("../kernels/topk.cu"),
     include_str!("../kernels/batch.cu"),
+    include_str!("../kernels/recurrent.cu"),
 ];
 
 /// The full program text.
@@ -143,6 +144,8 @@ mod tests {
             "moe_route",
             "qkv_bias_f32",
             "rope_store_scaled_f16",
+            "delta_rule_f32",
+            "ssm_scan_f32",
         ] {
             assert!(p.contains(k), "{k}");
         }

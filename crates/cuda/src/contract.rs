@@ -8,14 +8,18 @@
 //! several rows take the f32 row products; one query's attention takes the decode kernel,
 //! several the tiled prefill kernel with its key splits. The kernels address their buffers
 //! from the start, so an op on rows inside a buffer (one segment of a pass, one row of a
-//! product) stages them through a scratch buffer first: correct, not fast. This module
-//! never computes a value on the host that a kernel computes; what has no kernel here
-//! (frequency-scaled rope without the KV store, the contract's host-side expert routing, KV
-//! stores other than f16) is refused by [`CudaOps::supports`] with the reason.
+//! product) stages them through a scratch buffer first: correct, not fast. The recurrent
+//! layers' kernels (`recurrent.rs`: the convolution, the gated delta rule, the Mamba-2
+//! scan) take each segment's rows and state slot in place, one launch per segment; a
+//! [`CudaKv`] keeps those slots as f32 device values, and a segment at position 0 reads its
+//! slot as zero. This module never computes a value on the host that a kernel computes;
+//! what has no kernel here (frequency-scaled rope without the KV store, the contract's
+//! host-side expert routing, KV rows other than f16, the clamped SwiGLU gate) is refused by
+//! [`CudaOps::supports`] with the reason.
 
 use std::sync::{Arc, Mutex};
 
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{CudaSlice, CudaViewMut};
 use ferrite_backend::{
     Act, AttnShape as ContractShape, Backend, BackendError, ExpertBufs, ExpertFfn, HostMatrix,
     KvType, Op, Rope, RouteRule, Routing, Segment, SsmParams, Support, Values,
@@ -26,6 +30,7 @@ use crate::decode::decode_splits;
 use crate::device::{i8_kernels, row_multiple, weight_kernels};
 use crate::model::TOPK_MAX;
 use crate::ops::{ActQ, DeviceMatrix, act_q8_bytes};
+use crate::recurrent::{DELTA_MAX_K_DIM, Rows};
 use crate::{AttnShape, CudaBackend, CudaError};
 
 type Result<T> = ferrite_backend::Result<T>;
@@ -40,13 +45,23 @@ pub struct MatrixId(usize);
 #[derive(Debug, Clone, Copy)]
 pub struct VectorId(usize);
 
-/// The f16 KV store of one session: keys and values of every layer, `ctx` rows of `row`
-/// values each (the layout the CUDA sessions use).
+/// The KV store of one session: f16 keys and values of every layer, `ctx` rows of `row`
+/// values each (the layout the CUDA sessions use), and the recurrent state slots of a
+/// hybrid model's layers that keep no K/V rows ([`Backend::kv_state`]).
+///
+/// A store of a type other than f16 has no K/V rows (no CUDA kernel reads them, and
+/// [`CudaOps::supports`] refuses its `kv_store` and `attention`); it holds recurrent state
+/// only.
 #[derive(Debug)]
 pub struct CudaKv {
+    ty: KvType,
     layers: Vec<(CudaSlice<u16>, CudaSlice<u16>)>,
     ctx: usize,
     row: usize,
+    /// `slots × state_len` f32 values, slot after slot; `None` without slots.
+    state: Option<CudaSlice<f32>>,
+    slots: usize,
+    state_len: usize,
 }
 
 /// The contract's ops on one CUDA device. Matrices and vectors uploaded through
@@ -86,12 +101,21 @@ fn check(op: &'static str, have: usize, at: usize, len: usize) -> Result<()> {
     }
 }
 
-/// The kernels' activation, or `None` where no kernel computes `act`.
-fn activation(act: Act) -> Option<Activation> {
+/// The kernel of a gated activation.
+enum Gate {
+    /// The FFN gates the CUDA model launches.
+    Ffn(Activation),
+    /// Qwen3-Next's sigmoid gate (`recurrent.rs`).
+    Sigmoid,
+}
+
+/// The kernel computing `act`, or `None` where there is none.
+fn gate_kernel(act: Act) -> Option<Gate> {
     match act {
-        Act::Silu => Some(Activation::Silu),
-        Act::GeluTanh => Some(Activation::GeluTanh),
-        Act::SwigluOai | Act::Sigmoid => None,
+        Act::Silu => Some(Gate::Ffn(Activation::Silu)),
+        Act::GeluTanh => Some(Gate::Ffn(Activation::GeluTanh)),
+        Act::Sigmoid => Some(Gate::Sigmoid),
+        Act::SwigluOai => None,
     }
 }
 
@@ -229,6 +253,9 @@ impl<'d> CudaOps<'d> {
         width: usize,
         end: usize,
     ) -> Result<&'k (CudaSlice<u16>, CudaSlice<u16>)> {
+        if kv.ty != KvType::F16 {
+            return Err(f16_rows(op, kv.ty));
+        }
         if width != kv.row || end > kv.ctx {
             return Err(shape(
                 op,
@@ -243,8 +270,37 @@ impl<'d> CudaOps<'d> {
             .ok_or_else(|| shape(op, format!("layer {layer} of {}", kv.layers.len())))
     }
 
+    /// State slot `slot` of `kv`, whose slots must hold `len` values.
+    fn slot<'k>(
+        op: &'static str,
+        kv: &'k mut CudaKv,
+        slot: usize,
+        len: usize,
+    ) -> Result<CudaViewMut<'k, f32>> {
+        if kv.state_len != len {
+            return Err(shape(
+                op,
+                format!("a state of {len} values for slots of {}", kv.state_len),
+            ));
+        }
+        match &mut kv.state {
+            Some(state) if slot < kv.slots => Ok(state.slice_mut(slot * len..(slot + 1) * len)),
+            _ => Err(shape(op, format!("no recurrent state slot {slot}"))),
+        }
+    }
+
     fn unported(what: &str) -> Support {
         Support::Unsupported(format!("{what} is not on the CUDA contract yet"))
+    }
+}
+
+/// The refusal of K/V rows of a type other than f16.
+fn f16_rows(op: &'static str, ty: KvType) -> BackendError {
+    BackendError::Unsupported {
+        op,
+        dtype: format!("{} KV", ty.name()),
+        backend: NAME,
+        reason: "the CUDA KV cache is f16".into(),
     }
 }
 
@@ -302,16 +358,21 @@ impl Backend for CudaOps<'_> {
             | Op::Add
             | Op::AddBias
             | Op::Copy => Support::Native,
-            Op::GatedAct { act } => match activation(act) {
+            Op::GatedAct { act } => match gate_kernel(act) {
                 Some(_) => Support::Native,
                 None => Support::Unsupported(format!("no CUDA kernel of the {act:?} gate")),
             },
-            Op::RowGate | Op::GatedNorm | Op::Conv1d { bias: false, .. } | Op::DeltaRule { .. } => {
-                Self::unported("the gated DeltaNet's ops (Qwen3-Next) have no CUDA kernels yet")
-            }
-            Op::Conv1d { bias: true, .. } | Op::SsmScan { .. } | Op::GroupNorm | Op::ReluSq => {
-                Self::unported("Mamba-2's ops (Nemotron-H) have no CUDA kernels yet")
-            }
+            Op::RowGate
+            | Op::GatedNorm
+            | Op::GroupNorm
+            | Op::ReluSq
+            | Op::Conv1d { .. }
+            | Op::SsmScan { .. } => Support::Native,
+            Op::DeltaRule { k_dim, .. } if k_dim <= DELTA_MAX_K_DIM => Support::Native,
+            Op::DeltaRule { k_dim, .. } => Support::Unsupported(format!(
+                "the delta rule kernel holds key heads of up to {DELTA_MAX_K_DIM} values in \
+                 shared memory, not {k_dim}"
+            )),
             Op::KvStore { kv } | Op::RopeStore { kv, .. } => f16_only(kv),
             Op::Attention { sinks: true, .. } => {
                 Support::Unsupported("the attention kernels have no sink logits (gpt-oss)".into())
@@ -422,15 +483,9 @@ impl Backend for CudaOps<'_> {
         if values != Values::Own {
             return Err(values_in_keys("kv_store"));
         }
-        if ty != KvType::F16 {
-            return Err(BackendError::Unsupported {
-                op: "kv_store",
-                dtype: format!("{} KV", ty.name()),
-                backend: NAME,
-                reason: "the CUDA KV cache is f16".into(),
-            });
-        }
         let row = ty.check_row(heads, head_dim)?;
+        // Rows of another type have no kernels: such a store keeps recurrent state only.
+        let n_layer = if ty == KvType::F16 { n_layer } else { 0 };
         let len = row
             .checked_mul(ctx)
             .ok_or_else(|| shape("kv", format!("{ctx} rows of {row}")))?;
@@ -443,7 +498,15 @@ impl Backend for CudaOps<'_> {
         let layers = (0..n_layer)
             .map(|_| Ok((zeros()?, zeros()?)))
             .collect::<Result<_>>()?;
-        Ok(CudaKv { layers, ctx, row })
+        Ok(CudaKv {
+            ty,
+            layers,
+            ctx,
+            row,
+            state: None,
+            slots: 0,
+            state_len: 0,
+        })
     }
 
     fn embed(
@@ -601,14 +664,16 @@ impl Backend for CudaOps<'_> {
         n: usize,
         width: usize,
     ) -> Result<()> {
-        let Some(kernel_act) = activation(act) else {
+        let Some(gate_kernel) = gate_kernel(act) else {
             return self.require(&Op::GatedAct { act });
         };
         let len = n * width;
         check("gated_act", gate.len().min(up.len()), 0, len)?;
-        self.dev
-            .gated(kernel_act, gate, up, len)
-            .map_err(kernel("gated_act"))
+        match gate_kernel {
+            Gate::Ffn(a) => self.dev.gated(a, gate, up, len),
+            Gate::Sigmoid => self.dev.gate_sigmoid(gate, up, len),
+        }
+        .map_err(kernel("gated_act"))
     }
 
     fn rope_prepare(
@@ -800,98 +865,258 @@ impl Backend for CudaOps<'_> {
 
     fn row_gate(
         &self,
-        _x: &mut CudaSlice<f32>,
-        _g: &CudaSlice<f32>,
-        _n: usize,
-        _width: usize,
+        x: &mut CudaSlice<f32>,
+        g: &CudaSlice<f32>,
+        n: usize,
+        width: usize,
     ) -> Result<()> {
-        self.require(&Op::RowGate)
+        let op = "row_gate";
+        let len = n
+            .checked_mul(width)
+            .ok_or_else(|| shape(op, format!("{n} rows of {width}")))?;
+        check(op, x.len(), 0, len)?;
+        check(op, g.len(), 0, n)?;
+        self.dev.row_gate(x, g, n, width).map_err(kernel(op))
     }
 
     fn gated_norm(
         &self,
-        _x: &mut CudaSlice<f32>,
-        _z: &CudaSlice<f32>,
-        _len: usize,
-        _w: VectorId,
-        _dim: usize,
-        _eps: f32,
+        x: &mut CudaSlice<f32>,
+        z: &CudaSlice<f32>,
+        len: usize,
+        w: VectorId,
+        dim: usize,
+        eps: f32,
     ) -> Result<()> {
-        self.require(&Op::GatedNorm)
+        let op = "gated_norm";
+        let w = self.vec(w);
+        let rows = norm_rows(op, x.len().min(z.len()), len, w.len(), dim)?;
+        self.dev.gated_norm(x, z, &w, rows, eps).map_err(kernel(op))
     }
 
     fn group_norm(
         &self,
-        _x: &mut CudaSlice<f32>,
-        _len: usize,
-        _w: VectorId,
-        _width: usize,
-        _group: usize,
-        _eps: f32,
+        x: &mut CudaSlice<f32>,
+        len: usize,
+        w: VectorId,
+        width: usize,
+        group: usize,
+        eps: f32,
     ) -> Result<()> {
-        self.require(&Op::GroupNorm)
-    }
-
-    fn relu_sq(&self, _x: &mut CudaSlice<f32>, _len: usize) -> Result<()> {
-        self.require(&Op::ReluSq)
-    }
-
-    fn kv_state(&self, _kv: &mut Self::Kv, slots: usize, _len: usize) -> Result<()> {
-        if slots == 0 {
-            return Ok(());
+        let op = "group_norm";
+        let w = self.vec(w);
+        let rows = norm_rows(op, x.len(), len, w.len(), width)?;
+        if group == 0 || !width.is_multiple_of(group) {
+            return Err(shape(op, format!("groups of {group} in rows of {width}")));
         }
-        self.require(&Op::Conv1d {
-            kernel: 0,
-            bias: false,
-        })
+        self.dev
+            .group_norm(x, &w, rows, group, eps)
+            .map_err(kernel(op))
+    }
+
+    fn relu_sq(&self, x: &mut CudaSlice<f32>, len: usize) -> Result<()> {
+        check("relu_sq", x.len(), 0, len)?;
+        self.dev.relu_sq(x, len).map_err(kernel("relu_sq"))
+    }
+
+    fn kv_state(&self, kv: &mut CudaKv, slots: usize, len: usize) -> Result<()> {
+        let total = slots
+            .checked_mul(len)
+            .ok_or_else(|| shape("kv_state", format!("{slots} slots of {len}")))?;
+        kv.state = if total == 0 {
+            None
+        } else {
+            let zeros =
+                self.dev
+                    .stream
+                    .alloc_zeros::<f32>(total)
+                    .map_err(|_| BackendError::Alloc {
+                        what: "recurrent state",
+                    })?;
+            Some(zeros)
+        };
+        kv.slots = slots;
+        kv.state_len = len;
+        Ok(())
     }
 
     fn conv1d(
         &self,
         s: ferrite_arch::ConvShape,
-        _slot: usize,
-        _x: &CudaSlice<f32>,
-        _w: VectorId,
+        slot: usize,
+        x: &CudaSlice<f32>,
+        w: VectorId,
         bias: Option<VectorId>,
-        _segs: &mut [Segment<'_, Self::Kv>],
-        _out: &mut CudaSlice<f32>,
+        segs: &mut [Segment<'_, Self::Kv>],
+        out: &mut CudaSlice<f32>,
     ) -> Result<()> {
-        self.require(&Op::Conv1d {
-            kernel: s.kernel,
-            bias: bias.is_some(),
-        })
+        let op = "conv1d";
+        let (c, k) = (s.channels, s.kernel);
+        let (w, bias) = (self.vec(w), bias.map(|b| self.vec(b)));
+        let hist = if k >= 2 && c > 0 {
+            (k - 1).checked_mul(c).filter(|&h| h <= s.state_len)
+        } else {
+            None
+        };
+        let Some(hist) = hist.filter(|_| Some(w.len()) == c.checked_mul(k)) else {
+            return Err(shape(
+                op,
+                format!(
+                    "{} taps for {c} channels of {k} in a state of {}",
+                    w.len(),
+                    s.state_len
+                ),
+            ));
+        };
+        if let Some(b) = bias.as_ref().filter(|b| b.len() != c) {
+            return Err(shape(op, format!("{} biases for {c} channels", b.len())));
+        }
+        let mut at = 0;
+        for seg in segs.iter_mut() {
+            let len = seg
+                .len
+                .checked_mul(c)
+                .ok_or_else(|| shape(op, format!("{} rows of {c}", seg.len)))?;
+            let mut state = Self::slot(op, seg.kv, slot, s.state_len)?;
+            check(op, x.len(), at, len)?;
+            check(op, out.len(), at, len)?;
+            self.dev
+                .conv1d(
+                    (c, k),
+                    &x.slice(at..at + len),
+                    &w,
+                    bias.as_deref(),
+                    &mut state.slice_mut(..hist),
+                    &mut out.slice_mut(at..at + len),
+                    Rows {
+                        n: seg.len,
+                        fresh: seg.pos0 == 0,
+                    },
+                )
+                .map_err(kernel(op))?;
+            at += len;
+        }
+        Ok(())
     }
 
     fn delta_rule(
         &self,
         s: &ferrite_arch::DeltaNetShape,
-        _slot: usize,
-        _qkv: &CudaSlice<f32>,
-        _gates: (&CudaSlice<f32>, &CudaSlice<f32>),
-        _decay: (VectorId, VectorId),
-        _segs: &mut [Segment<'_, Self::Kv>],
-        _out: &mut CudaSlice<f32>,
+        slot: usize,
+        qkv: &CudaSlice<f32>,
+        (beta, alpha): (&CudaSlice<f32>, &CudaSlice<f32>),
+        (a, dt_bias): (VectorId, VectorId),
+        segs: &mut [Segment<'_, Self::Kv>],
+        out: &mut CudaSlice<f32>,
     ) -> Result<()> {
+        let op = "delta_rule";
         self.require(&Op::DeltaRule {
             k_dim: s.k_dim,
             v_dim: s.v_dim,
-        })
+        })?;
+        let (a, dt_bias) = (self.vec(a), self.vec(dt_bias));
+        let (c, nv, inner) = (s.conv_channels(), s.v_heads, s.inner());
+        let fits = s.conv_kernel >= 2
+            && [s.k_heads, nv, s.k_dim, s.v_dim].iter().all(|&d| d > 0)
+            && nv.is_multiple_of(s.k_heads);
+        if !fits || a.len() != nv || dt_bias.len() != nv {
+            return Err(shape(
+                op,
+                format!(
+                    "{nv} value heads over {} key heads with {} rates and {} biases",
+                    s.k_heads,
+                    a.len(),
+                    dt_bias.len()
+                ),
+            ));
+        }
+        let hist = (s.conv_kernel - 1) * c;
+        let mut row = 0;
+        for seg in segs.iter_mut() {
+            let n = seg.len;
+            let mut state = Self::slot(op, seg.kv, slot, s.state_len())?;
+            check(op, qkv.len(), row * c, n * c)?;
+            check(op, beta.len().min(alpha.len()), row * nv, n * nv)?;
+            check(op, out.len(), row * inner, n * inner)?;
+            self.dev
+                .delta_rule(
+                    s,
+                    &qkv.slice(row * c..(row + n) * c),
+                    (
+                        &beta.slice(row * nv..(row + n) * nv),
+                        &alpha.slice(row * nv..(row + n) * nv),
+                    ),
+                    (&a, &dt_bias),
+                    &mut state.slice_mut(hist..),
+                    &mut out.slice_mut(row * inner..(row + n) * inner),
+                    Rows {
+                        n,
+                        fresh: seg.pos0 == 0,
+                    },
+                )
+                .map_err(kernel(op))?;
+            row += n;
+        }
+        Ok(())
     }
 
     fn ssm_scan(
         &self,
         s: &ferrite_arch::Mamba2Shape,
-        _slot: usize,
-        _xbc: &CudaSlice<f32>,
-        _dt: &CudaSlice<f32>,
-        _params: SsmParams<VectorId>,
-        _segs: &mut [Segment<'_, Self::Kv>],
-        _out: &mut CudaSlice<f32>,
+        slot: usize,
+        xbc: &CudaSlice<f32>,
+        dt: &CudaSlice<f32>,
+        params: SsmParams<VectorId>,
+        segs: &mut [Segment<'_, Self::Kv>],
+        out: &mut CudaSlice<f32>,
     ) -> Result<()> {
-        self.require(&Op::SsmScan {
-            d_state: s.d_state,
-            head_dim: s.head_dim,
-        })
+        let op = "ssm_scan";
+        let (a, d, dt_bias) = (
+            self.vec(params.a),
+            self.vec(params.d),
+            self.vec(params.dt_bias),
+        );
+        let (nh, ng) = (s.n_heads, s.n_groups);
+        let fits = s.conv_kernel >= 2
+            && [nh, ng, s.head_dim, s.d_state].iter().all(|&d| d > 0)
+            && nh.is_multiple_of(ng);
+        if !fits || [a.len(), d.len(), dt_bias.len()] != [nh; 3] {
+            return Err(shape(
+                op,
+                format!(
+                    "{nh} heads in {ng} groups with {} rates, {} skips and {} biases",
+                    a.len(),
+                    d.len(),
+                    dt_bias.len()
+                ),
+            ));
+        }
+        let (c, inner) = (s.conv_channels(), s.inner());
+        let hist = (s.conv_kernel - 1) * c;
+        let mut row = 0;
+        for seg in segs.iter_mut() {
+            let n = seg.len;
+            let mut state = Self::slot(op, seg.kv, slot, s.state_len())?;
+            check(op, xbc.len(), row * c, n * c)?;
+            check(op, dt.len(), row * nh, n * nh)?;
+            check(op, out.len(), row * inner, n * inner)?;
+            self.dev
+                .ssm_scan(
+                    s,
+                    &xbc.slice(row * c..(row + n) * c),
+                    &dt.slice(row * nh..(row + n) * nh),
+                    (&a, &d, &dt_bias, params.dt_min),
+                    &mut state.slice_mut(hist..),
+                    &mut out.slice_mut(row * inner..(row + n) * inner),
+                    Rows {
+                        n,
+                        fresh: seg.pos0 == 0,
+                    },
+                )
+                .map_err(kernel(op))?;
+            row += n;
+        }
+        Ok(())
     }
 
     fn moe_route(

@@ -419,7 +419,10 @@ impl CudaBackend {
         let (ptx, compile) = kernels_ptx(maj * 10 + min, info.driver_version)?;
         let module = ctx.load_module(ptx)?;
         let mut funcs = BTreeMap::new();
-        for &name in KERNELS.iter().chain(crate::model::BATCH_KERNELS) {
+        let extras = crate::model::BATCH_KERNELS
+            .iter()
+            .chain(crate::recurrent::RECURRENT_KERNELS);
+        for &name in KERNELS.iter().chain(extras) {
             funcs.insert(name, (module.load_function(name)?, AtomicU64::new(0)));
         }
         // SAFETY: every buffer and launch of this backend goes through the one stream made

@@ -51,6 +51,7 @@ mod gemm;
 mod host;
 mod model;
 mod ops;
+mod recurrent;
 
 pub use attn_ops::AttnShape;
 pub use compile::CompileReport;

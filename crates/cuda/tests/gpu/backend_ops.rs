@@ -55,4 +55,24 @@ fn cuda_backend_passes_backend_ops() {
         assert!(checked.contains(&op), "{op} has no checked case");
     }
     assert!(refused.contains(&("attention", "q8 KV")), "{refused:?}");
+    // The hybrid models' ops ran every case, none refused; of the gates only the clamped
+    // SwiGLU (gpt-oss) is, the sigmoid gate (Qwen3-Next) runs.
+    let recurrent = [
+        "row_gate",
+        "gated_norm",
+        "conv1d",
+        "delta_rule",
+        "ssm_scan",
+        "group_norm",
+        "relu_sq",
+    ];
+    for op in recurrent {
+        assert!(checked.contains(&op), "{op} has no checked case");
+    }
+    assert!(
+        !refused.iter().any(|(op, _)| recurrent.contains(op)),
+        "{refused:?}"
+    );
+    let gates = refused.iter().filter(|(op, _)| *op == "gated_act").count();
+    assert_eq!(gates, 1, "{refused:?}");
 }
