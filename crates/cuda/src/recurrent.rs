@@ -304,8 +304,8 @@ impl CudaBackend {
 
     /// The Mamba-2 selective scan over one segment's `rows.n` rows: `xbc` holds
     /// `conv_channels` values a row, `dt` `n_heads`, `(a, d, dt_bias)` one value per head,
-    /// `dt_min` the floor of the time steps; `state` holds the heads' matrices (`n_heads × head_dim × d_state`) and keeps the
-    /// result; `out` gets `inner` values a row.
+    /// `dt_min` the floor of the time steps; `state` holds the heads' matrices (`n_heads ×
+    /// head_dim × d_state`) and keeps the result; `out` gets `inner` values a row.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn ssm_scan(
         &self,
