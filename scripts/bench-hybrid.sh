@@ -7,15 +7,17 @@
 #
 # usage: scripts/bench-hybrid.sh OUT_DIR [BENCH_ARGS...]   (run from the repo root, after
 # `cargo build --release`; each run goes through shared/tools/clean-run when it exists).
-# With LLAMA_BENCH=path/to/llama-bench, llama.cpp decodes the same Nemotron-H file at the same
-# depths (it reads llama.cpp's nemotron_h layout, which ferrite writes; ferrite's qwen3next
+# With LLAMA_BENCH=path/to/llama-bench (and TOKENIZER=a real model, e.g. SmolLM2's GGUF, whose
+# tokenizer llama.cpp reads), llama.cpp decodes the same Nemotron-H file at the same depths (it reads llama.cpp's nemotron_h layout, which ferrite writes; ferrite's qwen3next
 # layout is not llama.cpp's).
 set -euo pipefail
 out=${1:?usage: scripts/bench-hybrid.sh OUT_DIR [BENCH_ARGS...]}
 shift
 mkdir -p "$out"
 bin=target/release/ferrite
-shape=(--hidden 512 --layers 8 --heads 8 --kv-heads 4 --ffn 512 --vocab 4096 --type q8_0)
+shape=(--hidden 512 --layers 8 --heads 8 --kv-heads 4 --ffn 512 --type q8_0)
+# llama.cpp does not read synth's made-up tokenizer: TOKENIZER=MODEL copies a real one.
+if [ -n "${TOKENIZER:-}" ]; then shape+=(--tokenizer-from "$TOKENIZER"); else shape+=(--vocab 4096); fi
 for arch in qwen3next nemotron_h qwen3; do
   "$bin" synth --arch "$arch" "${shape[@]}" -o "$out/$arch.gguf"
 done

@@ -157,8 +157,13 @@ fn chain<B: Backend>(b: &B, rng: &mut Rng, n_groups: usize, scan: bool, out: &mu
     })();
     let want = if scan { scan_want } else { conv_want }.concat();
     let got = got.map(|(conv, y)| if scan { y.concat() } else { conv.concat() });
+    let floor = if scan {
+        format!(", time steps floored at {dt_min}")
+    } else {
+        String::new()
+    };
     let shape = format!(
-        "{n_groups} group(s), time steps floored at {dt_min}, 3 sessions of 8, 6, 5 rows in two calls (7+1, 1+5, 2+3)"
+        "{n_groups} group(s){floor}, 3 sessions of 8, 6, 5 rows in two calls (7+1, 1+5, 2+3)"
     );
     out.compare(shape, got, &want, &bound(&want), "1e-5 of the largest");
 }
