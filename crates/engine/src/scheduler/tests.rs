@@ -10,6 +10,8 @@ use super::*;
 use crate::inference::SamplingParams;
 use crate::sampler::SampleError;
 
+mod hybrid;
+
 const V: u32 = 16;
 const EOG: u32 = 15;
 
