@@ -504,8 +504,9 @@ fn sum_sched(n: usize) -> Scheduler<'static, SumSeq> {
     Scheduler::new(&ToyRt, seqs, Arc::new(Counters::default()), limits)
 }
 
-fn sum_job(
-    s: &mut Scheduler<'_, SumSeq>,
+/// A greedy job without logprobs, queued on any scheduler.
+fn sum_job<S: Timeline>(
+    s: &mut Scheduler<'_, S>,
     prompt: &[u32],
     max_tokens: usize,
 ) -> UnboundedReceiver<GenEvent> {
@@ -556,20 +557,7 @@ fn random_traffic_keeps_counters_and_outputs_exact() {
             let k = next(jobs.len() as u64) as usize;
             jobs[k].2 = None;
         }
-        s.step();
-        for j in jobs.iter_mut() {
-            if let Some(rx) = j.2.as_mut() {
-                while let Ok(ev) = rx.try_recv() {
-                    j.3.push(ev);
-                }
-            }
-        }
-        let active = s.slots.iter().filter(|x| x.active.is_some()).count();
-        assert_eq!(s.counters.active.load(Ordering::SeqCst), active);
-        assert_eq!(
-            s.counters.inflight.load(Ordering::SeqCst),
-            active + s.waiting.len()
-        );
+        step_and_collect(&mut s, &mut jobs);
     }
     run_all_sum(&mut s);
     assert_eq!(s.counters.inflight.load(Ordering::SeqCst), 0);
@@ -618,7 +606,26 @@ fn random_traffic_keeps_counters_and_outputs_exact() {
     );
 }
 
-fn run_all_sum(s: &mut Scheduler<'_, SumSeq>) {
+/// One step, then every live job's events collected; the counters must match the slots
+/// and the queue after it.
+fn step_and_collect<S: Timeline>(s: &mut Scheduler<'_, S>, jobs: &mut [TrackedJob]) {
+    s.step();
+    for j in jobs.iter_mut() {
+        if let Some(rx) = j.2.as_mut() {
+            while let Ok(ev) = rx.try_recv() {
+                j.3.push(ev);
+            }
+        }
+    }
+    let active = s.slots.iter().filter(|x| x.active.is_some()).count();
+    assert_eq!(s.counters.active.load(Ordering::SeqCst), active);
+    assert_eq!(
+        s.counters.inflight.load(Ordering::SeqCst),
+        active + s.waiting.len()
+    );
+}
+
+fn run_all_sum<S: Timeline>(s: &mut Scheduler<'_, S>) {
     for _ in 0..10_000 {
         if s.idle() {
             return;

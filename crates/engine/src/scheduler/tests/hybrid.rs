@@ -84,40 +84,6 @@ fn hybrid_sched(n: usize, replays: &Rc<Cell<usize>>) -> Scheduler<'static, Hybri
     Scheduler::new(&ToyRt, seqs, Arc::new(Counters::default()), limits)
 }
 
-fn hybrid_job(
-    s: &mut Scheduler<'_, HybridSum>,
-    prompt: &[u32],
-    max_tokens: usize,
-) -> UnboundedReceiver<GenEvent> {
-    let (tx, rx) = unbounded_channel();
-    s.counters.inflight.fetch_add(1, Ordering::SeqCst);
-    let req = GenRequest {
-        prompt: prompt.to_vec(),
-        sampling: SamplingParams::default(),
-        max_tokens,
-        stop: Vec::new(),
-        logprobs: None,
-        prompt_logprobs: false,
-        reasoning_budget: None,
-    };
-    s.waiting.push_back(Job {
-        req,
-        tx,
-        queued_at: Instant::now(),
-    });
-    rx
-}
-
-fn run_all_hybrid(s: &mut Scheduler<'_, HybridSum>) {
-    for _ in 0..10_000 {
-        if s.idle() {
-            return;
-        }
-        s.step();
-    }
-    panic!("scheduler did not finish");
-}
-
 fn tokens(evs: &[GenEvent]) -> Vec<u32> {
     evs.iter()
         .filter_map(|e| match e {
@@ -147,7 +113,7 @@ fn hybrid_slots_left_mid_prefill_reuse_only_checkpoints_and_stay_exact() {
             let mut prompt = base[..keep].to_vec();
             prompt.extend((0..1 + next(8)).map(|_| next(EOG as u64) as u32));
             let max_tokens = 1 + next(10) as usize;
-            let rx = hybrid_job(&mut s, &prompt, max_tokens);
+            let rx = sum_job(&mut s, &prompt, max_tokens);
             // The job's id, to find its slot.
             s.waiting.back_mut().unwrap().req.sampling.seed = jobs.len() as u64;
             jobs.push((prompt, max_tokens, Some(rx), Vec::new()));
@@ -168,22 +134,9 @@ fn hybrid_slots_left_mid_prefill_reuse_only_checkpoints_and_stay_exact() {
             let k = prefilling[next(prefilling.len() as u64) as usize];
             left_mid_prefill += usize::from(jobs[k].2.take().is_some());
         }
-        s.step();
-        for j in jobs.iter_mut() {
-            if let Some(rx) = j.2.as_mut() {
-                while let Ok(ev) = rx.try_recv() {
-                    j.3.push(ev);
-                }
-            }
-        }
-        let active = s.slots.iter().filter(|x| x.active.is_some()).count();
-        assert_eq!(s.counters.active.load(Ordering::SeqCst), active);
-        assert_eq!(
-            s.counters.inflight.load(Ordering::SeqCst),
-            active + s.waiting.len()
-        );
+        step_and_collect(&mut s, &mut jobs);
     }
-    run_all_hybrid(&mut s);
+    run_all_sum(&mut s);
     assert_eq!(s.counters.inflight.load(Ordering::SeqCst), 0);
     assert_eq!(replays.get(), 0, "a slot was truncated between checkpoints");
     let (mut checked, mut reused) = (0, 0);
@@ -193,8 +146,8 @@ fn hybrid_slots_left_mid_prefill_reuse_only_checkpoints_and_stay_exact() {
             events.push(ev);
         }
         let mut alone = hybrid_sched(1, &Rc::new(Cell::new(0)));
-        let mut arx = hybrid_job(&mut alone, &prompt, max_tokens);
-        run_all_hybrid(&mut alone);
+        let mut arx = sum_job(&mut alone, &prompt, max_tokens);
+        run_all_sum(&mut alone);
         let mut expected = Vec::new();
         while let Ok(ev) = arx.try_recv() {
             expected.push(ev);
