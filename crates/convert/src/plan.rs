@@ -229,10 +229,6 @@ impl<'a> Plan<'a> {
                 )));
             }
         }
-        let embedding = names::embedding(c.family);
-        if checkpoint.get(embedding).is_none() {
-            return Err(ConvertError::MissingTensor(embedding.into()));
-        }
         if !c.tie_embeddings && checkpoint.get("lm_head.weight").is_none() {
             return Err(ConvertError::MissingTensor(
                 "lm_head.weight (tie_word_embeddings is false)".into(),
