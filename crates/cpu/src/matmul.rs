@@ -6,7 +6,8 @@
 //! multiplies its rows with exact integer block sums, writing them straight into the
 //! output. Every other format and level takes the f32 paths below.
 //!
-//! Each thread owns a contiguous range of output rows. Decode (one token) uses the fused
+//! Output rows are split into a few ranges per thread, each computed by the thread that
+//! claims it first (so a descheduled thread cannot hold up a call by a fixed share). Decode (one token) uses the fused
 //! kernel ([`ferrite_quant::kernels::matvec`]): weights are dequantized in registers and fed
 //! to the FMAs, streaming each weight byte once. A decode batch of up to
 //! `MULTI_MAX_TOKENS` tokens (one per session) uses the fused multi-column kernel where the
@@ -31,6 +32,7 @@ use ferrite_quant::kernels::{
 };
 use ferrite_quant::{SimdLevel, simd_level};
 
+use crate::pool::Claims;
 use crate::{CpuError, ThreadPool};
 
 /// A weight matrix in GGUF layout: `rows` rows of `cols` values each (GGUF dims =
@@ -125,20 +127,20 @@ pub fn matmul_with(
     }
     let multi = n_tokens <= MULTI_MAX_TOKENS && has_fused_multi_matvec(level, w.ty, w.cols);
     let tile_rows = tile_rows(w.cols, n_tokens);
-    let n_threads = pool.n_threads();
     let out = OutPtr(y.as_mut_ptr());
     let (rows, cols) = (w.rows, w.cols);
     let failed = std::sync::atomic::AtomicBool::new(false);
-    pool.run(|index, scratch| {
-        let start = rows * index / n_threads;
-        let end = rows * (index + 1) / n_threads;
-        if start == end {
-            return;
-        }
+    let align = match n_tokens {
+        1 => MAX_TILE,
+        _ if multi => MULTI_ROWS,
+        _ => tile_rows,
+    };
+    // Rows start..end, by whichever thread claimed them.
+    let rows_of = |start: usize, end: usize, scratch: &mut Vec<f32>| {
         if n_tokens == 1 {
             // Decode: fused dequantize-and-dot, weights never leave registers.
-            // SAFETY: [start, end) is this thread's own row range, disjoint from every other
-            // thread's, inside y (n_tokens == 1 so y.len() == rows); `y` stays exclusively
+            // SAFETY: [start, end) is a claimed row range, disjoint from every other
+            // claim, inside y (n_tokens == 1 so y.len() == rows); `y` stays exclusively
             // borrowed by this call until `run` has waited for all threads.
             let ys = unsafe { out.slice(start, end - start) };
             if matvec(level, w.ty, &w.data[start * rb..end * rb], x, ys).is_err() {
@@ -171,7 +173,7 @@ pub fn matmul_with(
                 }
                 for (t, prow) in part.chunks_exact(nr).enumerate() {
                     // SAFETY: t * rows + r0 + nr <= n_tokens * rows == y.len() (checked
-                    // above), and rows r0..r0 + nr lie in this thread's [start, end) range,
+                    // above), and rows r0..r0 + nr lie in this claimed [start, end) range,
                     // which no other thread writes; `y` is borrowed mutably for the whole
                     // call, which outlives `run`.
                     let dst = unsafe { out.slice(t * rows + r0, nr) };
@@ -204,7 +206,7 @@ pub fn matmul_with(
                 } else {
                     for (j, prow) in part.chunks_exact(nr).enumerate() {
                         // SAFETY: (t0 + j) * rows + r0 + nr <= n_tokens * rows == y.len()
-                        // (checked above), and rows r0..r0 + nr lie in this thread's
+                        // (checked above), and rows r0..r0 + nr lie in this claimed
                         // [start, end) range, which no other thread writes; `y` is borrowed
                         // mutably for the whole call, which outlives `run`.
                         let dst = unsafe { out.slice((t0 + j) * rows + r0, nr) };
@@ -214,6 +216,12 @@ pub fn matmul_with(
                 t0 += nt;
             }
             r0 += nr;
+        }
+    };
+    let claims = Claims::new(rows, pool.n_threads(), align);
+    pool.run(|_, scratch| {
+        while let Some(range) = claims.claim() {
+            rows_of(range.start, range.end, scratch);
         }
     });
     // Shapes were validated above, so the kernels cannot refuse; this is a backstop.
@@ -341,15 +349,11 @@ fn multiply_q16(
     acts: &q16::Q16Acts,
     ys: &mut [&mut [f32]],
 ) -> Result<(), CpuError> {
-    let n_threads = pool.n_threads();
     let outs: Vec<OutPtr> = ys.iter_mut().map(|y| OutPtr(y.as_mut_ptr())).collect();
     let total: usize = ws.iter().map(|(w, _)| w.rows.div_ceil(GROUP_ROWS)).sum();
     let failed = std::sync::atomic::AtomicBool::new(false);
-    pool.run(|index, _| {
-        // This thread's share of all the matrices' row groups, as one range over them in
-        // turn.
-        let start = total * index / n_threads;
-        let end = total * (index + 1) / n_threads;
+    // A claimed range of all the matrices' row groups, as one range over them in turn.
+    let groups_of = |start: usize, end: usize| {
         let mut offset = 0;
         for ((w, rb), out) in ws.iter().zip(&outs) {
             let groups = w.rows.div_ceil(GROUP_ROWS);
@@ -361,8 +365,8 @@ fn multiply_q16(
             }
             // SAFETY: each output holds n_tokens * rows values of its matrix (checked by
             // the caller), so y[t * rows + r] exists for every token t and row r; this
-            // thread writes only the rows of groups [lo, hi) of this matrix, which no other
-            // thread touches, while the outputs stay borrowed by this call until `run` has
+            // claim writes only the rows of groups [lo, hi) of this matrix, which no other
+            // claim touches, while the outputs stay borrowed by this call until `run` has
             // waited for all threads.
             let res = unsafe {
                 match w.packed {
@@ -377,6 +381,12 @@ fn multiply_q16(
             if res.is_err() {
                 failed.store(true, std::sync::atomic::Ordering::Relaxed);
             }
+        }
+    };
+    let claims = Claims::new(total, pool.n_threads(), 1);
+    pool.run(|_, _| {
+        while let Some(range) = claims.claim() {
+            groups_of(range.start, range.end);
         }
     });
     if failed.into_inner() {
@@ -427,7 +437,7 @@ impl OutPtr {
         unsafe { std::slice::from_raw_parts_mut(self.0.add(start), len) }
     }
 }
-// SAFETY: workers only write through the pointer to disjoint elements (one row range each)
+// SAFETY: workers only write through the pointer to disjoint elements (the claimed ranges)
 // while `matmul_with` holds the exclusive borrow of `y` and waits for them in `run`.
 unsafe impl Sync for OutPtr {}
 // SAFETY: as above.

@@ -169,6 +169,41 @@ impl ThreadPool {
     }
 }
 
+/// Consecutive ranges of `0..total`, `per` items each (the last may hold fewer), handed to
+/// whichever thread asks next: a call's work goes to the threads that are running, so a
+/// thread the OS has descheduled (another process busy on its core) delays the call by the
+/// one range it holds, not by a fixed share of the call.
+#[derive(Debug)]
+pub(crate) struct Claims {
+    next: AtomicUsize,
+    total: usize,
+    per: usize,
+}
+
+/// Ranges per thread a [`Claims`] aims at: enough for the running threads to take over a
+/// stalled one's share, few enough that each range stays a long sequential read.
+const CLAIMS_PER_THREAD: usize = 4;
+
+impl Claims {
+    /// Ranges of `0..total` for `threads` threads, each a multiple of `align` items (but
+    /// the last).
+    pub(crate) fn new(total: usize, threads: usize, align: usize) -> Claims {
+        let align = align.max(1);
+        let per = total.div_ceil(threads.max(1) * CLAIMS_PER_THREAD);
+        Claims {
+            next: AtomicUsize::new(0),
+            total,
+            per: per.max(1).next_multiple_of(align),
+        }
+    }
+
+    /// The next unclaimed range, if any is left.
+    pub(crate) fn claim(&self) -> Option<std::ops::Range<usize>> {
+        let start = self.next.fetch_add(self.per, Ordering::Relaxed);
+        (start < self.total).then(|| start..(start + self.per).min(self.total))
+    }
+}
+
 fn worker_loop(s: &Shared, index: usize) {
     let mut seen = 0u64;
     let mut scratch: Vec<f32> = Vec::new();
@@ -234,6 +269,30 @@ impl Drop for ThreadPool {
 mod tests {
     use super::*;
     use std::sync::atomic::AtomicUsize;
+
+    #[test]
+    fn claims_cover_every_item_once_in_aligned_ranges() {
+        for (total, threads, align) in [(0, 2, 16), (1, 2, 16), (100, 2, 16), (3071, 3, 1)] {
+            let claims = Claims::new(total, threads, align);
+            let mut seen = Vec::new();
+            while let Some(r) = claims.claim() {
+                assert!(r.start.is_multiple_of(align), "{r:?}");
+                seen.extend(r);
+            }
+            assert_eq!(seen, (0..total).collect::<Vec<_>>());
+        }
+        let pool = ThreadPool::new(3).expect("pool");
+        let claims = Claims::new(1000, 3, 4);
+        let hits: Vec<AtomicUsize> = (0..1000).map(|_| AtomicUsize::new(0)).collect();
+        pool.run(|_, _| {
+            while let Some(r) = claims.claim() {
+                for i in r {
+                    hits[i].fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        });
+        assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
+    }
 
     #[test]
     fn every_thread_runs_once_per_call_across_many_calls() {
