@@ -178,6 +178,7 @@ fn the_byte_layout_holds_the_16_bit_values() {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
 #[test]
 fn the_vector_quantizer_matches_the_scalar_one() {
     if !applies(SimdLevel::Avx512, GgmlType::Q4_1) {
