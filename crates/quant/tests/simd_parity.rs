@@ -254,17 +254,12 @@ fn axpy_matches_scalar_at_every_level() {
 
 /// Whether `ty`'s matvec at `level` is fused (blocks decoded in registers and fed to the
 /// FMA accumulators, no row dequantized to memory): at the AVX levels every type with a
-/// SIMD dequantizer there, at NEON the legacy 4/5/8-bit formats, Q4_K and Q6_K.
+/// SIMD dequantizer there; at NEON the same less F16.
 fn fused(level: SimdLevel, ty: GgmlType) -> bool {
     use GgmlType as T;
-    if Some(level) == SimdLevel::from_name("neon") {
-        matches!(
-            ty,
-            T::Q4_0 | T::Q4_1 | T::Q5_0 | T::Q8_0 | T::Q4_K | T::Q6_K
-        )
-    } else {
-        !matches!(ty, T::Q2_K | T::Q3_K | T::TQ1_0 | T::TQ2_0)
-    }
+    let neon = Some(level) == SimdLevel::from_name("neon");
+    let unfused = matches!(ty, T::Q2_K | T::Q3_K | T::TQ1_0 | T::TQ2_0);
+    !(unfused || neon && ty == T::F16)
 }
 
 /// The vector levels of this target (AVX2 and AVX-512, or NEON) this CPU has, printing a

@@ -1,5 +1,7 @@
 //! NEON block decoders, and the dequantizers and fused matrix-vector kernels built from them
-//! (what `avx2_dequant` is on x86-64), for Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K.
+//! (what `avx2_dequant` is on x86-64), for BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K,
+//! Q6_K, IQ4_NL, IQ4_XS and MXFP4 (F16 has none: its conversion intrinsics are not stable
+//! Rust, so F16 rows take the scalar dequantizer and the NEON dot).
 //!
 //! Each format has one decoder that sends a block's values, in ascending order and four at
 //! a time, to a [`Sink`] holding exactly the bits of the scalar reference: integer unpacking
@@ -16,9 +18,12 @@ use std::arch::aarch64::*;
 
 use super::neon::hsum;
 use super::{DequantFn, MatvecFn};
-use crate::block::{Block, cast_blocks, f16_le};
-use crate::kquants::{BlockQ4K, BlockQ6K, scale_min_k4};
-use crate::legacy::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ8_0};
+use crate::block::{Block, cast_blocks, f16_le, impl_block};
+use crate::kquants::{BlockQ4K, BlockQ5K, BlockQ6K, scale_min_k4};
+use crate::legacy::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0};
+use crate::nonlinear::{
+    BlockIq4Nl, BlockIq4Xs, BlockMxfp4, KVALUES_IQ4NL, KVALUES_MXFP4, e8m0_to_f32_half,
+};
 use ferrite_gguf::GgmlType;
 
 /// The NEON dequantizer of `ty`, if one exists.
@@ -33,12 +38,18 @@ pub(super) fn lookup_matvec(ty: GgmlType) -> Option<MatvecFn> {
 
 fn lookup_both(ty: GgmlType) -> Option<(DequantFn, MatvecFn)> {
     Some(match ty {
+        GgmlType::BF16 => (bf16, bf16_mv),
         GgmlType::Q4_0 => (q4_0, q4_0_mv),
         GgmlType::Q4_1 => (q4_1, q4_1_mv),
         GgmlType::Q5_0 => (q5_0, q5_0_mv),
+        GgmlType::Q5_1 => (q5_1, q5_1_mv),
         GgmlType::Q8_0 => (q8_0, q8_0_mv),
         GgmlType::Q4_K => (q4k, q4k_mv),
+        GgmlType::Q5_K => (q5k, q5k_mv),
         GgmlType::Q6_K => (q6k, q6k_mv),
+        GgmlType::IQ4_NL => (iq4nl, iq4nl_mv),
+        GgmlType::IQ4_XS => (iq4xs, iq4xs_mv),
+        GgmlType::MXFP4 => (mxfp4, mxfp4_mv),
         _ => return None,
     })
 }
@@ -60,8 +71,10 @@ macro_rules! wrapper {
 }
 
 wrapper!(
-    Q40 => q4_0, q4_0_mv; Q41 => q4_1, q4_1_mv; Q50 => q5_0, q5_0_mv; Q80 => q8_0, q8_0_mv;
-    Q4K => q4k, q4k_mv; Q6K => q6k, q6k_mv;
+    Bf16 => bf16, bf16_mv; Q40 => q4_0, q4_0_mv; Q41 => q4_1, q4_1_mv;
+    Q50 => q5_0, q5_0_mv; Q51 => q5_1, q5_1_mv; Q80 => q8_0, q8_0_mv; Q4K => q4k, q4k_mv;
+    Q5K => q5k, q5k_mv; Q6K => q6k, q6k_mv; Iq4Nl => iq4nl, iq4nl_mv;
+    Iq4Xs => iq4xs, iq4xs_mv; Mxfp4 => mxfp4, mxfp4_mv;
 );
 
 /// Where a decoder sends a block's values, four at a time in ascending order.
@@ -120,18 +133,22 @@ trait Format {
     /// # Safety
     /// NEON present.
     unsafe fn decode<S: Sink>(b: &Self::Block, s: &mut S);
+    /// Dequantizes what follows the whole blocks (only BF16, whose unit is four values,
+    /// can leave a partial one).
+    fn rest(_src: &[u8], _dst: &mut [f32]) {}
 }
 
-/// The dequantizer of `F`: every whole block of `src` that fits in `dst`.
+/// The dequantizer of `F`: every whole block of `src` that fits in `dst`, then `F::rest`.
 #[target_feature(enable = "neon")]
 fn dequant<F: Format>(src: &[u8], dst: &mut [f32]) {
-    for (b, out) in cast_blocks::<F::Block>(src)
-        .iter()
-        .zip(dst.chunks_exact_mut(F::VALUES))
-    {
+    let blocks = cast_blocks::<F::Block>(src);
+    let done = blocks.len().min(dst.len() / F::VALUES);
+    for (b, out) in blocks.iter().zip(dst.chunks_exact_mut(F::VALUES)) {
         // SAFETY: NEON present (this function's feature).
         unsafe { F::decode(b, &mut Store { dst: out, at: 0 }) };
     }
+    let size = std::mem::size_of::<F::Block>();
+    F::rest(&src[done * size..], &mut dst[done * F::VALUES..]);
 }
 
 /// The fused matvec of `F`: `out[r] = dot(rows[r], x)` for 1..=4 rows holding the
@@ -240,7 +257,24 @@ fn bits_to_fifth(bits: u16) -> uint8x16_t {
     vandq_u8(set, vdupq_n_u8(0x10))
 }
 
-/// The two affine steps of Q4_K sub-blocks `2c` and `2c + 1`.
+/// Bit `s` (< 8) of each of 16 bytes, moved to bit 4.
+#[inline]
+#[target_feature(enable = "neon")]
+fn bit_to_fifth(qh: uint8x16_t, s: usize) -> uint8x16_t {
+    vandq_u8(vshlq_u8(qh, vdupq_n_s8(4 - s as i8)), vdupq_n_u8(0x10))
+}
+
+/// Low and high nibbles of 16 bytes looked up in a 16-entry signed table, widened to i32.
+#[inline]
+#[target_feature(enable = "neon")]
+fn table_nibbles(b: uint8x16_t, table: &[i8; 16]) -> ([int32x4_t; 4], [int32x4_t; 4]) {
+    // SAFETY: the table is exactly 16 readable bytes; the load has no alignment requirement.
+    let t = unsafe { vld1q_s8(table.as_ptr()) };
+    let (lo, hi) = nibbles(b);
+    (widen_i8(vqtbl1q_s8(t, lo)), widen_i8(vqtbl1q_s8(t, hi)))
+}
+
+/// The two affine steps of Q4_K/Q5_K sub-blocks `2c` and `2c + 1`.
 #[inline]
 fn k_steps(d: f32, dmin: f32, scales: &[u8; 12], c: usize) -> (Step, Step) {
     let (sa, ma) = scale_min_k4(2 * c, scales);
@@ -251,9 +285,14 @@ fn k_steps(d: f32, dmin: f32, scales: &[u8; 12], c: usize) -> (Step, Step) {
     )
 }
 
+/// Four bfloat16 values: the BF16 decoder's unit (fused rows hold whole ones).
+#[repr(C)]
+struct Half4([u8; 8]);
+impl_block!(Half4, 8);
+
 /// Declares a format's marker type and its [`Format`] impl.
 macro_rules! format {
-    ($name:ident, $block:ty, $values:expr, |$b:ident, $s:ident| $body:block) => {
+    ($name:ident, $block:ty, $values:expr, |$b:ident, $s:ident| $body:block $(, rest = $rest:path)?) => {
         struct $name;
         impl Format for $name {
             type Block = $block;
@@ -261,9 +300,28 @@ macro_rules! format {
             #[inline]
             #[target_feature(enable = "neon")]
             unsafe fn decode<S: Sink>($b: &$block, $s: &mut S) $body
+            $(fn rest(src: &[u8], dst: &mut [f32]) {
+                $rest(src, dst)
+            })?
         }
     };
 }
+
+format!(
+    Bf16,
+    Half4,
+    4,
+    |b, s| {
+        // SAFETY: the block is exactly 8 readable bytes; the load has no alignment
+        // requirement.
+        let h = unsafe { vld1_u8(b.0.as_ptr()) };
+        // Each little-endian bfloat16 is the high half of its f32.
+        let w = vshlq_n_u32::<16>(vmovl_u16(vreinterpret_u16_u8(h)));
+        // SAFETY: NEON present (this function's feature).
+        unsafe { s.put4(vreinterpretq_f32_u32(w)) };
+    },
+    rest = crate::float::dequant_bf16_ref
+);
 
 format!(Q40, BlockQ4_0, 32, |b, s| {
     let d = f16_le(b.d);
@@ -301,6 +359,15 @@ format!(Q50, BlockQ5_0, 32, |b, s| {
     }
 });
 
+format!(Q51, BlockQ5_1, 32, |b, s| {
+    let step = Step::AddMin(f16_le(b.d), f16_le(b.m));
+    let qh = u32::from_le_bytes(b.qh);
+    let (lo, hi) = nibbles(load16(&b.qs, 0));
+    for (n, bits) in [(lo, qh as u16), (hi, (qh >> 16) as u16)] {
+        put16(s, widen_u8(vorrq_u8(n, bits_to_fifth(bits))), step);
+    }
+});
+
 format!(Q80, BlockQ8_0, 32, |b, s| {
     let step = Step::Scale(f16_le(b.d));
     put16(s, widen_i8(vreinterpretq_s8_u8(load16(&b.qs, 0))), step);
@@ -319,6 +386,30 @@ format!(Q4K, BlockQ4K, 256, |b, s| {
         put16(s, widen_u8(lo1), sa);
         put16(s, widen_u8(hi0), sb);
         put16(s, widen_u8(hi1), sb);
+    }
+});
+
+format!(Q5K, BlockQ5K, 256, |b, s| {
+    let (d, dmin) = (f16_le(b.d), f16_le(b.dmin));
+    let qh = [load16(&b.qh, 0), load16(&b.qh, 16)];
+    for c in 0..4 {
+        // As Q4_K, with bit 2c (low nibbles) or 2c + 1 (high) of the matching qh byte as
+        // the fifth bit.
+        let (sa, sb) = k_steps(d, dmin, &b.scales, c);
+        let (lo0, hi0) = nibbles(load16(&b.qs, 32 * c));
+        let (lo1, hi1) = nibbles(load16(&b.qs, 32 * c + 16));
+        put16(s, widen_u8(vorrq_u8(lo0, bit_to_fifth(qh[0], 2 * c))), sa);
+        put16(s, widen_u8(vorrq_u8(lo1, bit_to_fifth(qh[1], 2 * c))), sa);
+        put16(
+            s,
+            widen_u8(vorrq_u8(hi0, bit_to_fifth(qh[0], 2 * c + 1))),
+            sb,
+        );
+        put16(
+            s,
+            widen_u8(vorrq_u8(hi1, bit_to_fifth(qh[1], 2 * c + 1))),
+            sb,
+        );
     }
 });
 
@@ -342,4 +433,31 @@ format!(Q6K, BlockQ6K, 256, |b, s| {
             }
         }
     }
+});
+
+format!(Iq4Nl, BlockIq4Nl, 32, |b, s| {
+    let step = Step::Scale(f16_le(b.d));
+    let (lo, hi) = table_nibbles(load16(&b.qs, 0), &KVALUES_IQ4NL);
+    put16(s, lo, step);
+    put16(s, hi, step);
+});
+
+format!(Iq4Xs, BlockIq4Xs, 256, |b, s| {
+    let d = f16_le(b.d);
+    let sh = u16::from_le_bytes(b.scales_h);
+    for i in 0..8 {
+        let lo = (b.scales_l[i / 2] >> (4 * (i % 2))) & 0x0f;
+        let hi = ((sh >> (2 * i)) & 3) as u8;
+        let step = Step::Scale(d * f32::from(((lo | (hi << 4)) as i8) - 32));
+        let (a, c) = table_nibbles(load16(&b.qs, 16 * i), &KVALUES_IQ4NL);
+        put16(s, a, step);
+        put16(s, c, step);
+    }
+});
+
+format!(Mxfp4, BlockMxfp4, 32, |b, s| {
+    let step = Step::Scale(e8m0_to_f32_half(b.e[0]));
+    let (lo, hi) = table_nibbles(load16(&b.qs, 0), &KVALUES_MXFP4);
+    put16(s, lo, step);
+    put16(s, hi, step);
 });
