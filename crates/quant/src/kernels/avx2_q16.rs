@@ -61,6 +61,72 @@ impl Lanes8 for Q80 {
     }
 }
 
+/// One block of activations quantized as `q16` defines, written in the pair order (`perm`:
+/// `q16::pair_order` as indices); returns `s` and `S`. Bit-identical to
+/// `q16::quantize_block`: the scaling product is the same f32 multiply, `vcvtps2dq` rounds
+/// to nearest even (Rust never changes MXCSR's rounding), and the integer sum is exact.
+///
+/// # Safety
+/// AVX2 present.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn quantize_block(
+    a: &[f32; BLOCK],
+    perm: &[u16; BLOCK],
+    pairs: &mut [u32; PAIRS],
+) -> (f32, f32) {
+    // SAFETY: a holds 32 values, four vectors of eight.
+    let v: [__m256; 4] = std::array::from_fn(|i| unsafe { _mm256_loadu_ps(a.as_ptr().add(8 * i)) });
+    let abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF));
+    let abs = v.map(|v| _mm256_and_ps(v, abs_mask));
+    let inf = _mm256_set1_ps(f32::INFINITY);
+    // A NaN compares unordered, so it fails `< inf` as ±inf does.
+    let finite = abs
+        .iter()
+        .fold(_mm256_castsi256_ps(_mm256_set1_epi32(-1)), |m, &x| {
+            _mm256_and_ps(m, _mm256_cmp_ps::<_CMP_LT_OQ>(x, inf))
+        });
+    if _mm256_movemask_ps(finite) != 0xFF {
+        *pairs = [0; PAIRS];
+        return (f32::NAN, f32::NAN);
+    }
+    let m8 = _mm256_max_ps(_mm256_max_ps(abs[0], abs[1]), _mm256_max_ps(abs[2], abs[3]));
+    let m4 = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps::<1>(m8));
+    let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    let amax = _mm_cvtss_f32(_mm_max_ss(m2, _mm_shuffle_ps::<1>(m2, m2)));
+    let inv = 32767.0 / amax;
+    if amax == 0.0 || !inv.is_finite() {
+        *pairs = [0; PAIRS];
+        return (0.0, 0.0);
+    }
+    let vinv = _mm256_set1_ps(inv);
+    let (lim_lo, lim_hi) = (_mm256_set1_epi32(-32767), _mm256_set1_epi32(32767));
+    let q = v.map(|v| {
+        let q = _mm256_cvtps_epi32(_mm256_mul_ps(v, vinv));
+        _mm256_min_epi32(_mm256_max_epi32(q, lim_lo), lim_hi)
+    });
+    let t8 = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+    let t4 = _mm_add_epi32(
+        _mm256_castsi256_si128(t8),
+        _mm256_extracti128_si256::<1>(t8),
+    );
+    let t2 = _mm_add_epi32(t4, _mm_unpackhi_epi64(t4, t4));
+    let total = _mm_cvtsi128_si32(_mm_add_epi32(t2, _mm_shuffle_epi32::<1>(t2)));
+    // packs works within 128-bit lanes; the 64-bit permute puts the values back in order.
+    let mut natural = [0i16; BLOCK];
+    for (half, q) in q.chunks_exact(2).enumerate() {
+        let packed = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packs_epi32(q[0], q[1]));
+        // SAFETY: natural holds 32 values, two vectors of sixteen.
+        unsafe { _mm256_storeu_si256(natural.as_mut_ptr().add(16 * half).cast(), packed) };
+    }
+    for (p, pair) in pairs.iter_mut().enumerate() {
+        let lo = natural[usize::from(perm[2 * p])] as u16;
+        let hi = natural[usize::from(perm[2 * p + 1])] as u16;
+        *pair = u32::from(lo) | (u32::from(hi) << 16);
+    }
+    let s = amax / 32767.0;
+    (s, s * total as f32)
+}
+
 /// Four gathered chunk vectors (64 bytes each, at `z`) to four vectors of 32-bit words,
 /// exactly as `avx512_q16::transpose` does: its unpacks work within 128-bit lanes, so the
 /// two 256-bit halves are transposed one after the other.

@@ -375,6 +375,8 @@ impl<'a> Q16Fill<'a> {
         #[cfg(target_arch = "x86_64")]
         let simd = applies(SimdLevel::Avx512, self.ty);
         #[cfg(target_arch = "x86_64")]
+        let avx2 = self.layout == Layout::Pairs && applies(SimdLevel::Avx2, self.ty);
+        #[cfg(target_arch = "x86_64")]
         let perm: [u16; BLOCK] = order.map(|o| o as u16);
         let tile = self.layout.tile();
         let tile_slots = tile * self.nb;
@@ -403,6 +405,12 @@ impl<'a> Q16Fill<'a> {
                         super::avx512_q16::split_bytes(words);
                     }
                 }
+                continue;
+            }
+            #[cfg(target_arch = "x86_64")]
+            if avx2 {
+                // SAFETY: `applies` proved AVX2/FMA/F16C.
+                (*scale, *sum) = unsafe { super::avx2_q16::quantize_block(a, &perm, words) };
                 continue;
             }
             let (q, s, t) = quantize_block(a);

@@ -178,32 +178,61 @@ fn the_byte_layout_holds_the_16_bit_values() {
     }
 }
 
+/// The vector quantizers this CPU can run, by level.
 #[cfg(target_arch = "x86_64")]
+type VectorQuantizer = unsafe fn(&[f32; BLOCK], &[u16; BLOCK], &mut [u32; PAIRS]) -> (f32, f32);
+
+#[cfg(target_arch = "x86_64")]
+fn vector_quantizers() -> Vec<(SimdLevel, VectorQuantizer)> {
+    let mut found: Vec<(SimdLevel, VectorQuantizer)> = Vec::new();
+    if applies(SimdLevel::Avx512, GgmlType::Q4_1) {
+        found.push((
+            SimdLevel::Avx512,
+            crate::kernels::avx512_q16::quantize_block,
+        ));
+    }
+    if applies(SimdLevel::Avx2, GgmlType::Q4_1) {
+        found.push((SimdLevel::Avx2, crate::kernels::avx2_q16::quantize_block));
+    }
+    found
+}
+
 #[test]
-fn the_vector_quantizer_matches_the_scalar_one() {
-    if !applies(SimdLevel::Avx512, GgmlType::Q4_1) {
-        println!("skipped: no AVX-512 VNNI on this CPU");
+#[cfg(target_arch = "x86_64")]
+fn the_vector_quantizers_match_the_scalar_one() {
+    let quantizers = vector_quantizers();
+    if quantizers.is_empty() {
+        println!("skipped: no AVX2 on this CPU");
         return;
     }
+    for (level, vector) in quantizers {
+        println!("vector quantizer at {level:?}");
+        vector_quantizer_matches(vector);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn vector_quantizer_matches(vector: VectorQuantizer) {
     let mut rng = Rng(17);
     for ty in TYPES {
         let order = pair_order(ty);
-        for case in 0..200 {
+        for case in 0..240 {
             // XorShift::f32 is uniform in [-1, 1): the largest |a| is positive or negative.
             let mut a: [f32; BLOCK] = std::array::from_fn(|_| rng.f32() * 4.0);
-            match case % 5 {
+            match case % 6 {
                 1 => a = [0.0; BLOCK],
                 2 => a[case % BLOCK] = f32::NAN,
                 3 => a = std::array::from_fn(|i| i as f32 * 1e-44),
                 4 => a[case % BLOCK] = -f32::INFINITY,
+                // amax 2 scales by 16383.5: ±1 land on the ties ±16383.5, which round to
+                // even.
+                5 => a = std::array::from_fn(|i| (i % 5) as f32 - 2.0),
                 _ => {}
             }
             let (q, s, t) = quantize_block(&a);
             let mut pairs = [0u32; PAIRS];
-            // SAFETY: level() found AVX-512 VNNI.
-            let (vs, vt) = unsafe {
-                crate::kernels::avx512_q16::quantize_block(&a, &order.map(|o| o as u16), &mut pairs)
-            };
+            // SAFETY: vector_quantizers() lists only levels this CPU runs.
+            let (vs, vt) = unsafe { vector(&a, &order.map(|o| o as u16), &mut pairs) };
             assert_eq!(
                 (s.to_bits(), t.to_bits()),
                 (vs.to_bits(), vt.to_bits()),
