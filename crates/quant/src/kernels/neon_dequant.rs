@@ -156,18 +156,18 @@ fn dequant<F: Format>(src: &[u8], dst: &mut [f32]) {
 /// row, the rows' FMA chains interleaved block by block).
 #[target_feature(enable = "neon")]
 fn matvec<F: Format>(rows: &[&[u8]], x: &[f32], out: &mut [f32]) {
-    let nb = x.len() / F::VALUES;
+    let blocks: [&[F::Block]; 4] =
+        std::array::from_fn(|r| rows.get(r).map_or(&[][..], |row| cast_blocks(row)));
     let mut acc = [vdupq_n_f32(0.0); 4];
-    for bi in 0..nb {
-        let xb = &x[bi * F::VALUES..(bi + 1) * F::VALUES];
-        for (acc, row) in acc.iter_mut().zip(rows) {
+    for (bi, xb) in x.chunks_exact(F::VALUES).enumerate() {
+        for (acc, row) in acc.iter_mut().zip(&blocks[..rows.len()]) {
             let mut s = Dot {
                 x: xb,
                 at: 0,
                 acc: *acc,
             };
             // SAFETY: NEON present (this function's feature).
-            unsafe { F::decode(&cast_blocks::<F::Block>(row)[bi], &mut s) };
+            unsafe { F::decode(&row[bi], &mut s) };
             *acc = s.acc;
         }
     }
