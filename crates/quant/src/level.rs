@@ -1,7 +1,8 @@
 //! Run-time SIMD level selection.
 //!
-//! The level is detected once (`is_x86_feature_detected!`) at first use. The environment
-//! variable `FERRITE_SIMD=scalar|avx2|avx512`, read once at that same moment, can lower it
+//! The level is detected once (`is_x86_feature_detected!` on x86-64; NEON is part of every
+//! AArch64 CPU) at first use. The environment variable `FERRITE_SIMD=scalar|avx2|avx512`
+//! (`scalar|neon` on AArch64), read once at that same moment, can lower it
 //! (for A/B runs and to exercise fallbacks); asking for a level the CPU lacks falls back to
 //! the best level the CPU has, because running an unsupported instruction would crash.
 
@@ -16,6 +17,11 @@ pub const SIMD_ENV: &str = "FERRITE_SIMD";
 pub enum SimdLevel {
     /// Portable Rust, the reference path.
     Scalar,
+    /// AArch64 Advanced SIMD (128-bit vectors, 4 f32 lanes). It exists only on AArch64 and
+    /// sits below the x86 levels, which are never available there, so "lower" stays a
+    /// total order on every target.
+    #[cfg(target_arch = "aarch64")]
+    Neon,
     /// x86-64 AVX2 with FMA and F16C (256-bit vectors).
     Avx2,
     /// x86-64 AVX-512 F/BW/VL plus the AVX2 set (512-bit vectors).
@@ -24,12 +30,24 @@ pub enum SimdLevel {
 
 impl SimdLevel {
     /// Every level, lowest first.
+    #[cfg(not(target_arch = "aarch64"))]
     pub const ALL: [SimdLevel; 3] = [SimdLevel::Scalar, SimdLevel::Avx2, SimdLevel::Avx512];
+
+    /// Every level, lowest first.
+    #[cfg(target_arch = "aarch64")]
+    pub const ALL: [SimdLevel; 4] = [
+        SimdLevel::Scalar,
+        SimdLevel::Neon,
+        SimdLevel::Avx2,
+        SimdLevel::Avx512,
+    ];
 
     /// The lower-case name used by `FERRITE_SIMD` and `Display`.
     pub const fn name(self) -> &'static str {
         match self {
             SimdLevel::Scalar => "scalar",
+            #[cfg(target_arch = "aarch64")]
+            SimdLevel::Neon => "neon",
             SimdLevel::Avx2 => "avx2",
             SimdLevel::Avx512 => "avx512",
         }
@@ -52,6 +70,10 @@ impl SimdLevel {
     pub fn detect() -> Self {
         static DETECTED: std::sync::OnceLock<SimdLevel> = std::sync::OnceLock::new();
         *DETECTED.get_or_init(|| {
+            #[cfg(target_arch = "aarch64")]
+            if std::arch::is_aarch64_feature_detected!("neon") {
+                return SimdLevel::Neon;
+            }
             if has_avx2() && has_avx512() {
                 SimdLevel::Avx512
             } else if has_avx2() {
@@ -122,6 +144,16 @@ mod tests {
         assert_eq!(select(Some("avx512"), SimdLevel::Avx2), SimdLevel::Avx2);
         assert_eq!(select(Some("bogus"), SimdLevel::Avx2), SimdLevel::Avx2);
         assert_eq!(select(None, SimdLevel::Avx512), SimdLevel::Avx512);
+    }
+
+    #[cfg(target_arch = "aarch64")]
+    #[test]
+    fn neon_is_detected_and_only_lowered_to_scalar() {
+        assert_eq!(SimdLevel::detect(), SimdLevel::Neon);
+        assert!(!SimdLevel::Avx2.is_available());
+        assert_eq!(select(Some("NEON"), SimdLevel::Neon), SimdLevel::Neon);
+        assert_eq!(select(Some("scalar"), SimdLevel::Neon), SimdLevel::Scalar);
+        assert_eq!(select(Some("avx512"), SimdLevel::Neon), SimdLevel::Neon);
     }
 
     #[test]

@@ -92,13 +92,9 @@ fn sizes(ty: GgmlType) -> [usize; 5] {
 }
 
 #[test]
-fn hot_formats_have_simd_dequant_at_avx_levels() {
-    for level in [SimdLevel::Avx2, SimdLevel::Avx512] {
-        if !level.is_available() {
-            println!("skipped: {level} not available on this CPU");
-            continue;
-        }
-        for ty in HOT {
+fn hot_formats_have_simd_dequant_at_vector_levels() {
+    for level in vector_levels() {
+        for ty in HOT.into_iter().filter(|&t| fused(level, t)) {
             assert!(
                 has_simd_dequantize(level, ty),
                 "{ty} has no {level} dequantizer"
@@ -110,7 +106,7 @@ fn hot_formats_have_simd_dequant_at_avx_levels() {
 #[test]
 fn simd_dequant_is_bit_exact_and_dots_agree() {
     let mut rng = Rng(0x1234_5678_9abc_def1);
-    for level in avx_levels() {
+    for level in vector_levels() {
         for ty in TYPES {
             let mut worst = 0f64;
             for nb in sizes(ty) {
@@ -240,11 +236,7 @@ fn axpy_matches_scalar_at_every_level() {
         let a = rng.f32();
         let mut want = y0.clone();
         axpy(SimdLevel::Scalar, a, &x, &mut want).unwrap();
-        for level in [SimdLevel::Avx2, SimdLevel::Avx512] {
-            if !level.is_available() {
-                println!("skipped: {level} not available on this CPU");
-                continue;
-            }
+        for level in vector_levels() {
             let mut got = y0.clone();
             axpy(level, a, &x, &mut got).unwrap();
             for i in 0..len {
@@ -260,20 +252,22 @@ fn axpy_matches_scalar_at_every_level() {
     }
 }
 
-/// Whether `ty`'s matvec at the AVX levels is fused (blocks decoded in registers and fed
-/// to the FMA accumulators, no row dequantized to memory): every type with a SIMD
-/// dequantizer there.
-fn fused(ty: GgmlType) -> bool {
-    !matches!(
-        ty,
-        GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::TQ1_0 | GgmlType::TQ2_0
-    )
+/// Whether `ty`'s matvec at `level` is fused (blocks decoded in registers and fed to the
+/// FMA accumulators, no row dequantized to memory): at the AVX levels every type with a
+/// SIMD dequantizer there; at NEON the same less F16.
+fn fused(level: SimdLevel, ty: GgmlType) -> bool {
+    use GgmlType as T;
+    let neon = Some(level) == SimdLevel::from_name("neon");
+    let unfused = matches!(ty, T::Q2_K | T::Q3_K | T::TQ1_0 | T::TQ2_0);
+    !(unfused || neon && ty == T::F16)
 }
 
-/// The AVX levels this CPU has, printing a skip line for each it lacks.
-fn avx_levels() -> Vec<SimdLevel> {
-    [SimdLevel::Avx2, SimdLevel::Avx512]
+/// The vector levels of this target (AVX2 and AVX-512, or NEON) this CPU has, printing a
+/// skip line for each it lacks.
+fn vector_levels() -> Vec<SimdLevel> {
+    SimdLevel::ALL
         .into_iter()
+        .filter(|&level| level != SimdLevel::Scalar)
         .filter(|level| {
             let here = level.is_available();
             if !here {
@@ -284,7 +278,7 @@ fn avx_levels() -> Vec<SimdLevel> {
         .collect()
 }
 
-/// The fused matvec of every format at each AVX level, against an oracle that shares none
+/// The fused matvec of every format at each vector level, against an oracle that shares none
 /// of its decoding: the scalar reference dequantizer, then the level's f32 dot (the
 /// canonical order). Row counts cover one, two, three and four rows per group and a
 /// remainder after whole groups; widths cover one and several blocks (and, for the float
@@ -292,8 +286,8 @@ fn avx_levels() -> Vec<SimdLevel> {
 #[test]
 fn fused_matvec_equals_scalar_dequant_then_level_dot_bit_for_bit() {
     let mut rng = Rng(0xa5a5_0f0f);
-    for level in avx_levels() {
-        for ty in TYPES.into_iter().filter(|&t| fused(t)) {
+    for level in vector_levels() {
+        for ty in TYPES.into_iter().filter(|&t| fused(level, t)) {
             assert!(
                 has_fused_matvec(level, ty),
                 "{ty} has no fused {level} matvec"

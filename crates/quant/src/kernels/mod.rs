@@ -28,6 +28,10 @@ mod avx512_dequant;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512_q16;
 mod multi;
+#[cfg(target_arch = "aarch64")]
+mod neon;
+#[cfg(target_arch = "aarch64")]
+mod neon_dequant;
 pub mod q16;
 pub(crate) mod scalar;
 mod vmath;
@@ -127,7 +131,7 @@ pub(crate) fn row_values<X: RowElem>(row: &[X]) -> usize {
 
 /// Adds the products from `from` to `k`, one at a time, to `acc`: the vector levels' tail
 /// after their last full vector.
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 #[inline]
 #[allow(clippy::needless_range_loop)] // `i` indexes `x` through `X::value`, by value
 pub(crate) fn tail<X: RowElem>(acc: f32, w: &[f32], x: &[X], from: usize, k: usize) -> f32 {
@@ -224,6 +228,8 @@ pub(crate) fn dequant_simd(level: SimdLevel, ty: GgmlType) -> Option<DequantFn> 
         SimdLevel::Avx2 => avx2::dequant_fn(ty),
         #[cfg(target_arch = "x86_64")]
         SimdLevel::Avx512 => avx512::dequant_fn(ty),
+        #[cfg(target_arch = "aarch64")]
+        SimdLevel::Neon => neon_dequant::lookup(ty),
         #[cfg(not(target_arch = "x86_64"))]
         _ => None,
     }
@@ -258,6 +264,9 @@ pub fn dot_f32(level: SimdLevel, w: &[f32], x: &[f32]) -> Result<f32, QuantError
         #[cfg(target_arch = "x86_64")]
         // SAFETY: check_level proved the CPU has the AVX-512 set; k is within both slices.
         SimdLevel::Avx512 => unsafe { avx512::dot(w, x, k) },
+        #[cfg(target_arch = "aarch64")]
+        // SAFETY: check_level proved the CPU has NEON.
+        SimdLevel::Neon => unsafe { neon::dot(w, x, k) },
         #[cfg(not(target_arch = "x86_64"))]
         _ => scalar::dot(w, x, k),
     })
@@ -276,6 +285,9 @@ pub fn axpy(level: SimdLevel, a: f32, x: &[f32], y: &mut [f32]) -> Result<(), Qu
         #[cfg(target_arch = "x86_64")]
         // SAFETY: check_level proved the CPU has the AVX-512 set; k is within both slices.
         SimdLevel::Avx512 => unsafe { avx512::axpy(a, x, y, k) },
+        #[cfg(target_arch = "aarch64")]
+        // SAFETY: check_level proved the CPU has NEON.
+        SimdLevel::Neon => unsafe { neon::axpy(a, x, y, k) },
         #[cfg(not(target_arch = "x86_64"))]
         _ => scalar::axpy(a, x, y, k),
     }
@@ -329,6 +341,9 @@ pub(crate) unsafe fn tile_unchecked<X: RowElem>(
         #[cfg(target_arch = "x86_64")]
         // SAFETY: forwarded caller contract.
         SimdLevel::Avx512 => unsafe { avx512::tile(w, x, k, out) },
+        #[cfg(target_arch = "aarch64")]
+        // SAFETY: the level is available (caller contract).
+        SimdLevel::Neon => unsafe { neon::tile(w, x, k, out) },
         #[cfg(not(target_arch = "x86_64"))]
         _ => scalar::tile(w, x, k, out),
     }
@@ -459,6 +474,8 @@ fn matvec4_chunked(
         SimdLevel::Scalar => 0,
         SimdLevel::Avx2 => n - n % 8,
         SimdLevel::Avx512 => n - n % 16,
+        #[cfg(target_arch = "aarch64")]
+        SimdLevel::Neon => n - n % 4,
     };
     let mut buf = [[0f32; ROW_CHUNK]; 4];
     let mut lanes = [[0f32; 16]; 4];
@@ -491,6 +508,15 @@ fn matvec4_chunked(
             // SAFETY: as above, a multiple of 16.
             SimdLevel::Avx512 => unsafe {
                 avx512::acc_lanes4(
+                    &mut lanes,
+                    buf.each_ref().map(|b| &b[..vec_len]),
+                    &xs[..vec_len],
+                )
+            },
+            #[cfg(target_arch = "aarch64")]
+            // SAFETY: only called by `matvec` after `check_level` proved NEON.
+            SimdLevel::Neon => unsafe {
+                neon::acc_lanes4(
                     &mut lanes,
                     buf.each_ref().map(|b| &b[..vec_len]),
                     &xs[..vec_len],
@@ -537,6 +563,10 @@ fn fused_matvec(level: SimdLevel, ty: GgmlType, k: usize) -> Option<MatvecFn> {
         SimdLevel::Avx2 if k.is_multiple_of(8) && level.is_available() => {
             avx2_dequant::lookup_matvec(ty)
         }
+        #[cfg(target_arch = "aarch64")]
+        SimdLevel::Neon if k.is_multiple_of(4) && level.is_available() => {
+            neon_dequant::lookup_matvec(ty)
+        }
         _ => None,
     }
 }
@@ -563,6 +593,8 @@ pub fn dot_row(level: SimdLevel, ty: GgmlType, row: &[u8], x: &[f32]) -> Result<
         SimdLevel::Scalar => 0,
         SimdLevel::Avx2 => n - n % 8,
         SimdLevel::Avx512 => n - n % 16,
+        #[cfg(target_arch = "aarch64")]
+        SimdLevel::Neon => n - n % 4,
     };
     let mut acc = RowAcc::new(level);
     let mut tail = 0.0f32;
@@ -622,6 +654,9 @@ impl RowAcc {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: as above, multiple of 16.
             SimdLevel::Avx512 => unsafe { avx512::acc_lanes(&mut self.lanes, w, x) },
+            #[cfg(target_arch = "aarch64")]
+            // SAFETY: as above (NEON).
+            SimdLevel::Neon => unsafe { neon::acc_lanes(&mut self.lanes, w, x) },
             #[cfg(not(target_arch = "x86_64"))]
             _ => {}
         }
@@ -637,6 +672,9 @@ impl RowAcc {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: as above.
             SimdLevel::Avx512 => unsafe { avx512::reduce_lanes(&self.lanes) },
+            #[cfg(target_arch = "aarch64")]
+            // SAFETY: as above.
+            SimdLevel::Neon => unsafe { neon::reduce_lanes(&self.lanes) },
             #[cfg(not(target_arch = "x86_64"))]
             _ => 0.0,
         }

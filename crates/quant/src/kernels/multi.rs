@@ -17,6 +17,8 @@ use ferrite_gguf::GgmlType;
 /// The level's fused multi-column kernel for rows of `k` values of `ty`, if it has one that
 /// covers `k` without a partial vector.
 fn fused_multi(level: SimdLevel, ty: GgmlType, k: usize) -> Option<MatmatFn> {
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (ty, k); // no fused multi-column kernel off x86-64
     match level {
         #[cfg(target_arch = "x86_64")]
         SimdLevel::Avx512 if k.is_multiple_of(16) && level.is_available() => {

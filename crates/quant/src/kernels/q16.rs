@@ -37,6 +37,13 @@
 //! This module never touches other formats or levels: it applies only where [`applies`]
 //! says so, and every other product stays on the f32 kernels.
 
+// Off x86-64 no level applies, so the 16-bit kernels are compiled out and the plumbing that
+// feeds them (layouts, packing, output pointers) is unused there.
+#![cfg_attr(
+    not(target_arch = "x86_64"),
+    allow(dead_code, unused_variables, unused_mut)
+)]
+
 use ferrite_gguf::GgmlType;
 
 use crate::{QuantError, SimdLevel};
@@ -55,6 +62,8 @@ pub fn applies(level: SimdLevel, ty: GgmlType) -> bool {
             SimdLevel::Avx512 => has_vnni(),
             SimdLevel::Avx2 => true,
             SimdLevel::Scalar => false,
+            #[cfg(target_arch = "aarch64")]
+            SimdLevel::Neon => false,
         }
 }
 
