@@ -7,9 +7,9 @@
 //! output. Every other format and level takes the f32 paths below.
 //!
 //! Output rows are split into a few ranges per thread, each computed by the thread that
-//! claims it first (so a descheduled thread cannot hold up a call by a fixed share). Decode (one token) uses the fused
-//! kernel ([`ferrite_quant::kernels::matvec`]): weights are dequantized in registers and fed
-//! to the FMAs, streaming each weight byte once. A decode batch of up to
+//! claims it first (so a descheduled thread cannot hold up a call by a fixed share). Decode
+//! (one token) uses the fused kernel ([`ferrite_quant::kernels::matvec`]): weights are
+//! dequantized in registers and fed to the FMAs, streaming each weight byte once. A decode batch of up to
 //! `MULTI_MAX_TOKENS` tokens (one per session) uses the fused multi-column kernel where the
 //! level has one ([`ferrite_quant::kernels::multi_matvec`]): each weight block is decoded in
 //! registers once per group of up to eight tokens. Prefill dequantizes a tile of weight rows
