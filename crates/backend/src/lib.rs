@@ -251,6 +251,12 @@ pub trait Backend: Sync {
     /// [`ferrite_arch::DeltaNetShape::state_len`] or [`ferrite_arch::Mamba2Shape::state_len`]
     /// says: the convolution's last inputs, then the recurrence's matrices.
     fn kv_state(&self, kv: &mut Self::Kv, slots: usize, len: usize) -> Result<()>;
+    /// Copies every state slot of `kv` to the host, slot after slot, into `out` (resized
+    /// to `slots × len`; empty without slots): a checkpoint of a hybrid's recurrence.
+    fn state_get(&self, kv: &Self::Kv, out: &mut Vec<f32>) -> Result<()>;
+    /// Replaces every state slot of `kv` with `values` (as [`Backend::state_get`] lays
+    /// them out), or with zeros (`None`: the state at position 0).
+    fn state_set(&self, kv: &mut Self::Kv, values: Option<&[f32]>) -> Result<()>;
     /// The causal depthwise convolution at the head of a recurrent layer (a gated
     /// DeltaNet's or a Mamba-2 mixer's), then SiLU: row `t` of a segment gets, per channel
     /// `c` of `s.channels`, `silu(bias[c] + Σ_j w[c][j] · x[t - (K-1) + j][c])` (`K =

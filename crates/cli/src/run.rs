@@ -17,7 +17,7 @@ use ferrite_engine::{Finish, Flow, Picker, Sampler, SamplerConfig, Timeline};
 use ferrite_model::{KvType, LoadOptions, Model, Precision, Session};
 use ferrite_tokenizer::{ChatRequest, ChatTemplate, Tokenizer};
 
-use crate::backend::{BackendArg, CudaLoaded, load_cuda};
+use crate::backend::{BackendArg, CudaLoaded, CudaPath, load_cuda};
 use crate::models::DEFAULT_MODEL;
 use crate::outputs::check_not_an_input;
 use ferrite_engine::{AnySession, CudaTimeline};
@@ -274,7 +274,7 @@ impl Loaded {
             bail!("--ctx must be at least 1");
         }
         let kv = KvType::from(args.kv);
-        let cuda = load_cuda(args.backend, &model)?;
+        let cuda = load_cuda(args.backend, &model, kv)?;
         if cuda.is_some() {
             check_cuda_kv(kv)?;
         }
@@ -316,7 +316,19 @@ impl Loaded {
     pub fn any_session_of(&self, ctx: usize) -> anyhow::Result<AnySession<'_>> {
         let ctx = ctx.min(self.ctx);
         Ok(match &self.cuda {
-            Some(cuda) => AnySession::Cuda(Box::new(CudaTimeline::new(&cuda.model, ctx)?)),
+            Some(CudaLoaded {
+                path: CudaPath::Model(m),
+                ..
+            }) => AnySession::Cuda(Box::new(CudaTimeline::new(m, ctx)?)),
+            Some(CudaLoaded {
+                path: CudaPath::Pass(ops),
+                ..
+            }) => AnySession::Pass(Box::new(Session::on(
+                &self.model,
+                ops.clone(),
+                ctx,
+                self.kv,
+            )?)),
             None => AnySession::Cpu(Box::new(self.session_of(ctx)?)),
         })
     }
@@ -325,8 +337,17 @@ impl Loaded {
     pub fn backend_line(&self) -> String {
         if let Some(cuda) = &self.cuda {
             let (major, minor) = cuda.info.compute_capability;
-            let act = cuda.model.backend().activations().name();
-            let prefill = cuda.model.backend().prefill_products().name();
+            if let CudaPath::Pass(_) = cuda.path {
+                // Rows, not a decode step, reach the kernels: the f32 products and the
+                // host sampler, whatever the device settings say.
+                return format!(
+                    "backend=cuda device=\"{}\" cc={major}.{minor} pass=contract graphs=off \
+                     kv=f16 act=f32 sampling=host",
+                    cuda.info.name
+                );
+            }
+            let act = cuda.backend.activations().name();
+            let prefill = cuda.backend.prefill_products().name();
             return format!(
                 "backend=cuda device=\"{}\" cc={major}.{minor} graphs=on kv=f16 act={act} \
                  sampling={} prefill={prefill}",

@@ -512,6 +512,26 @@ impl Backend for CpuBackend<'_> {
         kv.set_state(slots, len)
     }
 
+    fn state_get(&self, kv: &KvCache, out: &mut Vec<f32>) -> Result<()> {
+        out.clear();
+        out.extend_from_slice(kv.state());
+        Ok(())
+    }
+
+    fn state_set(&self, kv: &mut KvCache, values: Option<&[f32]>) -> Result<()> {
+        match values {
+            None => kv.clear_state(),
+            Some(v) if v.len() == kv.state().len() => kv.state_all_mut().copy_from_slice(v),
+            Some(v) => {
+                return Err(bad(
+                    "state_set",
+                    format!("{} values for a state of {}", v.len(), kv.state().len()),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     fn group_norm(
         &self,
         x: &mut Vec<f32>,

@@ -17,7 +17,10 @@
 //! host-side expert routing, KV rows other than f16, the clamped SwiGLU gate) is refused by
 //! [`CudaOps::supports`] with the reason.
 
-use std::sync::{Arc, Mutex};
+mod tables;
+mod weights;
+
+use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaViewMut};
 use ferrite_backend::{
@@ -65,12 +68,13 @@ pub struct CudaKv {
 }
 
 /// The contract's ops on one CUDA device. Matrices and vectors uploaded through
-/// [`Backend::weight`] and [`Backend::vector`] live as long as this value.
-#[derive(Debug)]
-pub struct CudaOps<'d> {
-    dev: &'d CudaBackend,
-    matrices: Mutex<Vec<Arc<DeviceMatrix>>>,
-    vectors: Mutex<Vec<Arc<CudaSlice<f32>>>>,
+/// [`Backend::weight`] and [`Backend::vector`] (or a model's, through
+/// [`ferrite_model::Weights`]) live as long as this value and its clones, which share them:
+/// clone it for each session of one model.
+#[derive(Debug, Clone)]
+pub struct CudaOps {
+    dev: Arc<CudaBackend>,
+    tables: Arc<tables::Tables>,
 }
 
 /// A kernel's failure as the contract reports it.
@@ -147,24 +151,21 @@ fn values_in_keys(op: &'static str) -> BackendError {
     }
 }
 
-impl<'d> CudaOps<'d> {
+impl CudaOps {
     /// The contract's ops on `dev`.
-    pub fn new(dev: &'d CudaBackend) -> CudaOps<'d> {
+    pub fn new(dev: Arc<CudaBackend>) -> CudaOps {
         CudaOps {
             dev,
-            matrices: Mutex::new(Vec::new()),
-            vectors: Mutex::new(Vec::new()),
+            tables: Arc::default(),
         }
     }
 
-    fn matrix(&self, id: MatrixId) -> Arc<DeviceMatrix> {
-        let table = self.matrices.lock().unwrap_or_else(|e| e.into_inner());
-        table[id.0].clone()
+    fn matrix(&self, id: MatrixId) -> Result<Arc<DeviceMatrix>> {
+        self.tables.matrix("matmul", id)
     }
 
-    fn vec(&self, id: VectorId) -> Arc<CudaSlice<f32>> {
-        let table = self.vectors.lock().unwrap_or_else(|e| e.into_inner());
-        table[id.0].clone()
+    fn vec(&self, id: VectorId) -> Result<Arc<CudaSlice<f32>>> {
+        self.tables.vector("vector", id)
     }
 
     /// `len` values of `src` from `at` in a new buffer.
@@ -289,6 +290,16 @@ impl<'d> CudaOps<'d> {
         }
     }
 
+    fn upload_matrix(&self, w: HostMatrix<'_>) -> Result<DeviceMatrix> {
+        self.dev
+            .upload_matrix(w.ty, w.rows, w.cols, w.data)
+            .map_err(kernel("weight"))
+    }
+
+    fn upload_vector(&self, v: &[f32]) -> Result<CudaSlice<f32>> {
+        self.dev.stream.clone_htod(v).map_err(driver("vector"))
+    }
+
     fn unported(what: &str) -> Support {
         Support::Unsupported(format!("{what} is not on the CUDA contract yet"))
     }
@@ -304,7 +315,7 @@ fn f16_rows(op: &'static str, ty: KvType) -> BackendError {
     }
 }
 
-impl Backend for CudaOps<'_> {
+impl Backend for CudaOps {
     type Buf = CudaSlice<f32>;
     type Weight<'a>
         = MatrixId
@@ -456,20 +467,11 @@ impl Backend for CudaOps<'_> {
     }
 
     fn weight<'a>(&'a self, w: HostMatrix<'a>) -> Result<MatrixId> {
-        let m = self
-            .dev
-            .upload_matrix(w.ty, w.rows, w.cols, w.data)
-            .map_err(kernel("weight"))?;
-        let mut table = self.matrices.lock().unwrap_or_else(|e| e.into_inner());
-        table.push(Arc::new(m));
-        Ok(MatrixId(table.len() - 1))
+        Ok(self.tables.push_matrix(self.upload_matrix(w)?))
     }
 
     fn vector<'a>(&'a self, v: &'a [f32]) -> Result<VectorId> {
-        let d = self.dev.stream.clone_htod(v).map_err(driver("vector"))?;
-        let mut table = self.vectors.lock().unwrap_or_else(|e| e.into_inner());
-        table.push(Arc::new(d));
-        Ok(VectorId(table.len() - 1))
+        Ok(self.tables.push_vector(self.upload_vector(v)?))
     }
 
     fn kv(
@@ -516,7 +518,7 @@ impl Backend for CudaOps<'_> {
         scale: f32,
         x: &mut CudaSlice<f32>,
     ) -> Result<()> {
-        let w = self.matrix(table);
+        let w = self.matrix(table)?;
         check("embed", x.len(), 0, tokens.len() * w.cols)?;
         let ids = tokens
             .iter()
@@ -541,7 +543,7 @@ impl Backend for CudaOps<'_> {
         n: usize,
         y: &mut CudaSlice<f32>,
     ) -> Result<()> {
-        let w = self.matrix(w);
+        let w = self.matrix(w)?;
         Self::check_product("matmul", &w, x, n, y.len())?;
         match n {
             0 => Ok(()),
@@ -572,7 +574,8 @@ impl Backend for CudaOps<'_> {
             }
             return Ok(());
         }
-        let ms: Vec<Arc<DeviceMatrix>> = ws.iter().map(|&w| self.matrix(w)).collect();
+        let ms: Vec<Arc<DeviceMatrix>> =
+            ws.iter().map(|&w| self.matrix(w)).collect::<Result<_>>()?;
         for (m, y) in ms.iter().zip(&ys) {
             Self::check_product("matmul_shared", m, x, 1, y.len())?;
         }
@@ -589,7 +592,7 @@ impl Backend for CudaOps<'_> {
     }
 
     fn logits(&self, w: MatrixId, x: &CudaSlice<f32>, n: usize, out: &mut [f32]) -> Result<()> {
-        let rows = self.matrix(w).rows;
+        let rows = self.matrix(w)?.rows;
         check("logits", out.len(), 0, n * rows)?;
         let mut y = self.alloc(n * rows)?;
         self.matmul(w, x, n, &mut y)?;
@@ -604,7 +607,7 @@ impl Backend for CudaOps<'_> {
         dim: usize,
         eps: f32,
     ) -> Result<()> {
-        let w = self.vec(w);
+        let w = self.vec(w)?;
         let rows = norm_rows("rms_norm", x.len(), len, w.len(), dim)?;
         self.dev
             .rms_norm(x, &w, x, rows, eps)
@@ -620,7 +623,7 @@ impl Backend for CudaOps<'_> {
         eps: f32,
         out: &mut CudaSlice<f32>,
     ) -> Result<()> {
-        let w = self.vec(w);
+        let w = self.vec(w)?;
         let rows = norm_rows("norm_into", x.len().min(out.len()), len, w.len(), dim)?;
         self.dev
             .rms_norm(x, &w, out, rows, eps)
@@ -637,7 +640,7 @@ impl Backend for CudaOps<'_> {
         eps: f32,
         out: &mut CudaSlice<f32>,
     ) -> Result<()> {
-        let w = self.vec(w);
+        let w = self.vec(w)?;
         let have = x.len().min(y.len()).min(out.len());
         let rows = norm_rows("add_norm", have, len, w.len(), dim)?;
         self.dev
@@ -651,7 +654,7 @@ impl Backend for CudaOps<'_> {
     }
 
     fn add_bias(&self, x: &mut CudaSlice<f32>, len: usize, b: VectorId, dim: usize) -> Result<()> {
-        let b = self.vec(b);
+        let b = self.vec(b)?;
         let rows = norm_rows("add_bias", x.len(), len, b.len(), dim)?;
         self.dev.add_bias(x, &b, rows).map_err(kernel("add_bias"))
     }
@@ -765,8 +768,11 @@ impl Backend for CudaOps<'_> {
                 what: "long rope factors without the short ones".into(),
             });
         }
-        let factors = r.factors.map(|f| self.vec(f));
-        let long = r.long.map(|(f, after)| (self.vec(f), after));
+        let factors = r.factors.map(|f| self.vec(f)).transpose()?;
+        let long = r
+            .long
+            .map(|(f, after)| self.vec(f).map(|f| (f, after)))
+            .transpose()?;
         let mut row = 0;
         for seg in segs.iter() {
             // LongRoPE: a session whose context is past the switch point takes the long
@@ -889,7 +895,7 @@ impl Backend for CudaOps<'_> {
         eps: f32,
     ) -> Result<()> {
         let op = "gated_norm";
-        let w = self.vec(w);
+        let w = self.vec(w)?;
         let rows = norm_rows(op, x.len().min(z.len()), len, w.len(), dim)?;
         self.dev.gated_norm(x, z, &w, rows, eps).map_err(kernel(op))
     }
@@ -904,7 +910,7 @@ impl Backend for CudaOps<'_> {
         eps: f32,
     ) -> Result<()> {
         let op = "group_norm";
-        let w = self.vec(w);
+        let w = self.vec(w)?;
         let rows = norm_rows(op, x.len(), len, w.len(), width)?;
         if group == 0 || !width.is_multiple_of(group) {
             return Err(shape(op, format!("groups of {group} in rows of {width}")));
@@ -940,6 +946,41 @@ impl Backend for CudaOps<'_> {
         Ok(())
     }
 
+    fn state_get(&self, kv: &CudaKv, out: &mut Vec<f32>) -> Result<()> {
+        out.clear();
+        if let Some(state) = &kv.state {
+            out.resize(state.len(), 0.0);
+            self.dev
+                .stream
+                .memcpy_dtoh(state, out.as_mut_slice())
+                .map_err(driver("state_get"))?;
+        }
+        Ok(())
+    }
+
+    fn state_set(&self, kv: &mut CudaKv, values: Option<&[f32]>) -> Result<()> {
+        let Some(state) = kv.state.as_mut() else {
+            return match values {
+                Some(v) if !v.is_empty() => Err(shape(
+                    "state_set",
+                    format!("{} values for a store without state", v.len()),
+                )),
+                _ => Ok(()),
+            };
+        };
+        let stream = &self.dev.stream;
+        match values {
+            None => stream.memset_zeros(state).map_err(driver("state_set")),
+            Some(v) if v.len() == state.len() => {
+                stream.memcpy_htod(v, state).map_err(driver("state_set"))
+            }
+            Some(v) => Err(shape(
+                "state_set",
+                format!("{} values for a state of {}", v.len(), state.len()),
+            )),
+        }
+    }
+
     fn conv1d(
         &self,
         s: ferrite_arch::ConvShape,
@@ -952,7 +993,7 @@ impl Backend for CudaOps<'_> {
     ) -> Result<()> {
         let op = "conv1d";
         let (c, k) = (s.channels, s.kernel);
-        let (w, bias) = (self.vec(w), bias.map(|b| self.vec(b)));
+        let (w, bias) = (self.vec(w)?, bias.map(|b| self.vec(b)).transpose()?);
         let hist = if k >= 2 && c > 0 {
             (k - 1).checked_mul(c).filter(|&h| h <= s.state_len)
         } else {
@@ -1014,7 +1055,7 @@ impl Backend for CudaOps<'_> {
             k_dim: s.k_dim,
             v_dim: s.v_dim,
         })?;
-        let (a, dt_bias) = (self.vec(a), self.vec(dt_bias));
+        let (a, dt_bias) = (self.vec(a)?, self.vec(dt_bias)?);
         let (c, nv, inner) = (s.conv_channels(), s.v_heads, s.inner());
         let fits = s.conv_kernel >= 2
             && [s.k_heads, nv, s.k_dim, s.v_dim].iter().all(|&d| d > 0)
@@ -1072,9 +1113,9 @@ impl Backend for CudaOps<'_> {
     ) -> Result<()> {
         let op = "ssm_scan";
         let (a, d, dt_bias) = (
-            self.vec(params.a),
-            self.vec(params.d),
-            self.vec(params.dt_bias),
+            self.vec(params.a)?,
+            self.vec(params.d)?,
+            self.vec(params.dt_bias)?,
         );
         let (nh, ng) = (s.n_heads, s.n_groups);
         let fits = s.conv_kernel >= 2
@@ -1144,7 +1185,7 @@ impl Backend for CudaOps<'_> {
         Self: 'w,
     {
         let first = experts(0);
-        let ty = self.matrix(first.mats[0]).ty;
+        let ty = self.matrix(first.mats[0])?.ty;
         self.require(&Op::MoeExperts {
             ty,
             act,

@@ -1,5 +1,6 @@
 //! One conversation on either compute backend, for every front end: [`CudaTimeline`] (a
-//! CUDA session and its last logits row) and [`AnySession`] (a CPU or CUDA session) as
+//! CUDA session and its last logits row) and [`AnySession`] (a CPU session, a CUDA model
+//! session, or the one forward pass over the CUDA contract ops) as
 //! [`Timeline`]s, and [`ScoreSession`] as the scorer's [`LogitsSource`]. `ferrite run`,
 //! `ferrite score` and the serving engine all drive CUDA through this one adapter; it must
 //! never choose a backend (that is the caller's) nor sample a token other than the host
@@ -14,7 +15,7 @@
 //! device paths off (for comparisons); [`sampling_where`] names the choice for the backend
 //! line.
 
-use ferrite_cuda::{CudaError, CudaModel, CudaSession, TOPK_MAX};
+use ferrite_cuda::{CudaError, CudaModel, CudaOps, CudaSession, TOPK_MAX};
 use ferrite_model::{ModelError, Session, SessionState};
 
 use crate::generate::{GenerateError, Timeline};
@@ -143,8 +144,19 @@ impl Timeline for CudaTimeline<'_> {
 pub enum AnySession<'m> {
     /// CPU session.
     Cpu(Box<Session<'m>>),
-    /// CUDA session.
+    /// CUDA session of the CUDA model.
     Cuda(Box<CudaTimeline<'m>>),
+    /// The one forward pass over the CUDA backend's contract ops, for a model the CUDA
+    /// model does not run (the backend line says `pass=contract`): logits come back to the
+    /// host and are sampled there.
+    Pass(Box<Session<'m, CudaOps>>),
+}
+
+/// The refusal of session files on the contract path.
+fn no_snapshots() -> GenerateError {
+    GenerateError::Model(ModelError::InvalidArgument(
+        "session files are not written or read on the CUDA contract path yet".into(),
+    ))
 }
 
 impl AnySession<'_> {
@@ -153,6 +165,7 @@ impl AnySession<'_> {
         match self {
             AnySession::Cpu(s) => s.reset(),
             AnySession::Cuda(c) => c.session.reset(),
+            AnySession::Pass(s) => s.reset(),
         }
     }
 
@@ -161,6 +174,7 @@ impl AnySession<'_> {
         Ok(match self {
             AnySession::Cpu(s) => s.export_state(s.n_past())?,
             AnySession::Cuda(c) => c.session.export_state(c.session.n_past())?,
+            AnySession::Pass(_) => return Err(no_snapshots()),
         })
     }
 
@@ -175,6 +189,7 @@ impl AnySession<'_> {
                 // A later `eval_last` overwrites these; until then they mirror the device.
                 c.logits = state.logits.clone().unwrap_or_default();
             }
+            AnySession::Pass(_) => return Err(no_snapshots()),
         }
         Ok(())
     }
@@ -185,6 +200,7 @@ impl Timeline for AnySession<'_> {
         match self {
             AnySession::Cpu(s) => s.eval_last(tokens),
             AnySession::Cuda(c) => c.eval_last(tokens),
+            AnySession::Pass(s) => s.eval_last(tokens),
         }
     }
 
@@ -192,6 +208,7 @@ impl Timeline for AnySession<'_> {
         match self {
             AnySession::Cpu(s) => Timeline::n_past(s.as_ref()),
             AnySession::Cuda(c) => c.n_past(),
+            AnySession::Pass(s) => Timeline::n_past(s.as_ref()),
         }
     }
 
@@ -199,6 +216,7 @@ impl Timeline for AnySession<'_> {
         match self {
             AnySession::Cpu(s) => Timeline::ctx(s.as_ref()),
             AnySession::Cuda(c) => c.ctx,
+            AnySession::Pass(s) => Timeline::ctx(s.as_ref()),
         }
     }
 
@@ -206,6 +224,7 @@ impl Timeline for AnySession<'_> {
         match self {
             AnySession::Cpu(s) => s.truncate(n),
             AnySession::Cuda(c) => c.session.truncate(n),
+            AnySession::Pass(s) => s.truncate(n),
         }
     }
 
@@ -213,6 +232,7 @@ impl Timeline for AnySession<'_> {
         match self {
             AnySession::Cpu(s) => Timeline::reusable(s.as_ref(), n),
             AnySession::Cuda(c) => n.min(c.n_past()),
+            AnySession::Pass(s) => Timeline::reusable(s.as_ref(), n),
         }
     }
 
@@ -220,20 +240,21 @@ impl Timeline for AnySession<'_> {
         match self {
             AnySession::Cpu(s) => s.eval_all(tokens),
             AnySession::Cuda(c) => c.eval_all(tokens),
+            AnySession::Pass(s) => s.eval_all(tokens),
         }
     }
 
     fn eval_greedy(&mut self, tokens: &[u32]) -> Result<Option<Sampled>, GenerateError> {
         match self {
-            AnySession::Cpu(_) => Ok(None),
+            AnySession::Cpu(_) | AnySession::Pass(_) => Ok(None),
             AnySession::Cuda(c) => c.eval_greedy(tokens),
         }
     }
 
     fn last_logits(&mut self) -> Result<&[f32], GenerateError> {
         match self {
-            // The CPU session selects no candidates, so it keeps no row to fetch.
-            AnySession::Cpu(_) => Err(GenerateError::NoRow),
+            // These sessions select no candidates, so they keep no row to fetch.
+            AnySession::Cpu(_) | AnySession::Pass(_) => Err(GenerateError::NoRow),
             AnySession::Cuda(c) => c.last_logits(),
         }
     }
@@ -244,7 +265,7 @@ impl Timeline for AnySession<'_> {
         k: usize,
     ) -> Result<Option<Candidates>, GenerateError> {
         match self {
-            AnySession::Cpu(_) => Ok(None),
+            AnySession::Cpu(_) | AnySession::Pass(_) => Ok(None),
             AnySession::Cuda(c) => c.eval_candidates(tokens, k),
         }
     }
@@ -274,6 +295,7 @@ impl LogitsSource for ScoreSession<'_> {
     fn eval(&mut self, tokens: &[u32], from: usize) -> Result<&[f32], ScoreError> {
         match &mut self.session {
             AnySession::Cpu(s) => LogitsSource::eval(s.as_mut(), tokens, from),
+            AnySession::Pass(s) => LogitsSource::eval(s.as_mut(), tokens, from),
             AnySession::Cuda(c) => {
                 if from + 1 != tokens.len() {
                     return Err(ModelError::InvalidArgument(format!(

@@ -19,7 +19,7 @@
 //! emitted token must be decided from the draft's own probabilities; the picked-token rule
 //! needs none, and reproduces the plain stream rather than only its distribution.)
 
-use ferrite_model::{ModelError, Outputs, Session};
+use ferrite_model::{ModelError, Outputs, Session, Weights};
 
 use crate::held::{Chooser, HeldError};
 use crate::sampler::{Candidates, SampleError, Sampled, Sampler, StopReason, raw_logprobs};
@@ -206,7 +206,7 @@ impl Picker for Chooser {
     }
 }
 
-impl Timeline for Session<'_> {
+impl<B: Weights> Timeline for Session<'_, B> {
     fn eval_last(&mut self, tokens: &[u32]) -> Result<&[f32], GenerateError> {
         self.eval(tokens, Outputs::Last)?
             .last()

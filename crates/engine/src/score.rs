@@ -7,7 +7,7 @@
 
 use std::fmt;
 
-use ferrite_model::{ModelError, Outputs, Session};
+use ferrite_model::{ModelError, Outputs, Session, Weights};
 use serde::Deserialize;
 
 use crate::sampler::log_sum_exp;
@@ -59,7 +59,7 @@ pub trait LogitsSource {
     fn eval(&mut self, tokens: &[u32], from: usize) -> Result<&[f32], ScoreError>;
 }
 
-impl LogitsSource for Session<'_> {
+impl<B: Weights> LogitsSource for Session<'_, B> {
     fn n_vocab(&self) -> usize {
         self.model().config().n_vocab
     }

@@ -144,7 +144,7 @@ impl Batch {
         self.logits.resize(self.lasts.len() * n_vocab, 0.0);
         scratch.logits(&b, model, 0, self.lasts.len(), &mut self.logits)?;
         for (s, t) in sessions.iter_mut().zip(inputs) {
-            s.advance(t);
+            s.advance(t)?;
         }
         Ok(Logits {
             first: 0,

@@ -197,7 +197,7 @@ pub(crate) fn layer<B: Weights>(
         shape.conv(),
         slot,
         &s.qkv,
-        b.vector(&w.conv)?,
+        b.param(&w.conv)?,
         None,
         segs,
         &mut s.conv,
@@ -207,11 +207,11 @@ pub(crate) fn layer<B: Weights>(
         slot,
         &s.conv,
         (&s.beta, &s.alpha),
-        (b.vector(&w.a)?, b.vector(&w.dt_bias)?),
+        (b.param(&w.a)?, b.param(&w.dt_bias)?),
         segs,
         &mut s.out,
     )?;
     let len = n * shape.inner();
-    b.gated_norm(&mut s.out, &s.z, len, b.vector(&w.norm)?, shape.v_dim, eps)?;
+    b.gated_norm(&mut s.out, &s.z, len, b.param(&w.norm)?, shape.v_dim, eps)?;
     Ok(())
 }

@@ -58,7 +58,10 @@ pub use features::MoeConfig;
 pub use ferrite_backend::KvType;
 pub use ferrite_cpu::{KvCache, ops};
 pub use memory::{check_kv_memory, physical_memory};
-pub use model::{LoadOptions, Model, Precision};
-pub use session::{CHECKPOINT_EVERY, CHECKPOINTS_KEPT, Logits, Outputs, PREFILL_CHUNK, Session};
+pub use model::{LoadOptions, Model, Precision, Weight};
+pub use moe::Experts;
+pub use session::{
+    CHECKPOINT_EVERY, CHECKPOINTS_KEPT, Logits, Outputs, PREFILL_CHUNK, Session, Weights,
+};
 pub use snapshot::{Recurrent, SessionState};
 pub use weights_check::check_weights;

@@ -289,27 +289,27 @@ pub(crate) fn mixer<B: Weights>(
         n,
         [&mut s.out, &mut s.xbc, &mut s.dt],
     )?;
-    let bias = Some(b.vector(&w.conv_bias)?);
+    let bias = Some(b.param(&w.conv_bias)?);
     b.conv1d(
         shape.conv(),
         slot,
         &s.xbc,
-        b.vector(&w.conv)?,
+        b.param(&w.conv)?,
         bias,
         segs,
         &mut s.conv,
     )?;
     let params = SsmParams {
-        a: b.vector(&w.a)?,
-        d: b.vector(&w.d)?,
-        dt_bias: b.vector(&w.dt_bias)?,
+        a: b.param(&w.a)?,
+        d: b.param(&w.d)?,
+        dt_bias: b.param(&w.dt_bias)?,
         dt_min: w.dt_min,
     };
     b.ssm_scan(shape, slot, &s.conv, &s.dt, params, segs, &mut s.y)?;
     // out = silu(z) · y, then each group of `inner / n_groups` values normalised.
     b.gated_act(Act::Silu, &mut s.out, &s.y, n, inner)?;
     let (eps, group) = (m.config().rms_eps, inner / shape.n_groups);
-    b.group_norm(&mut s.out, n * inner, b.vector(&w.norm)?, inner, group, eps)?;
+    b.group_norm(&mut s.out, n * inner, b.param(&w.norm)?, inner, group, eps)?;
     Ok(())
 }
 

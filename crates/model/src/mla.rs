@@ -356,19 +356,13 @@ pub(crate) fn attention<B: Weights>(
         Query::One(wq) => b.matmul(b.matrix(m, wq), io.xn, n, &mut s.q)?,
         Query::LowRank { a, norm, b: wb } => {
             b.matmul(b.matrix(m, a), io.xn, n, &mut s.q_lora)?;
-            b.rms_norm(&mut s.q_lora, n * a.rows, b.vector(norm)?, a.rows, eps)?;
+            b.rms_norm(&mut s.q_lora, n * a.rows, b.param(norm)?, a.rows, eps)?;
             b.matmul(b.matrix(m, wb), &s.q_lora, n, &mut s.q)?;
         }
     }
     let kv_a = [b.matrix(m, &w.latent), b.matrix(m, &w.rope_key)];
     b.matmul_shared(kv_a, io.xn, n, [&mut s.latent, &mut s.rope_key])?;
-    b.rms_norm(
-        &mut s.latent,
-        n * rank,
-        b.vector(&w.latent_norm)?,
-        rank,
-        eps,
-    )?;
+    b.rms_norm(&mut s.latent, n * rank, b.param(&w.latent_norm)?, rank, eps)?;
     // The cached row `[rope key | latent]`, and each head's query `[rope part | its
     // non-rope part in the latent's space]`: rope then turns the first `rope_dim` values.
     for t in 0..n {

@@ -13,6 +13,7 @@ use std::path::Path;
 use std::sync::OnceLock;
 
 use ferrite_arch::{BlockKind, GlobalTensor, LayerParts, TensorName, TensorRole};
+use ferrite_backend::HostMatrix;
 use ferrite_cpu::{Matrix, PackedRows, ThreadPool};
 use ferrite_gguf::{GgmlType, Gguf};
 
@@ -42,7 +43,7 @@ pub struct LoadOptions {
 
 /// One weight matrix of `rows × cols` (GGUF dims `[cols, rows]`).
 #[derive(Debug)]
-pub(crate) struct Weight {
+pub struct Weight {
     /// Index into the file's tensor table.
     tensor: usize,
     /// The first of its rows in that tensor (a part of a fused projection; else 0).
@@ -575,6 +576,12 @@ impl Model {
         with_packed(&self.gguf, &w.packed, self.raw_matrix(w))
     }
 
+    /// Matrix `w` as its file stores it (or as its f32 copy under [`Precision::F32`]), for
+    /// a backend to upload.
+    pub fn host_matrix<'a>(&'a self, w: &'a Weight) -> HostMatrix<'a> {
+        host(self.raw_matrix(w))
+    }
+
     /// `w` as stored (or as its f32 copy), without packed rows.
     pub(crate) fn raw_matrix<'a>(&'a self, w: &'a Weight) -> Matrix<'a> {
         match &w.f32_copy {
@@ -652,6 +659,16 @@ impl Model {
     /// The output projection (the embedding when tied).
     pub(crate) fn output_weight(&self) -> &Weight {
         self.output.as_ref().unwrap_or(&self.embed)
+    }
+}
+
+/// The backend contract's view of a CPU matrix's rows.
+pub(crate) fn host(m: Matrix<'_>) -> HostMatrix<'_> {
+    HostMatrix {
+        ty: m.ty,
+        rows: m.rows,
+        cols: m.cols,
+        data: m.data,
     }
 }
 

@@ -12,7 +12,7 @@
 
 use std::sync::OnceLock;
 
-use ferrite_backend::{Act, ExpertBufs, ExpertFfn, Routing};
+use ferrite_backend::{Act, ExpertBufs, ExpertFfn, HostMatrix, Routing};
 use ferrite_cpu::{Matrix, PackedRows};
 use ferrite_gguf::{GgmlType, Gguf};
 
@@ -24,7 +24,7 @@ use crate::session::{Faults, Weights};
 /// One projection of every expert, stacked: GGUF dims `[cols, rows, n_expert]`, expert `e`
 /// being the `e`-th contiguous `rows × cols` matrix.
 #[derive(Debug)]
-pub(crate) struct Experts {
+pub struct Experts {
     tensor: usize,
     ty: GgmlType,
     rows: usize,
@@ -117,6 +117,11 @@ impl Experts {
         crate::model::with_packed(g, &self.packed[e], self.raw_matrix(g, e))
     }
 
+    /// Expert `e` as its file stores it (or as its f32 copy), for a backend to upload.
+    pub fn host_matrix<'a>(&'a self, g: &'a Gguf, e: usize) -> HostMatrix<'a> {
+        crate::model::host(self.raw_matrix(g, e))
+    }
+
     /// Expert `e` as stored (or as its f32 copy), without packed rows.
     fn raw_matrix<'a>(&'a self, g: &'a Gguf, e: usize) -> Matrix<'a> {
         match &self.f32_copy {
@@ -177,7 +182,7 @@ pub(crate) fn ffn<B: Weights>(
 ) -> Result<(), ModelError> {
     b.matmul(b.matrix(model, &w.router), xn, n, &mut s.router)?;
     if let Some(rb) = w.router_bias.as_ref().filter(|_| !faults.drop_expert_bias) {
-        b.add_bias(&mut s.router, n * cfg.n_expert, b.vector(rb)?, cfg.n_expert)?;
+        b.add_bias(&mut s.router, n * cfg.n_expert, b.param(rb)?, cfg.n_expert)?;
     }
     if !s.routing.begin(n, cfg.n_expert_used) {
         return Err(ModelError::InvalidArgument(format!(
@@ -200,9 +205,9 @@ pub(crate) fn ffn<B: Weights>(
             for e in 0..cfg.n_expert {
                 let (f, dd) = (e * ff..(e + 1) * ff, e * d..(e + 1) * d);
                 each.push([
-                    b.vector(&bg[f.clone()])?,
-                    b.vector(&bu[f])?,
-                    b.vector(&bd[dd])?,
+                    b.param(&bg[f.clone()])?,
+                    b.param(&bu[f])?,
+                    b.param(&bd[dd])?,
                 ]);
             }
             Some(each)

@@ -1,20 +1,24 @@
-//! One inference timeline over a [`Model`]: the KV cache, the position counter and all
-//! scratch buffers, allocated once in [`Session::new`] so that decode steps allocate no
+//! One inference timeline over a [`Model`] on one backend: the KV cache, the position
+//! counter and all scratch buffers, allocated once in [`Session::new`] (the CPU) or
+//! [`Session::on`] (any backend implementing [`Weights`]) so that decode steps allocate no
 //! buffers (only attention's small per-layer job lists).
 //!
-//! [`Session::eval`] runs the forward pass (`forward`, on the CPU backend) over any number of
-//! new tokens, in chunks of at most [`PREFILL_CHUNK`] tokens (every weight product is one
-//! product over the chunk), and returns the logits the caller asked for.
+//! [`Session::eval`] runs the one forward pass (`forward`) over any number of new tokens,
+//! in chunks of at most [`PREFILL_CHUNK`] tokens (every weight product is one product over
+//! the chunk), and returns the logits the caller asked for. The session never computes a
+//! value itself: what it keeps beside the backend's store is positions, token history and
+//! host copies of a hybrid's recurrent state at checkpoints.
 
 use ferrite_backend::{KvType, Segment};
-use ferrite_cpu::{CpuAngles, CpuBackend, KvCache, ThreadPool};
+use ferrite_cpu::{CpuBackend, KvCache, ThreadPool};
 
 use crate::ModelError;
 use crate::model::Model;
 
 mod forward;
 
-pub(crate) use forward::{Faults, Scratch, Weights, forward_rows};
+pub use forward::Weights;
+pub(crate) use forward::{Faults, Scratch, forward_rows};
 
 /// Most tokens one forward chunk processes; bounds the scratch memory of long prompts.
 pub const PREFILL_CHUNK: usize = 256;
@@ -68,17 +72,20 @@ pub const CHECKPOINT_EVERY: usize = 64;
 /// a truncation to before the oldest replays from position 0.
 pub const CHECKPOINTS_KEPT: usize = 4;
 
-/// A KV cache plus positions over one model: the state of one conversation.
-#[derive(Debug)]
-pub struct Session<'m> {
+/// A KV cache plus positions over one model on backend `B` (the CPU's by default): the
+/// state of one conversation.
+pub struct Session<'m, B: Weights = CpuBackend<'m>> {
     model: &'m Model,
-    pool: &'m ThreadPool,
-    pub(crate) kv: KvCache,
+    b: B,
+    pub(crate) kv: B::Kv,
+    ctx: usize,
+    /// Whether the model keeps recurrent state (a hybrid).
+    recurrent: bool,
     pub(crate) n_past: usize,
     /// The tokens at positions `0..n_past` (capacity `ctx`, allocated once).
     pub(crate) history: Vec<u32>,
     chunk: usize,
-    s: Scratch<Vec<f32>, CpuAngles>,
+    s: forward::ScratchOf<B>,
     pub(crate) logits: Vec<f32>,
     /// `Some(end)` when `logits[end - n_vocab..end]` are the logits after token `n_past - 1`
     /// (kept for snapshots; see `crate::snapshot`).
@@ -120,36 +127,75 @@ pub(crate) enum Mutation {
     DropExpertBias,
 }
 
+impl<B: Weights> std::fmt::Debug for Session<'_, B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("backend", &self.b.name())
+            .field("ctx", &self.ctx)
+            .field("n_past", &self.n_past)
+            .field("checkpoints", &self.checkpoints.len())
+            .finish_non_exhaustive()
+    }
+}
+
 impl<'m> Session<'m> {
-    /// A session of `ctx` positions with a KV cache of type `kv`.
+    /// A session of `ctx` positions with a KV cache of type `kv`, on the CPU.
     pub fn new(
         model: &'m Model,
         pool: &'m ThreadPool,
         ctx: usize,
         kv: KvType,
     ) -> Result<Session<'m>, ModelError> {
+        Session::on(model, CpuBackend::new(pool), ctx, kv)
+    }
+
+    /// The thread pool this session computes on.
+    pub(crate) fn pool(&self) -> &'m ThreadPool {
+        self.b.pool()
+    }
+
+    /// This session's part of a batched forward pass: `len` new tokens at its next
+    /// positions.
+    pub(crate) fn segment(&mut self, len: usize) -> Segment<'_, KvCache> {
+        Segment {
+            kv: &mut self.kv,
+            pos0: self.n_past,
+            len,
+        }
+    }
+}
+
+impl<'m, B: Weights> Session<'m, B> {
+    /// A session of `ctx` positions with a KV cache of type `kv` on backend `b`, which
+    /// serves `model` alone ([`Weights`]). Every op the model needs is asked of `b` first:
+    /// an op it refuses is an error here, before anything runs.
+    pub fn on(model: &'m Model, b: B, ctx: usize, kv: KvType) -> Result<Self, ModelError> {
         if ctx == 0 {
             return Err(ModelError::InvalidArgument("context size 0".into()));
         }
         let c = model.config();
         let chunk = PREFILL_CHUNK.min(ctx);
-        let b = CpuBackend::new(pool);
         forward::require_ops(&b, model, kv)?;
         let s = Scratch::new(&b, c, chunk)?;
         let mut history = Vec::new();
         history
             .try_reserve_exact(ctx)
             .map_err(|_| ModelError::InvalidArgument("cannot allocate the token history".into()))?;
+        let (slots, len) = c.state_slots();
+        let mut store = b.kv(
+            kv,
+            c.kv_layers(),
+            ctx,
+            (c.n_kv_head, c.head_dim),
+            c.kv_values(),
+        )?;
+        b.kv_state(&mut store, slots, len)?;
         Ok(Session {
             model,
-            pool,
-            kv: {
-                let shape = (c.n_kv_head, c.head_dim);
-                let mut store = KvCache::with_values(kv, c.kv_layers(), ctx, shape, c.kv_values())?;
-                let (slots, len) = c.state_slots();
-                store.set_state(slots, len)?;
-                store
-            },
+            b,
+            kv: store,
+            ctx,
+            recurrent: slots * len > 0,
             n_past: 0,
             history,
             chunk,
@@ -170,7 +216,12 @@ impl<'m> Session<'m> {
 
     /// Context size.
     pub fn ctx(&self) -> usize {
-        self.kv.ctx()
+        self.ctx
+    }
+
+    /// The backend this session runs on.
+    pub fn backend(&self) -> &B {
+        &self.b
     }
 
     /// The model.
@@ -191,14 +242,14 @@ impl<'m> Session<'m> {
         if n < self.n_past {
             self.next_logits_end = None;
             self.checkpoints.retain(|(at, _)| *at <= n);
-            if self.kv.state_len() > 0 {
+            if self.recurrent {
                 self.state_stale = true;
             }
         }
-        // Position 0 is the zero state, also after a failed first pass.
-        if n == 0 {
-            self.kv.clear_state();
-            self.state_stale = false;
+        // Position 0 is the zero state, also after a failed first pass (a device that
+        // cannot clear it leaves it stale, for the next pass to clear or report).
+        if n == 0 && self.recurrent {
+            self.state_stale = self.b.state_set(&mut self.kv, None).is_err();
         }
         self.n_past = self.n_past.min(n);
         self.history.truncate(self.n_past);
@@ -209,7 +260,7 @@ impl<'m> Session<'m> {
     /// kept at its current position and its checkpoints only.
     pub fn reusable(&self, n: usize) -> usize {
         let n = n.min(self.n_past);
-        if self.kv.state_len() == 0 || (n == self.n_past && !self.state_stale) {
+        if !self.recurrent || (n == self.n_past && !self.state_stale) {
             return n;
         }
         self.checkpoints
@@ -222,32 +273,28 @@ impl<'m> Session<'m> {
 
     /// Marks the recurrent state as not describing `history` (a pass failed part way).
     pub(crate) fn state_failed(&mut self) {
-        if self.kv.state_len() > 0 {
+        if self.recurrent {
             self.state_stale = true;
         }
     }
 
     /// Keeps a copy of the recurrent state, which describes position `at`, when that is a
     /// checkpoint position, replacing the oldest copy once [`CHECKPOINTS_KEPT`] are held.
-    fn checkpoint(&mut self, at: usize) {
-        if self.kv.state_len() == 0
-            || self.state_stale
-            || at == 0
-            || !at.is_multiple_of(CHECKPOINT_EVERY)
-        {
-            return;
+    fn checkpoint(&mut self, at: usize) -> Result<(), ModelError> {
+        if !self.recurrent || self.state_stale || at == 0 || !at.is_multiple_of(CHECKPOINT_EVERY) {
+            return Ok(());
         }
         if self.checkpoints.last().is_some_and(|(p, _)| *p == at) {
-            return;
+            return Ok(());
         }
         let mut copy = if self.checkpoints.len() == CHECKPOINTS_KEPT {
             self.checkpoints.remove(0).1
         } else {
             Vec::new()
         };
-        copy.clear();
-        copy.extend_from_slice(self.kv.state());
+        self.b.state_get(&self.kv, &mut copy)?;
         self.checkpoints.push((at, copy));
+        Ok(())
     }
 
     /// Rebuilds a stale recurrent state: the latest checkpoint at or before `n_past` (or
@@ -259,11 +306,11 @@ impl<'m> Session<'m> {
         let end = self.n_past;
         let from = match self.checkpoints.iter().rev().find(|(at, _)| *at <= end) {
             Some((at, values)) => {
-                self.kv.state_all_mut().copy_from_slice(values);
+                self.b.state_set(&mut self.kv, Some(values))?;
                 *at
             }
             None => {
-                self.kv.clear_state();
+                self.b.state_set(&mut self.kv, None)?;
                 0
             }
         };
@@ -280,7 +327,10 @@ impl<'m> Session<'m> {
                 break;
             }
             self.n_past += len;
-            self.checkpoint(self.n_past);
+            res = self.checkpoint(self.n_past);
+            if res.is_err() {
+                break;
+            }
         }
         self.n_past = end;
         self.history = kept;
@@ -293,7 +343,7 @@ impl<'m> Session<'m> {
     /// position among the last [`CHECKPOINTS_KEPT`] before `end` (the ones it will keep).
     fn chunk_len(&self, left: usize, end: usize) -> usize {
         let len = self.chunk.min(left);
-        if self.kv.state_len() == 0 {
+        if !self.recurrent {
             return len;
         }
         let keep_from = end.saturating_sub(CHECKPOINTS_KEPT * CHECKPOINT_EVERY);
@@ -314,7 +364,9 @@ impl<'m> Session<'m> {
             return Ok(crate::Recurrent::default());
         }
         let values = if n == self.n_past && !self.state_stale {
-            self.kv.state().to_vec()
+            let mut v = Vec::new();
+            self.b.state_get(&self.kv, &mut v)?;
+            v
         } else if n == 0 {
             vec![0.0; slots * len]
         } else {
@@ -333,13 +385,13 @@ impl<'m> Session<'m> {
     }
 
     /// Sets the recurrent state of a session just reset for an import of `n` positions.
-    pub(crate) fn restore_recurrent(&mut self, n: usize, values: &[f32]) {
-        if self.kv.state_len() == 0 {
-            return;
+    pub(crate) fn restore_recurrent(&mut self, n: usize, values: &[f32]) -> Result<(), ModelError> {
+        if !self.recurrent {
+            return Ok(());
         }
-        self.kv.state_all_mut().copy_from_slice(values);
+        self.b.state_set(&mut self.kv, Some(values))?;
         self.state_stale = false;
-        self.checkpoint(n);
+        self.checkpoint(n)
     }
 
     /// Forgets all cached tokens.
@@ -450,7 +502,11 @@ impl<'m> Session<'m> {
             }
             self.n_past += len;
             self.history.extend_from_slice(chunk);
-            self.checkpoint(self.n_past);
+            if let Err(e) = self.checkpoint(self.n_past) {
+                self.truncate(start_past);
+                self.state_failed();
+                return Err(e);
+            }
             done += len;
         }
         self.next_logits_end = Some(need);
@@ -473,14 +529,14 @@ impl<'m> Session<'m> {
     ) -> Result<(), ModelError> {
         let n = tokens.len();
         let faults = self.faults();
-        let b = CpuBackend::new(self.pool);
+        let b = &self.b;
         let mut segment = [Segment {
             kv: &mut self.kv,
             pos0: self.n_past,
             len: n,
         }];
         forward_rows(
-            &b,
+            b,
             self.model,
             &mut self.s,
             tokens,
@@ -492,7 +548,7 @@ impl<'m> Session<'m> {
             let n_vocab = self.model.config().n_vocab;
             let at = (done + out_from - first) * n_vocab;
             let y = &mut self.logits[at..at + (n - out_from) * n_vocab];
-            self.s.logits(&b, self.model, out_from, n, y)?;
+            self.s.logits(b, self.model, out_from, n, y)?;
         }
         Ok(())
     }
@@ -517,28 +573,13 @@ impl<'m> Session<'m> {
         Faults::default()
     }
 
-    /// The thread pool this session computes on.
-    pub(crate) fn pool(&self) -> &'m ThreadPool {
-        self.pool
-    }
-
-    /// This session's part of a batched forward pass: `len` new tokens at its next
-    /// positions.
-    pub(crate) fn segment(&mut self, len: usize) -> Segment<'_, KvCache> {
-        Segment {
-            kv: &mut self.kv,
-            pos0: self.n_past,
-            len,
-        }
-    }
-
     /// Records `tokens` as evaluated after a batched forward pass wrote their cache rows.
     /// The pass's logits stay with the batch, so this session has none to report.
-    pub(crate) fn advance(&mut self, tokens: &[u32]) {
+    pub(crate) fn advance(&mut self, tokens: &[u32]) -> Result<(), ModelError> {
         self.n_past += tokens.len();
         self.history.extend_from_slice(tokens);
         self.next_logits_end = None;
-        self.checkpoint(self.n_past);
+        self.checkpoint(self.n_past)
     }
 }
 

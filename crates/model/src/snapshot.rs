@@ -228,7 +228,7 @@ impl Session<'_> {
         )?;
         let tokens = &state.tokens[..n];
         self.reset();
-        self.restore_recurrent(n, &state.recurrent.values);
+        self.restore_recurrent(n, &state.recurrent.values)?;
         let full = state.block(state.n_tokens());
         let part = state.block(n);
         for layer in 0..n_layer {

@@ -54,7 +54,7 @@ pub(super) fn report(loaded: &Loaded, clocks: &Clocks, ttft: Option<Duration>) {
     if let Some(cuda) = &loaded.cuda
         && std::env::var_os(COUNTS_ENV).is_some_and(|v| v == "1")
     {
-        let counts = cuda.model.backend().launch_counts();
+        let counts = cuda.backend.launch_counts();
         let ran: Vec<String> = counts
             .iter()
             .filter(|(_, n)| **n > 0)

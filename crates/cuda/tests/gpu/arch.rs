@@ -29,7 +29,7 @@ use crate::model::argmax;
 /// rounds activations and attention weights to f16 for its GEMMs and both sides keep f16
 /// KV caches. Seen on an H200: 6.4e-3 (mixtral) to 1.06e-2 (qwen2); the planted defects
 /// (bias not added, top-k picking the smallest, rope factors ignored) gave 3.3 to 21.
-const MAX_DLOGIT: f64 = 0.03;
+pub(crate) const MAX_DLOGIT: f64 = 0.03;
 /// The bound with one-plane int8 activations in the decode products (only the Q8_0
 /// matrices of [`quantized_experts_match_cpu`] take them; f32 matrices have no int8 kernel):
 /// each product input is rounded to 8 bits per block of 32. H200: 0.25 (mixtral, top-1
@@ -39,26 +39,33 @@ const MAX_DLOGIT_INT8: f64 = 0.5;
 /// Teacher-forced decode steps after each prompt.
 const STEPS: usize = 12;
 
-fn fixture_root() -> PathBuf {
-    if let Some(d) = std::env::var_os("FERRITE_ARCH_FIXTURES") {
+/// The fixture directory `$var`, else `fixtures/<sub>` under the current directory (the
+/// repository root on the GPU machine), else the one next to this crate.
+pub(crate) fn fixture_root(var: &str, sub: &str) -> PathBuf {
+    if let Some(d) = std::env::var_os(var) {
         return PathBuf::from(d);
     }
-    let here = Path::new("fixtures/arch");
+    let here = Path::new("fixtures").join(sub);
     if here.is_dir() {
-        return here.to_owned();
+        return here;
     }
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/arch")
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures")
+        .join(sub)
 }
 
-/// The GGUF of fixture `name` with matrices as `ty`, and its prompts.
-fn load(name: &str, ty: OutType) -> (Model, Vec<Vec<u32>>) {
-    let dir = fixture_root().join(name);
-    let hf = HfModel::open(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+/// The transformers checkpoint in `dir` converted in memory to GGUF with matrices as `ty`.
+pub(crate) fn convert(dir: &Path, ty: OutType) -> Model {
+    let hf = HfModel::open(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
     let (w, _) = hf.to_gguf(ty, &mut |_| {}).unwrap();
     let g = Gguf::from_bytes(w.to_bytes().unwrap()).unwrap();
-    let m = Model::from_gguf(g, LoadOptions::default()).unwrap();
-    let lines = std::fs::read_to_string(dir.join(format!("logits-{name}.jsonl"))).unwrap();
-    let prompts = lines
+    Model::from_gguf(g, LoadOptions::default()).unwrap()
+}
+
+/// The fixture's prompts: the `prompt_ids` of each line of its logits file.
+pub(crate) fn prompts(file: &Path) -> Vec<Vec<u32>> {
+    let lines = std::fs::read_to_string(file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+    lines
         .lines()
         .filter(|l| !l.trim().is_empty())
         .map(|l| {
@@ -70,11 +77,17 @@ fn load(name: &str, ty: OutType) -> (Model, Vec<Vec<u32>>) {
                 .map(|x| x.as_u64().unwrap() as u32)
                 .collect()
         })
-        .collect();
-    (m, prompts)
+        .collect()
 }
 
-fn max_abs(a: &[f32], b: &[f32]) -> f64 {
+/// The GGUF of fixture `name` with matrices as `ty`, and its prompts.
+pub(crate) fn load(name: &str, ty: OutType) -> (Model, Vec<Vec<u32>>) {
+    let dir = fixture_root("FERRITE_ARCH_FIXTURES", "arch").join(name);
+    let m = convert(&dir, ty);
+    (m, prompts(&dir.join(format!("logits-{name}.jsonl"))))
+}
+
+pub(crate) fn max_abs(a: &[f32], b: &[f32]) -> f64 {
     assert_eq!(a.len(), b.len());
     assert!(a.iter().all(|v| v.is_finite()), "non-finite logits");
     a.iter()

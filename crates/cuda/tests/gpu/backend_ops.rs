@@ -10,7 +10,7 @@ use ferrite_cuda::CudaOps;
 fn cuda_backend_passes_backend_ops() {
     let Some(dev) = crate::backend() else { return };
     println!("decode activations: {}", dev.activations().name());
-    let report = conformance::run(&CudaOps::new(&dev));
+    let report = conformance::run(&CudaOps::new(dev.clone()));
     println!("{report}");
     let failures = report.failures();
     assert!(

@@ -6,7 +6,8 @@
 //! fixtures/arch (q/k/v biases, Llama 3 rope factors, mixture of experts). `batch.rs` steps
 //! several sessions through `CudaBatch` against each stepped alone. `mmq.rs` checks the
 //! integer tensor-core prefill products. `backend_ops.rs` runs the backend contract's
-//! conformance harness on `CudaOps`.
+//! conformance harness on `CudaOps`; `pass.rs` runs whole models through the one forward
+//! pass of `ferrite_model::Session` over `CudaOps` against the CPU.
 
 mod arch;
 mod backend_ops;
@@ -18,6 +19,7 @@ mod kernels;
 mod kernels_i8;
 mod mmq;
 mod model;
+mod pass;
 mod session;
 mod synth;
 mod topk;

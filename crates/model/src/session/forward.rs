@@ -20,15 +20,23 @@ use crate::model::{Attn, DenseFfn, Ffn, FfnWeights, Model, Weight};
 use crate::moe::{Experts, MoeScratch};
 use crate::{ModelConfig, ModelError};
 
-/// How a backend reads this model's weights: the handle of each matrix. The products take
-/// [`Weights::matrix`]; embedding lookups take the stored rows ([`Weights::table`]).
-pub(crate) trait Weights: Backend {
+/// How a backend reads one model's weights: the handle of each matrix and of each vector
+/// the model owns. The products take [`Weights::matrix`]; embedding lookups take the stored
+/// rows ([`Weights::table`]). A backend whose weights live elsewhere (a GPU) uploads each
+/// matrix and vector at its first use and keeps it, so a value implementing this trait
+/// serves one model, whose weights outlive it; a handle whose upload failed makes the op
+/// that reads it fail with the cause.
+pub trait Weights: Backend {
     /// Weight matrix `w` of `m` for the products.
     fn matrix<'a>(&'a self, m: &'a Model, w: &'a Weight) -> Self::Weight<'a>;
     /// Expert `e` of the stacked experts `x` of `m` for the products.
     fn expert<'a>(&'a self, m: &'a Model, x: &'a Experts, e: usize) -> Self::Weight<'a>;
     /// Matrix `w` of `m` as a table of rows to look up.
     fn table<'a>(&'a self, m: &'a Model, w: &'a Weight) -> Self::Weight<'a>;
+    /// A vector the model owns (a norm weight, a bias, rope factors), as a handle.
+    fn param<'a>(&'a self, v: &'a [f32]) -> Result<Self::Vector<'a>, ModelError> {
+        Ok(self.vector(v)?)
+    }
 }
 
 impl Weights for CpuBackend<'_> {
@@ -184,7 +192,7 @@ impl<Buf, Angles: Default> Scratch<Buf, Angles> {
         b.rms_norm(
             &mut self.xn,
             rows * d,
-            b.vector(&m.output_norm)?,
+            b.param(&m.output_norm)?,
             d,
             c.rms_eps,
         )?;
@@ -392,7 +400,7 @@ fn ffn_block<B: Weights>(
         }
     }
     if let Some(w) = &f.post_norm {
-        b.rms_norm(&mut s.o, n * d, b.vector(w)?, d, eps)?;
+        b.rms_norm(&mut s.o, n * d, b.param(w)?, d, eps)?;
     }
     Ok(())
 }
@@ -441,7 +449,7 @@ pub(crate) fn forward_rows<B: Weights>(
         // The layer's slot among the layers of its kind in each session's store.
         let slot = c.slot(l);
         if let Some(mx) = &lw.mixer {
-            b.norm_into(&s.x, n * d, b.vector(&mx.attn_norm)?, d, eps, &mut s.xn)?;
+            b.norm_into(&s.x, n * d, b.param(&mx.attn_norm)?, d, eps, &mut s.xn)?;
             let rope = Rope {
                 head_dim: c.head_dim,
                 rot_dim: c.rope_dim,
@@ -449,10 +457,10 @@ pub(crate) fn forward_rows<B: Weights>(
                 style: c.rope_style,
                 factors: rope_factors
                     .filter(|_| lc.rope_scaled)
-                    .map(|f| b.vector(f))
+                    .map(|f| b.param(f))
                     .transpose()?,
                 long: match c.rope_long.as_ref().filter(|_| lc.rope_scaled) {
-                    Some((f, after)) if rope_factors.is_some() => Some((b.vector(f)?, *after)),
+                    Some((f, after)) if rope_factors.is_some() => Some((b.param(f)?, *after)),
                     _ => None,
                 },
             };
@@ -480,13 +488,13 @@ pub(crate) fn forward_rows<B: Weights>(
                     b.matmul_shared(qkv, &s.xn, n, [&mut s.q, &mut s.k, &mut s.v])?;
                     let bias = mx.qkv_bias.as_ref().filter(|_| !faults.drop_qkv_bias);
                     if let Some([bq, bk, bv]) = bias {
-                        b.add_bias(&mut s.q, n * qd, b.vector(bq)?, qd)?;
-                        b.add_bias(&mut s.k, n * kvd, b.vector(bk)?, kvd)?;
-                        b.add_bias(&mut s.v, n * kvd, b.vector(bv)?, kvd)?;
+                        b.add_bias(&mut s.q, n * qd, b.param(bq)?, qd)?;
+                        b.add_bias(&mut s.k, n * kvd, b.param(bk)?, kvd)?;
+                        b.add_bias(&mut s.v, n * kvd, b.param(bv)?, kvd)?;
                     }
                     if let (Some(qn), Some(kn)) = (&mx.q_norm, &mx.k_norm) {
-                        b.rms_norm(&mut s.q, n * qd, b.vector(qn)?, c.head_dim, eps)?;
-                        b.rms_norm(&mut s.k, n * kvd, b.vector(kn)?, c.head_dim, eps)?;
+                        b.rms_norm(&mut s.q, n * qd, b.param(qn)?, c.head_dim, eps)?;
+                        b.rms_norm(&mut s.k, n * kvd, b.param(kn)?, c.head_dim, eps)?;
                     }
                     if c.rope_dim > 0 {
                         b.rope_store(
@@ -511,7 +519,7 @@ pub(crate) fn forward_rows<B: Weights>(
                         values: Values::Own,
                     };
                     let sinks = match mx.sinks.as_ref().filter(|_| !faults.drop_sinks) {
-                        Some(v) => Some(b.vector(v)?),
+                        Some(v) => Some(b.param(v)?),
                         None => None,
                     };
                     b.attention(&shape, slot, &s.q, sinks, segs, &mut s.att)?;
@@ -543,26 +551,26 @@ pub(crate) fn forward_rows<B: Weights>(
             };
             b.matmul(b.matrix(m, &mx.wo), values, n, &mut s.o)?;
             if let Some(bias) = &mx.out_bias {
-                b.add_bias(&mut s.o, n * d, b.vector(bias)?, d)?;
+                b.add_bias(&mut s.o, n * d, b.param(bias)?, d)?;
             }
             if let Some(w) = &mx.post_attn_norm {
-                b.rms_norm(&mut s.o, n * d, b.vector(w)?, d, eps)?;
+                b.rms_norm(&mut s.o, n * d, b.param(w)?, d, eps)?;
             }
             let skip = faults.skip_attn_residual == Some(l);
             match &lw.ffn {
                 // The residual add and the FFN's norm in one op.
                 Some(f) if skip => {
-                    b.norm_into(&s.x, n * d, b.vector(&f.norm)?, d, eps, &mut s.xn)?
+                    b.norm_into(&s.x, n * d, b.param(&f.norm)?, d, eps, &mut s.xn)?
                 }
                 Some(f) => {
-                    let norm = b.vector(&f.norm)?;
+                    let norm = b.param(&f.norm)?;
                     b.add_norm(&mut s.x, &s.o, n * d, norm, d, eps, &mut s.xn)?;
                 }
                 None if skip => {}
                 None => b.add(&mut s.x, &s.o, n * d)?,
             }
         } else if let Some(f) = &lw.ffn {
-            b.norm_into(&s.x, n * d, b.vector(&f.norm)?, d, eps, &mut s.xn)?;
+            b.norm_into(&s.x, n * d, b.param(&f.norm)?, d, eps, &mut s.xn)?;
         }
         if let Some(f) = &lw.ffn {
             ffn_block(b, m, f, (act, &moe_cfg, faults), n, s)?;

@@ -45,11 +45,11 @@ pub fn batched(env: &Env, t: &Target) -> anyhow::Result<Outcome> {
         return Ok(Outcome::blocked(format!("no CUDA device: {e}")));
     }
     let l = t.cuda(env)?;
-    let cm = &l
+    let cm = l
         .cuda
         .as_ref()
-        .ok_or_else(|| anyhow::anyhow!("the CUDA load holds no device model"))?
-        .model;
+        .and_then(|c| c.model())
+        .ok_or_else(|| anyhow::anyhow!("the CUDA load holds no device model"))?;
     let steps = if env.quick { 4 } else { 12 };
     let prompts: Vec<Vec<u32>> = PROMPTS
         .iter()
