@@ -125,6 +125,8 @@ fn thread_counts_give_identical_bits() {
             GgmlType::Q4_K,
             GgmlType::F32,
             GgmlType::Q8_0,
+            GgmlType::Q5_0,
+            GgmlType::Q6_K,
         ] {
             let b = ty.block_size().max(32) as usize;
             for (rows, cols, nt) in [(37, 3 * b, 1), (37, 3 * b, 17), (2, b, 3)] {
@@ -162,7 +164,7 @@ fn thread_counts_give_identical_bits() {
 }
 
 /// Several matrices of one input in one call give each output the bits of its own
-/// `matmul`, whether the call shares one pass (one 16-bit type on VNNI) or falls back to one
+/// `matmul`, whether the call shares one pass (one type with 16-bit products) or falls back to one
 /// call each (mixed types, other formats), for thread counts that split the rows of all the
 /// matrices unevenly and across matrix boundaries.
 #[test]
@@ -170,7 +172,7 @@ fn shared_input_products_equal_separate_ones() {
     let mut rng = Rng(7);
     let pools: Vec<ThreadPool> = (1..=3).map(|n| ThreadPool::new(n).expect("pool")).collect();
     let cols = 96;
-    let sets: [&[(GgmlType, usize)]; 4] = [
+    let sets: [&[(GgmlType, usize)]; 6] = [
         &[
             (GgmlType::Q4_1, 48),
             (GgmlType::Q4_1, 16),
@@ -179,6 +181,9 @@ fn shared_input_products_equal_separate_ones() {
         &[(GgmlType::Q8_0, 5), (GgmlType::Q8_0, 40)],
         &[(GgmlType::Q4_1, 20), (GgmlType::Q8_0, 9)],
         &[(GgmlType::Q4_K, 8), (GgmlType::F32, 3)],
+        // One pass on AVX2 (16-bit products there), one call each elsewhere.
+        &[(GgmlType::Q4_K, 20), (GgmlType::Q4_K, 9)],
+        &[(GgmlType::Q5_0, 33), (GgmlType::Q5_0, 16)],
     ];
     for set in sets {
         let cols = if set.iter().any(|(t, _)| t.block_size() == 256) {
@@ -231,23 +236,29 @@ fn shared_input_products_equal_separate_ones() {
 fn packed_rows_give_the_bits_of_raw_rows() {
     let mut rng = Rng(11);
     let pools: Vec<ThreadPool> = (1..=3).map(|n| ThreadPool::new(n).expect("pool")).collect();
-    let q4k = random_matrix(&mut rng, GgmlType::Q4_K, 4, 256);
-    let q4k = Matrix {
-        ty: GgmlType::Q4_K,
+    // Q5_K has 16-bit products at no level.
+    let q5k = random_matrix(&mut rng, GgmlType::Q5_K, 4, 256);
+    let q5k = Matrix {
+        ty: GgmlType::Q5_K,
         rows: 4,
         cols: 256,
-        data: &q4k,
+        data: &q5k,
         packed: None,
     };
-    assert!(pack(q4k, |_| {}).expect("pack").is_none());
-    let cols = 96;
-    for set in [
-        &[
-            (GgmlType::Q4_1, 48),
-            (GgmlType::Q4_1, 17),
-            (GgmlType::Q4_1, 5),
-        ][..],
-        &[(GgmlType::Q8_0, 37), (GgmlType::Q8_0, 16)][..],
+    assert!(pack(q5k, |_| {}).expect("pack").is_none());
+    // Q5_0, Q4_K and Q6_K have them on AVX2 only (packed widened, `q16::PackedRows`).
+    for (set, cols) in [
+        (
+            &[
+                (GgmlType::Q4_1, 48),
+                (GgmlType::Q4_1, 17),
+                (GgmlType::Q4_1, 5),
+            ][..],
+            96,
+        ),
+        (&[(GgmlType::Q8_0, 37), (GgmlType::Q8_0, 16)][..], 96),
+        (&[(GgmlType::Q5_0, 37), (GgmlType::Q5_0, 16)][..], 96),
+        (&[(GgmlType::Q4_K, 33), (GgmlType::Q6_K, 17)][..], 512),
     ] {
         let data = random_set(&mut rng, set, cols);
         let raw = matrices(set, cols, &data);
@@ -256,8 +267,8 @@ fn packed_rows_give_the_bits_of_raw_rows() {
             .map(|m| pack(*m, |_| {}).expect("pack"))
             .collect();
         if packs.iter().any(Option::is_none) {
-            println!("skipped: no 16-bit products on this CPU");
-            return;
+            println!("skipped: {set:?}: no 16-bit products for these types on this CPU");
+            continue;
         }
         let packed: Vec<Matrix<'_>> = raw
             .iter()

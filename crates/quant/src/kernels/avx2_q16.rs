@@ -9,13 +9,19 @@
 //! Columns are worked in chunks that fit sixteen registers (a chunk's shape changes which
 //! columns share a pass over the weights, never an output's operations).
 //!
+//! At this level only, Q5_0 rows are packed as Q8_0 (`avx512_q16::Q50`) and multiplied by
+//! the Q8_0 kernel (the same integers and scale), and Q4_K rows as Q4_1 with f32 scales and
+//! minimums (`avx512_q16::Q4K`, eight blocks per super-block), multiplied by the Q4_1
+//! kernel with those scales; Q6_K rows as Q8_0 with an f32 scale per 16-value half
+//! (`avx512_q16::Q6K`), whose two halves' integer sums take a block step each.
+//!
 //! This module never defines a layout of its own: packing copies rows with
 //! `avx512_q16::gather_group` and only the in-register transpose is AVX2 code.
 
 use std::arch::x86_64::*;
 
-use super::avx512_q16::{Format, Q41, Q80, ROWS, gather_group};
-use super::q16::{BLOCK, PAIRS, Q16Acts};
+use super::avx512_q16::{Format, Q4K, Q6K, Q41, Q50, Q80, ROWS, gather_group};
+use super::q16::{BLOCK, PAIRS, Q16Acts, packed_row_bytes};
 use ferrite_gguf::GgmlType;
 
 /// Rows per 256-bit half of a packed group.
@@ -28,6 +34,26 @@ trait Lanes8: Format {
     /// # Safety
     /// AVX2 present; `w` holds the block's `WORDS` word halves.
     unsafe fn unpack8(w: &[__m256i; 8], p: usize) -> __m256i;
+    /// Whether each block has a scale per 16-value half (its two `scales8` vectors), whose
+    /// integer sums take one block step each, in order.
+    const SPLIT: bool = false;
+    /// The scales and minimums (zeros without one) of rows `8h..8h + 8` of a packed block;
+    /// for a split format, the two halves' scales.
+    ///
+    /// # Safety
+    /// AVX2 and F16C present; `sc` holds the block's `SCALE_BYTES` bytes; `h < 2`.
+    unsafe fn scales8(sc: *const u8, h: usize) -> (__m256, __m256) {
+        // SAFETY: the block's 16 f16 `d`, then (with a minimum) 16 f16 `m` (contract).
+        unsafe {
+            let d = _mm256_cvtph_ps(_mm_loadu_si128(sc.add(16 * h).cast()));
+            let m = if Self::MIN {
+                _mm256_cvtph_ps(_mm_loadu_si128(sc.add(32 + 16 * h).cast()))
+            } else {
+                _mm256_setzero_ps()
+            };
+            (d, m)
+        }
+    }
 }
 
 impl Lanes8 for Q41 {
@@ -44,6 +70,50 @@ impl Lanes8 for Q41 {
             _ => _mm256_srli_epi32::<12>(x),
         };
         _mm256_and_si256(shifted, nib)
+    }
+}
+
+impl Lanes8 for Q4K {
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn unpack8(w: &[__m256i; 8], p: usize) -> __m256i {
+        // SAFETY: forwarded contract; the packed words are Q4_1's.
+        unsafe { Q41::unpack8(w, p) }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn scales8(sc: *const u8, h: usize) -> (__m256, __m256) {
+        // SAFETY: the block's 16 f32 `d`, then 16 f32 `m` (contract).
+        unsafe {
+            (
+                _mm256_loadu_ps(sc.add(32 * h).cast()),
+                _mm256_loadu_ps(sc.add(64 + 32 * h).cast()),
+            )
+        }
+    }
+}
+
+impl Lanes8 for Q6K {
+    const SPLIT: bool = true;
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn unpack8(w: &[__m256i; 8], p: usize) -> __m256i {
+        // SAFETY: forwarded contract; the packed words are Q8_0's.
+        unsafe { Q80::unpack8(w, p) }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn scales8(sc: *const u8, h: usize) -> (__m256, __m256) {
+        // SAFETY: the block's 16 f32 first-half scales, then 16 second-half (contract).
+        unsafe {
+            (
+                _mm256_loadu_ps(sc.add(32 * h).cast()),
+                _mm256_loadu_ps(sc.add(64 + 32 * h).cast()),
+            )
+        }
     }
 }
 
@@ -159,7 +229,7 @@ unsafe fn transpose(z: *mut u8) {
 ///
 /// # Safety
 /// AVX2 present; the rows exist in `w` (`rb` bytes each, whole blocks of `F`); `dst` has
-/// room for `16 * rb` bytes.
+/// room for sixteen packed rows (`16 * q16::packed_row_bytes(ty, rb)` bytes).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn pack_group<F: Format>(
@@ -174,7 +244,7 @@ unsafe fn pack_group<F: Format>(
     // dst, WORDS a multiple of four.
     unsafe {
         gather_group::<F>(w, r0, rows, rb, dst, prefetch);
-        for chunk in 0..rb / F::BYTES * F::WORDS / 4 {
+        for chunk in 0..rb / F::BYTES * F::SUPER * F::WORDS / 4 {
             transpose(dst.add(chunk * 256));
         }
     }
@@ -184,8 +254,9 @@ unsafe fn pack_group<F: Format>(
 /// `dst`: group `g` at byte `g * group_bytes` (`avx512_q16::pack`'s bytes).
 ///
 /// # Safety
-/// AVX2 present; `w` holds `nr` rows of `rb` bytes of whole blocks of `ty` (Q4_1 or Q8_0);
-/// `dst` has room for `nr.div_ceil(16)` groups; `group_bytes >= 16 * rb`.
+/// AVX2 present; `w` holds `nr` rows of `rb` bytes of whole blocks of `ty` (Q4_1, Q4_K,
+/// Q5_0, Q6_K or Q8_0); `dst` has room for `nr.div_ceil(16)` groups; `group_bytes >= 16 *
+/// q16::packed_row_bytes(ty, rb)`.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn pack(
     ty: GgmlType,
@@ -201,10 +272,12 @@ pub(super) unsafe fn pack(
         // SAFETY: forwarded contract; group r0 / 16 starts inside dst.
         unsafe {
             let g = dst.add(r0 / ROWS * group_bytes);
-            if ty == GgmlType::Q4_1 {
-                pack_group::<Q41>(w, r0, rows, rb, g, false);
-            } else {
-                pack_group::<Q80>(w, r0, rows, rb, g, false);
+            match ty {
+                GgmlType::Q4_1 => pack_group::<Q41>(w, r0, rows, rb, g, false),
+                GgmlType::Q5_0 => pack_group::<Q50>(w, r0, rows, rb, g, false),
+                GgmlType::Q4_K => pack_group::<Q4K>(w, r0, rows, rb, g, false),
+                GgmlType::Q6_K => pack_group::<Q6K>(w, r0, rows, rb, g, false),
+                _ => pack_group::<Q80>(w, r0, rows, rb, g, false),
             }
         }
         r0 += rows;
@@ -221,9 +294,10 @@ thread_local! {
 /// multiplied.
 ///
 /// # Safety
-/// AVX2, FMA and F16C present; `w` holds `nr` rows of `rb` bytes of blocks of `ty` (Q4_1 or
-/// Q8_0) covering `acts.k()` values; `acts` is in the pairs layout; `out.add(c * stride + r)`
-/// is writable and unaliased for every column `c` and row `r < nr`, and `stride >= nr`.
+/// AVX2, FMA and F16C present; `w` holds `nr` rows of `rb` bytes of blocks of `ty` (Q4_1,
+/// Q4_K, Q5_0, Q6_K or Q8_0) covering `acts.k()` values; `acts` is in the pairs layout;
+/// `out.add(c * stride + r)` is writable and unaliased for every column `c` and row
+/// `r < nr`, and `stride >= nr`.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn matmul(
     ty: GgmlType,
@@ -235,7 +309,7 @@ pub(super) unsafe fn matmul(
     stride: usize,
 ) {
     PACKED.with_borrow_mut(|packed| {
-        let vectors = (ROWS * rb).div_ceil(32);
+        let vectors = (ROWS * packed_row_bytes(ty, rb)).div_ceil(32);
         if packed.len() < vectors {
             packed.resize(vectors, _mm256_setzero_si256());
         }
@@ -246,12 +320,28 @@ pub(super) unsafe fn matmul(
             // SAFETY: forwarded contract; the buffer holds one group (16 rows of rb bytes);
             // rows r0..r0 + rows exist and their outputs are the caller's.
             unsafe {
-                if ty == GgmlType::Q4_1 {
-                    pack_group::<Q41>(w, r0, rows, rb, dst, true);
-                    multiply_group::<Q41>(dst, acts, rows, out.add(r0), stride, 0);
-                } else {
-                    pack_group::<Q80>(w, r0, rows, rb, dst, true);
-                    multiply_group::<Q80>(dst, acts, rows, out.add(r0), stride, 0);
+                match ty {
+                    GgmlType::Q4_1 => {
+                        pack_group::<Q41>(w, r0, rows, rb, dst, true);
+                        multiply_group::<Q41>(dst, acts, rows, out.add(r0), stride, 0);
+                    }
+                    GgmlType::Q5_0 => {
+                        // Packed as Q8_0 (`Q50`), so multiplied as Q8_0.
+                        pack_group::<Q50>(w, r0, rows, rb, dst, true);
+                        multiply_group::<Q80>(dst, acts, rows, out.add(r0), stride, 0);
+                    }
+                    GgmlType::Q4_K => {
+                        pack_group::<Q4K>(w, r0, rows, rb, dst, true);
+                        multiply_group::<Q4K>(dst, acts, rows, out.add(r0), stride, 0);
+                    }
+                    GgmlType::Q6_K => {
+                        pack_group::<Q6K>(w, r0, rows, rb, dst, true);
+                        multiply_group::<Q6K>(dst, acts, rows, out.add(r0), stride, 0);
+                    }
+                    _ => {
+                        pack_group::<Q80>(w, r0, rows, rb, dst, true);
+                        multiply_group::<Q80>(dst, acts, rows, out.add(r0), stride, 0);
+                    }
                 }
             }
             r0 += rows;
@@ -263,9 +353,9 @@ pub(super) unsafe fn matmul(
 /// `nr` rows: `out[c * stride + r]` for the rows `r` of those groups.
 ///
 /// # Safety
-/// AVX2, FMA and F16C present; `packed` holds the groups of a matrix of `ty` (Q4_1 or Q8_0)
-/// with `acts.k()` values per row, packed by [`pack`] or `avx512_q16::pack`; `acts` is in
-/// the pairs layout; `groups.end <= nr.div_ceil(16)`; `out.add(c * stride + r)` is writable
+/// AVX2, FMA and F16C present; `packed` holds the groups of a matrix of `ty` (Q4_1, Q4_K,
+/// Q5_0, Q6_K or Q8_0) with `acts.k()` values per row, packed by [`pack`] or
+/// `avx512_q16::pack`; `acts` is in the pairs layout; `groups.end <= nr.div_ceil(16)`; `out.add(c * stride + r)` is writable
 /// and unaliased for every column `c` and every row `r` of those groups below `nr`, and
 /// `stride >= nr`.
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -286,10 +376,18 @@ pub(super) unsafe fn matmul_packed(
         // SAFETY: forwarded contract: group g lies in `packed`, its rows' outputs in `out`.
         unsafe {
             let group = packed.add(g * group_bytes);
-            if ty == GgmlType::Q4_1 {
-                multiply_group::<Q41>(group, acts, rows, out.add(r0), stride, group_bytes);
-            } else {
-                multiply_group::<Q80>(group, acts, rows, out.add(r0), stride, group_bytes);
+            match ty {
+                GgmlType::Q4_1 => {
+                    multiply_group::<Q41>(group, acts, rows, out.add(r0), stride, group_bytes);
+                }
+                GgmlType::Q4_K => {
+                    multiply_group::<Q4K>(group, acts, rows, out.add(r0), stride, group_bytes);
+                }
+                GgmlType::Q6_K => {
+                    multiply_group::<Q6K>(group, acts, rows, out.add(r0), stride, group_bytes);
+                }
+                // Q8_0, or Q5_0 packed as Q8_0.
+                _ => multiply_group::<Q80>(group, acts, rows, out.add(r0), stride, group_bytes),
             }
         }
     }
@@ -429,31 +527,40 @@ impl Tile {
                     }
                 )*};
             }
-            // Unrolled: the pair index picks shifts at compile time.
-            pairs!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15);
-            for h in 0..H {
-                let hh = h0 + h;
-                // SAFETY: the block's scales: 16 f16 `d`, then (with a minimum) 16 f16 `m`.
-                let (d, m) = unsafe {
-                    let d = _mm256_cvtph_ps(_mm_loadu_si128(sc.add(16 * hh).cast()));
-                    let m = if F::MIN {
-                        _mm256_cvtph_ps(_mm_loadu_si128(sc.add(32 + 16 * hh).cast()))
-                    } else {
-                        _mm256_setzero_ps()
-                    };
-                    (d, m)
-                };
-                for c in 0..C {
-                    let i = b * self.width + c0 + c;
-                    // SAFETY: i < nb · width, the length of the tile's scales and sums.
-                    let (s, t) = unsafe { (*self.scale.add(i), *self.sum.add(i)) };
-                    let ds = _mm256_mul_ps(d, _mm256_set1_ps(s));
-                    let a = &mut acc[h][c];
-                    *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(part[h][c]), ds, *a);
-                    if F::MIN {
-                        *a = _mm256_fmadd_ps(m, _mm256_set1_ps(t), *a);
+            // The block step: `acc = fma(I, d · s, acc)`, then with a minimum
+            // `acc = fma(m, S, acc)`; `half` picks a split format's scale (and leaves out
+            // the minimum, which split formats do not have).
+            macro_rules! step {
+                ($half:expr) => {
+                    for h in 0..H {
+                        // SAFETY: sc is the block's scales; h0 + h < 2.
+                        let (d, m) = unsafe { F::scales8(sc, h0 + h) };
+                        let d = if $half == 1 { m } else { d };
+                        for c in 0..C {
+                            let i = b * self.width + c0 + c;
+                            // SAFETY: i < nb · width, the length of the tile's scales and sums.
+                            let (s, t) = unsafe { (*self.scale.add(i), *self.sum.add(i)) };
+                            let ds = _mm256_mul_ps(d, _mm256_set1_ps(s));
+                            let a = &mut acc[h][c];
+                            *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(part[h][c]), ds, *a);
+                            if F::MIN {
+                                *a = _mm256_fmadd_ps(m, _mm256_set1_ps(t), *a);
+                            }
+                        }
                     }
-                }
+                };
+            }
+            // Unrolled: the pair index picks shifts at compile time.
+            if F::SPLIT {
+                // Pairs 0..8 hold values 0..16 in Q8_0's pair order.
+                pairs!(0 1 2 3 4 5 6 7);
+                step!(0);
+                part = [[_mm256_setzero_si256(); C]; H];
+                pairs!(8 9 10 11 12 13 14 15);
+                step!(1);
+            } else {
+                pairs!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15);
+                step!(0);
             }
         }
         let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);

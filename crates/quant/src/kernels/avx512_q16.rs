@@ -32,20 +32,24 @@ pub(super) const ROWS: usize = 16;
 /// chunk of row `r` goes to lane `r / 4` of chunk vector `r % 4`, its scales to slot `r`),
 /// then [`transpose`] turns every four chunk vectors into words in place.
 pub(super) trait Format {
-    /// Bytes per 32-value block.
+    /// Bytes per unit of the rows: one 32-value block, or a super-block of [`Format::SUPER`]
+    /// of them.
     const BYTES: usize;
+    /// Packed 32-value blocks per unit of the rows (8 for a K-quant's 256 values).
+    const SUPER: usize = 1;
     /// Packed vectors of weight words per block.
     const WORDS: usize;
     /// Packed bytes of scales (and minimums) per block.
     const SCALE_BYTES: usize;
     /// Whether the block has a minimum (`x = d · q + m`).
     const MIN: bool;
-    /// Copies row `r`'s block at `src` into the packed block's words at `words` and its
-    /// scales at `scales`.
+    /// Copies row `r`'s unit at `src` into the packed blocks' words at `words` and their
+    /// scales at `scales` (`SUPER` packed blocks, `WORDS` vectors and `SCALE_BYTES` bytes
+    /// apart).
     ///
     /// # Safety
-    /// `BYTES` bytes readable at `src`; `r < 16`; `WORDS` vectors writable at `words` and
-    /// `SCALE_BYTES` bytes at `scales`.
+    /// `BYTES` bytes readable at `src`; `r < 16`; `SUPER * WORDS` vectors writable at
+    /// `words` and `SUPER * SCALE_BYTES` bytes at `scales`.
     unsafe fn gather(src: *const u8, r: usize, words: *mut u8, scales: *mut u8);
     /// The sixteen rows' scales and minimums (zeros without one) of a packed block.
     ///
@@ -208,6 +212,212 @@ impl Format for Q80 {
         } else {
             _mm512_srai_epi16::<8>(x)
         }
+    }
+}
+
+/// Q5_0 packed as Q8_0: each block's integers `q - 16` (-16..15) become the signed bytes of
+/// a Q8_0 block with the same f16 scale, so a packed Q5_0 group is exactly a packed Q8_0
+/// group (the same words, scales and kernels) whose values are those of the Q5_0 rows. It
+/// costs 34 packed bytes per block instead of 22, and buys Q8_0's unpacking (two shifts per
+/// pair) instead of the fifth-bit shuffle.
+pub(super) struct Q50;
+
+impl Format for Q50 {
+    const BYTES: usize = 22;
+    const WORDS: usize = Q80::WORDS;
+    const SCALE_BYTES: usize = Q80::SCALE_BYTES;
+    const MIN: bool = false;
+
+    #[inline]
+    unsafe fn byte_rows(words: &[__m512i], buf: &mut Vec<__m512i>) -> *const u8 {
+        // SAFETY: forwarded contract; the packed words are Q8_0's.
+        unsafe { Q80::byte_rows(words, buf) }
+    }
+
+    #[inline]
+    unsafe fn gather(src: *const u8, r: usize, words: *mut u8, scales: *mut u8) {
+        // SAFETY: forwarded contract: the block is 22 readable bytes (d, qh, qs).
+        let block = unsafe { &*src.cast::<[u8; 22]>() };
+        let qh = u32::from_le_bytes([block[2], block[3], block[4], block[5]]);
+        let qs = &block[6..22];
+        // Value j: nibble j of qs (low nibbles first) with bit j of qh above it, minus 16.
+        let q: [u8; BLOCK] = std::array::from_fn(|j| {
+            let lo = if j < 16 {
+                qs[j] & 0x0f
+            } else {
+                qs[j - 16] >> 4
+            };
+            ((lo | ((((qh >> j) & 1) as u8) << 4)) as i8 - 16) as u8
+        });
+        // SAFETY: forwarded contract, as Q8_0's gather with its quants from `q`.
+        unsafe {
+            copy_chunk(q.as_ptr(), r, words);
+            copy_chunk(q.as_ptr().add(16), r, words.add(256));
+            std::ptr::copy_nonoverlapping(src, scales.add(2 * r), 2);
+        }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,f16c")]
+    unsafe fn scales(scales: *const u8) -> (__m512, __m512) {
+        // SAFETY: forwarded contract.
+        unsafe { Q80::scales(scales) }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    unsafe fn unpack(words: &[__m512i], p: usize) -> __m512i {
+        // SAFETY: forwarded contract.
+        unsafe { Q80::unpack(words, p) }
+    }
+}
+
+/// Q4_K packed as Q4_1 with f32 scales: each 256-value super-block becomes eight packed
+/// 32-value blocks whose nibbles are in Q4_1's order and whose scale and minimum are the
+/// sub-block's `d · sc` and `-(dmin · m)` in f32 (exact: an f16 times a 6-bit integer), so
+/// that `x = d_b · q + m_b` is the reference dequantization's `d · sc · q - dmin · m` bit
+/// for bit. Scales: the sixteen rows' `d_b`, then their sixteen `m_b` (128 bytes a block).
+pub(super) struct Q4K;
+
+impl Format for Q4K {
+    const BYTES: usize = 144;
+    const SUPER: usize = 8;
+    const WORDS: usize = Q41::WORDS;
+    const SCALE_BYTES: usize = 128;
+    const MIN: bool = true;
+
+    #[inline]
+    unsafe fn byte_rows(words: &[__m512i], buf: &mut Vec<__m512i>) -> *const u8 {
+        // SAFETY: forwarded contract; the packed words are Q4_1's.
+        unsafe { Q41::byte_rows(words, buf) }
+    }
+
+    #[inline]
+    unsafe fn gather(src: *const u8, r: usize, words: *mut u8, scales: *mut u8) {
+        // SAFETY: forwarded contract: the super-block is 144 readable bytes (d, dmin, 12
+        // bytes of scales, 128 of nibbles).
+        let b = unsafe { &*src.cast::<[u8; 144]>() };
+        let half = |o: usize| half::f16::from_le_bytes([b[o], b[o + 1]]).to_f32();
+        let (d, dmin) = (half(0), half(2));
+        let sc: &[u8; 12] = b[4..16].try_into().expect("12 scale bytes");
+        let qs = &b[16..144];
+        for j in 0..Self::SUPER {
+            let (s, m) = crate::kquants::scale_min_k4(j, sc);
+            let (dj, mj) = (d * f32::from(s), -(dmin * f32::from(m)));
+            // Sub-block j is the low (j even) or high nibbles of bytes 32(j / 2)..+32; Q4_1
+            // holds values l and l + 16 in the low and high nibbles of its byte l.
+            let c = 32 * (j / 2);
+            let q: [u8; 16] = std::array::from_fn(|l| {
+                let (a, z) = (qs[c + l], qs[c + 16 + l]);
+                if j % 2 == 0 {
+                    (a & 0x0f) | (z << 4)
+                } else {
+                    (a >> 4) | (z & 0xf0)
+                }
+            });
+            // SAFETY: packed block j's words and scales lie in the caller's SUPER blocks;
+            // slot r of the scales (4r + 4 <= 64) and of the minimums (64 + 4r + 4 <= 128).
+            unsafe {
+                let sj = scales.add(j * Self::SCALE_BYTES);
+                copy_chunk(q.as_ptr(), r, words.add(j * Self::WORDS * 64));
+                std::ptr::copy_nonoverlapping(dj.to_le_bytes().as_ptr(), sj.add(4 * r), 4);
+                std::ptr::copy_nonoverlapping(mj.to_le_bytes().as_ptr(), sj.add(64 + 4 * r), 4);
+            }
+        }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,f16c")]
+    unsafe fn scales(scales: *const u8) -> (__m512, __m512) {
+        // SAFETY: 128 bytes readable (contract).
+        unsafe {
+            (
+                _mm512_loadu_ps(scales.cast()),
+                _mm512_loadu_ps(scales.add(64).cast()),
+            )
+        }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    unsafe fn unpack(words: &[__m512i], p: usize) -> __m512i {
+        // SAFETY: forwarded contract.
+        unsafe { Q41::unpack(words, p) }
+    }
+}
+
+/// Q6_K packed as Q8_0 with two f32 scales per block: each 256-value super-block becomes
+/// eight packed 32-value blocks of signed bytes `q - 32` (-32..31) in Q8_0's layout, whose
+/// scales are the two 16-value halves' `d · sc` (exact: an f16 times an 8-bit integer), so
+/// that `x = d_half · q` is the reference dequantization bit for bit. Scales: the sixteen
+/// rows' first-half scales, then their sixteen second-half scales (128 bytes a block). Only
+/// the AVX2 kernel multiplies it (its split block step); [`Format::scales`] here gives the
+/// two halves' scales for completeness.
+pub(super) struct Q6K;
+
+impl Format for Q6K {
+    const BYTES: usize = 210;
+    const SUPER: usize = 8;
+    const WORDS: usize = Q80::WORDS;
+    const SCALE_BYTES: usize = 128;
+    const MIN: bool = false;
+
+    #[inline]
+    unsafe fn byte_rows(words: &[__m512i], buf: &mut Vec<__m512i>) -> *const u8 {
+        // SAFETY: forwarded contract; the packed words are Q8_0's.
+        unsafe { Q80::byte_rows(words, buf) }
+    }
+
+    #[inline]
+    unsafe fn gather(src: *const u8, r: usize, words: *mut u8, scales: *mut u8) {
+        // SAFETY: forwarded contract: the super-block is 210 readable bytes, a BlockQ6K
+        // (byte arrays only, so any address is aligned for it).
+        let b = unsafe { &*src.cast::<crate::kquants::BlockQ6K>() };
+        let d = half::f16::from_le_bytes(b.d).to_f32();
+        for j in 0..Self::SUPER {
+            // Value e = 32j + l: nibble (e % 128) / 64 of ql byte 64(e / 128) + e % 64, with
+            // bits 2((e % 128) / 32).. of qh byte 32(e / 128) + e % 32 above it.
+            let q: [u8; BLOCK] = std::array::from_fn(|l| {
+                let e = 32 * j + l;
+                let (c, r) = (e / 128, e % 128);
+                let lo = (b.ql[64 * c + r % 64] >> (4 * (r / 64))) & 0x0f;
+                let hi = (b.qh[32 * c + r % 32] >> (2 * (r / 32))) & 3;
+                ((lo | (hi << 4)) as i8 - 32) as u8
+            });
+            let dl = d * f32::from(b.scales[2 * j] as i8);
+            let dh = d * f32::from(b.scales[2 * j + 1] as i8);
+            // SAFETY: packed block j's words and scales lie in the caller's SUPER blocks;
+            // slot r of the first halves (4r + 4 <= 64) and of the second (64 + 4r + 4).
+            unsafe {
+                let (wj, sj) = (
+                    words.add(j * Self::WORDS * 64),
+                    scales.add(j * Self::SCALE_BYTES),
+                );
+                copy_chunk(q.as_ptr(), r, wj);
+                copy_chunk(q.as_ptr().add(16), r, wj.add(256));
+                std::ptr::copy_nonoverlapping(dl.to_le_bytes().as_ptr(), sj.add(4 * r), 4);
+                std::ptr::copy_nonoverlapping(dh.to_le_bytes().as_ptr(), sj.add(64 + 4 * r), 4);
+            }
+        }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,f16c")]
+    unsafe fn scales(scales: *const u8) -> (__m512, __m512) {
+        // SAFETY: 128 bytes readable (contract).
+        unsafe {
+            (
+                _mm512_loadu_ps(scales.cast()),
+                _mm512_loadu_ps(scales.add(64).cast()),
+            )
+        }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    unsafe fn unpack(words: &[__m512i], p: usize) -> __m512i {
+        // SAFETY: forwarded contract.
+        unsafe { Q80::unpack(words, p) }
     }
 }
 
@@ -423,7 +633,7 @@ unsafe fn pack_group<F: Format>(
 ) {
     // SAFETY: forwarded contract.
     unsafe { gather_group::<F>(w, r0, rows, rb, dst, prefetch) };
-    let nb = rb / F::BYTES;
+    let nb = rb / F::BYTES * F::SUPER;
     // SAFETY: the words region is nb * WORDS aligned vectors at dst (contract), WORDS a
     // multiple of four.
     let chunks = unsafe { std::slice::from_raw_parts_mut(dst.cast::<__m512i>(), nb * F::WORDS) };
@@ -451,7 +661,7 @@ pub(super) unsafe fn gather_group<F: Format>(
 ) {
     let nb = rb / F::BYTES;
     let words = F::WORDS * 64;
-    let scales = nb * words;
+    let scales = nb * F::SUPER * words;
     for r in 0..ROWS {
         // Lanes past the last row take the group's first row; their outputs are never
         // stored.
@@ -463,14 +673,14 @@ pub(super) unsafe fn gather_group<F: Format>(
                 // pointer uses wrapping arithmetic.
                 unsafe { _mm_prefetch::<_MM_HINT_T0>(src.wrapping_add(ROWS * rb).cast()) };
             }
-            // SAFETY: block b lies inside the row (b < nb, rb = nb * BYTES); the packed
-            // block's words and scales lie inside the group (contract).
+            // SAFETY: unit b lies inside the row (b < nb, rb = nb * BYTES); its packed
+            // blocks' words and scales lie inside the group (contract).
             unsafe {
                 F::gather(
                     src,
                     r,
-                    dst.add(b * words),
-                    dst.add(scales + b * F::SCALE_BYTES),
+                    dst.add(b * F::SUPER * words),
+                    dst.add(scales + b * F::SUPER * F::SCALE_BYTES),
                 );
             }
         }

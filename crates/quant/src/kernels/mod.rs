@@ -38,7 +38,9 @@ mod vmath;
 
 pub use attn::{PREFETCH_ROWS, dot_rows, weighted_rows};
 pub use multi::{has_fused_multi_matvec, multi_matvec};
-pub use vmath::{GatedAct, gated_act, gelu_tanh_ref, silu_ref, softmax_scaled};
+pub use vmath::{
+    GatedAct, gated_act, gelu_tanh_ref, log_sum_exp, log_sum_exp_ref, silu_ref, softmax_scaled,
+};
 
 use crate::{QuantError, SimdLevel};
 use ferrite_gguf::GgmlType;

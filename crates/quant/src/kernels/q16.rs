@@ -18,9 +18,14 @@
 //!   has `A = 0` and `s = S = NaN`, so the output is NaN; a block too small for the
 //!   reciprocal to be finite counts as zeros);
 //! - `I_b = Σ q_i · A_i` exactly, with `q` the block's integer weights (Q4_1: 0..15,
-//!   Q8_0: −128..127);
+//!   Q8_0: −128..127, Q5_0: its 5-bit value − 16, −16..15; Q4_K: the 32-value sub-block's
+//!   nibbles, 0..15; Q6_K: its 6-bit value − 32, −32..31);
 //! - `acc = 0`, then for each block in order: `acc = fma(I_b as f32, d_b · s_b, acc)`, and
-//!   for Q4_1 `acc = fma(m_b, S_b, acc)` (`d`, `m`: the block's f16 scale and minimum).
+//!   for Q4_1 and Q4_K `acc = fma(m_b, S_b, acc)` (`d`, `m`: the block's f16 scale and
+//!   minimum; for Q4_K, the sub-block's `d · sc` and `-(dmin · m)` in f32, both exact);
+//!   Q6_K's blocks have a scale `d · sc` per 16-value half (f32, exact), so each block
+//!   takes two steps, `acc = fma(I_lo, d_lo · s_b, acc)` then the same for the second half,
+//!   with `I_lo`, `I_hi` the halves' exact integer sums.
 //!
 //! On CPUs with AMX (Intel's tile unit, INT8), batches of [`TILES_MIN_COLUMNS`] columns or
 //! more take a second kernel (`amx_q16`) that computes the same `I_b` with tile
@@ -32,7 +37,10 @@
 //!
 //! On AVX2 (`avx2_q16`), `vpmaddwd` computes the same exact `I_b`, eight rows per vector,
 //! on the same packed groups, and the floating-point steps are again the ones above lane by
-//! lane: an AVX2 CPU gives the bits an AVX-512 VNNI CPU gives.
+//! lane: an AVX2 CPU gives the bits an AVX-512 VNNI CPU gives for Q4_1 and Q8_0. Q5_0, Q4_K
+//! and Q6_K take this path on AVX2 only (packed as Q8_0, as Q4_1 with f32 scales, and as
+//! Q8_0 with two f32 scales per block); on AVX-512 they stay on the f32 kernels, so for
+//! those weights the two levels' bits differ.
 //!
 //! This module never touches other formats or levels: it applies only where [`applies`]
 //! says so, and every other product stays on the f32 kernels.
@@ -55,8 +63,18 @@ pub(crate) const BLOCK: usize = 32;
 pub(crate) const PAIRS: usize = BLOCK / 2;
 
 /// Whether products with weights of type `ty` take the 16-bit activation path at `level`.
+///
+/// Q5_0, Q4_K and Q6_K take it on AVX2 only: there their f32 kernels were compute-bound
+/// (Gemma 3's layers), while the AVX-512 kernels keep the products they had.
 pub fn applies(level: SimdLevel, ty: GgmlType) -> bool {
-    matches!(ty, GgmlType::Q4_1 | GgmlType::Q8_0)
+    let formats = match level {
+        SimdLevel::Avx2 => matches!(
+            ty,
+            GgmlType::Q4_1 | GgmlType::Q4_K | GgmlType::Q5_0 | GgmlType::Q6_K | GgmlType::Q8_0
+        ),
+        _ => matches!(ty, GgmlType::Q4_1 | GgmlType::Q8_0),
+    };
+    formats
         && level.is_available()
         && match level {
             SimdLevel::Avx512 => has_vnni(),
@@ -195,9 +213,9 @@ impl Q16Acts {
 pub(crate) fn pair_order(ty: GgmlType) -> [usize; BLOCK] {
     std::array::from_fn(|i| {
         let (p, half) = (i / 2, i % 2);
-        if ty == GgmlType::Q4_1 {
-            // Dword w of the nibbles yields low nibbles (4w, 4w+2), (4w+1, 4w+3), then high
-            // nibbles (4w+16, 4w+18), (4w+17, 4w+19).
+        if matches!(ty, GgmlType::Q4_1 | GgmlType::Q4_K) {
+            // Dword w of the nibbles (Q4_K: packed as Q4_1) yields low nibbles (4w, 4w+2),
+            // (4w+1, 4w+3), then high nibbles (4w+16, 4w+18), (4w+17, 4w+19).
             let (w, t) = (p / 4, p % 4);
             4 * w + (t & 1) + 16 * (t >> 1) + 2 * half
         } else {
@@ -270,7 +288,10 @@ impl Q16Acts {
         parts: usize,
         layout: Layout,
     ) -> Result<Q16Fills<'a>, QuantError> {
-        if !matches!(ty, GgmlType::Q4_1 | GgmlType::Q8_0) {
+        if !matches!(
+            ty,
+            GgmlType::Q4_1 | GgmlType::Q4_K | GgmlType::Q5_0 | GgmlType::Q6_K | GgmlType::Q8_0
+        ) {
             return Err(QuantError::Unsupported {
                 ty,
                 op: "16-bit activation products",
@@ -578,6 +599,19 @@ pub unsafe fn matmul_to(
 /// Rows per packed group (one per vector lane of the kernels).
 pub const GROUP_ROWS: usize = 16;
 
+/// Bytes one row of `rb` bytes of `ty` takes once packed: its own, except Q5_0, packed as
+/// Q8_0 (34 bytes per 22-byte block), and Q4_K, packed as eight blocks of 16 bytes of
+/// nibbles and an f32 scale and minimum (192 bytes per 144-byte super-block), and Q6_K,
+/// packed as eight blocks of 32 signed bytes and two f32 scales (320 bytes per 210).
+pub(crate) fn packed_row_bytes(ty: GgmlType, rb: usize) -> usize {
+    match ty {
+        GgmlType::Q5_0 => rb / 22 * 34,
+        GgmlType::Q4_K => rb / 144 * 192,
+        GgmlType::Q6_K => rb / 210 * 320,
+        _ => rb,
+    }
+}
+
 /// Bytes of rows [`PackedRows::new`] packs between two reports of its progress.
 pub const PACK_SPAN: usize = 1 << 20;
 
@@ -586,12 +620,13 @@ pub const PACK_SPAN: usize = 1 << 20;
 #[repr(C, align(64))]
 struct Line([u8; 64]);
 
-/// The rows of a Q4_1 or Q8_0 matrix rearranged once into the layout the kernels multiply
-/// (groups of [`GROUP_ROWS`] rows, each row's weights in one vector lane), so that a product
-/// reads them straight instead of rearranging every group on every call. It holds the same
-/// bytes as the rows, moved: a caller that also keeps the originals holds the matrix twice
-/// (`new` reports each packed span so that it need not). Products with it are bit-identical
-/// to [`matmul`] on the rows it was packed from.
+/// The rows of a Q4_1 or Q8_0 matrix (or, on AVX2, Q5_0, Q4_K or Q6_K) rearranged once
+/// into the layout the kernels multiply (groups of [`GROUP_ROWS`] rows, each row's weights
+/// in one vector lane), so that a product reads them straight instead of rearranging every
+/// group on every call. It holds the same bytes as the rows, moved (the AVX2-only formats:
+/// widened, see `packed_row_bytes`): a caller that also keeps the originals holds the
+/// matrix twice (`new` reports each packed span so that it need not). Products with it are
+/// bit-identical to [`matmul`] on the rows it was packed from.
 pub struct PackedRows {
     ty: GgmlType,
     rows: usize,
@@ -634,7 +669,7 @@ impl PackedRows {
         if !k.is_multiple_of(BLOCK) || Some(w.len()) != rows.checked_mul(rb) {
             return Err(QuantError::BadTile { rows, cols: 0, k });
         }
-        let group_bytes = (GROUP_ROWS * rb).next_multiple_of(64);
+        let group_bytes = (GROUP_ROWS * packed_row_bytes(ty, rb)).next_multiple_of(64);
         let groups = rows.div_ceil(GROUP_ROWS);
         let mut lines = vec![Line([0; 64]); groups * group_bytes / 64];
         let step = (PACK_SPAN / (GROUP_ROWS * rb).max(1)).max(1);

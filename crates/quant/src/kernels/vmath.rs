@@ -1,5 +1,6 @@
 //! Vectorized element-wise math of the forward pass: the gated activations (GELU-tanh, SiLU)
-//! and softmax, dispatched by [`SimdLevel`].
+//! and softmax, dispatched by [`SimdLevel`]; and the log-sum-exp of a row of logits that
+//! sampling and scoring take once per token.
 //!
 //! Why: libm's `tanhf`/`expf` are scalar calls; in Gemma 3 prefill the GELU alone took ~15 %
 //! of the time. The SIMD levels share one exponential, `exp(x) = 2^n · p(r)` with
@@ -92,6 +93,44 @@ pub fn softmax_scaled(level: SimdLevel, scale: f32, x: &mut [f32]) -> Result<(),
         _ => softmax_ref(scale, x),
     }
     Ok(())
+}
+
+/// `log(Σ exp(x_i))`, stable for large values: the log-partition of a row of logits (a
+/// sampler's log-probabilities, a score's NLL). NaN where an entry is NaN, `-inf` for an
+/// empty slice.
+///
+/// The scalar level is the definition in f64 ([`log_sum_exp_ref`]: libm `exp` of each
+/// `x_i - max` in f64, summed in f64). The vector levels (AVX-512 runs the AVX2 body) take
+/// each `exp(x_i - max)` in f32 with the module's exponential, with `x_i - max` rounded to
+/// f32, and sum eight lanes in f32 over chunks of `LSE_CHUNK` (64) values, each chunk's lanes
+/// then added in f64. Error against the definition, absolute (it is the log of a sum of
+/// terms of at most 1, so each term's relative error is what counts): the exponential's few
+/// ulp, the f32 subtraction's `2^-24 · |x_i - max|` weighted by the terms (below
+/// `2^-24 · ln n` in the worst case, since the largest term is 1), and the chunk sums'
+/// `8 · 2^-24`: under 2e-6 for a 262,144-entry vocabulary; 2.9e-8 measured on the tests'
+/// rows (AVX2, Zen 3), against 1.7e-5 when the f32 lane sums ran over the whole row. libm's
+/// f64 `exp` over a 262k vocabulary took ~1.9 ms per Gemma 3 token on a 2-core Zen 3.
+pub fn log_sum_exp(level: SimdLevel, x: &[f32]) -> Result<f64, QuantError> {
+    check_level(level)?;
+    Ok(match level {
+        SimdLevel::Scalar => log_sum_exp_ref(x),
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: check_level proved the CPU has AVX2, FMA and F16C (the AVX-512 set
+        // includes them).
+        SimdLevel::Avx2 | SimdLevel::Avx512 => unsafe { x86::log_sum_exp_avx2(x) },
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => log_sum_exp_ref(x),
+    })
+}
+
+/// Values whose f32 lane sums are added in f64 at a time in [`log_sum_exp`]: eight per lane.
+const LSE_CHUNK: usize = 64;
+
+/// [`log_sum_exp`]'s definition: f64 throughout, libm `exp`.
+pub fn log_sum_exp_ref(x: &[f32]) -> f64 {
+    let max = f64::from(x.iter().copied().fold(f32::NEG_INFINITY, f32::max));
+    let s: f64 = x.iter().map(|&l| (f64::from(l) - max).exp()).sum();
+    max + s.ln()
 }
 
 /// Scalar softmax with libm `exp` and an f64 sum.
@@ -346,6 +385,67 @@ mod x86 {
         }
     }
 
+    /// `super::log_sum_exp` at the vector levels (its docs give the order and the bound).
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C available.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn log_sum_exp_avx2(x: &[f32]) -> f64 {
+        let n = x.len();
+        let full = n - n % 8;
+        let p = x.as_ptr();
+        // max_ps returns its second operand when the first is NaN: NaN entries are passed
+        // over, as f32::max does.
+        let mut mx = _mm256_set1_ps(f32::NEG_INFINITY);
+        let mut i = 0;
+        while i < full {
+            // SAFETY: i + 8 <= full <= n.
+            mx = _mm256_max_ps(unsafe { _mm256_loadu_ps(p.add(i)) }, mx);
+            i += 8;
+        }
+        let mut lanes = [0f32; 8];
+        // SAFETY: lanes holds 8 values.
+        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), mx) };
+        let max = lanes
+            .iter()
+            .chain(&x[full..])
+            .fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+        let shift = _mm256_set1_ps(max);
+        let mut total = [_mm256_setzero_pd(); 2];
+        i = 0;
+        while i < full {
+            let end = (i + super::LSE_CHUNK).min(full);
+            let mut acc = _mm256_setzero_ps();
+            while i < end {
+                // SAFETY: i + 8 <= end <= full <= n.
+                let v = unsafe { _mm256_loadu_ps(p.add(i)) };
+                acc = _mm256_add_ps(acc, exp256(_mm256_sub_ps(v, shift)));
+                i += 8;
+            }
+            total[0] = _mm256_add_pd(total[0], _mm256_cvtps_pd(_mm256_castps256_ps128(acc)));
+            total[1] = _mm256_add_pd(total[1], _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(acc)));
+        }
+        let mut sums = [0f64; 8];
+        // SAFETY: sums holds 8 values, two vectors of four.
+        unsafe {
+            _mm256_storeu_pd(sums.as_mut_ptr(), total[0]);
+            _mm256_storeu_pd(sums.as_mut_ptr().add(4), total[1]);
+        }
+        let mut sum: f64 = sums.iter().sum();
+        if full < n {
+            let mut t = [f32::NEG_INFINITY; 8];
+            t[..n - full].copy_from_slice(&x[full..]);
+            // SAFETY: t holds 8 values.
+            unsafe {
+                let e = exp256(_mm256_sub_ps(_mm256_loadu_ps(t.as_ptr()), shift));
+                _mm256_storeu_ps(t.as_mut_ptr(), e);
+            }
+            // -inf padding lanes come out as ~1e-38 from the clamp: add only real lanes.
+            sum += t[..n - full].iter().map(|&e| f64::from(e)).sum::<f64>();
+        }
+        f64::from(max) + sum.ln()
+    }
+
     /// # Safety
     /// AVX2, FMA and F16C available.
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -560,6 +660,93 @@ mod tests {
                         "{level} n={n} i={i}: {g} vs {w}"
                     );
                 }
+            }
+        }
+    }
+
+    /// Logit rows: a vocabulary-sized spread, a peaked head, ties, large offsets, short
+    /// rows that end in a partial vector and rows with masked (-inf) entries.
+    fn lse_rows() -> Vec<Vec<f32>> {
+        let mut rng = ferrite_testkit::XorShift(0x1e5e);
+        let vocab: Vec<f32> = (0..262_144).map(|_| rng.f32() * 15.0 - 5.0).collect();
+        let mut peaked = vocab.clone();
+        peaked[1234] = 40.0;
+        peaked[262_143] = 39.5;
+        let mut rows = vec![
+            vocab,
+            peaked,
+            vec![3.25; 100_003],
+            (0..50_000)
+                .map(|i| 1000.0 + (i % 97) as f32 * 0.01)
+                .collect(),
+            (0..70_001).map(|i| -(i as f32) * 1e-3).collect(),
+        ];
+        for n in 1..=19 {
+            rows.push((0..n).map(|i| (i * 7 % 5) as f32 - 2.0).collect());
+        }
+        let mut masked: Vec<f32> = (0..1000).map(|i| (i % 13) as f32).collect();
+        masked[..500].fill(f32::NEG_INFINITY);
+        masked[999] = f32::NEG_INFINITY;
+        rows.push(masked);
+        rows
+    }
+
+    /// The bound of `log_sum_exp`'s docs, absolute.
+    const LSE_BOUND: f64 = 2e-6;
+
+    #[test]
+    fn log_sum_exp_stays_within_its_bound_of_the_f64_definition() {
+        for level in levels() {
+            let mut worst = 0f64;
+            for x in lse_rows() {
+                let got = log_sum_exp(level, &x).unwrap();
+                let want = log_sum_exp_ref(&x);
+                assert!(got.is_finite(), "{level} n={}", x.len());
+                worst = worst.max((got - want).abs());
+            }
+            println!("log_sum_exp [{level}]: max |err| = {worst:.2e}");
+            assert!(worst <= LSE_BOUND, "{level}: {worst:e}");
+        }
+        let x = [1.0f32, 2.0, 3.0];
+        let want = (1f64.exp() + 2f64.exp() + 3f64.exp()).ln();
+        assert!((log_sum_exp_ref(&x) - want).abs() < 1e-15);
+    }
+
+    #[test]
+    fn log_sum_exp_bound_catches_a_small_shift() {
+        // Test of the test: moving the largest logit of a peaked row by 1e-4 (a logit's f32
+        // rounding at 40 is 4e-6) moves the log-partition well past the bound.
+        let mut x = lse_rows().swap_remove(1);
+        let before = log_sum_exp_ref(&x);
+        x[1234] += 1e-4;
+        assert!((log_sum_exp_ref(&x) - before).abs() > 10.0 * LSE_BOUND);
+    }
+
+    #[test]
+    fn log_sum_exp_edge_cases_match_the_definition() {
+        for level in levels() {
+            assert_eq!(
+                log_sum_exp(level, &[]).unwrap(),
+                f64::NEG_INFINITY,
+                "{level}"
+            );
+            for n in [3usize, 8, 21] {
+                let mut x = vec![0.5f32; n];
+                x[n - 1] = f32::NAN;
+                assert!(log_sum_exp(level, &x).unwrap().is_nan(), "{level} n={n}");
+                x[n - 1] = f32::NEG_INFINITY;
+                let got = log_sum_exp(level, &x).unwrap();
+                let want = log_sum_exp_ref(&x);
+                assert!(
+                    (got - want).abs() <= LSE_BOUND,
+                    "{level} n={n}: {got} vs {want}"
+                );
+                x.fill(f32::NEG_INFINITY);
+                assert!(
+                    log_sum_exp(level, &x).unwrap().is_nan(),
+                    "{level} all masked"
+                );
+                assert!(log_sum_exp_ref(&x).is_nan());
             }
         }
     }

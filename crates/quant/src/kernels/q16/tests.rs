@@ -7,7 +7,37 @@ use super::*;
 use crate::{dequantize_ref, quantize as quantize_weights};
 use ferrite_testkit::XorShift as Rng;
 
-const TYPES: [GgmlType; 2] = [GgmlType::Q4_1, GgmlType::Q8_0];
+/// Every type with 16-bit products at some level (Q5_0, Q4_K and Q6_K at AVX2 only).
+const TYPES: [GgmlType; 5] = [
+    GgmlType::Q4_1,
+    GgmlType::Q8_0,
+    GgmlType::Q5_0,
+    GgmlType::Q4_K,
+    GgmlType::Q6_K,
+];
+
+/// A row width of about `k` values that `ty`'s rows can have: `k` itself, or for the
+/// 256-value super-blocks of the K-quants, `k / 32` of them.
+fn width(ty: GgmlType, k: usize) -> usize {
+    if ty.block_size() == 256 {
+        k / BLOCK * 256
+    } else {
+        k
+    }
+}
+
+/// One 32-value block as the module docs read it: integer weights, the scales of its two
+/// 16-value halves (equal but for Q6_K) and its minimum (zero without one).
+struct Blk {
+    q: [i32; BLOCK],
+    d: [f32; 2],
+    m: f32,
+}
+
+/// The types with 16-bit products at `level`.
+fn types_at(level: SimdLevel) -> Vec<GgmlType> {
+    TYPES.into_iter().filter(|&t| applies(level, t)).collect()
+}
 
 fn weights(rng: &mut Rng, ty: GgmlType, rows: usize, k: usize) -> Vec<u8> {
     let vals: Vec<f32> = (0..rows * k).map(|_| rng.f32()).collect();
@@ -16,49 +46,144 @@ fn weights(rng: &mut Rng, ty: GgmlType, rows: usize, k: usize) -> Vec<u8> {
     data
 }
 
-/// The block's integer weights, scale and minimum, read from the raw bytes.
-fn block_ints(ty: GgmlType, blk: &[u8]) -> ([i32; BLOCK], f32, f32) {
-    let half = |o: usize| half::f16::from_le_bytes([blk[o], blk[o + 1]]).to_f32();
-    if ty == GgmlType::Q4_1 {
-        let q = std::array::from_fn(|i| {
-            i32::from(if i < 16 {
-                blk[4 + i] & 15
-            } else {
-                blk[4 + i - 16] >> 4
+/// Each 32-value block of a row of `k` values, read from its raw bytes.
+fn row_blocks(ty: GgmlType, row: &[u8], k: usize) -> Vec<Blk> {
+    let half = |blk: &[u8], o: usize| half::f16::from_le_bytes([blk[o], blk[o + 1]]).to_f32();
+    let blk = |q, d, m| Blk { q, d: [d, d], m };
+    if ty == GgmlType::Q6_K {
+        // ql (128 bytes), qh (64), 16 signed scales, d: value e = 128c + r is nibble r / 64
+        // of ql byte 64c + r % 64 with bits 2(r / 32).. of qh byte 32c + r % 32 above it.
+        return row
+            .chunks_exact(210)
+            .flat_map(|b| {
+                let d = half(b, 208);
+                (0..8).map(move |j| {
+                    let q = std::array::from_fn(|l| {
+                        let e = 32 * j + l;
+                        let (c, r) = (e / 128, e % 128);
+                        let lo = (b[64 * c + r % 64] >> (4 * (r / 64))) & 15;
+                        let hi = (b[128 + 32 * c + r % 32] >> (2 * (r / 32))) & 3;
+                        i32::from(lo | (hi << 4)) - 32
+                    });
+                    let sc = |g: usize| d * f32::from(b[192 + g] as i8);
+                    Blk {
+                        q,
+                        d: [sc(2 * j), sc(2 * j + 1)],
+                        m: 0.0,
+                    }
+                })
             })
-        });
-        (q, half(0), half(2))
-    } else {
-        (
-            std::array::from_fn(|i| i32::from(blk[2 + i] as i8)),
-            half(0),
-            0.0,
-        )
+            .collect();
     }
+    if ty == GgmlType::Q4_K {
+        // d, dmin, 12 bytes of 6-bit scales and minimums, then sub-block j in the low (j
+        // even) or high nibbles of bytes 32(j / 2)..+32.
+        return row
+            .chunks_exact(144)
+            .flat_map(|blk| {
+                let sc: &[u8; 12] = blk[4..16].try_into().expect("scales");
+                (0..8).map(move |j| {
+                    let (s, m) = crate::kquants::scale_min_k4(j, sc);
+                    let q = std::array::from_fn(|l| {
+                        i32::from((blk[16 + 32 * (j / 2) + l] >> (4 * (j % 2))) & 15)
+                    });
+                    Blk {
+                        q,
+                        d: [half(blk, 0) * f32::from(s); 2],
+                        m: -(half(blk, 2) * f32::from(m)),
+                    }
+                })
+            })
+            .collect();
+    }
+    let bytes = ty.row_bytes(32).expect("block") as usize;
+    row[..k / BLOCK * bytes]
+        .chunks_exact(bytes)
+        .map(|b| {
+            if ty == GgmlType::Q4_1 {
+                let q = std::array::from_fn(|i| {
+                    i32::from(if i < 16 {
+                        b[4 + i] & 15
+                    } else {
+                        b[4 + i - 16] >> 4
+                    })
+                });
+                blk(q, half(b, 0), half(b, 2))
+            } else if ty == GgmlType::Q5_0 {
+                // d, then qh (bit j: the fifth bit of value j), then the low nibbles.
+                let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+                let q = std::array::from_fn(|i| {
+                    let lo = if i < 16 {
+                        b[6 + i] & 15
+                    } else {
+                        b[6 + i - 16] >> 4
+                    };
+                    i32::from(lo) + 16 * ((qh >> i) & 1) as i32 - 16
+                });
+                blk(q, half(b, 0), 0.0)
+            } else {
+                let q = std::array::from_fn(|i| i32::from(b[2 + i] as i8));
+                blk(q, half(b, 0), 0.0)
+            }
+        })
+        .collect()
 }
 
 /// The module docs' product, one output at a time.
 fn reference(ty: GgmlType, w: &[u8], nr: usize, x: &[f32], k: usize, n: usize) -> Vec<f32> {
-    let bytes = ty.row_bytes(32).expect("block") as usize;
-    let nb = k / BLOCK;
+    let rb = ty.row_bytes(k as u64).expect("whole blocks") as usize;
     let mut out = vec![0f32; n * nr];
-    for c in 0..n {
-        for r in 0..nr {
+    for r in 0..nr {
+        let blocks = row_blocks(ty, &w[r * rb..][..rb], k);
+        for c in 0..n {
             let mut acc = 0f32;
-            for b in 0..nb {
+            for (b, w) in blocks.iter().enumerate() {
                 let a: &[f32; BLOCK] = x[c * k + b * BLOCK..][..BLOCK].try_into().expect("block");
                 let (q, s, total) = quantize_block(a);
-                let (wq, d, m) = block_ints(ty, &w[(r * nb + b) * bytes..][..bytes]);
-                let dot: i32 = wq.iter().zip(&q).map(|(x, y)| x * i32::from(*y)).sum();
-                acc = (dot as f32).mul_add(d * s, acc);
-                if ty == GgmlType::Q4_1 {
-                    acc = m.mul_add(total, acc);
+                let dot = |r: std::ops::Range<usize>| -> i32 {
+                    r.map(|i| w.q[i] * i32::from(q[i])).sum()
+                };
+                if ty == GgmlType::Q6_K {
+                    acc = (dot(0..16) as f32).mul_add(w.d[0] * s, acc);
+                    acc = (dot(16..32) as f32).mul_add(w.d[1] * s, acc);
+                } else {
+                    acc = (dot(0..32) as f32).mul_add(w.d[0] * s, acc);
+                }
+                if matches!(ty, GgmlType::Q4_1 | GgmlType::Q4_K) {
+                    acc = w.m.mul_add(total, acc);
                 }
             }
             out[c * nr + r] = acc;
         }
     }
     out
+}
+
+/// The integers, scales and minimums the reference reads are the weights: `d · q + m`
+/// (`d · q` without a minimum; one rounding each) is the fixture-pinned scalar
+/// dequantization bit for bit.
+#[test]
+fn block_integers_rebuild_the_reference_dequantization() {
+    let mut rng = Rng(0xb10c);
+    for ty in TYPES {
+        let (nr, k) = (3, width(ty, 96));
+        let w = weights(&mut rng, ty, nr, k);
+        let mut want = vec![0f32; nr * k];
+        dequantize_ref(ty, &w, &mut want).expect("dequantize");
+        let rb = ty.row_bytes(k as u64).expect("whole blocks") as usize;
+        for r in 0..nr {
+            for (b, blk) in row_blocks(ty, &w[r * rb..][..rb], k).iter().enumerate() {
+                for (i, &q) in blk.q.iter().enumerate() {
+                    let v = blk.d[i / 16] * q as f32;
+                    // Only a format with a minimum adds it (`-0 + 0` would be `+0`).
+                    let has_min = matches!(ty, GgmlType::Q4_1 | GgmlType::Q4_K);
+                    let got = if has_min { v + blk.m } else { v };
+                    let want = want[r * k + b * BLOCK + i];
+                    assert_eq!(got.to_bits(), want.to_bits(), "{ty} row {r} block {b} {i}");
+                }
+            }
+        }
+    }
 }
 
 /// `out[c * stride + r]` equals `want[c * nr + r]` bit for bit for every column and row.
@@ -256,8 +381,9 @@ fn kernels_match_the_documented_product_bit_for_bit() {
 
 fn kernels_match_at(level: SimdLevel) {
     let mut rng = Rng(0x51ed_2701);
-    for ty in TYPES {
+    for ty in types_at(level) {
         for (nr, k) in [(1, 32), (15, 64), (16, 96), (17, 32), (37, 160)] {
+            let k = width(ty, k);
             let w = weights(&mut rng, ty, nr, k);
             for (n, layout) in [1, 2, 3, 4, 5, 8, 15, 16, 17, 33]
                 .into_iter()
@@ -284,8 +410,8 @@ fn rounding_costs_little_against_f32_activations() {
 
 fn rounding_costs_little_at(level: SimdLevel) {
     let mut rng = Rng(99);
-    for ty in TYPES {
-        let (nr, k, n) = (33, 576, 4);
+    for ty in types_at(level) {
+        let (nr, k, n) = (33, width(ty, 576), 4);
         let w = weights(&mut rng, ty, nr, k);
         let mut wf = vec![0f32; nr * k];
         dequantize_ref(ty, &w, &mut wf).expect("dequantize");
@@ -312,12 +438,16 @@ fn rounding_costs_little_at(level: SimdLevel) {
 
 #[test]
 fn non_finite_activations_give_nan_outputs() {
-    for (level, ty) in levels().into_iter().flat_map(|l| TYPES.map(|t| (l, t))) {
+    for (level, ty) in levels()
+        .into_iter()
+        .flat_map(|l| types_at(l).into_iter().map(move |t| (l, t)))
+    {
         let mut rng = Rng(5);
-        let w = weights(&mut rng, ty, 3, 64);
-        let mut x = vec![0.5f32; 64];
+        let k = width(ty, 64);
+        let w = weights(&mut rng, ty, 3, k);
+        let mut x = vec![0.5f32; k];
         x[40] = f32::INFINITY;
-        let acts = quantize(ty, &x, 64, 1).expect("quantize");
+        let acts = quantize(ty, &x, k, 1).expect("quantize");
         let mut out = [0f32; 3];
         matmul(level, &w, 3, &acts, &mut out, 3).expect("matmul");
         assert!(out.iter().all(|v| v.is_nan()), "{ty} {level}: {out:?}");
@@ -327,7 +457,7 @@ fn non_finite_activations_give_nan_outputs() {
 #[test]
 fn bad_shapes_are_errors() {
     let x = vec![0f32; 64];
-    assert!(quantize(GgmlType::Q4_K, &x, 64, 1).is_err());
+    assert!(quantize(GgmlType::Q5_K, &x, 64, 1).is_err());
     assert!(quantize(GgmlType::Q4_1, &x, 48, 1).is_err());
     assert!(quantize(GgmlType::Q4_1, &x, 32, 3).is_err());
     let acts = quantize(GgmlType::Q4_1, &x, 32, 2).expect("quantize");
@@ -351,10 +481,11 @@ fn packed_rows_match_the_documented_product_bit_for_bit() {
 
 fn packed_rows_match_at(level: SimdLevel) {
     let mut rng = Rng(0x7ac4_ed01);
-    for ty in TYPES {
+    for ty in types_at(level) {
         // Odd block counts leave Q8_0 groups padded to whole lines; 37 and 17 rows end on a
         // partial group.
         for (nr, k) in [(1, 32), (16, 96), (17, 32), (37, 160), (48, 64)] {
+            let k = width(ty, k);
             let w = weights(&mut rng, ty, nr, k);
             let packed = PackedRows::new(level, ty, &w, nr, k, |_| {}).expect("pack");
             assert_eq!(packed.groups(), nr.div_ceil(GROUP_ROWS));
@@ -393,7 +524,7 @@ fn packed_rows_refuse_what_does_not_fit() {
 }
 
 fn packed_rows_refuse_at(level: SimdLevel, w: &[u8]) {
-    assert!(PackedRows::new(level, GgmlType::Q4_K, w, 2, 32, |_| {}).is_err());
+    assert!(PackedRows::new(level, GgmlType::Q5_K, w, 2, 32, |_| {}).is_err());
     assert!(PackedRows::new(level, GgmlType::Q4_1, &w[..39], 2, 32, |_| {}).is_err());
     assert!(PackedRows::new(level, GgmlType::Q4_1, w, 2, 48, |_| {}).is_err());
     let packed = PackedRows::new(level, GgmlType::Q4_1, w, 2, 32, |_| {}).expect("pack");
@@ -491,7 +622,7 @@ fn a_reused_buffer_quantizes_like_a_fresh_one() {
         assert_eq!(bits(&acts.scale), bits(&fresh.scale));
         assert_eq!(bits(&acts.sum), bits(&fresh.sum));
     }
-    assert!(acts.quantize(GgmlType::Q4_K, &[0.0; 32], 32, 1).is_err());
+    assert!(acts.quantize(GgmlType::Q5_K, &[0.0; 32], 32, 1).is_err());
 }
 
 /// Split into fills run in any order (last first here, as another thread might), the
@@ -540,8 +671,11 @@ fn both_levels_pack_the_same_bytes() {
         return;
     }
     let mut rng = Rng(0x5eed);
-    for ty in TYPES {
-        let (nr, k) = (37, 96);
+    for ty in TYPES
+        .into_iter()
+        .filter(|&t| levels.iter().all(|&l| applies(l, t)))
+    {
+        let (nr, k) = (37, width(ty, 96));
         let w = weights(&mut rng, ty, nr, k);
         let packs: Vec<PackedRows> = levels
             .iter()
