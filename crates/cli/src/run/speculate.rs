@@ -59,8 +59,9 @@ pub fn check_cuda_speculation(cuda: bool, flag: &str) -> anyhow::Result<()> {
 pub enum Speculator<'a> {
     /// `--lookup`.
     Lookup(Adaptive<Lookup>),
-    /// `--draft-model`, drafting in a session of its own on the target's threads.
-    Draft(Adaptive<Draft<Session<'a>>>),
+    /// `--draft-model`, drafting in a session of its own on the target's threads (boxed:
+    /// a session is large beside a lookup index).
+    Draft(Box<Adaptive<Draft<Session<'a>>>>),
 }
 
 impl<'a> Speculator<'a> {
@@ -84,17 +85,17 @@ impl<'a> Speculator<'a> {
         ferrite_model::check_kv_memory(model.config(), loaded.kv, 1, ctx)
             .with_context(|| format!("the draft model's --ctx {ctx}"))?;
         let session = Session::new(model, &loaded.pool, ctx, loaded.kv)?;
-        Ok(Some(Speculator::Draft(Adaptive::new(
+        Ok(Some(Speculator::Draft(Box::new(Adaptive::new(
             Draft::new(session),
             draft_max,
-        ))))
+        )))))
     }
 
     /// The proposer to hand the generation loop.
     pub fn proposer(&mut self) -> &mut dyn Proposer {
         match self {
             Speculator::Lookup(p) => p,
-            Speculator::Draft(p) => p,
+            Speculator::Draft(p) => p.as_mut(),
         }
     }
 

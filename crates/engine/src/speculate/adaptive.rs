@@ -208,6 +208,11 @@ mod tests {
         }
     }
 
+    /// A scripted proposer, right or wrong, under a draft-max of 8.
+    fn scripted(right: bool) -> Adaptive<Scripted> {
+        Adaptive::new(Scripted { right, calls: 0 }, 8)
+    }
+
     /// Drives `p` as the generation loop would over `steps` steps of a sequence whose
     /// token at position i is i; returns the draft lengths proposed.
     fn drive(p: &mut Adaptive<Scripted>, steps: usize) -> Vec<usize> {
@@ -230,13 +235,7 @@ mod tests {
 
     #[test]
     fn always_right_drafts_grow_to_draft_max() {
-        let mut p = Adaptive::new(
-            Scripted {
-                right: true,
-                calls: 0,
-            },
-            8,
-        );
+        let mut p = scripted(true);
         let lengths = drive(&mut p, 10);
         assert!(lengths.iter().all(|&k| k <= 8), "{lengths:?}");
         assert_eq!(lengths[3..], [8; 7], "{lengths:?}");
@@ -245,13 +244,7 @@ mod tests {
 
     #[test]
     fn always_wrong_drafts_turn_speculation_off_with_periodic_probes() {
-        let mut p = Adaptive::new(
-            Scripted {
-                right: false,
-                calls: 0,
-            },
-            8,
-        );
+        let mut p = scripted(false);
         let lengths = drive(&mut p, 200);
         // A few shrinking drafts, then plain decoding but for a probe every PROBE_EVERY.
         let first_off = lengths.iter().position(|&k| k == 0).expect("turned off");
@@ -274,13 +267,7 @@ mod tests {
 
     #[test]
     fn a_probe_that_is_accepted_turns_speculation_back_on() {
-        let mut p = Adaptive::new(
-            Scripted {
-                right: false,
-                calls: 0,
-            },
-            8,
-        );
+        let mut p = scripted(false);
         drive(&mut p, 40);
         p.inner.right = true;
         let lengths = drive(&mut p, 40);
