@@ -5,14 +5,14 @@
 //! This file owns the command line and the receipt's header; the timed loop is in
 //! `bench/sweep.rs`, the file format in `bench/receipt.rs`, the judging in
 //! `bench/compare.rs`, the server load in `bench/serve.rs` (over `bench/http.rs`), and the
-//! speculation comparison of `--lookup` in `bench/lookup.rs`.
+//! speculation comparison of `--lookup` and `--draft-model` in `bench/speculate.rs`.
 
 pub(crate) mod compare;
 mod http;
-mod lookup;
 mod prompt;
 pub(crate) mod receipt;
 mod serve;
+mod speculate;
 mod sweep;
 
 use std::path::PathBuf;
@@ -83,10 +83,15 @@ pub struct BenchArgs {
     /// (the prompt text's first passage twice, then its start), plain and with prompt
     /// lookup (`run --lookup`), checking the outputs are identical, then reporting
     /// acceptance, tokens per step and decode tok/s of both (CPU backend).
-    #[arg(long, conflicts_with_all = ["csv", "json", "cold", "teacher_forced", "compare"])]
+    #[arg(long, group = "speculate",
+          conflicts_with_all = ["csv", "json", "cold", "teacher_forced", "compare"])]
     lookup: bool,
-    /// Most tokens `--lookup` guesses a step (1 to 15).
-    #[arg(long, default_value_t = 8, requires = "lookup",
+    /// As `--lookup`, speculating with this draft model instead (`run --draft-model`).
+    #[arg(long, value_name = "MODEL", group = "speculate",
+          conflicts_with_all = ["csv", "json", "cold", "teacher_forced", "compare"])]
+    draft_model: Option<String>,
+    /// Most tokens `--lookup` or `--draft-model` guesses a step (1 to 15).
+    #[arg(long, default_value_t = 8, requires = "speculate",
           value_parser = crate::run::draft_max_arg)]
     draft_max: usize,
 }
@@ -142,14 +147,20 @@ pub fn run(args: BenchArgs) -> anyhow::Result<i32> {
         }
         None => prompt::tokens(&loaded.tokenizer, &prompt::builtin_text(), need)?,
     };
-    if args.lookup {
-        let plan = lookup::Plan {
+    if args.lookup || args.draft_model.is_some() {
+        let draft = match &args.draft_model {
+            Some(name) => Some(crate::run::speculate::load_draft(&loaded, name)?),
+            None => None,
+        };
+        let plan = speculate::Plan {
             gen_tokens: args.gen_tokens,
             runs: args.runs,
             warmup: args.warmup,
+            lookup: args.lookup,
+            draft: draft.as_ref(),
             draft_max: args.draft_max,
         };
-        lookup::run(&loaded, &lookup::repeat_prompt(&tokens), &plan)?;
+        speculate::run(&loaded, &speculate::repeat_prompt(&tokens), &plan)?;
         return Ok(0);
     }
     let plan = sweep::Plan {

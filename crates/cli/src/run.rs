@@ -12,7 +12,7 @@ use anyhow::{Context, bail};
 use ferrite_engine::budget::{Budgeted, ReasoningBudget};
 use ferrite_engine::grammar::Constraint;
 use ferrite_engine::output::OutputConfig;
-use ferrite_engine::speculate::{Lookup, Proposer};
+use ferrite_engine::speculate::Lookup;
 use ferrite_engine::{Finish, Flow, Picker, Sampler, SamplerConfig, Timeline};
 use ferrite_model::{KvType, LoadOptions, Model, Precision, Session};
 use ferrite_tokenizer::{ChatRequest, ChatTemplate, Tokenizer};
@@ -26,9 +26,11 @@ mod held;
 pub(crate) mod reasoning;
 mod report;
 mod session_file;
+pub(crate) mod speculate;
 
-use report::{Clocks, report};
+use report::{Clocks, SpeculationReport, report};
 use session_file::{save_session, try_load};
+use speculate::Speculator;
 
 /// Weight precision choices on the command line.
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -203,10 +205,16 @@ pub struct RunArgs {
     /// Speculate with prompt lookup: guess the next tokens from earlier text of the
     /// context and verify them in one batched step (CPU backend). The output is the same
     /// as without it; the end-of-run line says how many guesses were accepted.
-    #[arg(long)]
+    #[arg(long, group = "speculate")]
     lookup: bool,
-    /// Most tokens `--lookup` guesses a step (1 to 15).
-    #[arg(long, default_value_t = 8, requires = "lookup", value_parser = draft_max_arg)]
+    /// Speculate with this draft model (a name or path as for -m; it must share the
+    /// model's vocabulary): it proposes greedily and the model verifies in one batched
+    /// step (CPU backend). The output is the same as without it.
+    #[arg(long, value_name = "MODEL", group = "speculate")]
+    draft_model: Option<String>,
+    /// Most tokens `--lookup` or `--draft-model` guesses a step (1 to 15); fewer, down to
+    /// none, while few guesses are accepted.
+    #[arg(long, default_value_t = 8, requires = "speculate", value_parser = draft_max_arg)]
     draft_max: usize,
 }
 
@@ -216,18 +224,6 @@ pub(crate) fn draft_max_arg(s: &str) -> Result<usize, String> {
     Lookup::new(n)
         .map(|l| l.draft_max())
         .map_err(|e| e.to_string())
-}
-
-/// Refuses `--lookup` on the CUDA backend: its session evaluates a draft one token at a
-/// time, so verifying would be slower than plain decoding while looking like speculation.
-pub fn check_cuda_lookup(lookup: bool) -> anyhow::Result<()> {
-    if lookup {
-        bail!(
-            "--lookup runs on the CPU backend only (the CUDA backend has no batched verify \
-             step yet); add --backend cpu"
-        );
-    }
-    Ok(())
 }
 
 /// A loaded model with its tokenizer and thread pool.
@@ -407,13 +403,11 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
             None => None,
         }
     };
-    if loaded.cuda.is_some() {
-        check_cuda_lookup(args.lookup)?;
-    }
-    let mut lookup = args
-        .lookup
-        .then(|| Lookup::new(args.draft_max))
-        .transpose()?;
+    let draft = match &args.draft_model {
+        Some(name) => Some(speculate::load_draft(&loaded, name)?),
+        None => None,
+    };
+    let mut speculator = Speculator::new(&loaded, args.lookup, draft.as_ref(), args.draft_max)?;
     let mut session = loaded.any_session()?;
     match prompt {
         Some(prompt) => {
@@ -453,7 +447,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
                 &loaded,
                 &mut session,
                 &mut picker,
-                lookup.as_mut().map(|l| l as &mut dyn Proposer),
+                speculator.as_mut(),
                 &ids[common..],
                 &mut clocks,
                 &mut ttft,
@@ -485,7 +479,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
                 &template,
                 &mut session,
                 schema,
-                lookup.as_mut(),
+                speculator.as_mut(),
             )?;
         }
     }
@@ -595,7 +589,7 @@ fn generate(
     loaded: &Loaded,
     session: &mut AnySession<'_>,
     sampler: &mut impl Picker,
-    proposer: Option<&mut dyn Proposer>,
+    mut speculator: Option<&mut Speculator<'_>>,
     ids: &[u32],
     clocks: &mut Clocks,
     ttft: &mut Option<Duration>,
@@ -619,7 +613,8 @@ fn generate(
     let mut first_token_at = None;
     // The callback cannot return errors; the first one is kept and ends generation.
     let mut failure: Option<anyhow::Error> = None;
-    let speculating = proposer.is_some();
+    let adaptive_before = speculator.as_deref().map(Speculator::adaptive);
+    let proposer = speculator.as_deref_mut().map(Speculator::proposer);
     let mut shown = reading.shown;
     let token_bytes = |id| {
         loaded
@@ -677,13 +672,15 @@ fn generate(
     clocks.generated += generation.tokens.len();
     clocks.decoded += generation.tokens.len().saturating_sub(1);
     clocks.decode += first.elapsed();
-    if speculating {
-        let st = clocks.speculation.get_or_insert_default();
-        let g = generation.speculation;
-        st.steps += g.steps;
-        st.verify_steps += g.verify_steps;
-        st.proposed += g.proposed;
-        st.accepted += g.accepted;
+    if let (Some(spec), Some(before)) = (speculator, adaptive_before) {
+        let after = spec.adaptive();
+        clocks.speculation = Some(SpeculationReport {
+            name: spec.name(),
+            stats: generation.speculation,
+            off_steps: after.off_steps - before.off_steps,
+            probes: after.probes - before.probes,
+            failure: spec.failure(),
+        });
     }
     if let Some(dump) = dump {
         dump.flush()?;
@@ -710,7 +707,7 @@ fn chat_repl(
     template: &ChatTemplate,
     session: &mut AnySession<'_>,
     schema: Option<Constraint>,
-    mut lookup: Option<&mut Lookup>,
+    mut speculator: Option<&mut Speculator<'_>>,
 ) -> anyhow::Result<()> {
     let mut messages = initial_messages(args.system.as_deref());
     // Tokens the session holds, for reusing the common prefix of the next turn.
@@ -790,7 +787,7 @@ fn chat_repl(
             loaded,
             session,
             &mut picker,
-            lookup.as_deref_mut().map(|l| l as &mut dyn Proposer),
+            speculator.as_deref_mut(),
             &ids[common..],
             &mut clocks,
             &mut ttft,
@@ -822,9 +819,13 @@ mod tests {
             assert!(err.contains("outside 1..=15"), "{err}");
         }
         assert!(draft_max_arg("x").is_err());
-        assert!(check_cuda_lookup(false).is_ok());
-        let err = check_cuda_lookup(true).unwrap_err().to_string();
-        assert!(err.contains("--backend cpu"), "{err}");
+        assert!(speculate::check_cuda_speculation(false, "--lookup").is_ok());
+        for flag in ["--lookup", "--draft-model"] {
+            let err = speculate::check_cuda_speculation(true, flag)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("--backend cpu") && err.contains(flag), "{err}");
+        }
     }
 
     #[test]

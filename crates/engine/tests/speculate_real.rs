@@ -1,12 +1,13 @@
-//! Speculative decoding with prompt lookup on SmolLM2 and Gemma 3 270M (CPU): the batched
-//! verify step's rows against one-token decode, the rollback of a rejected suffix, and 800
-//! greedy tokens with `Lookup` against the same loop without it.
+//! Speculative decoding on SmolLM2 and Gemma 3 270M (CPU): the batched verify step's rows
+//! against one-token decode, the rollback of a rejected suffix (in the target's session and
+//! in a draft model's), 800 greedy tokens with `Lookup` against the same loop without it,
+//! and the adaptive draft length turning speculation off where guesses fail.
 //!
 //! The models come from `$FERRITE_HOME/models` (default `~/.cache/ferrite/models`); when
 //! absent each test prints `skipped: ...` and passes, unless `FERRITE_TEST_MODELS=1`.
 
 use ferrite_cpu::ThreadPool;
-use ferrite_engine::speculate::{Lookup, Proposer};
+use ferrite_engine::speculate::{Adaptive, Draft, Lookup, Proposer};
 use ferrite_engine::{Finish, Flow, Sampler, SamplerConfig, StopReason, Timeline, generate_with};
 use ferrite_model::{KvType, LoadOptions, Model, Session};
 use ferrite_tokenizer::Tokenizer;
@@ -41,6 +42,10 @@ The old lighthouse stood at the edge of the cliff, its white paint peeling in lo
 Every evening the keeper climbed the hundred and twelve steps, trimmed the wick, polished \
 the great lens and watched the ships pass far below on the grey water.\n\n\
 The old lighthouse stood";
+
+/// A prompt whose continuation is fresh prose, not a copy of the context.
+const OPEN: &str = "The history of the lighthouse begins in the ancient world, where fires \
+were lit on hills to guide ships into harbour. Over the centuries";
 
 #[test]
 fn batched_rows_are_bit_identical_to_one_token_decode() {
@@ -211,4 +216,88 @@ fn greedy_lookup_equals_plain_decoding_over_800_tokens() {
             "{file}: lookup never accepted on a repeat workload"
         );
     }
+}
+
+#[test]
+fn adaptive_lookup_keeps_the_output_and_stops_guessing_where_guesses_fail() {
+    // Oracle: the plain loop in the same run, token for token; and, on a continuation that
+    // does not repeat its context (SmolLM2 on `OPEN`, checked below: fewer than 40 % of
+    // fixed-length guesses accepted), the counters: speculation turned off for most steps
+    // and far fewer tokens proposed than by lookup at a fixed length.
+    const N: usize = 200;
+    let Some((m, tok)) = load(ferrite_testkit::SMOLLM2) else {
+        return;
+    };
+    let pool = ThreadPool::new(2).expect("pool");
+    let prompt = tok.encode(OPEN, true, true);
+    let plain = greedy(&m, &pool, &prompt, N, None);
+    let mut fixed = Lookup::new(8).expect("lookup");
+    let fixed_run = greedy(&m, &pool, &prompt, N, Some(&mut fixed));
+    let mut adaptive = Adaptive::new(Lookup::new(8).expect("lookup"), 8);
+    let spec = greedy(&m, &pool, &prompt, N, Some(&mut adaptive));
+    assert_eq!(fixed_run.tokens, plain.tokens);
+    assert_eq!(spec.tokens, plain.tokens);
+    let (st, ad, fx) = (spec.speculation, adaptive.stats(), fixed_run.speculation);
+    println!(
+        "{N} tokens identical; fixed: proposed {} accepted {} ({:.1} %) over {} steps; \
+         adaptive: proposed {} accepted {} ({:.1} %) over {} steps, off {} steps, {} probes",
+        fx.proposed,
+        fx.accepted,
+        fx.acceptance() * 100.0,
+        fx.steps,
+        st.proposed,
+        st.accepted,
+        st.acceptance() * 100.0,
+        st.steps,
+        ad.off_steps,
+        ad.probes
+    );
+    assert!(
+        fx.acceptance() < 0.4,
+        "the workload repeats after all: {fx:?}"
+    );
+    assert!(ad.off_steps * 2 > st.steps, "{ad:?} {st:?}");
+    assert!(st.proposed * 3 < fx.proposed, "{st:?} against {fx:?}");
+}
+
+#[test]
+fn a_draft_models_rejected_suffix_leaves_its_session_as_if_never_seen() {
+    // Oracle: a session of the draft model fed only the history the target kept. Compared:
+    // the exported state (tokens and KV bytes of every held position). Test of the test: a
+    // draft session that kept the rejected token must differ.
+    let Some((m, tok)) = load(ferrite_testkit::SMOLLM2) else {
+        return;
+    };
+    let pool = ThreadPool::new(2).expect("pool");
+    let prompt = tok.encode(REPEAT, true, true);
+    let history = &prompt[..60];
+    let session = || Session::new(&m, &pool, 256, KvType::F16).expect("session");
+    let mut draft = Draft::new(session());
+    let first = draft.propose(history, 6);
+    assert_eq!(first.len(), 6);
+    // The target accepted two, then picked a token of its own.
+    let own = first[2] ^ 1;
+    let kept: Vec<u32> = [history, &first[..2], &[own]].concat();
+    let again = draft.propose(&kept, 1);
+    let mut fresh = session();
+    let row = fresh.eval_last(&kept).expect("eval").to_vec();
+    let state = |s: &Session| s.export_state(s.n_past()).expect("export");
+    let (a, b) = (state(draft.session()), state(&fresh));
+    assert_eq!(a.tokens, b.tokens);
+    assert!(a.kv == b.kv, "KV bytes differ after rollback");
+    let mut pick = Sampler::new(SamplerConfig::default()).expect("sampler");
+    assert_eq!(again, [pick.sample(&row, &[]).expect("pick").token]);
+    // Holding the rejected token where the target's own one belongs.
+    let mut stale = session();
+    stale
+        .eval_last(&[history, &first[..3]].concat())
+        .expect("eval");
+    assert!(
+        state(&stale).kv != b.kv,
+        "a kept rejected token went unnoticed"
+    );
+    println!(
+        "draft rollback equals the never-seen session ({} positions)",
+        a.tokens.len()
+    );
 }

@@ -17,11 +17,23 @@ pub(super) struct Clocks {
     /// Tokens sampled after the first (the first one's time belongs to prefill).
     pub(super) decoded: usize,
     pub(super) decode: Duration,
-    /// What `--lookup` did, when it ran.
-    pub(super) speculation: Option<Stats>,
+    /// What `--lookup` or `--draft-model` did, when one ran.
+    pub(super) speculation: Option<SpeculationReport>,
 }
 
-/// The end-of-run lines on stderr: clocks, what `--lookup` did, the backend line and,
+/// What speculation did during one generation.
+pub(super) struct SpeculationReport {
+    /// The proposer (`lookup`, `draft`).
+    pub(super) name: &'static str,
+    pub(super) stats: Stats,
+    /// Steps the adaptive draft length decoded plainly, and the probes among its steps.
+    pub(super) off_steps: usize,
+    pub(super) probes: usize,
+    /// Why the draft model stopped proposing, when it failed.
+    pub(super) failure: Option<String>,
+}
+
+/// The end-of-run lines on stderr: clocks, what speculation did, the backend line and,
 /// when asked, the CUDA launch counts.
 pub(super) fn report(loaded: &Loaded, clocks: &Clocks, ttft: Option<Duration>) {
     let rate = |n: usize, d: Duration| {
@@ -40,15 +52,23 @@ pub(super) fn report(loaded: &Loaded, clocks: &Clocks, ttft: Option<Duration>) {
         clocks.prompt_tokens,
         clocks.generated
     );
-    if let Some(st) = &clocks.speculation {
+    if let Some(sp) = &clocks.speculation {
+        let st = &sp.stats;
         eprintln!(
-            "lookup: proposed {} accepted {} ({:.1} %) | {:.2} tokens per step over {} steps",
+            "{}: proposed {} accepted {} ({:.1} %) | {:.2} tokens per step over {} steps | \
+             off {} steps, {} probes",
+            sp.name,
             st.proposed,
             st.accepted,
             st.acceptance() * 100.0,
             st.tokens_per_step(clocks.generated),
-            st.steps
+            st.steps,
+            sp.off_steps,
+            sp.probes
         );
+        if let Some(failure) = &sp.failure {
+            eprintln!("note: {failure}");
+        }
     }
     eprintln!("{}", loaded.backend_line());
     if let Some(cuda) = &loaded.cuda

@@ -5,13 +5,19 @@
 //! ([`crate::generate::generate_with`]), which picks every position with the caller's own
 //! sampler and accepts a draft token only where the picked token equals it: what a
 //! proposer returns can change the speed, never the output. A proposer must never read
-//! logits or touch the target's session.
+//! the target's logits or touch the target's session.
 //!
-//! [`Lookup`] is prompt lookup (n-gram matching over the tokens so far); a draft model or
-//! a multi-token-prediction head implements the same trait later.
+//! [`Lookup`] is prompt lookup (n-gram matching over the tokens so far); [`Draft`] is a
+//! draft model with a session of its own; a multi-token-prediction head implements the
+//! same trait later. [`Adaptive`] wraps any of them and sets the draft length from the
+//! measured acceptance.
 
+mod adaptive;
+mod draft;
 mod lookup;
 
+pub use adaptive::{Adaptive, AdaptiveStats, PROBE_EVERY, PROBE_LEN, VERIFY_COST};
+pub use draft::{Draft, VocabMismatch, check_vocab};
 pub use lookup::{Lookup, LookupError, NGRAM_MAX};
 
 /// Most draft tokens a proposer may be asked for in one step (`--draft-max`): a verify

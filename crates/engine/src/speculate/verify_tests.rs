@@ -4,7 +4,7 @@
 //! failing on the textbook defect of rejection sampling.
 
 use super::chi_square::homogeneity;
-use super::{Lookup, Proposer};
+use super::{Adaptive, Draft, Lookup, Proposer};
 use crate::generate::{Finish, Flow, GenerateError, Generation, Timeline, generate_with};
 use crate::rng::Rng;
 use crate::sampler::{Sampled, Sampler, SamplerConfig};
@@ -79,6 +79,26 @@ impl Timeline for Toy {
             out.extend(Toy::logits(&self.held));
         }
         Ok(out)
+    }
+}
+
+/// The toy with its logits reversed: a draft model that mostly disagrees with the target.
+struct Other(Toy);
+
+impl Timeline for Other {
+    fn eval_last(&mut self, tokens: &[u32]) -> Result<&[f32], GenerateError> {
+        self.0.eval_last(tokens)?;
+        self.0.row.reverse();
+        Ok(&self.0.row)
+    }
+    fn n_past(&self) -> usize {
+        self.0.n_past()
+    }
+    fn ctx(&self) -> usize {
+        self.0.ctx()
+    }
+    fn truncate(&mut self, n: usize) {
+        self.0.truncate(n);
     }
 }
 
@@ -160,6 +180,11 @@ fn speculation_reproduces_the_plain_loop_token_for_token_and_state_for_state() {
                     Box::new(Lookup::new(4).unwrap()),
                     Box::new(Lookup::new(15).unwrap()),
                     Box::new(Fixed(vec![0, 1, 2, 3, 0, 1, 2, 3])),
+                    Box::new(Adaptive::new(Lookup::new(15).unwrap(), 15)),
+                    Box::new(Adaptive::new(Fixed(vec![0, 1, 2, 3, 0, 1, 2, 3]), 8)),
+                    // A draft model that is the target itself, and one that is not.
+                    Box::new(Draft::new(Toy::new(ctx))),
+                    Box::new(Adaptive::new(Draft::new(Other(Toy::new(ctx))), 6)),
                 ];
                 for (pi, mut p) in proposers.into_iter().enumerate() {
                     let (spec, spec_seen, spec_toy, mut spec_s) =
@@ -406,5 +431,70 @@ fn a_grammar_masks_every_verified_position_in_order() {
             println!("held output {out:?} ({:?})", spec.speculation);
             assert!(spec.speculation.proposed > 0);
         }
+    }
+}
+
+#[test]
+fn a_draft_model_of_the_target_itself_is_always_accepted_under_greedy() {
+    // Oracle: the plain loop (tokens, KV), and the draft's greedy picks being the target's
+    // own: every proposed token is accepted but for the last step's, which the token limit
+    // may cut short.
+    let cfg = &settings()[0];
+    let (plain, _, plain_toy, _) = run(cfg, None, 400, None);
+    let mut draft = Adaptive::new(Draft::new(Toy::new(400)), 8);
+    let (spec, _, spec_toy, _) = run(cfg, Some(&mut draft), 400, None);
+    let st = spec.speculation;
+    assert_eq!(spec.tokens, plain.tokens);
+    assert_eq!(spec_toy.held, plain_toy.held);
+    assert!(st.proposed > 0 && st.accepted + 8 >= st.proposed, "{st:?}");
+    assert!(spec_toy.passes * 4 < plain_toy.passes, "{st:?}");
+    let draft = draft.inner();
+    assert!(draft.failure().is_none());
+    assert_eq!(draft.held(), draft.session().held.as_slice());
+    // The draft holds the history (prompt and output) up to the last step's drafted
+    // tokens, which it keeps until the next proposal cuts them back.
+    let history: Vec<u32> = [&[1, 2, 3, 1, 2][..], &spec.tokens].concat();
+    let shared = draft
+        .held()
+        .iter()
+        .zip(&history)
+        .take_while(|(a, b)| a == b)
+        .count();
+    assert!(shared + 9 >= history.len(), "{shared} of {}", history.len());
+}
+
+#[test]
+fn a_rejected_draft_suffix_leaves_the_draft_session_as_if_never_seen() {
+    // Oracle: a toy fed only the history, and the toy's logits, which depend on the last
+    // two held tokens and the position, so a stale drafted token would change the next
+    // draft.
+    let history: Vec<u32> = vec![1, 2, 3, 1, 2, 4, 0];
+    let mut draft = Draft::new(Toy::new(64));
+    let first = draft.propose(&history, 5);
+    assert_eq!(first.len(), 5);
+    // The draft session holds the history and all drafted tokens but the last.
+    assert_eq!(draft.session().held, [&history[..], &first[..4]].concat());
+    for accepted in 0..first.len() {
+        // The target accepted `accepted` tokens, then picked a token of its own.
+        let own = (first[accepted] + 1) % VOCAB as u32;
+        let next: Vec<u32> = [&history[..], &first[..accepted], &[own]].concat();
+        let mut rolled = Draft::new(Toy::new(64));
+        rolled.propose(&history, 5);
+        let again = rolled.propose(&next, 3);
+        let mut fresh = Draft::new(Toy::new(64));
+        let expected = fresh.propose(&next, 3);
+        assert_eq!(again, expected, "accepted {accepted}");
+        assert_eq!(
+            rolled.session().held,
+            fresh.session().held,
+            "accepted {accepted}"
+        );
+        assert_eq!(rolled.held(), rolled.session().held.as_slice());
+        // Only what it had not seen was fed: the shared prefix was kept, not recomputed.
+        assert_eq!(
+            rolled.session().passes,
+            1 + 4 + 1 + 2,
+            "accepted {accepted}"
+        );
     }
 }
