@@ -36,7 +36,8 @@ use speculate::Speculator;
 #[derive(Clone, Copy, clap::ValueEnum)]
 pub enum PrecisionArg {
     /// Quantized weights read in place; activations f32, or 16-bit integers per block in
-    /// Q4_1 and Q8_0 products on AVX-512 VNNI (`act=q16` in the backend line).
+    /// Q4_1 and Q8_0 products on AVX-512 VNNI and AVX2, and Q5_0, Q4_K and Q6_K products on
+    /// AVX2 (`act=q16` in the backend line).
     Default,
     /// Every weight dequantized to f32 at load (separates graph bugs from quantization noise).
     F32,

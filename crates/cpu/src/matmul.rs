@@ -1,7 +1,7 @@
 //! Quantized weight x f32 activation matrix products.
 //!
-//! Q4_1 and Q8_0 weights on AVX-512 VNNI take one path for every token count
-//! ([`ferrite_quant::kernels::q16`]): the activations are rounded to 16-bit integers per
+//! The weight types of [`ferrite_quant::kernels::q16::applies`] (Q4_1 and Q8_0 on AVX-512
+//! VNNI and AVX2; Q5_0, Q4_K and Q6_K on AVX2) take one path for every token count: the activations are rounded to 16-bit integers per
 //! 32-value block once per call (a batch's blocks split over the threads), and each thread
 //! multiplies its rows with exact integer block sums, writing them straight into the
 //! output. Every other format and level takes the f32 paths below.
@@ -97,7 +97,7 @@ pub fn pack(w: Matrix<'_>, packed: impl FnMut(&[u8])) -> Result<Option<PackedRow
 
 /// `y[t*rows + r] = sum_k W[r,k] * x[t*cols + k]` for `t in 0..n_tokens`, with the kernels
 /// of [`simd_level`]. Weights are dequantized exactly; activations stay f32, except in the
-/// 16-bit products of Q4_1 and Q8_0 on AVX-512 VNNI (module docs).
+/// 16-bit products of the types `q16::applies` names (module docs).
 pub fn matmul(
     pool: &ThreadPool,
     w: Matrix<'_>,

@@ -285,8 +285,15 @@ fn naive_reference_matches_per_layer_smollm2() {
 
 #[test]
 fn naive_reference_matches_per_layer_gemma3() {
+    // Gemma's Q4_K, Q6_K and Q5_0 products round the activations to 16 bits on AVX2
+    // (measured 1.84e-4 there against 8.2e-5 with f32 activations).
+    let q16 = ferrite_quant::kernels::q16::applies(
+        ferrite_quant::simd_level(),
+        ferrite_gguf::GgmlType::Q4_K,
+    );
+    let bound = if q16 { 1e-3 } else { 1e-4 };
     if let Some(w) = naive_check(GEMMA3, "gemma3") {
-        assert!(w < 1e-4, "{w:e}");
+        assert!(w < bound, "{w:e}");
     }
 }
 

@@ -5,7 +5,7 @@
 //! type ([`Precision::Default`]), or are dequantized once to f32 copies at load
 //! ([`Precision::F32`]) so that the forward pass sees exactly the weights the float32
 //! reference (transformers) sees. Norm weights are always small f32 vectors. Where the CPU's
-//! 16-bit products take a stored type (Q4_1, Q8_0 on AVX-512 VNNI), a matrix's rows are
+//! 16-bit products take a stored type (`ferrite_quant::kernels::q16::applies`), a matrix's rows are
 //! instead packed once into their layout, on the first CPU product that reads them, and the
 //! mapped pages of those rows leave the resident set, so the weights are held once.
 
@@ -551,8 +551,8 @@ impl Model {
     }
 
     /// The CPU product kernels this model's weights take, as the backend lines report them:
-    /// `act=q16` where some products round activations to 16 bits (Q4_1 and Q8_0 weights on
-    /// AVX-512 VNNI; never weights dequantized to f32 at load), else `act=f32`; then
+    /// `act=q16` where some products round activations to 16 bits (the weight types of
+    /// `q16::applies` at this SIMD level; never weights dequantized to f32 at load), else `act=f32`; then
     /// `amx=on` where batches of those products take the AMX tile kernel, else `amx=off`.
     pub fn cpu_kernels(&self) -> String {
         let level = ferrite_quant::simd_level();
