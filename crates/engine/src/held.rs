@@ -173,7 +173,7 @@ impl<G: Grammar> HeldSampler<G> {
 
     /// Whether the output so far is whole.
     pub fn is_complete(&mut self) -> bool {
-        self.ahead.grammar().is_ok_and(|g| g.is_accepting())
+        self.ahead.is_accepting().unwrap_or(false)
     }
 }
 

@@ -141,6 +141,16 @@ impl<G: Grammar> Ahead<G> {
             .ok_or_else(|| HeldError::Worker("the grammar is lost".into()))
     }
 
+    /// Whether the grammar's text so far is whole: a question that moves no position, so
+    /// the mask in hand stays for the next pick.
+    pub(crate) fn is_accepting(&mut self) -> Result<bool, HeldError> {
+        self.fetch()?;
+        self.home
+            .as_mut()
+            .map(G::is_accepting)
+            .ok_or_else(|| HeldError::Worker("the grammar is lost".into()))
+    }
+
     /// Brings the grammar back from the worker, with the mask it computed.
     fn fetch(&mut self) -> Result<(), HeldError> {
         if self.home.is_none() {

@@ -263,7 +263,9 @@ mod ahead {
         assert!(masks.pass_waiting_for(7), "no mask ahead after a forced token");
         held.restart().unwrap();
         assert!(masks.pass_waiting_for(8), "no mask ahead after a restart");
-        // Every pick used the mask computed ahead: none was computed at the pick.
+        // Every pick used the mask computed ahead: none was computed at the pick, nor
+        // after asking whether the output is whole, which moves no position.
+        assert!(held.is_complete());
         held.next_token(&row, &[]).unwrap();
         assert!(masks.pass_waiting_for(9));
         assert_eq!(masks.count(), 9);
