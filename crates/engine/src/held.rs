@@ -16,8 +16,8 @@ mod ahead;
 use ferrite_grammar::{Constraint, GrammarError, Matcher, Token, Vocab};
 use ferrite_tokenizer::Tokenizer;
 
-pub use ahead::Grammar;
 use ahead::Ahead;
+pub use ahead::Grammar;
 
 use crate::sampler::{SampleError, Sampler, argmax};
 

@@ -97,7 +97,11 @@ fn masks_computed_during_the_pass_give_the_serial_tokens() {
                 .expect("generates")
                 .tokens;
             assert!(want.len() > 5, "constraint {ci}: only {want:?}");
-            assert_eq!(got, want, "constraint {ci}, temperature {}", cfg.temperature);
+            assert_eq!(
+                got, want,
+                "constraint {ci}, temperature {}",
+                cfg.temperature
+            );
         }
     }
 }

@@ -167,10 +167,7 @@ impl Backend for Engine {
         // The grammar's view of the vocabulary (`held::grammar_vocab`): a token with no
         // text bytes is a control token.
         match self.tokenizer.encode(text, false, true)[..] {
-            [id] => self
-                .tokenizer
-                .token_bytes(id)
-                .is_none_or(<[u8]>::is_empty),
+            [id] => self.tokenizer.token_bytes(id).is_none_or(<[u8]>::is_empty),
             _ => false,
         }
     }

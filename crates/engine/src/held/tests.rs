@@ -260,7 +260,10 @@ mod ahead {
         }
         // A forced token (a reasoning budget's close) and a restart also compute ahead.
         held.force(2).unwrap();
-        assert!(masks.pass_waiting_for(7), "no mask ahead after a forced token");
+        assert!(
+            masks.pass_waiting_for(7),
+            "no mask ahead after a forced token"
+        );
         held.restart().unwrap();
         assert!(masks.pass_waiting_for(8), "no mask ahead after a restart");
         // Every pick used the mask computed ahead: none was computed at the pick, nor

@@ -418,6 +418,26 @@ fn tagged_calls_hold_each_parameter_to_its_schema() {
     }
 }
 
+/// `text` as ids of a toy vocabulary: the 256 bytes, then `specials` as control tokens
+/// (each occurrence of one in the text is that token).
+fn toy_ids(text: &str, specials: &[&str]) -> Vec<u32> {
+    let mut ids = Vec::new();
+    let mut rest = text;
+    while !rest.is_empty() {
+        match specials.iter().position(|s| rest.starts_with(s)) {
+            Some(i) => {
+                ids.push(256 + i as u32);
+                rest = &rest[specials[i].len()..];
+            }
+            None => {
+                ids.push(u32::from(rest.as_bytes()[0]));
+                rest = &rest[1..];
+            }
+        }
+    }
+    ids
+}
+
 /// A harmony call is a message to the function with its markers as control tokens.
 /// Oracles: the harmony format, fed token by token over a toy vocabulary (the 256 bytes,
 /// then the control tokens), and the harmony parser reading the call back.
@@ -431,24 +451,7 @@ fn a_harmony_call_is_written_with_control_tokens() {
     let vocab = Vocab::new(tokens, &[call]).unwrap();
     let (c, out) = forced_in(&[weather(), clock()], ToolSyntax::Harmony);
     assert_eq!(out.tools, Some(ToolSyntax::Harmony));
-    // The text with each control token in braces, as ids.
-    let ids = |text: &str| -> Vec<u32> {
-        let mut ids = Vec::new();
-        let mut rest = text;
-        while !rest.is_empty() {
-            match SPECIALS.iter().position(|s| rest.starts_with(s)) {
-                Some(i) => {
-                    ids.push(256 + i as u32);
-                    rest = &rest[SPECIALS[i].len()..];
-                }
-                None => {
-                    ids.push(u32::from(rest.as_bytes()[0]));
-                    rest = &rest[1..];
-                }
-            }
-        }
-        ids
-    };
+    let ids = |text: &str| toy_ids(text, &SPECIALS);
     let takes = |ids: &[u32]| {
         let mut m = Matcher::new(&vocab, &c).unwrap();
         ids.iter().all(|&t| m.accept(t).is_ok()) && m.allows(call).unwrap()
@@ -501,7 +504,10 @@ fn a_deepseek_call_names_its_markers_as_the_vocabulary_holds_them() {
     ];
     let good = [
         deepseek_text("get_weather", r#"{"city": "Oslo"}"#),
-        deepseek_text("get_weather", r#"{"city": "a<｜tool▁call▁end｜>b", "unit": "f"}"#),
+        deepseek_text(
+            "get_weather",
+            r#"{"city": "a<｜tool▁call▁end｜>b", "unit": "f"}"#,
+        ),
         deepseek_text("get_time", "{}"),
     ];
     let bad = [
@@ -549,23 +555,7 @@ fn a_deepseek_call_names_its_markers_as_the_vocabulary_holds_them() {
     let eos = tokens.len() as u32 - 1;
     let vocab = Vocab::new(tokens, &[eos]).unwrap();
     let (c, out) = forced_over(&tools, ToolSyntax::DeepSeek, &|m| MARKERS.contains(&m));
-    let ids = |text: &str| -> Vec<u32> {
-        let mut ids = Vec::new();
-        let mut rest = text;
-        while !rest.is_empty() {
-            match MARKERS.iter().position(|m| rest.starts_with(m)) {
-                Some(i) => {
-                    ids.push(256 + i as u32);
-                    rest = &rest[MARKERS[i].len()..];
-                }
-                None => {
-                    ids.push(u32::from(rest.as_bytes()[0]));
-                    rest = &rest[1..];
-                }
-            }
-        }
-        ids
-    };
+    let ids = |text: &str| toy_ids(text, &MARKERS);
     let takes = |ids: &[u32]| {
         let mut m = Matcher::new(&vocab, &c).unwrap();
         ids.iter().all(|&t| m.accept(t).is_ok()) && m.allows(eos).unwrap()
@@ -582,5 +572,8 @@ fn a_deepseek_call_names_its_markers_as_the_vocabulary_holds_them() {
     let as_text: Vec<u32> = good[0].bytes().map(u32::from).collect();
     assert!(!takes(&as_text));
     let (calls, _) = parsed(out, &good[0]);
-    assert_eq!(calls, [("get_weather".to_string(), json!({"city": "Oslo"}))]);
+    assert_eq!(
+        calls,
+        [("get_weather".to_string(), json!({"city": "Oslo"}))]
+    );
 }
