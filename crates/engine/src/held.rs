@@ -4,13 +4,20 @@
 //! Each held step masks a copy of the row (every token the grammar refuses set to `-inf`)
 //! and samples that copy, so greedy decoding takes the best allowed token and sampling
 //! draws from the masked distribution, top-k, top-p and min-p cuts included. End-of-
-//! generation tokens survive the mask only where the text is whole.
+//! generation tokens survive the mask only where the text is whole. The mask of each
+//! position is computed on a worker thread while the forward pass makes its row
+//! (`ahead.rs`), so the pick waits only for whichever finishes last.
 //!
 //! Never changes the logits a caller reports (log-probabilities stay those of the raw row),
 //! and never touches a free sampler's path: without a grammar, sampling is bit-identical.
 
+mod ahead;
+
 use ferrite_grammar::{Constraint, GrammarError, Matcher, Token, Vocab};
 use ferrite_tokenizer::Tokenizer;
+
+use ahead::Ahead;
+pub use ahead::Grammar;
 
 use crate::sampler::{SampleError, Sampler, argmax};
 
@@ -40,6 +47,9 @@ pub enum HeldError {
     /// No token of the vocabulary continues the text.
     #[error("structured output: no token of the vocabulary can continue the text")]
     NoToken,
+    /// The thread that computes the grammar's masks could not start or stopped.
+    #[error("structured output: the grammar's mask worker: {0}")]
+    Worker(String),
 }
 
 /// What a request or a run draws its tokens with: a sampler, free or held to a grammar.
@@ -62,7 +72,7 @@ impl Chooser {
     ) -> Result<Chooser, HeldError> {
         Ok(match constraint {
             None => Chooser::Free(sampler),
-            Some(c) => Chooser::Held(HeldSampler::new(sampler, Matcher::new(vocab, c)?)),
+            Some(c) => Chooser::Held(HeldSampler::new(sampler, Matcher::new(vocab, c)?)?),
         })
     }
 
@@ -78,19 +88,19 @@ impl Chooser {
     /// Take `token` as the next token without sampling (a reasoning budget closing its
     /// block): a held chooser's grammar must accept it.
     pub fn force(&mut self, token: u32) -> Result<(), HeldError> {
-        if let Chooser::Held(s) = self {
-            s.matcher.accept(token)?;
+        match self {
+            Chooser::Free(_) => Ok(()),
+            Chooser::Held(s) => s.force(token),
         }
-        Ok(())
     }
 
     /// Ready for a fresh output, such as the next reply of a chat: a held chooser's grammar
     /// starts over; the sampler's random stream carries on, as it does for a free one.
     pub fn restart(&mut self) -> Result<(), HeldError> {
-        if let Chooser::Held(s) = self {
-            s.matcher.reset()?;
+        match self {
+            Chooser::Free(_) => Ok(()),
+            Chooser::Held(s) => s.restart(),
         }
-        Ok(())
     }
 
     /// The sampler that draws each token.
@@ -102,30 +112,32 @@ impl Chooser {
     }
 }
 
-/// A sampler held to a grammar.
+/// A sampler held to a grammar ([`Matcher`]; tests hold it to fakes).
 #[derive(Debug)]
-pub struct HeldSampler {
+pub struct HeldSampler<G: Grammar = Matcher> {
     sampler: Sampler,
-    matcher: Matcher,
+    ahead: Ahead<G>,
     masked: Vec<f32>,
 }
 
-impl HeldSampler {
-    /// Holds `sampler` to `matcher`'s grammar.
-    pub fn new(sampler: Sampler, matcher: Matcher) -> HeldSampler {
-        HeldSampler {
+impl<G: Grammar> HeldSampler<G> {
+    /// Holds `sampler` to `grammar`, whose first mask the worker starts computing now.
+    pub fn new(sampler: Sampler, grammar: G) -> Result<HeldSampler<G>, HeldError> {
+        Ok(HeldSampler {
             sampler,
-            matcher,
+            ahead: Ahead::new(grammar)?,
             masked: Vec::new(),
-        }
+        })
     }
 
     /// The next token (see the module documentation). `history` is as for
-    /// [`Sampler::next_token`].
+    /// [`Sampler::next_token`]. Once the token is taken, the worker computes the next
+    /// position's mask while the caller evaluates the token.
     pub fn next_token(&mut self, logits: &[f32], history: &[u32]) -> Result<u32, HeldError> {
+        let mask = self.ahead.mask()?;
         self.masked.clear();
         self.masked.extend_from_slice(logits);
-        if self.matcher.mask(&mut self.masked)? == 0 {
+        if G::apply(&mask, &mut self.masked) == 0 {
             return Err(HeldError::NoToken);
         }
         let drawn = self.sampler.next_token(&self.masked, history)?;
@@ -140,13 +152,28 @@ impl HeldSampler {
         } else {
             argmax(&self.masked)
         };
-        self.matcher.accept(token)?;
+        self.force(token)?;
         Ok(token)
+    }
+
+    /// Takes `token` as the next one without sampling; the worker then computes the next
+    /// position's mask.
+    pub fn force(&mut self, token: u32) -> Result<(), HeldError> {
+        self.ahead.grammar()?.accept(token)?;
+        self.ahead.compute_ahead();
+        Ok(())
+    }
+
+    /// Back to the start of the output (the grammar's; the sampler's random stream goes on).
+    pub fn restart(&mut self) -> Result<(), HeldError> {
+        self.ahead.grammar()?.reset()?;
+        self.ahead.compute_ahead();
+        Ok(())
     }
 
     /// Whether the output so far is whole.
     pub fn is_complete(&mut self) -> bool {
-        self.matcher.is_accepting()
+        self.ahead.is_accepting().unwrap_or(false)
     }
 }
 

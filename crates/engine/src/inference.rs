@@ -283,6 +283,10 @@ pub trait Backend: Send + Sync + 'static {
     fn tokenize(&self, text: &str, add_special: bool, parse_special: bool) -> Vec<u32>;
     /// Decode token ids to text.
     fn detokenize(&self, ids: &[u32]) -> Result<String, BackendError>;
+    /// Whether `text` is one control token of the vocabulary, which a grammar over it must
+    /// name as that token and never spell as text: a tool syntax's markers are text in one
+    /// model's vocabulary and control tokens in another's.
+    fn is_control_token(&self, text: &str) -> bool;
     /// Render a chat with the model's template, adding the assistant generation prompt.
     fn render_chat(&self, chat: &ChatPrompt) -> Result<String, BackendError>;
     /// Queue a generation; events arrive on the returned channel.

@@ -448,16 +448,16 @@ impl Matcher {
     /// Sets every logit of a token that may not come next to `-inf` (and every one past
     /// the vocabulary: a model's row may be padded); returns how many tokens remain.
     pub fn mask(&mut self, logits: &mut [f32]) -> Result<usize, GrammarError> {
-        let allowed = self.allowed()?;
-        let mut left = 0;
-        for (id, l) in logits.iter_mut().enumerate() {
-            if id < self.vocab && allowed.is_allowed(id as u32) {
-                left += 1;
-            } else {
-                *l = f32::NEG_INFINITY;
-            }
-        }
-        Ok(left)
+        Ok(self.next_mask()?.apply(logits))
+    }
+
+    /// The mask of the tokens that may come next, to apply to a row later: what
+    /// [`Matcher::mask`] applies, computed before the row exists.
+    pub fn next_mask(&mut self) -> Result<Mask, GrammarError> {
+        Ok(Mask {
+            allowed: self.allowed()?,
+            vocab: self.vocab,
+        })
     }
 
     /// Whether `token` may come next.
@@ -494,6 +494,38 @@ impl Matcher {
     /// Back to the start of the output.
     pub fn reset(&mut self) -> Result<(), GrammarError> {
         self.inner.reset().map_err(stuck)
+    }
+}
+
+/// The tokens that may come next at one position of a [`Matcher`]'s output.
+#[derive(Clone)]
+pub struct Mask {
+    allowed: SimpleVob,
+    vocab: usize,
+}
+
+impl fmt::Debug for Mask {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Mask")
+            .field("allowed", &self.allowed.num_set())
+            .field("vocab", &self.vocab)
+            .finish()
+    }
+}
+
+impl Mask {
+    /// Sets every logit of a token that may not come next to `-inf` (and every one past
+    /// the vocabulary: a model's row may be padded); returns how many tokens remain.
+    pub fn apply(&self, logits: &mut [f32]) -> usize {
+        let mut left = 0;
+        for (id, l) in logits.iter_mut().enumerate() {
+            if id < self.vocab && self.allowed.is_allowed(id as u32) {
+                left += 1;
+            } else {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+        left
     }
 }
 

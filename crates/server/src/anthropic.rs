@@ -220,7 +220,7 @@ async fn message(
     let stream = opt_bool(&obj, "stream")?.unwrap_or(false);
     let mut sampling = generate::sampling(&obj, 1.0)?;
     sampling.format = match forced {
-        Some(call) => call.format(&mut output)?,
+        Some(call) => call.format(&mut output, &|t| backend.is_control_token(t))?,
         None => {
             crate::structured::after_reasoning(crate::structured::requested(&obj, None)?, &output)?
         }

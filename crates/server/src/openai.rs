@@ -204,7 +204,7 @@ async fn chat(
         logprobs.then(|| top.unwrap_or(0) as usize),
     )?;
     opts.sampling.format = match forced {
-        Some(call) => call.format(&mut output)?,
+        Some(call) => call.format(&mut output, &|t| backend.is_control_token(t))?,
         None => crate::structured::after_reasoning(opts.sampling.format, &output)?,
     };
     opts.reasoning_budget = tools::reasoning_budget(

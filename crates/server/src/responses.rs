@@ -238,7 +238,7 @@ async fn respond(
         None => None,
     };
     let format = match &forced {
-        Some(call) => call.format(&mut output)?,
+        Some(call) => call.format(&mut output, &|t| backend.is_control_token(t))?,
         None => crate::structured::after_reasoning(
             crate::structured::requested(&obj, Some(("text.format", format_obj)))?,
             &output,

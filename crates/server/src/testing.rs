@@ -94,6 +94,10 @@ impl Backend for Fake {
             .collect();
         Ok(String::from_utf8_lossy(&bytes?).into_owned())
     }
+    fn is_control_token(&self, _text: &str) -> bool {
+        // Every token of the fake is one byte of text.
+        false
+    }
     fn render_chat(&self, chat: &ChatPrompt) -> Result<String, BackendError> {
         let mut out = String::new();
         for m in &chat.messages {

@@ -5,8 +5,10 @@
 //! …}\n</tool_call>`, Llama 3 `{"name": …, "parameters": …}` and Mistral
 //! `[TOOL_CALLS][…]`; tagged parameters for Qwen3-Coder (`<function=…><parameter=…>`) and
 //! GLM 4.5 (`<arg_key>…<arg_value>`), each value one JSON value of its property's schema;
-//! a harmony message to the function (its markers control tokens) for gpt-oss; Hermes
-//! markup for DeepSeek and for tools whose parameters tags cannot hold. The call's name is
+//! a harmony message to the function (its markers control tokens) for gpt-oss; DeepSeek
+//! V3/R1's `<｜tool▁calls▁begin｜>…` with a fenced JSON object, each marker a control token
+//! or text as the model's vocabulary holds it; Hermes markup for tools whose parameters
+//! tags cannot hold. The call's name is
 //! one of the tools offered and its arguments fit that tool's parameters schema: one
 //! alternative per tool, its name first. When the prompt opened a reasoning block, the
 //! reasoning runs free to its close before the call.
@@ -150,11 +152,41 @@ pub enum Markup {
     /// `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{…}`, the
     /// markers control tokens; generation ends on `<|call|>`.
     Harmony,
+    /// DeepSeek V3/R1, as its template writes a call: [`DEEPSEEK_CALL`]'s markers around
+    /// `function`, the name, and the arguments object fenced as JSON. Each marker is a
+    /// control token where the model's vocabulary holds it as one, text otherwise.
+    DeepSeek,
 }
 
-/// Hermes markup: the framing of syntaxes whose calls the grammar does not write in their
-/// own markup (DeepSeek's markers, which a model's vocabulary may hold as text or as
-/// control tokens).
+/// A DeepSeek V3/R1 call as its template writes one, part by part: the markers
+/// `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>`, `function`, `<｜tool▁sep｜>`, the name, a
+/// fence opening a JSON block, the arguments object, the fence's close, and
+/// `<｜tool▁call▁end｜>` (then [`DEEPSEEK_CLOSE`]).
+const DEEPSEEK_CALL: [DeepSeekPart; 9] = [
+    DeepSeekPart::Marker("<｜tool▁calls▁begin｜>"),
+    DeepSeekPart::Marker("<｜tool▁call▁begin｜>"),
+    DeepSeekPart::Text("function"),
+    DeepSeekPart::Marker("<｜tool▁sep｜>"),
+    DeepSeekPart::Name,
+    DeepSeekPart::Text("\n```json\n"),
+    DeepSeekPart::Arguments,
+    DeepSeekPart::Text("\n```"),
+    DeepSeekPart::Marker("<｜tool▁call▁end｜>"),
+];
+
+/// The marker after [`DEEPSEEK_CALL`]: one call per forced output.
+const DEEPSEEK_CLOSE: &str = "<｜tool▁calls▁end｜>";
+
+/// A part of [`DEEPSEEK_CALL`].
+#[derive(Clone, Copy)]
+enum DeepSeekPart {
+    Marker(&'static str),
+    Text(&'static str),
+    Name,
+    Arguments,
+}
+
+/// Hermes markup: the framing of calls whose parameters tags cannot hold.
 const HERMES: Framing = Framing {
     syntax: ToolSyntax::Hermes,
     markup: Markup::Json {
@@ -168,8 +200,7 @@ const HERMES: Framing = Framing {
 const HERMES_CALL: (&str, &str, &str) = ("<tool_call>\n", "\n</tool_call>", "arguments");
 
 impl Framing {
-    /// The framing of a forced call for a model that writes `syntax`: its own markup for
-    /// Llama 3, Mistral, Qwen3-Coder, GLM 4.5 and harmony, Hermes markup otherwise.
+    /// The framing of a forced call for a model that writes `syntax`: its own markup.
     pub fn of(syntax: ToolSyntax) -> Framing {
         let markup = match syntax {
             // Llama 3.1's template shows calls as `{"name": …, "parameters": …}`.
@@ -194,7 +225,8 @@ impl Framing {
                 close: "</tool_call>",
             },
             ToolSyntax::Harmony => Markup::Harmony,
-            _ => return HERMES,
+            ToolSyntax::DeepSeek => Markup::DeepSeek,
+            ToolSyntax::Hermes => return HERMES,
         };
         Framing { syntax, markup }
     }
@@ -208,8 +240,13 @@ pub struct ForcedCall {
 
 impl ForcedCall {
     /// The grammar of this call in `framing`; `None` when a tool's parameters cannot be
-    /// written in it (tagged parameters hold plain properties only).
-    fn constraint(&self, framing: Framing) -> Option<Result<Constraint, GrammarError>> {
+    /// written in it (tagged parameters hold plain properties only). `is_control` says
+    /// which markers the model's vocabulary holds as control tokens.
+    fn constraint(
+        &self,
+        framing: Framing,
+        is_control: &dyn Fn(&str) -> bool,
+    ) -> Option<Result<Constraint, GrammarError>> {
         let calls: Vec<Vec<Group>> = match framing.markup {
             Markup::Json {
                 before,
@@ -256,6 +293,35 @@ impl ForcedCall {
                     })
                     .collect()
             }
+            Markup::DeepSeek => {
+                let marker = |m: &str| {
+                    if is_control(m) {
+                        Piece::Special(m.to_string())
+                    } else {
+                        Piece::Text(m.to_string())
+                    }
+                };
+                self.tools
+                    .iter()
+                    .map(|t| {
+                        let mut pieces: Vec<Piece> = DEEPSEEK_CALL
+                            .iter()
+                            .map(|part| match *part {
+                                DeepSeekPart::Marker(m) => marker(m),
+                                DeepSeekPart::Text(s) => Piece::Text(s.to_string()),
+                                DeepSeekPart::Name => {
+                                    Piece::Text(name_of(t).unwrap_or_default().to_string())
+                                }
+                                DeepSeekPart::Arguments => {
+                                    Piece::Json(Value::Object(arguments_schema(t)))
+                                }
+                            })
+                            .collect();
+                        pieces.push(marker(DEEPSEEK_CLOSE));
+                        vec![Group::always(pieces)]
+                    })
+                    .collect()
+            }
         };
         Some(Constraint::one_of(&calls))
     }
@@ -285,10 +351,16 @@ impl ForcedCall {
     /// The output format of the call for output read as `output` says (its tool syntax
     /// decides the framing; `output.tools` becomes the syntax the call is written in, Hermes
     /// where a tool's parameters cannot be tagged): when the prompt opened a `<think>`
-    /// block, reasoning runs free to its close first.
-    pub fn format(&self, output: &mut OutputConfig) -> Result<OutputFormat, ApiError> {
+    /// block, reasoning runs free to its close first. `is_control` is the model's
+    /// vocabulary's view of a marker ([`ferrite_engine::Backend::is_control_token`]): a
+    /// control token is named as one, anything else spelt as text.
+    pub fn format(
+        &self,
+        output: &mut OutputConfig,
+        is_control: &dyn Fn(&str) -> bool,
+    ) -> Result<OutputFormat, ApiError> {
         let own = Framing::of(output.tools.unwrap_or(ToolSyntax::Hermes));
-        let (framing, c) = match self.constraint(own) {
+        let (framing, c) = match self.constraint(own, is_control) {
             Some(c) => (own, c),
             None => (HERMES, self.hermes()),
         };

@@ -163,6 +163,15 @@ impl Backend for Engine {
             .map_err(|e| BackendError(e.to_string()))
     }
 
+    fn is_control_token(&self, text: &str) -> bool {
+        // The grammar's view of the vocabulary (`held::grammar_vocab`): a token with no
+        // text bytes is a control token.
+        match self.tokenizer.encode(text, false, true)[..] {
+            [id] => self.tokenizer.token_bytes(id).is_none_or(<[u8]>::is_empty),
+            _ => false,
+        }
+    }
+
     fn render_chat(&self, chat: &ChatPrompt) -> Result<String, BackendError> {
         let template = self.template.as_ref().ok_or_else(|| {
             BackendError("this model has no chat template; use /v1/completions".into())

@@ -186,3 +186,91 @@ fn a_free_chooser_samples_exactly_as_its_sampler() {
         );
     }
 }
+
+/// A grammar of any token whose masks count themselves when computed, and a fake forward
+/// pass that completes only once a given number of masks exist: the pass can complete
+/// only if the mask of the position it makes a row for is computed while it runs.
+mod ahead {
+    use std::sync::{Arc, Condvar, Mutex};
+    use std::time::Duration;
+
+    use ferrite_grammar::GrammarError;
+
+    use super::*;
+
+    #[derive(Clone, Default)]
+    struct Masks(Arc<(Mutex<usize>, Condvar)>);
+
+    impl Masks {
+        /// The fake pass: waits (up to a bound, so a serial order fails rather than
+        /// hangs) until `n` masks were computed; whether they were.
+        fn pass_waiting_for(&self, n: usize) -> bool {
+            let (count, cv) = &*self.0;
+            let done = cv
+                .wait_timeout_while(count.lock().unwrap(), Duration::from_secs(3), |c| *c < n)
+                .unwrap();
+            !done.1.timed_out()
+        }
+
+        fn count(&self) -> usize {
+            *self.0.0.lock().unwrap()
+        }
+    }
+
+    impl Grammar for Masks {
+        type Mask = ();
+
+        fn next_mask(&mut self) -> Result<(), GrammarError> {
+            let (count, cv) = &*self.0;
+            *count.lock().unwrap() += 1;
+            cv.notify_all();
+            Ok(())
+        }
+
+        fn apply(_: &(), logits: &mut [f32]) -> usize {
+            logits.len()
+        }
+
+        fn accept(&mut self, _: u32) -> Result<(), GrammarError> {
+            Ok(())
+        }
+
+        fn reset(&mut self) -> Result<(), GrammarError> {
+            Ok(())
+        }
+
+        fn is_accepting(&mut self) -> bool {
+            true
+        }
+    }
+
+    #[test]
+    fn each_mask_is_computed_while_the_pass_before_its_pick_runs() {
+        let masks = Masks::default();
+        let sampler = Sampler::new(SamplerConfig::default()).unwrap();
+        let mut held = HeldSampler::new(sampler, masks.clone()).unwrap();
+        let row = [0.0, 2.0, 1.0];
+        // Step n's pass (the prompt's for n = 1) needs mask n to exist to complete.
+        for n in 1..=5 {
+            assert!(
+                masks.pass_waiting_for(n),
+                "the pass before pick {n} completed with no mask computed for it"
+            );
+            assert_eq!(held.next_token(&row, &[]).unwrap(), 1);
+        }
+        // A forced token (a reasoning budget's close) and a restart also compute ahead.
+        held.force(2).unwrap();
+        assert!(
+            masks.pass_waiting_for(7),
+            "no mask ahead after a forced token"
+        );
+        held.restart().unwrap();
+        assert!(masks.pass_waiting_for(8), "no mask ahead after a restart");
+        // Every pick used the mask computed ahead: none was computed at the pick, nor
+        // after asking whether the output is whole, which moves no position.
+        assert!(held.is_complete());
+        held.next_token(&row, &[]).unwrap();
+        assert!(masks.pass_waiting_for(9));
+        assert_eq!(masks.count(), 9);
+    }
+}

@@ -24,7 +24,8 @@ fn output(starts_in_reasoning: bool) -> OutputConfig {
 }
 
 fn held(tools: &[Value], choice: &ToolChoice, in_reasoning: bool) -> Constraint {
-    match forced_call(tools, choice).map(|f| f.map(|f| f.format(&mut output(in_reasoning)))) {
+    let format = |f: ForcedCall| f.format(&mut output(in_reasoning), &|_| false);
+    match forced_call(tools, choice).map(|f| f.map(format)) {
         Ok(Some(Ok(OutputFormat::Held(c)))) => (*c).clone(),
         other => panic!("{choice:?}: {other:?}"),
     }
@@ -42,7 +43,7 @@ fn json_markup(f: Framing) -> Option<(&'static str, &'static str, &'static str)>
             after,
             arguments,
         } => Some((before, after, arguments)),
-        Markup::Tagged { .. } | Markup::Harmony => None,
+        Markup::Tagged { .. } | Markup::Harmony | Markup::DeepSeek => None,
     }
 }
 
@@ -255,14 +256,24 @@ fn choices_that_cannot_be_met_are_refused_by_name() {
 }
 
 /// The forced grammar of `tools` for a model that writes `syntax`, and the syntax the
-/// call is then written and parsed in.
+/// call is then written and parsed in; no marker is a control token.
 fn forced_in(tools: &[Value], syntax: ToolSyntax) -> (Constraint, OutputConfig) {
+    forced_over(tools, syntax, &|_| false)
+}
+
+/// [`forced_in`] over a vocabulary that holds the markers `is_control` says as control
+/// tokens.
+fn forced_over(
+    tools: &[Value],
+    syntax: ToolSyntax,
+    is_control: &dyn Fn(&str) -> bool,
+) -> (Constraint, OutputConfig) {
     let mut out = OutputConfig {
         tools: Some(syntax),
         ..output(false)
     };
     let forced = forced_call(tools, &ToolChoice::Required).unwrap().unwrap();
-    match forced.format(&mut out).unwrap() {
+    match forced.format(&mut out, is_control).unwrap() {
         OutputFormat::Held(c) => ((*c).clone(), out),
         other => panic!("{other:?}"),
     }
@@ -287,17 +298,12 @@ fn parsed(out: OutputConfig, text: &str) -> (Vec<(String, Value)>, String) {
 
 /// Oracle: the output parser itself. A call written as each syntax's framing says is a
 /// whole text of the forced grammar and parses back, in that syntax, to the same call;
-/// the other syntaxes' key is refused. Syntaxes whose markers are special tokens fall
-/// back to Hermes.
+/// the other syntaxes' key is refused.
 #[test]
 fn forced_calls_are_written_in_the_models_own_syntax_and_parse_back() {
     for syntax in ToolSyntax::ALL {
         let f = Framing::of(syntax);
-        assert_eq!(
-            f.syntax == syntax,
-            syntax != ToolSyntax::DeepSeek,
-            "{syntax:?}"
-        );
+        assert_eq!(f.syntax, syntax);
         if syntax == ToolSyntax::Harmony {
             // Control tokens are no text: see the harmony test.
             continue;
@@ -326,6 +332,9 @@ fn forced_calls_are_written_in_the_models_own_syntax_and_parse_back() {
                     "{syntax:?}"
                 );
                 text
+            }
+            None if syntax == ToolSyntax::DeepSeek => {
+                deepseek_text("get_weather", r#"{"city": "Oslo"}"#)
             }
             None => tagged_text(syntax, "get_weather", &[("city", "\"Oslo\"")]),
         };
@@ -409,6 +418,26 @@ fn tagged_calls_hold_each_parameter_to_its_schema() {
     }
 }
 
+/// `text` as ids of a toy vocabulary: the 256 bytes, then `specials` as control tokens
+/// (each occurrence of one in the text is that token).
+fn toy_ids(text: &str, specials: &[&str]) -> Vec<u32> {
+    let mut ids = Vec::new();
+    let mut rest = text;
+    while !rest.is_empty() {
+        match specials.iter().position(|s| rest.starts_with(s)) {
+            Some(i) => {
+                ids.push(256 + i as u32);
+                rest = &rest[specials[i].len()..];
+            }
+            None => {
+                ids.push(u32::from(rest.as_bytes()[0]));
+                rest = &rest[1..];
+            }
+        }
+    }
+    ids
+}
+
 /// A harmony call is a message to the function with its markers as control tokens.
 /// Oracles: the harmony format, fed token by token over a toy vocabulary (the 256 bytes,
 /// then the control tokens), and the harmony parser reading the call back.
@@ -422,24 +451,7 @@ fn a_harmony_call_is_written_with_control_tokens() {
     let vocab = Vocab::new(tokens, &[call]).unwrap();
     let (c, out) = forced_in(&[weather(), clock()], ToolSyntax::Harmony);
     assert_eq!(out.tools, Some(ToolSyntax::Harmony));
-    // The text with each control token in braces, as ids.
-    let ids = |text: &str| -> Vec<u32> {
-        let mut ids = Vec::new();
-        let mut rest = text;
-        while !rest.is_empty() {
-            match SPECIALS.iter().position(|s| rest.starts_with(s)) {
-                Some(i) => {
-                    ids.push(256 + i as u32);
-                    rest = &rest[SPECIALS[i].len()..];
-                }
-                None => {
-                    ids.push(u32::from(rest.as_bytes()[0]));
-                    rest = &rest[1..];
-                }
-            }
-        }
-        ids
-    };
+    let ids = |text: &str| toy_ids(text, &SPECIALS);
     let takes = |ids: &[u32]| {
         let mut m = Matcher::new(&vocab, &c).unwrap();
         ids.iter().all(|&t| m.accept(t).is_ok()) && m.allows(call).unwrap()
@@ -465,4 +477,103 @@ fn a_harmony_call_is_written_with_control_tokens() {
         [("get_weather".to_string(), json!({"city": "Oslo"}))]
     );
     assert_eq!(content, "");
+}
+
+/// A DeepSeek V3/R1 call written by hand as its chat template writes one.
+fn deepseek_text(name: &str, arguments: &str) -> String {
+    format!(
+        "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>{name}\n```json\n\
+         {arguments}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>"
+    )
+}
+
+/// A DeepSeek call's markers are control tokens where the model's vocabulary holds them as
+/// such, text otherwise. Oracles: the call format as the template writes it (by hand,
+/// bad cases beside), fed byte by byte where the markers are text and token by token over
+/// a toy vocabulary (the 256 bytes, then the markers) where they are control tokens; the
+/// DeepSeek parser reading the call back.
+#[test]
+fn a_deepseek_call_names_its_markers_as_the_vocabulary_holds_them() {
+    use ferrite_engine::grammar::{Matcher, Token, Vocab};
+    const MARKERS: [&str; 5] = [
+        "<｜tool▁calls▁begin｜>",
+        "<｜tool▁calls▁end｜>",
+        "<｜tool▁call▁begin｜>",
+        "<｜tool▁call▁end｜>",
+        "<｜tool▁sep｜>",
+    ];
+    let good = [
+        deepseek_text("get_weather", r#"{"city": "Oslo"}"#),
+        deepseek_text(
+            "get_weather",
+            r#"{"city": "a<｜tool▁call▁end｜>b", "unit": "f"}"#,
+        ),
+        deepseek_text("get_time", "{}"),
+    ];
+    let bad = [
+        deepseek_text("get_news", "{}"),
+        deepseek_text("get_weather", r#"{"town": "Oslo"}"#),
+        deepseek_text("get_weather", r#"{"city":  "Oslo"}"#),
+        deepseek_text("get_weather", r#" {"city": "Oslo"}"#),
+        // V3.1's unfenced call, and the fence left out.
+        "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{}<｜tool▁call▁end｜>\
+         <｜tool▁calls▁end｜>"
+            .to_string(),
+        "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n{}\
+         <｜tool▁call▁end｜><｜tool▁calls▁end｜>"
+            .to_string(),
+        // Unclosed, and two calls where one is forced.
+        deepseek_text("get_time", "{}").replace("<｜tool▁calls▁end｜>", ""),
+        deepseek_text("get_time", "{}").replace(
+            "<｜tool▁calls▁end｜>",
+            &deepseek_text("get_time", "{}")["<｜tool▁calls▁begin｜>".len()..],
+        ),
+    ];
+    let tools = [weather(), clock()];
+    // Markers as text: the grammar over bytes.
+    let (c, out) = forced_in(&tools, ToolSyntax::DeepSeek);
+    assert_eq!(out.tools, Some(ToolSyntax::DeepSeek));
+    for text in &good {
+        assert!(c.accepts(text.as_bytes()), "{text}");
+    }
+    for text in &bad {
+        assert!(!c.accepts(text.as_bytes()), "{text}");
+    }
+    let (calls, content) = parsed(out, &good[1]);
+    assert_eq!(
+        calls,
+        [(
+            "get_weather".to_string(),
+            json!({"city": "a<｜tool▁call▁end｜>b", "unit": "f"})
+        )]
+    );
+    assert_eq!(content, "");
+    // Markers as control tokens: the grammar names them, token by token.
+    let mut tokens: Vec<Token> = (0..=255).map(|b| Token::Text(vec![b])).collect();
+    tokens.extend(MARKERS.map(|m| Token::Special(m.into())));
+    tokens.push(Token::Special("<｜end▁of▁sentence｜>".into()));
+    let eos = tokens.len() as u32 - 1;
+    let vocab = Vocab::new(tokens, &[eos]).unwrap();
+    let (c, out) = forced_over(&tools, ToolSyntax::DeepSeek, &|m| MARKERS.contains(&m));
+    let ids = |text: &str| toy_ids(text, &MARKERS);
+    let takes = |ids: &[u32]| {
+        let mut m = Matcher::new(&vocab, &c).unwrap();
+        ids.iter().all(|&t| m.accept(t).is_ok()) && m.allows(eos).unwrap()
+    };
+    // A marker inside a JSON string is text, never the control token.
+    for text in &good[..1] {
+        assert!(takes(&ids(text)), "{text}");
+    }
+    assert!(takes(&ids(&deepseek_text("get_time", "{}"))));
+    for text in &bad {
+        assert!(!takes(&ids(text)), "{text}");
+    }
+    // The markers spelt as text are not the control tokens.
+    let as_text: Vec<u32> = good[0].bytes().map(u32::from).collect();
+    assert!(!takes(&as_text));
+    let (calls, _) = parsed(out, &good[0]);
+    assert_eq!(
+        calls,
+        [("get_weather".to_string(), json!({"city": "Oslo"}))]
+    );
 }
