@@ -89,6 +89,13 @@ fn tiny_llama_loads_runs_and_is_deterministic() {
     assert_eq!(ba, bb, "same seed must give identical bytes");
     assert_eq!(ba.len(), bc.len());
     assert_ne!(ba, bc, "a different seed must change the weights");
+    // The pre-tokenizer name is the one llama.cpp's loader accepts, so both engines can be
+    // measured on a synthetic file.
+    let g = ferrite_gguf::Gguf::open(&a).unwrap();
+    assert_eq!(
+        g.get("tokenizer.ggml.pre").and_then(|v| v.as_str()),
+        Some("gpt-2")
+    );
     loads_and_runs(&a);
 }
 

@@ -70,8 +70,9 @@ pub fn synthesize(vocab: usize) -> anyhow::Result<Vec<(String, Value)>> {
             Value::String("gpt2".into()),
         ),
         (
+            // llama.cpp knows the GPT-2 pre-tokenizer as "gpt-2" and refuses "gpt2".
             "tokenizer.ggml.pre".to_owned(),
-            Value::String("gpt2".into()),
+            Value::String("gpt-2".into()),
         ),
         ("tokenizer.ggml.tokens".to_owned(), strings(tokens)),
         (
