@@ -170,6 +170,7 @@ pub fn ops() -> Vec<Op> {
                 ty,
                 act: Act::Silu,
                 bias: false,
+                cols,
             },
         ]);
     }
@@ -177,6 +178,7 @@ pub fn ops() -> Vec<Op> {
         ty: GgmlType::F32,
         act: Act::GeluTanh,
         bias: false,
+        cols: LISTED_COLS,
     });
     // gpt-oss's experts: biased products and the clamped SwiGLU.
     for ty in [GgmlType::F32, GgmlType::MXFP4] {
@@ -184,6 +186,7 @@ pub fn ops() -> Vec<Op> {
             ty,
             act: Act::SwigluOai,
             bias: true,
+            cols: LISTED_COLS,
         });
     }
     ops.extend([
@@ -296,7 +299,7 @@ pub fn run<B: Backend>(b: &B) -> Report {
             Op::MatMul { ty, .. } => reference::matmul(b, r, ty, &mut out),
             Op::MatMulShared { ty, .. } => reference::matmul_shared(b, r, ty, &mut out),
             Op::Logits { ty, .. } => reference::logits(b, r, ty, &mut out),
-            Op::MoeExperts { ty, act, bias } => {
+            Op::MoeExperts { ty, act, bias, .. } => {
                 reference::moe_experts(b, r, ty, (act, bias), &mut out)
             }
             Op::RmsNorm | Op::NormInto | Op::AddNorm => reference::norms(b, r, op, &mut out),

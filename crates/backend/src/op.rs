@@ -142,6 +142,9 @@ pub enum Op {
         act: Act,
         /// With biases of the products ([`crate::ExpertFfn::bias`]).
         bias: bool,
+        /// Values per row of the expert matrix asked about (the model's width for gate and
+        /// up, the experts' hidden width for down).
+        cols: usize,
     },
     /// The `k` largest logits of one row ([`crate::Backend::top_k`]); `k = 1` is greedy.
     TopK {

@@ -334,16 +334,16 @@ impl Loaded {
     pub fn backend_line(&self) -> String {
         if let Some(cuda) = &self.cuda {
             let (major, minor) = cuda.info.compute_capability;
+            let act = cuda.backend.activations().name();
             if let CudaPath::Pass(_) = cuda.path {
-                // Rows, not a decode step, reach the kernels: the f32 products and the
-                // host sampler, whatever the device settings say.
+                // One-row products read the device's decode activations (`act`) as the CUDA
+                // model's do; several rows the f32 row products. Sampling is the host's.
                 return format!(
                     "backend=cuda device=\"{}\" cc={major}.{minor} pass=contract graphs=off \
-                     kv=f16 act=f32 sampling=host",
+                     kv=f16 act={act} sampling=host",
                     cuda.info.name
                 );
             }
-            let act = cuda.backend.activations().name();
             let prefill = cuda.backend.prefill_products().name();
             return format!(
                 "backend=cuda device=\"{}\" cc={major}.{minor} graphs=on kv=f16 act={act} \

@@ -117,8 +117,8 @@ FERRITE_BATCH_MATVEC(i8x2_q6_k, u8, xi32<2>, xload_i32<2>, unit_i8_q6_k<2>, 5, 1
 
 // Rope and KV store of session blockIdx.y's one new token: its q, k, v are column
 // blockIdx.y of the batch buffers, its caches kcs[s], vcs[s] and its (token, position) the
-// pair tps[2s..]. Same threads as rope_store_f16; `factors` as rope_store_scaled_f16's, or
-// null for plain frequencies.
+// pair tps[2s..]. Same threads as rope_store_f16 (whole heads turn); `factors` as
+// rope_store_scaled_f16's, or null for plain frequencies.
 extern "C" __global__ void brope_store_f16(float* q, float* k, const float* __restrict__ v,
                                            const unsigned long long* __restrict__ kcs,
                                            const unsigned long long* __restrict__ vcs,
@@ -129,7 +129,7 @@ extern "C" __global__ void brope_store_f16(float* q, float* k, const float* __re
     int kv_dim = n_kv_head * head_dim;
     rope_store(q + (unsigned long long)s * n_head * head_dim, k + (unsigned long long)s * kv_dim,
                v + (unsigned long long)s * kv_dim, (u16*)kcs[s], (u16*)vcs[s], n_head, n_kv_head,
-               head_dim, tps + 2 * s, base, half_split, factors, 0);
+               head_dim, head_dim, tps + 2 * s, base, half_split, factors, 0);
 }
 
 // Decode attention of session blockIdx.y (one query, its own position, caches and key

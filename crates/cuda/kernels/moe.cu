@@ -84,6 +84,18 @@ extern "C" __global__ void moe_gather_f16(const float* __restrict__ xn,
     out[i] = f2h(xn[(long long)(order[r] / k) * cols + c]);
 }
 
+// Row r < rows of out = row order[r] / k of xn (`cols` f32 values each): the token rows of
+// one expert's (token, slot) pairs, for the contract's expert products.
+extern "C" __global__ void moe_gather_f32(const float* __restrict__ xn,
+                                          const int* __restrict__ order, float* __restrict__ out,
+                                          int cols, int k, int rows) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long long)rows * cols) return;
+    long long r = i / cols;
+    int c = (int)(i - r * cols);
+    out[i] = xn[(long long)(order[r] / k) * cols + c];
+}
+
 // Grouped prefill's end: out[t, c] = sum over slots s (in order) of
 // wts[t*k+s] * ys[pos[t*k+s], c], where pos is the grouped row of each pair; `n` tokens.
 extern "C" __global__ void moe_combine(const float* __restrict__ ys, const int* __restrict__ pos,

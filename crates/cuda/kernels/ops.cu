@@ -18,13 +18,13 @@ extern "C" __global__ void rms_norm_f32(const float* x, const float* __restrict_
 // Rope over `n_heads` heads of `head_dim` at position `pos`: pair (2i, 2i+1) when
 // `half_split` is 0 (llama GGUF layout), (i, i + head_dim/2) otherwise (NeoX / Gemma).
 // Angles are formed in double so long positions keep their precision.
-extern "C" __global__ void rope_f32(float* x, int n_heads, int head_dim, int pos, float base,
-                                    int half_split) {
-    int half = head_dim / 2;
+extern "C" __global__ void rope_f32(float* x, int n_heads, int head_dim, int rot_dim, int pos,
+                                    float base, int half_split) {
+    int half = rot_dim / 2;
     int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= n_heads * half) return;
     int h = t / half, i = t % half;
-    double inv_freq = pow((double)base, -(double)(2 * i) / (double)head_dim);
+    double inv_freq = pow((double)base, -(double)(2 * i) / (double)rot_dim);
     double ang = (double)pos * inv_freq;
     float s = (float)sin(ang), c = (float)cos(ang);
     int a = half_split ? i : 2 * i;
@@ -133,26 +133,33 @@ extern "C" __global__ void __launch_bounds__(1024) residual_norm_f32(float* x, f
 // kernels pass blockIdx.y),
 // plus the f16 store of its rotated keys and its values into that row of the caches, in one
 // launch. Threads 0..(nq+nk)*half rotate one pair each; threads 0..kv_dim also store one
-// value. q, k and v hold one row per token. With `factors` (Llama 3 rope scaling, head_dim/2
-// divisors; null otherwise) pair i turns by pos * base^(-2i/head_dim) / factors[i], in
-// double as ferrite_model's rope_scaled does.
+// value (and the key value when it lies past the rotated part). q, k and v hold one row per
+// token. Partial rotary turns the first `rot_dim` values of each head as a head of
+// `rot_dim` would turn (pairs and frequencies of that size) and passes the others through.
+// With `factors` (Llama 3 rope scaling, rot_dim/2 divisors; null otherwise) pair i turns by
+// pos * base^(-2i/rot_dim) / factors[i], in double as ferrite_model's rope_scaled does.
 static __device__ __forceinline__ void rope_store(float* q, float* k, const float* __restrict__ v,
                                                   u16* kc, u16* vc, int n_head, int n_kv_head,
-                                                  int head_dim, const int* __restrict__ tp,
-                                                  float base, int half_split,
+                                                  int head_dim, int rot_dim,
+                                                  const int* __restrict__ tp, float base,
+                                                  int half_split,
                                                   const float* __restrict__ factors, int tok) {
     int pos = tp[1] + tok;
-    int half = head_dim / 2;
+    int half = rot_dim / 2;
     int kv_dim = n_kv_head * head_dim;
     int t = blockIdx.x * blockDim.x + threadIdx.x;
     q += (unsigned long long)tok * n_head * head_dim;
     k += (unsigned long long)tok * kv_dim;
     v += (unsigned long long)tok * kv_dim;
     unsigned long long row = (unsigned long long)pos * kv_dim;
-    if (t < kv_dim) vc[row + t] = f2h(v[t]);
+    if (t < kv_dim) {
+        vc[row + t] = f2h(v[t]);
+        // A value no pair turns: stored as it is (no thread writes it).
+        if (t % head_dim >= rot_dim) kc[row + t] = f2h(k[t]);
+    }
     if (t >= (n_head + n_kv_head) * half) return;
     int h = t / half, i = t % half;
-    double inv_freq = pow((double)base, -(double)(2 * i) / (double)head_dim);
+    double inv_freq = pow((double)base, -(double)(2 * i) / (double)rot_dim);
     if (factors) inv_freq /= (double)factors[i];
     double ang = (double)pos * inv_freq;
     float s = (float)sin(ang), c = (float)cos(ang);
@@ -175,20 +182,21 @@ static __device__ __forceinline__ void rope_store(float* q, float* k, const floa
 // rope_store with plain frequencies.
 extern "C" __global__ void rope_store_f16(float* q, float* k, const float* __restrict__ v,
                                           u16* kc, u16* vc, int n_head, int n_kv_head,
-                                          int head_dim, const int* __restrict__ tp, float base,
-                                          int half_split) {
-    rope_store(q, k, v, kc, vc, n_head, n_kv_head, head_dim, tp, base, half_split, nullptr,
-               blockIdx.y);
+                                          int head_dim, int rot_dim, const int* __restrict__ tp,
+                                          float base, int half_split) {
+    rope_store(q, k, v, kc, vc, n_head, n_kv_head, head_dim, rot_dim, tp, base, half_split,
+               nullptr, blockIdx.y);
 }
 
 // rope_store with Llama 3 frequency divisors.
 extern "C" __global__ void rope_store_scaled_f16(float* q, float* k, const float* __restrict__ v,
                                                  u16* kc, u16* vc, int n_head, int n_kv_head,
-                                                 int head_dim, const int* __restrict__ tp,
-                                                 float base, int half_split,
+                                                 int head_dim, int rot_dim,
+                                                 const int* __restrict__ tp, float base,
+                                                 int half_split,
                                                  const float* __restrict__ factors) {
-    rope_store(q, k, v, kc, vc, n_head, n_kv_head, head_dim, tp, base, half_split, factors,
-               blockIdx.y);
+    rope_store(q, k, v, kc, vc, n_head, n_kv_head, head_dim, rot_dim, tp, base, half_split,
+               factors, blockIdx.y);
 }
 
 // f32 activations rounded to f16 (the GEMM inputs of batched prefill).

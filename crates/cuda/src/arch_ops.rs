@@ -353,6 +353,32 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// Row `r < rows` of `out` = row `order[r] / k` of `xn` (`tokens` rows of `cols`
+    /// values), in f32.
+    pub(crate) fn moe_gather_f32(
+        &self,
+        xn: &CudaSlice<f32>,
+        order: &CudaSlice<i32>,
+        out: &CudaSlice<f32>,
+        cols: usize,
+        k: usize,
+        (rows, tokens): (usize, usize),
+    ) -> Result<(), CudaError> {
+        if order.len() < rows || out.len() < rows * cols || xn.len() < tokens * cols {
+            return Err(CudaError::InvalidArgument(format!(
+                "gather of {rows} expert rows: buffers too small"
+            )));
+        }
+        let (c32, k32, r32) = (cols as i32, k as i32, rows as i32);
+        let mut b = self.kernel("moe_gather_f32")?;
+        b.arg(xn).arg(order).arg(out).arg(&c32).arg(&k32).arg(&r32);
+        // SAFETY: the caller's order holds pair ids < tokens × k (the host routing's), so
+        // every row read is one of the `tokens` rows of xn; writes rows × cols values of out
+        // (both checked above).
+        unsafe { b.launch(grid_1d(rows * cols)) }?;
+        Ok(())
+    }
+
     /// `out[t] = Σ_s wts[t·k+s] · ys[pos[t·k+s]]` for `n` tokens of `cols` values.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn moe_combine(

@@ -12,10 +12,12 @@
 //! layers' kernels (`recurrent.rs`: the convolution, the gated delta rule, the Mamba-2
 //! scan) take each segment's rows and state slot in place, one launch per segment; a
 //! [`CudaKv`] keeps those slots as f32 device values, and a segment at position 0 reads its
-//! slot as zero. This module never computes a value on the host that a kernel computes;
-//! what has no kernel here (frequency-scaled rope without the KV store, the contract's
-//! host-side expert routing, KV rows other than f16, the clamped SwiGLU gate) is refused by
-//! [`CudaOps::supports`] with the reason.
+//! slot as zero. Expert routing is the contract's host data (`Routing`): the router logits
+//! come back and the shared rule picks the experts, as on the CPU; each used expert's rows
+//! are gathered on the device and its products run over them, and one launch sums every
+//! token's slots. This module never computes a value on the host that a kernel computes;
+//! what has no kernel here (frequency-scaled rope without the KV store, KV rows other than
+//! f16, the clamped SwiGLU gate) is refused by [`CudaOps::supports`] with the reason.
 
 mod tables;
 mod weights;
@@ -299,10 +301,6 @@ impl CudaOps {
     fn upload_vector(&self, v: &[f32]) -> Result<CudaSlice<f32>> {
         self.dev.stream.clone_htod(v).map_err(driver("vector"))
     }
-
-    fn unported(what: &str) -> Support {
-        Support::Unsupported(format!("{what} is not on the CUDA contract yet"))
-    }
 }
 
 /// The refusal of K/V rows of a type other than f16.
@@ -356,9 +354,11 @@ impl Backend for CudaOps {
             | Op::MatMul { ty, cols }
             | Op::MatMulShared { ty, cols }
             | Op::Logits { ty, cols } => weights(ty, cols),
-            Op::MoeRoute { .. } | Op::MoeExperts { .. } => Self::unported(
-                "routing on the contract's host-side Routing (the CUDA model routes on the device)",
-            ),
+            Op::MoeRoute { .. } => Support::Native,
+            Op::MoeExperts { ty, act, cols, .. } => match gate_kernel(act) {
+                Some(Gate::Ffn(_)) => weights(ty, cols),
+                _ => Support::Unsupported(format!("no CUDA kernel of the {act:?} expert gate")),
+            },
             Op::Rope { scaled: true, .. } => Support::Unsupported(
                 "frequency-scaled rope runs only fused with the KV store (rope_store)".into(),
             ),
@@ -697,7 +697,6 @@ impl Backend for CudaOps {
         width: usize,
         segs: &[Segment<'_, CudaKv>],
     ) -> Result<()> {
-        partial_rotary("rope", r)?;
         if r.factors.is_some() {
             return self.require(&Op::Rope {
                 style: r.style,
@@ -711,7 +710,14 @@ impl Backend for CudaOps {
             for t in 0..seg.len {
                 let tmp = self.stage("rope", x, row * width, width)?;
                 self.dev
-                    .rope(&tmp, heads, r.head_dim, seg.pos0 + t, r.base, r.style)
+                    .rope(
+                        &tmp,
+                        heads,
+                        (r.head_dim, r.rot_dim),
+                        seg.pos0 + t,
+                        r.base,
+                        r.style,
+                    )
                     .map_err(kernel("rope"))?;
                 self.unstage("rope", &tmp, x, row * width, width)?;
                 row += 1;
@@ -753,7 +759,6 @@ impl Backend for CudaOps {
         segs: &mut [Segment<'_, CudaKv>],
     ) -> Result<()> {
         let op = "rope_store";
-        partial_rotary(op, r)?;
         // The rope and store kernel has none of the attention kernels' limits on heads.
         let geometry = AttnShape {
             n_head: heads(op, q_dim, r.head_dim)?,
@@ -791,7 +796,7 @@ impl Backend for CudaOps {
                 self.dev
                     .rope_store(
                         n,
-                        &geometry,
+                        (&geometry, r.rot_dim),
                         &qs,
                         &ks,
                         &vs,
@@ -1162,35 +1167,117 @@ impl Backend for CudaOps {
 
     fn moe_route(
         &self,
-        _logits: &CudaSlice<f32>,
+        logits: &CudaSlice<f32>,
         routing: &mut Routing,
-        _rule: &RouteRule,
-        _bias: Option<&[f32]>,
+        rule: &RouteRule,
+        bias: Option<&[f32]>,
     ) -> Result<()> {
-        self.require(&Op::MoeRoute {
-            n_expert: routing.n_expert(),
-        })
+        const OP: &str = "moe_route";
+        let ne = routing.n_expert();
+        rule.check(ne, routing.k()).map_err(|why| shape(OP, why))?;
+        // Routing is host data of the contract (`Routing`), filled the same way on every
+        // backend: the router logits come back and the shared rule picks the experts.
+        let mut host = vec![0.0f32; routing.rows() * ne];
+        self.download(logits, 0, &mut host)?;
+        for (t, row) in host.chunks_exact(ne.max(1)).enumerate() {
+            routing.route(t, row, rule, bias);
+        }
+        routing.group();
+        Ok(())
     }
 
     fn moe_experts<'w>(
         &self,
-        _x: &CudaSlice<f32>,
-        _routing: &Routing,
+        x: &CudaSlice<f32>,
+        routing: &Routing,
         experts: &dyn Fn(usize) -> ExpertFfn<MatrixId, VectorId>,
         act: Act,
-        _bufs: &mut ExpertBufs<CudaSlice<f32>>,
-        _out: &mut CudaSlice<f32>,
+        bufs: &mut ExpertBufs<CudaSlice<f32>>,
+        out: &mut CudaSlice<f32>,
     ) -> Result<()>
     where
         Self: 'w,
     {
+        const OP: &str = "moe_experts";
+        let (n, k, ne) = (routing.rows(), routing.k(), routing.n_expert());
+        if ne == 0 {
+            return Err(shape(OP, "no experts".into()));
+        }
         let first = experts(0);
-        let ty = self.matrix(first.mats[0])?.ty;
-        self.require(&Op::MoeExperts {
-            ty,
-            act,
-            bias: first.bias.is_some(),
-        })
+        let (g0, d0) = (self.matrix(first.mats[0])?, self.matrix(first.mats[2])?);
+        for cols in [g0.cols, d0.cols] {
+            self.require(&Op::MoeExperts {
+                ty: g0.ty,
+                act,
+                bias: first.bias.is_some(),
+                cols,
+            })?;
+        }
+        let (d, ff) = (d0.rows, g0.rows);
+        check(OP, x.len(), 0, n * d)?;
+        check(OP, bufs.x.len(), 0, n * d)?;
+        check(OP, bufs.y.len(), 0, n * d)?;
+        check(OP, bufs.gate.len().min(bufs.up.len()), 0, n * ff)?;
+        check(OP, bufs.slots.len(), 0, n * k * d)?;
+        check(OP, out.len(), 0, n * d)?;
+        let pairs = n * k;
+        // Each expert's outputs land in one run of `slots` (the pairs grouped by expert,
+        // each expert's in token order); `pos` tells the combine where pair i's row is.
+        let mut pos = vec![0i32; pairs];
+        let mut row = 0usize;
+        for e in 0..ne {
+            let pe = routing.pairs(e);
+            let m = pe.len();
+            if m == 0 {
+                continue;
+            }
+            let ExpertFfn {
+                mats: [wg, wu, wd],
+                bias,
+            } = experts(e);
+            let (mg, mu, md) = (self.matrix(wg)?, self.matrix(wu)?, self.matrix(wd)?);
+            if (mg.rows, mu.rows, md.rows, mg.cols, md.cols) != (ff, ff, d, d, ff) {
+                return Err(shape(
+                    OP,
+                    format!("expert {e} has another shape than expert 0"),
+                ));
+            }
+            let order = pe
+                .iter()
+                .map(|&i| i32::try_from(i).map_err(|_| shape(OP, format!("pair {i}"))))
+                .collect::<Result<Vec<i32>>>()?;
+            let order = self.dev.stream.clone_htod(&order).map_err(driver(OP))?;
+            self.dev
+                .moe_gather_f32(x, &order, &bufs.x, d, k, (m, n))
+                .map_err(kernel(OP))?;
+            self.matmul_shared([wg, wu], &bufs.x, m, [&mut bufs.gate, &mut bufs.up])?;
+            if let Some([bg, bu, _]) = bias {
+                self.add_bias(&mut bufs.gate, m * ff, bg, ff)?;
+                self.add_bias(&mut bufs.up, m * ff, bu, ff)?;
+            }
+            self.gated_act(act, &mut bufs.gate, &bufs.up, m, ff)?;
+            self.matmul(wd, &bufs.gate, m, &mut bufs.y)?;
+            if let Some([_, _, bd]) = bias {
+                self.add_bias(&mut bufs.y, m * d, bd, d)?;
+            }
+            self.copy(Some(&bufs.y), 0, &mut bufs.slots, row * d, m * d)?;
+            for (r, &i) in pe.iter().enumerate() {
+                pos[i] = i32::try_from(row + r).map_err(|_| shape(OP, format!("row {row}")))?;
+            }
+            row += m;
+        }
+        if row != pairs {
+            return Err(shape(OP, format!("{row} routed rows of {pairs} pairs")));
+        }
+        let pos = self.dev.stream.clone_htod(&pos).map_err(driver(OP))?;
+        let wts = self
+            .dev
+            .stream
+            .clone_htod(routing.weights())
+            .map_err(driver(OP))?;
+        self.dev
+            .moe_combine(&bufs.slots, &pos, &wts, out, d, k, n)
+            .map_err(kernel(OP))
     }
 
     fn top_k(
@@ -1241,20 +1328,6 @@ fn norm_rows(op: &'static str, have: usize, len: usize, w: usize, dim: usize) ->
     }
     check(op, have, 0, len)?;
     Ok(len / dim)
-}
-
-/// Refuses partial rotary ([`Rope::rot_dim`] below the head size): the rope kernels turn
-/// whole heads.
-fn partial_rotary<V>(op: &'static str, r: &Rope<V>) -> Result<()> {
-    if r.rot_dim == r.head_dim {
-        return Ok(());
-    }
-    Err(BackendError::Unsupported {
-        op,
-        dtype: format!("{} of {} values rotated", r.rot_dim, r.head_dim),
-        backend: "cuda",
-        reason: "the rope kernels turn whole heads (no partial rotary)".into(),
-    })
 }
 
 /// Heads of `head_dim` in rows of `width` values.

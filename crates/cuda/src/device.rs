@@ -119,6 +119,7 @@ const KERNELS: &[&str] = &[
     "add_bias_f32",
     "moe_route",
     "moe_gather_f16",
+    "moe_gather_f32",
     "moe_combine",
     "quantize_q8_f32",
     "argmax_f32",

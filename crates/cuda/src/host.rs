@@ -310,7 +310,14 @@ impl CudaBackend {
             ));
         }
         let xd = self.stream.clone_htod(x)?;
-        self.rope(&xd, x.len() / head_dim, head_dim, pos, base, style)?;
+        self.rope(
+            &xd,
+            x.len() / head_dim,
+            (head_dim, head_dim),
+            pos,
+            base,
+            style,
+        )?;
         Ok(self.stream.clone_dtoh(&xd)?)
     }
 

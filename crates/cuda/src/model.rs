@@ -663,7 +663,7 @@ impl<'m> CudaSession<'m> {
             let (kc, vc) = &self.kv[l];
             b.rope_store(
                 1,
-                &shape,
+                (&shape, c.head_dim),
                 &u.q,
                 &u.k,
                 &u.v,

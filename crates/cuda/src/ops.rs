@@ -379,13 +379,14 @@ impl CudaBackend {
     }
 
     /// Rope of `n` tokens' q and k at positions `tp[1]..tp[1]+n` and the f16 store of their
-    /// k and v at those cache rows; with `factors` (`head_dim / 2` Llama 3 divisors), the
+    /// k and v at those cache rows; the first `rot_dim` values of each head turn (all of
+    /// them for full rope); with `factors` (`rot_dim / 2` Llama 3 divisors), the
     /// scaled-frequency rope.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn rope_store(
         &self,
         n: usize,
-        shape: &AttnShape,
+        (shape, rot_dim): (&AttnShape, usize),
         q: &CudaSlice<f32>,
         k: &CudaSlice<f32>,
         v: &CudaSlice<f32>,
@@ -397,9 +398,10 @@ impl CudaBackend {
         factors: Option<&CudaSlice<f32>>,
     ) -> Result<(), CudaError> {
         let kv_dim = shape.kv_dim();
-        if factors.is_some_and(|f| f.len() < shape.head_dim / 2) {
+        check_rot(rot_dim, shape.head_dim)?;
+        if factors.is_some_and(|f| f.len() < rot_dim / 2) {
             return Err(CudaError::InvalidArgument(
-                "fewer rope factors than head_dim / 2".into(),
+                "fewer rope factors than rot_dim / 2".into(),
             ));
         }
         if kc.len() != vc.len() {
@@ -411,7 +413,8 @@ impl CudaBackend {
             shape.head_dim as i32,
         );
         let half = i32::from(style == RopeStyle::HalfSplit);
-        let threads = ((shape.n_head + shape.n_kv_head) * shape.head_dim / 2).max(kv_dim);
+        let rot = rot_dim as i32;
+        let threads = ((shape.n_head + shape.n_kv_head) * rot_dim / 2).max(kv_dim);
         if q.len() < n * shape.n_head * shape.head_dim
             || k.len() < n * kv_dim
             || v.len() < n * kv_dim
@@ -436,6 +439,7 @@ impl CudaBackend {
             .arg(&nh)
             .arg(&nkv)
             .arg(&hd)
+            .arg(&rot)
             .arg(tp)
             .arg(&base)
             .arg(&half);
@@ -444,7 +448,8 @@ impl CudaBackend {
         }
         // SAFETY: touches n rows of n_head × head_dim values of q and kv_dim of k and v
         // (checked above), and rows tp[1]..tp[1]+n of both caches; callers keep those below
-        // the cache's rows. The factors hold head_dim / 2 values (checked above).
+        // the cache's rows. rot_dim ≤ head_dim and the factors hold rot_dim / 2 values
+        // (checked above).
         unsafe { b.launch(cfg) }?;
         Ok(())
     }
@@ -503,22 +508,36 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// Rope in place over `n_heads` heads at position `pos`.
+    /// Rope in place over `n_heads` heads at position `pos`, turning the first `rot_dim`
+    /// values of each head.
     pub(crate) fn rope(
         &self,
         x: &CudaSlice<f32>,
         n_heads: usize,
-        head_dim: usize,
+        (head_dim, rot_dim): (usize, usize),
         pos: usize,
         base: f32,
         style: RopeStyle,
     ) -> Result<(), CudaError> {
+        check_rot(rot_dim, head_dim)?;
+        if x.len() < n_heads * head_dim {
+            return Err(CudaError::InvalidArgument(format!(
+                "rope of {n_heads} heads of {head_dim}: buffer too small"
+            )));
+        }
         let (nh, hd, p) = (n_heads as i32, head_dim as i32, i32_of(pos, "position")?);
-        let half = i32::from(style == RopeStyle::HalfSplit);
+        let (rot, half) = (rot_dim as i32, i32::from(style == RopeStyle::HalfSplit));
         let mut b = self.kernel("rope_f32")?;
-        b.arg(x).arg(&nh).arg(&hd).arg(&p).arg(&base).arg(&half);
-        // SAFETY: touches n_heads × head_dim values of x.
-        unsafe { b.launch(grid_1d(n_heads * head_dim / 2)) }?;
+        b.arg(x)
+            .arg(&nh)
+            .arg(&hd)
+            .arg(&rot)
+            .arg(&p)
+            .arg(&base)
+            .arg(&half);
+        // SAFETY: touches the first rot_dim ≤ head_dim values of n_heads heads of x
+        // (checked above).
+        unsafe { b.launch(grid_1d(n_heads * rot_dim / 2)) }?;
         Ok(())
     }
 
@@ -579,4 +598,14 @@ impl CudaBackend {
         unsafe { b.launch(grid_1d(kv_dim)) }?;
         Ok(())
     }
+}
+
+/// Refuses a rotated part that is odd, empty or wider than the head.
+fn check_rot(rot_dim: usize, head_dim: usize) -> Result<(), CudaError> {
+    if rot_dim == 0 || !rot_dim.is_multiple_of(2) || rot_dim > head_dim {
+        return Err(CudaError::InvalidArgument(format!(
+            "rope over {rot_dim} of {head_dim} values per head"
+        )));
+    }
+    Ok(())
 }

@@ -5,19 +5,25 @@
 //! attend only over that session's own cache. A row's result never depends on the other
 //! rows, so a session stepped in a batch gets the logits it would get stepped alone with
 //! the same token counts — the property the batching tests pin bit for bit.
+//!
+//! A batch runs on whatever backend its sessions run on (`Buf` and `Angles` are that
+//! backend's; the CPU's by default). On the CPU a row equals the session stepped alone bit
+//! for bit; on a backend whose one-row products take another kernel than its several-row
+//! ones (CUDA's contract ops: int8 decode activations) a batched row equals the same row in
+//! any other batch of two or more, and the session stepped alone within rounding.
 
 use ferrite_backend::Segment;
-use ferrite_cpu::{CpuAngles, CpuBackend, KvCache};
+use ferrite_cpu::CpuAngles;
 
-use crate::ModelError;
 use crate::session::{Faults, Logits, Scratch, Session, forward_rows};
+use crate::{ModelError, Weights};
 
 /// Scratch for stepping up to `max_rows` new tokens in total per call, over any number of
 /// sessions; allocated once and reused every step.
 #[derive(Debug)]
-pub struct Batch {
+pub struct Batch<Buf = Vec<f32>, Angles = CpuAngles> {
     max_rows: usize,
-    s: Option<Scratch<Vec<f32>, CpuAngles>>,
+    s: Option<Scratch<Buf, Angles>>,
     logits: Vec<f32>,
     /// The step's tokens, all sessions' concatenated.
     tokens: Vec<u32>,
@@ -25,9 +31,9 @@ pub struct Batch {
     lasts: Vec<usize>,
 }
 
-impl Batch {
+impl<Buf, Angles: Default> Batch<Buf, Angles> {
     /// A batch that evaluates at most `max_rows` tokens per [`Batch::step`].
-    pub fn new(max_rows: usize) -> Result<Batch, ModelError> {
+    pub fn new(max_rows: usize) -> Result<Self, ModelError> {
         if max_rows == 0 {
             return Err(ModelError::InvalidArgument("batch of 0 rows".into()));
         }
@@ -54,9 +60,9 @@ impl Batch {
     /// [`Session::next_logits`] (so an export carries none), until it evaluates alone.
     /// Copying every row into its session cost 1.5–2.5 % of a 16-session decode step, for
     /// exports that no caller of batches makes.
-    pub fn step(
+    pub fn step<B: Weights<Buf = Buf, Angles = Angles> + Clone>(
         &mut self,
-        sessions: &mut [&mut Session<'_>],
+        sessions: &mut [&mut Session<'_, B>],
         inputs: &[&[u32]],
     ) -> Result<Logits<'_>, ModelError> {
         let Some(first) = sessions.first() else {
@@ -69,7 +75,7 @@ impl Batch {
                 sessions.len()
             )));
         }
-        let (model, pool) = (first.model(), first.pool());
+        let (model, b) = (first.model(), first.backend().clone());
         let c = model.config();
         let rows: usize = inputs.iter().map(|t| t.len()).sum();
         if rows > self.max_rows {
@@ -106,13 +112,12 @@ impl Batch {
         }
         self.tokens.clear();
         inputs.iter().for_each(|t| self.tokens.extend_from_slice(t));
-        let b = CpuBackend::new(pool);
         let scratch = match self.s.take() {
             Some(s) => s,
             None => Scratch::new(&b, c, self.max_rows)?,
         };
         let scratch = self.s.insert(scratch);
-        let mut segs: Vec<Segment<'_, KvCache>> = sessions
+        let mut segs: Vec<Segment<'_, B::Kv>> = sessions
             .iter_mut()
             .zip(inputs)
             .map(|(s, t)| s.segment(t.len()))
@@ -300,8 +305,9 @@ mod tests {
         let mut a = Session::new(&m, &pool, 8, KvType::F16).unwrap();
         let mut b = Session::new(&other, &pool, 8, KvType::F16).unwrap();
         let mut batch = Batch::new(4).unwrap();
-        assert!(Batch::new(0).is_err());
-        assert!(batch.step(&mut [], &[]).is_err());
+        assert!(Batch::<Vec<f32>>::new(0).is_err());
+        let none: &mut [&mut Session<'_>] = &mut [];
+        assert!(batch.step(none, &[]).is_err());
         assert!(batch.step(&mut [&mut a], &[]).is_err());
         assert!(batch.step(&mut [&mut a], &[&[]]).is_err());
         assert!(batch.step(&mut [&mut a], &[&[1, 2, 3, 4, 5]]).is_err());

@@ -10,7 +10,7 @@
 //! host copies of a hybrid's recurrent state at checkpoints.
 
 use ferrite_backend::{KvType, Segment};
-use ferrite_cpu::{CpuBackend, KvCache, ThreadPool};
+use ferrite_cpu::{CpuBackend, ThreadPool};
 
 use crate::ModelError;
 use crate::model::Model;
@@ -148,21 +148,6 @@ impl<'m> Session<'m> {
     ) -> Result<Session<'m>, ModelError> {
         Session::on(model, CpuBackend::new(pool), ctx, kv)
     }
-
-    /// The thread pool this session computes on.
-    pub(crate) fn pool(&self) -> &'m ThreadPool {
-        self.b.pool()
-    }
-
-    /// This session's part of a batched forward pass: `len` new tokens at its next
-    /// positions.
-    pub(crate) fn segment(&mut self, len: usize) -> Segment<'_, KvCache> {
-        Segment {
-            kv: &mut self.kv,
-            pos0: self.n_past,
-            len,
-        }
-    }
 }
 
 impl<'m, B: Weights> Session<'m, B> {
@@ -222,6 +207,16 @@ impl<'m, B: Weights> Session<'m, B> {
     /// The backend this session runs on.
     pub fn backend(&self) -> &B {
         &self.b
+    }
+
+    /// This session's part of a batched forward pass: `len` new tokens at its next
+    /// positions.
+    pub(crate) fn segment(&mut self, len: usize) -> Segment<'_, B::Kv> {
+        Segment {
+            kv: &mut self.kv,
+            pos0: self.n_past,
+            len,
+        }
     }
 
     /// The model.

@@ -242,6 +242,16 @@ pub(super) fn moe_experts<B: Backend>(
     let [d, _] = widths(ty);
     let ff = d;
     let (ne, k) = (4, 2);
+    // Asked again at the case's width, as the matrix products are.
+    let op = |cols| Op::MoeExperts {
+        ty,
+        act,
+        bias: biased,
+        cols,
+    };
+    if out.refuses(b, op(d), &format!("d={d} ff={ff}")) {
+        return;
+    }
     let mut ws = Vec::new();
     for _ in 0..ne {
         let (Some(g), Some(u), Some(dn)) = (

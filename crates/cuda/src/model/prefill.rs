@@ -152,7 +152,7 @@ impl CudaSession<'_> {
             let (kc, vc) = &self.kv[l];
             b.rope_store(
                 n,
-                &shape,
+                (&shape, c.head_dim),
                 &pb.q,
                 &pb.k,
                 &pb.v,

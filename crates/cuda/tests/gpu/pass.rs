@@ -1,6 +1,7 @@
 //! The one forward pass of `ferrite_model::Session` run over the CUDA backend contract
 //! (`CudaOps`): what `ferrite run --backend cuda` takes for a model the device-resident
-//! CUDA model refuses (Mamba-2 hybrids, LongRoPE).
+//! CUDA model refuses (the hybrids, LongRoPE). The mixtures of experts route on the host
+//! (the contract's `Routing`) and run each used expert's products on the device.
 //!
 //! Per model, for each fixture prompt and 12 teacher-forced decode steps (the CPU's argmax
 //! fed to both): the contract pass on the device against `Session::new` on the CPU backend
@@ -112,6 +113,38 @@ fn qwen2_biases_run_the_contract_pass() {
     check("qwen2", &m, &p);
 }
 
+#[test]
+fn mixtral_experts_run_the_contract_pass() {
+    let (m, p) = load("mixtral", OutType::F32);
+    check("mixtral", &m, &p);
+}
+
+#[test]
+fn qwen3moe_experts_run_the_contract_pass() {
+    let (m, p) = load("qwen3moe", OutType::F32);
+    check("qwen3moe", &m, &p);
+}
+
+/// Sigmoid routing with a selection bias, a shared expert and partial rotary.
+#[test]
+fn glm4moe_runs_the_contract_pass() {
+    let (m, p) = load("glm4moe", OutType::F32);
+    check("glm4moe", &m, &p);
+}
+
+/// The gated DeltaNet hybrid with its routed and shared experts and partial rotary: the
+/// comparisons of [`check`].
+#[test]
+fn qwen3next_runs_the_contract_pass() {
+    if backend().is_none() {
+        return;
+    }
+    let dir = fixture_root("FERRITE_HYBRID_FIXTURES", "hybrid").join("qwen3next");
+    let m = convert(&dir, OutType::F32);
+    let p = prompts(&dir.join("logits.jsonl"));
+    check("qwen3next", &m, &p);
+}
+
 /// The Mamba-2 hybrid: the comparisons of [`check`], then a history past two checkpoints
 /// truncated between them on both backends and continued.
 #[test]
@@ -154,7 +187,7 @@ fn nemotron_h_runs_the_contract_pass() {
 #[test]
 fn unported_ops_are_refused_by_name() {
     let Some(dev) = backend() else { return };
-    for (name, says) in [("gemma2", "soft-capping"), ("mixtral", "routing")] {
+    for (name, says) in [("gemma2", "soft-capping"), ("gpt-oss", "sink")] {
         let (m, _) = load(name, OutType::F32);
         let err = Session::on(&m, CudaOps::new(dev.clone()), 8, KvType::F16)
             .map(|_| ())

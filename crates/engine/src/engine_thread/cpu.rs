@@ -6,7 +6,7 @@ use std::sync::mpsc::{Receiver, SyncSender, channel, sync_channel};
 use std::sync::{Arc, OnceLock};
 
 use ferrite_cpu::ThreadPool;
-use ferrite_model::{Batch, KvType, LoadOptions, Model, Session, check_kv_memory};
+use ferrite_model::{Batch, KvType, LoadOptions, Model, Session, Weights, check_kv_memory};
 use ferrite_tokenizer::Tokenizer;
 
 use super::{Engine, EngineBackend, EngineConfig, EngineError};
@@ -17,14 +17,17 @@ use crate::prefix::{CacheStats, PrefixCache};
 use crate::scheduler::{BatchEval, Counters, Job, Limits, Picked, RowPicker, Runtime, Scheduler};
 use crate::{Sampler, SamplerConfig, raw_logprobs};
 
-/// Continuous batching over real sessions: every step's slots share one forward pass
-/// through a [`Batch`] made once (bit-identical to stepping them one by one).
-struct SessionBatch(Batch);
+/// Continuous batching over real sessions on any backend: every step's slots share one
+/// forward pass through a [`Batch`] made once (on the CPU bit-identical to stepping them
+/// one by one).
+pub(super) struct SessionBatch<Buf = Vec<f32>, Angles = ferrite_cpu::CpuAngles>(
+    pub(super) Batch<Buf, Angles>,
+);
 
-impl<'m> BatchEval<Session<'m>> for SessionBatch {
+impl<'m, B: Weights + Clone> BatchEval<Session<'m, B>> for SessionBatch<B::Buf, B::Angles> {
     fn eval_many(
         &mut self,
-        seqs: &mut [&mut Session<'m>],
+        seqs: &mut [&mut Session<'m, B>],
         inputs: &[&[u32]],
     ) -> Result<Vec<Vec<f32>>, GenerateError> {
         let logits = self.0.step(seqs, inputs)?;

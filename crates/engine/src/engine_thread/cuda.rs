@@ -1,6 +1,10 @@
 //! The engine thread on the CUDA backend: the model's weights uploaded once, one
 //! [`CudaSession`] per slot, and every scheduler step's one-token inputs decoded together
 //! through a [`CudaBatch`] (prompt chunks go session by session through batched prefill).
+//! A model the device-resident [`CudaModel`] refuses (the hybrids, LongRoPE) runs the one
+//! forward pass over the contract ops ([`CudaOps`]) instead, as `ferrite run` does: one
+//! `Session` per slot, every step's rows through one [`ferrite_model::Batch`], recurrent
+//! checkpoints as on the CPU.
 //!
 //! CUDA is loaded at run time (cudarc's dynamic loading), so this module builds and the
 //! server runs on machines without it; choosing it there fails at start with the probe's
@@ -10,12 +14,12 @@
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, SyncSender};
 
-use ferrite_cuda::{CudaBackend, CudaBatch, CudaModel, CudaSession};
+use ferrite_cuda::{CudaBackend, CudaBatch, CudaError, CudaModel, CudaOps, CudaSession};
 
-use ferrite_model::Model;
+use ferrite_model::{Batch, KvType, Model, Session};
 use ferrite_tokenizer::Tokenizer;
 
-use super::cpu::{ModelRuntime, Ready};
+use super::cpu::{ModelRuntime, Ready, SessionBatch};
 use super::{EngineConfig, EngineError};
 use crate::cuda_timeline::CudaTimeline;
 use crate::generate::GenerateError;
@@ -64,13 +68,18 @@ impl<'m> BatchEval<CudaTimeline<'m>> for CudaBatcher<'m> {
     }
 }
 
-/// The backend line of a CUDA engine (the fields `ferrite run` prints for CUDA).
-fn backend_line(b: &CudaBackend) -> String {
+/// The device fields of a CUDA engine's backend line (the fields `ferrite run` prints).
+fn device_fields(b: &CudaBackend) -> String {
     let info = b.info();
     let (major, minor) = info.compute_capability;
+    format!("backend=cuda device=\"{}\" cc={major}.{minor}", info.name)
+}
+
+/// The backend line of a CUDA engine on the CUDA model.
+fn backend_line(b: &CudaBackend) -> String {
     format!(
-        "backend=cuda device=\"{}\" cc={major}.{minor} graphs=on kv=f16 act={} sampling=host batch=device",
-        info.name,
+        "{} graphs=on kv=f16 act={} sampling=host batch=device",
+        device_fields(b),
         b.activations().name()
     )
 }
@@ -94,8 +103,24 @@ pub(super) fn run(
         Err(e) => return fail(EngineError::Load(e.to_string())),
     };
     let line = backend_line(&backend);
-    let cm = match CudaModel::load(backend, model) {
+    let cm = match CudaModel::load(backend.clone(), model) {
         Ok(m) => m,
+        Err(CudaError::UnsupportedFeature(what)) => {
+            let line = format!(
+                "{} pass=contract graphs=off kv=f16 act={} sampling=host batch=contract",
+                device_fields(&backend),
+                backend.activations().name()
+            );
+            let ops = CudaOps::new(backend);
+            return run_pass(
+                cfg,
+                model,
+                tokenizer,
+                n_ctx,
+                (ready, jobs, counters),
+                (ops, what, line),
+            );
+        }
         Err(e) => {
             return fail(EngineError::Load(format!(
                 "uploading the model to the GPU: {e}"
@@ -124,5 +149,51 @@ pub(super) fn run(
     };
     Scheduler::new(&rt, seqs, counters, limits)
         .with_batcher(Box::new(CudaBatcher(batch)))
+        .run(jobs);
+}
+
+/// The scheduler over contract-pass sessions on the device (`ops`), for a model the CUDA
+/// model refused for `what`, reporting `line` when ready; a model the contract refuses too
+/// fails naming both.
+fn run_pass(
+    cfg: &EngineConfig,
+    model: &Model,
+    tokenizer: &Arc<Tokenizer>,
+    n_ctx: usize,
+    (ready, jobs, counters): (SyncSender<Ready>, &Receiver<Job>, Arc<Counters>),
+    (ops, what, line): (CudaOps, &str, String),
+) {
+    let fail = |e: String| {
+        let _ = ready.send(Err(EngineError::Load(e)));
+    };
+    let sessions: Result<Vec<Session<'_, CudaOps>>, _> = (0..cfg.parallel)
+        .map(|_| Session::on(model, ops.clone(), n_ctx, KvType::F16))
+        .collect();
+    let sessions = match sessions {
+        Ok(s) => s,
+        Err(e) => {
+            return fail(format!(
+                "the CUDA model does not implement {what} yet, and the contract pass refuses \
+                 the model: {e}"
+            ));
+        }
+    };
+    // A step holds at most the prefill budget plus one decode token per slot.
+    let batch = match Batch::new(cfg.prefill_chunk.max(1) + cfg.parallel) {
+        Ok(b) => b,
+        Err(e) => return fail(format!("creating the batch: {e}")),
+    };
+    if ready.send(Ok((tokenizer.clone(), n_ctx, line))).is_err() {
+        return;
+    }
+    let rt = ModelRuntime::new(tokenizer);
+    let limits = Limits {
+        n_ctx,
+        prefill_chunk: cfg.prefill_chunk,
+        checkpoint_every: (model.config().state_slots().0 > 0)
+            .then_some(ferrite_model::CHECKPOINT_EVERY),
+    };
+    Scheduler::new(&rt, sessions, counters, limits)
+        .with_batcher(Box::new(SessionBatch(batch)))
         .run(jobs);
 }

@@ -331,6 +331,7 @@ pub(crate) fn require_ops<B: Weights>(b: &B, m: &Model, kv: KvType) -> Result<()
                         ty: x.ty(),
                         act,
                         bias: mw.bias.is_some(),
+                        cols: x.cols(),
                     })?;
                 }
             }
