@@ -844,3 +844,27 @@ fn bench_serve_measures_every_level_and_counts_failures() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("error:"));
 }
+
+/// `--alias NAME` (repeatable) adds names a request's `model` may give; the answer names
+/// the served model. Oracle: the same names are a 404 `model_not_found` on a server started
+/// without the flag, so it is the flag that made them served.
+#[test]
+fn aliases_given_on_the_command_line_are_served_names() {
+    let names = ["house-model", "my-bot"];
+    let server = start_with(&["--alias", names[0], "--alias", names[1]]);
+    let plain = start();
+    for name in names {
+        let body = with(chat("Hi", 2), json!({"model": name}));
+        let r = server.post("/v1/chat/completions", &body);
+        assert_eq!(r.status, 200, "{name}: {}", r.body);
+        assert_eq!(r.json()["model"], MODEL, "{name}: {}", r.body);
+        let r = plain.post("/v1/chat/completions", &body);
+        assert_eq!(r.status, 404, "{name} without --alias: {}", r.body);
+        assert_eq!(r.json()["error"]["code"], "model_not_found", "{}", r.body);
+    }
+    let r = server.post(
+        "/v1/chat/completions",
+        &with(chat("Hi", 2), json!({"model": "gpt-9"})),
+    );
+    assert_eq!(r.status, 404, "{}", r.body);
+}

@@ -396,14 +396,15 @@ fn tool_choice_forces_a_call_held_to_the_tools_parameters() {
     assert_eq!(r.json()["error"]["param"], "tool_choice");
 }
 
-/// A forced call is written in the model's own tagged syntax (Qwen3-Coder XML, GLM 4.5),
-/// here forced by `--tool-syntax` on SmolLM2 whose template shows neither: the grammar
-/// makes the model write that markup, and the parser of that syntax reads it back, plain
-/// and streamed. Oracles: [`weather_args`], the streamed deltas joined equal to the plain
-/// call, and no markup left in the content.
+/// A forced call is written in the model's own marked-up syntax (Qwen3-Coder XML, GLM 4.5,
+/// DeepSeek V3/R1), here forced by `--tool-syntax` on SmolLM2 whose template shows none of
+/// them: the grammar makes the model write that markup (DeepSeek's markers as text, since
+/// SmolLM2's vocabulary holds none of them as a control token), and the parser of that
+/// syntax reads it back, plain and streamed. Oracles: [`weather_args`], the streamed
+/// deltas joined equal to the plain call, and no markup left in the content.
 #[test]
-fn forced_calls_in_tagged_syntaxes_parse_back_plain_and_streamed() {
-    for syntax in ["qwen3coder", "glm45"] {
+fn forced_calls_in_marked_up_syntaxes_parse_back_plain_and_streamed() {
+    for syntax in ["qwen3coder", "glm45", "deepseek"] {
         let server = start_with(&["--tool-syntax", syntax]);
         let body = with(
             // Unfamiliar markup comes a few bytes a token: room for it.

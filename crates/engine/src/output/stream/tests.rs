@@ -244,6 +244,13 @@ fn llama3_bare_json_and_python_tag() {
         "<|python_tag|>{\"name\": \"a\", \"parameters\": {}}; {\"name\": \"b\", \"parameters\": {}}",
     );
     assert_eq!(c.calls, [call("a", "{}"), call("b", "{}")]);
+    // Cut off inside the arguments: never a call.
+    let (c, f) = check(
+        l3,
+        "<|python_tag|>{\"name\": \"get\", \"parameters\": {\"city\": \"Os",
+    );
+    assert_eq!(c.complete_calls().count(), 0);
+    assert!(f.unfinished_call, "{c:?}");
     // JSON the user asked for is no call.
     let (c, _) = check(l3, "{\"name\": \"Bob\", \"age\": 3}");
     assert_eq!(c.content, "{\"name\": \"Bob\", \"age\": 3}");
@@ -275,6 +282,13 @@ fn deepseek_v3_and_v31_calls() {
     let v31 = "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>a<｜tool▁sep｜>{}<｜tool▁call▁end｜><｜tool▁call▁begin｜>b<｜tool▁sep｜>{\"n\": 1}<｜tool▁call▁end｜><｜tool▁calls▁end｜>";
     let (c, _) = check(d, v31);
     assert_eq!(c.calls, [call("a", "{}"), call("b", "{\"n\": 1}")]);
+    // Cut off inside the arguments: never a call, never content.
+    let cut =
+        "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get\n```json\n{\"c\": ";
+    let (c, f) = check(d, cut);
+    assert_eq!(c.complete_calls().count(), 0);
+    assert_eq!(c.content, "");
+    assert!(f.unfinished_call);
 }
 
 #[test]
@@ -346,4 +360,116 @@ fn formats_and_syntaxes_come_from_the_template() {
         ReasoningFormat::Think
     );
     assert!("thinking".parse::<ReasoningFormat>().is_err());
+}
+
+/// Each syntax's arguments come as deltas while the model writes them, not in one piece at
+/// the call's close: fed one character per token, the pieces must add up to the call's
+/// arguments, and enough of them must come before the first byte of `close`. A JSON
+/// syntax streams inside a value: a long value in many pieces before the arguments' close.
+/// A tagged syntax (Qwen3-Coder, GLM 4.5) is only held to the pieces adding up: today its
+/// arguments come whole at the call's close (0 pieces before it), an open gap of issue 33
+/// (a tagged value's end, and whether it reads as JSON or as a string, is known only at the
+/// next tag: `scan::xml_values_end_only_before_the_next_tag`).
+#[test]
+fn every_syntax_streams_arguments_before_its_call_ends() {
+    let city = "Saint-Remy-de-Provence";
+    let json = format!("{{\"city\": \"{city}\"}}");
+    let long = city.len() / 2;
+    let cases = [
+        (
+            ToolSyntax::Hermes,
+            format!("<tool_call>{{\"name\": \"get\", \"arguments\": {json}}}</tool_call>"),
+            "}</tool_call>",
+            long,
+        ),
+        (
+            ToolSyntax::Qwen3Coder,
+            format!(
+                "<tool_call>\n<function=get>\n<parameter=city>\n{city}\n</parameter>\n</function>\n</tool_call>"
+            ),
+            "</function>",
+            0,
+        ),
+        (
+            ToolSyntax::Glm45,
+            format!(
+                "<tool_call>get\n<arg_key>city</arg_key>\n<arg_value>{city}</arg_value>\n</tool_call>"
+            ),
+            "\n</tool_call>",
+            0,
+        ),
+        (
+            ToolSyntax::Llama3,
+            format!("{{\"name\": \"get\", \"parameters\": {json}}}"),
+            "\"}}",
+            long,
+        ),
+        (
+            ToolSyntax::Mistral,
+            format!("[TOOL_CALLS][{{\"name\": \"get\", \"arguments\": {json}}}]"),
+            "\"}}]",
+            long,
+        ),
+        (
+            ToolSyntax::DeepSeek,
+            format!(
+                "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get\n```json\n{json}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>"
+            ),
+            "\"}\n```",
+            long,
+        ),
+        (
+            ToolSyntax::Harmony,
+            format!(
+                "<|channel|>commentary to=functions.get <|constrain|>json<|message|>{json}<|call|>"
+            ),
+            "\"}<|call|>",
+            long,
+        ),
+    ];
+    // Every syntax is checked before the verdict, so a failure names all that failed.
+    let mut late = Vec::new();
+    for (syntax, text, close, least) in cases {
+        let reasoning = if syntax == ToolSyntax::Harmony {
+            ReasoningFormat::Harmony
+        } else {
+            ReasoningFormat::Think
+        };
+        let close_at = text.find(close).unwrap();
+        let mut p = OutputParser::new(config(reasoning, Some(syntax)));
+        let (mut early, mut args, mut ended) = (0, String::new(), false);
+        let mut at = 0;
+        for ch in text.chars() {
+            for ev in p.push(&ch.to_string(), false) {
+                match ev {
+                    Event::ToolArgs { delta, .. } => {
+                        if at < close_at {
+                            early += 1;
+                        }
+                        args += &delta;
+                    }
+                    Event::ToolEnd { .. } => ended = true,
+                    _ => {}
+                }
+            }
+            at += ch.len_utf8();
+        }
+        for ev in p.finish().events {
+            match ev {
+                Event::ToolArgs { delta, .. } => args += &delta,
+                Event::ToolEnd { .. } => ended = true,
+                _ => {}
+            }
+        }
+        assert!(ended, "{syntax:?}: the call never ended");
+        let got: serde_json::Value = serde_json::from_str(&args).unwrap();
+        assert_eq!(got["city"], city, "{syntax:?}: {args}");
+        if early < least {
+            late.push((syntax, early));
+        }
+    }
+    assert!(
+        late.is_empty(),
+        "argument pieces before the close, (syntax, pieces): {late:?}"
+    );
 }
