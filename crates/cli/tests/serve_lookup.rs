@@ -44,7 +44,10 @@ fn requests() -> Vec<(&'static str, Value)> {
         // Penalties look at the generated tokens, which verification extends row by row.
         (
             "/v1/completions",
-            comp(REPEAT, json!({"frequency_penalty": 0.4, "presence_penalty": 0.2})),
+            comp(
+                REPEAT,
+                json!({"frequency_penalty": 0.4, "presence_penalty": 0.2}),
+            ),
         ),
         // Seeded sampling: the verify rows are picked with the request's own random
         // stream, so the answer is the plain server's draw for draw.
@@ -68,7 +71,10 @@ fn requests() -> Vec<(&'static str, Value)> {
             ),
         ),
         // Plain prompts with little to look up.
-        ("/v1/chat/completions", chat("Name three rivers in Europe.", json!({}))),
+        (
+            "/v1/chat/completions",
+            chat("Name three rivers in Europe.", json!({})),
+        ),
         (
             "/v1/chat/completions",
             chat("Write one short sentence about the number 7.", json!({})),
@@ -168,7 +174,10 @@ fn lookup_answers_equal_the_plain_servers_alone_and_under_concurrency() {
     // Path markers: drafts were verified and accepted, alone and under concurrency, and
     // the concurrent requests shared batched steps.
     assert!(alone_accepted > 0.0, "no draft accepted");
-    assert!(accepted > alone_accepted, "no draft accepted under concurrency");
+    assert!(
+        accepted > alone_accepted,
+        "no draft accepted under concurrency"
+    );
     assert!(proposed >= accepted);
     assert!(metric(&spec, "ferrite_batched_steps_total") > 0.0);
 }

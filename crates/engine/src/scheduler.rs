@@ -424,7 +424,8 @@ impl<'r, S: Timeline> Scheduler<'r, S> {
                     }
                 })
             } else {
-                seq.eval_last(&p.input).map(|l| Evaluated { rows: l.to_vec() })
+                seq.eval_last(&p.input)
+                    .map(|l| Evaluated { rows: l.to_vec() })
             });
         }
         out.into_iter()

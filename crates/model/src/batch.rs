@@ -302,8 +302,14 @@ mod tests {
             // Fewer tail rows are the last ones of the same.
             a.truncate(12);
             let got = batch.step_tails(&mut [&mut a], &[&seg], &[2]).unwrap();
-            assert!(got.row(0).unwrap() == want_a[2].as_slice(), "{arch}: tail 2");
-            assert!(got.row(1).unwrap() == want_a[3].as_slice(), "{arch}: tail 2");
+            assert!(
+                got.row(0).unwrap() == want_a[2].as_slice(),
+                "{arch}: tail 2"
+            );
+            assert!(
+                got.row(1).unwrap() == want_a[3].as_slice(),
+                "{arch}: tail 2"
+            );
             for bad in [0, 5] {
                 a.truncate(12);
                 assert!(batch.step_tails(&mut [&mut a], &[&seg], &[bad]).is_err());

@@ -89,7 +89,12 @@ struct Outcome {
     widths: Vec<usize>,
 }
 
-fn run_jobs(rt: &'static dyn Runtime, lookup: Option<usize>, batched: bool, n_ctx: usize) -> Outcome {
+fn run_jobs(
+    rt: &'static dyn Runtime,
+    lookup: Option<usize>,
+    batched: bool,
+    n_ctx: usize,
+) -> Outcome {
     let (s, _, counters) = toy_sched(JOBS.len(), n_ctx, 4);
     let mut s = Scheduler { rt, ..s };
     let widths = Rc::new(RefCell::new(Vec::new()));
@@ -115,7 +120,10 @@ fn run_jobs(rt: &'static dyn Runtime, lookup: Option<usize>, batched: bool, n_ct
         .collect();
     run_all(&mut s);
     for slot in &s.slots {
-        assert_eq!(slot.tokens, slot.seq.kv, "the slot's tokens are its sequence's");
+        assert_eq!(
+            slot.tokens, slot.seq.kv,
+            "the slot's tokens are its sequence's"
+        );
     }
     let w = widths.borrow().clone();
     Outcome {
@@ -129,7 +137,10 @@ fn run_jobs(rt: &'static dyn Runtime, lookup: Option<usize>, batched: bool, n_ct
 
 #[test]
 fn speculating_slots_give_the_plain_events_and_sequences() {
-    for (name, rt) in [("greedy", &ToyRt as &'static dyn Runtime), ("drawn", &DrawnRt)] {
+    for (name, rt) in [
+        ("greedy", &ToyRt as &'static dyn Runtime),
+        ("drawn", &DrawnRt),
+    ] {
         for n_ctx in [64, 14] {
             let plain = run_jobs(rt, None, true, n_ctx);
             assert_eq!((plain.proposed, plain.accepted), (0, 0));
@@ -142,7 +153,11 @@ fn speculating_slots_give_the_plain_events_and_sequences() {
                 assert!(spec.accepted > 0, "{label}: nothing accepted");
                 assert!(spec.proposed > spec.accepted, "{label}: nothing rejected");
                 if batched {
-                    assert!(spec.widths.iter().any(|&w| w > 1), "{label}: {:?}", spec.widths);
+                    assert!(
+                        spec.widths.iter().any(|&w| w > 1),
+                        "{label}: {:?}",
+                        spec.widths
+                    );
                 }
                 println!(
                     "{label}: proposed {} accepted {}",
