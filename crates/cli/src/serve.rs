@@ -115,6 +115,16 @@ pub struct ServeArgs {
     /// checked).
     #[arg(long)]
     check_weights: bool,
+    /// Speculate with prompt lookup in every slot: guess each request's next tokens from
+    /// its earlier text and verify them in the slots' batched step (CPU backend, models
+    /// without recurrent state). Responses are the same as without it; `/metrics` counts
+    /// the guesses proposed and accepted.
+    #[arg(long)]
+    lookup: bool,
+    /// Most tokens `--lookup` guesses a step (1 to 15); fewer, down to none, while few
+    /// guesses of a request are accepted.
+    #[arg(long, default_value_t = 8, requires = "lookup", value_parser = crate::run::draft_max_arg)]
+    draft_max: usize,
 }
 
 /// The engine backend `--backend` asks for: `auto` takes CUDA when the probe finds a device,
@@ -180,6 +190,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<i32> {
     let backend = engine_backend(args.backend)?;
     if backend == EngineBackend::Cuda {
         crate::run::check_cuda_kv(args.kv.into())?;
+        if args.lookup {
+            crate::run::speculate::check_cuda_speculation(true, "--lookup")?;
+        }
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -261,6 +274,7 @@ async fn serve(
     let kv = args.kv.into();
     let extra_aliases = args.aliases.clone();
     let check_weights = args.check_weights;
+    let lookup = args.lookup.then_some(args.draft_max);
     let loader = tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
         let path = crate::models::resolve(&model_arg)?;
         if check_weights {
@@ -283,6 +297,7 @@ async fn serve(
             prefix_cache,
             backend,
             kv,
+            lookup,
         })?;
         eprintln!("{}", engine.backend_line());
         eprintln!(

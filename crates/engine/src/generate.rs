@@ -433,24 +433,32 @@ where
     })
 }
 
-/// One verify step of [`generate_with`]: `inputs` (`[last, d1..dk]`) were evaluated at
-/// positions `base..`, giving `rows`; the token being emitted was picked from row `at`.
-struct Verify {
-    base: usize,
-    inputs: Vec<u32>,
-    rows: Vec<f32>,
-    at: usize,
+/// One verify step of [`generate_with`] and of the slot scheduler
+/// ([`crate::scheduler`]): `inputs` (`[last, d1..dk]`) were evaluated at positions
+/// `base..`, giving `rows` (one per input); the token being emitted was picked from row
+/// `at`. The one acceptance rule of speculation: see the module documentation.
+pub(crate) struct Verify {
+    pub(crate) base: usize,
+    pub(crate) inputs: Vec<u32>,
+    pub(crate) rows: Vec<f32>,
+    pub(crate) at: usize,
 }
 
 impl Verify {
     /// Positions the plain loop would hold now: the inputs up to the one row `at` follows.
-    fn held(&self) -> usize {
+    pub(crate) fn held(&self) -> usize {
         self.base + self.at + 1
     }
 
     /// Whether `token`, picked from row `at`, is the draft token evaluated after it.
-    fn accepts(&self, token: u32) -> bool {
+    pub(crate) fn accepts(&self, token: u32) -> bool {
         self.inputs.get(self.at + 1) == Some(&token)
+    }
+
+    /// Row `at`: the logits the plain loop would pick the next token from.
+    pub(crate) fn row(&self) -> &[f32] {
+        let n_vocab = self.rows.len() / self.inputs.len().max(1);
+        &self.rows[self.at * n_vocab..(self.at + 1) * n_vocab]
     }
 
     /// Picks from row `at`; on failure the session is first cut back to what the plain
@@ -461,9 +469,7 @@ impl Verify {
         sampler: &mut P,
         history: &[u32],
     ) -> Result<Sampled, GenerateError> {
-        let n_vocab = self.rows.len() / self.inputs.len();
-        let row = &self.rows[self.at * n_vocab..(self.at + 1) * n_vocab];
-        sampler.pick_row(row, history).inspect_err(|_| {
+        sampler.pick_row(self.row(), history).inspect_err(|_| {
             session.truncate(self.held());
         })
     }

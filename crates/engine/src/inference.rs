@@ -242,6 +242,11 @@ pub struct EngineStats {
     pub kv_disk_rejected: u64,
     /// Steps that evaluated two or more slots in one batched forward pass.
     pub batched_steps: u64,
+    /// Draft tokens that speculation (`serve --lookup`) proposed and verified.
+    pub spec_proposed: u64,
+    /// Draft tokens that verification accepted (each one a token emitted without a
+    /// forward pass of its own).
+    pub spec_accepted: u64,
     /// Bytes of prefix-cache checkpoints held in memory.
     pub prefix_memory_bytes: u64,
     /// The prefix cache's memory budget (`--kv-mem-space-mb`; 0 when there is none).

@@ -12,6 +12,15 @@
 //! inputs of all slots of a step are evaluated in one forward pass (continuous batching);
 //! a slot scoring its prompt (which needs every position's logits) runs on its own. A slot
 //! whose client has gone (closed channel) is released at the step boundary.
+//!
+//! With prompt lookup ([`Scheduler::with_lookup`]) a decoding slot may speculate: its
+//! input is its pending token followed by the tokens its [`Lookup`] proposer drafted, and
+//! the same step returns the logits after each of them. The slot then picks and emits
+//! row after row through the very code of a plain step, accepting while the picked token
+//! is the draft token evaluated after it ([`Verify`], the run loop's rule), and cuts its
+//! sequence back to the plain step's at the first difference. Every token, event, stop,
+//! grammar state and random draw is therefore the plain scheduler's; the draft decides
+//! only how many tokens one step yields.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -22,10 +31,11 @@ use std::time::Instant;
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::budget::BudgetState;
-use crate::generate::{GenerateError, Timeline};
+use crate::generate::{GenerateError, Timeline, Verify};
 use crate::inference::{
     CacheSource, FinishReason, GenEvent, GenRequest, Timings, TokenLogprob, TopLogprob, Usage,
 };
+use crate::speculate::{Adaptive, Lookup, Proposer};
 use crate::stops::StopScanner;
 
 /// A prefix cache shared by all slots (memory, disk): restores a prompt's longest cached
@@ -42,29 +52,44 @@ pub trait PrefixStore<S> {
 
 /// Evaluates several sequences in one pass: the continuous-batching hook.
 pub trait BatchEval<S> {
-    /// Appends `inputs[i]` to `seqs[i]` for every `i` and returns each one's logits after
-    /// its last new token, in order. Must give each sequence the logits it would get from
-    /// [`Timeline::eval_last`] alone.
+    /// Appends `inputs[i]` to `seqs[i]` for every `i` and returns, for each in order, its
+    /// logits after each of its last `tails[i]` new tokens (`1..=inputs[i].len()`), row
+    /// after row. Must give each sequence the rows it would get from
+    /// [`Timeline::eval_all`] alone.
     fn eval_many(
         &mut self,
         seqs: &mut [&mut S],
         inputs: &[&[u32]],
+        tails: &[usize],
     ) -> Result<Vec<Vec<f32>>, GenerateError>;
 }
 
 /// One slot's work in a step: its new tokens and whether it scores its prompt.
 struct Planned {
     slot: usize,
+    /// Prompt tokens, or the pending token followed by `draft`.
     input: Vec<u32>,
+    /// Draft tokens at the end of `input`, verified this step (empty: a plain step).
+    drafted: usize,
     /// Prompt logprobs were asked for and this input is prompt: every position's logits.
     score_prompt: bool,
 }
 
-/// A slot's evaluation: the logits after its last new token, and after every new token when
-/// it scores its prompt.
+impl Planned {
+    /// How many of the last inputs need their logits: all of them when scoring the prompt,
+    /// the pending token's and every draft token's when speculating, else the last.
+    fn tail(&self) -> usize {
+        if self.score_prompt {
+            self.input.len()
+        } else {
+            self.drafted + 1
+        }
+    }
+}
+
+/// A slot's evaluation: the logits after each of its last [`Planned::tail`] new tokens.
 struct Evaluated {
-    last: Vec<f32>,
-    all: Vec<f32>,
+    rows: Vec<f32>,
 }
 
 /// A sampled token.
@@ -127,6 +152,10 @@ pub struct Counters {
     pub active: AtomicUsize,
     /// Steps that evaluated two or more slots in one batched forward pass.
     pub batched_steps: AtomicUsize,
+    /// Draft tokens proposed and evaluated by speculating slots.
+    pub spec_proposed: AtomicUsize,
+    /// Draft tokens accepted (emitted without a forward pass of their own).
+    pub spec_accepted: AtomicUsize,
 }
 
 /// Scheduler limits.
@@ -189,6 +218,8 @@ struct Active {
     generated: Vec<u32>,
     /// The sampled token not yet evaluated.
     pending: Option<u32>,
+    /// The request's prompt-lookup proposer, when the server speculates.
+    proposer: Option<Adaptive<Lookup>>,
     admitted: Instant,
     first_token: Option<Instant>,
 }
@@ -251,6 +282,8 @@ pub struct Scheduler<'r, S> {
     limits: Limits,
     store: Option<Box<dyn PrefixStore<S> + 'r>>,
     batcher: Option<Box<dyn BatchEval<S> + 'r>>,
+    /// Every request's proposer is a copy of this one, when the server speculates.
+    lookup: Option<Lookup>,
 }
 
 impl<'r, S: Timeline> Scheduler<'r, S> {
@@ -263,6 +296,14 @@ impl<'r, S: Timeline> Scheduler<'r, S> {
     /// Evaluate the slots of each step together through `batcher`.
     pub fn with_batcher(mut self, batcher: Box<dyn BatchEval<S> + 'r>) -> Self {
         self.batcher = Some(batcher);
+        self
+    }
+
+    /// Speculate in every slot with prompt lookup, with the run loop's adaptive draft
+    /// length ([`Adaptive`]) per request. A rejected draft costs a truncation, so this is
+    /// for timelines whose truncation is cheap (K/V caches, not replayed recurrent state).
+    pub fn with_lookup(mut self, lookup: Lookup) -> Self {
+        self.lookup = Some(lookup);
         self
     }
 
@@ -283,6 +324,7 @@ impl<'r, S: Timeline> Scheduler<'r, S> {
             limits,
             store: None,
             batcher: None,
+            lookup: None,
         }
     }
 
@@ -352,21 +394,20 @@ impl<'r, S: Timeline> Scheduler<'r, S> {
             }
             let mut seqs = Vec::with_capacity(batchable.len());
             let mut inputs = Vec::with_capacity(batchable.len());
+            let mut tails = Vec::with_capacity(batchable.len());
             let mut which = Vec::with_capacity(batchable.len());
             for (slot, k) in self.slots.iter_mut().zip(&by_slot) {
                 if let Some(k) = *k {
                     seqs.push(&mut slot.seq);
                     inputs.push(planned[k].input.as_slice());
+                    tails.push(planned[k].tail());
                     which.push(k);
                 }
             }
-            if let Ok(rows) = batcher.eval_many(&mut seqs, &inputs) {
+            if let Ok(rows) = batcher.eval_many(&mut seqs, &inputs, &tails) {
                 self.counters.batched_steps.fetch_add(1, Ordering::Relaxed);
-                for (k, last) in which.into_iter().zip(rows) {
-                    out[k] = Some(Ok(Evaluated {
-                        last,
-                        all: Vec::new(),
-                    }));
+                for (k, rows) in which.into_iter().zip(rows) {
+                    out[k] = Some(Ok(Evaluated { rows }));
                 }
             }
         }
@@ -375,16 +416,16 @@ impl<'r, S: Timeline> Scheduler<'r, S> {
                 continue;
             }
             let seq = &mut self.slots[p.slot].seq;
-            out[k] = Some(if p.score_prompt {
-                seq.eval_all(&p.input).map(|all| Evaluated {
-                    last: all[all.len() - all.len() / p.input.len()..].to_vec(),
-                    all,
+            out[k] = Some(if p.tail() > 1 {
+                seq.eval_all(&p.input).map(|mut all| {
+                    let n_vocab = all.len() / p.input.len();
+                    Evaluated {
+                        rows: all.split_off((p.input.len() - p.tail()) * n_vocab),
+                    }
                 })
             } else {
-                seq.eval_last(&p.input).map(|l| Evaluated {
-                    last: l.to_vec(),
-                    all: Vec::new(),
-                })
+                seq.eval_last(&p.input)
+                    .map(|l| Evaluated { rows: l.to_vec() })
             });
         }
         out.into_iter()
@@ -474,6 +515,10 @@ impl<'r, S: Timeline> Scheduler<'r, S> {
                 source,
                 generated: Vec::new(),
                 pending: None,
+                proposer: self
+                    .lookup
+                    .clone()
+                    .map(|l| Adaptive::new(l.clone(), l.draft_max())),
                 admitted: Instant::now(),
                 first_token: None,
             });
@@ -502,14 +547,16 @@ impl<'r, S: Timeline> Scheduler<'r, S> {
     }
 
     /// What slot `i` evaluates this step (prompt tokens within the prefill budget, or its
-    /// pending token); releases it when its client has gone.
+    /// pending token and its draft); releases it when its client has gone.
     fn plan(&mut self, i: usize, budget: &mut usize) -> Option<Planned> {
+        let held = self.slots[i].tokens.len();
         let a = self.slots[i].active.as_mut()?;
         if a.job.tx.is_closed() {
             self.release(i);
             return None;
         }
         let prompt_len = a.job.req.prompt.len();
+        let mut drafted = 0;
         let input: Vec<u32> = if a.fed < prompt_len {
             if *budget == 0 {
                 return None;
@@ -524,38 +571,97 @@ impl<'r, S: Timeline> Scheduler<'r, S> {
             *budget -= end - a.fed;
             a.job.req.prompt[a.fed..end].to_vec()
         } else {
-            vec![a.pending.take()?]
+            let mut input = vec![a.pending.take()?];
+            if let Some(p) = a.proposer.as_mut() {
+                // Every verified row emits a token: no more rows than the token limit and
+                // the context (whose last position ends the output) can still take.
+                let room = (a.job.req.max_tokens.saturating_sub(a.generated.len()))
+                    .min(self.limits.n_ctx.saturating_sub(held + 1))
+                    .saturating_sub(1);
+                if room > 0 {
+                    let mut history = a.job.req.prompt.clone();
+                    history.extend_from_slice(&a.generated);
+                    input.extend(p.propose(&history, room));
+                    drafted = input.len() - 1;
+                    self.counters
+                        .spec_proposed
+                        .fetch_add(drafted, Ordering::Relaxed);
+                }
+            }
+            input
         };
         Some(Planned {
             slot: i,
             input,
+            drafted,
             score_prompt: a.job.req.prompt_logprobs && a.fed < prompt_len,
         })
     }
 
-    /// Takes slot `p.slot`'s evaluated input: reports prompt logprobs, then samples and
-    /// streams the next token once the prompt is in, or finishes the job.
+    /// Takes slot `p.slot`'s evaluated input: reports prompt logprobs, then, once the
+    /// prompt is in, samples and streams the next token, and each next one while it is the
+    /// draft token evaluated after it ([`Verify`]), cutting the sequence back to the last
+    /// token a plain step would hold; or finishes the job.
     fn advance(&mut self, p: Planned, ev: Evaluated) {
-        let (i, input) = (p.slot, p.input);
-        let limits = self.limits;
+        let i = p.slot;
+        let tail = p.tail();
         let slot = &mut self.slots[i];
         let Some(a) = slot.active.as_mut() else {
             return;
         };
         let prompt_len = a.job.req.prompt.len();
         let fed = a.fed;
-        let logits = ev.last.as_slice();
-        slot.tokens.extend_from_slice(&input);
+        let base = slot.tokens.len();
+        slot.tokens.extend_from_slice(&p.input);
         if p.score_prompt {
-            let items = prompt_logprobs(&ev.all, &a.job.req, fed, input.len(), self.rt);
+            let items = prompt_logprobs(&ev.rows, &a.job.req, fed, p.input.len(), self.rt);
             let _ = a.job.tx.send(GenEvent::PromptLogprobs(items));
         }
         if a.fed < prompt_len {
-            a.fed += input.len();
+            a.fed += p.input.len();
             if a.fed < prompt_len {
                 return;
             }
         }
+        // The rows to pick from: the last input's, then each draft token's.
+        let first = p.input.len() - (p.drafted + 1);
+        let mut rows = ev.rows;
+        let n_vocab = rows.len() / tail;
+        let mut v = Verify {
+            base: base + first,
+            inputs: p.input[first..].to_vec(),
+            rows: rows.split_off((tail - p.drafted - 1) * n_vocab),
+            at: 0,
+        };
+        loop {
+            let Some(token) = self.emit(i, v.row(), v.held()) else {
+                return;
+            };
+            if v.accepts(token) {
+                v.at += 1;
+                self.counters.spec_accepted.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            let slot = &mut self.slots[i];
+            if slot.tokens.len() > v.held() {
+                slot.seq.truncate(v.held());
+                slot.tokens.truncate(v.held());
+            }
+            if let Some(a) = slot.active.as_mut() {
+                a.pending = Some(token);
+            }
+            return;
+        }
+    }
+
+    /// Picks slot `i`'s next token from `logits`, with its sequence holding (or about to be
+    /// cut back to) `held` tokens, and streams it; returns it when the slot goes on. When
+    /// the job finishes (or fails) the slot is released, its sequence cut back to `held`.
+    fn emit(&mut self, i: usize, logits: &[f32], held: usize) -> Option<u32> {
+        let limits = self.limits;
+        let slot = &mut self.slots[i];
+        let a = slot.active.as_mut()?;
+        let prompt_len = a.job.req.prompt.len();
         let mut history = a.job.req.prompt.clone();
         history.extend_from_slice(&a.generated);
         let picked = match a.budget.as_ref().and_then(BudgetState::forced) {
@@ -564,7 +670,10 @@ impl<'r, S: Timeline> Scheduler<'r, S> {
         };
         let picked = match picked {
             Ok(p) => p,
-            Err(e) => return self.fail(i, e),
+            Err(e) => {
+                self.fail(i, e);
+                return None;
+            }
         };
         let rt = self.rt;
         if let Some(b) = a.budget.as_mut() {
@@ -572,8 +681,8 @@ impl<'r, S: Timeline> Scheduler<'r, S> {
         }
         let now = Instant::now();
         a.first_token.get_or_insert(now);
-        let finish = if rt.is_eog(picked.token) {
-            Some((FinishReason::Stop, None))
+        let (finish, stop_sequence) = if rt.is_eog(picked.token) {
+            (FinishReason::Stop, None)
         } else {
             a.generated.push(picked.token);
             let piece = a.text.push(picked.token, rt);
@@ -600,51 +709,51 @@ impl<'r, S: Timeline> Scheduler<'r, S> {
                 logprob,
             });
             if let Some(stop) = scanned.stop {
-                Some((FinishReason::Stop, Some(stop)))
-            } else if a.generated.len() >= a.job.req.max_tokens
-                || slot.tokens.len() + 1 >= limits.n_ctx
-            {
-                Some((FinishReason::Length, None))
+                (FinishReason::Stop, Some(stop))
+            } else if a.generated.len() >= a.job.req.max_tokens || held + 1 >= limits.n_ctx {
+                (FinishReason::Length, None)
             } else {
-                a.pending = Some(picked.token);
-                None
+                return Some(picked.token);
             }
         };
-        if let Some((finish, stop_sequence)) = finish {
-            let tail = if stop_sequence.is_some() {
-                String::new()
-            } else {
-                let rest = a.text.finish(rt);
-                let mut tail = a.scanner.push(&rest).text;
-                tail.push_str(&a.scanner.finish());
-                tail
-            };
-            let first = a.first_token.unwrap_or(now);
-            let done = GenEvent::Done {
-                finish,
-                stop_sequence,
-                tail,
-                usage: Usage {
-                    prompt_tokens: prompt_len,
-                    cached_tokens: a.cached,
-                    completion_tokens: a.generated.len(),
-                    cache_source: a.source,
-                },
-                timings: Timings {
-                    queue: a.admitted.duration_since(a.job.queued_at),
-                    prefill: first.duration_since(a.admitted),
-                    decode: now.duration_since(first),
-                },
-            };
-            if let Some(a) = self.release(i) {
-                let _ = a.job.tx.send(done);
-            }
-            // After the answer went out: the client does not wait for the checkpoint.
-            if let Some(store) = self.store.as_mut() {
-                let slot = &self.slots[i];
-                store.checkpoint(&slot.seq, &slot.tokens);
-            }
+        let tail = if stop_sequence.is_some() {
+            String::new()
+        } else {
+            let rest = a.text.finish(rt);
+            let mut tail = a.scanner.push(&rest).text;
+            tail.push_str(&a.scanner.finish());
+            tail
+        };
+        let first = a.first_token.unwrap_or(now);
+        let done = GenEvent::Done {
+            finish,
+            stop_sequence,
+            tail,
+            usage: Usage {
+                prompt_tokens: prompt_len,
+                cached_tokens: a.cached,
+                completion_tokens: a.generated.len(),
+                cache_source: a.source,
+            },
+            timings: Timings {
+                queue: a.admitted.duration_since(a.job.queued_at),
+                prefill: first.duration_since(a.admitted),
+                decode: now.duration_since(first),
+            },
+        };
+        if slot.tokens.len() > held {
+            slot.seq.truncate(held);
+            slot.tokens.truncate(held);
         }
+        if let Some(a) = self.release(i) {
+            let _ = a.job.tx.send(done);
+        }
+        // After the answer went out: the client does not wait for the checkpoint.
+        if let Some(store) = self.store.as_mut() {
+            let slot = &self.slots[i];
+            store.checkpoint(&slot.seq, &slot.tokens);
+        }
+        None
     }
 }
 

@@ -46,6 +46,7 @@ fn engine_prompt_logprobs_match_a_full_forward_pass() {
     };
     let engine = Engine::start(EngineConfig {
         kv: KvType::F16,
+        lookup: None,
         model_path: path.clone(),
         model_id: "smollm2".into(),
         aliases: Vec::new(),

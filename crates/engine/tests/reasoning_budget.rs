@@ -57,6 +57,7 @@ fn a_budget_closes_real_reasoning_after_exactly_its_tokens() {
     };
     let engine = Engine::start(EngineConfig {
         kv: KvType::F16,
+        lookup: None,
         model_path: path,
         model_id: "smollm2".into(),
         aliases: Vec::new(),

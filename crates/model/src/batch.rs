@@ -27,7 +27,7 @@ pub struct Batch<Buf = Vec<f32>, Angles = CpuAngles> {
     logits: Vec<f32>,
     /// The step's tokens, all sessions' concatenated.
     tokens: Vec<u32>,
-    /// Row index of each session's last token in the step.
+    /// Row indices, in the step, of the tokens whose logits are returned.
     lasts: Vec<usize>,
 }
 
@@ -65,13 +65,27 @@ impl<Buf, Angles: Default> Batch<Buf, Angles> {
         sessions: &mut [&mut Session<'_, B>],
         inputs: &[&[u32]],
     ) -> Result<Logits<'_>, ModelError> {
+        self.step_tails(sessions, inputs, &vec![1; inputs.len()])
+    }
+
+    /// [`Batch::step`], returning the logits after each of the last `tails[i]` new tokens
+    /// of `sessions[i]` (`1..=inputs[i].len()`), session after session and row after row
+    /// within each: what a speculative verify step needs of its `[last, drafts..]` segment
+    /// while the other sessions of the step need only their last row.
+    pub fn step_tails<B: Weights<Buf = Buf, Angles = Angles> + Clone>(
+        &mut self,
+        sessions: &mut [&mut Session<'_, B>],
+        inputs: &[&[u32]],
+        tails: &[usize],
+    ) -> Result<Logits<'_>, ModelError> {
         let Some(first) = sessions.first() else {
             return Err(ModelError::InvalidArgument("no sessions to step".into()));
         };
-        if inputs.len() != sessions.len() {
+        if inputs.len() != sessions.len() || tails.len() != sessions.len() {
             return Err(ModelError::InvalidArgument(format!(
-                "{} inputs for {} sessions",
+                "{} inputs and {} tails for {} sessions",
                 inputs.len(),
+                tails.len(),
                 sessions.len()
             )));
         }
@@ -84,7 +98,13 @@ impl<Buf, Angles: Default> Batch<Buf, Angles> {
                 self.max_rows
             )));
         }
-        for (s, t) in sessions.iter().zip(inputs) {
+        for ((s, t), &tail) in sessions.iter().zip(inputs).zip(tails) {
+            if tail == 0 || tail > t.len() {
+                return Err(ModelError::InvalidArgument(format!(
+                    "{tail} rows of logits asked of {} new tokens",
+                    t.len()
+                )));
+            }
             if !std::ptr::eq(s.model(), model) {
                 return Err(ModelError::InvalidArgument(
                     "a batch steps sessions of one model only".into(),
@@ -136,14 +156,14 @@ impl<Buf, Angles: Default> Batch<Buf, Angles> {
             sessions.iter_mut().for_each(|s| s.state_failed());
             return Err(e);
         }
-        // Only each session's last row needs logits: gather those rows to the front.
+        // Only each session's last `tail` rows need logits: gather those rows to the front.
         let d = c.d_model;
         let n_vocab = c.n_vocab;
         self.lasts.clear();
         let mut end = 0;
-        for t in inputs {
+        for (t, &tail) in inputs.iter().zip(tails) {
             end += t.len();
-            self.lasts.push(end - 1);
+            self.lasts.extend(end - tail..end);
         }
         scratch.gather_rows(&b, &self.lasts, d)?;
         self.logits.resize(self.lasts.len() * n_vocab, 0.0);
@@ -255,6 +275,50 @@ mod tests {
                 // A batched step leaves its logits with the batch: none to export.
                 assert!(s.next_logits().is_none());
                 assert!(s.export_state(s.n_past()).unwrap().logits.is_none());
+            }
+        }
+    }
+
+    #[test]
+    fn a_segments_tail_rows_equal_one_token_steps_bit_for_bit() {
+        // A speculative verify step: session `a` evaluates four tokens and needs the logits
+        // after each, session `b` one token beside it; every row must be the one-token
+        // decode's, or verification would not reproduce plain decoding.
+        let pool = ThreadPool::new(2).unwrap();
+        for (arch, ty) in [("llama", GgmlType::Q4_1), ("gemma3", GgmlType::Q5_0)] {
+            let m = tiny_model(arch, ty, Precision::Default);
+            let seg = [7u32, 8, 9, 10];
+            let steps: Vec<&[u32]> = seg.chunks(1).collect();
+            let want_a = alone(&m, &pool, KvType::F16, &prompt(12, 0), &steps);
+            let want_b = alone(&m, &pool, KvType::F16, &prompt(5, 1), &[&[3]]);
+            let mut a = Session::new(&m, &pool, 64, KvType::F16).unwrap();
+            let mut b = Session::new(&m, &pool, 64, KvType::F16).unwrap();
+            a.eval(&prompt(12, 0), Outputs::Last).unwrap();
+            b.eval(&prompt(5, 1), Outputs::Last).unwrap();
+            let mut batch = Batch::new(8).unwrap();
+            let got = batch
+                .step_tails(&mut [&mut b, &mut a], &[&[3], &seg], &[1, 4])
+                .unwrap();
+            assert_eq!(got.n_rows(), 5);
+            assert!(got.row(0).unwrap() == want_b[0].as_slice(), "{arch}: b");
+            for (k, w) in want_a.iter().enumerate() {
+                assert!(got.row(1 + k).unwrap() == w.as_slice(), "{arch}: a row {k}");
+            }
+            // Fewer tail rows are the last ones of the same.
+            a.truncate(12);
+            let got = batch.step_tails(&mut [&mut a], &[&seg], &[2]).unwrap();
+            assert!(
+                got.row(0).unwrap() == want_a[2].as_slice(),
+                "{arch}: tail 2"
+            );
+            assert!(
+                got.row(1).unwrap() == want_a[3].as_slice(),
+                "{arch}: tail 2"
+            );
+            for bad in [0, 5] {
+                a.truncate(12);
+                assert!(batch.step_tails(&mut [&mut a], &[&seg], &[bad]).is_err());
+                assert_eq!(a.n_past(), 12);
             }
         }
     }

@@ -148,6 +148,16 @@ impl Metrics {
                 "Engine steps that evaluated several slots in one forward pass.",
                 stats.batched_steps,
             ),
+            (
+                "ferrite_spec_proposed_tokens_total",
+                "Draft tokens speculation proposed and verified (serve --lookup).",
+                stats.spec_proposed,
+            ),
+            (
+                "ferrite_spec_accepted_tokens_total",
+                "Draft tokens verification accepted (emitted without a forward pass of their own).",
+                stats.spec_accepted,
+            ),
         ];
         for (name, help, value) in engine_counters {
             let _ = writeln!(
@@ -413,6 +423,8 @@ mod tests {
             kv_disk_budget: 15,
             kv_disk_files: 16,
             queue_limit: 17,
+            spec_proposed: 18,
+            spec_accepted: 19,
             ..EngineStats::default()
         }));
         for line in [
@@ -423,6 +435,8 @@ mod tests {
             "ferrite_kv_disk_budget_bytes 15",
             "ferrite_kv_disk_files 16",
             "ferrite_queue_limit 17",
+            "ferrite_spec_proposed_tokens_total 18",
+            "ferrite_spec_accepted_tokens_total 19",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
         }

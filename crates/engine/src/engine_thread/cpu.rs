@@ -15,11 +15,12 @@ use crate::held::{Chooser, HeldError, grammar_vocab};
 use crate::inference::{GenRequest, OutputFormat};
 use crate::prefix::{CacheStats, PrefixCache};
 use crate::scheduler::{BatchEval, Counters, Job, Limits, Picked, RowPicker, Runtime, Scheduler};
+use crate::speculate::Lookup;
 use crate::{Sampler, SamplerConfig, raw_logprobs};
 
 /// Continuous batching over real sessions on any backend: every step's slots share one
 /// forward pass through a [`Batch`] made once (on the CPU bit-identical to stepping them
-/// one by one).
+/// one by one), speculating slots' verify rows included.
 pub(super) struct SessionBatch<Buf = Vec<f32>, Angles = ferrite_cpu::CpuAngles>(
     pub(super) Batch<Buf, Angles>,
 );
@@ -29,10 +30,16 @@ impl<'m, B: Weights + Clone> BatchEval<Session<'m, B>> for SessionBatch<B::Buf, 
         &mut self,
         seqs: &mut [&mut Session<'m, B>],
         inputs: &[&[u32]],
+        tails: &[usize],
     ) -> Result<Vec<Vec<f32>>, GenerateError> {
-        let logits = self.0.step(seqs, inputs)?;
-        Ok((0..logits.n_rows())
-            .filter_map(|r| logits.row(r).map(<[f32]>::to_vec))
+        let logits = self.0.step_tails(seqs, inputs, tails)?;
+        let mut at = 0;
+        Ok(tails
+            .iter()
+            .map(|&t| {
+                at += t;
+                logits.data[(at - t) * logits.n_vocab..at * logits.n_vocab].to_vec()
+            })
             .collect())
     }
 }
@@ -192,6 +199,13 @@ fn engine_thread(
             let _ = ready.send(Err(EngineError::Config(why)));
             return;
         }
+        if cfg.lookup.is_some() {
+            // Its sessions evaluate a draft one token at a time: verifying would be slower
+            // than plain decoding.
+            let why = "--lookup runs on the CPU backend only; add --backend cpu".to_string();
+            let _ = ready.send(Err(EngineError::Config(why)));
+            return;
+        }
         return super::cuda::run(&cfg, &model, &tokenizer, n_ctx, ready, &jobs, counters);
     }
     let pool = match ThreadPool::new(cfg.threads.max(1)) {
@@ -219,8 +233,17 @@ fn engine_thread(
             return;
         }
     };
-    // A step holds at most the prefill budget plus one decode token per slot.
-    let batch = match Batch::new(cfg.prefill_chunk.max(1) + cfg.parallel) {
+    let lookup = match speculation(&cfg, &model) {
+        Ok(l) => l,
+        Err(e) => {
+            let _ = ready.send(Err(e));
+            return;
+        }
+    };
+    // A step holds at most the prefill budget plus, per slot, one decode token and its
+    // draft.
+    let per_slot = 1 + lookup.as_ref().map_or(0, Lookup::draft_max);
+    let batch = match Batch::new(cfg.prefill_chunk.max(1) + cfg.parallel * per_slot) {
         Ok(b) => b,
         Err(e) => {
             let _ = ready.send(Err(EngineError::Load(format!("creating the batch: {e}"))));
@@ -249,10 +272,32 @@ fn engine_thread(
     };
     let mut scheduler =
         Scheduler::new(&rt, sessions, counters, limits).with_batcher(Box::new(SessionBatch(batch)));
+    if let Some(lookup) = lookup {
+        scheduler = scheduler.with_lookup(lookup);
+    }
     match cache {
         Some(cache) => scheduler.with_prefix_store(Box::new(cache)).run(&jobs),
         None => scheduler.run(&jobs),
     }
+}
+
+/// The prompt-lookup proposer `cfg.lookup` asks for, refused for a model with recurrent
+/// state: its truncation replays the kept tokens from a checkpoint, so every rejected
+/// draft would cost up to a whole prefill.
+fn speculation(cfg: &EngineConfig, model: &Model) -> Result<Option<Lookup>, EngineError> {
+    let Some(draft_max) = cfg.lookup else {
+        return Ok(None);
+    };
+    if model.config().state_slots().0 > 0 {
+        return Err(EngineError::Config(
+            "--lookup: this model keeps recurrent state, which a rejected draft would \
+             replay from a checkpoint; serve it without --lookup"
+                .into(),
+        ));
+    }
+    Lookup::new(draft_max)
+        .map(Some)
+        .map_err(|e| EngineError::Config(format!("--draft-max: {e}")))
 }
 
 /// The shared prefix cache, or `None` when both its memory and disk parts are off. A disk

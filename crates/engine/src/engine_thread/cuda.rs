@@ -22,7 +22,7 @@ use ferrite_tokenizer::Tokenizer;
 use super::cpu::{ModelRuntime, Ready, SessionBatch};
 use super::{EngineConfig, EngineError};
 use crate::cuda_timeline::CudaTimeline;
-use crate::generate::GenerateError;
+use crate::generate::{GenerateError, Timeline};
 use crate::scheduler::{BatchEval, Counters, Job, Limits, Scheduler};
 
 /// Continuous batching on the device: the one-token inputs of a step in one
@@ -34,6 +34,7 @@ impl<'m> BatchEval<CudaTimeline<'m>> for CudaBatcher<'m> {
         &mut self,
         seqs: &mut [&mut CudaTimeline<'m>],
         inputs: &[&[u32]],
+        tails: &[usize],
     ) -> Result<Vec<Vec<f32>>, GenerateError> {
         if seqs.len() != inputs.len() {
             return Err(GenerateError::BatchShape {
@@ -60,7 +61,11 @@ impl<'m> BatchEval<CudaTimeline<'m>> for CudaBatcher<'m> {
             out[i] = row;
         }
         for (i, (s, input)) in seqs.iter_mut().zip(inputs).enumerate() {
-            if input.len() > 1 {
+            if tails[i] > 1 {
+                let mut all = s.eval_all(input)?;
+                let n_vocab = all.len() / input.len();
+                out[i] = all.split_off((input.len() - tails[i]) * n_vocab);
+            } else if input.len() > 1 {
                 out[i] = s.session.eval(input)?;
             }
         }

@@ -59,6 +59,10 @@ pub struct EngineConfig {
     pub backend: EngineBackend,
     /// KV cache element type of every slot (the CUDA backend takes only f16).
     pub kv: ferrite_model::KvType,
+    /// Speculate with prompt lookup in every slot, proposing at most this many draft
+    /// tokens a step (`--lookup`, `--draft-max`; the CPU backend, models without recurrent
+    /// state); `None`: plain decoding.
+    pub lookup: Option<usize>,
 }
 
 /// Why the engine could not start.
@@ -119,6 +123,8 @@ impl Engine {
             kv_disk_written: read(&cache.written),
             kv_disk_rejected: read(&cache.rejected),
             batched_steps: self.counters.batched_steps.load(Ordering::Relaxed) as u64,
+            spec_proposed: self.counters.spec_proposed.load(Ordering::Relaxed) as u64,
+            spec_accepted: self.counters.spec_accepted.load(Ordering::Relaxed) as u64,
             prefix_memory_bytes: read(&cache.memory_bytes),
             prefix_memory_budget: read(&cache.memory_budget),
             prefix_memory_entries: read(&cache.memory_entries),

@@ -11,6 +11,7 @@ use crate::inference::SamplingParams;
 use crate::sampler::SampleError;
 
 mod hybrid;
+mod speculate;
 
 const V: u32 = 16;
 const EOG: u32 = 15;
@@ -180,6 +181,7 @@ impl BatchEval<Toy> for ToyBatch {
         &mut self,
         seqs: &mut [&mut Toy],
         inputs: &[&[u32]],
+        tails: &[usize],
     ) -> Result<Vec<Vec<f32>>, GenerateError> {
         self.widths.borrow_mut().push(seqs.len());
         if self.fail {
@@ -187,7 +189,11 @@ impl BatchEval<Toy> for ToyBatch {
         }
         seqs.iter_mut()
             .zip(inputs)
-            .map(|(s, t)| s.eval_last(t).map(<[f32]>::to_vec))
+            .zip(tails)
+            .map(|((s, t), &tail)| {
+                let mut all = s.eval_all(t)?;
+                Ok(all.split_off((t.len() - tail) * V as usize))
+            })
             .collect()
     }
 }
