@@ -517,7 +517,7 @@ impl<'r, S: Timeline> Scheduler<'r, S> {
                 pending: None,
                 proposer: self
                     .lookup
-                    .clone()
+                    .as_ref()
                     .map(|l| Adaptive::new(l.clone(), l.draft_max())),
                 admitted: Instant::now(),
                 first_token: None,
