@@ -264,14 +264,8 @@ fn engine_thread(
         return;
     }
     let rt = ModelRuntime::new(&tokenizer);
-    let limits = Limits {
-        n_ctx,
-        prefill_chunk: cfg.prefill_chunk,
-        checkpoint_every: (model.config().state_slots().0 > 0)
-            .then_some(ferrite_model::CHECKPOINT_EVERY),
-    };
-    let mut scheduler =
-        Scheduler::new(&rt, sessions, counters, limits).with_batcher(Box::new(SessionBatch(batch)));
+    let mut scheduler = Scheduler::new(&rt, sessions, counters, limits(&cfg, &model, n_ctx))
+        .with_batcher(Box::new(SessionBatch(batch)));
     if let Some(lookup) = lookup {
         scheduler = scheduler.with_lookup(lookup);
     }
@@ -298,6 +292,16 @@ fn speculation(cfg: &EngineConfig, model: &Model) -> Result<Option<Lookup>, Engi
     Lookup::new(draft_max)
         .map(Some)
         .map_err(|e| EngineError::Config(format!("--draft-max: {e}")))
+}
+
+/// The scheduler's limits for `model`: a hybrid's chunks stop on its checkpoints.
+pub(super) fn limits(cfg: &EngineConfig, model: &Model, n_ctx: usize) -> Limits {
+    Limits {
+        n_ctx,
+        prefill_chunk: cfg.prefill_chunk,
+        checkpoint_every: (model.config().state_slots().0 > 0)
+            .then_some(ferrite_model::CHECKPOINT_EVERY),
+    }
 }
 
 /// The shared prefix cache, or `None` when both its memory and disk parts are off. A disk

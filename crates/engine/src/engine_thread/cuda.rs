@@ -19,11 +19,11 @@ use ferrite_cuda::{CudaBackend, CudaBatch, CudaError, CudaModel, CudaOps, CudaSe
 use ferrite_model::{Batch, KvType, Model, Session};
 use ferrite_tokenizer::Tokenizer;
 
-use super::cpu::{ModelRuntime, Ready, SessionBatch};
+use super::cpu::{ModelRuntime, Ready, SessionBatch, limits};
 use super::{EngineConfig, EngineError};
 use crate::cuda_timeline::CudaTimeline;
 use crate::generate::{GenerateError, Timeline};
-use crate::scheduler::{BatchEval, Counters, Job, Limits, Scheduler};
+use crate::scheduler::{BatchEval, Counters, Job, Scheduler};
 
 /// Continuous batching on the device: the one-token inputs of a step in one
 /// [`CudaBatch::step`], longer inputs (prompt chunks) through each session's prefill.
@@ -147,12 +147,7 @@ pub(super) fn run(
         return;
     }
     let rt = ModelRuntime::new(tokenizer);
-    let limits = Limits {
-        n_ctx,
-        prefill_chunk: cfg.prefill_chunk,
-        checkpoint_every: None,
-    };
-    Scheduler::new(&rt, seqs, counters, limits)
+    Scheduler::new(&rt, seqs, counters, limits(cfg, model, n_ctx))
         .with_batcher(Box::new(CudaBatcher(batch)))
         .run(jobs);
 }
@@ -192,13 +187,7 @@ fn run_pass(
         return;
     }
     let rt = ModelRuntime::new(tokenizer);
-    let limits = Limits {
-        n_ctx,
-        prefill_chunk: cfg.prefill_chunk,
-        checkpoint_every: (model.config().state_slots().0 > 0)
-            .then_some(ferrite_model::CHECKPOINT_EVERY),
-    };
-    Scheduler::new(&rt, sessions, counters, limits)
+    Scheduler::new(&rt, sessions, counters, limits(cfg, model, n_ctx))
         .with_batcher(Box::new(SessionBatch(batch)))
         .run(jobs);
 }
