@@ -10,7 +10,9 @@
 // softmax; the block's key range is split z of `splits` equal chunks (at least `min_chunk`
 // keys) of the keys its queries can see. With one split the normalised output is written
 // straight to `out`; with several, each block writes (acc[head_dim], max, sum) to `part`
-// and attn_combine merges them.
+// and attn_combine merges them. Scores are soft-capped when softcap > 0 (Gemma 2); with
+// `sinks` (one logit per query head, gpt-oss; null otherwise) each head's softmax holds
+// its sink in the denominator, folded in where the output is normalised.
 //
 // Dynamic shared memory: q and acc (rows × head_dim each), probabilities (rows × ATT_TK),
 // and per row the running max, sum and rescale factor.
@@ -38,7 +40,8 @@ static __device__ __forceinline__ void attn_f16_block(
     const float* __restrict__ q, const u16* __restrict__ kc, const u16* __restrict__ vc,
     float* __restrict__ out, float* __restrict__ part, int n_head, int n_kv_head, int hd,
     const int* __restrict__ tp, int nq, int qt, int window, float scale, int splits,
-    int min_chunk, int g, int tile, int split) {
+    int min_chunk, float softcap, const float* __restrict__ sinks, int g, int tile,
+    int split) {
     extern __shared__ float4 sm4[];
     float* sm = (float*)sm4;
     int n_rep = n_head / n_kv_head;
@@ -87,7 +90,9 @@ static __device__ __forceinline__ void attn_f16_block(
             int p = first + row / n_rep;
             float s = FERRITE_NEG_INF;
             if (j < s_hi && j <= p && (window <= 0 || j > p - window))
-                s = dot_f16_row(qs + row * hd, kc + (unsigned long long)j * kv_dim + g * hd, hd);
+                s = soft_cap(
+                    dot_f16_row(qs + row * hd, kc + (unsigned long long)j * kv_dim + g * hd, hd),
+                    softcap);
             ps[i] = s;
         }
         __syncthreads();
@@ -125,7 +130,7 @@ static __device__ __forceinline__ void attn_f16_block(
         int qi = row / n_rep, h = g * n_rep + (row - qi * n_rep);
         unsigned long long qh = (unsigned long long)(q0 + qi) * n_head + h;
         if (splits == 1) {
-            out[qh * hd + d] = ls[row] > 0.0f ? acc[i] / ls[row] : 0.0f;
+            out[qh * hd + d] = acc[i] * attn_out_scale(ms[row], ls[row], sinks, h);
         } else {
             float* pp = part + (qh * splits + split) * (unsigned long long)(hd + 2);
             pp[d] = acc[i];
@@ -141,13 +146,15 @@ extern "C" __global__ void attn_f16(const float* __restrict__ q, const u16* __re
                                     const u16* __restrict__ vc, float* __restrict__ out,
                                     float* __restrict__ part, int n_head, int n_kv_head,
                                     int hd, const int* __restrict__ tp, int nq, int qt,
-                                    int window, float scale, int splits, int min_chunk) {
+                                    int window, float scale, int splits, int min_chunk,
+                                    float softcap, const float* __restrict__ sinks) {
     attn_f16_block(q, kc, vc, out, part, n_head, n_kv_head, hd, tp, nq, qt, window, scale,
-                   splits, min_chunk, blockIdx.x, blockIdx.y, blockIdx.z);
+                   splits, min_chunk, softcap, sinks, blockIdx.x, blockIdx.y, blockIdx.z);
 }
 
 // Merges the first `ns` of the `splits` partial results of attn_f16 for (query, head) pair
-// `qh`, threads over head_dim; partials marked empty (max -inf) count for nothing. With xq
+// `qh` (query head `head`, whose sink logit `sinks` holds when not null), threads over
+// head_dim; partials marked empty (max -inf) count for nothing. With xq
 // (blockDim.x == hd, hd a multiple of 32; null otherwise) the output is also quantized to
 // int8 blocks of the `n_out` outputs there (q8_block, the standalone quantizer's rounding).
 static __device__ __forceinline__ void attn_combine_pair(const float* __restrict__ part,
@@ -155,7 +162,9 @@ static __device__ __forceinline__ void attn_combine_pair(const float* __restrict
                                                          int splits, int ns,
                                                          unsigned long long qh,
                                                          u8* __restrict__ xq, int planes,
-                                                         int n_out) {
+                                                         int n_out,
+                                                         const float* __restrict__ sinks,
+                                                         int head) {
     const float* p = part + qh * splits * (hd + 2);
     float m = FERRITE_NEG_INF;
     for (int s = 0; s < ns; s++) m = fmaxf(m, p[s * (hd + 2) + hd]);
@@ -164,7 +173,7 @@ static __device__ __forceinline__ void attn_combine_pair(const float* __restrict
         float ms = p[s * (hd + 2) + hd];
         if (ms != FERRITE_NEG_INF) l += p[s * (hd + 2) + hd + 1] * expf(ms - m);
     }
-    float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    float inv = attn_out_scale(m, l, sinks, head);
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         float a = 0.0f;
         for (int s = 0; s < ns; s++) {
@@ -177,14 +186,16 @@ static __device__ __forceinline__ void attn_combine_pair(const float* __restrict
     }
 }
 
-// attn_combine_pair over every (query, head) pair: one block per pair. With one query
+// attn_combine_pair over every (query, head) pair: one block per pair, pair b being head
+// b % n_head of its query (whose sink logit `sinks` holds when not null). With one query
 // (decode) only the splits that hold keys at position tp[1] are read (attn_f16's chunking:
 // ceil(n / chunk) of them), so short contexts merge one partial, not `splits`. xq: see
 // attn_combine_pair (one query only).
 extern "C" __global__ void attn_combine(const float* __restrict__ part, float* __restrict__ out,
                                         int hd, int splits, const int* __restrict__ tp,
                                         int window, int min_chunk, int nq,
-                                        u8* __restrict__ xq, int planes) {
+                                        u8* __restrict__ xq, int planes, int n_head,
+                                        const float* __restrict__ sinks) {
     int ns = splits;
     if (nq == 1) {
         int pos = tp[1];
@@ -193,5 +204,6 @@ extern "C" __global__ void attn_combine(const float* __restrict__ part, float* _
         int chunk = max((n + splits - 1) / splits, min_chunk);
         ns = min(splits, (n + chunk - 1) / chunk);
     }
-    attn_combine_pair(part, out, hd, splits, ns, blockIdx.x, xq, planes, gridDim.x * hd);
+    attn_combine_pair(part, out, hd, splits, ns, blockIdx.x, xq, planes, gridDim.x * hd, sinks,
+                      blockIdx.x % n_head);
 }

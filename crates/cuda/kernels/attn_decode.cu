@@ -22,7 +22,9 @@
 // merges the ns partials, each thread folding every split into its dimension (online
 // rescaling, the splits' loads independent). The block that writes the output also
 // quantizes it to int8 blocks (q8_block, the standalone quantizer's rounding) when xq is
-// not null; head_dim is a multiple of 32, so blocks never straddle heads.
+// not null; head_dim is a multiple of 32, so blocks never straddle heads. Scores are
+// soft-capped when softcap > 0 (Gemma 2); a sink logit per query head (gpt-oss; `sinks`
+// null otherwise) joins the softmax's denominator where the output is normalised.
 #define ATTD_WARPS 4
 #define ATTD_MIN_KEYS (32 * ATTD_WARPS)
 #define ATTD_MAX_SPLITS 128
@@ -66,13 +68,15 @@ static __device__ __forceinline__ float attd_dot8(uint4 w, float4 a, float4 b) {
 
 // One session's attention: q, out (n_head × head_dim values), the caches, part (n_head ×
 // splits partials), cnt (n_head counters) and tp ([token, position]) are that session's;
-// its int8 output blocks are xq_blk0 onwards of an xq layout of xq_n values.
+// its int8 output blocks are xq_blk0 onwards of an xq layout of xq_n values; softcap and
+// sinks as described at the top.
 template <int DPL>
 static __device__ __forceinline__ void attn_decode(
     const float* __restrict__ q, const u16* __restrict__ kc, const u16* __restrict__ vc,
     float* __restrict__ out, float* __restrict__ part, unsigned int* __restrict__ cnt,
     u8* __restrict__ xq, int xq_n, int xq_blk0, int planes, int n_head, int n_kv_head,
-    const int* __restrict__ tp, int window, float scale, int splits) {
+    const int* __restrict__ tp, int window, float scale, int splits, float softcap,
+    const float* __restrict__ sinks) {
     const int HD = 32 * DPL;
     // Score loads: lanes per key row, key rows per warp load, warp loads per tile, and how
     // many of those are in flight at once (registers).
@@ -135,7 +139,7 @@ static __device__ __forceinline__ void attn_decode(
                 if (lane / RPI == i0 + i) s = v;
             }
         }
-        float sv = valid ? s : FERRITE_NEG_INF;
+        float sv = valid ? soft_cap(s, softcap) : FERRITE_NEG_INF;
         float m_new = fmaxf(m, warp_max(sv));
         float p = valid ? expf(sv - m_new) : 0.0f;
         float a = (m == FERRITE_NEG_INF) ? 0.0f : expf(m - m_new);
@@ -182,7 +186,7 @@ static __device__ __forceinline__ void attn_decode(
             }
         }
         if (ns == 1) {
-            float o = sum > 0.0f ? av / sum : 0.0f;
+            float o = av * attn_out_scale(mx, sum, sinks, h);
             out[(unsigned long long)h * HD + d] = o;
             wacc[0][d] = o;
         } else {
@@ -234,7 +238,7 @@ static __device__ __forceinline__ void attn_decode(
                     }
                 }
             }
-            float o = sum > 0.0f ? av / sum : 0.0f;
+            float o = av * attn_out_scale(mx, sum, sinks, h);
             out[(unsigned long long)h * HD + d] = o;
             wacc[0][d] = o;
         }
@@ -245,11 +249,12 @@ static __device__ __forceinline__ void attn_decode(
         q8_block(wacc[0][(b << 5) + lane], xq, xq_n, xq_blk0 + h * DPL + b, planes);
 }
 
-// attn_decode_f16_<head_dim>: one session. battn_decode_f16_<head_dim>: session s =
-// blockIdx.z of a batch, with its query and output columns, its caches (from the tables kt,
-// vt), its [token, position] at tps[2s..], its own splits[s] and a region of part (n_head ×
-// max_splits partials) and cnt (n_head counters) of its own; its int8 output is column s of
-// an xq layout of gridDim.z columns. Each session computes exactly what it computes alone.
+// attn_decode_f16_<head_dim>: one session, with its soft cap and sinks.
+// battn_decode_f16_<head_dim> (neither): session s = blockIdx.z of a batch, with its query
+// and output columns, its caches (from the tables kt, vt), its [token, position] at
+// tps[2s..], its own splits[s] and a region of part (n_head × max_splits partials) and cnt
+// (n_head counters) of its own; its int8 output is column s of an xq layout of gridDim.z
+// columns. Each session computes exactly what it computes alone.
 #define FERRITE_ATTN_DECODE(HDIM, DPL)                                                     \
     extern "C" __global__ void __launch_bounds__(32 * ATTD_WARPS)                          \
         attn_decode_f16_##HDIM(const float* __restrict__ q, const u16* __restrict__ kc,    \
@@ -257,9 +262,10 @@ static __device__ __forceinline__ void attn_decode(
                                float* __restrict__ part, unsigned int* __restrict__ cnt,   \
                                u8* __restrict__ xq, int planes, int n_head, int n_kv_head, \
                                const int* __restrict__ tp, int window, float scale,        \
-                               int splits) {                                               \
+                               int splits, float softcap,                                  \
+                               const float* __restrict__ sinks) {                          \
         attn_decode<DPL>(q, kc, vc, out, part, cnt, xq, n_head * HDIM, 0, planes, n_head,  \
-                         n_kv_head, tp, window, scale, splits);                            \
+                         n_kv_head, tp, window, scale, splits, softcap, sinks);            \
     }                                                                                      \
     extern "C" __global__ void __launch_bounds__(32 * ATTD_WARPS) battn_decode_f16_##HDIM( \
         const float* __restrict__ q, const unsigned long long* __restrict__ kt,            \
@@ -273,7 +279,7 @@ static __device__ __forceinline__ void attn_decode(
                          part + (unsigned long long)s * n_head * max_splits * (HDIM + 2),  \
                          cnt + (unsigned long long)s * n_head, xq,                         \
                          (int)gridDim.z * n_head * HDIM, s * n_head * DPL, planes, n_head, \
-                         n_kv_head, tps + 2 * s, window, scale, splits[s]);                \
+                         n_kv_head, tps + 2 * s, window, scale, splits[s], 0.0f, nullptr); \
     }
 
 FERRITE_ATTN_DECODE(64, 2)

@@ -92,7 +92,7 @@
                 float gs = warp_sum(g[c]);                                                 \
                 float us = warp_sum(up[c]);                                                \
                 if (lane == 0)                                                             \
-                    y[(unsigned long long)(c0 + c) * rows + row] = gate_act(gs, act) * us; \
+                    y[(unsigned long long)(c0 + c) * rows + row] = gated(gs, us, act);     \
             }                                                                              \
         }                                                                                  \
     }
@@ -148,8 +148,8 @@ extern "C" __global__ void battn_f16(const float* __restrict__ q,
     unsigned long long qo = (unsigned long long)s * n_head * hd;
     attn_f16_block(q + qo, (const u16*)kcs[s], (const u16*)vcs[s], out + qo,
                    part + (unsigned long long)s * n_head * gridDim.z * (hd + 2), n_head,
-                   n_kv_head, hd, tps + 2 * s, 1, 1, window, scale, sp, min_chunk, blockIdx.x, 0,
-                   blockIdx.z);
+                   n_kv_head, hd, tps + 2 * s, 1, 1, window, scale, sp, min_chunk, 0.0f, nullptr,
+                   blockIdx.x, 0, blockIdx.z);
 }
 
 // Merges battn_f16's partials: block (h, s) for head h of session s; sessions of one split
@@ -162,5 +162,5 @@ extern "C" __global__ void battn_combine(const float* __restrict__ part, float* 
     if (sp <= 1) return;
     attn_combine_pair(part + (unsigned long long)s * n_head * max_splits * (hd + 2),
                       out + (unsigned long long)s * n_head * hd, hd, sp, sp, blockIdx.x,
-                      nullptr, 0, 0);
+                      nullptr, 0, 0, nullptr, 0);
 }

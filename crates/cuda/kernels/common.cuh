@@ -59,3 +59,36 @@ static __device__ __forceinline__ float gate_act(float v, int act) {
     float t = tanhf(0.7978845608f * (v + 0.044715f * v * v * v));
     return 0.5f * v * (1.0f + t);
 }
+
+// Limit and sigmoid slope of gpt-oss's clamped SwiGLU (ferrite_backend::Act's constants).
+#define FERRITE_SWIGLU_OAI_LIMIT 7.0f
+#define FERRITE_SWIGLU_OAI_ALPHA 1.702f
+
+// One gated FFN value from its gate and up products: act(g) * u for act 0 and 1
+// (gate_act), and for 2 gpt-oss's clamped SwiGLU, whose gate is capped above and whose up
+// value is clamped and shifted by one.
+static __device__ __forceinline__ float gated(float g, float u, int act) {
+    if (act != 2) return gate_act(g, act) * u;
+    float c = fminf(g, FERRITE_SWIGLU_OAI_LIMIT);
+    float uc = fminf(fmaxf(u, -FERRITE_SWIGLU_OAI_LIMIT), FERRITE_SWIGLU_OAI_LIMIT);
+    return c / (1.0f + expf(-FERRITE_SWIGLU_OAI_ALPHA * c)) * (uc + 1.0f);
+}
+
+// The factor that turns an online softmax's accumulated values into attention outputs,
+// given the running max `m` and sum `l` relative to it: 1 / l, or, with a sink logit per
+// query head (gpt-oss; `sinks` null otherwise), the same with exp(sink) joining the sum,
+// rescaled to the larger of the two maxima so neither exponential overflows.
+static __device__ __forceinline__ float attn_out_scale(float m, float l,
+                                                       const float* __restrict__ sinks,
+                                                       int head) {
+    if (!sinks) return l > 0.0f ? 1.0f / l : 0.0f;
+    float s = sinks[head];
+    float mx = fmaxf(m, s);
+    float c = m == FERRITE_NEG_INF ? 0.0f : expf(m - mx);
+    return c / (l * c + expf(s - mx));
+}
+
+// A scaled attention score soft-capped (Gemma 2: cap · tanh(s / cap)); cap 0 leaves it.
+static __device__ __forceinline__ float soft_cap(float s, float cap) {
+    return cap > 0.0f ? cap * tanhf(s / cap) : s;
+}

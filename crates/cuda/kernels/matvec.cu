@@ -188,11 +188,11 @@ static __device__ __forceinline__ float deq_f16(const u8* __restrict__ r, int i)
         }                                                                                  \
         g0 = warp_sum(g0);                                                                 \
         u0 = warp_sum(u0);                                                                 \
-        if (lane == 0) y[row] = gate_act(g0, act) * u0;                                    \
+        if (lane == 0) y[row] = gated(g0, u0, act);                                        \
         if (nr > 1) {                                                                      \
             g1 = warp_sum(g1);                                                             \
             u1 = warp_sum(u1);                                                             \
-            if (lane == 0 && row + 1 < rows) y[row + 1] = gate_act(g1, act) * u1;          \
+            if (lane == 0 && row + 1 < rows) y[row + 1] = gated(g1, u1, act);              \
         }                                                                                  \
     }
 

@@ -155,7 +155,7 @@ extern "C" __global__ void moe_combine(const float* __restrict__ ys, const int* 
         }                                                                                  \
         g = warp_sum(g);                                                                   \
         up = warp_sum(up);                                                                 \
-        if (lane == 0) y[(unsigned long long)p * rows + row] = gate_act(g, act) * up;      \
+        if (lane == 0) y[(unsigned long long)p * rows + row] = gated(g, up, act);          \
     }                                                                                      \
     /* Down products of token t = blockIdx.y's k experts, weighted and summed in slot      \
        order: y[t, r] = sum_s wts[t,s] * (W_sel[t,s][r,:] . x[t*k+s]). One warp per row. */\

@@ -39,14 +39,21 @@ extern "C" __global__ void rope_f32(float* x, int n_heads, int head_dim, int rot
 extern "C" __global__ void gate_silu_f32(float* g, const float* __restrict__ u, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    g[i] = gate_act(g[i], 0) * u[i];
+    g[i] = gated(g[i], u[i], 0);
 }
 
 // g[i] = gelu_tanh(g[i]) * u[i]
 extern "C" __global__ void gate_gelu_f32(float* g, const float* __restrict__ u, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    g[i] = gate_act(g[i], 1) * u[i];
+    g[i] = gated(g[i], u[i], 1);
+}
+
+// g[i] = clamped SwiGLU of g[i] and u[i] (gpt-oss; see gated)
+extern "C" __global__ void gate_swiglu_oai_f32(float* g, const float* __restrict__ u, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    g[i] = gated(g[i], u[i], 2);
 }
 
 // x[i] += y[i]

@@ -40,16 +40,13 @@ fn expert_grid(rows: usize, y: usize) -> LaunchConfig {
     }
 }
 
-/// The gated kernels' code of `act`; the clamped SwiGLU (gpt-oss) has no kernel, and a
-/// model with it is refused at load.
+/// The gated kernels' code of `act` (`gated` in common.cuh).
 pub(crate) fn act_code(act: Activation) -> Result<i32, CudaError> {
-    match act {
-        Activation::Silu => Ok(0),
-        Activation::GeluTanh => Ok(1),
-        Activation::SwigluOai => Err(CudaError::UnsupportedFeature(
-            "the clamped SwiGLU (gpt-oss)",
-        )),
-    }
+    Ok(match act {
+        Activation::Silu => 0,
+        Activation::GeluTanh => 1,
+        Activation::SwigluOai => 2,
+    })
 }
 
 impl CudaBackend {

@@ -56,6 +56,8 @@ impl CudaBackend {
     /// positions `tp[1]..` over cache rows up to each query's own, into `out`. With
     /// `splits > 1` (decode), keys are split over that many blocks whose partial results go
     /// to `part` (`nq × n_head × splits × (head_dim + 2)` values) and are merged after.
+    /// With `sinks` (one logit per query head, gpt-oss), each head's softmax also holds its
+    /// sink in the denominator.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn attention(
         &self,
@@ -68,8 +70,9 @@ impl CudaBackend {
         tp: &CudaSlice<i32>,
         nq: usize,
         splits: usize,
+        sinks: Option<&CudaSlice<f32>>,
     ) -> Result<(), CudaError> {
-        self.attention_q(shape, q, kc, vc, out, part, tp, nq, splits, None)
+        self.attention_q(shape, q, kc, vc, out, part, tp, nq, splits, None, sinks)
     }
 
     /// [`CudaBackend::attention`] of one query (`nq` = 1) whose output is also quantized to
@@ -89,7 +92,9 @@ impl CudaBackend {
         nq: usize,
         splits: usize,
         xq: Option<ActQ<'_>>,
+        sinks: Option<&CudaSlice<f32>>,
     ) -> Result<(), CudaError> {
+        check_sinks(shape, sinks)?;
         let hd = shape.head_dim;
         let n_rep = shape.n_head / shape.n_kv_head;
         let qdim = shape.n_head * hd;
@@ -120,6 +125,7 @@ impl CudaBackend {
         let (nq32, qt32, sp32) = (i32_of(nq, "queries")?, qt as i32, splits as i32);
         let win = shape.window.map_or(0, |w| w.min(i32::MAX as usize) as i32);
         let min_chunk = ATT_TILE as i32;
+        let cap = shape.cap_arg();
         let mut b = self.kernel("attn_f16")?;
         b.arg(q)
             .arg(kc)
@@ -135,11 +141,18 @@ impl CudaBackend {
             .arg(&win)
             .arg(&shape.scale)
             .arg(&sp32)
-            .arg(&min_chunk);
-        // SAFETY: reads nq query rows (checked above) and cache rows up to tp[1] + nq - 1
-        // (callers keep that below the cache's rows); writes nq rows of out or, with
-        // splits > 1, nq × n_head × splits partials (checked above). Shared memory is sized
-        // from the same qt and head_dim the kernel uses.
+            .arg(&min_chunk)
+            .arg(&cap);
+        let null = 0u64;
+        match sinks {
+            Some(s) => b.arg(s),
+            None => b.arg(&null),
+        };
+        // SAFETY: reads nq query rows (checked above), cache rows up to tp[1] + nq - 1
+        // (callers keep that below the cache's rows) and n_head sink logits when sinks is
+        // not null (checked above); writes nq rows of out or, with splits > 1, nq × n_head
+        // × splits partials (checked above). Shared memory is sized from the same qt and
+        // head_dim the kernel uses.
         unsafe { b.launch(cfg) }?;
         if xq.is_some_and(|x| {
             nq != 1 || !(1..=2).contains(&x.planes) || x.buf.len() < act_q8_bytes(qdim, x.planes)
@@ -156,7 +169,6 @@ impl CudaBackend {
                 block_dim: (hd.next_multiple_of(32).min(256) as u32, 1, 1),
                 shared_mem_bytes: 0,
             };
-            let null = 0u64;
             let planes = xq.map_or(0, |x| x.planes as i32);
             let mut b = self.kernel("attn_combine")?;
             b.arg(part)
@@ -171,18 +183,37 @@ impl CudaBackend {
                 Some(x) => b.arg(x.buf),
                 None => b.arg(&null),
             };
-            b.arg(&planes);
-            // SAFETY: reads the partials written above and writes nq × n_head × head_dim
-            // values of out (both checked above); with xq (a null pointer otherwise, which
-            // the kernel tests), one query's act_q8_bytes(qdim, planes) bytes (checked
-            // above), each block of head_dim threads (a multiple of 32, at most 256)
-            // quantizing its head.
+            b.arg(&planes).arg(&nh);
+            match sinks {
+                Some(s) => b.arg(s),
+                None => b.arg(&null),
+            };
+            // SAFETY: reads the partials written above and, when sinks is not null, n_head
+            // sink logits; writes nq × n_head × head_dim values of out (all checked above);
+            // with xq (a null pointer otherwise, which the kernel tests), one query's
+            // act_q8_bytes(qdim, planes) bytes (checked above), each block of head_dim
+            // threads (a multiple of 32, at most 256) quantizing its head.
             unsafe { b.launch(cfg) }?;
         }
         match xq {
             Some(x) if !fused_q => self.quantize_act(out, x, qdim),
             _ => Ok(()),
         }
+    }
+}
+
+/// Sink logits, when given, hold one value per query head of `shape`.
+pub(crate) fn check_sinks(
+    shape: &AttnShape,
+    sinks: Option<&CudaSlice<f32>>,
+) -> Result<(), CudaError> {
+    match sinks {
+        Some(s) if s.len() < shape.n_head => Err(CudaError::InvalidArgument(format!(
+            "{} sink logits for {} heads",
+            s.len(),
+            shape.n_head
+        ))),
+        _ => Ok(()),
     }
 }
 
@@ -200,6 +231,9 @@ pub struct AttnShape {
     pub scale: f32,
     /// Sliding window length; `None` for full causal attention.
     pub window: Option<usize>,
+    /// Soft cap of the scaled scores, `cap · tanh(s / cap)` (Gemma 2); `None` for plain
+    /// scores.
+    pub softcap: Option<f32>,
 }
 
 impl AttnShape {
@@ -228,7 +262,21 @@ impl AttnShape {
             head_dim,
             scale,
             window,
+            softcap: None,
         })
+    }
+
+    /// This geometry with its scores soft-capped at `cap` (none for `None`).
+    pub fn with_softcap(self, cap: Option<f32>) -> AttnShape {
+        AttnShape {
+            softcap: cap,
+            ..self
+        }
+    }
+
+    /// The soft cap as the kernels take it: 0 for none.
+    pub(crate) fn cap_arg(&self) -> f32 {
+        self.softcap.unwrap_or(0.0)
     }
 
     /// `n_kv_head × head_dim`.

@@ -17,7 +17,7 @@
 //! are gathered on the device and its products run over them, and one launch sums every
 //! token's slots. This module never computes a value on the host that a kernel computes;
 //! what has no kernel here (frequency-scaled rope without the KV store, KV rows other than
-//! f16, the clamped SwiGLU gate) is refused by [`CudaOps::supports`] with the reason.
+//! f16, values read from the keys) is refused by [`CudaOps::supports`] with the reason.
 
 mod tables;
 mod weights;
@@ -115,30 +115,23 @@ enum Gate {
     Sigmoid,
 }
 
-/// The kernel computing `act`, or `None` where there is none.
-fn gate_kernel(act: Act) -> Option<Gate> {
+/// The kernel computing `act`.
+fn gate_kernel(act: Act) -> Gate {
     match act {
-        Act::Silu => Some(Gate::Ffn(Activation::Silu)),
-        Act::GeluTanh => Some(Gate::Ffn(Activation::GeluTanh)),
-        Act::Sigmoid => Some(Gate::Sigmoid),
-        Act::SwigluOai => None,
+        Act::Silu => Gate::Ffn(Activation::Silu),
+        Act::GeluTanh => Gate::Ffn(Activation::GeluTanh),
+        Act::Sigmoid => Gate::Sigmoid,
+        Act::SwigluOai => Gate::Ffn(Activation::SwigluOai),
     }
 }
 
 /// The kernels' geometry for a contract shape.
 fn attn_shape(s: &ContractShape) -> Result<AttnShape> {
-    if s.softcap.is_some() {
-        return Err(BackendError::Unsupported {
-            op: "attention",
-            dtype: "soft-capped scores".into(),
-            backend: "cuda",
-            reason: "the attention kernels have no score soft-capping".into(),
-        });
-    }
     if s.values != Values::Own {
         return Err(values_in_keys("attention"));
     }
     AttnShape::new(s.n_head, s.n_kv_head, s.head_dim, s.scale, s.window)
+        .map(|g| g.with_softcap(s.softcap))
         .map_err(kernel("attention"))
 }
 
@@ -355,10 +348,8 @@ impl Backend for CudaOps {
             | Op::MatMulShared { ty, cols }
             | Op::Logits { ty, cols } => weights(ty, cols),
             Op::MoeRoute { .. } => Support::Native,
-            Op::MoeExperts { ty, act, cols, .. } => match gate_kernel(act) {
-                Some(Gate::Ffn(_)) => weights(ty, cols),
-                _ => Support::Unsupported(format!("no CUDA kernel of the {act:?} expert gate")),
-            },
+            // Every gate has a kernel (`gated_act` runs each expert's).
+            Op::MoeExperts { ty, cols, .. } => weights(ty, cols),
             Op::Rope { scaled: true, .. } => Support::Unsupported(
                 "frequency-scaled rope runs only fused with the KV store (rope_store)".into(),
             ),
@@ -368,12 +359,9 @@ impl Backend for CudaOps {
             | Op::AddNorm
             | Op::Add
             | Op::AddBias
-            | Op::Copy => Support::Native,
-            Op::GatedAct { act } => match gate_kernel(act) {
-                Some(_) => Support::Native,
-                None => Support::Unsupported(format!("no CUDA kernel of the {act:?} gate")),
-            },
-            Op::RowGate
+            | Op::Copy
+            | Op::GatedAct { .. }
+            | Op::RowGate
             | Op::GatedNorm
             | Op::GroupNorm
             | Op::ReluSq
@@ -385,12 +373,6 @@ impl Backend for CudaOps {
                  shared memory, not {k_dim}"
             )),
             Op::KvStore { kv } | Op::RopeStore { kv, .. } => f16_only(kv),
-            Op::Attention { sinks: true, .. } => {
-                Support::Unsupported("the attention kernels have no sink logits (gpt-oss)".into())
-            }
-            Op::Attention { softcap: true, .. } => {
-                Support::Unsupported("the attention kernels have no score soft-capping".into())
-            }
             Op::Attention {
                 values: Values::InKeys { .. },
                 ..
@@ -667,12 +649,9 @@ impl Backend for CudaOps {
         n: usize,
         width: usize,
     ) -> Result<()> {
-        let Some(gate_kernel) = gate_kernel(act) else {
-            return self.require(&Op::GatedAct { act });
-        };
         let len = n * width;
         check("gated_act", gate.len().min(up.len()), 0, len)?;
-        match gate_kernel {
+        match gate_kernel(act) {
             Gate::Ffn(a) => self.dev.gated(a, gate, up, len),
             Gate::Sigmoid => self.dev.gate_sigmoid(gate, up, len),
         }
@@ -766,6 +745,7 @@ impl Backend for CudaOps {
             head_dim: r.head_dim,
             scale: 1.0,
             window: None,
+            softcap: None,
         };
         if r.long.is_some() && r.factors.is_none() {
             return Err(BackendError::Shape {
@@ -826,16 +806,16 @@ impl Backend for CudaOps {
         out: &mut CudaSlice<f32>,
     ) -> Result<()> {
         let op = "attention";
-        if sinks.is_some() {
-            self.require(&Op::Attention {
-                kv: KvType::F16,
-                head_dim: s.head_dim,
-                softcap: false,
-                values: s.values,
-                sinks: true,
-            })?;
-        }
         let geometry = attn_shape(s)?;
+        let sinks = sinks.map(|v| self.vec(v)).transpose()?;
+        if let Some(logits) = &sinks
+            && logits.len() != s.n_head
+        {
+            return Err(shape(
+                op,
+                format!("{} sink logits for {} heads", logits.len(), s.n_head),
+            ));
+        }
         let (qdim, kv_dim) = (s.n_head * s.head_dim, geometry.kv_dim());
         let mut row = 0;
         for seg in segs {
@@ -861,11 +841,34 @@ impl Backend for CudaOps {
                     .alloc_zeros::<u32>(s.n_head.max(1))
                     .map_err(driver(op))?;
                 self.dev
-                    .decode_attention(&geometry, &qs, kc, vc, &os, &part, &cnt, &tp, splits, None)
+                    .decode_attention(
+                        &geometry,
+                        &qs,
+                        kc,
+                        vc,
+                        &os,
+                        &part,
+                        &cnt,
+                        &tp,
+                        splits,
+                        None,
+                        sinks.as_deref(),
+                    )
                     .map_err(kernel(op))?;
             } else {
                 self.dev
-                    .attention(&geometry, &qs, kc, vc, &os, &part, &tp, n, splits)
+                    .attention(
+                        &geometry,
+                        &qs,
+                        kc,
+                        vc,
+                        &os,
+                        &part,
+                        &tp,
+                        n,
+                        splits,
+                        sinks.as_deref(),
+                    )
                     .map_err(kernel(op))?;
             }
             self.unstage(op, &os, out, row * qdim, n * qdim)?;

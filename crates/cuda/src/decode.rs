@@ -49,7 +49,8 @@ impl CudaBackend {
     /// (partials in `part`: n_head × splits × (head_dim + 2) values; `cnt`: n_head
     /// counters, zero between launches), by the kernel that merges its splits itself where
     /// it covers the shape, else by the general kernel and a merge launch. With `xq`, the
-    /// output is also quantized to int8 blocks there (see [`CudaBackend::quantize_act`]).
+    /// output is also quantized to int8 blocks there (see [`CudaBackend::quantize_act`]);
+    /// `sinks` as [`CudaBackend::attention`]'s.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn decode_attention(
         &self,
@@ -63,12 +64,14 @@ impl CudaBackend {
         tp: &CudaSlice<i32>,
         splits: usize,
         xq: Option<ActQ<'_>>,
+        sinks: Option<&CudaSlice<f32>>,
     ) -> Result<(), CudaError> {
         let hd = shape.head_dim;
         let qdim = shape.n_head * hd;
         let Some((name, _)) = decode_kernel(shape) else {
-            return self.attention_q(shape, q, kc, vc, out, part, tp, 1, splits, xq);
+            return self.attention_q(shape, q, kc, vc, out, part, tp, 1, splits, xq, sinks);
         };
+        crate::attn_ops::check_sinks(shape, sinks)?;
         if splits == 0
             || splits > ATTD_MAX_SPLITS
             || q.len() < qdim
@@ -97,6 +100,7 @@ impl CudaBackend {
         let (nh, nkv, sp) = (shape.n_head as i32, shape.n_kv_head as i32, splits as i32);
         let win = shape.window.map_or(0, |w| w.min(i32::MAX as usize) as i32);
         let planes = xq.map_or(0, |x| x.planes as i32);
+        let cap = shape.cap_arg();
         let null = 0u64;
         let mut b = self.kernel(name)?;
         b.arg(q).arg(kc).arg(vc).arg(out).arg(part).arg(cnt);
@@ -110,12 +114,17 @@ impl CudaBackend {
             .arg(tp)
             .arg(&win)
             .arg(&shape.scale)
-            .arg(&sp);
-        // SAFETY: reads one query row and cache rows up to tp[1] (callers keep that below the
-        // cache's rows), writes n_head × head_dim values of out, at most n_head × splits ×
-        // (head_dim + 2) partials, n_head counters (left at zero) and, with xq (a null
-        // pointer otherwise, which the kernel tests), act_q8_bytes(qdim, planes) bytes; all
-        // checked above.
+            .arg(&sp)
+            .arg(&cap);
+        match sinks {
+            Some(s) => b.arg(s),
+            None => b.arg(&null),
+        };
+        // SAFETY: reads one query row, cache rows up to tp[1] (callers keep that below the
+        // cache's rows) and, when sinks is not null, n_head sink logits; writes n_head ×
+        // head_dim values of out, at most n_head × splits × (head_dim + 2) partials, n_head
+        // counters (left at zero) and, with xq (a null pointer otherwise, which the kernel
+        // tests), act_q8_bytes(qdim, planes) bytes; all checked above.
         unsafe { b.launch(cfg) }?;
         Ok(())
     }

@@ -104,6 +104,7 @@ const KERNELS: &[&str] = &[
     "rope_f32",
     "gate_silu_f32",
     "gate_gelu_f32",
+    "gate_swiglu_oai_f32",
     "add_f32",
     "kv_store_f16",
     "attn_f16",

@@ -349,7 +349,8 @@ impl CudaBackend {
 
     /// Attention of the `nq = q.len() / (n_head × head_dim)` queries at the last `nq`
     /// positions over keys and values of every position so far (row-major `[pos][kv_dim]`),
-    /// which go through the f16 cache store kernel first; keys split over `splits` blocks.
+    /// which go through the f16 cache store kernel first; keys split over `splits` blocks;
+    /// `sinks` one logit per query head, or none.
     pub fn attention_host(
         &self,
         shape: &AttnShape,
@@ -357,6 +358,7 @@ impl CudaBackend {
         k: &[f32],
         v: &[f32],
         splits: usize,
+        sinks: Option<&[f32]>,
     ) -> Result<Vec<f32>, CudaError> {
         let kv_dim = shape.kv_dim();
         let n = k.len() / kv_dim;
@@ -386,7 +388,19 @@ impl CudaBackend {
             .stream
             .alloc_zeros::<f32>(nq * shape.n_head * splits.max(1) * (shape.head_dim + 2))?;
         let tp = self.stream.clone_htod(&[0i32, (n - nq) as i32])?;
-        self.attention(shape, &qd, &kc, &vc, &out, &part, &tp, nq, splits)?;
+        let sinks = sinks.map(|s| self.stream.clone_htod(s)).transpose()?;
+        self.attention(
+            shape,
+            &qd,
+            &kc,
+            &vc,
+            &out,
+            &part,
+            &tp,
+            nq,
+            splits,
+            sinks.as_ref(),
+        )?;
         Ok(self.stream.clone_dtoh(&out)?)
     }
 
@@ -395,7 +409,7 @@ impl CudaBackend {
     /// kernel), keys split over up to `splits` blocks per query head, the output also
     /// quantized to int8 in `planes` planes when `planes > 0`, as a decode step runs it.
     /// Launched `runs` times on the same buffers (the split counters must come back to
-    /// zero); returns each run's output.
+    /// zero); returns each run's output. `sinks`: one logit per query head, or none.
     #[allow(clippy::too_many_arguments)]
     pub fn decode_attention_host(
         &self,
@@ -406,6 +420,7 @@ impl CudaBackend {
         splits: usize,
         planes: usize,
         runs: usize,
+        sinks: Option<&[f32]>,
     ) -> Result<Vec<AttnOutput>, CudaError> {
         let kv_dim = shape.kv_dim();
         let n = k.len() / kv_dim;
@@ -427,13 +442,26 @@ impl CudaBackend {
             .stream
             .alloc_zeros::<u8>(act_q8_bytes(qdim, planes.max(1)))?;
         let tp = self.stream.clone_htod(&[0i32, (n - 1) as i32])?;
+        let sinks = sinks.map(|s| self.stream.clone_htod(s)).transpose()?;
         let mut res = Vec::with_capacity(runs);
         for _ in 0..runs {
             // Cleared so that a run that writes nothing cannot pass for its predecessor.
             self.stream.memset_zeros(&mut out)?;
             self.stream.memset_zeros(&mut buf)?;
             let xq = (planes > 0).then_some(ActQ { buf: &buf, planes });
-            self.decode_attention(shape, &qd, &kc, &vc, &out, &part, &cnt, &tp, splits, xq)?;
+            self.decode_attention(
+                shape,
+                &qd,
+                &kc,
+                &vc,
+                &out,
+                &part,
+                &cnt,
+                &tp,
+                splits,
+                xq,
+                sinks.as_ref(),
+            )?;
             let q8 = match planes {
                 1.. => Some(QuantizedAct::from_device(
                     &self.stream.clone_dtoh(&buf)?,

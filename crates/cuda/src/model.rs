@@ -685,6 +685,7 @@ impl<'m> CudaSession<'m> {
                 tp,
                 self.splits,
                 xq,
+                None,
             )?;
             b.matvec(&lw.wo, &u.att, xq, &u.o)?;
             if let Some(ob) = &lw.out_bias {

@@ -551,7 +551,8 @@ impl CudaBackend {
     ) -> Result<(), CudaError> {
         let name = match crate::arch_ops::act_code(act)? {
             0 => "gate_silu_f32",
-            _ => "gate_gelu_f32",
+            1 => "gate_gelu_f32",
+            _ => "gate_swiglu_oai_f32",
         };
         let n32 = n as i32;
         let mut b = self.kernel(name)?;

@@ -164,7 +164,9 @@ impl CudaSession<'_> {
                 m.rope_factors.as_ref(),
             )?;
             let splits = prefill_splits(&shape, n, self.n_past + n);
-            b.attention(&shape, &pb.q, kc, vc, &pb.att, &pb.part, tp, n, splits)?;
+            b.attention(
+                &shape, &pb.q, kc, vc, &pb.att, &pb.part, tp, n, splits, None,
+            )?;
             mode.prepare(b, &[&lw.wo], &pb.att, n, c.q_dim(), x16, xq)?;
             mode.product(b, &lw.wo, x16, xq, n, &pb.o, scratch)?;
             if let Some(ob) = &lw.out_bias {

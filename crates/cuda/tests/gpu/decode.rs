@@ -41,7 +41,7 @@ fn decode_attention_matches_naive_and_quantizes_its_output() {
             let k = pseudo(n * shape.kv_dim(), 2);
             let v = pseudo(n * shape.kv_dim(), 3);
             let q: Vec<f32> = pseudo(nh * hd, 1).iter().map(|v| v * 3.0).collect();
-            let want = naive_attention(&shape, &q, &k, &v);
+            let want = naive_attention(&shape, &q, &k, &v, None);
             for (splits, planes) in [1, 3, 128]
                 .into_iter()
                 .flat_map(|sp| [(sp, 0), (sp, 1), (sp, 2)])
@@ -50,7 +50,7 @@ fn decode_attention_matches_naive_and_quantizes_its_output() {
                     "decode attention {nh}/{nkv}x{hd} {window:?} n={n} splits {splits} planes {planes}"
                 );
                 let runs = b
-                    .decode_attention_host(&shape, &q, &k, &v, splits, planes, 2)
+                    .decode_attention_host(&shape, &q, &k, &v, splits, planes, 2, None)
                     .unwrap();
                 let (got, q8) = &runs[0];
                 assert_close(&what, got, &want, 1e-5);

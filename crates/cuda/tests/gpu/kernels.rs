@@ -200,8 +200,15 @@ fn gated_activations_and_add_match_cpu() {
     assert_close("add", &got, &want, 1e-6);
 }
 
-/// Attention of the `q.len() / (n_head × head_dim)` queries at the last positions.
-pub fn naive_attention(shape: &AttnShape, q: &[f32], k: &[f32], v: &[f32]) -> Vec<f64> {
+/// Attention of the `q.len() / (n_head × head_dim)` queries at the last positions, scores
+/// soft-capped at `shape.softcap`, each head's `sinks` logit (if any) in its denominator.
+pub fn naive_attention(
+    shape: &AttnShape,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    sinks: Option<&[f32]>,
+) -> Vec<f64> {
     let hd = shape.head_dim;
     let kvd = shape.kv_dim();
     let n = k.len() / kvd;
@@ -226,9 +233,19 @@ pub fn naive_attention(shape: &AttnShape, q: &[f32], k: &[f32], v: &[f32]) -> Ve
                         .sum::<f64>()
                         * f64::from(shape.scale)
                 })
+                .map(|x| {
+                    shape
+                        .softcap
+                        .map_or(x, |c| f64::from(c) * (x / f64::from(c)).tanh())
+                })
                 .collect();
-            let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-            let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
+            let sink = sinks.map(|s| f64::from(s[h]));
+            let m = s
+                .iter()
+                .copied()
+                .chain(sink)
+                .fold(f64::NEG_INFINITY, f64::max);
+            let z: f64 = s.iter().chain(&sink).map(|x| (x - m).exp()).sum();
             for (i, &j) in vis.iter().enumerate() {
                 let p = (s[i] - m).exp() / z;
                 for d in 0..hd {
@@ -259,8 +276,8 @@ fn attention_matches_naive_with_causal_and_window_masks() {
         // Decode (one query, keys in 1, 3 or 64 splits) and prefill (many queries, causal).
         for (nq, splits) in [(1, 1), (1, 3), (1, 64), (n.min(45), 1), (n, 1)] {
             let q: Vec<f32> = pseudo(nq * nh * hd, 1).iter().map(|v| v * 3.0).collect();
-            let got = b.attention_host(&shape, &q, &k, &v, splits).unwrap();
-            let want = naive_attention(&shape, &q, &k, &v);
+            let got = b.attention_host(&shape, &q, &k, &v, splits, None).unwrap();
+            let want = naive_attention(&shape, &q, &k, &v, None);
             assert_close(
                 &format!("attention {nh}/{nkv}x{hd} {window:?} n={n} queries {nq} splits {splits}"),
                 &got,
@@ -271,6 +288,60 @@ fn attention_matches_naive_with_causal_and_window_masks() {
     }
     let counts = b.launch_counts();
     for k in ["attn_f16", "attn_combine", "kv_store_f16"] {
+        assert!(counts[k] > 0, "{k} never ran");
+    }
+}
+
+/// Soft-capped scores (Gemma 2) and sink logits (gpt-oss) on every attention path: the
+/// decode kernel with its own merge (head sizes 64 and 256, one split and many), the
+/// general kernel with its merge launch (head size 32, and decode and prefill queries),
+/// within the same 1e-5 of the naive f64 reference as plain attention. The sinks range
+/// from below the scores to far above them, where each head's output shrinks toward zero:
+/// a sink left out, or folded into every split's partial instead of once, misses that.
+#[test]
+fn soft_caps_and_sinks_match_naive_on_every_path() {
+    let Some(b) = backend() else { return };
+    for (nh, nkv, hd, window, n) in [
+        (4, 2, 64, None, 300),
+        (4, 1, 256, Some(40), 130),
+        (4, 2, 32, None, 200),
+    ] {
+        let sinks: Vec<f32> = (0..nh).map(|h| [-2.0, 0.5, 3.0, 8.0][h % 4]).collect();
+        for (cap, sink) in [
+            (Some(1.5), None),
+            (None, Some(&sinks[..])),
+            (Some(1.5), Some(&sinks[..])),
+        ] {
+            let shape = AttnShape::new(nh, nkv, hd, 1.0 / (hd as f32).sqrt(), window)
+                .unwrap()
+                .with_softcap(cap);
+            let k = pseudo(n * shape.kv_dim(), 2);
+            let v = pseudo(n * shape.kv_dim(), 3);
+            for (nq, splits) in [(1, 1), (1, 3), (1, 64), (45, 1), (45, 3)] {
+                let q: Vec<f32> = pseudo(nq * nh * hd, 1).iter().map(|v| v * 3.0).collect();
+                let want = naive_attention(&shape, &q, &k, &v, sink);
+                let what = format!(
+                    "{nh}/{nkv}x{hd} {window:?} n={n} cap {cap:?} sinks {} queries {nq} splits {splits}",
+                    sink.is_some()
+                );
+                let got = b.attention_host(&shape, &q, &k, &v, splits, sink).unwrap();
+                assert_close(&format!("attention {what}"), &got, &want, 1e-5);
+                if nq == 1 {
+                    let runs = b
+                        .decode_attention_host(&shape, &q, &k, &v, splits, 0, 1, sink)
+                        .unwrap();
+                    assert_close(&format!("decode attention {what}"), &runs[0].0, &want, 1e-5);
+                }
+            }
+        }
+    }
+    let counts = b.launch_counts();
+    for k in [
+        "attn_decode_f16_64",
+        "attn_decode_f16_256",
+        "attn_f16",
+        "attn_combine",
+    ] {
         assert!(counts[k] > 0, "{k} never ran");
     }
 }

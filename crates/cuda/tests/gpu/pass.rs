@@ -1,16 +1,18 @@
 //! The one forward pass of `ferrite_model::Session` run over the CUDA backend contract
 //! (`CudaOps`): what `ferrite run --backend cuda` takes for a model the device-resident
-//! CUDA model refuses (the hybrids, LongRoPE). The mixtures of experts route on the host
-//! (the contract's `Routing`) and run each used expert's products on the device.
+//! CUDA model refuses (the hybrids, LongRoPE, soft-capping, sinks). The mixtures of experts
+//! route on the host (the contract's `Routing`) and run each used expert's products on the
+//! device.
 //!
 //! Per model, for each fixture prompt and 12 teacher-forced decode steps (the CPU's argmax
 //! fed to both): the contract pass on the device against `Session::new` on the CPU backend
 //! (same file, both f16 KV caches), top-1 agreement 1.0 and max |Δ logit| ≤
 //! [`MAX_DLOGIT`]; the prompt fed one token at a time against the prefilled session; and
 //! after `truncate(0)` the same prompt in one call against the token-at-a-time pass (the
-//! recurrent state must start from zero again). The hybrid also truncates into the middle of a 135-token
-//! history, which restores a device checkpoint (`state_get`/`state_set`) and replays, and
-//! must then continue as the CPU does. Models the contract refuses on CUDA are refused at
+//! recurrent state must start from zero again). The hybrid also truncates into the middle
+//! of a 135-token history, which restores a device checkpoint (`state_get`/`state_set`)
+//! and replays, and must then continue as the CPU does. Models the contract refuses on
+//! CUDA (latent attention, rope scaled apart from the store) are refused at
 //! `Session::on`, before any upload, naming the op.
 //!
 //! Fixtures: `$FERRITE_ARCH_FIXTURES` (fixtures/arch) and `$FERRITE_HYBRID_FIXTURES`
@@ -132,6 +134,21 @@ fn glm4moe_runs_the_contract_pass() {
     check("glm4moe", &m, &p);
 }
 
+/// Soft-capped attention scores (and final logits, capped on the host by the shared pass).
+#[test]
+fn gemma2_softcaps_run_the_contract_pass() {
+    let (m, p) = load("gemma2", OutType::F32);
+    check("gemma2", &m, &p);
+}
+
+/// Attention sinks, the clamped SwiGLU of experts with biases, YaRN rope and alternating
+/// sliding windows.
+#[test]
+fn gpt_oss_runs_the_contract_pass() {
+    let (m, p) = load("gpt-oss", OutType::F32);
+    check("gpt-oss", &m, &p);
+}
+
 /// The gated DeltaNet hybrid with its routed and shared experts and partial rotary: the
 /// comparisons of [`check`].
 #[test]
@@ -187,7 +204,10 @@ fn nemotron_h_runs_the_contract_pass() {
 #[test]
 fn unported_ops_are_refused_by_name() {
     let Some(dev) = backend() else { return };
-    for (name, says) in [("gemma2", "soft-capping"), ("gpt-oss", "sink")] {
+    for (name, says) in [
+        ("deepseek2", "values in the keys"),
+        ("deepseek3", "frequency-scaled rope"),
+    ] {
         let (m, _) = load(name, OutType::F32);
         let err = Session::on(&m, CudaOps::new(dev.clone()), 8, KvType::F16)
             .map(|_| ())
