@@ -51,7 +51,8 @@ pub struct BenchArgs {
     #[arg(long)]
     prompt_file: Option<PathBuf>,
     /// Batch sizes (comma-separated): sequences decoded together in one forward pass per
-    /// step; each size gets its own receipt rows. Sizes above 1 run on the CPU backend.
+    /// step; each size gets its own receipt rows (on CUDA, one token of each per step:
+    /// prompts prefill sequence by sequence).
     #[arg(long, value_delimiter = ',', default_value = "1")]
     batch: Vec<usize>,
     /// Timed sweeps; the receipt gives median, min and max over them.

@@ -2,10 +2,12 @@
 //! prefill up to each (extending the previous frontier, or from 0 with `--cold`), then decode
 //! a fixed number of tokens; keep the four clocks apart.
 //!
-//! Batch 1 drives one session of the chosen backend. A batch of B drives B CPU sessions
-//! through [`ferrite_model::Batch`]: every step evaluates one token (or one prefill chunk)
-//! of each sequence in a single forward pass, and the rates are aggregate over the B
-//! sequences.
+//! Batch 1 drives one session of the chosen backend. A batch of B drives B sessions
+//! stepped together, and the rates are aggregate over the B sequences: on the CPU and on
+//! the CUDA contract pass through [`ferrite_model::Batch`] (every step evaluates one token,
+//! or one prefill chunk, of each sequence in a single forward pass); on the CUDA model
+//! through [`CudaBatch`], as `serve --backend cuda` decodes (one token of each sequence per
+//! step; prompts prefill session by session).
 //!
 //! Decoding never stops early on an end-of-turn token: every run evaluates exactly the same
 //! number of tokens, so runs are comparable. Tokens generated at one frontier are dropped
@@ -15,11 +17,13 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use ferrite_cuda::{CudaBatch, CudaSession};
 use ferrite_engine::{AnySession, Sampler, SamplerConfig, Timeline};
-use ferrite_model::{Batch, Logits, PREFILL_CHUNK, Session, check_kv_memory};
+use ferrite_model::{Batch, Logits, PREFILL_CHUNK, Session, Weights, check_kv_memory};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use super::receipt::COLUMNS;
+use crate::backend::{CudaLoaded, CudaPath};
 use crate::run::Loaded;
 
 /// What to measure.
@@ -82,9 +86,11 @@ struct Sample {
 /// What one batch size's sweep drives: one session, or several stepped together.
 enum Lane<'m> {
     One(AnySession<'m>),
-    Many {
-        sessions: Vec<Session<'m>>,
-        batch: Box<Batch>,
+    Cpu(Box<Stepped<'m, ferrite_cpu::CpuBackend<'m>>>),
+    Pass(Box<Stepped<'m, ferrite_cuda::CudaOps>>),
+    Device {
+        sessions: Vec<CudaSession<'m>>,
+        batch: Box<CudaBatch<'m>>,
     },
 }
 
@@ -93,25 +99,41 @@ impl<'m> Lane<'m> {
         if batch == 1 {
             return Ok(Lane::One(loaded.any_session()?));
         }
-        if loaded.cuda.is_some() {
-            bail!(
-                "--batch {batch}: batched decoding runs on the CPU backend only for now \
-                 (pass --backend cpu)"
-            );
-        }
-        let sessions = (0..batch)
-            .map(|_| loaded.session())
-            .collect::<anyhow::Result<Vec<_>>>()?;
-        Ok(Lane::Many {
-            sessions,
-            batch: Box::new(Batch::new(PREFILL_CHUNK.max(batch))?),
+        let n = |what: &str| format!("--batch {batch}: {what}");
+        Ok(match &loaded.cuda {
+            None => Lane::Cpu(Stepped::new(
+                (0..batch)
+                    .map(|_| loaded.session())
+                    .collect::<anyhow::Result<Vec<_>>>()?,
+            )?),
+            Some(CudaLoaded {
+                path: CudaPath::Pass(ops),
+                ..
+            }) => Lane::Pass(Stepped::new(
+                (0..batch)
+                    .map(|_| Session::on(&loaded.model, ops.clone(), loaded.ctx, loaded.kv))
+                    .collect::<Result<Vec<_>, _>>()
+                    .with_context(|| n("contract-pass sessions on the device"))?,
+            )?),
+            Some(CudaLoaded {
+                path: CudaPath::Model(m),
+                ..
+            }) => Lane::Device {
+                sessions: (0..batch)
+                    .map(|_| CudaSession::new(m, loaded.ctx))
+                    .collect::<Result<Vec<_>, _>>()
+                    .with_context(|| n("sessions on the device"))?,
+                batch: Box::new(CudaBatch::new(m, batch).with_context(|| n("device batch"))?),
+            },
         })
     }
 
     fn truncate(&mut self, n: usize) {
         match self {
             Lane::One(s) => s.truncate(n),
-            Lane::Many { sessions, .. } => sessions.iter_mut().for_each(|s| s.truncate(n)),
+            Lane::Cpu(s) => s.truncate(n),
+            Lane::Pass(s) => s.truncate(n),
+            Lane::Device { sessions, .. } => sessions.iter_mut().for_each(|s| s.truncate(n)),
         }
     }
 
@@ -119,7 +141,9 @@ impl<'m> Lane<'m> {
     fn width(&self) -> usize {
         match self {
             Lane::One(_) => 1,
-            Lane::Many { sessions, .. } => sessions.len(),
+            Lane::Cpu(s) => s.sessions.len(),
+            Lane::Pass(s) => s.sessions.len(),
+            Lane::Device { sessions, .. } => sessions.len(),
         }
     }
 
@@ -129,17 +153,12 @@ impl<'m> Lane<'m> {
             Lane::One(s) => Ok(vec![
                 ferrite_engine::eval_sample(s, sampler, tokens, &[])?.token,
             ]),
-            Lane::Many { sessions, batch } => {
-                // Each step gives every sequence an equal share of the batch's rows.
-                let share = (batch.max_rows() / sessions.len()).max(1);
-                let mut next = Vec::new();
-                for piece in tokens.chunks(share) {
-                    let mut refs: Vec<&mut Session<'m>> = sessions.iter_mut().collect();
-                    let inputs = vec![piece; refs.len()];
-                    next = sample_rows(sampler, batch.step(&mut refs, &inputs)?)?;
-                }
-                Ok(next)
-            }
+            Lane::Cpu(s) => s.eval_sample(sampler, tokens),
+            Lane::Pass(s) => s.eval_sample(sampler, tokens),
+            Lane::Device { sessions, .. } => sessions
+                .iter_mut()
+                .map(|s| Ok(sampler.next_token(&s.eval(tokens)?, &[])?))
+                .collect(),
         }
     }
 
@@ -147,12 +166,54 @@ impl<'m> Lane<'m> {
     fn step(&mut self, sampler: &mut Sampler, feed: &[u32]) -> anyhow::Result<Vec<u32>> {
         match self {
             Lane::One(_) => self.eval_sample(sampler, feed),
-            Lane::Many { sessions, batch } => {
-                let mut refs: Vec<&mut Session<'m>> = sessions.iter_mut().collect();
-                let inputs: Vec<&[u32]> = feed.chunks(1).collect();
-                sample_rows(sampler, batch.step(&mut refs, &inputs)?)
+            Lane::Cpu(s) => s.step(sampler, feed),
+            Lane::Pass(s) => s.step(sampler, feed),
+            Lane::Device { sessions, batch } => {
+                let mut refs: Vec<&mut CudaSession<'m>> = sessions.iter_mut().collect();
+                batch
+                    .step(&mut refs, feed)?
+                    .iter()
+                    .map(|row| Ok(sampler.next_token(row, &[])?))
+                    .collect()
             }
         }
+    }
+}
+
+/// Sessions of one backend stepped together through one [`Batch`].
+struct Stepped<'m, B: Weights + Clone> {
+    sessions: Vec<Session<'m, B>>,
+    batch: Batch<B::Buf, B::Angles>,
+}
+
+impl<'m, B: Weights + Clone> Stepped<'m, B> {
+    fn new(sessions: Vec<Session<'m, B>>) -> anyhow::Result<Box<Self>> {
+        let batch = Batch::new(PREFILL_CHUNK.max(sessions.len()))?;
+        Ok(Box::new(Stepped { sessions, batch }))
+    }
+
+    fn truncate(&mut self, n: usize) {
+        self.sessions.iter_mut().for_each(|s| s.truncate(n));
+    }
+
+    /// Evaluates `tokens` in every sequence, each step giving every sequence an equal share
+    /// of the batch's rows, and samples each one's next token.
+    fn eval_sample(&mut self, sampler: &mut Sampler, tokens: &[u32]) -> anyhow::Result<Vec<u32>> {
+        let share = (self.batch.max_rows() / self.sessions.len()).max(1);
+        let mut next = Vec::new();
+        for piece in tokens.chunks(share) {
+            let mut refs: Vec<&mut Session<'m, B>> = self.sessions.iter_mut().collect();
+            let inputs = vec![piece; refs.len()];
+            next = sample_rows(sampler, self.batch.step(&mut refs, &inputs)?)?;
+        }
+        Ok(next)
+    }
+
+    /// Feeds token `feed[i]` to sequence `i` and samples each one's next token.
+    fn step(&mut self, sampler: &mut Sampler, feed: &[u32]) -> anyhow::Result<Vec<u32>> {
+        let mut refs: Vec<&mut Session<'m, B>> = self.sessions.iter_mut().collect();
+        let inputs: Vec<&[u32]> = feed.chunks(1).collect();
+        sample_rows(sampler, self.batch.step(&mut refs, &inputs)?)
     }
 }
 
