@@ -223,6 +223,16 @@ fn header(
     // `backend=cpu threads=N simd=..` or `backend=cuda device="..." ..`: the same line
     // `ferrite run` prints.
     h.extend(key_values(&loaded.backend_line()));
+    // The backend line describes one session; rows of larger batches step through another
+    // path, and sample every row on the host.
+    if args.batch.iter().any(|&b| b > 1) {
+        let path = match loaded.cuda.as_ref().map(|c| &c.path) {
+            None => "cpu batch",
+            Some(crate::backend::CudaPath::Pass(_)) => "contract batch",
+            Some(crate::backend::CudaPath::Model(_)) => "device batch",
+        };
+        h.push(("batched".into(), format!("{path}, sampling=host")));
+    }
     let cores = std::thread::available_parallelism().map_or(0, usize::from);
     h.extend([
         ("cpu_model".into(), receipt::cpu_model()),

@@ -304,6 +304,8 @@ fn batch_sizes_each_get_rows_and_zero_is_refused() {
     let out = tiny(&["--batch", "1,3", "--teacher-forced", "--json"]);
     assert!(out.status.success(), "{}", common::text(&out));
     let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    // The batched rows say how they ran: the backend line describes one session.
+    assert_eq!(j["header"]["batched"], "cpu batch, sampling=host", "{j}");
     let rows = j["rows"].as_array().unwrap();
     let keys: Vec<(f64, f64)> = rows
         .iter()
