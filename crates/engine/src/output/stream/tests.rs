@@ -604,3 +604,59 @@ fn tagged_arguments_stream_as_written_and_hold_what_may_end_the_value() {
         );
     }
 }
+
+/// The value every escape case's arguments must decode to: quotes, backslashes (one before
+/// `n`, which is no newline), a newline, a non-ASCII letter, an astral-plane character and
+/// a control character.
+const TRICKY: &str = "say \"hi\" \\ C:\\new\nnext é 😀 \u{1}";
+
+/// Escapes inside arguments, per syntax, plain (fed whole) and streamed (every split, one
+/// character per token, through `check`). A JSON syntax's arguments are the model's JSON
+/// text as written (here with `\u00e9` for `é`); a tagged syntax writes the raw text and its
+/// arguments escape it as JSON. Both must decode to [`TRICKY`].
+#[test]
+fn escapes_inside_arguments_in_every_syntax() {
+    let json = "\"say \\\"hi\\\" \\\\ C:\\\\new\\nnext \\u00e9 😀 \\u0001\"";
+    let verbatim = format!("{{\"q\": {json}}}");
+    let cases = [
+        (
+            ToolSyntax::Hermes,
+            format!("<tool_call>{{\"name\": \"get\", \"arguments\": {verbatim}}}</tool_call>"),
+            verbatim.clone(),
+        ),
+        (
+            ToolSyntax::Llama3,
+            format!("{{\"name\": \"get\", \"parameters\": {verbatim}}}"),
+            verbatim.clone(),
+        ),
+        (
+            ToolSyntax::Mistral,
+            format!("[TOOL_CALLS][{{\"name\": \"get\", \"arguments\": {verbatim}}}]"),
+            verbatim.clone(),
+        ),
+        (
+            ToolSyntax::DeepSeek,
+            format!(
+                "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get\n```json\n{verbatim}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>"
+            ),
+            verbatim.clone(),
+        ),
+        (
+            ToolSyntax::Qwen3Coder,
+            qwen3_coder_block("get", &[("q", TRICKY)]),
+            "{\"q\":\"say \\\"hi\\\" \\\\ C:\\\\new\\nnext é 😀 \\u0001\"}".to_string(),
+        ),
+        (
+            ToolSyntax::Glm45,
+            glm45_block("get", &[("q", TRICKY)]),
+            "{\"q\":\"say \\\"hi\\\" \\\\ C:\\\\new\\nnext é 😀 \\u0001\"}".to_string(),
+        ),
+    ];
+    for (syntax, text, want) in cases {
+        let (c, f) = check(config(ReasoningFormat::Think, Some(syntax)), &text);
+        assert_eq!(c.calls, [call("get", &want)], "{syntax:?}");
+        assert!(!f.unfinished_call, "{syntax:?}");
+        let got: serde_json::Value = serde_json::from_str(&c.calls[0].arguments).unwrap();
+        assert_eq!(got["q"], TRICKY, "{syntax:?}");
+    }
+}
