@@ -247,6 +247,55 @@ def anthropic_named_tool_choice_gives_a_tool_use_block():
     assert set(uses[0].input) == {"city"} and isinstance(uses[0].input["city"], str), m
 
 
+WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+ASK_WEATHER = [{"role": "user", "content": "Is it raining in Paris?"}]
+
+
+@check
+def openai_streamed_tool_arguments_add_up_to_the_plain_call():
+    kw = dict(model=MODEL, temperature=0, max_tokens=80, messages=ASK_WEATHER,
+              tools=[{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}}],
+              tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    call = oa.chat.completions.create(**kw).choices[0].message.tool_calls[0].function
+    pieces = [tc.function.arguments
+              for c in oa.chat.completions.create(stream=True, **kw) if c.choices
+              for tc in (c.choices[0].delta.tool_calls or [])
+              if tc.function and tc.function.arguments]
+    # Streamed as generated: the arguments come in pieces that add up to the plain call.
+    assert len(pieces) > 1, pieces
+    assert "".join(pieces) == call.arguments, (pieces, call.arguments)
+    assert isinstance(json.loads(call.arguments)["city"], str), call
+
+
+@check
+def anthropic_streamed_tool_input_adds_up_to_the_plain_block():
+    kw = dict(model=MODEL, max_tokens=80, extra_body={"temperature": 0}, messages=ASK_WEATHER,
+              tools=[{"name": "get_weather", "input_schema": WEATHER}],
+              tool_choice={"type": "tool", "name": "get_weather"})
+    plain = [b for b in an.messages.create(**kw).content if b.type == "tool_use"][0]
+    with an.messages.stream(**kw) as s:
+        pieces = [e.delta.partial_json for e in s
+                  if e.type == "content_block_delta" and e.delta.type == "input_json_delta"]
+        final = s.get_final_message()
+    assert len(pieces) > 1, pieces
+    assert json.loads("".join(pieces)) == plain.input, (pieces, plain.input)
+    assert [b.input for b in final.content if b.type == "tool_use"] == [plain.input], final
+
+
+@check
+def openai_reasoning_effort_is_taken_and_checked():
+    r = oa.chat.completions.create(model=MODEL, messages=MSGS, temperature=0, max_tokens=5,
+                                   reasoning_effort="low")
+    assert r.choices[0].message.content, r
+    r = oa.responses.create(model=MODEL, input="Hi", max_output_tokens=5, reasoning={"effort": "high"})
+    assert r.output_text, r
+    try:
+        oa.chat.completions.create(model=MODEL, messages=MSGS, max_tokens=2, reasoning_effort="extreme")
+        raise AssertionError("reasoning_effort 'extreme' accepted")
+    except openai.BadRequestError as e:
+        assert e.status_code == 400 and "reasoning_effort" in str(e), e
+
+
 # Any model can be made to reason: a regex holds the output to a <think> block, then an answer.
 THINK = {"structured_outputs": {"regex": "<think>[a-z]{2,12}</think>[A-Z][a-z ]{2,20}"}}
 

@@ -401,7 +401,8 @@ fn tool_choice_forces_a_call_held_to_the_tools_parameters() {
 /// them: the grammar makes the model write that markup (DeepSeek's markers as text, since
 /// SmolLM2's vocabulary holds none of them as a control token), and the parser of that
 /// syntax reads it back, plain and streamed. Oracles: [`weather_args`], the streamed
-/// deltas joined equal to the plain call, and no markup left in the content.
+/// deltas joined equal to the plain call, more deltas than whole parameters would give
+/// (arguments stream as generated), and no markup left in the content.
 #[test]
 fn forced_calls_in_marked_up_syntaxes_parse_back_plain_and_streamed() {
     for syntax in ["qwen3coder", "glm45", "deepseek"] {
@@ -425,13 +426,25 @@ fn forced_calls_in_marked_up_syntaxes_parse_back_plain_and_streamed() {
         );
         let (text, chunks) = chat_stream_text(&stream);
         assert_eq!(text, "", "{syntax}: {}", stream.body);
-        let args: String = chunks
+        let pieces: Vec<&str> = chunks
             .iter()
             .filter_map(|c| c["choices"][0]["delta"]["tool_calls"][0].get("function"))
             .filter_map(|f| f["arguments"].as_str())
             .collect();
-        assert_eq!(args, call["arguments"], "{syntax}: {}", stream.body);
-        println!("{syntax}: {}", call["arguments"]);
+        assert_eq!(
+            pieces.concat(),
+            call["arguments"],
+            "{syntax}: {}",
+            stream.body
+        );
+        // Streamed as generated: more pieces than one per parameter and one to close.
+        let params = args.as_object().map_or(0, |o| o.len());
+        assert!(
+            pieces.len() > params + 1,
+            "{syntax}: {} pieces for {params} parameters: {pieces:?}",
+            pieces.len()
+        );
+        println!("{syntax}: {} in {} pieces", call["arguments"], pieces.len());
     }
 }
 
@@ -565,4 +578,49 @@ fn extension_fields_hold_output_on_every_endpoint() {
     );
     assert_eq!(r.status, 400, "{}", r.body);
     assert!(r.body.contains("uniqueItems"), "{}", r.body);
+}
+
+/// `--reasoning-format` on `ferrite serve`: a regex makes SmolLM2 open its answer with a
+/// `<think>` block. Under the default (`auto`, read as `think`: SmolLM2's template shows no
+/// harmony channels) the block is `reasoning_content` and never content; under `none` it is
+/// left in the content as written, plain and streamed. The default server is the control:
+/// same request, same greedy text.
+#[test]
+fn reasoning_format_on_serve_decides_whether_think_blocks_are_reasoning() {
+    let body = with(
+        chat("Where is Paris?", 40),
+        json!({"structured_outputs": {"regex": "<think>[a-z]{2,12}</think>[A-Z][a-z ]{2,20}"}}),
+    );
+    let mut texts = Vec::new();
+    for flags in [&[][..], &["--reasoning-format", "none"][..]] {
+        let server = start_with(flags);
+        let v = server.post("/v1/chat/completions", &body).json();
+        let m = &v["choices"][0]["message"];
+        let content = m["content"].as_str().unwrap_or_else(|| panic!("{v}"));
+        let reasoning = m["reasoning_content"].as_str().unwrap_or("");
+        let stream = server.post(
+            "/v1/chat/completions",
+            &with(body.clone(), json!({"stream": true})),
+        );
+        let (streamed, chunks) = chat_stream_text(&stream);
+        assert_eq!(streamed, content, "{flags:?}: {}", stream.body);
+        let streamed_reasoning: String = chunks
+            .iter()
+            .filter_map(|c| c["choices"][0]["delta"]["reasoning_content"].as_str())
+            .collect();
+        assert_eq!(streamed_reasoning, reasoning, "{flags:?}");
+        if flags.is_empty() {
+            assert!(!reasoning.is_empty(), "default: {v}");
+            assert!(!content.contains("think>"), "default: {v}");
+            texts.push(format!("<think>{reasoning}</think>{content}"));
+        } else {
+            assert_eq!(reasoning, "", "none: {v}");
+            assert!(content.starts_with("<think>"), "none: {v}");
+            assert!(content.contains("</think>"), "none: {v}");
+            texts.push(content.to_string());
+        }
+        println!("{flags:?}: reasoning {reasoning:?}, content {content:?}");
+    }
+    // Both read the same output: only where its think block went differs.
+    assert_eq!(texts[0], texts[1]);
 }

@@ -1,11 +1,12 @@
 //! GLM 4.5 tool calls: `<tool_call>name\n<arg_key>key</arg_key>\n<arg_value>value
-//! </arg_value>…</tool_call>`. A literal `</arg_value>` inside a value never ends it: only
-//! one followed by the next tag does.
+//! </arg_value>…</tool_call>`. Arguments stream as written: a key once `</arg_key>` closes it, a
+//! string value's text as it comes (a number or object whole at its end). A literal
+//! `</arg_value>` inside a value never ends it: only one followed by the next tag does.
 
 use super::qwen_xml::trim_newlines;
 use super::scan::{
-    Block, BlockState, CallSoFar, close_params, find_any, param_value, push_param, skip_ws, starts,
-    value_end,
+    Block, BlockState, CallSoFar, close_params, find_any, param_value, push_key, push_param,
+    push_partial_param, skip_ws, starts, value_end,
 };
 
 /// The opening marker (shared with Hermes; the template decides which syntax it is).
@@ -60,16 +61,21 @@ pub(crate) fn scan(block: &str, end: bool) -> Block {
         let after_key = key_at + k_end + KEY_END.len();
         let (rest, ws) = skip_ws(&block[after_key..]);
         if starts(rest, VALUE) != Some(true) {
+            push_key(&mut call.args, &key);
             return Block::open(vec![call]);
         }
         let value_at = after_key + ws + VALUE.len();
-        match value_end(&block[value_at..], VALUE_END, &[KEY, CLOSE], end) {
+        let next = [KEY, CLOSE];
+        match value_end(&block[value_at..], VALUE_END, &next, end) {
             Some(Ok((v_end, after))) => {
                 let raw = trim_newlines(&block[value_at..value_at + v_end]);
                 push_param(&mut call.args, &key, &param_value(raw));
                 at = value_at + after;
             }
-            _ => return Block::open(vec![call]),
+            _ => {
+                push_partial_param(&mut call.args, &key, &block[value_at..], VALUE_END, &next);
+                return Block::open(vec![call]);
+            }
         }
     }
 }

@@ -1,9 +1,11 @@
 //! Qwen3-Coder tool calls: `<tool_call>\n<function=name>\n<parameter=key>\nvalue\n</parameter>
-//! …</function>\n</tool_call>`. Arguments grow by one parameter as each finishes. A literal
-//! `</parameter>` inside a value never ends it: only one followed by the next tag does.
+//! …</function>\n</tool_call>`. Arguments stream as written: a parameter's key as soon as its
+//! tag is whole, a string value's text as it comes (a number or object whole at its end). A
+//! literal `</parameter>` inside a value never ends it: only one followed by the next tag does.
 
 use super::scan::{
-    Block, BlockState, CallSoFar, close_params, param_value, push_param, skip_ws, starts, value_end,
+    Block, BlockState, CallSoFar, close_params, param_value, push_param, push_partial_param,
+    skip_ws, starts, value_end,
 };
 
 /// The opening marker (shared with Hermes; the template decides which syntax it is).
@@ -77,13 +79,17 @@ pub(crate) fn scan(block: &str, end: bool) -> Block {
             Some(Ok(k)) => k,
         };
         let value_at = key_at + len;
-        match value_end(&block[value_at..], PARAM_END, &[PARAM, FUNCTION_END], end) {
+        let next = [PARAM, FUNCTION_END];
+        match value_end(&block[value_at..], PARAM_END, &next, end) {
             Some(Ok((v_end, after))) => {
                 let raw = trim_newlines(&block[value_at..value_at + v_end]);
                 push_param(&mut call.args, key, &param_value(raw));
                 at = value_at + after;
             }
-            _ => return Block::open(vec![call]),
+            _ => {
+                push_partial_param(&mut call.args, key, &block[value_at..], PARAM_END, &next);
+                return Block::open(vec![call]);
+            }
         }
     }
 }

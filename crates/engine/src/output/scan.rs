@@ -189,12 +189,94 @@ pub(crate) fn param_value(raw: &str) -> Value {
 }
 
 /// Arguments JSON of the XML-like syntaxes: the object opens with the first parameter and
-/// grows by one `"key": value` per finished parameter, so it streams as parameters finish.
+/// grows by one `"key":value` per finished parameter.
 pub(crate) fn push_param(args: &mut String, key: &str, value: &Value) {
+    push_key(args, key);
+    args.push_str(&value.to_string());
+}
+
+/// `{"key":` or `,"key":`: what a parameter writes once its name is known.
+pub(crate) fn push_key(args: &mut String, key: &str) {
     args.push(if args.is_empty() { '{' } else { ',' });
     args.push_str(&Value::String(key.to_string()).to_string());
     args.push(':');
-    args.push_str(&value.to_string());
+}
+
+/// Whitespace serde_json skips around a value.
+const JSON_WS: [char; 4] = [' ', '\t', '\n', '\r'];
+
+/// Whether no text that starts with `p` parses as JSON, so [`param_value`] will read the
+/// value as a string whatever follows. Conservative: `false` means "not known yet".
+fn surely_string(p: &str) -> bool {
+    let t = p.trim_start_matches(JSON_WS);
+    let Some(first) = t.chars().next() else {
+        return false;
+    };
+    match first {
+        // An object, array or JSON string: only its whole text says whether it parses.
+        '{' | '[' | '"' => false,
+        't' | 'f' | 'n' | '-' | '0'..='9' => {
+            let run = t
+                .find(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '+' | '-')))
+                .unwrap_or(t.len());
+            let (word, after) = t.split_at(run);
+            let no_scalar = if first.is_ascii_alphabetic() {
+                !["true", "false", "null"]
+                    .iter()
+                    .any(|l| l.starts_with(word))
+            } else {
+                word.chars()
+                    .any(|c| c.is_ascii_alphabetic() && !matches!(c, 'e' | 'E'))
+            };
+            no_scalar || !after.trim_start_matches(JSON_WS).is_empty()
+        }
+        _ => true,
+    }
+}
+
+/// The part of a value still being generated that is surely the value's text: up to the
+/// first `close` that may yet end it (one the next tag follows, or may still follow) or a
+/// partial `close` at the end, without the newlines [`param_value`]'s caller trims. Grows
+/// monotonically as text is added.
+fn settled_value<'a>(text: &'a str, close: &str, next: &[&str]) -> &'a str {
+    let mut from = 0;
+    let hold = loop {
+        let Some(p) = text[from..].find(close) else {
+            break text.len() - partial_suffix(&text[from..], close);
+        };
+        let at = from + p;
+        let after = at + close.len();
+        let (rest, _) = skip_ws(&text[after..]);
+        if rest.is_empty() || next.iter().any(|n| starts(rest, n) != Some(false)) {
+            break at;
+        }
+        from = after;
+    };
+    let v = &text[..hold];
+    let v = v.strip_prefix('\n').unwrap_or(v);
+    v.strip_suffix('\n').unwrap_or(v)
+}
+
+/// A parameter whose value is still being generated (`text`, up to where the block's text
+/// ends): its key, and when the value can only be a string, the string's opening quote and
+/// its escaped text so far. A value that may still parse as JSON (a number, `true`, an
+/// object) is sent whole when it ends: its JSON text is known only then. What this appends
+/// is always a prefix of what [`push_param`] appends once the value ends.
+pub(crate) fn push_partial_param(
+    args: &mut String,
+    key: &str,
+    text: &str,
+    close: &str,
+    next: &[&str],
+) {
+    push_key(args, key);
+    let settled = settled_value(text, close, next);
+    if surely_string(settled) {
+        let quoted = Value::String(settled.to_string()).to_string();
+        // Without the closing quote: more text may follow. JSON escapes each character on
+        // its own, so the escaped prefix is a prefix of the escaped whole.
+        args.push_str(&quoted[..quoted.len() - 1]);
+    }
 }
 
 /// Close the arguments object built by [`push_param`].

@@ -364,12 +364,9 @@ fn formats_and_syntaxes_come_from_the_template() {
 
 /// Each syntax's arguments come as deltas while the model writes them, not in one piece at
 /// the call's close: fed one character per token, the pieces must add up to the call's
-/// arguments, and enough of them must come before the first byte of `close`. A JSON
-/// syntax streams inside a value: a long value in many pieces before the arguments' close.
-/// A tagged syntax (Qwen3-Coder, GLM 4.5) is only held to the pieces adding up: today its
-/// arguments come whole at the call's close (0 pieces before it), an open gap of issue 33
-/// (a tagged value's end, and whether it reads as JSON or as a string, is known only at the
-/// next tag: `scan::xml_values_end_only_before_the_next_tag`).
+/// arguments, and enough of them must come before the first byte of `close`, the end of
+/// the value: a long string value in many pieces, in the JSON syntaxes and the tagged ones
+/// (Qwen3-Coder, GLM 4.5) alike.
 #[test]
 fn every_syntax_streams_arguments_before_its_call_ends() {
     let city = "Saint-Remy-de-Provence";
@@ -387,16 +384,16 @@ fn every_syntax_streams_arguments_before_its_call_ends() {
             format!(
                 "<tool_call>\n<function=get>\n<parameter=city>\n{city}\n</parameter>\n</function>\n</tool_call>"
             ),
-            "</function>",
-            0,
+            "\n</parameter>",
+            long,
         ),
         (
             ToolSyntax::Glm45,
             format!(
                 "<tool_call>get\n<arg_key>city</arg_key>\n<arg_value>{city}</arg_value>\n</tool_call>"
             ),
-            "\n</tool_call>",
-            0,
+            "</arg_value>",
+            long,
         ),
         (
             ToolSyntax::Llama3,
@@ -462,7 +459,8 @@ fn every_syntax_streams_arguments_before_its_call_ends() {
             }
         }
         assert!(ended, "{syntax:?}: the call never ended");
-        let got: serde_json::Value = serde_json::from_str(&args).unwrap();
+        let got: serde_json::Value = serde_json::from_str(&args)
+            .unwrap_or_else(|e| panic!("{syntax:?}: arguments {args:?} are no JSON: {e}"));
         assert_eq!(got["city"], city, "{syntax:?}: {args}");
         if early < least {
             late.push((syntax, early));
@@ -472,4 +470,193 @@ fn every_syntax_streams_arguments_before_its_call_ends() {
         late.is_empty(),
         "argument pieces before the close, (syntax, pieces): {late:?}"
     );
+}
+
+fn qwen3_coder() -> OutputConfig {
+    config(ReasoningFormat::Think, Some(ToolSyntax::Qwen3Coder))
+}
+
+fn glm45() -> OutputConfig {
+    config(ReasoningFormat::Think, Some(ToolSyntax::Glm45))
+}
+
+/// A Qwen3-Coder block as its template writes one (a newline around each value).
+fn qwen3_coder_block(name: &str, params: &[(&str, &str)]) -> String {
+    let mut s = format!("<tool_call>\n<function={name}>\n");
+    for (k, v) in params {
+        s += &format!("<parameter={k}>\n{v}\n</parameter>\n");
+    }
+    s + "</function>\n</tool_call>"
+}
+
+/// A GLM 4.5 block as its template writes one.
+fn glm45_block(name: &str, params: &[(&str, &str)]) -> String {
+    let mut s = format!("<tool_call>{name}\n");
+    for (k, v) in params {
+        s += &format!("<arg_key>{k}</arg_key>\n<arg_value>{v}</arg_value>\n");
+    }
+    s + "</tool_call>"
+}
+
+/// The arguments sent for `text`, fed one character per token, output not yet ended.
+fn args_streamed(config: OutputConfig, text: &str) -> String {
+    let mut p = OutputParser::new(config);
+    let mut args = String::new();
+    for ch in text.chars() {
+        for ev in p.push(&ch.to_string(), false) {
+            if let Event::ToolArgs { delta, .. } = ev {
+                args += &delta;
+            }
+        }
+    }
+    args
+}
+
+/// A tagged value's JSON type is read from its text, as the plain parse reads it (JSON when
+/// the whole value parses as JSON, else a string): the parser holds no schema. `check`
+/// feeds each block whole (the plain parse), split in two at every byte and one character
+/// per token, and every feeding must give the arguments written out here byte for byte.
+#[test]
+fn tagged_arguments_are_the_plain_parse_however_the_text_is_split() {
+    let params = [
+        ("s", "Paris"),
+        ("lead", " Paris "),
+        ("n", "3"),
+        ("f", "-1.5e3"),
+        ("b", "true"),
+        ("word", "trueish"),
+        ("count", "3 apples"),
+        ("date", "2024-01-02"),
+        ("obj", "{\"a\": [1, 2]}"),
+        ("quoted", "\"x\""),
+        ("empty", ""),
+        ("lines", "a\n\nb"),
+        ("tags", "x</param y </parameter> z </arg_value> w"),
+    ];
+    let want = concat!(
+        "{\"s\":\"Paris\",\"lead\":\" Paris \",\"n\":3,\"f\":-1500.0,\"b\":true,",
+        "\"word\":\"trueish\",\"count\":\"3 apples\",\"date\":\"2024-01-02\",",
+        "\"obj\":{\"a\":[1,2]},\"quoted\":\"x\",\"empty\":\"\",\"lines\":\"a\\n\\nb\",",
+        "\"tags\":\"x</param y </parameter> z </arg_value> w\"}"
+    );
+    for (cfg, text) in [
+        (qwen3_coder(), qwen3_coder_block("get", &params)),
+        (glm45(), glm45_block("get", &params)),
+    ] {
+        let (c, f) = check(cfg, &text);
+        assert_eq!(c.calls, [call("get", want)], "{:?}", cfg.tools);
+        assert!(!f.unfinished_call);
+        let (c, _) = check(cfg, &format!("ok {text}\n{text}"));
+        assert_eq!(c.calls, [call("get", want), call("get", want)]);
+        assert_eq!(c.content, "ok \n");
+    }
+}
+
+/// What has been sent at chosen points of a call written one character at a time: a key as
+/// soon as its tag is whole, a string value's text as it comes, and nothing a later byte
+/// could take back (the newline and the partial tag before a possible close are held; a
+/// value that may still parse as JSON is held whole).
+#[test]
+fn tagged_arguments_stream_as_written_and_hold_what_may_end_the_value() {
+    for (cfg, text, close) in [
+        (
+            qwen3_coder(),
+            qwen3_coder_block("get", &[("city", "Paris"), ("n", "3 apples"), ("m", "3")]),
+            "</parameter>",
+        ),
+        (
+            glm45(),
+            glm45_block("get", &[("city", "Paris"), ("n", "3 apples"), ("m", "3")]),
+            "</arg_value>",
+        ),
+    ] {
+        let at = |s: &str| text.find(s).unwrap() + s.len();
+        let sent = |upto: usize| args_streamed(cfg, &text[..upto]);
+        let name = format!("{:?}", cfg.tools);
+        let key_end = if cfg == glm45() {
+            "city</arg_key>"
+        } else {
+            "<parameter=city>"
+        };
+        assert_eq!(sent(at(key_end)), "{\"city\":", "{name}");
+        assert_eq!(sent(at("Par")), "{\"city\":\"Par", "{name}");
+        // The value's end may be here: its newline and the partial tag stay held.
+        let tail = at("Paris") + 1 + close.len() / 2;
+        assert_eq!(
+            sent(tail),
+            "{\"city\":\"Paris",
+            "{name}: {:?}",
+            &text[..tail]
+        );
+        // `3` may still be a number; `3 a` can only be a string.
+        assert_eq!(sent(at("3")), "{\"city\":\"Paris\",\"n\":", "{name}");
+        assert_eq!(sent(at("3 a")), "{\"city\":\"Paris\",\"n\":\"3 a", "{name}");
+        // A number comes whole once the next tag says the value ended.
+        let m = text.rfind(close).unwrap();
+        assert!(sent(m).ends_with(",\"m\":"), "{name}: {}", sent(m));
+        let (c, _) = check(cfg, &text);
+        assert_eq!(
+            c.calls,
+            [call(
+                "get",
+                "{\"city\":\"Paris\",\"n\":\"3 apples\",\"m\":3}"
+            )]
+        );
+    }
+}
+
+/// The value every escape case's arguments must decode to: quotes, backslashes (one before
+/// `n`, which is no newline), a newline, a non-ASCII letter, an astral-plane character and
+/// a control character.
+const TRICKY: &str = "say \"hi\" \\ C:\\new\nnext é 😀 \u{1}";
+
+/// Escapes inside arguments, per syntax, plain (fed whole) and streamed (every split, one
+/// character per token, through `check`). A JSON syntax's arguments are the model's JSON
+/// text as written (here with `\u00e9` for `é`); a tagged syntax writes the raw text and its
+/// arguments escape it as JSON. Both must decode to [`TRICKY`].
+#[test]
+fn escapes_inside_arguments_in_every_syntax() {
+    let json = "\"say \\\"hi\\\" \\\\ C:\\\\new\\nnext \\u00e9 😀 \\u0001\"";
+    let verbatim = format!("{{\"q\": {json}}}");
+    let cases = [
+        (
+            ToolSyntax::Hermes,
+            format!("<tool_call>{{\"name\": \"get\", \"arguments\": {verbatim}}}</tool_call>"),
+            verbatim.clone(),
+        ),
+        (
+            ToolSyntax::Llama3,
+            format!("{{\"name\": \"get\", \"parameters\": {verbatim}}}"),
+            verbatim.clone(),
+        ),
+        (
+            ToolSyntax::Mistral,
+            format!("[TOOL_CALLS][{{\"name\": \"get\", \"arguments\": {verbatim}}}]"),
+            verbatim.clone(),
+        ),
+        (
+            ToolSyntax::DeepSeek,
+            format!(
+                "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get\n```json\n{verbatim}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>"
+            ),
+            verbatim.clone(),
+        ),
+        (
+            ToolSyntax::Qwen3Coder,
+            qwen3_coder_block("get", &[("q", TRICKY)]),
+            "{\"q\":\"say \\\"hi\\\" \\\\ C:\\\\new\\nnext é 😀 \\u0001\"}".to_string(),
+        ),
+        (
+            ToolSyntax::Glm45,
+            glm45_block("get", &[("q", TRICKY)]),
+            "{\"q\":\"say \\\"hi\\\" \\\\ C:\\\\new\\nnext é 😀 \\u0001\"}".to_string(),
+        ),
+    ];
+    for (syntax, text, want) in cases {
+        let (c, f) = check(config(ReasoningFormat::Think, Some(syntax)), &text);
+        assert_eq!(c.calls, [call("get", &want)], "{syntax:?}");
+        assert!(!f.unfinished_call, "{syntax:?}");
+        let got: serde_json::Value = serde_json::from_str(&c.calls[0].arguments).unwrap();
+        assert_eq!(got["q"], TRICKY, "{syntax:?}");
+    }
 }
