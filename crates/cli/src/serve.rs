@@ -14,7 +14,7 @@ use std::time::Duration;
 use anyhow::Context;
 use ferrite_cuda::CudaBackend;
 use ferrite_engine::prefix::PrefixCacheConfig;
-use ferrite_engine::{Engine, EngineBackend, EngineConfig};
+use ferrite_engine::{Engine, EngineBackend, EngineConfig, Speculation};
 
 use crate::backend::BackendArg;
 use crate::run::KvArg;
@@ -119,11 +119,18 @@ pub struct ServeArgs {
     /// its earlier text and verify them in the slots' batched step (CPU backend, models
     /// without recurrent state). Responses are the same as without it; `/metrics` counts
     /// the guesses proposed and accepted.
-    #[arg(long)]
+    #[arg(long, group = "speculate")]
     lookup: bool,
-    /// Most tokens `--lookup` guesses a step (1 to 15); fewer, down to none, while few
-    /// guesses of a request are accepted.
-    #[arg(long, default_value_t = 8, requires = "lookup", value_parser = crate::run::draft_max_arg)]
+    /// Speculate with this draft model in every slot (a name or path as for -m; it must
+    /// share the model's vocabulary): each slot drafts greedily in a session of it of its
+    /// own, and the slots' batched step verifies (CPU backend, models without recurrent
+    /// state). Responses are the same as without it; `/metrics` counts the guesses.
+    #[arg(long, value_name = "MODEL", group = "speculate")]
+    draft_model: Option<String>,
+    /// Most tokens `--lookup` or `--draft-model` guesses a step (1 to 15); fewer, down to
+    /// none, while few guesses of a request are accepted. A request may ask for fewer
+    /// (`speculative.n_max`, 0 for none).
+    #[arg(long, default_value_t = 8, requires = "speculate", value_parser = crate::run::draft_max_arg)]
     draft_max: usize,
 }
 
@@ -192,6 +199,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<i32> {
         crate::run::check_cuda_kv(args.kv.into())?;
         if args.lookup {
             crate::run::speculate::check_cuda_speculation(true, "--lookup")?;
+        }
+        if args.draft_model.is_some() {
+            crate::run::speculate::check_cuda_speculation(true, "--draft-model")?;
         }
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -274,7 +284,7 @@ async fn serve(
     let kv = args.kv.into();
     let extra_aliases = args.aliases.clone();
     let check_weights = args.check_weights;
-    let lookup = args.lookup.then_some(args.draft_max);
+    let (lookup, draft_model, draft_max) = (args.lookup, args.draft_model.clone(), args.draft_max);
     let loader = tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
         let path = crate::models::resolve(&model_arg)?;
         if check_weights {
@@ -282,6 +292,16 @@ async fn serve(
                 .with_context(|| format!("opening {}", path.display()))?;
             crate::run::check_weights(&g, &path)?;
         }
+        let speculation = match draft_model {
+            Some(name) => Some(Speculation {
+                draft_model: Some(crate::models::resolve(&name).context("--draft-model")?),
+                draft_max,
+            }),
+            None => lookup.then_some(Speculation {
+                draft_model: None,
+                draft_max,
+            }),
+        };
         let (model_id, mut aliases) = model_names(&model_arg, &path);
         aliases.extend(extra_aliases);
         let started = std::time::Instant::now();
@@ -297,7 +317,7 @@ async fn serve(
             prefix_cache,
             backend,
             kv,
-            lookup,
+            speculation,
         })?;
         eprintln!("{}", engine.backend_line());
         eprintln!(

@@ -9,11 +9,9 @@ mod common;
 mod server_util;
 
 use serde_json::{Value, json};
-use server_util::{MODEL, Server, chat_stream_text, metric, start, start_with, with};
-
-/// Text the model continues by repeating it: prompt lookup drafts from it.
-const REPEAT: &str = "def area(w, h):\n    return w * h\n\ndef area(w, h):\n    return w * h\n\n\
-def area(w, h):\n    return w * h\n\ndef area(w, h):\n";
+use server_util::{
+    MODEL, REPEAT, Server, answer, metric, start, start_with, stream_text, text_of, with,
+};
 
 const FOX: &str = "The quick brown fox jumps over the lazy dog. The quick brown fox jumps over \
 the lazy dog. The quick brown fox jumps over the lazy dog. The quick brown";
@@ -80,38 +78,6 @@ fn requests() -> Vec<(&'static str, Value)> {
             chat("Write one short sentence about the number 7.", json!({})),
         ),
     ]
-}
-
-/// What is compared of an answer: everything but ids and timestamps.
-fn answer(v: &Value) -> Value {
-    json!({"choices": v["choices"], "usage": v["usage"]["completion_tokens"]})
-}
-
-/// The streamed text of a reply (chat deltas or completion texts), `[DONE]` checked.
-fn stream_text(path: &str, reply: &server_util::Reply) -> String {
-    if path == "/v1/chat/completions" {
-        return chat_stream_text(reply).0;
-    }
-    let events = reply.events();
-    assert_eq!(events.last().map(|e| e.1.as_str()), Some("[DONE]"));
-    events[..events.len() - 1]
-        .iter()
-        .filter_map(|(_, d)| {
-            let v: Value = serde_json::from_str(d).unwrap();
-            v["choices"][0]["text"].as_str().map(str::to_string)
-        })
-        .collect()
-}
-
-/// The text of a plain answer.
-fn text_of(path: &str, v: &Value) -> String {
-    let c = &v["choices"][0];
-    let t = if path == "/v1/chat/completions" {
-        &c["message"]["content"]
-    } else {
-        &c["text"]
-    };
-    t.as_str().unwrap_or_default().to_string()
 }
 
 /// Every request once, one after the other.

@@ -83,6 +83,10 @@ pub struct GenRequest {
     pub prompt_logprobs: bool,
     /// Most tokens of reasoning before the block is closed for the answer; `None`: no limit.
     pub reasoning_budget: Option<ReasoningBudget>,
+    /// Most draft tokens a step when the server speculates (`speculative.n_max`; 0: this
+    /// request decodes plainly); `None`: the server's `--draft-max`. Larger than the
+    /// server's is capped to it (the HTTP layer refuses it first).
+    pub draft_max: Option<usize>,
 }
 
 /// Log-probability of a generated token and its best alternatives.
@@ -300,4 +304,9 @@ pub trait Backend: Send + Sync + 'static {
     fn stats(&self) -> EngineStats;
     /// Whether the engine can still serve (false once its thread has died).
     fn healthy(&self) -> bool;
+    /// Most draft tokens a step when the engine speculates (`--draft-max`), else `None`:
+    /// the bound of a request's `speculative.n_max`.
+    fn draft_max(&self) -> Option<usize> {
+        None
+    }
 }

@@ -49,7 +49,7 @@ pub mod stops;
 pub use ferrite_grammar as grammar;
 
 pub use cuda_timeline::{AnySession, CudaTimeline, ScoreSession, sampling_where};
-pub use engine_thread::{Engine, EngineBackend, EngineConfig, EngineError};
+pub use engine_thread::{Engine, EngineBackend, EngineConfig, EngineError, Speculation};
 pub use generate::{
     Finish, Flow, GenerateError, Generation, Picker, Timeline, eval_sample, generate, generate_with,
 };

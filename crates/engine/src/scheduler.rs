@@ -13,9 +13,9 @@
 //! a slot scoring its prompt (which needs every position's logits) runs on its own. A slot
 //! whose client has gone (closed channel) is released at the step boundary.
 //!
-//! With prompt lookup ([`Scheduler::with_lookup`]) a decoding slot may speculate: its
-//! input is its pending token followed by the tokens its [`Lookup`] proposer drafted, and
-//! the same step returns the logits after each of them. The slot then picks and emits
+//! With proposers ([`Scheduler::with_proposers`]: prompt lookup, a draft model) a decoding
+//! slot may speculate: its input is its pending token followed by the tokens its
+//! [`Proposer`] drafted, and the same step returns the logits after each of them. The slot then picks and emits
 //! row after row through the very code of a plain step, accepting while the picked token
 //! is the draft token evaluated after it ([`Verify`], the run loop's rule), and cuts its
 //! sequence back to the plain step's at the first difference. Every token, event, stop,
@@ -35,7 +35,7 @@ use crate::generate::{GenerateError, Timeline, Verify};
 use crate::inference::{
     CacheSource, FinishReason, GenEvent, GenRequest, Timings, TokenLogprob, TopLogprob, Usage,
 };
-use crate::speculate::{Adaptive, Lookup, Proposer};
+use crate::speculate::{Adaptive, Proposer};
 use crate::stops::StopScanner;
 
 /// A prefix cache shared by all slots (memory, disk): restores a prompt's longest cached
@@ -218,8 +218,8 @@ struct Active {
     generated: Vec<u32>,
     /// The sampled token not yet evaluated.
     pending: Option<u32>,
-    /// The request's prompt-lookup proposer, when the server speculates.
-    proposer: Option<Adaptive<Lookup>>,
+    /// Most draft tokens a step for this request (0: it never speculates).
+    draft_max: usize,
     admitted: Instant,
     first_token: Option<Instant>,
 }
@@ -282,8 +282,12 @@ pub struct Scheduler<'r, S> {
     limits: Limits,
     store: Option<Box<dyn PrefixStore<S> + 'r>>,
     batcher: Option<Box<dyn BatchEval<S> + 'r>>,
-    /// Every request's proposer is a copy of this one, when the server speculates.
-    lookup: Option<Lookup>,
+    /// Slot `i`'s proposer at `i`, when the server speculates: kept across the slot's
+    /// requests (a draft model's session reuses what it holds), its draft length adapted
+    /// afresh for each request.
+    proposers: Vec<Option<Adaptive<Box<dyn Proposer + 'r>>>>,
+    /// Most draft tokens a step, unless a request asks for fewer.
+    draft_max: usize,
 }
 
 impl<'r, S: Timeline> Scheduler<'r, S> {
@@ -299,11 +303,20 @@ impl<'r, S: Timeline> Scheduler<'r, S> {
         self
     }
 
-    /// Speculate in every slot with prompt lookup, with the run loop's adaptive draft
-    /// length ([`Adaptive`]) per request. A rejected draft costs a truncation, so this is
-    /// for timelines whose truncation is cheap (K/V caches, not replayed recurrent state).
-    pub fn with_lookup(mut self, lookup: Lookup) -> Self {
-        self.lookup = Some(lookup);
+    /// Speculate in slot `i` with `proposers[i]` (prompt lookup, a draft model's session),
+    /// at most `draft_max` tokens a step, with the run loop's adaptive draft length
+    /// ([`Adaptive`]) per request. A rejected draft costs a truncation, so this is for
+    /// timelines whose truncation is cheap (K/V caches, not replayed recurrent state).
+    pub fn with_proposers(
+        mut self,
+        proposers: Vec<Box<dyn Proposer + 'r>>,
+        draft_max: usize,
+    ) -> Self {
+        self.proposers = proposers
+            .into_iter()
+            .map(|p| Some(Adaptive::new(p, draft_max)))
+            .collect();
+        self.draft_max = draft_max;
         self
     }
 
@@ -324,7 +337,8 @@ impl<'r, S: Timeline> Scheduler<'r, S> {
             limits,
             store: None,
             batcher: None,
-            lookup: None,
+            proposers: Vec::new(),
+            draft_max: 0,
         }
     }
 
@@ -504,6 +518,14 @@ impl<'r, S: Timeline> Scheduler<'r, S> {
                 continue;
             }
             self.counters.active.fetch_add(1, Ordering::SeqCst);
+            // The request may ask for shorter drafts than the server's, or none.
+            let draft_max = job
+                .req
+                .draft_max
+                .map_or(self.draft_max, |n| n.min(self.draft_max));
+            if let Some(p) = self.proposers.get_mut(i) {
+                *p = p.take().map(|a| Adaptive::new(a.into_inner(), draft_max));
+            }
             slot.active = Some(Active {
                 scanner: StopScanner::new(&job.req.stop),
                 budget: job.req.reasoning_budget.clone().map(BudgetState::new),
@@ -515,10 +537,7 @@ impl<'r, S: Timeline> Scheduler<'r, S> {
                 source,
                 generated: Vec::new(),
                 pending: None,
-                proposer: self
-                    .lookup
-                    .as_ref()
-                    .map(|l| Adaptive::new(l.clone(), l.draft_max())),
+                draft_max,
                 admitted: Instant::now(),
                 first_token: None,
             });
@@ -572,7 +591,12 @@ impl<'r, S: Timeline> Scheduler<'r, S> {
             a.job.req.prompt[a.fed..end].to_vec()
         } else {
             let mut input = vec![a.pending.take()?];
-            if let Some(p) = a.proposer.as_mut() {
+            if let Some(p) = self
+                .proposers
+                .get_mut(i)
+                .and_then(Option::as_mut)
+                .filter(|_| a.draft_max > 0)
+            {
                 // Every verified row emits a token: no more rows than the token limit and
                 // the context (whose last position ends the output) can still take.
                 let room = (a.job.req.max_tokens.saturating_sub(a.generated.len()))

@@ -19,7 +19,7 @@ fn config(path: std::path::PathBuf, backend: EngineBackend, kv: KvType) -> Engin
         prefix_cache: Default::default(),
         backend,
         kv,
-        lookup: None,
+        speculation: None,
     }
 }
 

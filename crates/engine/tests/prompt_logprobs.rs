@@ -24,6 +24,7 @@ fn score(engine: &Engine, prompt: &[u32]) -> (usize, Vec<TokenLogprob>) {
             logprobs: Some(2),
             prompt_logprobs: true,
             reasoning_budget: None,
+            draft_max: None,
         })
         .expect("submit");
     let (mut cached, mut items) = (usize::MAX, Vec::new());
@@ -46,7 +47,7 @@ fn engine_prompt_logprobs_match_a_full_forward_pass() {
     };
     let engine = Engine::start(EngineConfig {
         kv: KvType::F16,
-        lookup: None,
+        speculation: None,
         model_path: path.clone(),
         model_id: "smollm2".into(),
         aliases: Vec::new(),

@@ -43,6 +43,7 @@ fn request(prompt: Vec<u32>, format: OutputFormat, budget: Option<ReasoningBudge
         logprobs: None,
         prompt_logprobs: false,
         reasoning_budget: budget,
+        draft_max: None,
     }
 }
 
@@ -57,7 +58,7 @@ fn a_budget_closes_real_reasoning_after_exactly_its_tokens() {
     };
     let engine = Engine::start(EngineConfig {
         kv: KvType::F16,
-        lookup: None,
+        speculation: None,
         model_path: path,
         model_id: "smollm2".into(),
         aliases: Vec::new(),

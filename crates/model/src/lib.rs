@@ -57,7 +57,7 @@ pub use error::ModelError;
 pub use features::MoeConfig;
 pub use ferrite_backend::KvType;
 pub use ferrite_cpu::{KvCache, ops};
-pub use memory::{check_kv_memory, physical_memory};
+pub use memory::{check_kv_memory, check_slot_memory, physical_memory, session_bytes};
 pub use model::{LoadOptions, Model, Precision, Weight};
 pub use moe::Experts;
 pub use session::{

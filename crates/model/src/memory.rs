@@ -18,22 +18,51 @@ pub fn check_kv_memory(
     sessions: usize,
     ctx: usize,
 ) -> Result<(), ModelError> {
-    let row = kv.check_row(config.n_kv_head, config.head_dim)?;
-    // A cache whose values lie in its keys (latent attention) holds the keys only.
-    let per_token = SessionState::kv_bytes(kv, config.kv_layers(), row, 1).map(|b| {
-        if config.kv_values().stored() {
-            b
-        } else {
-            b / 2
-        }
-    });
+    check_slot_memory(config, kv, sessions, ctx, 0)
+}
+
+/// As [`check_kv_memory`], with `per_slot` more bytes beside each session: what a server's
+/// slot holds besides its own cache (a draft model's session, its verify rows' logits).
+pub fn check_slot_memory(
+    config: &ModelConfig,
+    kv: KvType,
+    sessions: usize,
+    ctx: usize,
+    per_slot: usize,
+) -> Result<(), ModelError> {
     kv_fits(
         sessions,
-        (ctx, per_token),
-        state_bytes(config),
+        (ctx, per_token_bytes(config, kv)?),
+        state_bytes(config).and_then(|s| s.checked_add(per_slot)),
         physical_memory(),
     )
     .map_err(ModelError::InvalidArgument)
+}
+
+/// Bytes of one full session of `config` over `ctx` positions in `kv`, recurrent state
+/// and its checkpoints included (`None` on overflow).
+pub fn session_bytes(
+    config: &ModelConfig,
+    kv: KvType,
+    ctx: usize,
+) -> Result<Option<usize>, ModelError> {
+    Ok(per_token_bytes(config, kv)?
+        .and_then(|b| b.checked_mul(ctx)?.checked_add(state_bytes(config)?)))
+}
+
+/// Bytes of K/V cache one position takes (`None` on overflow).
+fn per_token_bytes(config: &ModelConfig, kv: KvType) -> Result<Option<usize>, ModelError> {
+    let row = kv.check_row(config.n_kv_head, config.head_dim)?;
+    // A cache whose values lie in its keys (latent attention) holds the keys only.
+    Ok(
+        SessionState::kv_bytes(kv, config.kv_layers(), row, 1).map(|b| {
+            if config.kv_values().stored() {
+                b
+            } else {
+                b / 2
+            }
+        }),
+    )
 }
 
 /// Bytes of one session's recurrent state with the checkpoints it keeps (`None` on

@@ -263,6 +263,7 @@ async fn respond(
         logprobs: None,
         prompt_logprobs: false,
         reasoning_budget,
+        draft_max: generate::speculative_n_max(&obj, backend.as_ref())?,
     };
     let rx = generate::submit_n(backend.as_ref(), &prompt, &opts, 1)?
         .pop()

@@ -332,3 +332,39 @@ pub fn start_with(extra: &[&str]) -> Server {
     args.extend_from_slice(extra);
     Server::start(&args)
 }
+
+/// Text the model continues by repeating it (speculation drafts from it).
+pub const REPEAT: &str = "def area(w, h):\n    return w * h\n\ndef area(w, h):\n    return w * h\n\n\
+def area(w, h):\n    return w * h\n\ndef area(w, h):\n";
+
+/// What is compared of an answer: everything but ids and timestamps.
+pub fn answer(v: &Value) -> Value {
+    json!({"choices": v["choices"], "usage": v["usage"]["completion_tokens"]})
+}
+
+/// The streamed text of a reply (chat deltas or completion texts), `[DONE]` checked.
+pub fn stream_text(path: &str, reply: &Reply) -> String {
+    if path == "/v1/chat/completions" {
+        return chat_stream_text(reply).0;
+    }
+    let events = reply.events();
+    assert_eq!(events.last().map(|e| e.1.as_str()), Some("[DONE]"));
+    events[..events.len() - 1]
+        .iter()
+        .filter_map(|(_, d)| {
+            let v: Value = serde_json::from_str(d).unwrap();
+            v["choices"][0]["text"].as_str().map(str::to_string)
+        })
+        .collect()
+}
+
+/// The text of a plain answer.
+pub fn text_of(path: &str, v: &Value) -> String {
+    let c = &v["choices"][0];
+    let t = if path == "/v1/chat/completions" {
+        &c["message"]["content"]
+    } else {
+        &c["text"]
+    };
+    t.as_str().unwrap_or_default().to_string()
+}

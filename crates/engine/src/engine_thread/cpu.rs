@@ -6,7 +6,9 @@ use std::sync::mpsc::{Receiver, SyncSender, channel, sync_channel};
 use std::sync::{Arc, OnceLock};
 
 use ferrite_cpu::ThreadPool;
-use ferrite_model::{Batch, KvType, LoadOptions, Model, Session, Weights, check_kv_memory};
+use ferrite_model::{
+    Batch, KvType, LoadOptions, Model, Session, Weights, check_slot_memory, session_bytes,
+};
 use ferrite_tokenizer::Tokenizer;
 
 use super::{Engine, EngineBackend, EngineConfig, EngineError};
@@ -15,7 +17,7 @@ use crate::held::{Chooser, HeldError, grammar_vocab};
 use crate::inference::{GenRequest, OutputFormat};
 use crate::prefix::{CacheStats, PrefixCache};
 use crate::scheduler::{BatchEval, Counters, Job, Limits, Picked, RowPicker, Runtime, Scheduler};
-use crate::speculate::Lookup;
+use crate::speculate::{Draft, Lookup, Proposer, check_vocab};
 use crate::{Sampler, SamplerConfig, raw_logprobs};
 
 /// Continuous batching over real sessions on any backend: every step's slots share one
@@ -184,12 +186,7 @@ fn engine_thread(
             return;
         }
     };
-    let ctx_train = model.config().ctx_train;
-    let n_ctx = if ctx_train > 0 {
-        cfg.n_ctx.min(ctx_train)
-    } else {
-        cfg.n_ctx
-    };
+    let n_ctx = served_ctx(&model, cfg.n_ctx);
     if cfg.backend == EngineBackend::Cuda {
         if cfg.kv != KvType::F16 {
             let why = format!(
@@ -199,10 +196,13 @@ fn engine_thread(
             let _ = ready.send(Err(EngineError::Config(why)));
             return;
         }
-        if cfg.lookup.is_some() {
+        if let Some(spec) = &cfg.speculation {
             // Its sessions evaluate a draft one token at a time: verifying would be slower
             // than plain decoding.
-            let why = "--lookup runs on the CPU backend only; add --backend cpu".to_string();
+            let why = format!(
+                "{} runs on the CPU backend only; add --backend cpu",
+                spec.flag()
+            );
             let _ = ready.send(Err(EngineError::Config(why)));
             return;
         }
@@ -215,14 +215,37 @@ fn engine_thread(
             return;
         }
     };
-    if let Err(e) = check_kv_memory(model.config(), cfg.kv, cfg.parallel, n_ctx) {
+    let draft = match speculation(&cfg, &model, &tokenizer) {
+        Ok(d) => d,
+        Err(e) => {
+            let _ = ready.send(Err(e));
+            return;
+        }
+    };
+    let draft_ctx = draft.as_ref().map_or(0, |d| served_ctx(d, n_ctx));
+    let beside = match slot_extra(&cfg, &model, draft.as_ref(), draft_ctx) {
+        Ok(b) => b,
+        Err(e) => {
+            let _ = ready.send(Err(e));
+            return;
+        }
+    };
+    if let Err(e) = check_slot_memory(model.config(), cfg.kv, cfg.parallel, n_ctx, beside) {
+        let also = if draft.is_some() {
+            ", draft sessions and verify rows included"
+        } else {
+            ""
+        };
         let _ = ready.send(Err(EngineError::Config(format!(
-            "{e} (lower --parallel or --ctx)"
+            "{e}{also} (lower --parallel or --ctx)"
         ))));
         return;
     }
     // Before the server reports ready, so that no request waits for it.
     model.pack_weights(&pool);
+    if let Some(d) = &draft {
+        d.pack_weights(&pool);
+    }
     let sessions: Result<Vec<Session<'_>>, _> = (0..cfg.parallel)
         .map(|_| Session::new(&model, &pool, n_ctx, cfg.kv))
         .collect();
@@ -233,17 +256,17 @@ fn engine_thread(
             return;
         }
     };
-    let lookup = match speculation(&cfg, &model) {
-        Ok(l) => l,
+    let proposers = match proposers(&cfg, draft.as_ref(), &pool, draft_ctx) {
+        Ok(p) => p,
         Err(e) => {
             let _ = ready.send(Err(e));
             return;
         }
     };
+    let draft_max = cfg.speculation.as_ref().map_or(0, |s| s.draft_max);
     // A step holds at most the prefill budget plus, per slot, one decode token and its
     // draft.
-    let per_slot = 1 + lookup.as_ref().map_or(0, Lookup::draft_max);
-    let batch = match Batch::new(cfg.prefill_chunk.max(1) + cfg.parallel * per_slot) {
+    let batch = match Batch::new(cfg.prefill_chunk.max(1) + cfg.parallel * (1 + draft_max)) {
         Ok(b) => b,
         Err(e) => {
             let _ = ready.send(Err(EngineError::Load(format!("creating the batch: {e}"))));
@@ -266,8 +289,8 @@ fn engine_thread(
     let rt = ModelRuntime::new(&tokenizer);
     let mut scheduler = Scheduler::new(&rt, sessions, counters, limits(&cfg, &model, n_ctx))
         .with_batcher(Box::new(SessionBatch(batch)));
-    if let Some(lookup) = lookup {
-        scheduler = scheduler.with_lookup(lookup);
+    if cfg.speculation.is_some() {
+        scheduler = scheduler.with_proposers(proposers, draft_max);
     }
     match cache {
         Some(cache) => scheduler.with_prefix_store(Box::new(cache)).run(&jobs),
@@ -275,23 +298,114 @@ fn engine_thread(
     }
 }
 
-/// The prompt-lookup proposer `cfg.lookup` asks for, refused for a model with recurrent
-/// state: its truncation replays the kept tokens from a checkpoint, so every rejected
-/// draft would cost up to a whole prefill.
-fn speculation(cfg: &EngineConfig, model: &Model) -> Result<Option<Lookup>, EngineError> {
-    let Some(draft_max) = cfg.lookup else {
+/// Checks the speculation `cfg` asks for and loads its draft model, when it names one:
+/// at `model`'s precision, refused unless its vocabulary is `tokenizer`'s (same tokens,
+/// same ids, same logit rows). Speculation is refused for a model with recurrent state:
+/// its truncation replays the kept tokens from a checkpoint, so every rejected draft would
+/// cost up to a whole prefill.
+fn speculation(
+    cfg: &EngineConfig,
+    model: &Model,
+    tokenizer: &Tokenizer,
+) -> Result<Option<Model>, EngineError> {
+    let Some(spec) = &cfg.speculation else {
         return Ok(None);
     };
+    let flag = spec.flag();
     if model.config().state_slots().0 > 0 {
-        return Err(EngineError::Config(
-            "--lookup: this model keeps recurrent state, which a rejected draft would \
-             replay from a checkpoint; serve it without --lookup"
-                .into(),
-        ));
+        return Err(EngineError::Config(format!(
+            "{flag}: this model keeps recurrent state, which a rejected draft would \
+             replay from a checkpoint; serve it without {flag}"
+        )));
     }
-    Lookup::new(draft_max)
-        .map(Some)
-        .map_err(|e| EngineError::Config(format!("--draft-max: {e}")))
+    Lookup::new(spec.draft_max).map_err(|e| EngineError::Config(format!("--draft-max: {e}")))?;
+    let Some(path) = &spec.draft_model else {
+        return Ok(None);
+    };
+    let draft = Model::load(
+        path,
+        LoadOptions {
+            precision: model.precision(),
+        },
+    )
+    .map_err(|e| EngineError::Load(format!("the draft model {}: {e}", path.display())))?;
+    let draft_tokenizer = Tokenizer::from_gguf(draft.gguf())
+        .map_err(|e| EngineError::Tokenizer(format!("the draft model {}: {e}", path.display())))?;
+    check_vocab(
+        tokenizer,
+        model.config().n_vocab,
+        &draft_tokenizer,
+        draft.config().n_vocab,
+    )
+    .map_err(|e| {
+        EngineError::Config(format!(
+            "--draft-model {} cannot draft for {}: the two models must share one \
+             vocabulary: {e}",
+            path.display(),
+            cfg.model_path.display()
+        ))
+    })?;
+    Ok(Some(draft))
+}
+
+/// One proposer a slot for the speculation `cfg` asks for (none without): a session of
+/// `draft` at `draft_ctx` positions each, else prompt lookup.
+fn proposers<'m>(
+    cfg: &EngineConfig,
+    draft: Option<&'m Model>,
+    pool: &'m ThreadPool,
+    draft_ctx: usize,
+) -> Result<Vec<Box<dyn Proposer + 'm>>, EngineError> {
+    let Some(spec) = &cfg.speculation else {
+        return Ok(Vec::new());
+    };
+    let Some(d) = draft else {
+        let lookup = Lookup::new(spec.draft_max)
+            .map_err(|e| EngineError::Config(format!("--draft-max: {e}")))?;
+        return Ok((0..cfg.parallel)
+            .map(|_| Box::new(lookup.clone()) as Box<dyn Proposer>)
+            .collect());
+    };
+    (0..cfg.parallel)
+        .map(|_| {
+            Session::new(d, pool, draft_ctx, cfg.kv)
+                .map(|s| Box::new(Draft::new(s)) as Box<dyn Proposer + 'm>)
+                .map_err(|e| EngineError::Load(format!("creating draft sessions: {e}")))
+        })
+        .collect()
+}
+
+/// The context a session of `model` gets when the server asks for `n_ctx`: clamped to
+/// the model's training context.
+fn served_ctx(model: &Model, n_ctx: usize) -> usize {
+    match model.config().ctx_train {
+        0 => n_ctx,
+        train => n_ctx.min(train),
+    }
+}
+
+/// Bytes each slot holds besides its own KV cache: its draft session when full (at
+/// `draft_ctx` positions), and the logits of its rows of a step (the pending token's and
+/// `--draft-max` draft tokens'), once in the batch and once in the scheduler's copy.
+fn slot_extra(
+    cfg: &EngineConfig,
+    model: &Model,
+    draft: Option<&Model>,
+    draft_ctx: usize,
+) -> Result<usize, EngineError> {
+    let overflow = || EngineError::Config("the slots' memory overflows".into());
+    let rows = 1 + cfg.speculation.as_ref().map_or(0, |s| s.draft_max);
+    let logits = rows
+        .checked_mul(model.config().n_vocab)
+        .and_then(|n| n.checked_mul(2 * std::mem::size_of::<f32>()))
+        .ok_or_else(overflow)?;
+    let Some(d) = draft else {
+        return Ok(logits);
+    };
+    session_bytes(d.config(), cfg.kv, draft_ctx)
+        .map_err(|e| EngineError::Config(format!("--draft-model: {e}")))?
+        .and_then(|b| b.checked_add(logits))
+        .ok_or_else(overflow)
 }
 
 /// The scheduler's limits for `model`: a hybrid's chunks stop on its checkpoints.

@@ -59,10 +59,30 @@ pub struct EngineConfig {
     pub backend: EngineBackend,
     /// KV cache element type of every slot (the CUDA backend takes only f16).
     pub kv: ferrite_model::KvType,
-    /// Speculate with prompt lookup in every slot, proposing at most this many draft
-    /// tokens a step (`--lookup`, `--draft-max`; the CPU backend, models without recurrent
-    /// state); `None`: plain decoding.
-    pub lookup: Option<usize>,
+    /// Speculate in every slot (`--lookup` or `--draft-model`; the CPU backend, models
+    /// without recurrent state); `None`: plain decoding.
+    pub speculation: Option<Speculation>,
+}
+
+/// How every slot speculates.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Speculation {
+    /// The draft model (`--draft-model`), which must share the served model's vocabulary;
+    /// each slot drafts in a session of it of its own. `None`: prompt lookup (`--lookup`).
+    pub draft_model: Option<PathBuf>,
+    /// Most draft tokens a step (`--draft-max`, 1 to 15).
+    pub draft_max: usize,
+}
+
+impl Speculation {
+    /// The flag that asked for it, for errors.
+    pub fn flag(&self) -> &'static str {
+        if self.draft_model.is_some() {
+            "--draft-model"
+        } else {
+            "--lookup"
+        }
+    }
 }
 
 /// Why the engine could not start.
@@ -232,5 +252,9 @@ impl Backend for Engine {
 
     fn healthy(&self) -> bool {
         !self.thread.is_finished()
+    }
+
+    fn draft_max(&self) -> Option<usize> {
+        self.config.speculation.as_ref().map(|s| s.draft_max)
     }
 }

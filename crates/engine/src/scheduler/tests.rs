@@ -132,6 +132,7 @@ fn job(
             logprobs: Some(1),
             prompt_logprobs: false,
             reasoning_budget: None,
+            draft_max: None,
         },
         tx,
         queued_at: Instant::now(),
@@ -267,6 +268,7 @@ fn prompt_logprobs_score_every_prompt_token_and_skip_the_cache() {
             logprobs: Some(1),
             prompt_logprobs: true,
             reasoning_budget: None,
+            draft_max: None,
         },
         tx,
         queued_at: Instant::now(),
@@ -526,6 +528,7 @@ fn sum_job<S: Timeline>(
         logprobs: None,
         prompt_logprobs: false,
         reasoning_budget: None,
+        draft_max: None,
     };
     s.waiting.push_back(Job {
         req,

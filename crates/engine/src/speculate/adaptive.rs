@@ -94,6 +94,12 @@ impl<P: Proposer> Adaptive<P> {
         &self.inner
     }
 
+    /// The wrapped proposer, its adaptation dropped (a server slot keeps its proposer, a
+    /// draft model's session, from one request to the next, adapting afresh for each).
+    pub fn into_inner(self) -> P {
+        self.inner
+    }
+
     /// The per-token acceptance estimate.
     pub fn acceptance(&self) -> f64 {
         self.accepted / (self.accepted + self.rejected)

@@ -35,6 +35,14 @@ pub trait Proposer {
     fn propose(&mut self, history: &[u32], max: usize) -> Vec<u32>;
 }
 
+/// A boxed proposer proposes as the one inside it: the server keeps proposers of different
+/// kinds (prompt lookup, a draft model's session) behind one type.
+impl<P: Proposer + ?Sized> Proposer for Box<P> {
+    fn propose(&mut self, history: &[u32], max: usize) -> Vec<u32> {
+        (**self).propose(history, max)
+    }
+}
+
 /// What speculation did during one [`crate::generate::generate_with`] call.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Stats {

@@ -71,7 +71,7 @@ impl GateServer {
             },
             backend: EngineBackend::Cpu,
             kv: ferrite_model::KvType::F16,
-            lookup: None,
+            speculation: None,
         })?;
         let state = AppState::new(ServerConfig {
             max_body_bytes: MAX_BODY,

@@ -1,10 +1,13 @@
-//! The scheduler speculating with prompt lookup over the toy model. Oracle: the same jobs
-//! without speculation, event for event (token ids, text, log-probabilities, finish, usage),
+//! The scheduler speculating over the toy model with prompt lookup, a draft model (a toy
+//! session of its own per slot) and a planted bad draft. Oracle: the same jobs without
+//! speculation, event for event (token ids, text, log-probabilities, finish, usage),
 //! greedy and sampled, batched and one by one; after every job its sequence holds exactly
 //! what the plain scheduler's holds (a rejected draft leaves no trace). Path markers: drafts
-//! were accepted and rejected, and speculating slots shared batched steps.
+//! were accepted and rejected, and speculating slots shared batched steps. A request's own
+//! draft length (`speculative.n_max`) bounds its drafts, and 0 turns them off.
 
 use super::*;
+use crate::speculate::{Draft, Lookup};
 use crate::{Sampler, SamplerConfig};
 
 /// Draws with the real sampler over the toy's rows at temperature 1: the favoured token
@@ -89,11 +92,82 @@ struct Outcome {
     widths: Vec<usize>,
 }
 
+/// A slot's proposer, made afresh for each slot.
+type Make = fn(usize) -> Box<dyn Proposer>;
+
+/// Prompt lookup of at most `n` tokens.
+fn lookup(n: usize) -> Box<dyn Proposer> {
+    Box::new(Lookup::new(n).unwrap())
+}
+
+/// The toy as a draft model: a session of its own, whose guess is the toy's own next
+/// token (so greedy drafts are always right).
+fn toy_draft(_: usize) -> Box<dyn Proposer> {
+    Box::new(Draft::new(Bounded(Toy {
+        kv: Vec::new(),
+        logits: Vec::new(),
+        evals: Rc::new(RefCell::new(Vec::new())),
+    })))
+}
+
+/// The planted defect: the toy draft with every other token it proposes corrupted.
+fn corrupted_draft(n: usize) -> Box<dyn Proposer> {
+    Box::new(Corrupt(toy_draft(n)))
+}
+
+struct Corrupt(Box<dyn Proposer>);
+
+impl Proposer for Corrupt {
+    fn propose(&mut self, history: &[u32], max: usize) -> Vec<u32> {
+        let mut d = self.0.propose(history, max);
+        for t in d.iter_mut().skip(1).step_by(2) {
+            *t = (*t + 3) % V;
+        }
+        d
+    }
+}
+
+/// The toy with a context a draft can measure (the toy's own is unbounded).
+struct Bounded(Toy);
+
+impl Timeline for Bounded {
+    fn truncate(&mut self, n: usize) {
+        self.0.truncate(n);
+    }
+    fn n_past(&self) -> usize {
+        self.0.n_past()
+    }
+    fn ctx(&self) -> usize {
+        1024
+    }
+    fn eval_last(&mut self, tokens: &[u32]) -> Result<&[f32], GenerateError> {
+        self.0.eval_last(tokens)
+    }
+}
+
 fn run_jobs(
     rt: &'static dyn Runtime,
-    lookup: Option<usize>,
+    lookup_max: Option<usize>,
     batched: bool,
     n_ctx: usize,
+) -> Outcome {
+    run_with(
+        rt,
+        lookup_max.map(|n| (lookup as Make, n)),
+        batched,
+        n_ctx,
+        None,
+    )
+}
+
+/// As [`run_jobs`], with each slot's proposer made by `spec`'s function under a draft-max
+/// of its number, and every request asking for `request_max` draft tokens at most.
+fn run_with(
+    rt: &'static dyn Runtime,
+    spec: Option<(Make, usize)>,
+    batched: bool,
+    n_ctx: usize,
+    request_max: Option<usize>,
 ) -> Outcome {
     let (s, _, counters) = toy_sched(JOBS.len(), n_ctx, 4);
     let mut s = Scheduler { rt, ..s };
@@ -104,8 +178,8 @@ fn run_jobs(
             fail: false,
         }));
     }
-    if let Some(n) = lookup {
-        s = s.with_lookup(Lookup::new(n).unwrap());
+    if let Some((make, n)) = spec {
+        s = s.with_proposers((0..JOBS.len()).map(|_| make(n)).collect(), n);
     }
     let mut rxs: Vec<_> = JOBS
         .iter()
@@ -114,6 +188,7 @@ fn run_jobs(
             let rx = job(&mut s, prompt, max, stop);
             if let Some(queued) = s.waiting.back_mut() {
                 queued.req.sampling.seed = 7 + k as u64;
+                queued.req.draft_max = request_max;
             }
             rx
         })
@@ -166,4 +241,82 @@ fn speculating_slots_give_the_plain_events_and_sequences() {
             }
         }
     }
+}
+
+#[test]
+fn a_draft_model_gives_the_plain_events_and_a_bad_draft_only_lowers_acceptance() {
+    for (name, rt) in [
+        ("greedy", &ToyRt as &'static dyn Runtime),
+        ("drawn", &DrawnRt),
+    ] {
+        let plain = run_jobs(rt, None, true, 64);
+        let good = run_with(rt, Some((toy_draft, 6)), true, 64, None);
+        let bad = run_with(rt, Some((corrupted_draft, 6)), true, 64, None);
+        for (which, spec) in [("draft", &good), ("corrupted draft", &bad)] {
+            assert_eq!(spec.events, plain.events, "{name} {which}");
+            assert_eq!(
+                spec.kv, plain.kv,
+                "{name} {which}: sequences after the jobs"
+            );
+            assert!(spec.accepted > 0, "{name} {which}: nothing accepted");
+        }
+        let rate = |o: &Outcome| o.accepted as f64 / o.proposed as f64;
+        println!(
+            "{name}: draft accepted {}/{} ({:.2}), corrupted {}/{} ({:.2})",
+            good.accepted,
+            good.proposed,
+            rate(&good),
+            bad.accepted,
+            bad.proposed,
+            rate(&bad)
+        );
+        // Drafts past an end of generation, a stop string or a token limit are rejected
+        // even when right, so not every draft token of the good draft is accepted.
+        assert!(
+            rate(&bad) < rate(&good),
+            "{name}: the bad draft was not worse"
+        );
+    }
+}
+
+thread_local! {
+    /// The longest draft any [`asked_draft`] proposer of this thread was asked for.
+    static MOST_ASKED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// The toy draft, recording the longest draft asked of it in [`MOST_ASKED`].
+fn asked_draft(n: usize) -> Box<dyn Proposer> {
+    Box::new(Asked(toy_draft(n)))
+}
+
+struct Asked(Box<dyn Proposer>);
+
+impl Proposer for Asked {
+    fn propose(&mut self, history: &[u32], max: usize) -> Vec<u32> {
+        MOST_ASKED.with(|m| m.set(m.get().max(max)));
+        self.0.propose(history, max)
+    }
+}
+
+#[test]
+fn a_requests_draft_length_bounds_its_drafts_and_zero_turns_them_off() {
+    let plain = run_jobs(&ToyRt, None, true, 64);
+    let mut most = Vec::new();
+    for request_max in [Some(0), Some(2), Some(9), None] {
+        MOST_ASKED.with(|m| m.set(0));
+        let o = run_with(&ToyRt, Some((asked_draft, 6)), true, 64, request_max);
+        assert_eq!(o.events, plain.events, "n_max {request_max:?}");
+        let asked = MOST_ASKED.with(std::cell::Cell::get);
+        println!(
+            "n_max {request_max:?}: proposed {}, longest asked {asked}",
+            o.proposed
+        );
+        most.push((o.proposed, asked));
+    }
+    // 0: nothing proposed, the proposer never asked; 2: drafts of 2 at most; 9 is capped
+    // to the server's 6, as is no n_max.
+    assert_eq!(most[0], (0, 0));
+    assert!(most[1].0 > 0 && most[1].1 == 2, "{most:?}");
+    assert_eq!(most[2].1, 6, "{most:?}");
+    assert_eq!(most[3].1, 6, "{most:?}");
 }
