@@ -3,10 +3,9 @@
 //! string value's text as it comes (a number or object whole at its end). A literal
 //! `</arg_value>` inside a value never ends it: only one followed by the next tag does.
 
-use super::qwen_xml::trim_newlines;
 use super::scan::{
     Block, BlockState, CallSoFar, close_params, find_any, param_value, push_key, push_param,
-    push_partial_param, skip_ws, starts, value_end,
+    push_partial_param, skip_ws, starts, trim_newlines, value_end,
 };
 
 /// The opening marker (shared with Hermes; the template decides which syntax it is).

@@ -5,7 +5,7 @@
 
 use super::scan::{
     Block, BlockState, CallSoFar, close_params, param_value, push_param, push_partial_param,
-    skip_ws, starts, value_end,
+    skip_ws, starts, trim_newlines, value_end,
 };
 
 /// The opening marker (shared with Hermes; the template decides which syntax it is).
@@ -24,12 +24,6 @@ pub(crate) fn tag_name(text: &str, end: bool) -> Option<Result<(&str, usize), ()
         None if end || text.contains(['<', '\n']) => Some(Err(())),
         None => None,
     }
-}
-
-/// One value's text without the newline the template writes on each side.
-pub(crate) fn trim_newlines(v: &str) -> &str {
-    let v = v.strip_prefix('\n').unwrap_or(v);
-    v.strip_suffix('\n').unwrap_or(v)
 }
 
 /// Scan a block that starts with [`OPEN`].

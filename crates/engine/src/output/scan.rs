@@ -252,7 +252,11 @@ fn settled_value<'a>(text: &'a str, close: &str, next: &[&str]) -> &'a str {
         }
         from = after;
     };
-    let v = &text[..hold];
+    trim_newlines(&text[..hold])
+}
+
+/// One value's text without the newline the template writes on each side.
+pub(crate) fn trim_newlines(v: &str) -> &str {
     let v = v.strip_prefix('\n').unwrap_or(v);
     v.strip_suffix('\n').unwrap_or(v)
 }
