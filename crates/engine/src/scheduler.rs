@@ -15,10 +15,11 @@
 //!
 //! With proposers ([`Scheduler::with_proposers`]: prompt lookup, a draft model) a decoding
 //! slot may speculate: its input is its pending token followed by the tokens its
-//! [`Proposer`] drafted, and the same step returns the logits after each of them. The slot then picks and emits
-//! row after row through the very code of a plain step, accepting while the picked token
-//! is the draft token evaluated after it ([`Verify`], the run loop's rule), and cuts its
-//! sequence back to the plain step's at the first difference. Every token, event, stop,
+//! [`Proposer`] drafted, and the same step returns the logits after each of them. The
+//! slot then picks and emits row after row through the very code of a plain step,
+//! accepting while the picked token is the draft token evaluated after it ([`Verify`], the
+//! run loop's rule), and cuts its sequence back to the plain step's at the first
+//! difference. Every token, event, stop,
 //! grammar state and random draw is therefore the plain scheduler's; the draft decides
 //! only how many tokens one step yields.
 
