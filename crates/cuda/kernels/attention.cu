@@ -4,18 +4,22 @@
 // graph serves every decode step); query i attends to cached positions lo..=pos0+i, lo =
 // pos0+i+1-window for sliding-window layers (window > 0), else 0.
 //
-// Grid: x = KV head g, y = tile of `qt` queries, z = key split. One block handles the
-// n_rep query heads of KV head g for its queries ("rows" = query × head), so every key and
-// value it loads serves all of them (GQA). Keys go in tiles of ATT_TK with an online
-// softmax; the block's key range is split z of `splits` equal chunks (at least `min_chunk`
-// keys) of the keys its queries can see. With one split the normalised output is written
-// straight to `out`; with several, each block writes (acc[head_dim], max, sum) to `part`
-// and attn_combine merges them. Scores are soft-capped when softcap > 0 (Gemma 2); with
-// `sinks` (one logit per query head, gpt-oss; null otherwise) each head's softmax holds
-// its sink in the denominator, folded in where the output is normalised.
+// Grid: x = group of `hpb` query heads (all n_rep heads of a KV head when they fit the
+// block, else a divisor of n_rep), y = tile of `qt` queries, z = key split. One block
+// handles its query heads, which share KV head g, for its queries ("rows" = query × head),
+// so every key and value it loads serves all of them (GQA). Values are `vd` values of each
+// head's value row from `v_at` on: a head's own row of `vc` (v_at 0, vd = hd), or MLA's
+// latent inside the key row (vc = kc, values after the rope part). Keys go in tiles of
+// ATT_TK with an online softmax; the block's key range is split z of `splits` equal chunks
+// (at least `min_chunk` keys) of the keys its queries can see. With one split the
+// normalised output is written straight to `out`; with several, each block writes
+// (acc[vd], max, sum) to `part` and attn_combine merges them. Scores are soft-capped when
+// softcap > 0 (Gemma 2); with `sinks` (one logit per query head, gpt-oss; null otherwise)
+// each head's softmax holds its sink in the denominator, folded in where the output is
+// normalised.
 //
-// Dynamic shared memory: q and acc (rows × head_dim each), probabilities (rows × ATT_TK),
-// and per row the running max, sum and rescale factor.
+// Dynamic shared memory: q (rows × head_dim), acc (rows × vd), probabilities (rows ×
+// ATT_TK), and per row the running max, sum and rescale factor.
 #define ATT_TK 32
 
 static __device__ __forceinline__ float dot_f16_row(const float* __restrict__ qs,
@@ -39,20 +43,21 @@ static __device__ __forceinline__ float dot_f16_row(const float* __restrict__ qs
 static __device__ __forceinline__ void attn_f16_block(
     const float* __restrict__ q, const u16* __restrict__ kc, const u16* __restrict__ vc,
     float* __restrict__ out, float* __restrict__ part, int n_head, int n_kv_head, int hd,
-    const int* __restrict__ tp, int nq, int qt, int window, float scale, int splits,
-    int min_chunk, float softcap, const float* __restrict__ sinks, int g, int tile,
-    int split) {
+    int hpb, int vd, int v_at, const int* __restrict__ tp, int nq, int qt, int window,
+    float scale, int splits, int min_chunk, float softcap, const float* __restrict__ sinks,
+    int blk, int tile, int split) {
     extern __shared__ float4 sm4[];
     float* sm = (float*)sm4;
-    int n_rep = n_head / n_kv_head;
+    int h0 = blk * hpb;
+    int g = h0 / (n_head / n_kv_head);
     int q0 = tile * qt;
     int nqb = min(qt, nq - q0);
-    int rows = nqb * n_rep;
-    int cap = qt * n_rep;
+    int rows = nqb * hpb;
+    int cap = qt * hpb;
     int kv_dim = n_kv_head * hd;
     float* qs = sm;
     float* acc = qs + cap * hd;
-    float* ps = acc + cap * hd;
+    float* ps = acc + cap * vd;
     float* ms = ps + cap * ATT_TK;
     float* ls = ms + cap;
     float* al = ls + cap;
@@ -66,18 +71,18 @@ static __device__ __forceinline__ void attn_f16_block(
     // A decode split past the visible keys does no work; its partials are marked empty
     // (attn_combine does not read them; battn_combine, which reads every split, skips them).
     if (nq == 1 && splits > 1 && s_lo >= s_hi) {
-        for (int r = threadIdx.x; r < n_rep; r += blockDim.x) {
-            unsigned long long qh = (unsigned long long)g * n_rep + r;
-            part[(qh * splits + split) * (unsigned long long)(hd + 2) + hd] = FERRITE_NEG_INF;
+        for (int r = threadIdx.x; r < hpb; r += blockDim.x) {
+            unsigned long long qh = (unsigned long long)h0 + r;
+            part[(qh * splits + split) * (unsigned long long)(vd + 2) + vd] = FERRITE_NEG_INF;
         }
         return;
     }
     for (int i = threadIdx.x; i < rows * hd; i += blockDim.x) {
         int row = i / hd, d = i - row * hd;
-        int qi = row / n_rep, h = g * n_rep + (row - qi * n_rep);
+        int qi = row / hpb, h = h0 + (row - qi * hpb);
         qs[i] = q[((unsigned long long)(q0 + qi) * n_head + h) * hd + d] * scale;
-        acc[i] = 0.0f;
     }
+    for (int i = threadIdx.x; i < rows * vd; i += blockDim.x) acc[i] = 0.0f;
     for (int r = threadIdx.x; r < rows; r += blockDim.x) {
         ms[r] = FERRITE_NEG_INF;
         ls[r] = 0.0f;
@@ -87,7 +92,7 @@ static __device__ __forceinline__ void attn_f16_block(
     for (int t0 = s_lo; t0 < s_hi; t0 += ATT_TK) {
         for (int i = threadIdx.x; i < rows * ATT_TK; i += blockDim.x) {
             int row = i / ATT_TK, j = t0 + (i - row * ATT_TK);
-            int p = first + row / n_rep;
+            int p = first + row / hpb;
             float s = FERRITE_NEG_INF;
             if (j < s_hi && j <= p && (window <= 0 || j > p - window))
                 s = soft_cap(
@@ -115,28 +120,28 @@ static __device__ __forceinline__ void attn_f16_block(
         }
         __syncthreads();
         int nt = min(ATT_TK, s_hi - t0);
-        for (int i = threadIdx.x; i < rows * hd; i += blockDim.x) {
-            int row = i / hd, d = i - row * hd;
+        for (int i = threadIdx.x; i < rows * vd; i += blockDim.x) {
+            int row = i / vd, d = i - row * vd;
             const float* pr = ps + row * ATT_TK;
-            const u16* vp = vc + (unsigned long long)t0 * kv_dim + g * hd + d;
+            const u16* vp = vc + (unsigned long long)t0 * kv_dim + g * hd + v_at + d;
             float a = acc[i] * al[row];
             for (int t = 0; t < nt; t++) a += pr[t] * h2f(vp[(unsigned long long)t * kv_dim]);
             acc[i] = a;
         }
         __syncthreads();
     }
-    for (int i = threadIdx.x; i < rows * hd; i += blockDim.x) {
-        int row = i / hd, d = i - row * hd;
-        int qi = row / n_rep, h = g * n_rep + (row - qi * n_rep);
+    for (int i = threadIdx.x; i < rows * vd; i += blockDim.x) {
+        int row = i / vd, d = i - row * vd;
+        int qi = row / hpb, h = h0 + (row - qi * hpb);
         unsigned long long qh = (unsigned long long)(q0 + qi) * n_head + h;
         if (splits == 1) {
-            out[qh * hd + d] = acc[i] * attn_out_scale(ms[row], ls[row], sinks, h);
+            out[qh * vd + d] = acc[i] * attn_out_scale(ms[row], ls[row], sinks, h);
         } else {
-            float* pp = part + (qh * splits + split) * (unsigned long long)(hd + 2);
+            float* pp = part + (qh * splits + split) * (unsigned long long)(vd + 2);
             pp[d] = acc[i];
             if (d == 0) {
-                pp[hd] = ms[row];
-                pp[hd + 1] = ls[row];
+                pp[vd] = ms[row];
+                pp[vd + 1] = ls[row];
             }
         }
     }
@@ -145,11 +150,13 @@ static __device__ __forceinline__ void attn_f16_block(
 extern "C" __global__ void attn_f16(const float* __restrict__ q, const u16* __restrict__ kc,
                                     const u16* __restrict__ vc, float* __restrict__ out,
                                     float* __restrict__ part, int n_head, int n_kv_head,
-                                    int hd, const int* __restrict__ tp, int nq, int qt,
-                                    int window, float scale, int splits, int min_chunk,
-                                    float softcap, const float* __restrict__ sinks) {
-    attn_f16_block(q, kc, vc, out, part, n_head, n_kv_head, hd, tp, nq, qt, window, scale,
-                   splits, min_chunk, softcap, sinks, blockIdx.x, blockIdx.y, blockIdx.z);
+                                    int hd, int hpb, int vd, int v_at,
+                                    const int* __restrict__ tp, int nq, int qt, int window,
+                                    float scale, int splits, int min_chunk, float softcap,
+                                    const float* __restrict__ sinks) {
+    attn_f16_block(q, kc, vc, out, part, n_head, n_kv_head, hd, hpb, vd, v_at, tp, nq, qt,
+                   window, scale, splits, min_chunk, softcap, sinks, blockIdx.x, blockIdx.y,
+                   blockIdx.z);
 }
 
 // Merges the first `ns` of the `splits` partial results of attn_f16 for (query, head) pair

@@ -133,13 +133,14 @@ extern "C" __global__ void brope_store_f16(float* q, float* k, const float* __re
 }
 
 // Decode attention of session blockIdx.y (one query, its own position, caches and key
-// splits splits[s] ≤ gridDim.z): the blocks of attn_f16 with nq = qt = 1. Partials of
-// session s start at s·n_head·gridDim.z·(head_dim + 2).
+// splits splits[s] ≤ gridDim.z): the blocks of attn_f16 with nq = qt = 1, `hpb` query
+// heads a block, values of their own. Partials of session s start at
+// s·n_head·gridDim.z·(head_dim + 2).
 extern "C" __global__ void battn_f16(const float* __restrict__ q,
                                      const unsigned long long* __restrict__ kcs,
                                      const unsigned long long* __restrict__ vcs,
                                      float* __restrict__ out, float* __restrict__ part,
-                                     int n_head, int n_kv_head, int hd,
+                                     int n_head, int n_kv_head, int hd, int hpb,
                                      const int* __restrict__ tps, const int* __restrict__ splits,
                                      int window, float scale, int min_chunk) {
     int s = blockIdx.y;
@@ -148,8 +149,8 @@ extern "C" __global__ void battn_f16(const float* __restrict__ q,
     unsigned long long qo = (unsigned long long)s * n_head * hd;
     attn_f16_block(q + qo, (const u16*)kcs[s], (const u16*)vcs[s], out + qo,
                    part + (unsigned long long)s * n_head * gridDim.z * (hd + 2), n_head,
-                   n_kv_head, hd, tps + 2 * s, 1, 1, window, scale, sp, min_chunk, 0.0f, nullptr,
-                   blockIdx.x, 0, blockIdx.z);
+                   n_kv_head, hd, hpb, hd, 0, tps + 2 * s, 1, 1, window, scale, sp, min_chunk,
+                   0.0f, nullptr, blockIdx.x, 0, blockIdx.z);
 }
 
 // Merges battn_f16's partials: block (h, s) for head h of session s; sessions of one split

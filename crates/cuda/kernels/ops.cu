@@ -17,14 +17,18 @@ extern "C" __global__ void rms_norm_f32(const float* x, const float* __restrict_
 
 // Rope over `n_heads` heads of `head_dim` at position `pos`: pair (2i, 2i+1) when
 // `half_split` is 0 (llama GGUF layout), (i, i + head_dim/2) otherwise (NeoX / Gemma).
-// Angles are formed in double so long positions keep their precision.
+// Angles are formed in double so long positions keep their precision. With `factors`
+// (rot_dim/2 frequency divisors: Llama 3, YaRN, LongRoPE; null otherwise) pair i turns by
+// pos * base^(-2i/rot_dim) / factors[i], as rope_store does.
 extern "C" __global__ void rope_f32(float* x, int n_heads, int head_dim, int rot_dim, int pos,
-                                    float base, int half_split) {
+                                    float base, int half_split,
+                                    const float* __restrict__ factors) {
     int half = rot_dim / 2;
     int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= n_heads * half) return;
     int h = t / half, i = t % half;
     double inv_freq = pow((double)base, -(double)(2 * i) / (double)rot_dim);
+    if (factors) inv_freq /= (double)factors[i];
     double ang = (double)pos * inv_freq;
     float s = (float)sin(ang), c = (float)cos(ang);
     int a = half_split ? i : 2 * i;
@@ -70,7 +74,7 @@ extern "C" __global__ void kv_store_f16(const float* __restrict__ k,
     if (i >= kv_dim) return;
     unsigned long long at = (unsigned long long)pos * kv_dim + i;
     kc[at] = f2h(k[i]);
-    vc[at] = f2h(v[i]);
+    if (vc) vc[at] = f2h(v[i]);
 }
 
 // Values per thread of residual_norm_f32 (its rows are at most this × 1024 wide; three

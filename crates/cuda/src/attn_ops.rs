@@ -29,12 +29,12 @@ const PREFILL_SPLIT_KEYS: usize = 1024;
 /// Queries per block of the attention kernel: enough rows (query × head) to reuse each
 /// loaded key, within the shared-memory budget checked by AttnShape::new.
 fn queries_per_block(shape: &AttnShape, nq: usize) -> usize {
-    let n_rep = shape.n_head / shape.n_kv_head;
+    let hpb = shape.heads_per_block();
     if nq == 1 {
         1
     } else {
-        (ATT_MAX_ROWS / n_rep)
-            .min(ATT_MAX_ROW_VALUES / (n_rep * shape.head_dim))
+        (ATT_MAX_ROWS / hpb)
+            .min(ATT_MAX_ROW_VALUES / (hpb * shape.head_dim))
             .clamp(1, nq)
     }
 }
@@ -44,7 +44,7 @@ fn queries_per_block(shape: &AttnShape, nq: usize) -> usize {
 /// splits for PREFILL_ATT_BLOCKS blocks and at most PREFILL_SPLIT_KEYS keys per split,
 /// within PREFILL_MAX_SPLITS.
 pub(crate) fn prefill_splits(shape: &AttnShape, nq: usize, keys: usize) -> usize {
-    let blocks = shape.n_kv_head * nq.div_ceil(queries_per_block(shape, nq));
+    let blocks = shape.n_head / shape.heads_per_block() * nq.div_ceil(queries_per_block(shape, nq));
     PREFILL_ATT_BLOCKS
         .div_ceil(blocks.max(1))
         .max(keys.div_ceil(PREFILL_SPLIT_KEYS))
@@ -53,9 +53,10 @@ pub(crate) fn prefill_splits(shape: &AttnShape, nq: usize, keys: usize) -> usize
 
 impl CudaBackend {
     /// Attention of `nq` consecutive queries (rows of `q`, `n_head × head_dim` each) at
-    /// positions `tp[1]..` over cache rows up to each query's own, into `out`. With
-    /// `splits > 1` (decode), keys are split over that many blocks whose partial results go
-    /// to `part` (`nq × n_head × splits × (head_dim + 2)` values) and are merged after.
+    /// positions `tp[1]..` over cache rows up to each query's own, into `out` (`n_head ×
+    /// v_dim` values a query). With `splits > 1` (decode), keys are split over that many
+    /// blocks whose partial results go to `part` (`nq × n_head × splits × (v_dim + 2)`
+    /// values) and are merged after. With values in the keys, `vc` is not read (pass `kc`).
     /// With `sinks` (one logit per query head, gpt-oss), each head's softmax also holds its
     /// sink in the denominator.
     #[allow(clippy::too_many_arguments)]
@@ -95,26 +96,26 @@ impl CudaBackend {
         sinks: Option<&CudaSlice<f32>>,
     ) -> Result<(), CudaError> {
         check_sinks(shape, sinks)?;
-        let hd = shape.head_dim;
-        let n_rep = shape.n_head / shape.n_kv_head;
-        let qdim = shape.n_head * hd;
-        if nq == 0 || splits == 0 || q.len() < nq * qdim || out.len() < nq * qdim {
+        let (hd, vd) = (shape.head_dim, shape.v_dim());
+        let hpb = shape.heads_per_block();
+        let (qdim, odim) = (shape.n_head * hd, shape.n_head * vd);
+        if nq == 0 || splits == 0 || q.len() < nq * qdim || out.len() < nq * odim {
             return Err(CudaError::InvalidArgument(format!(
                 "attention of {nq} queries in {splits} splits"
             )));
         }
-        if splits > 1 && part.len() < nq * shape.n_head * splits * (hd + 2) {
+        if splits > 1 && part.len() < nq * shape.n_head * splits * (vd + 2) {
             return Err(CudaError::InvalidArgument(format!(
                 "attention partials smaller than {nq} × {} heads × {splits} splits",
                 shape.n_head
             )));
         }
         let qt = queries_per_block(shape, nq);
-        let cap = qt * n_rep;
-        let smem = (2 * cap * hd + cap * ATT_TILE + 3 * cap) * 4;
+        let cap = qt * hpb;
+        let smem = (cap * (hd + vd) + cap * ATT_TILE + 3 * cap) * 4;
         let cfg = LaunchConfig {
             grid_dim: (
-                shape.n_kv_head as u32,
+                (shape.n_head / hpb) as u32,
                 nq.div_ceil(qt) as u32,
                 splits as u32,
             ),
@@ -122,6 +123,7 @@ impl CudaBackend {
             shared_mem_bytes: smem as u32,
         };
         let (nh, nkv, hd32) = (shape.n_head as i32, shape.n_kv_head as i32, hd as i32);
+        let (hpb32, vd32, v_at) = (hpb as i32, vd as i32, shape.v_at() as i32);
         let (nq32, qt32, sp32) = (i32_of(nq, "queries")?, qt as i32, splits as i32);
         let win = shape.window.map_or(0, |w| w.min(i32::MAX as usize) as i32);
         let min_chunk = ATT_TILE as i32;
@@ -135,6 +137,9 @@ impl CudaBackend {
             .arg(&nh)
             .arg(&nkv)
             .arg(&hd32)
+            .arg(&hpb32)
+            .arg(&vd32)
+            .arg(&v_at)
             .arg(tp)
             .arg(&nq32)
             .arg(&qt32)
@@ -149,31 +154,32 @@ impl CudaBackend {
             None => b.arg(&null),
         };
         // SAFETY: reads nq query rows (checked above), cache rows up to tp[1] + nq - 1
-        // (callers keep that below the cache's rows) and n_head sink logits when sinks is
-        // not null (checked above); writes nq rows of out or, with splits > 1, nq × n_head
-        // × splits partials (checked above). Shared memory is sized from the same qt and
-        // head_dim the kernel uses.
+        // (callers keep that below the cache's rows; values at v_at..v_at + v_dim of each
+        // key head lie inside it, AttnShape::with_values_in_keys) and n_head sink logits
+        // when sinks is not null (checked above); writes nq rows of out or, with splits >
+        // 1, nq × n_head × splits partials (checked above). Shared memory is sized from the
+        // same qt, heads per block, head_dim and v_dim the kernel uses.
         unsafe { b.launch(cfg) }?;
         if xq.is_some_and(|x| {
-            nq != 1 || !(1..=2).contains(&x.planes) || x.buf.len() < act_q8_bytes(qdim, x.planes)
+            nq != 1 || !(1..=2).contains(&x.planes) || x.buf.len() < act_q8_bytes(odim, x.planes)
         }) {
             return Err(CudaError::InvalidArgument(format!(
-                "int8 copy of {nq} attention rows of {qdim}"
+                "int8 copy of {nq} attention rows of {odim}"
             )));
         }
         // The merge quantizes when each of its warps holds 32 consecutive outputs.
-        let fused_q = splits > 1 && hd.is_multiple_of(32) && hd <= 256;
+        let fused_q = splits > 1 && vd.is_multiple_of(32) && vd <= 256;
         if splits > 1 {
             let cfg = LaunchConfig {
                 grid_dim: ((nq * shape.n_head) as u32, 1, 1),
-                block_dim: (hd.next_multiple_of(32).min(256) as u32, 1, 1),
+                block_dim: (vd.next_multiple_of(32).min(256) as u32, 1, 1),
                 shared_mem_bytes: 0,
             };
             let planes = xq.map_or(0, |x| x.planes as i32);
             let mut b = self.kernel("attn_combine")?;
             b.arg(part)
                 .arg(out)
-                .arg(&hd32)
+                .arg(&vd32)
                 .arg(&sp32)
                 .arg(tp)
                 .arg(&win)
@@ -189,14 +195,14 @@ impl CudaBackend {
                 None => b.arg(&null),
             };
             // SAFETY: reads the partials written above and, when sinks is not null, n_head
-            // sink logits; writes nq × n_head × head_dim values of out (all checked above);
+            // sink logits; writes nq × n_head × v_dim values of out (all checked above);
             // with xq (a null pointer otherwise, which the kernel tests), one query's
-            // act_q8_bytes(qdim, planes) bytes (checked above), each block of head_dim
+            // act_q8_bytes(odim, planes) bytes (checked above), each block of v_dim
             // threads (a multiple of 32, at most 256) quantizing its head.
             unsafe { b.launch(cfg) }?;
         }
         match xq {
-            Some(x) if !fused_q => self.quantize_act(out, x, qdim),
+            Some(x) if !fused_q => self.quantize_act(out, x, odim),
             _ => Ok(()),
         }
     }
@@ -224,8 +230,7 @@ pub struct AttnShape {
     pub n_head: usize,
     /// KV heads (divides n_head).
     pub n_kv_head: usize,
-    /// Values per head (a multiple of 8; the heads sharing a KV head hold at most 4096
-    /// values together, and there are at most 32 of them).
+    /// Values per key head (a multiple of 8, at most 4096: one head's query fits a block).
     pub head_dim: usize,
     /// Multiplier of q·k.
     pub scale: f32,
@@ -234,6 +239,9 @@ pub struct AttnShape {
     /// Soft cap of the scaled scores, `cap · tanh(s / cap)` (Gemma 2); `None` for plain
     /// scores.
     pub softcap: Option<f32>,
+    /// Values read from the keys, `(at, dim)`: values `at..at + dim` of each key head
+    /// (MLA's latent after its rope part); `None` for value rows of their own.
+    pub values_in_keys: Option<(usize, usize)>,
 }
 
 impl AttnShape {
@@ -249,8 +257,7 @@ impl AttnShape {
             || !n_head.is_multiple_of(n_kv_head)
             || head_dim == 0
             || !head_dim.is_multiple_of(8)
-            || n_head / n_kv_head > ATT_MAX_ROWS
-            || n_head / n_kv_head * head_dim > ATT_MAX_ROW_VALUES
+            || head_dim > ATT_MAX_ROW_VALUES
         {
             return Err(CudaError::InvalidArgument(format!(
                 "attention {n_head} heads / {n_kv_head} KV heads of {head_dim}"
@@ -263,7 +270,45 @@ impl AttnShape {
             scale,
             window,
             softcap: None,
+            values_in_keys: None,
         })
+    }
+
+    /// This geometry with its values read from the keys: values `at..at + dim` of each key
+    /// head, which must lie inside it.
+    pub fn with_values_in_keys(self, at: usize, dim: usize) -> Result<AttnShape, CudaError> {
+        if dim == 0 || at + dim > self.head_dim {
+            return Err(CudaError::InvalidArgument(format!(
+                "values {at}..{} of key heads of {}",
+                at + dim,
+                self.head_dim
+            )));
+        }
+        Ok(AttnShape {
+            values_in_keys: Some((at, dim)),
+            ..self
+        })
+    }
+
+    /// Values per head that attention writes.
+    pub fn v_dim(&self) -> usize {
+        self.values_in_keys.map_or(self.head_dim, |(_, dim)| dim)
+    }
+
+    /// First value of a head's value row.
+    pub(crate) fn v_at(&self) -> usize {
+        self.values_in_keys.map_or(0, |(at, _)| at)
+    }
+
+    /// Query heads one block of the tiled kernel takes: every head of a KV head's group
+    /// when they fit its rows and shared memory, else the largest divisor of the group
+    /// that does (many query heads over one latent, as MLA has).
+    pub(crate) fn heads_per_block(&self) -> usize {
+        let n_rep = self.n_head / self.n_kv_head;
+        (1..=n_rep.min(ATT_MAX_ROWS))
+            .rev()
+            .find(|&h| n_rep.is_multiple_of(h) && h * self.head_dim <= ATT_MAX_ROW_VALUES)
+            .unwrap_or(1)
     }
 
     /// This geometry with its scores soft-capped at `cap` (none for `None`).
@@ -304,5 +349,24 @@ mod tests {
             PREFILL_MAX_SPLITS
         );
         assert_eq!(prefill_splits(&s(64, 64, 128), 4096, 16), 1);
+    }
+
+    #[test]
+    fn a_block_takes_the_widest_group_of_heads_that_fits() {
+        let hpb = |nh, nkv, hd| {
+            AttnShape::new(nh, nkv, hd, 1.0, None)
+                .unwrap()
+                .heads_per_block()
+        };
+        assert_eq!(hpb(9, 3, 64), 3);
+        assert_eq!(hpb(32, 8, 128), 4);
+        assert_eq!(hpb(4, 1, 256), 4);
+        // MLA: one latent of 64 + 512 under 16 or 128 query heads; 4 × 576 ≤ 4096 < 8 × 576.
+        assert_eq!(hpb(16, 1, 576), 4);
+        assert_eq!(hpb(128, 1, 576), 4);
+        // At most 32 rows a block, and a group that no divisor fits takes one head a block.
+        assert_eq!(hpb(64, 1, 64), 32);
+        assert_eq!(hpb(7, 1, 1024), 1);
+        assert!(AttnShape::new(1, 1, 4104, 1.0, None).is_err());
     }
 }

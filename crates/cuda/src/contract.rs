@@ -16,8 +16,9 @@
 //! come back and the shared rule picks the experts, as on the CPU; each used expert's rows
 //! are gathered on the device and its products run over them, and one launch sums every
 //! token's slots. This module never computes a value on the host that a kernel computes;
-//! what has no kernel here (frequency-scaled rope without the KV store, KV rows other than
-//! f16, values read from the keys) is refused by [`CudaOps::supports`] with the reason.
+//! what has no kernel here (KV rows other than f16) is refused by [`CudaOps::supports`]
+//! with the reason. MLA's store keeps key rows only: attention reads its values (the
+//! latent) from inside them.
 
 mod tables;
 mod weights;
@@ -56,10 +57,11 @@ pub struct VectorId(usize);
 ///
 /// A store of a type other than f16 has no K/V rows (no CUDA kernel reads them, and
 /// [`CudaOps::supports`] refuses its `kv_store` and `attention`); it holds recurrent state
-/// only.
+/// only. A store of values in the keys keeps an empty value buffer per layer.
 #[derive(Debug)]
 pub struct CudaKv {
     ty: KvType,
+    values: Values,
     layers: Vec<(CudaSlice<u16>, CudaSlice<u16>)>,
     ctx: usize,
     row: usize,
@@ -127,22 +129,12 @@ fn gate_kernel(act: Act) -> Gate {
 
 /// The kernels' geometry for a contract shape.
 fn attn_shape(s: &ContractShape) -> Result<AttnShape> {
-    if s.values != Values::Own {
-        return Err(values_in_keys("attention"));
-    }
-    AttnShape::new(s.n_head, s.n_kv_head, s.head_dim, s.scale, s.window)
-        .map(|g| g.with_softcap(s.softcap))
-        .map_err(kernel("attention"))
-}
-
-/// The refusal of values read from the keys (MLA's latent): the CUDA store and kernels
-/// keep value rows of their own.
-fn values_in_keys(op: &'static str) -> BackendError {
-    BackendError::Unsupported {
-        op,
-        dtype: "values in the keys".into(),
-        backend: "cuda",
-        reason: "the CUDA KV store and attention kernels read value rows of their own".into(),
+    let g = AttnShape::new(s.n_head, s.n_kv_head, s.head_dim, s.scale, s.window)
+        .map_err(kernel("attention"))?
+        .with_softcap(s.softcap);
+    match s.values {
+        Values::Own => Ok(g),
+        Values::InKeys { at, dim } => g.with_values_in_keys(at, dim).map_err(kernel("attention")),
     }
 }
 
@@ -285,6 +277,28 @@ impl CudaOps {
         }
     }
 
+    /// The frequency divisors of `r` on the device: the short set and LongRoPE's long set
+    /// with its switch point.
+    #[allow(clippy::type_complexity)]
+    fn rope_factors(
+        &self,
+        op: &'static str,
+        r: &Rope<VectorId>,
+    ) -> Result<(
+        Option<Arc<CudaSlice<f32>>>,
+        Option<(Arc<CudaSlice<f32>>, usize)>,
+    )> {
+        if r.long.is_some() && r.factors.is_none() {
+            return Err(shape(op, "long rope factors without the short ones".into()));
+        }
+        let factors = r.factors.map(|f| self.vec(f)).transpose()?;
+        let long = r
+            .long
+            .map(|(f, after)| self.vec(f).map(|f| (f, after)))
+            .transpose()?;
+        Ok((factors, long))
+    }
+
     fn upload_matrix(&self, w: HostMatrix<'_>) -> Result<DeviceMatrix> {
         self.dev
             .upload_matrix(w.ty, w.rows, w.cols, w.data)
@@ -293,6 +307,19 @@ impl CudaOps {
 
     fn upload_vector(&self, v: &[f32]) -> Result<CudaSlice<f32>> {
         self.dev.stream.clone_htod(v).map_err(driver("vector"))
+    }
+}
+
+/// The divisors a segment's rows turn by: LongRoPE's long set for a session whose context
+/// is past its switch point, else the short set (none for plain frequencies).
+fn seg_factors<'f>(
+    factors: Option<&'f CudaSlice<f32>>,
+    long: Option<&'f (Arc<CudaSlice<f32>>, usize)>,
+    seg: &Segment<'_, CudaKv>,
+) -> Option<&'f CudaSlice<f32>> {
+    match long {
+        Some((f, after)) if seg.kv.ctx > *after => Some(f),
+        _ => factors,
     }
 }
 
@@ -350,10 +377,7 @@ impl Backend for CudaOps {
             Op::MoeRoute { .. } => Support::Native,
             // Every gate has a kernel (`gated_act` runs each expert's).
             Op::MoeExperts { ty, cols, .. } => weights(ty, cols),
-            Op::Rope { scaled: true, .. } => Support::Unsupported(
-                "frequency-scaled rope runs only fused with the KV store (rope_store)".into(),
-            ),
-            Op::Rope { scaled: false, .. }
+            Op::Rope { .. }
             | Op::RmsNorm
             | Op::NormInto
             | Op::AddNorm
@@ -373,12 +397,6 @@ impl Backend for CudaOps {
                  shared memory, not {k_dim}"
             )),
             Op::KvStore { kv } | Op::RopeStore { kv, .. } => f16_only(kv),
-            Op::Attention {
-                values: Values::InKeys { .. },
-                ..
-            } => Support::Unsupported(
-                "the attention kernels read value rows of their own, not values in the keys".into(),
-            ),
             Op::Attention { kv, head_dim, .. } if head_dim.is_multiple_of(8) => f16_only(kv),
             Op::Attention { .. } => Support::Unsupported(
                 "the attention kernels need head sizes that are multiples of 8".into(),
@@ -464,26 +482,25 @@ impl Backend for CudaOps {
         (heads, head_dim): (usize, usize),
         values: Values,
     ) -> Result<CudaKv> {
-        if values != Values::Own {
-            return Err(values_in_keys("kv_store"));
-        }
         let row = ty.check_row(heads, head_dim)?;
         // Rows of another type have no kernels: such a store keeps recurrent state only.
         let n_layer = if ty == KvType::F16 { n_layer } else { 0 };
         let len = row
             .checked_mul(ctx)
             .ok_or_else(|| shape("kv", format!("{ctx} rows of {row}")))?;
-        let zeros = || {
+        let zeros = |len: usize| {
             self.dev
                 .stream
                 .alloc_zeros::<u16>(len.max(1))
                 .map_err(|_| BackendError::Alloc { what: "KV store" })
         };
+        let v_len = if values.stored() { len } else { 0 };
         let layers = (0..n_layer)
-            .map(|_| Ok((zeros()?, zeros()?)))
+            .map(|_| Ok((zeros(len)?, zeros(v_len)?)))
             .collect::<Result<_>>()?;
         Ok(CudaKv {
             ty,
+            values,
             layers,
             ctx,
             row,
@@ -676,16 +693,11 @@ impl Backend for CudaOps {
         width: usize,
         segs: &[Segment<'_, CudaKv>],
     ) -> Result<()> {
-        if r.factors.is_some() {
-            return self.require(&Op::Rope {
-                style: r.style,
-                scaled: true,
-                long: r.long.is_some(),
-            });
-        }
         let heads = heads("rope", width, r.head_dim)?;
+        let (factors, long) = self.rope_factors("rope", r)?;
         let mut row = 0;
         for seg in segs {
+            let factors = seg_factors(factors.as_deref(), long.as_ref(), seg);
             for t in 0..seg.len {
                 let tmp = self.stage("rope", x, row * width, width)?;
                 self.dev
@@ -694,8 +706,8 @@ impl Backend for CudaOps {
                         heads,
                         (r.head_dim, r.rot_dim),
                         seg.pos0 + t,
-                        r.base,
-                        r.style,
+                        (r.base, r.style),
+                        factors,
                     )
                     .map_err(kernel("rope"))?;
                 self.unstage("rope", &tmp, x, row * width, width)?;
@@ -716,11 +728,13 @@ impl Backend for CudaOps {
         let mut row = 0;
         for seg in segs.iter() {
             let (kc, vc) = Self::layer("kv_store", seg.kv, layer, width, seg.pos0 + seg.len)?;
+            // A store of values in the keys keeps the keys only.
+            let vc = seg.kv.values.stored().then_some(vc);
             for t in 0..seg.len {
                 let kt = self.stage("kv_store", k, row * width, width)?;
                 let vt = self.stage("kv_store", v, row * width, width)?;
                 self.dev
-                    .kv_store(&kt, &vt, kc, vc, width, seg.pos0 + t)
+                    .kv_store(&kt, (&vt, vc), kc, width, seg.pos0 + t)
                     .map_err(kernel("kv_store"))?;
                 row += 1;
             }
@@ -746,26 +760,18 @@ impl Backend for CudaOps {
             scale: 1.0,
             window: None,
             softcap: None,
+            values_in_keys: None,
         };
-        if r.long.is_some() && r.factors.is_none() {
-            return Err(BackendError::Shape {
-                op,
-                what: "long rope factors without the short ones".into(),
-            });
-        }
-        let factors = r.factors.map(|f| self.vec(f)).transpose()?;
-        let long = r
-            .long
-            .map(|(f, after)| self.vec(f).map(|f| (f, after)))
-            .transpose()?;
+        let (factors, long) = self.rope_factors(op, r)?;
         let mut row = 0;
         for seg in segs.iter() {
-            // LongRoPE: a session whose context is past the switch point takes the long
-            // divisors.
-            let factors = match &long {
-                Some((f, after)) if seg.kv.ctx > *after => Some(f),
-                _ => factors.as_ref(),
-            };
+            let factors = seg_factors(factors.as_deref(), long.as_ref(), seg);
+            if !seg.kv.values.stored() {
+                return Err(shape(
+                    op,
+                    "a store of values in the keys takes its rows through kv_store".into(),
+                ));
+            }
             let (kc, vc) = Self::layer(op, seg.kv, layer, kv_dim, seg.pos0 + seg.len)?;
             let n = seg.len;
             let qs = self.stage(op, q, row * q_dim, n * q_dim)?;
@@ -785,7 +791,7 @@ impl Backend for CudaOps {
                         &tp,
                         r.base,
                         r.style,
-                        factors.map(|f| &**f),
+                        factors,
                     )
                     .map_err(kernel(op))?;
             }
@@ -817,15 +823,27 @@ impl Backend for CudaOps {
             ));
         }
         let (qdim, kv_dim) = (s.n_head * s.head_dim, geometry.kv_dim());
+        let odim = s.n_head * geometry.v_dim();
         let mut row = 0;
         for seg in segs {
+            if seg.kv.values != s.values {
+                return Err(shape(
+                    op,
+                    format!(
+                        "values {:?} over a store of values {:?}",
+                        s.values, seg.kv.values
+                    ),
+                ));
+            }
             let (kc, vc) = Self::layer(op, seg.kv, layer, kv_dim, seg.pos0 + seg.len)?;
+            // MLA's values are the latent inside the key rows.
+            let vc = if s.values.stored() { vc } else { kc };
             let n = seg.len;
             if n == 0 {
                 continue;
             }
             let qs = self.stage(op, q, row * qdim, n * qdim)?;
-            let os = self.alloc(n * qdim)?;
+            let os = self.alloc(n * odim)?;
             let tp = self.position(op, seg.pos0)?;
             // The launches the CUDA model makes for this many queries at this depth.
             let splits = if n == 1 {
@@ -833,7 +851,7 @@ impl Backend for CudaOps {
             } else {
                 crate::attn_ops::prefill_splits(&geometry, n, seg.pos0 + n)
             };
-            let part = self.alloc(n * s.n_head * splits * (s.head_dim + 2))?;
+            let part = self.alloc(n * s.n_head * splits * (geometry.v_dim() + 2))?;
             if n == 1 {
                 let cnt = self
                     .dev
@@ -871,7 +889,7 @@ impl Backend for CudaOps {
                     )
                     .map_err(kernel(op))?;
             }
-            self.unstage(op, &os, out, row * qdim, n * qdim)?;
+            self.unstage(op, &os, out, row * odim, n * odim)?;
             row += n;
         }
         Ok(())

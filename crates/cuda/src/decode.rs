@@ -26,10 +26,10 @@ pub(crate) const ATTD_MAX_SPLITS: usize = 128;
 /// The decode attention kernels for a shape, one session's and a batch's, if they cover it
 /// (head_dim 64, 128 or 256).
 pub(crate) fn decode_kernel(shape: &AttnShape) -> Option<(&'static str, &'static str)> {
-    match shape.head_dim {
-        64 => Some(("attn_decode_f16_64", "battn_decode_f16_64")),
-        128 => Some(("attn_decode_f16_128", "battn_decode_f16_128")),
-        256 => Some(("attn_decode_f16_256", "battn_decode_f16_256")),
+    match (shape.head_dim, shape.values_in_keys) {
+        (64, None) => Some(("attn_decode_f16_64", "battn_decode_f16_64")),
+        (128, None) => Some(("attn_decode_f16_128", "battn_decode_f16_128")),
+        (256, None) => Some(("attn_decode_f16_256", "battn_decode_f16_256")),
         _ => None,
     }
 }

@@ -315,8 +315,8 @@ impl CudaBackend {
             x.len() / head_dim,
             (head_dim, head_dim),
             pos,
-            base,
-            style,
+            (base, style),
+            None,
         )?;
         Ok(self.stream.clone_dtoh(&xd)?)
     }
@@ -350,7 +350,8 @@ impl CudaBackend {
     /// Attention of the `nq = q.len() / (n_head × head_dim)` queries at the last `nq`
     /// positions over keys and values of every position so far (row-major `[pos][kv_dim]`),
     /// which go through the f16 cache store kernel first; keys split over `splits` blocks;
-    /// `sinks` one logit per query head, or none.
+    /// `sinks` one logit per query head, or none. With values in the keys (`shape`'s), `v`
+    /// is empty and the store keeps keys only.
     pub fn attention_host(
         &self,
         shape: &AttnShape,
@@ -364,9 +365,10 @@ impl CudaBackend {
         let n = k.len() / kv_dim;
         let qdim = shape.n_head * shape.head_dim;
         let nq = q.len() / qdim;
+        let own_values = shape.values_in_keys.is_none();
         if n == 0
             || k.len() != n * kv_dim
-            || v.len() != k.len()
+            || v.len() != if own_values { k.len() } else { 0 }
             || nq == 0
             || nq > n
             || q.len() != nq * qdim
@@ -378,22 +380,29 @@ impl CudaBackend {
         let kc = self.stream.alloc_zeros::<u16>(n * kv_dim)?;
         let vc = self.stream.alloc_zeros::<u16>(n * kv_dim)?;
         for p in 0..n {
-            let kd = self.stream.clone_htod(&k[p * kv_dim..(p + 1) * kv_dim])?;
-            let vd = self.stream.clone_htod(&v[p * kv_dim..(p + 1) * kv_dim])?;
-            self.kv_store(&kd, &vd, &kc, &vc, kv_dim, p)?;
+            let row = p * kv_dim..(p + 1) * kv_dim;
+            let kd = self.stream.clone_htod(&k[row.clone()])?;
+            if own_values {
+                let vd = self.stream.clone_htod(&v[row])?;
+                self.kv_store(&kd, (&vd, Some(&vc)), &kc, kv_dim, p)?;
+            } else {
+                self.kv_store(&kd, (&kd, None), &kc, kv_dim, p)?;
+            }
         }
+        let vc = if own_values { &vc } else { &kc };
         let qd = self.stream.clone_htod(q)?;
-        let out = self.stream.alloc_zeros::<f32>(q.len())?;
+        let vd = shape.v_dim();
+        let out = self.stream.alloc_zeros::<f32>(nq * shape.n_head * vd)?;
         let part = self
             .stream
-            .alloc_zeros::<f32>(nq * shape.n_head * splits.max(1) * (shape.head_dim + 2))?;
+            .alloc_zeros::<f32>(nq * shape.n_head * splits.max(1) * (vd + 2))?;
         let tp = self.stream.clone_htod(&[0i32, (n - nq) as i32])?;
         let sinks = sinks.map(|s| self.stream.clone_htod(s)).transpose()?;
         self.attention(
             shape,
             &qd,
             &kc,
-            &vc,
+            vc,
             &out,
             &part,
             &tp,

@@ -516,8 +516,8 @@ impl CudaBackend {
         n_heads: usize,
         (head_dim, rot_dim): (usize, usize),
         pos: usize,
-        base: f32,
-        style: RopeStyle,
+        (base, style): (f32, RopeStyle),
+        factors: Option<&CudaSlice<f32>>,
     ) -> Result<(), CudaError> {
         check_rot(rot_dim, head_dim)?;
         if x.len() < n_heads * head_dim {
@@ -525,8 +525,15 @@ impl CudaBackend {
                 "rope of {n_heads} heads of {head_dim}: buffer too small"
             )));
         }
+        if factors.is_some_and(|f| f.len() < rot_dim / 2) {
+            return Err(CudaError::InvalidArgument(format!(
+                "fewer than {} rope frequency factors",
+                rot_dim / 2
+            )));
+        }
         let (nh, hd, p) = (n_heads as i32, head_dim as i32, i32_of(pos, "position")?);
         let (rot, half) = (rot_dim as i32, i32::from(style == RopeStyle::HalfSplit));
+        let null = 0u64;
         let mut b = self.kernel("rope_f32")?;
         b.arg(x)
             .arg(&nh)
@@ -535,8 +542,12 @@ impl CudaBackend {
             .arg(&p)
             .arg(&base)
             .arg(&half);
-        // SAFETY: touches the first rot_dim ≤ head_dim values of n_heads heads of x
-        // (checked above).
+        match factors {
+            Some(f) => b.arg(f),
+            None => b.arg(&null),
+        };
+        // SAFETY: touches the first rot_dim ≤ head_dim values of n_heads heads of x and
+        // reads rot_dim / 2 factors when they are given (both checked above).
         unsafe { b.launch(grid_1d(n_heads * rot_dim / 2)) }?;
         Ok(())
     }
@@ -577,25 +588,31 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// Stores one token's `k`, `v` (kv_dim values) as f16 at row `pos` of the caches.
+    /// Stores one token's `k`, `v` (kv_dim values) as f16 at row `pos` of the caches;
+    /// `k` alone into a store without value rows (`vc` none: values in the keys).
     pub(crate) fn kv_store(
         &self,
         k: &CudaSlice<f32>,
-        v: &CudaSlice<f32>,
+        (v, vc): (&CudaSlice<f32>, Option<&CudaSlice<u16>>),
         kc: &CudaSlice<u16>,
-        vc: &CudaSlice<u16>,
         kv_dim: usize,
         pos: usize,
     ) -> Result<(), CudaError> {
-        if (pos + 1) * kv_dim > kc.len() || kc.len() != vc.len() {
+        if (pos + 1) * kv_dim > kc.len() || vc.is_some_and(|vc| kc.len() != vc.len()) {
             return Err(CudaError::InvalidArgument(format!(
                 "KV row {pos} outside the cache"
             )));
         }
         let (d, p) = (kv_dim as i32, pos as i32);
+        let null = 0u64;
         let mut b = self.kernel("kv_store_f16")?;
-        b.arg(k).arg(v).arg(kc).arg(vc).arg(&d).arg(&p);
-        // SAFETY: writes row pos of both caches, inside them (checked above).
+        b.arg(k).arg(v).arg(kc);
+        match vc {
+            Some(vc) => b.arg(vc),
+            None => b.arg(&null),
+        };
+        b.arg(&d).arg(&p);
+        // SAFETY: writes row pos of kc and, when given, of vc, inside them (checked above).
         unsafe { b.launch(grid_1d(kv_dim)) }?;
         Ok(())
     }

@@ -608,7 +608,6 @@ impl<'m> CudaBatch<'m> {
         let b = &*self.model.backend;
         let u = &self.buf;
         let hd = shape.head_dim;
-        let n_rep = shape.n_head / shape.n_kv_head;
         if max_splits == 0 || max_splits > MAX_SPLITS {
             return Err(CudaError::InvalidArgument(format!(
                 "{max_splits} attention splits"
@@ -656,15 +655,16 @@ impl<'m> CudaBatch<'m> {
             unsafe { l.launch(cfg) }?;
             return Ok(xq.is_some());
         }
-        let smem = (2 * n_rep * hd + n_rep * ATT_TILE + 3 * n_rep) * 4;
+        let hpb = shape.heads_per_block();
+        let smem = (2 * hpb * hd + hpb * ATT_TILE + 3 * hpb) * 4;
         let cfg = LaunchConfig {
-            grid_dim: (shape.n_kv_head as u32, n as u32, max_splits as u32),
+            grid_dim: ((shape.n_head / hpb) as u32, n as u32, max_splits as u32),
             block_dim: (128, 1, 1),
             shared_mem_bytes: smem as u32,
         };
         let (nh, nkv, hd32) = (shape.n_head as i32, shape.n_kv_head as i32, hd as i32);
         let win = shape.window.map_or(0, |w| w.min(i32::MAX as usize) as i32);
-        let min_chunk = ATT_TILE as i32;
+        let (min_chunk, hpb32) = (ATT_TILE as i32, hpb as i32);
         let mut l = b.kernel("battn_f16")?;
         l.arg(&u.q)
             .arg(kt)
@@ -674,6 +674,7 @@ impl<'m> CudaBatch<'m> {
             .arg(&nh)
             .arg(&nkv)
             .arg(&hd32)
+            .arg(&hpb32)
             .arg(&u.tps)
             .arg(&u.splits)
             .arg(&win)
@@ -682,7 +683,8 @@ impl<'m> CudaBatch<'m> {
         // SAFETY: session s < n reads its query column and its caches up to its position
         // (checked against its context in `step`) and writes its output column or its
         // n_head × splits partials inside its n_head × MAX_SPLITS region of `part`; shared
-        // memory is sized from the same n_rep and head_dim as the kernel's one-query tile.
+        // memory is sized from the same heads per block and head_dim as the kernel's
+        // one-query tile.
         unsafe { l.launch(cfg) }?;
         let ms32 = max_splits as i32;
         let cfg = LaunchConfig {

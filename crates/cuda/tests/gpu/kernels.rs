@@ -201,7 +201,8 @@ fn gated_activations_and_add_match_cpu() {
 }
 
 /// Attention of the `q.len() / (n_head × head_dim)` queries at the last positions, scores
-/// soft-capped at `shape.softcap`, each head's `sinks` logit (if any) in its denominator.
+/// soft-capped at `shape.softcap`, each head's `sinks` logit (if any) in its denominator;
+/// values from `v`, or from inside the keys when `shape` reads them there (`v` unused).
 pub fn naive_attention(
     shape: &AttnShape,
     q: &[f32],
@@ -215,7 +216,12 @@ pub fn naive_attention(
     let qdim = shape.n_head * hd;
     let nq = q.len() / qdim;
     let h16 = |x: f32| f64::from(half::f16::from_f32(x).to_f32());
-    let mut out = vec![0f64; q.len()];
+    let (v, v_at) = match shape.values_in_keys {
+        Some((at, _)) => (k, at),
+        None => (v, 0),
+    };
+    let vd = shape.v_dim();
+    let mut out = vec![0f64; nq * shape.n_head * vd];
     for qi in 0..nq {
         let pos = n - nq + qi;
         for h in 0..shape.n_head {
@@ -248,8 +254,9 @@ pub fn naive_attention(
             let z: f64 = s.iter().chain(&sink).map(|x| (x - m).exp()).sum();
             for (i, &j) in vis.iter().enumerate() {
                 let p = (s[i] - m).exp() / z;
-                for d in 0..hd {
-                    out[qi * qdim + h * hd + d] += p * h16(v[j * kvd + g * hd + d]);
+                for d in 0..vd {
+                    out[(qi * shape.n_head + h) * vd + d] +=
+                        p * h16(v[j * kvd + g * hd + v_at + d]);
                 }
             }
         }
@@ -344,6 +351,44 @@ fn soft_caps_and_sinks_match_naive_on_every_path() {
     ] {
         assert!(counts[k] > 0, "{k} never ran");
     }
+}
+
+/// MLA's latent attention: values read from inside the key rows (after the rope part),
+/// fewer values than key values per head, on the general kernel and its merge (decode
+/// queries with one split and many, prefill queries). DeepSeek's 16 heads of 64 + 512
+/// over one latent take more query heads than one block holds, so they run four heads a
+/// block; one case has two key heads, so each group's values come from its own key head.
+#[test]
+fn values_in_the_keys_match_naive_on_every_path() {
+    let Some(b) = backend() else { return };
+    for (nh, nkv, hd, (at, dim), window, n) in [
+        (16, 1, 576, (64, 512), None, 300),
+        (4, 1, 40, (8, 32), Some(50), 130),
+        (8, 2, 64, (16, 40), None, 200),
+    ] {
+        let shape = AttnShape::new(nh, nkv, hd, 1.0 / (hd as f32).sqrt(), window)
+            .unwrap()
+            .with_values_in_keys(at, dim)
+            .unwrap();
+        let k = pseudo(n * shape.kv_dim(), 2);
+        for (nq, splits) in [(1, 1), (1, 3), (1, 64), (45, 1), (45, 3)] {
+            let q: Vec<f32> = pseudo(nq * nh * hd, 1).iter().map(|v| v * 3.0).collect();
+            let want = naive_attention(&shape, &q, &k, &[], None);
+            assert_eq!(want.len(), nq * nh * dim);
+            let what = format!(
+                "{nh}/{nkv}x{hd} values {at}..+{dim} {window:?} n={n} queries {nq} splits {splits}"
+            );
+            let got = b.attention_host(&shape, &q, &k, &[], splits, None).unwrap();
+            assert_close(&format!("attention {what}"), &got, &want, 1e-5);
+        }
+    }
+    assert!(
+        AttnShape::new(4, 1, 40, 1.0, None)
+            .unwrap()
+            .with_values_in_keys(16, 32)
+            .is_err(),
+        "values past the key head"
+    );
 }
 
 #[test]
