@@ -69,6 +69,26 @@ pub fn fixtures_dir() -> PathBuf {
     }
 }
 
+/// The chat template fixture directory (`fixtures/templates`: the templates and their
+/// reference renders): `FERRITE_TEMPLATE_FIXTURES` when set, else the in-repo copy.
+///
+/// # Panics
+/// When `FERRITE_TEMPLATE_FIXTURES` names something that is not a directory.
+pub fn template_fixtures_dir() -> PathBuf {
+    match std::env::var_os("FERRITE_TEMPLATE_FIXTURES") {
+        Some(dir) => {
+            let dir = PathBuf::from(dir);
+            assert!(
+                dir.is_dir(),
+                "FERRITE_TEMPLATE_FIXTURES={} is not a directory",
+                dir.display()
+            );
+            dir
+        }
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/templates"),
+    }
+}
+
 /// The text the nll fixtures score (the GPL-3 licence): `GPL-3.txt` in the fixture
 /// directory, or the in-repo copy when an external fixture set does not carry one.
 pub fn nll_text() -> PathBuf {

@@ -33,18 +33,7 @@ const KNOWN: &[(&str, &str, Option<usize>)] = &[
 const HERMES_2_PRO: &str = "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja";
 
 fn dir() -> PathBuf {
-    match std::env::var_os("FERRITE_TEMPLATE_FIXTURES") {
-        Some(dir) => {
-            let dir = PathBuf::from(dir);
-            assert!(
-                dir.is_dir(),
-                "FERRITE_TEMPLATE_FIXTURES={} is not a directory",
-                dir.display()
-            );
-            dir
-        }
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/templates"),
-    }
+    ferrite_testkit::template_fixtures_dir()
 }
 
 fn cases() -> Vec<Value> {
