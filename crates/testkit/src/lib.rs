@@ -4,7 +4,8 @@
 //! The rule (shared/guides/TESTING.md, "fail closed"): a real model that is absent makes the
 //! test print `skipped: <reason>` and return, unless `FERRITE_TEST_MODELS=1` asks for the
 //! models, in which case its absence is a failure. Fixtures come from `FERRITE_FIXTURES` when
-//! set (a missing directory fails), else from the in-repo copy. The CLI tests do not use this:
+//! set (a missing directory fails), else from the in-repo copy; the chat template fixtures
+//! likewise from `FERRITE_TEMPLATE_FIXTURES`. The CLI tests do not use this:
 //! they pull the models with `ferrite pull`.
 //!
 //! [`CountingAlloc`] and [`measure`] bound what parsers allocate on hostile input;
@@ -55,17 +56,30 @@ pub fn real_model(file: &str) -> Option<PathBuf> {
 /// # Panics
 /// When `FERRITE_FIXTURES` names something that is not a directory.
 pub fn fixtures_dir() -> PathBuf {
-    match std::env::var_os("FERRITE_FIXTURES") {
+    fixture_dir("FERRITE_FIXTURES", "reference")
+}
+
+/// The chat template fixture directory (`fixtures/templates`: the templates and their
+/// reference renders): `FERRITE_TEMPLATE_FIXTURES` when set, else the in-repo copy.
+///
+/// # Panics
+/// When `FERRITE_TEMPLATE_FIXTURES` names something that is not a directory.
+pub fn template_fixtures_dir() -> PathBuf {
+    fixture_dir("FERRITE_TEMPLATE_FIXTURES", "templates")
+}
+
+/// The directory `var` names (it must be one: a requested fixture set that is missing is a
+/// failure), else `fixtures/<in_repo>` of this repository.
+fn fixture_dir(var: &str, in_repo: &str) -> PathBuf {
+    match std::env::var_os(var) {
         Some(dir) => {
             let dir = PathBuf::from(dir);
-            assert!(
-                dir.is_dir(),
-                "FERRITE_FIXTURES={} is not a directory",
-                dir.display()
-            );
+            assert!(dir.is_dir(), "{var}={} is not a directory", dir.display());
             dir
         }
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/reference"),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../fixtures")
+            .join(in_repo),
     }
 }
 

@@ -4,15 +4,17 @@
 //! Differences from stock minijinja that matter for byte-exact output: `trim_blocks` and
 //! `lstrip_blocks` are on (as in transformers), Python string/dict/list methods come from
 //! minijinja-contrib's pycompat, and `tojson` is replaced by a `json.dumps` look-alike (no HTML
-//! escaping, key order kept, Python's `", "`/`": "` separators, `indent`). `raise_exception` and
-//! `strftime_now` are provided as globals.
+//! escaping, key order kept, Python's `", "`/`": "` separators, `indent`), the `iterable` test
+//! is false for `none` as in Python, and `tools`/`documents` are `none` when not given (as
+//! `apply_chat_template` passes them). `raise_exception` and `strftime_now` are provided as
+//! globals; [`ChatTemplate::with_fixed_time`] pins the time `strftime_now` reports.
 
 use minijinja::value::{Kwargs, Value, ValueKind};
 use minijinja::{Environment, Error, ErrorKind};
 
 use crate::error::{Result, TokenizerError};
 use crate::json::{JsonStyle, json_to_value, write_json};
-use crate::time::strftime_now;
+use crate::time::{strftime, strftime_now};
 
 /// transformers' `{% generation %}` … `{% endgeneration %}` marks assistant text for training
 /// masks and renders its body unchanged; minijinja has no such tag, so it becomes an
@@ -135,6 +137,11 @@ impl ChatTemplate {
         env.set_syntax(syntax);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_filter("tojson", tojson);
+        // jinja2 asks Python's `iter()`: `none` is not iterable (minijinja iterates it as
+        // empty), so `tools is iterable and tools | length > 0` stops at `tools = None`.
+        env.add_test("iterable", |v: Value| {
+            v.kind() != ValueKind::None && v.try_iter().is_ok()
+        });
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", |fmt: String| {
             Value::from(strftime_now(&fmt))
@@ -146,6 +153,16 @@ impl ChatTemplate {
             bos_token: bos_token.to_owned(),
             eos_token: eos_token.to_owned(),
         })
+    }
+
+    /// Make `strftime_now` report `unix_secs` (UTC) instead of the clock, so a template that
+    /// prints today's date renders the same text on every day (reference fixtures, tests).
+    #[must_use]
+    pub fn with_fixed_time(mut self, unix_secs: i64) -> Self {
+        self.env.add_function("strftime_now", move |fmt: String| {
+            Value::from(strftime(&fmt, unix_secs))
+        });
+        self
     }
 
     /// Render a conversation to the prompt text.
@@ -166,12 +183,12 @@ impl ChatTemplate {
             ("bos_token".into(), Value::from(self.bos_token.as_str())),
             ("eos_token".into(), Value::from(self.eos_token.as_str())),
         ];
-        if let Some(tools) = &req.tools {
-            ctx.push(("tools".into(), json_to_value(tools)));
-        }
-        if let Some(docs) = &req.documents {
-            ctx.push(("documents".into(), json_to_value(docs)));
-        }
+        // apply_chat_template always passes `tools` and `documents`, `None` when absent: a
+        // template's `tools is defined` and `tools is not none` read them that way.
+        let optional =
+            |v: &Option<serde_json::Value>| v.as_ref().map_or(Value::from(()), json_to_value);
+        ctx.push(("tools".into(), optional(&req.tools)));
+        ctx.push(("documents".into(), optional(&req.documents)));
         for (k, v) in &req.extra {
             ctx.push((k.clone(), json_to_value(v)));
         }
@@ -264,6 +281,27 @@ mod tests {
             replace_generation_tags("{{ a }}{% if b %}"),
             "{{ a }}{% if b %}"
         );
+    }
+
+    #[test]
+    fn a_fixed_time_pins_strftime_now() {
+        let t = ChatTemplate::new("{{ strftime_now('%d %b %Y') }}", "", "")
+            .expect("parse")
+            .with_fixed_time(1_709_211_909);
+        assert_eq!(
+            t.render(&ChatRequest::default()).expect("render"),
+            "29 Feb 2024"
+        );
+    }
+
+    #[test]
+    fn absent_tools_are_none_and_none_is_not_iterable() {
+        let src = "{{ tools is defined }} {{ tools is none }} {{ tools is iterable }} \
+                   {{ [] is iterable }} {{ 'ab' is iterable }} {{ nothing is iterable }} \
+                   {{ 3 is iterable }}";
+        let out = render(src, json!([])).expect("render");
+        // jinja2's answers: `None` is defined but not iterable; Undefined iterates as empty.
+        assert_eq!(out, "True True False True True True False");
     }
 
     #[test]
