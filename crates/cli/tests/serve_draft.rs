@@ -12,7 +12,8 @@
 //! Its `speculative.n_min` and `speculative.p_min` (flat, as llama.cpp sends them, or
 //! nested), and the server's `--draft-min` and `--draft-p-min`: answers stay the plain
 //! server's, a high `p_min` proposes fewer tokens, a floor equal to the draft length
-//! proposes only whole drafts (a multiple of it); values out of bounds, and `p_min` where
+//! proposes only whole drafts (a multiple of it) and nothing where the room left is
+//! shorter; values out of bounds, and `p_min` where
 //! only prompt lookup proposes, are refused naming the field or the flag.
 
 mod common;
@@ -351,6 +352,27 @@ fn speculative_n_min_and_p_min_change_the_drafts_never_the_answers() {
         whole > 0.0 && whole % 8.0 == 0.0,
         "n_min 8: proposed {whole}"
     );
+    // A floor above the room a 5-token answer leaves (after its first token, at most 3
+    // draft tokens fit): nothing is drafted at all.
+    let short = |extra: Value| {
+        let before = drafted(&spec).0;
+        for (path, mut body) in each_api(&extra) {
+            let key = if path == "/v1/responses" {
+                "max_output_tokens"
+            } else {
+                "max_tokens"
+            };
+            body[key] = json!(5);
+            let r = spec.post(path, &body);
+            assert_eq!(r.status, 200, "{path} {extra}: {}", r.body);
+        }
+        drafted(&spec).0 - before
+    };
+    let unfloored = short(json!({}));
+    let floored = short(json!({"speculative": {"n_min": 4}}));
+    println!("5-token answers: proposed {unfloored}, {floored} with n_min 4");
+    assert!(unfloored > 0.0, "5-token answers proposed nothing");
+    assert_eq!(floored, 0.0, "n_min 4 verified drafts of 3");
     // Out of bounds: refused, naming the field.
     for (extra, field, says) in [
         (
