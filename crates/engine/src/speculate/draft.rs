@@ -255,7 +255,7 @@ mod tests {
         fn eval_last(&mut self, tokens: &[u32]) -> Result<&[f32], GenerateError> {
             self.kv.extend_from_slice(tokens);
             let next = (self.kv.last().copied().unwrap_or(0) + 1) % 4;
-            let top = if (self.kv.len() - 1) % 5 == 0 {
+            let top = if (self.kv.len() - 1).is_multiple_of(5) {
                 1.0
             } else {
                 8.0
