@@ -187,12 +187,17 @@ fn draft_model_is_refused_where_it_cannot_run() {
             "16",
         ),
     ] {
-        let out = common::run(&args);
-        let err = String::from_utf8_lossy(&out.stderr);
-        println!("{args:?}: {}", err.trim());
-        assert!(!out.status.success(), "{args:?} was accepted");
-        assert!(err.contains(says), "{args:?}: {err}");
+        refused(&args, says);
     }
+}
+
+/// `ferrite args` fails, saying `says` on stderr.
+fn refused(args: &[&str], says: &str) {
+    let out = common::run(args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    println!("{args:?}: {}", err.trim());
+    assert!(!out.status.success(), "{args:?} was accepted");
+    assert!(err.contains(says), "{args:?}: {err}");
 }
 
 /// A greedy request to `path` of each API, with `extra` fields.
@@ -513,10 +518,6 @@ fn draft_min_and_p_min_flags_are_checked() {
             "--draft-min 5 is more than --draft-max 4",
         ),
     ] {
-        let out = common::run(&args);
-        let err = String::from_utf8_lossy(&out.stderr);
-        println!("{args:?}: {}", err.trim());
-        assert!(!out.status.success(), "{args:?} was accepted");
-        assert!(err.contains(says), "{args:?}: {err}");
+        refused(&args, says);
     }
 }
