@@ -132,6 +132,27 @@ pub struct ServeArgs {
     /// (`speculative.n_max`, 0 for none).
     #[arg(long, default_value_t = 8, requires = "speculate", value_parser = crate::run::draft_max_arg)]
     draft_max: usize,
+    /// Fewest guessed tokens worth verifying (0 to --draft-max): a shorter guess is
+    /// dropped and that step decodes plainly. A request may ask for its own
+    /// (`speculative.n_min`).
+    #[arg(long, default_value_t = 0, requires = "speculate")]
+    draft_min: usize,
+    /// The draft model stops guessing before its first token less likely than this under
+    /// its own distribution (0 to 1; 0: never), so a doubtful guess costs no verify row.
+    /// A request may ask for its own (`speculative.p_min`). Prompt lookup has no
+    /// probabilities: needs --draft-model.
+    #[arg(long, default_value_t = 0.0, requires = "draft_model", value_parser = p_min_arg)]
+    draft_p_min: f32,
+}
+
+/// Parses `--draft-p-min`: a probability.
+fn p_min_arg(s: &str) -> Result<f32, String> {
+    let p: f32 = s.parse().map_err(|e| format!("{e}"))?;
+    if (0.0..=1.0).contains(&p) {
+        Ok(p)
+    } else {
+        Err(format!("{p} is not a probability (0 to 1)"))
+    }
 }
 
 /// The engine backend `--backend` asks for: `auto` takes CUDA when the probe finds a device,
@@ -284,7 +305,8 @@ async fn serve(
     let kv = args.kv.into();
     let extra_aliases = args.aliases.clone();
     let check_weights = args.check_weights;
-    let (lookup, draft_model, draft_max) = (args.lookup, args.draft_model.clone(), args.draft_max);
+    let (lookup, draft_model) = (args.lookup, args.draft_model.clone());
+    let (draft_max, draft_min, p_min) = (args.draft_max, args.draft_min, args.draft_p_min);
     let loader = tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
         let path = crate::models::resolve(&model_arg)?;
         if check_weights {
@@ -296,10 +318,14 @@ async fn serve(
             Some(name) => Some(Speculation {
                 draft_model: Some(crate::models::resolve(&name).context("--draft-model")?),
                 draft_max,
+                draft_min,
+                p_min,
             }),
             None => lookup.then_some(Speculation {
                 draft_model: None,
                 draft_max,
+                draft_min,
+                p_min,
             }),
         };
         let (model_id, mut aliases) = model_names(&model_arg, &path);
@@ -417,6 +443,16 @@ mod tests {
                 let err = format!("{:#}", engine_backend(BackendArg::Cuda).unwrap_err());
                 assert!(err.starts_with("--backend cuda: no CUDA device: "), "{err}");
             }
+        }
+    }
+
+    #[test]
+    fn draft_p_min_is_a_probability() {
+        assert_eq!(p_min_arg("0"), Ok(0.0));
+        assert_eq!(p_min_arg("0.75"), Ok(0.75));
+        assert_eq!(p_min_arg("1"), Ok(1.0));
+        for bad in ["-0.1", "1.01", "NaN", "x"] {
+            assert!(p_min_arg(bad).is_err(), "{bad}");
         }
     }
 

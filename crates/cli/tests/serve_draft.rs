@@ -9,6 +9,12 @@
 //! vocabulary (Gemma 3 drafting for SmolLM2), `--lookup` with `--draft-model`, a draft
 //! length out of bounds. A request's `speculative.n_max` on every API: 0 proposes nothing,
 //! more than `--draft-max` or a positive value on a plain server is refused with 400.
+//! Its `speculative.n_min` and `speculative.p_min` (flat, as llama.cpp sends them, or
+//! nested), and the server's `--draft-min` and `--draft-p-min`: answers stay the plain
+//! server's, a high `p_min` proposes fewer tokens, a floor equal to the draft length
+//! proposes only whole drafts (a multiple of it) and nothing where the room left is
+//! shorter; values out of bounds, and `p_min` where
+//! only prompt lookup proposes, are refused naming the field or the flag.
 
 mod common;
 mod server_util;
@@ -181,12 +187,17 @@ fn draft_model_is_refused_where_it_cannot_run() {
             "16",
         ),
     ] {
-        let out = common::run(&args);
-        let err = String::from_utf8_lossy(&out.stderr);
-        println!("{args:?}: {}", err.trim());
-        assert!(!out.status.success(), "{args:?} was accepted");
-        assert!(err.contains(says), "{args:?}: {err}");
+        refused(&args, says);
     }
+}
+
+/// `ferrite args` fails, saying `says` on stderr.
+fn refused(args: &[&str], says: &str) {
+    let out = common::run(args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    println!("{args:?}: {}", err.trim());
+    assert!(!out.status.success(), "{args:?} was accepted");
+    assert!(err.contains(says), "{args:?}: {err}");
 }
 
 /// A greedy request to `path` of each API, with `extra` fields.
@@ -272,4 +283,241 @@ fn speculative_n_max_is_per_request() {
         accepted / proposed > 0.9,
         "{accepted} of {proposed} accepted"
     );
+}
+
+/// The text of an answer of any of the four APIs.
+fn reply_text(path: &str, v: &Value) -> String {
+    let join = |items: &Value, inner: &dyn Fn(&Value) -> String| {
+        items
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(inner)
+            .collect::<String>()
+    };
+    let text = |b: &Value| b["text"].as_str().unwrap_or_default().to_string();
+    match path {
+        "/v1/responses" => join(&v["output"], &|item| join(&item["content"], &text)),
+        "/v1/messages" => join(&v["content"], &text),
+        _ => text_of(path, v),
+    }
+}
+
+/// Posts `each_api(extra)` to `server`, checks every answer's text against `want` (by
+/// position), and returns the draft tokens proposed meanwhile.
+fn proposed_for(server: &Server, extra: &Value, want: &[String], label: &str) -> f64 {
+    let before = drafted(server).0;
+    for (k, (path, body)) in each_api(extra).into_iter().enumerate() {
+        let r = server.post(path, &body);
+        assert_eq!(r.status, 200, "{label} {path}: {}", r.body);
+        assert_eq!(reply_text(path, &r.json()), want[k], "{label} {path}");
+    }
+    let n = drafted(server).0 - before;
+    println!("{label}: proposed {n}");
+    n
+}
+
+#[test]
+fn speculative_n_min_and_p_min_change_the_drafts_never_the_answers() {
+    let plain = start();
+    let want: Vec<String> = each_api(&json!({}))
+        .into_iter()
+        .map(|(path, body)| {
+            let r = plain.post(path, &body);
+            assert_eq!(r.status, 200, "{path}: {}", r.body);
+            let t = reply_text(path, &r.json());
+            assert!(!t.is_empty(), "{path}: {}", r.body);
+            t
+        })
+        .collect();
+    drop(plain);
+    let model = common::pull(MODEL);
+    let m = model.to_str().unwrap();
+    let spec = start_with(&["--draft-model", m, "--draft-max", "8"]);
+    let free = proposed_for(&spec, &json!({}), &want, "no n_min or p_min");
+    assert!(free > 0.0, "nothing proposed");
+    // llama.cpp's flat key and the nested form alike: a draft that stops at the first
+    // token the draft model is less than 99 % sure of proposes fewer.
+    for extra in [
+        json!({"speculative.p_min": 0.99}),
+        json!({"speculative": {"p_min": 0.99}}),
+    ] {
+        let sure = proposed_for(&spec, &extra, &want, &format!("{extra}"));
+        assert!(sure < free, "{extra}: proposed {sure}, {free} without");
+    }
+    // A floor of the whole draft length: only whole drafts are verified (the adaptive
+    // length is raised to it where a draft is worth verifying at all).
+    let whole = proposed_for(
+        &spec,
+        &json!({"speculative": {"n_min": 8}}),
+        &want,
+        "n_min 8",
+    );
+    assert!(
+        whole > 0.0 && whole % 8.0 == 0.0,
+        "n_min 8: proposed {whole}"
+    );
+    // A floor above the room a 5-token answer leaves (after its first token, at most 3
+    // draft tokens fit): nothing is drafted at all.
+    let short = |extra: Value| {
+        let before = drafted(&spec).0;
+        for (path, mut body) in each_api(&extra) {
+            let key = if path == "/v1/responses" {
+                "max_output_tokens"
+            } else {
+                "max_tokens"
+            };
+            body[key] = json!(5);
+            let r = spec.post(path, &body);
+            assert_eq!(r.status, 200, "{path} {extra}: {}", r.body);
+        }
+        drafted(&spec).0 - before
+    };
+    let unfloored = short(json!({}));
+    let floored = short(json!({"speculative": {"n_min": 4}}));
+    println!("5-token answers: proposed {unfloored}, {floored} with n_min 4");
+    assert!(unfloored > 0.0, "5-token answers proposed nothing");
+    assert_eq!(floored, 0.0, "n_min 4 verified drafts of 3");
+    // Out of bounds: refused, naming the field.
+    for (extra, field, says) in [
+        (
+            json!({"speculative": {"p_min": 1.5}}),
+            "speculative.p_min",
+            "from 0 to 1",
+        ),
+        (
+            json!({"speculative.p_min": -0.5}),
+            "speculative.p_min",
+            "from 0 to 1",
+        ),
+        (
+            json!({"speculative": {"n_min": 9}}),
+            "speculative.n_min",
+            "--draft-max",
+        ),
+        (
+            json!({"speculative": {"n_min": 3, "n_max": 2}}),
+            "speculative.n_min",
+            "'speculative.n_max'",
+        ),
+    ] {
+        for (path, body) in each_api(&extra) {
+            let r = spec.post(path, &body);
+            assert_eq!(r.status, 400, "{path} {extra}: {}", r.body);
+            assert!(
+                r.body.contains(field) && r.body.contains(says),
+                "{path} {extra}: {}",
+                r.body
+            );
+        }
+    }
+    drop(spec);
+    // The same bounds as the server's defaults.
+    let strict = start_with(&[
+        "--draft-model",
+        m,
+        "--draft-max",
+        "8",
+        "--draft-p-min",
+        "0.99",
+        "--draft-min",
+        "2",
+    ]);
+    let sure = proposed_for(
+        &strict,
+        &json!({}),
+        &want,
+        "--draft-p-min 0.99 --draft-min 2",
+    );
+    assert!(
+        sure < free,
+        "--draft-p-min 0.99: proposed {sure}, {free} without"
+    );
+    // A request's own p_min of 0 overrides the server's.
+    let undone = proposed_for(
+        &strict,
+        &json!({"speculative": {"p_min": 0}}),
+        &want,
+        "--draft-p-min 0.99, request p_min 0",
+    );
+    assert!(
+        undone > sure,
+        "request p_min 0: proposed {undone}, {sure} with 0.99"
+    );
+}
+
+#[test]
+fn p_min_is_refused_where_only_prompt_lookup_proposes() {
+    let lookup = start_with(&["--lookup"]);
+    for (path, body) in each_api(&json!({"speculative": {"p_min": 0.5}})) {
+        let r = lookup.post(path, &body);
+        assert_eq!(r.status, 400, "{path}: {}", r.body);
+        assert!(
+            r.body.contains("speculative.p_min") && r.body.contains("prompt lookup"),
+            "{path}: {}",
+            r.body
+        );
+    }
+    // p_min 0 asks for nothing lookup cannot do; n_min is lookup's as well.
+    for (path, body) in each_api(&json!({"speculative": {"p_min": 0, "n_min": 2}})) {
+        let r = lookup.post(path, &body);
+        assert_eq!(r.status, 200, "{path}: {}", r.body);
+    }
+}
+
+#[test]
+fn draft_min_and_p_min_flags_are_checked() {
+    let model = common::pull(MODEL);
+    let m = model.to_str().unwrap();
+    for (args, says) in [
+        (
+            vec![
+                "serve",
+                "-m",
+                m,
+                "--draft-model",
+                m,
+                "--draft-p-min",
+                "1.5",
+                "--port",
+                "0",
+            ],
+            "not a probability",
+        ),
+        (
+            vec![
+                "serve",
+                "-m",
+                m,
+                "--lookup",
+                "--draft-p-min",
+                "0.5",
+                "--port",
+                "0",
+            ],
+            "--draft-model",
+        ),
+        (
+            vec!["serve", "-m", m, "--draft-min", "2", "--port", "0"],
+            "--draft-min",
+        ),
+        (
+            vec![
+                "serve",
+                "-m",
+                m,
+                "--draft-model",
+                m,
+                "--draft-max",
+                "4",
+                "--draft-min",
+                "5",
+                "--port",
+                "0",
+            ],
+            "--draft-min 5 is more than --draft-max 4",
+        ),
+    ] {
+        refused(&args, says);
+    }
 }

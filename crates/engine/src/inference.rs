@@ -83,10 +83,38 @@ pub struct GenRequest {
     pub prompt_logprobs: bool,
     /// Most tokens of reasoning before the block is closed for the answer; `None`: no limit.
     pub reasoning_budget: Option<ReasoningBudget>,
-    /// Most draft tokens a step when the server speculates (`speculative.n_max`; 0: this
-    /// request decodes plainly); `None`: the server's `--draft-max`. Larger than the
-    /// server's is capped to it (the HTTP layer refuses it first).
-    pub draft_max: Option<usize>,
+    /// This request's own bounds on speculation, each defaulting to the server's.
+    pub speculative: SpecRequest,
+}
+
+/// A request's speculation fields (llama.cpp's `speculative.n_max`, `speculative.n_min`,
+/// `speculative.p_min`); `None` takes the server's (`--draft-max`, `--draft-min`,
+/// `--draft-p-min`). The HTTP layer refuses values out of the server's bounds; the
+/// scheduler caps them again, so a value that got past it can only shorten drafts.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct SpecRequest {
+    /// Most draft tokens a step (0: this request decodes plainly).
+    pub n_max: Option<usize>,
+    /// Fewest draft tokens worth verifying: a shorter draft is dropped and that step
+    /// decodes plainly.
+    pub n_min: Option<usize>,
+    /// A draft model stops drafting before its first token of probability below this.
+    pub p_min: Option<f32>,
+}
+
+/// How a server speculates: the defaults and the bounds of every request's
+/// [`SpecRequest`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SpecLimits {
+    /// Most draft tokens a step (`--draft-max`).
+    pub draft_max: usize,
+    /// Fewest draft tokens a verify step takes (`--draft-min`, at most `draft_max`).
+    pub draft_min: usize,
+    /// The draft model's confidence threshold (`--draft-p-min`, 0 to 1).
+    pub p_min: f32,
+    /// Whether a draft model proposes (else prompt lookup, whose proposals carry no
+    /// probability for `p_min` to bound).
+    pub draft_model: bool,
 }
 
 /// Log-probability of a generated token and its best alternatives.
@@ -304,9 +332,9 @@ pub trait Backend: Send + Sync + 'static {
     fn stats(&self) -> EngineStats;
     /// Whether the engine can still serve (false once its thread has died).
     fn healthy(&self) -> bool;
-    /// Most draft tokens a step when the engine speculates (`--draft-max`), else `None`:
-    /// the bound of a request's `speculative.n_max`.
-    fn draft_max(&self) -> Option<usize> {
+    /// How the engine speculates, else `None`: the defaults and bounds of a request's
+    /// `speculative` fields.
+    fn speculation(&self) -> Option<SpecLimits> {
         None
     }
 }

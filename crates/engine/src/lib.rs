@@ -55,8 +55,8 @@ pub use generate::{
 };
 pub use inference::{
     Backend, BackendError, CacheSource, ChatPrompt, EngineStats, FinishReason, GenEvent,
-    GenRequest, OutputFormat, ReasoningBudget, SamplingParams, SubmitError, Timings, TokenLogprob,
-    TopLogprob, Usage,
+    GenRequest, OutputFormat, ReasoningBudget, SamplingParams, SpecLimits, SpecRequest,
+    SubmitError, Timings, TokenLogprob, TopLogprob, Usage,
 };
 pub use sampler::{
     Candidates, SampleError, Sampled, Sampler, SamplerConfig, StopReason, find_stop_string,

@@ -34,7 +34,8 @@ use tokio::sync::mpsc::UnboundedSender;
 use crate::budget::BudgetState;
 use crate::generate::{GenerateError, Timeline, Verify};
 use crate::inference::{
-    CacheSource, FinishReason, GenEvent, GenRequest, Timings, TokenLogprob, TopLogprob, Usage,
+    CacheSource, FinishReason, GenEvent, GenRequest, SpecLimits, Timings, TokenLogprob, TopLogprob,
+    Usage,
 };
 use crate::speculate::{Adaptive, Proposer};
 use crate::stops::StopScanner;
@@ -287,8 +288,8 @@ pub struct Scheduler<'r, S> {
     /// requests (a draft model's session reuses what it holds), its draft length adapted
     /// afresh for each request.
     proposers: Vec<Option<Adaptive<Box<dyn Proposer + 'r>>>>,
-    /// Most draft tokens a step, unless a request asks for fewer.
-    draft_max: usize,
+    /// The server's speculation bounds, each a request's default (no proposers: all 0).
+    spec: SpecLimits,
 }
 
 impl<'r, S: Timeline> Scheduler<'r, S> {
@@ -305,19 +306,19 @@ impl<'r, S: Timeline> Scheduler<'r, S> {
     }
 
     /// Speculate in slot `i` with `proposers[i]` (prompt lookup, a draft model's session),
-    /// at most `draft_max` tokens a step, with the run loop's adaptive draft length
-    /// ([`Adaptive`]) per request. A rejected draft costs a truncation, so this is for
-    /// timelines whose truncation is cheap (K/V caches, not replayed recurrent state).
+    /// within `spec` (a request's own fields narrow it), with the run loop's adaptive draft
+    /// length ([`Adaptive`]) per request. A rejected draft costs a truncation, so this is
+    /// for timelines whose truncation is cheap (K/V caches, not replayed recurrent state).
     pub fn with_proposers(
         mut self,
         proposers: Vec<Box<dyn Proposer + 'r>>,
-        draft_max: usize,
+        spec: SpecLimits,
     ) -> Self {
         self.proposers = proposers
             .into_iter()
-            .map(|p| Some(Adaptive::new(p, draft_max)))
+            .map(|p| Some(Adaptive::new(p, spec.draft_max)))
             .collect();
-        self.draft_max = draft_max;
+        self.spec = spec;
         self
     }
 
@@ -339,7 +340,12 @@ impl<'r, S: Timeline> Scheduler<'r, S> {
             store: None,
             batcher: None,
             proposers: Vec::new(),
-            draft_max: 0,
+            spec: SpecLimits {
+                draft_max: 0,
+                draft_min: 0,
+                p_min: 0.0,
+                draft_model: false,
+            },
         }
     }
 
@@ -519,13 +525,21 @@ impl<'r, S: Timeline> Scheduler<'r, S> {
                 continue;
             }
             self.counters.active.fetch_add(1, Ordering::SeqCst);
-            // The request may ask for shorter drafts than the server's, or none.
-            let draft_max = job
-                .req
-                .draft_max
-                .map_or(self.draft_max, |n| n.min(self.draft_max));
+            // The request may ask for shorter drafts than the server's, or none, and for its
+            // own floor and confidence; the server's floor never exceeds the request's
+            // draft length (as llama.cpp clamps it).
+            let asked = job.req.speculative;
+            let draft_max = asked
+                .n_max
+                .map_or(self.spec.draft_max, |n| n.min(self.spec.draft_max));
+            let draft_min = asked.n_min.unwrap_or(self.spec.draft_min).min(draft_max);
+            let p_min = asked.p_min.unwrap_or(self.spec.p_min);
             if let Some(p) = self.proposers.get_mut(i) {
-                *p = p.take().map(|a| Adaptive::new(a.into_inner(), draft_max));
+                *p = p.take().map(|a| {
+                    let mut inner = a.into_inner();
+                    inner.set_p_min(p_min);
+                    Adaptive::new(inner, draft_max).with_draft_min(draft_min)
+                });
             }
             slot.active = Some(Active {
                 scanner: StopScanner::new(&job.req.stop),

@@ -24,7 +24,7 @@ fn score(engine: &Engine, prompt: &[u32]) -> (usize, Vec<TokenLogprob>) {
             logprobs: Some(2),
             prompt_logprobs: true,
             reasoning_budget: None,
-            draft_max: None,
+            speculative: Default::default(),
         })
         .expect("submit");
     let (mut cached, mut items) = (usize::MAX, Vec::new());

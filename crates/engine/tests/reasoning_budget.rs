@@ -43,7 +43,7 @@ fn request(prompt: Vec<u32>, format: OutputFormat, budget: Option<ReasoningBudge
         logprobs: None,
         prompt_logprobs: false,
         reasoning_budget: budget,
-        draft_max: None,
+        speculative: Default::default(),
     }
 }
 

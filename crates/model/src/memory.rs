@@ -18,23 +18,24 @@ pub fn check_kv_memory(
     sessions: usize,
     ctx: usize,
 ) -> Result<(), ModelError> {
-    check_slot_memory(config, kv, sessions, ctx, 0)
+    check_slot_memory(config, kv, (sessions, ctx), 0, physical_memory())
 }
 
-/// As [`check_kv_memory`], with `per_slot` more bytes beside each session: what a server's
-/// slot holds besides its own cache (a draft model's session, its verify rows' logits).
+/// As [`check_kv_memory`], with `per_slot` more bytes beside each session (what a server's
+/// slot holds besides its own cache: a draft model's session, its verify rows' logits), in
+/// `memory` bytes (the caller's budget, usually [`physical_memory`]; `None`: no bound).
 pub fn check_slot_memory(
     config: &ModelConfig,
     kv: KvType,
-    sessions: usize,
-    ctx: usize,
+    (sessions, ctx): (usize, usize),
     per_slot: usize,
+    memory: Option<usize>,
 ) -> Result<(), ModelError> {
     kv_fits(
         sessions,
         (ctx, per_token_bytes(config, kv)?),
         state_bytes(config).and_then(|s| s.checked_add(per_slot)),
-        physical_memory(),
+        memory,
     )
     .map_err(ModelError::InvalidArgument)
 }

@@ -13,7 +13,7 @@ use crate::metrics::RequestLog;
 use crate::parse::{Obj, int_value, opt_f32, opt_seed, opt_u64};
 use ferrite_engine::{
     Backend, FinishReason, GenEvent, GenRequest, OutputFormat, ReasoningBudget, SamplingParams,
-    SubmitError, Timings, TokenLogprob, Usage,
+    SpecRequest, SubmitError, Timings, TokenLogprob, Usage,
 };
 
 /// Whether `name` refers to the served model.
@@ -105,8 +105,8 @@ pub struct GenOptions {
     pub prompt_logprobs: bool,
     /// The reasoning budget, when there is one.
     pub reasoning_budget: Option<ReasoningBudget>,
-    /// Most draft tokens a step (`speculative.n_max`); `None`: the server's.
-    pub draft_max: Option<usize>,
+    /// The request's speculation fields (`speculative.n_max`, `n_min`, `p_min`).
+    pub speculative: SpecRequest,
 }
 
 /// Read temperature, top_p, top_k, min_p, penalties and seed from an OpenAI-style body;
@@ -186,36 +186,6 @@ pub fn thinking_token_budget(obj: &Obj) -> Result<Option<(usize, &'static str)>,
     Ok(opt_u64(obj, KEY, 0, u32::MAX as u64)?.map(|n| (n as usize, KEY)))
 }
 
-/// llama.cpp's per-request speculation field `speculative.n_max`: the most draft tokens a
-/// step for this request, 0 for none. Bounded by the server's `--draft-max`; a positive
-/// value on a server that does not speculate is refused rather than ignored, since the
-/// client asked for something this server cannot do.
-pub fn speculative_n_max(obj: &Obj, backend: &dyn Backend) -> Result<Option<usize>, ApiError> {
-    const KEY: &str = "speculative.n_max";
-    let Some(spec) = crate::parse::opt_object(obj, "speculative")? else {
-        return Ok(None);
-    };
-    let Some(n) = spec.get("n_max").filter(|v| !v.is_null()) else {
-        return Ok(None);
-    };
-    let n = int_value(n, KEY, 0, u32::MAX as u64)? as usize;
-    match backend.draft_max() {
-        _ if n == 0 => Ok(Some(0)),
-        Some(max) if n <= max => Ok(Some(n)),
-        Some(max) => Err(ApiError::invalid_param(
-            KEY,
-            format!("'{KEY}' is {n}, more than this server's --draft-max of {max}"),
-        )),
-        None => Err(ApiError::invalid_param(
-            KEY,
-            format!(
-                "'{KEY}' is {n}, but this server does not speculate; start it with \
-                 --lookup or --draft-model MODEL"
-            ),
-        )),
-    }
-}
-
 /// Default and upper bound of `max_tokens`: the room left in the context.
 pub fn room(backend: &dyn Backend, prompt_len: usize) -> usize {
     backend.n_ctx().saturating_sub(prompt_len)
@@ -255,7 +225,7 @@ pub fn submit_n(
                     logprobs: opts.logprobs,
                     prompt_logprobs: opts.prompt_logprobs,
                     reasoning_budget: opts.reasoning_budget.clone(),
-                    draft_max: opts.draft_max,
+                    speculative: opts.speculative,
                 })
                 .map_err(submit_error)
         })

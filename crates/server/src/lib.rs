@@ -40,6 +40,7 @@ mod openai;
 mod parse;
 mod responses;
 mod routes;
+mod speculative;
 mod structured;
 #[cfg(test)]
 mod testing;

@@ -86,7 +86,7 @@ fn options(
         logprobs,
         prompt_logprobs: false,
         reasoning_budget: None,
-        draft_max: generate::speculative_n_max(obj, backend)?,
+        speculative: crate::speculative::speculative(obj, backend.speculation())?,
     })
 }
 

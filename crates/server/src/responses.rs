@@ -263,7 +263,7 @@ async fn respond(
         logprobs: None,
         prompt_logprobs: false,
         reasoning_budget,
-        draft_max: generate::speculative_n_max(&obj, backend.as_ref())?,
+        speculative: crate::speculative::speculative(&obj, backend.speculation())?,
     };
     let rx = generate::submit_n(backend.as_ref(), &prompt, &opts, 1)?
         .pop()

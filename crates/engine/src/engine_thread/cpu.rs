@@ -7,7 +7,8 @@ use std::sync::{Arc, OnceLock};
 
 use ferrite_cpu::ThreadPool;
 use ferrite_model::{
-    Batch, KvType, LoadOptions, Model, Session, Weights, check_slot_memory, session_bytes,
+    Batch, KvType, LoadOptions, Model, ModelConfig, Session, Weights, check_slot_memory,
+    physical_memory, session_bytes,
 };
 use ferrite_tokenizer::Tokenizer;
 
@@ -223,22 +224,15 @@ fn engine_thread(
         }
     };
     let draft_ctx = draft.as_ref().map_or(0, |d| served_ctx(d, n_ctx));
-    let beside = match slot_extra(&cfg, &model, draft.as_ref(), draft_ctx) {
-        Ok(b) => b,
-        Err(e) => {
-            let _ = ready.send(Err(e));
-            return;
-        }
-    };
-    if let Err(e) = check_slot_memory(model.config(), cfg.kv, cfg.parallel, n_ctx, beside) {
-        let also = if draft.is_some() {
-            ", draft sessions and verify rows included"
-        } else {
-            ""
-        };
-        let _ = ready.send(Err(EngineError::Config(format!(
-            "{e}{also} (lower --parallel or --ctx)"
-        ))));
+    let slots = check_slots(
+        &cfg,
+        model.config(),
+        draft.as_ref().map(|d| (d.config(), draft_ctx)),
+        n_ctx,
+        physical_memory(),
+    );
+    if let Err(e) = slots {
+        let _ = ready.send(Err(e));
         return;
     }
     // Before the server reports ready, so that no request waits for it.
@@ -289,8 +283,8 @@ fn engine_thread(
     let rt = ModelRuntime::new(&tokenizer);
     let mut scheduler = Scheduler::new(&rt, sessions, counters, limits(&cfg, &model, n_ctx))
         .with_batcher(Box::new(SessionBatch(batch)));
-    if cfg.speculation.is_some() {
-        scheduler = scheduler.with_proposers(proposers, draft_max);
+    if let Some(spec) = &cfg.speculation {
+        scheduler = scheduler.with_proposers(proposers, spec.limits());
     }
     match cache {
         Some(cache) => scheduler.with_prefix_store(Box::new(cache)).run(&jobs),
@@ -319,6 +313,7 @@ fn speculation(
         )));
     }
     Lookup::new(spec.draft_max).map_err(|e| EngineError::Config(format!("--draft-max: {e}")))?;
+    spec.check()?;
     let Some(path) = &spec.draft_model else {
         return Ok(None);
     };
@@ -384,25 +379,64 @@ fn served_ctx(model: &Model, n_ctx: usize) -> usize {
     }
 }
 
-/// Bytes each slot holds besides its own KV cache: its draft session when full (at
-/// `draft_ctx` positions), and the logits of its rows of a step (the pending token's and
-/// `--draft-max` draft tokens'), once in the batch and once in the scheduler's copy.
+/// Checks that `cfg.parallel` slots of `n_ctx` positions of `target` fit in `memory`
+/// bytes, all full, with what each holds beside its cache (see [`slot_extra`]). When only
+/// the draft's sessions make them not fit, the refusal says so.
+fn check_slots(
+    cfg: &EngineConfig,
+    target: &ModelConfig,
+    draft: Option<(&ModelConfig, usize)>,
+    n_ctx: usize,
+    memory: Option<usize>,
+) -> Result<(), EngineError> {
+    let fits = |draft| {
+        let beside = slot_extra(cfg, target, draft)?;
+        Ok::<_, EngineError>(
+            check_slot_memory(target, cfg.kv, (cfg.parallel, n_ctx), beside, memory)
+                .map_err(|e| e.to_string()),
+        )
+    };
+    let Err(e) = fits(draft)? else {
+        return Ok(());
+    };
+    let Some((_, draft_ctx)) = draft else {
+        return Err(EngineError::Config(format!(
+            "{e} (lower --parallel or --ctx)"
+        )));
+    };
+    let hint = if fits(None)?.is_ok() {
+        format!(
+            "; without the draft model's {} sessions of {draft_ctx} positions they would \
+             fit (lower --parallel or --ctx, or use a smaller --draft-model)",
+            cfg.parallel
+        )
+    } else {
+        " (lower --parallel or --ctx)".to_string()
+    };
+    Err(EngineError::Config(format!(
+        "{e}, draft sessions and verify rows included{hint}"
+    )))
+}
+
+/// Bytes each slot holds besides its own KV cache: its session of the draft model when
+/// full (`draft`: its config and positions), and the logits of its rows of a step (the
+/// pending token's and `--draft-max` draft tokens'), once in the batch and once in the
+/// scheduler's copy.
 fn slot_extra(
     cfg: &EngineConfig,
-    model: &Model,
-    draft: Option<&Model>,
-    draft_ctx: usize,
+    target: &ModelConfig,
+    draft: Option<(&ModelConfig, usize)>,
 ) -> Result<usize, EngineError> {
     let overflow = || EngineError::Config("the slots' memory overflows".into());
     let rows = 1 + cfg.speculation.as_ref().map_or(0, |s| s.draft_max);
     let logits = rows
-        .checked_mul(model.config().n_vocab)
+        .checked_mul(target.n_vocab)
         .and_then(|n| n.checked_mul(2 * std::mem::size_of::<f32>()))
         .ok_or_else(overflow)?;
-    let Some(d) = draft else {
+    let Some((d, draft_ctx)) = draft else {
         return Ok(logits);
     };
-    session_bytes(d.config(), cfg.kv, draft_ctx)
+    session_bytes(d, cfg.kv, draft_ctx)
         .map_err(|e| EngineError::Config(format!("--draft-model: {e}")))?
         .and_then(|b| b.checked_add(logits))
         .ok_or_else(overflow)
@@ -503,6 +537,7 @@ impl Engine {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::PathBuf;
 
     #[test]
     fn requests_without_logprobs_get_the_same_tokens_and_no_logprobs() {
@@ -534,5 +569,93 @@ mod tests {
                 assert_eq!((b.logprob, b.top.len()), (None, 0));
             }
         }
+    }
+
+    /// A config speculating with at most 8 draft tokens a step in 4 slots of f16 KV.
+    fn drafting() -> EngineConfig {
+        EngineConfig {
+            model_path: PathBuf::new(),
+            model_id: String::new(),
+            aliases: Vec::new(),
+            n_ctx: 512,
+            parallel: 4,
+            threads: 1,
+            queue_limit: 4,
+            prefill_chunk: 8,
+            prefix_cache: Default::default(),
+            backend: EngineBackend::Cpu,
+            kv: KvType::F16,
+            speculation: Some(crate::Speculation {
+                draft_model: Some(PathBuf::from("draft.gguf")),
+                draft_max: 8,
+                draft_min: 0,
+                p_min: 0.0,
+            }),
+        }
+    }
+
+    #[test]
+    fn slot_memory_counts_the_draft_sessions_and_the_verify_logits() {
+        // Oracle: hand arithmetic from the two configs (SmolLM2 serving, Gemma 3 drafting,
+        // so that the two terms differ), whose shapes are asserted first.
+        let (Some(t), Some(d)) = (
+            ferrite_testkit::real_model(ferrite_testkit::SMOLLM2),
+            ferrite_testkit::real_model(ferrite_testkit::GEMMA3),
+        ) else {
+            println!("skipped: SmolLM2 or Gemma 3 is not in the model cache");
+            return;
+        };
+        let config = |p: &std::path::Path| {
+            ModelConfig::from_gguf(&ferrite_gguf::Gguf::open(p).unwrap()).unwrap()
+        };
+        let (target, draft) = (config(&t), config(&d));
+        let shape = |c: &ModelConfig| (c.kv_layers(), c.n_kv_head, c.head_dim, c.n_vocab);
+        assert_eq!(shape(&target), (30, 3, 64, 49_152));
+        assert_eq!(shape(&draft), (18, 1, 256, 262_144));
+        // A position of f16 K and V: layers x 2 (K, V) x heads x head size x 2 bytes.
+        let target_token = 30 * 2 * 3 * 64 * 2;
+        let draft_token = 18 * 2 * 256 * 2;
+        assert_eq!((target_token, draft_token), (23_040, 18_432));
+        assert_eq!(
+            session_bytes(&draft, KvType::F16, 512).unwrap(),
+            Some(draft_token * 512)
+        );
+        // The verify rows: the pending token and 8 drafts, target-vocabulary f32 logits,
+        // held twice (the batch, the scheduler's copy).
+        let cfg = drafting();
+        let logits = 9 * 49_152 * 4 * 2;
+        assert_eq!(logits, 3_538_944);
+        assert_eq!(slot_extra(&cfg, &target, None).unwrap(), logits);
+        let beside = logits + draft_token * 512;
+        assert_eq!(
+            slot_extra(&cfg, &target, Some((&draft, 512))).unwrap(),
+            beside
+        );
+        // A budget the 4 slots fit without their draft sessions, not with them.
+        let without = 4 * (target_token * 512 + logits);
+        let with = 4 * (target_token * 512 + beside);
+        let check = |draft, memory| check_slots(&cfg, &target, draft, 512, Some(memory));
+        assert!(check(None, without).is_ok());
+        assert!(check(Some((&draft, 512)), with).is_ok());
+        let err = check(Some((&draft, 512)), with - 1)
+            .unwrap_err()
+            .to_string();
+        println!("{err}");
+        assert!(
+            err.contains("4 sequences of 512 positions")
+                && err.contains("draft sessions and verify rows included")
+                && err.contains(
+                    "without the draft model's 4 sessions of 512 positions they would fit"
+                ),
+            "{err}"
+        );
+        // Short of even the target's own: refused without blaming the draft.
+        let err = check(Some((&draft, 512)), without - 1)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("lower --parallel or --ctx") && !err.contains("without the draft"),
+            "{err}"
+        );
     }
 }

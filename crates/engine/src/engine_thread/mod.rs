@@ -17,7 +17,7 @@ use ferrite_tokenizer::{ChatRequest, ChatTemplate, Tokenizer};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
 use crate::inference::{
-    Backend, BackendError, ChatPrompt, EngineStats, GenEvent, GenRequest, SubmitError,
+    Backend, BackendError, ChatPrompt, EngineStats, GenEvent, GenRequest, SpecLimits, SubmitError,
 };
 use crate::prefix;
 use crate::scheduler::{Counters, Job};
@@ -65,16 +65,59 @@ pub struct EngineConfig {
 }
 
 /// How every slot speculates.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Speculation {
     /// The draft model (`--draft-model`), which must share the served model's vocabulary;
     /// each slot drafts in a session of it of its own. `None`: prompt lookup (`--lookup`).
     pub draft_model: Option<PathBuf>,
     /// Most draft tokens a step (`--draft-max`, 1 to 15).
     pub draft_max: usize,
+    /// Fewest draft tokens a verify step takes (`--draft-min`, at most `draft_max`): a
+    /// shorter draft is dropped and that step decodes plainly.
+    pub draft_min: usize,
+    /// The draft model stops drafting before its first token of probability below this
+    /// (`--draft-p-min`, 0 to 1; 0: never). Prompt lookup has no probabilities: a positive
+    /// value needs `draft_model`.
+    pub p_min: f32,
 }
 
 impl Speculation {
+    /// The bounds every request's speculation gets by default.
+    pub fn limits(&self) -> SpecLimits {
+        SpecLimits {
+            draft_max: self.draft_max,
+            draft_min: self.draft_min,
+            p_min: self.p_min,
+            draft_model: self.draft_model.is_some(),
+        }
+    }
+
+    /// Why these bounds cannot be served: `--draft-min` above `--draft-max`, or a
+    /// `--draft-p-min` out of [0, 1] or without a draft model.
+    pub fn check(&self) -> Result<(), EngineError> {
+        let fail = |m: String| Err(EngineError::Config(m));
+        if self.draft_min > self.draft_max {
+            return fail(format!(
+                "--draft-min {} is more than --draft-max {}: no draft could be verified",
+                self.draft_min, self.draft_max
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.p_min) {
+            return fail(format!(
+                "--draft-p-min {} is not a probability (0 to 1)",
+                self.p_min
+            ));
+        }
+        if self.p_min > 0.0 && self.draft_model.is_none() {
+            return fail(format!(
+                "--draft-p-min {} needs --draft-model: prompt lookup's guesses carry no \
+                 probability to compare",
+                self.p_min
+            ));
+        }
+        Ok(())
+    }
+
     /// The flag that asked for it, for errors.
     pub fn flag(&self) -> &'static str {
         if self.draft_model.is_some() {
@@ -254,7 +297,7 @@ impl Backend for Engine {
         !self.thread.is_finished()
     }
 
-    fn draft_max(&self) -> Option<usize> {
-        self.config.speculation.as_ref().map(|s| s.draft_max)
+    fn speculation(&self) -> Option<SpecLimits> {
+        self.config.speculation.as_ref().map(Speculation::limits)
     }
 }

@@ -132,7 +132,7 @@ fn job(
             logprobs: Some(1),
             prompt_logprobs: false,
             reasoning_budget: None,
-            draft_max: None,
+            speculative: Default::default(),
         },
         tx,
         queued_at: Instant::now(),
@@ -268,7 +268,7 @@ fn prompt_logprobs_score_every_prompt_token_and_skip_the_cache() {
             logprobs: Some(1),
             prompt_logprobs: true,
             reasoning_budget: None,
-            draft_max: None,
+            speculative: Default::default(),
         },
         tx,
         queued_at: Instant::now(),
@@ -528,7 +528,7 @@ fn sum_job<S: Timeline>(
         logprobs: None,
         prompt_logprobs: false,
         reasoning_budget: None,
-        draft_max: None,
+        speculative: Default::default(),
     };
     s.waiting.push_back(Job {
         req,

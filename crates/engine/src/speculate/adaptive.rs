@@ -14,6 +14,12 @@
 //! `k + 1` positions costs `1 + VERIFY_COST * k` plain steps. The `k` with the most tokens
 //! per unit of cost wins; `k = 0` (plain decoding) whenever no draft beats one token per
 //! plain step.
+//!
+//! A floor (`--draft-min`, `speculative.n_min`) keeps drafts at least that long: a length
+//! the cost model finds worth verifying but shorter is raised to it (the client asked for
+//! no shorter drafts, not for none), a probe is at least that long, a step with no room
+//! for it decodes plainly, and a proposal that comes back shorter is not verified (that
+//! step decodes plainly, and teaches nothing).
 
 use super::Proposer;
 
@@ -56,6 +62,8 @@ pub struct AdaptiveStats {
 pub struct Adaptive<P> {
     inner: P,
     draft_max: usize,
+    /// Fewest tokens a draft must have to be verified.
+    draft_min: usize,
     /// Decayed count of accepted draft tokens.
     accepted: f64,
     /// Decayed count of rejections (verify steps that stopped inside their draft).
@@ -75,6 +83,7 @@ impl<P: Proposer> Adaptive<P> {
         Adaptive {
             inner,
             draft_max,
+            draft_min: 0,
             accepted: PRIOR.0,
             rejected: PRIOR.1,
             pending: None,
@@ -82,6 +91,12 @@ impl<P: Proposer> Adaptive<P> {
             probe_due: false,
             stats: AdaptiveStats::default(),
         }
+    }
+
+    /// Verifies only drafts of at least `draft_min` tokens (0 and 1: every draft).
+    pub fn with_draft_min(mut self, draft_min: usize) -> Adaptive<P> {
+        self.draft_min = draft_min;
+        self
     }
 
     /// What the adaptation did so far.
@@ -151,10 +166,17 @@ impl<P: Proposer> Proposer for Adaptive<P> {
             return Vec::new();
         }
         let cap = max.min(self.draft_max);
+        if cap < self.draft_min {
+            // No room for a draft long enough (near a token limit or the context's end).
+            return Vec::new();
+        }
         let mut k = best_length(self.acceptance(), cap);
+        if k > 0 {
+            k = k.max(self.draft_min);
+        }
         let probing = k == 0 && self.probe_due;
         if probing {
-            k = PROBE_LEN.min(cap);
+            k = PROBE_LEN.max(self.draft_min).min(cap);
         }
         if k == 0 {
             // Off: this step and the next PROBE_EVERY - 1 decode plainly, then a probe.
@@ -167,6 +189,9 @@ impl<P: Proposer> Proposer for Adaptive<P> {
         draft.truncate(k);
         self.stats.asked += k;
         self.stats.asking_steps += 1;
+        if draft.len() < self.draft_min {
+            draft.clear();
+        }
         if !draft.is_empty() {
             // A probe that found nothing to propose stays due.
             self.stats.probes += usize::from(probing);
@@ -278,5 +303,61 @@ mod tests {
         p.inner.right = true;
         let lengths = drive(&mut p, 40);
         assert_eq!(lengths[lengths.len() - 5..], [8; 5], "{lengths:?}");
+    }
+
+    /// Proposes the true continuation, but only `history.len() % 5` tokens of it.
+    struct Ragged;
+
+    impl Proposer for Ragged {
+        fn propose(&mut self, history: &[u32], max: usize) -> Vec<u32> {
+            let next = history.len() as u32;
+            (0..(history.len() % 5).min(max) as u32)
+                .map(|i| next + i)
+                .collect()
+        }
+    }
+
+    #[test]
+    fn drafts_shorter_than_draft_min_are_not_verified() {
+        // Oracle: Ragged's lengths by hand; without a floor some drafts are 1 or 2 long,
+        // with a floor of 3 every draft returned is empty or at least 3, and the short
+        // ones were dropped, not lengthened (no draft longer than Ragged gave).
+        let lengths = |min: usize| {
+            let mut p = Adaptive::new(Ragged, 8).with_draft_min(min);
+            let mut history: Vec<u32> = (0..10).collect();
+            let mut out = Vec::new();
+            for _ in 0..60 {
+                let draft = p.propose(&history, 100);
+                out.push((history.len() % 5, draft.len()));
+                // Every draft is right: the loop emits it and one token of its own.
+                let base = history.len() as u32;
+                history.extend(base..=base + draft.len() as u32);
+            }
+            out
+        };
+        let free = lengths(0);
+        assert!(free.iter().any(|&(_, k)| k == 1 || k == 2), "{free:?}");
+        let floored = lengths(3);
+        assert!(
+            floored.iter().all(|&(_, k)| k == 0 || k >= 3),
+            "{floored:?}"
+        );
+        assert!(floored.iter().all(|&(gave, k)| k <= gave), "{floored:?}");
+        assert!(floored.iter().any(|&(_, k)| k >= 3), "{floored:?}");
+    }
+
+    #[test]
+    fn probes_are_at_least_draft_min_long() {
+        let mut p = Adaptive::new(
+            Scripted {
+                right: false,
+                calls: 0,
+            },
+            8,
+        )
+        .with_draft_min(3);
+        let lengths = drive(&mut p, 200);
+        assert!(lengths.iter().all(|&k| k == 0 || k >= 3), "{lengths:?}");
+        assert!(p.stats().probes > 0, "{:?}", p.stats());
     }
 }

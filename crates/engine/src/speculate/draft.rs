@@ -87,6 +87,25 @@ pub struct Draft<T> {
     held: Vec<u32>,
     /// The first failure of the draft session; after one, nothing more is proposed.
     failure: Option<GenerateError>,
+    /// Drafting stops before the first token less likely than this (see [`confident`]).
+    p_min: f32,
+}
+
+/// The greedy pick of `logits` when its probability (softmax over the whole row) is at
+/// least `p_min`, else `None`: llama.cpp's `p_min` stops a draft at the first position
+/// where the draft model is unsure, since a token it doubts is likely to be rejected and
+/// costs a verify row. llama.cpp measures the probability after its draft sampler's top-k
+/// of 10; over the whole row it is never larger, so a draft here stops no later than the
+/// threshold says. A row with NaN stops the draft too.
+fn confident(logits: &[f32], p_min: f32) -> Option<u32> {
+    let best = argmax(logits);
+    if p_min <= 0.0 {
+        return Some(best);
+    }
+    let top = *logits.get(best as usize)?;
+    let mass: f32 = logits.iter().map(|&l| (l - top).exp()).sum();
+    // p = exp(0) / mass; written so that a NaN fails the comparison and stops the draft.
+    (1.0 / mass >= p_min).then_some(best)
 }
 
 impl<T: Timeline> Draft<T> {
@@ -97,6 +116,7 @@ impl<T: Timeline> Draft<T> {
             session,
             held: Vec::new(),
             failure: None,
+            p_min: 0.0,
         }
     }
 
@@ -131,14 +151,16 @@ impl<T: Timeline> Draft<T> {
         self.session.truncate(keep);
         self.held.truncate(keep);
         let fresh = &history[keep..];
-        let mut next = argmax(self.session.eval_last(fresh)?);
+        let mut next = confident(self.session.eval_last(fresh)?, self.p_min);
         self.held.extend_from_slice(fresh);
-        let mut draft = vec![next];
-        while draft.len() < max {
-            let fed = next;
-            next = argmax(self.session.eval_last(&[fed])?);
-            self.held.push(fed);
-            draft.push(next);
+        let mut draft = Vec::new();
+        while let Some(token) = next {
+            draft.push(token);
+            if draft.len() == max {
+                break;
+            }
+            next = confident(self.session.eval_last(&[token])?, self.p_min);
+            self.held.push(token);
         }
         Ok(draft)
     }
@@ -162,6 +184,10 @@ impl<T: Timeline> Proposer for Draft<T> {
                 Vec::new()
             }
         }
+    }
+
+    fn set_p_min(&mut self, p_min: f32) {
+        self.p_min = p_min;
     }
 }
 
@@ -214,5 +240,76 @@ mod tests {
             check_vocab(&target, 4, &retyped, 4),
             Err(VocabMismatch::Token { id: 0, .. })
         ));
+    }
+
+    /// Four tokens; the next token is always the last one plus 1 (mod 4), with logit 8
+    /// against 0 for the rest (probability e^8 / (e^8 + 3) = 0.99899) except after a
+    /// position whose index is a multiple of 5, where it is 1 against 0 (e / (e + 3) =
+    /// 0.47537).
+    struct Wavering {
+        kv: Vec<u32>,
+        logits: Vec<f32>,
+    }
+
+    impl Timeline for Wavering {
+        fn eval_last(&mut self, tokens: &[u32]) -> Result<&[f32], GenerateError> {
+            self.kv.extend_from_slice(tokens);
+            let next = (self.kv.last().copied().unwrap_or(0) + 1) % 4;
+            let top = if (self.kv.len() - 1).is_multiple_of(5) {
+                1.0
+            } else {
+                8.0
+            };
+            self.logits = (0..4).map(|t| if t == next { top } else { 0.0 }).collect();
+            Ok(&self.logits)
+        }
+        fn n_past(&self) -> usize {
+            self.kv.len()
+        }
+        fn ctx(&self) -> usize {
+            64
+        }
+        fn truncate(&mut self, n: usize) {
+            self.kv.truncate(n);
+        }
+    }
+
+    fn wavering() -> Draft<Wavering> {
+        Draft::new(Wavering {
+            kv: Vec::new(),
+            logits: Vec::new(),
+        })
+    }
+
+    #[test]
+    fn p_min_stops_a_draft_before_its_first_unsure_token() {
+        // Oracle: the probabilities above by hand. History of 2 tokens (positions 0, 1);
+        // the draft's tokens sit at positions 2, 3, ...; the row after position 5 is the
+        // unsure one, so the token at position 6 is the first below 0.9.
+        let history = [0, 1];
+        let mut d = wavering();
+        assert_eq!(d.propose(&history, 8), vec![2, 3, 0, 1, 2, 3, 0, 1]);
+        for (p_min, want) in [
+            (0.0, vec![2, 3, 0, 1, 2, 3, 0, 1]),
+            (0.47, vec![2, 3, 0, 1, 2, 3, 0, 1]),
+            (0.9, vec![2, 3, 0, 1]),
+            (0.998, vec![2, 3, 0, 1]),
+            (0.9991, vec![]),
+        ] {
+            let mut d = wavering();
+            d.set_p_min(p_min);
+            assert_eq!(d.propose(&history, 8), want, "p_min {p_min}");
+            // The session holds what was fed: every draft token whose successor was
+            // looked at (all but the last of a full draft), never the one it stopped before.
+            assert_eq!(d.held(), &d.session().kv[..], "p_min {p_min}");
+            let fed = if want.len() == 8 { 7 } else { want.len() };
+            assert_eq!(d.held().len(), history.len() + fed, "p_min {p_min}");
+        }
+        // The next step goes on from the accepted history (its row after position 10 is
+        // unsure: the token at position 11 is where it stops).
+        let mut d = wavering();
+        d.set_p_min(0.9);
+        d.propose(&history, 8);
+        assert_eq!(d.propose(&[0, 1, 2, 3, 0, 1, 2], 8), vec![3, 0, 1, 2]);
     }
 }

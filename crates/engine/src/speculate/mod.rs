@@ -33,6 +33,15 @@ pub trait Proposer {
     /// Up to `max` tokens guessed to follow `history`, most likely continuation first;
     /// empty when the proposer has no guess (the loop then decodes one token plainly).
     fn propose(&mut self, history: &[u32], max: usize) -> Vec<u32>;
+
+    /// Stop each draft before its first token whose probability under the proposer's own
+    /// distribution is below `p_min` (llama.cpp's `speculative.p_min`; 0: never). Only a
+    /// proposer with a distribution (a draft model) has anything to compare: prompt lookup
+    /// keeps this default, which does nothing, and the server refuses a positive `p_min`
+    /// where only lookup proposes, so no request's `p_min` is ignored unannounced.
+    fn set_p_min(&mut self, p_min: f32) {
+        let _ = p_min;
+    }
 }
 
 /// A boxed proposer proposes as the one inside it: the server keeps proposers of different
@@ -40,6 +49,9 @@ pub trait Proposer {
 impl<P: Proposer + ?Sized> Proposer for Box<P> {
     fn propose(&mut self, history: &[u32], max: usize) -> Vec<u32> {
         (**self).propose(history, max)
+    }
+    fn set_p_min(&mut self, p_min: f32) {
+        (**self).set_p_min(p_min);
     }
 }
 

@@ -4,9 +4,12 @@
 //! greedy and sampled, batched and one by one; after every job its sequence holds exactly
 //! what the plain scheduler's holds (a rejected draft leaves no trace). Path markers: drafts
 //! were accepted and rejected, and speculating slots shared batched steps. A request's own
-//! draft length (`speculative.n_max`) bounds its drafts, and 0 turns them off.
+//! draft length (`speculative.n_max`) bounds its drafts, and 0 turns them off; its floor
+//! (`speculative.n_min`) and confidence (`speculative.p_min`), or the server's, change
+//! which drafts are verified and never an event.
 
 use super::*;
+use crate::inference::{SpecLimits, SpecRequest};
 use crate::speculate::{Draft, Lookup};
 use crate::{Sampler, SamplerConfig};
 
@@ -153,21 +156,40 @@ fn run_jobs(
 ) -> Outcome {
     run_with(
         rt,
-        lookup_max.map(|n| (lookup as Make, n)),
+        lookup_max.map(|n| (lookup as Make, server(n))),
         batched,
         n_ctx,
-        None,
+        SpecRequest::default(),
     )
 }
 
-/// As [`run_jobs`], with each slot's proposer made by `spec`'s function under a draft-max
-/// of its number, and every request asking for `request_max` draft tokens at most.
+/// A server's speculation of at most `draft_max` tokens a step, with no floor or
+/// confidence threshold.
+fn server(draft_max: usize) -> SpecLimits {
+    SpecLimits {
+        draft_max,
+        draft_min: 0,
+        p_min: 0.0,
+        draft_model: true,
+    }
+}
+
+/// Every request asking for at most `n_max` draft tokens.
+fn n_max(n_max: Option<usize>) -> SpecRequest {
+    SpecRequest {
+        n_max,
+        ..SpecRequest::default()
+    }
+}
+
+/// As [`run_jobs`], with each slot's proposer made by `spec`'s function under its
+/// server bounds, and every request's own speculation fields `request`.
 fn run_with(
     rt: &'static dyn Runtime,
-    spec: Option<(Make, usize)>,
+    spec: Option<(Make, SpecLimits)>,
     batched: bool,
     n_ctx: usize,
-    request_max: Option<usize>,
+    request: SpecRequest,
 ) -> Outcome {
     let (s, _, counters) = toy_sched(JOBS.len(), n_ctx, 4);
     let mut s = Scheduler { rt, ..s };
@@ -178,8 +200,11 @@ fn run_with(
             fail: false,
         }));
     }
-    if let Some((make, n)) = spec {
-        s = s.with_proposers((0..JOBS.len()).map(|_| make(n)).collect(), n);
+    if let Some((make, limits)) = spec {
+        s = s.with_proposers(
+            (0..JOBS.len()).map(|_| make(limits.draft_max)).collect(),
+            limits,
+        );
     }
     let mut rxs: Vec<_> = JOBS
         .iter()
@@ -188,7 +213,7 @@ fn run_with(
             let rx = job(&mut s, prompt, max, stop);
             if let Some(queued) = s.waiting.back_mut() {
                 queued.req.sampling.seed = 7 + k as u64;
-                queued.req.draft_max = request_max;
+                queued.req.speculative = request;
             }
             rx
         })
@@ -250,8 +275,14 @@ fn a_draft_model_gives_the_plain_events_and_a_bad_draft_only_lowers_acceptance()
         ("drawn", &DrawnRt),
     ] {
         let plain = run_jobs(rt, None, true, 64);
-        let good = run_with(rt, Some((toy_draft, 6)), true, 64, None);
-        let bad = run_with(rt, Some((corrupted_draft, 6)), true, 64, None);
+        let good = run_with(rt, Some((toy_draft, server(6))), true, 64, n_max(None));
+        let bad = run_with(
+            rt,
+            Some((corrupted_draft, server(6))),
+            true,
+            64,
+            n_max(None),
+        );
         for (which, spec) in [("draft", &good), ("corrupted draft", &bad)] {
             assert_eq!(spec.events, plain.events, "{name} {which}");
             assert_eq!(
@@ -304,7 +335,13 @@ fn a_requests_draft_length_bounds_its_drafts_and_zero_turns_them_off() {
     let mut most = Vec::new();
     for request_max in [Some(0), Some(2), Some(9), None] {
         MOST_ASKED.with(|m| m.set(0));
-        let o = run_with(&ToyRt, Some((asked_draft, 6)), true, 64, request_max);
+        let o = run_with(
+            &ToyRt,
+            Some((asked_draft, server(6))),
+            true,
+            64,
+            n_max(request_max),
+        );
         assert_eq!(o.events, plain.events, "n_max {request_max:?}");
         let asked = MOST_ASKED.with(std::cell::Cell::get);
         println!(
@@ -319,4 +356,59 @@ fn a_requests_draft_length_bounds_its_drafts_and_zero_turns_them_off() {
     assert!(most[1].0 > 0 && most[1].1 == 2, "{most:?}");
     assert_eq!(most[2].1, 6, "{most:?}");
     assert_eq!(most[3].1, 6, "{most:?}");
+}
+
+#[test]
+fn a_draft_floor_and_confidence_change_the_drafts_never_the_events() {
+    // Oracles: the plain events; the toy draft's confidence by hand (its favoured token
+    // has logit 5 against 0 for 15 others: e^5 / (e^5 + 15) = 0.908); a floor equal to
+    // the draft length admits only drafts of exactly that length, so the proposed count
+    // is a multiple of it.
+    for (name, rt) in [
+        ("greedy", &ToyRt as &'static dyn Runtime),
+        ("drawn", &DrawnRt),
+    ] {
+        let plain = run_jobs(rt, None, true, 64);
+        let free = run_with(rt, Some((toy_draft, server(6))), true, 64, n_max(None));
+        let run = |limits: SpecLimits, request: SpecRequest| {
+            let o = run_with(rt, Some((toy_draft, limits)), true, 64, request);
+            assert_eq!(o.events, plain.events, "{name} {limits:?} {request:?}");
+            assert_eq!(o.kv, plain.kv, "{name} {limits:?} {request:?}");
+            println!(
+                "{name} {limits:?} {request:?}: proposed {} accepted {}",
+                o.proposed, o.accepted
+            );
+            o.proposed
+        };
+        let floored = |n: usize| SpecRequest {
+            n_min: Some(n),
+            ..SpecRequest::default()
+        };
+        let sure = |p: f32| SpecRequest {
+            p_min: Some(p),
+            ..SpecRequest::default()
+        };
+        println!("{name}: no floor or threshold: proposed {}", free.proposed);
+        // Below the draft's confidence nothing changes; above it nothing is drafted.
+        assert_eq!(run(server(6), sure(0.9)), free.proposed);
+        assert_eq!(run(server(6), sure(0.95)), 0);
+        // The same from the server's default, and a request's own value overrides it.
+        let strict = SpecLimits {
+            p_min: 0.95,
+            ..server(6)
+        };
+        assert_eq!(run(strict, SpecRequest::default()), 0);
+        assert_eq!(run(strict, sure(0.0)), free.proposed);
+        // A floor of 6: only whole drafts; so from the server.
+        let whole = run(server(6), floored(6));
+        assert!(whole > 0 && whole % 6 == 0, "{name}: proposed {whole}");
+        let from_server = SpecLimits {
+            draft_min: 6,
+            ..server(6)
+        };
+        assert_eq!(run(from_server, SpecRequest::default()), whole);
+        // A request's shorter n_max clamps the server's floor (as llama.cpp does).
+        let short = run(from_server, n_max(Some(2)));
+        assert!(short > 0 && short % 2 == 0, "{name}: proposed {short}");
+    }
 }
