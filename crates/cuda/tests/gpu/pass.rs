@@ -133,20 +133,26 @@ fn glm4moe_runs_the_contract_pass() {
     check("glm4moe", &m, &p);
 }
 
-/// MLA: the latent cache (keys only, values read from inside them), the absorbed
-/// per-head products, shared experts and softmax routing.
+/// MLA on the contract: the latent store (keys only, values read from inside them) and
+/// rope with YaRN's divisors outside the store have kernels, checked op by op in
+/// backend_ops and `kernels::values_in_the_keys_match_naive_on_every_path`. The tiny
+/// DeepSeek fixtures' per-head products are 16 and 48 values wide, which the float
+/// product kernels (whole units of 32 values) refuse: the whole pass runs only on shapes
+/// whose head widths are multiples of 32 (every released DeepSeek V2/V3), and no such
+/// checkpoint is in the fixtures. Until one is, the fixtures are refused by that name, and
+/// no longer by latent attention or scaled rope.
 #[test]
-fn deepseek2_latent_attention_runs_the_contract_pass() {
-    let (m, p) = load("deepseek2", OutType::F32);
-    check("deepseek2", &m, &p);
-}
-
-/// MLA with a low-rank query, YaRN's frequency divisors on the rope part (rope outside
-/// the store), sigmoid routing with its bias, groups and scaling factor.
-#[test]
-fn deepseek3_yarn_and_latent_attention_run_the_contract_pass() {
-    let (m, p) = load("deepseek3", OutType::F32);
-    check("deepseek3", &m, &p);
+fn deepseek_fixtures_are_refused_for_their_product_widths() {
+    let Some(dev) = backend() else { return };
+    for name in ["deepseek2", "deepseek3"] {
+        let (m, _) = load(name, OutType::F32);
+        let err = Session::on(&m, CudaOps::new(dev.clone()), 8, KvType::F16)
+            .map(|_| ())
+            .unwrap_err()
+            .to_string();
+        println!("{name} on the CUDA contract: {err}");
+        assert!(err.contains("whole units of 32 values"), "{name}: {err}");
+    }
 }
 
 /// Soft-capped attention scores (and final logits, capped on the host by the shared pass).
