@@ -27,7 +27,8 @@ const PREFILL_ATT_BLOCKS: usize = 1024;
 const PREFILL_SPLIT_KEYS: usize = 1024;
 
 /// Queries per block of the attention kernel: enough rows (query × head) to reuse each
-/// loaded key, within the shared-memory budget checked by AttnShape::new.
+/// loaded key, its rows (query × the block's heads) within ATT_MAX_ROWS and their query
+/// values within ATT_MAX_ROW_VALUES, the budget [`AttnShape::heads_per_block`] keeps.
 fn queries_per_block(shape: &AttnShape, nq: usize) -> usize {
     let hpb = shape.heads_per_block();
     if nq == 1 {
